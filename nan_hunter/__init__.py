@@ -1,0 +1,51 @@
+"""nanhunter: find the first module and aten op that turned finite values into NaN/Inf.
+
+Public API (torch is imported only when these are called):
+``watch(model)``, ``scan(...)``, ``apply_policy(model, policy)``, ``Report``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
+
+
+def watch(model: Any, **options: Any):
+    """Context manager capturing every module's forward; see ``nan_hunter.capture.Watch``."""
+    from .capture import Watch
+
+    return Watch(model, **options)
+
+
+def scan(checkpoint: str, **options: Any) -> Report:
+    """The ``nanhunter scan`` pipeline as a function; returns the Report."""
+    from .pipeline import scan as _scan
+
+    return _scan(checkpoint, **options)
+
+
+def bisect(checkpoint: str, **options: Any) -> Report:
+    """The ``nanhunter bisect`` pipeline as a function; returns the Report."""
+    from .bisect.runner import bisect as _bisect
+
+    return _bisect(checkpoint, **options)
+
+
+def apply_policy(model: Any, policy: Any) -> Any:
+    """Make the modules a bisect policy lists compute in their kept dtype."""
+    from .policy import apply_policy as _apply
+
+    return _apply(model, policy)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Report":
+        from .report import Report
+
+        return Report
+    raise AttributeError(name)

@@ -1,0 +1,180 @@
+"""Forward hooks on every module (or only on blocks) that record tensor statistics per call.
+
+``Watch`` is the public ``nan_hunter.watch(model)`` context manager. Hooks read tensors and
+write stats rows into a ``StatsSink``; they never change a tensor, so outputs with and without
+capture are bitwise identical, and they are removed on exit even when forward raises.
+
+Levels: ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
+model's main ModuleList and the root (the cheap always-on mode); when something non-finite
+shows up at block level, ``report()`` re-runs the retained inputs of that forward at module
+level and then at op level, so the report matches a full capture. ``"ops"`` adds per-op
+checks (a TorchDispatchMode) that also see intermediates absorbed before a module output.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .sink import StatsSink, flatten
+from .stats import TensorStats
+
+LEVELS = ("blocks", "modules", "ops")
+
+
+@dataclass
+class Call:
+    """One module call: where it sits, and the stats rows of what went in and came out."""
+
+    start: int  # pre-hook order
+    module: str
+    module_type: str
+    call_index: int  # how many times this module was called before, in this forward
+    depth: int
+    parent: int | None  # start index of the enclosing call
+    input_index: int
+    inputs: list[tuple[str, int]] = field(default_factory=list)
+    outputs: list[tuple[str, int]] = field(default_factory=list)
+    seq: int = -1  # post-hook order (innermost first)
+
+
+def main_blocks(model: nn.Module) -> list[str]:
+    """Dotted names of the repeated children of the model's largest ModuleList (the layers)."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) > 0:
+            types = {type(c) for c in m}
+            if len(types) != 1:
+                continue
+            size = sum(p.numel() for p in m.parameters())
+            if best is None or size > best[0]:
+                best = (size, name, m)
+    if best is None:
+        return []
+    _, name, ml = best
+    return [f"{name}.{i}" if name else str(i) for i in range(len(ml))]
+
+
+class Watch:
+    """Capture per-module statistics while the model runs; ``report()`` locates the first NaN/Inf."""
+
+    def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
+                 backend: str | None = None, device: Any = None, dtype: str | None = None):
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        self.model = model
+        self.level = level
+        self.retain = retain
+        self.dtype = dtype
+        if device is None:
+            p = next(iter(model.parameters()), None)
+            device = p.device if p is not None else torch.device("cpu")
+        self.sink = StatsSink(device, backend)
+        self.calls: list[Call] = []
+        self.param_rows: dict[str, list[tuple[str, int]]] = {}
+        self.retained: collections.deque = collections.deque(maxlen=max(1, retain))
+        self._handles: list[Any] = []
+        self._stack: list[int] = []
+        self._count: dict[str, int] = {}
+        self._seq = 0
+        self._forward = -1  # root calls seen (each is one input of the data set)
+        self._names = {m: n for n, m in model.named_modules()}
+        self._ops = None
+        self._report = None
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        self.attach()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    def attach(self) -> None:
+        if self._handles:
+            return
+        targets: list[tuple[str, nn.Module]]
+        if self.level == "blocks":
+            blocks = set(main_blocks(self.model))
+            targets = [(n, m) for n, m in self.model.named_modules() if n == "" or n in blocks]
+        else:
+            targets = list(self.model.named_modules())
+        try:
+            for name, m in targets:
+                self._handles.append(m.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+                self._handles.append(m.register_forward_hook(self._post(name), with_kwargs=True,
+                                                             always_call=True))
+        except BaseException:
+            self.detach()
+            raise
+        if self.level == "ops":
+            from .ops import OpWatch
+
+            self._ops = OpWatch(self)
+            self._ops.__enter__()
+
+    def detach(self) -> None:
+        if self._ops is not None:
+            ops, self._ops = self._ops, None
+            ops.__exit__(None, None, None)
+            self._op_records = ops.records
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._stack.clear()
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _measure_all(self, obj: Any, prefix: str) -> list[tuple[str, int]]:
+        return [(label, self.sink.measure(t)) for label, t in flatten(obj, prefix)]
+
+    def _pre(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if not self._stack:  # a root call: one input of the data set
+                self._forward += 1
+                self._count.clear()
+                self.sink.forget_tensors()
+                if self.level == "blocks":
+                    self.retained.append((self._forward, args, kwargs))
+            idx = self._count.get(name, 0)
+            self._count[name] = idx + 1
+            call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),
+                        self._stack[-1] if self._stack else None, self._forward)
+            call.inputs = self._measure_all(args, "args") + self._measure_all(kwargs, "")
+            if name not in self.param_rows:
+                own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+                self.param_rows[name] = [(pn, self.sink.measure(p.detach())) for pn, p in own
+                                         if p is not None and p.is_floating_point()]
+            self.calls.append(call)
+            self._stack.append(call.start)
+        return hook
+
+    def _post(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._stack:
+                return
+            call = self.calls[self._stack.pop()]
+            call.seq = self._seq
+            self._seq += 1
+            call.outputs = self._measure_all(output, "")
+        return hook
+
+    # -- results ----------------------------------------------------------------------------
+    def stats(self) -> list[TensorStats]:
+        return self.sink.rows()
+
+    @property
+    def n_forwards(self) -> int:
+        return self._forward + 1
+
+    def report(self):
+        """Locate the first non-finite value (re-running retained inputs at finer levels when
+        the capture was at block level) and return a ``WatchReport``."""
+        from .locate import watch_report
+
+        if self._report is None:
+            self._report = watch_report(self)
+        return self._report

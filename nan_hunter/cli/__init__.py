@@ -1,0 +1,1 @@
+"""Command line (typer): parse flags, call the library, render. Nothing else."""

@@ -1,0 +1,1 @@
+"""``nanhunter bisect`` (registered on the main app)."""

@@ -1,0 +1,168 @@
+"""Locate the first non-finite value: the producing module from capture rows, then its aten op.
+
+Producer rule (CONTRACT.md): walking module calls in completion order (innermost first), the
+first call whose output is non-finite while its inputs and its own parameters are finite is
+the producer. A call whose output is non-finite because its *input* already was is not: the
+value came from an op in the enclosing call's own forward (a residual add written in the
+block), so blame passes to the innermost enclosing call; at the root it was the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .capture import Call, Watch
+from .report import FirstNonfinite
+from .stats import TensorStats
+
+
+@dataclass
+class Finding:
+    call: Call
+    role: str  # producer | weights | input
+    kind: str
+    tensor: str | None
+    received_by: Call | None = None  # for role "input": first module that received the bad data
+
+
+@dataclass
+class WatchReport:
+    """What ``watch(...).report()`` returns: the first non-finite value and per-call stats."""
+
+    first_nonfinite: FirstNonfinite | None
+    calls: list[dict[str, Any]]
+    failed_inputs: list[int]
+    notes: list[str] = field(default_factory=list)
+    op_event: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
+                "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes}
+
+
+def _bad(rows: list[TensorStats], refs: list[tuple[str, int]]) -> tuple[str, TensorStats] | None:
+    """First non-finite tensor among refs, preferring NaN/+inf over −inf-only."""
+    hits = [(label, rows[r]) for label, r in refs if not rows[r].finite]
+    if not hits:
+        return None
+    strong = [h for h in hits if h[1].nan or h[1].posinf]
+    return (strong or hits)[0]
+
+
+def _kind_of(st: TensorStats) -> str:
+    return st.kind or "nan"
+
+
+def first_finding(watch: Watch, input_index: int | None = None) -> Finding | None:
+    rows = watch.stats()
+    calls = [c for c in watch.calls if c.seq >= 0 and (input_index is None or c.input_index == input_index)]
+    by_start = {c.start: c for c in watch.calls}
+    for c in sorted(calls, key=lambda c: (c.input_index, c.seq)):
+        out_bad = _bad(rows, c.outputs)
+        if out_bad is None:
+            continue
+        in_bad = _bad(rows, c.inputs)
+        if in_bad is None:
+            p_bad = _bad(rows, watch.param_rows.get(c.module, []))
+            if p_bad is not None:
+                return Finding(c, "weights", _kind_of(p_bad[1]), p_bad[0])
+            return Finding(c, "producer", _kind_of(out_bad[1]), out_bad[0])
+        # The input was already bad: walk up to the call whose own forward made it.
+        cur = c
+        while cur.parent is not None:
+            parent = by_start[cur.parent]
+            if _bad(rows, parent.inputs) is None:
+                p_bad = _bad(rows, watch.param_rows.get(parent.module, []))
+                role = "weights" if p_bad is not None else "producer"
+                return Finding(parent, role, _kind_of(out_bad[1]), p_bad[0] if p_bad else None)
+            cur = parent
+        # The root's input itself: bad data. Blame the first module that received it.
+        recv = next((x for x in sorted(watch.calls, key=lambda x: x.start)
+                     if x.input_index == cur.input_index and x.parent is not None and _bad(rows, x.inputs)), cur)
+        st = _bad(rows, cur.inputs)
+        return Finding(recv, "input", _kind_of(st[1]) if st else "nan", st[0] if st else None, recv)
+    # Non-finite data that no module turned into a bad output.
+    for c in sorted(calls, key=lambda c: c.start):
+        if c.parent is None:
+            st = _bad(rows, c.inputs)
+            if st is not None and (st[1].nan or st[1].posinf):
+                recv = next((x for x in sorted(watch.calls, key=lambda x: x.start)
+                             if x.input_index == c.input_index and x.parent is not None and _bad(rows, x.inputs)), c)
+                return Finding(recv, "input", _kind_of(st[1]), st[0], recv)
+    return None
+
+
+def failed_inputs(watch: Watch) -> list[int]:
+    rows = watch.stats()
+    bad: set[int] = set()
+    for c in watch.calls:
+        if c.seq >= 0 and _bad(rows, c.outputs) is not None:
+            bad.add(c.input_index)
+        elif c.parent is None and (st := _bad(rows, c.inputs)) is not None and (st[1].nan or st[1].posinf):
+            bad.add(c.input_index)
+    return sorted(bad)
+
+
+def mask_notes(watch: Watch) -> list[str]:
+    """−inf-only inputs that were absorbed (no module output went non-finite from them)."""
+    rows = watch.stats()
+    seen: set[str] = set()
+    notes = []
+    for c in watch.calls:
+        st = _bad(rows, c.inputs)
+        if st is None or st[1].nan or st[1].posinf:
+            continue
+        if _bad(rows, c.outputs) is None and c.module not in seen:
+            seen.add(c.module)
+            notes.append(f"mask: {st[1].neginf} −inf values in {c.module or '<root>'} input {st[0]} were "
+                         f"absorbed (softmax/where/masked_fill) — an attention mask, not a fault")
+    return notes
+
+
+def call_table(watch: Watch) -> list[dict[str, Any]]:
+    """Per module call in completion order: name, type, call index, output absmax and counts."""
+    rows = watch.stats()
+    out = []
+    for c in sorted((c for c in watch.calls if c.seq >= 0), key=lambda c: (c.input_index, c.seq)):
+        absmax = None
+        nan = pos = neg = 0
+        for _, r in c.outputs:
+            st = rows[r]
+            nan, pos, neg = nan + st.nan, pos + st.posinf, neg + st.neginf
+            if st.absmax is not None:
+                absmax = st.absmax if absmax is None else max(absmax, st.absmax)
+        in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
+        out.append({"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
+                    "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
+                    "nan": nan, "posinf": pos, "neginf": neg})
+    return out
+
+
+def to_first_nonfinite(f: Finding, op: str | None = None, source: str | None = None) -> FirstNonfinite:
+    c = f.call
+    return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
+                          kind=f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
+
+
+def watch_report(watch: Watch) -> WatchReport:
+    """Report for a user's ``watch`` block; block-level captures are refined by re-running."""
+    finding = first_finding(watch)
+    notes = mask_notes(watch)
+    if finding is not None and watch.level == "blocks":
+        retained = {i: (a, k) for i, a, k in watch.retained}
+        idx = finding.call.input_index
+        if idx in retained:
+            from .runner import refine
+
+            args, kwargs = retained[idx]
+            fine = refine(watch.model, args, kwargs, input_index=idx, device=watch.sink.device)
+            if fine is not None:
+                fine.failed_inputs = sorted(set(failed_inputs(watch)) | set(fine.failed_inputs))
+                return fine
+        notes.append(f"captured at block level; inputs of forward {idx} were not retained "
+                     f"(retain={watch.retain}), so module/op location is block-level only")
+    fnf = to_first_nonfinite(finding) if finding else None
+    return WatchReport(fnf, call_table(watch), failed_inputs(watch), notes)

@@ -1,0 +1,1 @@
+"""Rendering: rich for the terminal, HTML/Markdown files. No computation here."""

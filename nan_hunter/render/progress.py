@@ -1,0 +1,31 @@
+"""A rich progress bar for long weights scans (only shown after the first second)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+
+class ScanProgress:
+    def __init__(self, delay: float = 1.0) -> None:
+        self.start = time.monotonic()
+        self.delay = delay
+        self.bar: Progress | None = None
+        self.task = None
+        self.done = 0
+
+    def update(self, name: str, nbytes: int, total: int | None = None) -> None:
+        self.done += nbytes
+        if self.bar is None:
+            if time.monotonic() - self.start < self.delay:
+                return
+            self.bar = Progress(TextColumn("scanning weights"), BarColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), TextColumn("{task.fields[name]}"), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("scan", total=total, name="")
+        self.bar.update(self.task, completed=self.done, name=name[-40:])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

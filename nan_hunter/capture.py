@@ -129,6 +129,11 @@ class Watch:
 
     # -- hooks ------------------------------------------------------------------------------
     def _measure_all(self, obj: Any, prefix: str) -> list[tuple[str, int]]:
+        if self._ops is not None:  # the stats' own ops must not be seen by the op-level mode
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return [(label, self.sink.measure(t)) for label, t in flatten(obj, prefix)]
         return [(label, self.sink.measure(t)) for label, t in flatten(obj, prefix)]
 
     def _pre(self, name: str):
@@ -137,8 +142,7 @@ class Watch:
                 self._forward += 1
                 self._count.clear()
                 self.sink.forget_tensors()
-                if self.level == "blocks":
-                    self.retained.append((self._forward, args, kwargs))
+                self.retained.append((self._forward, args, kwargs))
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
             call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),

@@ -135,7 +135,7 @@ def nonfinite_input(ev: Evidence) -> Diagnosis | None:
     return _diag(ev, "nonfinite_input", f"{which} already holds {ev.kind} before any module ran",
                  [f"first module that received it: {ev.module or '<root>'} ({ev.module_type})",
                   f"failing inputs: {ev.failed_inputs} of {ev.n_inputs}" if ev.n_inputs > 1 else None],
-                 "Fix the data pipeline: check preprocessing for NaN/Inf (e.g. torch.isfinite on the batch) "
+                 "The input data is bad, not the model: fix the data pipeline — check preprocessing for NaN/Inf (e.g. torch.isfinite on the batch) "
                  "and drop or repair bad samples before the forward.")
 
 

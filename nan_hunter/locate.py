@@ -141,17 +141,20 @@ def call_table(watch: Watch) -> list[dict[str, Any]]:
     return out
 
 
-def to_first_nonfinite(f: Finding, op: str | None = None, source: str | None = None) -> FirstNonfinite:
+def to_first_nonfinite(f: Finding, op: str | None = None, source: str | None = None,
+                       kind: str | None = None) -> FirstNonfinite:
+    """``kind`` of the op that made the value, when known (an inf often comes one op before
+    the NaN that reaches the module output)."""
     c = f.call
     return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
-                          kind=f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
+                          kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
 
 
 def watch_report(watch: Watch) -> WatchReport:
     """Report for a user's ``watch`` block; block-level captures are refined by re-running."""
     finding = first_finding(watch)
     notes = mask_notes(watch)
-    if finding is not None and watch.level == "blocks":
+    if finding is not None:
         retained = {i: (a, k) for i, a, k in watch.retained}
         idx = finding.call.input_index
         if idx in retained:
@@ -162,7 +165,7 @@ def watch_report(watch: Watch) -> WatchReport:
             if fine is not None:
                 fine.failed_inputs = sorted(set(failed_inputs(watch)) | set(fine.failed_inputs))
                 return fine
-        notes.append(f"captured at block level; inputs of forward {idx} were not retained "
-                     f"(retain={watch.retain}), so module/op location is block-level only")
+        notes.append(f"inputs of forward {idx} were not retained (retain={watch.retain}), so the op-level "
+                     f"location{' and module-level location' if watch.level == 'blocks' else ''} is missing")
     fnf = to_first_nonfinite(finding) if finding else None
     return WatchReport(fnf, call_table(watch), failed_inputs(watch), notes)

@@ -108,14 +108,26 @@ def _counts(outs: list[torch.Tensor]) -> tuple[int, int, int]:
 
 
 def user_source() -> str | None:
-    """``file.py:line  code`` of the innermost frame outside torch and nanhunter."""
-    for fr in reversed(traceback.extract_stack()):
+    """``file.py:line  code`` where the op was called: the innermost frame outside torch, looking
+    only at frames inside nanhunter's own re-run call (the boundary). When the op comes from a
+    torch module with no user code in between (``nn.Linear``), the module's own frame is given."""
+    inside: list[traceback.FrameSummary] = []
+    for fr in reversed(traceback.extract_stack()[:-1]):
         fn = os.path.abspath(fr.filename)
-        if fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or "/contextlib.py" in fn:
-            continue
-        code = (fr.line or "").strip()
-        return f"{fr.filename}:{fr.lineno}" + (f"  {code}" if code else "")
-    return None
+        if fn.startswith(_PKG_DIR):
+            if inside:
+                break  # reached nanhunter's caller frames: the boundary
+            continue  # nanhunter's own dispatch frames, innermost
+        inside.append(fr)
+    frame = next((f for f in inside if not os.path.abspath(f.filename).startswith(_TORCH_DIR)
+                  and "/contextlib.py" not in f.filename), None)
+    if frame is None:
+        frame = next((f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
+                     inside[0] if inside else None)
+    if frame is None:
+        return None
+    code = (frame.line or "").strip()
+    return f"{frame.filename}:{frame.lineno}" + (f"  {code}" if code else "")
 
 
 def _float_tensors(obj: Any) -> list[torch.Tensor]:
@@ -167,34 +179,46 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any) -> OpEvent | N
 
 
 class FirstBadOp(TorchDispatchMode):
-    """Records the first op that introduced a non-finite value (``first``) and, as a fallback for
-    values that came in non-finite (bad weights or data), the first computing op whose output is
-    non-finite (``first_carrier``)."""
+    """Finds the op that made the first non-finite value of a module call.
+
+    ``first``: the first op that introduced NaN or +inf (a class none of its operands held).
+    −inf alone is how masks are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an
+    op that only introduced −inf is kept aside (``first_neginf``) and reported only when nothing
+    later made a NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
+    data), the first computing op whose output is non-finite."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first: OpEvent | None = None
+        self.first_neginf: OpEvent | None = None
         self.first_carrier: OpEvent | None = None
         self.n_ops = 0
+
+    @property
+    def result(self) -> OpEvent | None:
+        return self.first or self.first_neginf or self.first_carrier
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.n_ops += 1
-        if self.first is None:
-            ev = new_nonfinite(func, args, kwargs, out)
-            if ev is not None:
+        if self.first is not None:
+            return out
+        ev = new_nonfinite(func, args, kwargs, out)
+        if ev is not None:
+            if ev.nan or ev.posinf:
                 self.first = ev
-            elif self.first_carrier is None and func._opname not in VIEW_OPS:
-                outs = _float_tensors(out)
-                if outs:
-                    nan, pos, neg = _counts(outs)
-                    if nan or pos or neg:
-                        flat, _ = tree_flatten((args, kwargs))
-                        operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
-                        self.first_carrier = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg,
-                                                     user_source(), operands,
-                                                     str(outs[0].dtype).removeprefix("torch."))
+            elif self.first_neginf is None:
+                self.first_neginf = ev
+        elif self.first_carrier is None and func._opname not in VIEW_OPS:
+            outs = _float_tensors(out)
+            if outs:
+                nan, pos, neg = _counts(outs)
+                if nan or pos or neg:
+                    flat, _ = tree_flatten((args, kwargs))
+                    operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
+                    self.first_carrier = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(),
+                                                 operands, str(outs[0].dtype).removeprefix("torch."))
         return out
 
 
@@ -203,7 +227,7 @@ def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Op
     mode = FirstBadOp()
     with torch.no_grad(), mode:
         out = module(*args, **kwargs)
-    return mode.first or mode.first_carrier, out
+    return mode.result, out
 
 
 class OpWatch(TorchDispatchMode):

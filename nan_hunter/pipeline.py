@@ -204,12 +204,13 @@ def run_model(p: Prepared, rep: Report, replay: bool = True) -> None:
 
         with run_context(p.dtype, f8):
             ev, _ = first_bad_op(target, margs, mkw)
-    rep.first_nonfinite = to_first_nonfinite(finding, ev.op if ev else None, ev.source if ev else None)
+    rep.first_nonfinite = to_first_nonfinite(finding, ev.op if ev else None, ev.source if ev else None,
+                                             ev.kind if ev and finding.role == "producer" else None)
     if replay and finding.role == "producer":
         rep.replay = do_replay(target, margs, mkw, f8)
     from .capture import main_blocks
 
-    evd = Evidence(finding.role, finding.kind, call.module, call.module_type, ev.op if ev else None,
+    evd = Evidence(finding.role, rep.first_nonfinite.kind, call.module, call.module_type, ev.op if ev else None,
                    ev.operands if ev else [], p.dtype, rep.replay, rep.weights["nonfinite"] if rep.weights else [],
                    call.module in set(main_blocks(p.model)), p.labels[call.input_index], failed, len(p.batches),
                    cfg["diagnosis"])

@@ -143,5 +143,6 @@ def refine(model: nn.Module, args: tuple, kwargs: dict, input_index: int = 0, de
         a, kw = call_inputs(model, run, f.call.module, f.call.call_index)
         target = model.get_submodule(f.call.module) if f.call.module else model
         ev, _ = first_bad_op(target, a, kw)
-    fnf = to_first_nonfinite(f, ev.op if ev else None, ev.source if ev else None)
+    fnf = to_first_nonfinite(f, ev.op if ev else None, ev.source if ev else None,
+                             ev.kind if ev and f.role == "producer" else None)
     return WatchReport(fnf, call_table(w), failed_inputs(w), mask_notes(w), ev)

@@ -5,7 +5,12 @@ finite-or-not and absmax, hence overflow headroom for every target dtype exactly
 and the first bad index are computed only for non-finite tensors. Underflow (how much of the
 tensor flushes to zero or goes subnormal in fp16) needs a pass of its own; by default it is
 estimated on a fixed strided sample (``SAMPLE`` elements, marked ``sampled``), and
-``stats="full"`` computes it exactly (3-7x slower, measured in BENCHMARKS.md).
+``stats="full"`` computes it exactly (slower, measured in BENCHMARKS.md).
+
+Memory stays bounded by the largest tensor: the slow paths (a tensor holding NaN/Inf, the exact
+underflow pass, 1-byte dtypes widened to fp32) work on ``CHUNK``-element slices, and
+``scan_weights`` closes a shard's memory map after each tensor (it is re-mapped lazily for the
+next one), so pages already scanned do not accumulate in the process's resident set.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .dtypes import HEADROOM_DTYPES, limits
 from .load import Checkpoint
 
 SAMPLE = 65536
+CHUNK = 1 << 20  # elements per slice on the slow paths: bounded temporaries
 
 
 @dataclass
@@ -78,7 +84,11 @@ def _unravel(flat: int, shape: list[int]) -> list[int]:
 
 
 def _underflow(x, exact: bool) -> tuple[float, float, float | None, bool]:
-    """(fraction of non-zero values flushed to 0 in fp16, fraction that become subnormal, min |x|>0, sampled)."""
+    """(fraction of non-zero values flushed to 0 in fp16, fraction that become subnormal, min |x|>0, sampled).
+
+    Fractions are over the finite values; computed ``CHUNK`` elements at a time with counts
+    (no boolean-index copies), so the temporaries stay small whatever the tensor's size.
+    """
     import torch
 
     flat = x.reshape(-1)
@@ -87,26 +97,70 @@ def _underflow(x, exact: bool) -> tuple[float, float, float | None, bool]:
         step = flat.numel() // SAMPLE
         flat = flat[:: step][:SAMPLE]
         sampled = True
-    a = flat.float().abs()
-    a = a[torch.isfinite(a)]
-    n = a.numel()
+    fp16 = limits("fp16")
+    # fp16 rounds to nearest: below half the smallest subnormal a value becomes 0.
+    half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
+    n = flush = sub = 0
+    mn = math.inf
+    for s in range(0, flat.numel(), CHUNK):
+        a = flat[s: s + CHUNK].float().abs()
+        n += int(torch.count_nonzero(torch.isfinite(a)))
+        # comparisons are False for NaN, and +inf is above every bound: only finite values count
+        flush += int(torch.count_nonzero((a > 0) & (a < half_sub)))
+        sub += int(torch.count_nonzero((a >= half_sub) & (a < normal)))
+        pos = (a > 0) & (a < math.inf)
+        if bool(pos.any()):
+            mn = min(mn, float(torch.where(pos, a, math.inf).min()))
     if n == 0:
         return 0.0, 0.0, None, sampled
-    fp16 = limits("fp16")
-    nz = a[a > 0]
-    # fp16 rounds to nearest: below half the smallest subnormal a value becomes 0.
-    flush = int(torch.count_nonzero(nz < fp16.smallest_subnormal / 2))
-    sub = int(torch.count_nonzero((nz >= fp16.smallest_subnormal / 2) & (nz < fp16.smallest_normal)))
-    mn = float(nz.min()) if nz.numel() else None
-    return flush / n, sub / n, mn, sampled
+    return flush / n, sub / n, (mn if mn < math.inf else None), sampled
+
+
+def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
+    """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values).
+
+    One ``aminmax`` pass when ``t`` is all-finite. Otherwise (and for 1-byte dtypes, which
+    ``quick_row`` widens to fp32) ``t`` is walked ``CHUNK`` elements at a time: a finite chunk
+    costs one ``aminmax``, only chunks holding NaN/Inf go through ``full_row``; counts add up,
+    the first index is the first bad chunk's, absmax is the max over chunks.
+    """
+    from .kernels.reference import full_row, quick_row
+    from .stats import TensorStats
+
+    n = t.numel()
+    if t.element_size() > 1 or n <= CHUNK:
+        quick = quick_row(t)
+        if quick is not None:
+            return 0, 0, 0, None, quick[1][0]
+        if n <= CHUNK:
+            ints, floats = full_row(t)
+            st = TensorStats.from_row(ints.tolist(), floats.tolist())
+            return st.nan, st.posinf, st.neginf, st.first_nonfinite, st.absmax
+    flat = t.reshape(-1)
+    nan = posinf = neginf = 0
+    first: int | None = None
+    absmax: float | None = None
+    for s in range(0, n, CHUNK):
+        c = flat[s: s + CHUNK]
+        quick = quick_row(c)
+        if quick is not None:
+            a = quick[1][0]
+        else:
+            ints, floats = full_row(c)
+            st = TensorStats.from_row(ints.tolist(), floats.tolist())
+            nan, posinf, neginf = nan + st.nan, posinf + st.posinf, neginf + st.neginf
+            if first is None and st.first_nonfinite is not None:
+                first = s + st.first_nonfinite
+            a = st.absmax
+        if a is not None:
+            absmax = a if absmax is None else max(absmax, a)
+    return nan, posinf, neginf, first, absmax
 
 
 def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
     import torch
 
     from .dtypes import name_of
-    from .kernels.reference import full_row, quick_row
-    from .stats import TensorStats
 
     dt = name_of(t.dtype)
     ts = TensorScan(name, str(t.dtype).removeprefix("torch."), list(t.shape), t.numel())
@@ -116,15 +170,9 @@ def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
     if t.numel() == 0:
         ts.skipped = "empty"
         return ts
-    quick = quick_row(t)
-    if quick is None:
-        ints, floats = full_row(t)
-        st = TensorStats.from_row(ints.tolist(), floats.tolist())
-        ts.nan, ts.posinf, ts.neginf = st.nan, st.posinf, st.neginf
-        ts.first_index = _unravel(st.first_nonfinite, list(t.shape)) if st.first_nonfinite is not None else None
-        ts.absmax = st.absmax
-    else:
-        ts.absmax = quick[1][0]
+    ts.nan, ts.posinf, ts.neginf, first, ts.absmax = _value_stats(t)
+    if not ts.finite:
+        ts.first_index = _unravel(first, list(t.shape)) if first is not None else None
     for target in HEADROOM_DTYPES:
         mx = limits(target).max
         ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
@@ -137,6 +185,17 @@ def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
     return ts
 
 
+def _unmap(ck: Checkpoint, name: str) -> None:
+    """Close the memory map of the shard holding ``name`` (``SafetensorsFile.close``): once the
+    scanned tensor's views are gone the GC unmaps it, so its pages leave this process's RSS
+    (they stay in the page cache); the next tensor re-maps the file lazily. Nothing is discarded:
+    a view still held elsewhere keeps its own map alive."""
+    e = ck.entries.get(name) if ck._torch_sd is None else None
+    f = ck._files.get(e.file) if e is not None else None
+    if f is not None:
+        f.close()
+
+
 def scan_weights(ck: Checkpoint, exact: bool = False,
                  progress: Callable[[str, int], None] | None = None) -> WeightsScan:
     """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
@@ -147,7 +206,9 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
         if ts.skipped:
             skipped += 1
         out.append(ts)
-        if progress is not None:
-            progress(name, t.numel() * t.element_size())
+        nbytes = t.numel() * t.element_size()
         del t
+        _unmap(ck, name)
+        if progress is not None:
+            progress(name, nbytes)
     return WeightsScan(out, len(out), skipped, ck.nbytes)

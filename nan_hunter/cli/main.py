@@ -85,12 +85,16 @@ def scan(
     stats: Annotated[str, typer.Option("--stats", help="fast (sampled underflow) | full (exact, slower)")] = "fast",
     no_replay: Annotated[bool, typer.Option("--no-replay", help="skip the dtype replay")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no terminal report")] = False,
+    report: Annotated[str | None, typer.Option("--report", help="also write PATH.html (self-contained) or PATH.md (+ PATH.png)")] = None,
+    strip: Annotated[bool | None, typer.Option("--strip/--no-strip", help="per-module headroom strip (default: on when failing)")] = None,
 ) -> None:
     """Scan weights, run the model under hooks, locate the first NaN/Inf, replay and diagnose it."""
     try:
+        from ..render.html import check_target
         from ..report import check_json_target
 
         check_json_target(json)
+        check_target(report)
         from ..pipeline import scan as run_scan
 
         prog, cb = _progress()
@@ -101,7 +105,9 @@ def scan(
         finally:
             if prog is not None:
                 prog.close()
-        code = _emit(rep, json, quiet)
+        from .check_cmd import emit_scan
+
+        code = emit_scan(rep, json, quiet, strip, report)  # _emit + the strip and --report files
     except BadInput as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -128,4 +134,7 @@ def run() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    run()
+    # Run the registered app of the real module, not this __main__ copy (commands live there).
+    from nan_hunter.cli.main import run as _run
+
+    _run()

@@ -29,3 +29,20 @@ class ScanProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+class BisectProgress:
+    """A live status line while bisect searches (runs so far and the last verdict)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.status import Status
+
+        self.status = Status("bisect: preparing", console=Console(stderr=True))
+        self.status.start()
+
+    def update(self, runs: int, what: str) -> None:
+        self.status.update(f"bisect: run {runs} · {what}")
+
+    def close(self) -> None:
+        self.status.stop()

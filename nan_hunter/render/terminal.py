@@ -169,10 +169,14 @@ def verdict(rep: Report) -> Text:
     return Text(f"✘ {len(w)} tensor(s) with NaN/Inf in the checkpoint", style="bold red")
 
 
-def render(rep: Report, console: Console | None = None, max_rows: int = 20) -> None:
+def render(rep: Report, console: Console | None = None, max_rows: int = 20, strip: bool = False) -> None:
+    """``strip``: also show the per-module headroom strip (when the report has module rows)."""
+    from .headroom import headroom_strip
+
     c = console or Console(stderr=False)
     c.print(header(rep))
-    for part in (weights_table(rep, max_rows), producer_panel(rep), diagnosis_panel(rep)):
+    strip_part = headroom_strip(rep) if strip and rep.modules else None
+    for part in (weights_table(rep, max_rows), strip_part, producer_panel(rep), diagnosis_panel(rep)):
         if part is not None:
             c.print(part)
     for nm in rep.near_misses[:10]:

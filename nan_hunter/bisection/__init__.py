@@ -1,0 +1,1 @@
+"""Precision bisection: which modules must stay in higher precision (``nanhunter bisect``)."""

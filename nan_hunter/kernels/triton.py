@@ -1,0 +1,426 @@
+"""Fused statistics kernel (Triton): reads a tensor once, writes one stats row, never syncs the host.
+
+Numerics: every element is turned into the exact fp32 bit pattern of its value with integer ops
+(fp16, bf16 and fp8 are decoded from their stored bits), and every field is computed from those
+bits, so results are exact on GPU (no flush-to-zero for subnormals) and under TRITON_INTERPRET=1,
+whose fp8 loads are wrong. Only sum/sumsq use float arithmetic (fp32, order differs from torch).
+Each program reduces a chunk in registers, then merges into the row with relaxed atomics: add
+for counts and sums, int max/min on the float bits for absmax and min_nonzero (non-negative
+floats order like their bits), and an unsigned min for first_nonfinite. Rows are initialised by
+a small launch first; first_nonfinite starts at -1, the largest uint64 for that unsigned min, so
+the row is final when the reduction ends: no finalize launch.
+
+Launch strategy, a pointer table: ``stats_many_into`` packs (address, numel, columns, row stride,
+row, format, ...) of every tensor into one int64 table (one pinned, async copy to the device),
+initialises all rows in one launch, then covers all blocks of all tensors, mixed dtypes included,
+in one reduce launch: each program binary-searches the table for its tensor, casts the address
+to a pointer of the storage width and branches on the format code (uniform per program, so no
+divergence). The only split is by 16-byte alignment of the base address, a compile-time hint
+that lets full blocks load 16 bytes at a time, so a typical call is 2 launches, 3 when some base
+is misaligned. ``stats_into`` passes its tensor as scalars (no table): 2 launches.
+
+Layouts: contiguous tensors and views that are a strided stack of contiguous rows (what
+``t.view(-1, t.size(-1))`` accepts, broadcast rows included) or one strided line are read in
+place; anything else (transposes, permutes) is first copied with ``.contiguous()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT
+
+# 1024 elements per loop step: 8 per thread at 4 warps (two 16-byte loads for fp32). ptxas for
+# sm_90 reports 153-158 registers, no spills: the 8 per-lane accumulators dominate.
+BLOCK_SIZE = 1024
+MAX_PROGRAMS = 4096  # beyond this many blocks, programs loop over several (fewer atomics)
+NUM_WARPS = 4
+
+# Format codes: the kernel's branch on how to decode stored bits into fp32 bits.
+_FORMATS = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+}
+
+
+def _f32_bits(x: float) -> int:
+    """The fp32 bit pattern of ``x`` as a non-negative int (``x`` >= 0)."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+# Finite |x| above these overflows the named format; compared as fp32 bits (exact: all four
+# limits are fp32 values).
+_LIM_FP16 = tl.constexpr(_f32_bits(torch.finfo(torch.float16).max))
+_LIM_BF16 = tl.constexpr(_f32_bits(torch.finfo(torch.bfloat16).max))
+_LIM_E4M3 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e4m3fn).max))
+_LIM_E5M2 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e5m2).max))
+_INF_BITS = tl.constexpr(0x7F800000)
+_NAN_BITS = tl.constexpr(0x7FC00000)
+_ABS_MASK = tl.constexpr(0x7FFFFFFF)
+_INT32_MAX = tl.constexpr(2**31 - 1)
+_MASK21 = tl.constexpr(2**21 - 1)
+_TWO_M24 = tl.constexpr(2.0**-24)  # fp16 subnormal step
+_TWO_M9 = tl.constexpr(2.0**-9)  # e4m3 subnormal step
+_INF = tl.constexpr(float("inf"))
+
+# Row layout.
+_N_INT = tl.constexpr(N_INT)
+_N_FLOAT = tl.constexpr(N_FLOAT)
+_I_NUMEL = tl.constexpr(INT_FIELDS.index("numel"))
+_I_NAN = tl.constexpr(INT_FIELDS.index("nan"))
+_I_POSINF = tl.constexpr(INT_FIELDS.index("posinf"))
+_I_NEGINF = tl.constexpr(INT_FIELDS.index("neginf"))
+_I_ZERO = tl.constexpr(INT_FIELDS.index("zero"))
+_I_SUB = tl.constexpr(INT_FIELDS.index("subnormal"))
+_I_O16 = tl.constexpr(INT_FIELDS.index("over_fp16"))
+_I_OBF = tl.constexpr(INT_FIELDS.index("over_bf16"))
+_I_OE4 = tl.constexpr(INT_FIELDS.index("over_e4m3"))
+_I_OE5 = tl.constexpr(INT_FIELDS.index("over_e5m2"))
+_I_FIRST = tl.constexpr(INT_FIELDS.index("first_nonfinite"))
+_F_ABSMAX = tl.constexpr(FLOAT_FIELDS.index("absmax"))
+_F_MINNZ = tl.constexpr(FLOAT_FIELDS.index("min_nonzero"))
+_F_SUM = tl.constexpr(FLOAT_FIELDS.index("sum"))
+_F_SUMSQ = tl.constexpr(FLOAT_FIELDS.index("sumsq"))
+
+# Pointer-table columns (int64).
+_C_ADDR, _C_NUMEL, _C_NCOLS, _C_STRIDE, _C_ROW, _C_FMT, _C_TINY, _C_PSTART = range(8)
+_W = tl.constexpr(8)
+_TC_ADDR = tl.constexpr(_C_ADDR)
+_TC_NUMEL = tl.constexpr(_C_NUMEL)
+_TC_NCOLS = tl.constexpr(_C_NCOLS)
+_TC_STRIDE = tl.constexpr(_C_STRIDE)
+_TC_ROW = tl.constexpr(_C_ROW)
+_TC_FMT = tl.constexpr(_C_FMT)
+_TC_TINY = tl.constexpr(_C_TINY)
+_TC_PSTART = tl.constexpr(_C_PSTART)
+
+
+@triton.jit
+def _load_f32_bits(addr, idx, mask, other, fmt, ALIGN: tl.constexpr):
+    """fp32 bit patterns (int32) of the elements at element offsets ``idx`` from address ``addr``.
+
+    ``mask``/``other`` are both None for a full block (no predication, so loads can vectorise).
+    ``ALIGN`` (16 or 1) is what ``addr`` is a multiple of, stated on the pointer: an int-to-pointer
+    cast carries no alignment, and without it no load is wider than one element.
+    Narrow formats are decoded with integer ops; a subnormal's value m * 2^-k is computed in
+    fp32, where it is exact and normal, so no denormal flushing can touch it.
+    """
+    if fmt == 0:
+        p = tl.multiple_of(addr.to(tl.pointer_type(tl.int32)), ALIGN)
+        u = tl.load(p + idx, mask=mask, other=other)
+    elif fmt == 2:
+        # bf16 is the top half of an fp32
+        p = tl.multiple_of(addr.to(tl.pointer_type(tl.uint16)), ALIGN)
+        u = tl.load(p + idx, mask=mask, other=other).to(tl.int32) << 16
+    elif fmt == 3:
+        # float8_e4m3fn: bias 7, no Inf, NaN at S.1111.111, max 448
+        p = tl.multiple_of(addr.to(tl.pointer_type(tl.uint8)), ALIGN)
+        b = tl.load(p + idx, mask=mask, other=other).to(tl.int32)
+        e = (b >> 3) & 0xF
+        m = b & 0x7
+        sub = (m.to(tl.float32) * _TWO_M9).to(tl.int32, bitcast=True)
+        mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
+        u = tl.where((b & 0x7F) == 0x7F, _NAN_BITS, mag) | ((b & 0x80) << 24)
+    else:
+        # fp16 (bias 15, exponent 31 = Inf/NaN); float8_e5m2 is the top byte of an fp16
+        if fmt == 1:
+            p16 = tl.multiple_of(addr.to(tl.pointer_type(tl.uint16)), ALIGN)
+            h = tl.load(p16 + idx, mask=mask, other=other).to(tl.int32)
+        else:
+            p8 = tl.multiple_of(addr.to(tl.pointer_type(tl.uint8)), ALIGN)
+            h = tl.load(p8 + idx, mask=mask, other=other).to(tl.int32) << 8
+        e = (h >> 10) & 0x1F
+        m = h & 0x3FF
+        sub = (m.to(tl.float32) * _TWO_M24).to(tl.int32, bitcast=True)
+        special = tl.where(m == 0, _INF_BITS, _NAN_BITS)
+        mag = tl.where(e == 0, sub, tl.where(e == 31, special, ((e + 112) << 23) | (m << 13)))
+        u = mag | ((h & 0x8000) << 16)
+    return u
+
+
+@triton.jit(do_not_specialize=["row", "numel"])
+def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row, numel, SINGLE: tl.constexpr):
+    """Write the starting row: numel, zero counts, first_nonfinite -1, min_nonzero +inf."""
+    if not SINGLE:
+        entry = table_ptr + tl.program_id(0).to(tl.int64) * _W
+        row = tl.load(entry + _TC_ROW)
+        numel = tl.load(entry + _TC_NUMEL)
+    row = row.to(tl.int64)
+    cols = tl.arange(0, 16)
+    ivals = tl.where(cols == _I_FIRST, -1, 0).to(tl.int64)
+    ivals = tl.where(cols == _I_NUMEL, numel.to(tl.int64), ivals)
+    tl.store(ints_ptr + row * _N_INT + cols, ivals, mask=cols < _N_INT)
+    fvals = tl.where(cols == _F_MINNZ, _INF, 0.0)
+    tl.store(floats_ptr + row * _N_FLOAT + cols, fvals, mask=cols < _N_FLOAT)
+
+
+@triton.jit(do_not_specialize=["n_entries", "iters", "numel", "n_cols", "stride", "row", "fmt", "tiny_bits"])
+def _stats_kernel(
+    table_ptr, n_entries, ints_ptr, floats_ptr, iters,
+    addr, numel, n_cols, stride, row, fmt, tiny_bits,
+    BLOCK: tl.constexpr, SINGLE: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """Reduce ``iters`` blocks of one tensor and merge them into its row with atomics.
+
+    SINGLE: the tensor comes as scalars (addr ... tiny_bits) and programs start at 0. Otherwise
+    program ``pid`` belongs to the last table entry whose first program (PSTART) is <= pid.
+    Elements are indexed flat, row-major: element i sits at ``(i // n_cols) * stride + i % n_cols``.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    if SINGLE:
+        local = pid
+    else:
+        lo = pid * 0
+        hi = lo + n_entries
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            take = tl.load(table_ptr + mid * _W + _TC_PSTART) <= pid
+            lo = tl.where(take, mid, lo)
+            hi = tl.where(take, hi, mid)
+        entry = table_ptr + lo * _W
+        addr = tl.load(entry + _TC_ADDR)
+        numel = tl.load(entry + _TC_NUMEL)
+        n_cols = tl.load(entry + _TC_NCOLS)
+        stride = tl.load(entry + _TC_STRIDE)
+        row = tl.load(entry + _TC_ROW)
+        fmt = tl.load(entry + _TC_FMT)
+        tiny_bits = tl.load(entry + _TC_TINY).to(tl.int32)
+        local = pid - tl.load(entry + _TC_PSTART)
+
+    lane = tl.arange(0, BLOCK)
+    chunk_start = local * iters * BLOCK
+    n_steps = tl.minimum((numel - chunk_start + BLOCK - 1) // BLOCK, iters).to(tl.int32)
+    contiguous = stride == n_cols
+
+    # Nine counts packed three to an int64, 21 bits each: a program sees at most 2^20 elements
+    # (see _plan), so no field can carry into the next. Three reductions instead of nine.
+    nan_pinf_ninf = tl.zeros([BLOCK], dtype=tl.int64)
+    zero_sub_o16 = tl.zeros([BLOCK], dtype=tl.int64)
+    obf_oe4_oe5 = tl.zeros([BLOCK], dtype=tl.int64)
+    amax = tl.zeros([BLOCK], dtype=tl.int32)  # max |x| bits over finite values: non-negative
+    amin = tl.full([BLOCK], _INF_BITS, dtype=tl.int32)  # floats order like their bits as ints
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    ss = tl.zeros([BLOCK], dtype=tl.float32)
+    first = tl.full([BLOCK], _INT32_MAX, dtype=tl.int32)  # position in the chunk: < 2^20
+
+    for step in range(0, n_steps):
+        start = chunk_start + step * BLOCK
+        offs = start + lane  # flat int64 index
+        valid = offs < numel
+        if contiguous:
+            if start + BLOCK <= numel:  # full block: unmasked, so aligned loads can vectorise
+                u = _load_f32_bits(addr, offs, None, None, fmt, ALIGN)
+            else:
+                u = _load_f32_bits(addr, offs, valid, 0, fmt, ALIGN)
+        else:
+            u = _load_f32_bits(addr, (offs // n_cols) * stride + offs % n_cols, valid, 0, fmt, ALIGN)
+        # masked lanes read bits 0 (+0.0): only the zero count needs ``valid``
+        a = u & _ABS_MASK
+        finite = a < _INF_BITS
+        inf = a == _INF_BITS
+        nan_pinf_ninf += (
+            (a > _INF_BITS).to(tl.int64)
+            | ((inf & (u > 0)).to(tl.int64) << 21)
+            | ((inf & (u < 0)).to(tl.int64) << 42)
+        )
+        zero_sub_o16 += (
+            ((a == 0) & valid).to(tl.int64)
+            | (((a > 0) & (a < tiny_bits)).to(tl.int64) << 21)
+            | ((finite & (a > _LIM_FP16)).to(tl.int64) << 42)
+        )
+        obf_oe4_oe5 += (
+            (finite & (a > _LIM_BF16)).to(tl.int64)
+            | ((finite & (a > _LIM_E4M3)).to(tl.int64) << 21)
+            | ((finite & (a > _LIM_E5M2)).to(tl.int64) << 42)
+        )
+        amax = tl.maximum(amax, tl.where(finite, a, 0))
+        amin = tl.minimum(amin, tl.where(finite & (a > 0), a, _INF_BITS))
+        x = tl.where(finite, u.to(tl.float32, bitcast=True), 0.0)
+        s += x
+        ss += x * x
+        first = tl.minimum(first, tl.where(finite, _INT32_MAX, step * BLOCK + lane))
+
+    # merge into the row; skip atomics that would change nothing (most counts are 0)
+    irow = ints_ptr + row.to(tl.int64) * _N_INT
+    frow = floats_ptr + row.to(tl.int64) * _N_FLOAT
+    packed = tl.sum(nan_pinf_ninf)
+    c = packed & _MASK21
+    tl.atomic_add(irow + _I_NAN, c, mask=c > 0, sem="relaxed")
+    c = (packed >> 21) & _MASK21
+    tl.atomic_add(irow + _I_POSINF, c, mask=c > 0, sem="relaxed")
+    c = packed >> 42
+    tl.atomic_add(irow + _I_NEGINF, c, mask=c > 0, sem="relaxed")
+    packed = tl.sum(zero_sub_o16)
+    c = packed & _MASK21
+    tl.atomic_add(irow + _I_ZERO, c, mask=c > 0, sem="relaxed")
+    c = (packed >> 21) & _MASK21
+    tl.atomic_add(irow + _I_SUB, c, mask=c > 0, sem="relaxed")
+    c = packed >> 42
+    tl.atomic_add(irow + _I_O16, c, mask=c > 0, sem="relaxed")
+    packed = tl.sum(obf_oe4_oe5)
+    c = packed & _MASK21
+    tl.atomic_add(irow + _I_OBF, c, mask=c > 0, sem="relaxed")
+    c = (packed >> 21) & _MASK21
+    tl.atomic_add(irow + _I_OE4, c, mask=c > 0, sem="relaxed")
+    c = packed >> 42
+    tl.atomic_add(irow + _I_OE5, c, mask=c > 0, sem="relaxed")
+    # first_nonfinite starts at -1, the largest uint64: an unsigned min keeps the smallest index
+    f = tl.min(first)
+    first_ptr = (irow + _I_FIRST).to(tl.pointer_type(tl.uint64))
+    f_index = (chunk_start + f).to(tl.uint64, bitcast=True)
+    tl.atomic_min(first_ptr, f_index, mask=f < _INT32_MAX, sem="relaxed")
+    m = tl.max(amax)
+    tl.atomic_max((frow + _F_ABSMAX).to(tl.pointer_type(tl.int32)), m, mask=m > 0, sem="relaxed")
+    m = tl.min(amin)
+    tl.atomic_min((frow + _F_MINNZ).to(tl.pointer_type(tl.int32)), m, mask=m < _INF_BITS, sem="relaxed")
+    v = tl.sum(s)
+    tl.atomic_add(frow + _F_SUM, v, mask=v != 0.0, sem="relaxed")
+    v = tl.sum(ss)
+    tl.atomic_add(frow + _F_SUMSQ, v, mask=v != 0.0, sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------- host
+
+
+def _describe(t: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Table entry (addr, numel, n_cols, stride, fmt, tiny_bits) of ``t`` and the tensor read."""
+    fmt = _FORMATS.get(t.dtype)
+    if fmt is None:
+        supported = ", ".join(str(d) for d in _FORMATS)
+        raise TypeError(f"stats kernel: unsupported dtype {t.dtype} (supported: {supported})")
+    tiny = _f32_bits(torch.finfo(t.dtype).smallest_normal)
+    n = t.numel()
+    src = t
+    v = None
+    if n and not t.is_contiguous():
+        # a stack of equally spaced contiguous rows, or one strided line, is read in place
+        with contextlib.suppress(RuntimeError):
+            v = t.view(-1, t.size(-1)) if t.stride(-1) == 1 else t.view(-1, 1)
+    if v is not None:
+        n_cols, stride = v.size(1), v.stride(0)
+    else:
+        if n and not t.is_contiguous():
+            # transposes and permutes have no single row stride: copy (one extra pass over t)
+            src = t.contiguous()
+        n_cols = stride = max(n, 1)
+    return [src.data_ptr(), n, n_cols, stride, fmt, tiny], src
+
+
+def _check_buffers(ints: torch.Tensor, floats: torch.Tensor, device: torch.device) -> int:
+    for buf, dtype, width in ((ints, torch.int64, N_INT), (floats, torch.float32, N_FLOAT)):
+        if buf.dtype != dtype or buf.dim() != 2 or buf.size(1) != width or not buf.is_contiguous():
+            raise ValueError(
+                f"stats buffers must be contiguous {dtype}[cap, {width}], got {buf.dtype}{list(buf.shape)}"
+            )
+    if ints.device != device or floats.device != device:
+        raise ValueError(f"tensor on {device}, stats buffers on {ints.device}/{floats.device}")
+    return min(ints.size(0), floats.size(0))
+
+
+def _check_row(row: int, cap: int) -> int:
+    row = int(row)
+    if not 0 <= row < cap:
+        raise IndexError(f"stats row {row} out of range for {cap} rows")
+    return row
+
+
+def _plan(numels: list[int], block: int, max_programs: int) -> tuple[int, list[int]]:
+    """Blocks per program (``iters``) and the program count of each tensor."""
+    if block & (block - 1) or not 16 <= block <= 2**16:
+        raise ValueError(f"block_size must be a power of two in [16, 65536], got {block}")
+    total = sum(triton.cdiv(n, block) for n in numels)
+    # packed per-program counts have 21 bits: a program reads at most 2^20 elements
+    iters = min(max(1, triton.cdiv(total, max_programs)), max(1, 2**20 // block))
+    return iters, [triton.cdiv(n, block * iters) for n in numels]
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def stats_into(
+    t: torch.Tensor,
+    ints: torch.Tensor,
+    floats: torch.Tensor,
+    row: int,
+    *,
+    block_size: int = BLOCK_SIZE,
+    max_programs: int = MAX_PROGRAMS,
+) -> None:
+    """Write the stats row of ``t`` into ``ints[row]``/``floats[row]``: two launches, no host sync."""
+    cap = _check_buffers(ints, floats, t.device)
+    row = _check_row(row, cap)
+    (addr, n, n_cols, stride, fmt, tiny), src = _describe(t)
+    with _on(t.device):
+        _init_rows_kernel[(1,)](ints, ints, floats, row, n, SINGLE=True)
+        if n == 0:
+            return
+        iters, (programs,) = _plan([n], block_size, max_programs)
+        _stats_kernel[(programs,)](
+            ints, 1, ints, floats, iters, addr, n, n_cols, stride, row, fmt, tiny,
+            BLOCK=block_size, SINGLE=True, ALIGN=16 if addr % 16 == 0 else 1, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    del src  # a .contiguous() copy may be freed now: the allocator orders reuse after the kernel
+
+
+def stats_many_into(
+    tensors: list[torch.Tensor],
+    ints: torch.Tensor,
+    floats: torch.Tensor,
+    rows: list[int],
+    *,
+    block_size: int = BLOCK_SIZE,
+    max_programs: int = MAX_PROGRAMS,
+) -> None:
+    """Stats rows of all ``tensors`` (any mix of supported dtypes) into ``rows``: one init launch,
+    one reduce launch per base-address alignment class (usually one), no host sync."""
+    if len(tensors) != len(rows):
+        raise ValueError(f"{len(tensors)} tensors but {len(rows)} rows")
+    if not tensors:
+        return
+    device = tensors[0].device
+    cap = _check_buffers(ints, floats, device)
+    rows = [_check_row(r, cap) for r in rows]
+    if len(set(rows)) != len(rows):
+        raise ValueError("stats_many_into: two tensors share a row")
+    keep = []  # tensors read by the kernel (``.contiguous()`` copies among them) live to the launch
+    aligned, unaligned, empty = [], [], []
+    for t, row in zip(tensors, rows):
+        if t.device != device:
+            raise ValueError(f"stats_many_into: tensors on {device} and {t.device}")
+        (addr, n, n_cols, stride, fmt, tiny), src = _describe(t)
+        keep.append(src)
+        entry = [addr, n, n_cols, stride, row, fmt, tiny, 0]
+        (empty if n == 0 else aligned if addr % 16 == 0 else unaligned).append(entry)
+    iters, _ = _plan([e[_C_NUMEL] for e in aligned + unaligned], block_size, max_programs)
+    group_programs = []
+    for group in (aligned, unaligned):
+        pstart = 0
+        for e in group:
+            e[_C_PSTART] = pstart
+            pstart += triton.cdiv(e[_C_NUMEL], block_size * iters)
+        group_programs.append(pstart)
+    table = torch.tensor(aligned + unaligned + empty, dtype=torch.int64)
+    if device.type == "cuda":
+        # pinned + non_blocking: an async copy (a pageable one would synchronise the stream)
+        table = table.pin_memory().to(device, non_blocking=True)
+    with _on(device):
+        _init_rows_kernel[(len(table),)](table, ints, floats, 0, 0, SINGLE=False)
+        first = 0
+        for is_aligned, group, programs in zip((True, False), (aligned, unaligned), group_programs):
+            if programs:
+                _stats_kernel[(programs,)](
+                    table[first:first + len(group)], len(group), ints, floats, iters,
+                    0, 0, 0, 0, 0, 0, 0,
+                    BLOCK=block_size, SINGLE=False, ALIGN=16 if is_aligned else 1, num_warps=NUM_WARPS,
+                )  # fmt: skip
+            first += len(group)
+    del keep

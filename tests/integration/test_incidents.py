@@ -1,0 +1,56 @@
+"""Every incident class of INCIDENTS.md, end to end through the real CLI with --json:
+module, op, kind, role, exit code, cause, dtype matrix and the fix (examples/incidents/EXPECTED.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = yaml.safe_load((ROOT / "examples/incidents/EXPECTED.yaml").read_text())["incidents"]
+
+
+def _args(case: dict) -> list[str]:
+    args = ["scan", case["checkpoint"], "--arch", case["arch"], "--dtype", case["dtype"]]
+    for i in case["inputs"]:
+        args += ["--inputs", i]
+    return args
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_incident(cli, name):
+    case = EXPECTED[name]
+    res = cli(*_args(case))
+    assert res.code == case["exit_code"], (res.code, res.stderr, res.stdout[-2000:])
+    r = res.report
+    if "failed_inputs" in case:
+        assert r["run"]["failed_inputs"] == case["failed_inputs"]
+    fnf = r["first_nonfinite"]
+    if case.get("module") is None and case["exit_code"] == 0:
+        assert fnf is None
+    else:
+        assert fnf is not None, res.stdout
+        assert fnf["module"] == case["module"]
+        assert fnf["module_type"] == case["module_type"]
+        assert fnf["kind"] == case["kind"]
+        assert fnf["role"] == case["role"]
+        assert fnf["input_index"] == case.get("input_index", 0)
+        if case.get("op") is not None:
+            assert fnf["op"] == case["op"]
+    d = r["diagnosis"]
+    if case.get("cause") is None:
+        assert d is None or case["exit_code"] == 0
+    else:
+        assert d is not None and d["cause"] == case["cause"], d
+        for word in case.get("fix_mentions", []):
+            assert word.lower() in d["fix"].lower(), (word, d["fix"])
+        assert d["evidence"], "a diagnosis carries evidence lines"
+    if r["replay"] is not None and case["role"] == "producer":
+        finite = {dt for dt in ("fp32", "bf16", "fp16") if r["replay"][dt]["finite"]}
+        assert finite == set(case["finite_in"]), r["replay"]
+    if case.get("near_miss"):
+        assert r["near_misses"], "expected a near-miss note"
+    for op in case.get("mask_ops") or []:
+        assert fnf is None or fnf["op"] != op

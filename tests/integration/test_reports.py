@@ -1,0 +1,164 @@
+"""``--report`` files (HTML, Markdown + PNG) and the terminal headroom strip, on a tiny model
+whose second Linear overflows fp16; plus a headless-Chromium screenshot of the HTML report."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import shutil
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from rich.console import Console
+from safetensors.torch import save_file
+from torch import nn
+from typer.testing import CliRunner
+
+from nan_hunter.cli.main import app
+from nan_hunter.render.headroom import headroom_strip
+from nan_hunter.report import FirstNonfinite, Report
+
+runner = CliRunner()
+
+ARCH = '''
+from collections import OrderedDict
+from torch import nn
+
+def build():
+    return nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
+'''
+IMG = re.compile(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> dict[str, str]:
+    """up: ones → 4 per channel; down (weights 30000): 4 · 4 · 30000 = 480000 → +inf in fp16."""
+    tmp = tmp_path_factory.mktemp("overflow")
+    (tmp / "model.py").write_text(ARCH)
+    m = nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
+    with torch.no_grad():
+        m.up.weight.fill_(1.0)
+        m.up.bias.zero_()
+        m.down.weight.fill_(30000.0)
+        m.down.bias.zero_()
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_file({"input": torch.ones(2, 4)}, str(tmp / "inputs.safetensors"))
+    return {"ck": str(tmp / "model.safetensors"), "arch": f"{tmp / 'model.py'}:build",
+            "inputs": str(tmp / "inputs.safetensors")}
+
+
+def scan(model: dict[str, str], *extra: object):
+    return runner.invoke(app, ["scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
+                               "--dtype", "fp16", *map(str, extra)])
+
+
+def png_ok(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    assert img.width > 200 and img.height > 100
+    return img.size
+
+
+@pytest.fixture(scope="module")
+def html_report(model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("html") / "report.html"
+    res = scan(model, "--report", path, "-q")
+    assert res.exit_code == 1, res.output
+    return path
+
+
+def test_html_is_self_contained_with_plot_and_producer(html_report):
+    page = html_report.read_text()
+    m = IMG.search(page)
+    assert m, "no embedded PNG"
+    png_ok(base64.b64decode(m.group(1)))
+    assert "<code>down</code>" in page and "aten.addmm.default" in page  # diagnosis: where
+    assert "overflow" in page and "Replay of the failing region" in page
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+
+
+def test_markdown_report_writes_png_next_to_it(model, tmp_path):
+    res = scan(model, "--report", tmp_path / "r.md", "-q")
+    assert res.exit_code == 1, res.output
+    md = (tmp_path / "r.md").read_text()
+    assert "](r.png)" in md and "`down`" in md and "| fp16 | NO |" in md
+    png_ok((tmp_path / "r.png").read_bytes())
+
+
+def test_check_report_has_results_and_dtype_matrix(model, tmp_path):
+    res = runner.invoke(app, ["check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
+                              "--report", str(tmp_path / "c.html"), "-q"], env={"GITHUB_ACTIONS": None})
+    assert res.exit_code == 1, res.output
+    page = (tmp_path / "c.html").read_text()
+    assert "Check results" in page and "forward.fp16.nonfinite" in page and "Forward per dtype" in page
+    png_ok(base64.b64decode(IMG.search(page).group(1)))
+
+
+def test_weights_only_report_plots_tensors(tmp_path):
+    w = torch.full((4, 4), 0.5)
+    w[0, 0] = float("inf")
+    save_file({"a.weight": w, "a.bias": torch.ones(4)}, str(tmp_path / "w.safetensors"))
+    res = runner.invoke(app, ["scan", str(tmp_path / "w.safetensors"), "--report", str(tmp_path / "w.html"), "-q"])
+    assert res.exit_code == 1
+    page = (tmp_path / "w.html").read_text()
+    assert 'alt="weights absmax per tensor"' in page and "a.weight" in page
+    png_ok(base64.b64decode(IMG.search(page).group(1)))
+
+
+def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import raises ImportError
+    res = scan(model, "--report", tmp_path / "r.html", "-q")
+    assert res.exit_code == 1
+    assert res.stderr.strip() == ("nanhunter: plot omitted: matplotlib is not installed "
+                                  "(pip install 'nan-hunter[plot]')")
+    page = (tmp_path / "r.html").read_text()
+    assert "matplotlib is not installed" in page and not IMG.search(page)
+
+
+def test_bad_report_suffix_is_bad_input(model, tmp_path):
+    res = scan(model, "--report", tmp_path / "r.pdf")
+    assert res.exit_code == 2
+    assert res.stderr.startswith("nanhunter: error: --report") and ".html" in res.stderr
+
+
+def test_strip_on_for_failing_scan_and_off_with_flag(model):
+    on = scan(model)
+    assert "headroom per module call" in on.stdout and "▶" in on.stdout
+    assert "headroom per module call" not in scan(model, "--no-strip").stdout
+
+
+def test_strip_collapses_long_runs_and_marks_producer():
+    rows = [{"module": f"layers.{i}", "module_type": "Linear", "call_index": 0, "input_index": 0, "depth": 1,
+             "absmax": float(i + 1), "in_absmax": 1.0, "nan": 0, "posinf": 0, "neginf": 0} for i in range(100)]
+    rows[70].update(absmax=0.0, posinf=3)
+    rep = Report(run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]}, modules=rows,
+                 first_nonfinite=FirstNonfinite(0, "layers.70", "Linear", "aten.addmm.default", "posinf", "producer"))
+    con = Console(record=True, width=140)
+    con.print(headroom_strip(rep))
+    text = con.export_text()
+    assert "▶" in text and "layers.70" in text and "⋮" in text
+    assert len(text.splitlines()) <= 40 + 6  # title, header, 40 rows, a few collapse lines
+    assert "layers.66" in text  # the calls leading to the producer stay visible
+
+
+@pytest.mark.chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_chromium_renders_the_report(html_report, tmp_path):
+    shot = tmp_path / "shot.png"
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
+           html_report.resolve().as_uri()]
+    subprocess.run(cmd, capture_output=True, timeout=60)
+    assert shot.is_file() and shot.stat().st_size > 0
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1200, 1600)
+    colors = img.getcolors(maxcolors=1 << 20)
+    assert colors is None or len(colors) > 50  # a rendered page, not a blank single colour

@@ -133,8 +133,14 @@ class Watch:
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes():
-                return [(label, self.sink.measure(t)) for label, t in flatten(obj, prefix)]
-        return [(label, self.sink.measure(t)) for label, t in flatten(obj, prefix)]
+                return self._measure_flat(flatten(obj, prefix))
+        return self._measure_flat(flatten(obj, prefix))
+
+    def _measure_flat(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
+        if not items:
+            return []
+        rows = self.sink.measure_many([t for _, t in items])
+        return [(label, r) for (label, _), r in zip(items, rows)]
 
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -150,8 +156,8 @@ class Watch:
             call.inputs = self._measure_all(args, "args") + self._measure_all(kwargs, "")
             if name not in self.param_rows:
                 own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-                self.param_rows[name] = [(pn, self.sink.measure(p.detach())) for pn, p in own
-                                         if p is not None and p.is_floating_point()]
+                self.param_rows[name] = self._measure_flat([(pn, p.detach()) for pn, p in own
+                                                            if p is not None and p.is_floating_point()])
             self.calls.append(call)
             self._stack.append(call.start)
         return hook

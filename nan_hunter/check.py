@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import _merge, load_config
-from .dtypes import RUN_DTYPES, UnknownDtype, canonical, limits
+from .dtypes import UnknownDtype, canonical, limits
 from .errors import BadInput
 from .load import Checkpoint, open_checkpoint
 from .report import Report
@@ -84,14 +84,11 @@ def parse_dtypes(spec: str | list[str] | None, cfg: dict) -> list[str]:
     flag = "--dtypes" if spec is not None else "dtypes (config)"
     if not items:
         raise BadInput(f"{flag}: no dtype given; use a comma-separated list such as fp16,bf16")
+    from .pipeline import parse_dtype
+
     out: list[str] = []
     for s in items:
-        try:
-            d = canonical(s)
-        except UnknownDtype as e:
-            raise BadInput(f"{flag}: {e}") from None
-        if d not in RUN_DTYPES:
-            raise BadInput(f"{flag}: {s!r} cannot be run; use {', '.join(RUN_DTYPES)}")
+        d = parse_dtype(s.strip(), flag)
         if d not in out:
             out.append(d)
     return out
@@ -307,21 +304,6 @@ def passed(reports: list[Report]) -> bool:
 def write_json_reports(reports: list[Report], path: str) -> None:
     """One checkpoint: its report v1 (as ``scan --json``). Several: a JSON array of reports v1,
     in the order the checkpoints were given."""
-    import json
-    import sys
-    from pathlib import Path
-
     from .report import write_json
 
-    if len(reports) == 1:
-        write_json(reports[0], path)
-        return
-    text = json.dumps([r.to_dict() for r in reports], indent=2, allow_nan=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        Path(path).write_text(text + "\n")
-    except OSError as e:
-        raise BadInput(f"--json {path}: cannot write ({e.strerror})") from None
+    write_json(reports[0] if len(reports) == 1 else reports, path)

@@ -48,7 +48,8 @@ def checkpoint_dtype(ck: Checkpoint) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def parse_dtype(dtype: str | None) -> str | None:
+def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None:
+    """A user's dtype name → its canonical run dtype; exit 2 (BadInput) for anything else."""
     if dtype is None:
         return None
     from .dtypes import RUN_DTYPES, UnknownDtype
@@ -56,9 +57,9 @@ def parse_dtype(dtype: str | None) -> str | None:
     try:
         d = canonical(dtype)
     except UnknownDtype as e:
-        raise BadInput(f"--dtype: {e}") from None
+        raise BadInput(f"{flag}: {e}") from None
     if d not in RUN_DTYPES:
-        raise BadInput(f"--dtype {dtype}: use one of {', '.join(RUN_DTYPES)}")
+        raise BadInput(f"{flag}: {dtype!r} cannot be run; use one of {', '.join(RUN_DTYPES)}")
     return d
 
 

@@ -141,8 +141,10 @@ def check_json_target(path: str | None) -> None:
         raise BadInput(f"--json {path}: directory {p.parent} does not exist; create it or pick another path")
 
 
-def write_json(report: Report, path: str) -> None:
-    text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
+def write_json(report: Report | list[Report], path: str) -> None:
+    """One report as report v1; a list (``check`` over several checkpoints) as a JSON array of them."""
+    data = [r.to_dict() for r in report] if isinstance(report, list) else report.to_dict()
+    text = json.dumps(data, indent=2, allow_nan=False)
     if path == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

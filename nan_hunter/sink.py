@@ -49,44 +49,59 @@ class StatsSink:
         self._ints, self._floats = ints, floats
 
     def measure(self, t: torch.Tensor) -> int:
-        """Append the stats of ``t`` and return its row; a tensor already measured (same object,
-        unchanged since) returns its earlier row without reading it again."""
-        key = id(t)
-        hit = self._seen.get(key)
-        if hit is not None:
-            r, version, row = hit
-            if r() is t and t._version == version:
-                return row
-        row = self.n
-        self.n += 1
+        """Append the stats of ``t`` and return its row (see ``measure_many``)."""
+        return self.measure_many([t])[0]
+
+    def measure_many(self, tensors: list[torch.Tensor]) -> list[int]:
+        """Append the stats of several tensors and return their rows. A tensor already measured
+        (same object, unchanged since) returns its earlier row without being read again. On the
+        Triton backend all new tensors go into one batched launch (a pointer table), so a hook
+        costs one launch whatever the number of tensors it sees."""
+        rows: list[int] = []
+        new: list[torch.Tensor] = []
+        new_rows: list[int] = []
+        for t in tensors:
+            hit = self._seen.get(id(t))
+            if hit is not None and hit[0]() is t and t._version == hit[1]:
+                rows.append(hit[2])
+                continue
+            row = self.n
+            self.n += 1
+            rows.append(row)
+            new.append(t)
+            new_rows.append(row)
+            try:
+                self._seen[id(t)] = (weakref.ref(t), t._version, row)
+            except TypeError:  # pragma: no cover - tensors without weakref support
+                pass
+        if not new:
+            return rows
         self._rows_cache = None
-        if t.device.type == "cpu" or self.device.type == "cpu":
-            q = ref.quick_row(t)
-            if q is None:
-                ints, floats = ref.full_row(t)
-                q = (ints.tolist(), floats.tolist())
-            self._host.append(q)
+        if self.backend == "triton":
+            from .kernels import triton as tk
+
+            self._ensure(self.n)
+            tk.stats_many_into(new, self._ints, self._floats, new_rows)
+        elif self.device.type == "cpu":
+            for t in new:
+                q = ref.quick_row(t)
+                if q is None:
+                    ints, floats = ref.full_row(t)
+                    q = (ints.tolist(), floats.tolist())
+                self._host.append(q)
         else:
             self._ensure(self.n)
-            if self.backend == "triton":
-                from .kernels import triton as tk
-
-                tk.stats_into(t, self._ints, self._floats, row)
-            else:
+            for t, row in zip(new, new_rows):
                 ints, floats = ref.full_row(t)
                 self._ints[row].copy_(ints, non_blocking=True)
                 self._floats[row].copy_(floats, non_blocking=True)
-        try:
-            self._seen[key] = (weakref.ref(t), t._version, row)
-        except TypeError:  # pragma: no cover - tensors without weakref support
-            pass
-        return row
+        return rows
 
     def rows(self) -> list[TensorStats]:
         """All rows as host objects: the one device→host copy of a capture."""
         if self._rows_cache is not None and len(self._rows_cache) == self.n:
             return self._rows_cache
-        if self.device.type == "cpu" or self._ints is None:
+        if self._ints is None:
             out = [TensorStats.from_row(i, f) for i, f in self._host]
         else:
             ints = self._ints[: self.n].cpu().tolist()

@@ -129,22 +129,12 @@ def render_check(reps: list[Report], console=None, strip: bool | None = None, ma
     from rich.console import Console
     from rich.text import Text
 
-    from .headroom import headroom_strip
-    from .terminal import diagnosis_panel, header, producer_panel, weights_table
+    from .terminal import render_body
 
     c = console or Console()
     for rep in reps:
-        c.print(header(rep))
         show_strip = strip if strip is not None else not (rep.check or {}).get("passed", True)
-        parts = (weights_table(rep, max_rows), headroom_strip(rep) if show_strip and rep.modules else None,
-                 producer_panel(rep), diagnosis_panel(rep))
-        for part in parts:
-            if part is not None:
-                c.print(part)
-        for nm in rep.near_misses[:10]:
-            c.print(Text("near miss: ", style="yellow") + Text(nm["message"]))
-        for n in rep.notes:
-            c.print(Text("note: ", style="dim") + Text(n))
+        render_body(rep, c, max_rows, bool(show_strip))
         c.print(results_table(rep))
         c.print()
     ok = all((r.check or {}).get("passed") for r in reps)

@@ -169,11 +169,11 @@ def verdict(rep: Report) -> Text:
     return Text(f"✘ {len(w)} tensor(s) with NaN/Inf in the checkpoint", style="bold red")
 
 
-def render(rep: Report, console: Console | None = None, max_rows: int = 20, strip: bool = False) -> None:
-    """``strip``: also show the per-module headroom strip (when the report has module rows)."""
+def render_body(rep: Report, c: Console, max_rows: int = 20, strip: bool = False) -> None:
+    """Header, weights table, headroom strip (``strip`` and module rows), producer and diagnosis
+    panels, near misses and notes: everything but the verdict line."""
     from .headroom import headroom_strip
 
-    c = console or Console(stderr=False)
     c.print(header(rep))
     strip_part = headroom_strip(rep) if strip and rep.modules else None
     for part in (weights_table(rep, max_rows), strip_part, producer_panel(rep), diagnosis_panel(rep)):
@@ -183,4 +183,10 @@ def render(rep: Report, console: Console | None = None, max_rows: int = 20, stri
         c.print(Text("near miss: ", style="yellow") + Text(nm["message"]))
     for n in rep.notes:
         c.print(Text("note: ", style="dim") + Text(n))
+
+
+def render(rep: Report, console: Console | None = None, max_rows: int = 20, strip: bool = False) -> None:
+    """The full terminal view of one report; ``strip`` adds the per-module headroom strip."""
+    c = console or Console(stderr=False)
+    render_body(rep, c, max_rows, strip)
     c.print(verdict(rep))

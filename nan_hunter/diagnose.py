@@ -242,7 +242,7 @@ def overflow(ev: Evidence) -> Diagnosis | None:
             else f"result of {ev.where} exceeds the largest finite {run} value")
     ok = ev.finite_in()
     if ok:
-        head += "; finite in " + " and ".join(ok)
+        head += "; finite in " + ", ".join(ok)
     operand_line = "operands finite: absmax " + ", ".join(_g(o.absmax) for o in ev.tensor_operands()[:3])
     lines = [head, operand_line]
     if ev.is_fp8_run():

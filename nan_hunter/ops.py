@@ -96,6 +96,8 @@ def _counts(outs: list[torch.Tensor]) -> tuple[int, int, int]:
     nan = pos = neg = 0
     for t in outs:
         f = t.detach()
+        if f.numel() == 0:
+            continue
         if f.dtype.itemsize == 1:
             f = f.float()
         lo, hi = torch.aminmax(f)

@@ -61,7 +61,9 @@ class StatsSink:
         new: list[torch.Tensor] = []
         new_rows: list[int] = []
         for t in tensors:
-            hit = self._seen.get(id(t))
+            # inference tensors have no version counter: they are never reused from the cache
+            cacheable = not t.is_inference()
+            hit = self._seen.get(id(t)) if cacheable else None
             if hit is not None and hit[0]() is t and t._version == hit[1]:
                 rows.append(hit[2])
                 continue
@@ -70,10 +72,11 @@ class StatsSink:
             rows.append(row)
             new.append(t)
             new_rows.append(row)
-            try:
-                self._seen[id(t)] = (weakref.ref(t), t._version, row)
-            except TypeError:  # pragma: no cover - tensors without weakref support
-                pass
+            if cacheable:
+                try:
+                    self._seen[id(t)] = (weakref.ref(t), t._version, row)
+                except TypeError:  # pragma: no cover - tensors without weakref support
+                    pass
         if not new:
             return rows
         self._rows_cache = None

@@ -5,7 +5,8 @@ finite-or-not and absmax, hence overflow headroom for every target dtype exactly
 and the first bad index are computed only for non-finite tensors. Underflow (how much of the
 tensor flushes to zero or goes subnormal in fp16) needs a pass of its own; by default it is
 estimated on a fixed strided sample (``SAMPLE`` elements, marked ``sampled``), and
-``stats="full"`` computes it exactly (slower, measured in BENCHMARKS.md).
+``stats="full"`` computes it exactly (15-20x slower than the fast path on CPU, measured in
+BENCHMARKS.md).
 
 Memory stays bounded by the largest tensor: the slow paths (a tensor holding NaN/Inf, the exact
 underflow pass, 1-byte dtypes widened to fp32) work on ``CHUNK``-element slices, and
@@ -23,8 +24,7 @@ from .dtypes import HEADROOM_DTYPES, limits
 from .load import Checkpoint
 
 SAMPLE = 65536
-CHUNK = 1 << 20  # elements per slice on the slow paths: bounded temporaries
-UNDERFLOW_CHUNK = 1 << 22  # the exact underflow pass: few, large ops (temporaries ~30 MB)
+CHUNK = 1 << 18  # elements per slice on the slow paths: temporaries of ~1 MB, cache-resident
 SERIAL = 32768  # slice of the underflow sample: at torch's parallel grain size, so its small ops run
 # inline instead of waking OpenMP workers (measured 26-120 ms -> ~1 ms per tensor on a busy 2-core box)
 
@@ -105,7 +105,7 @@ def _underflow(x, exact: bool) -> tuple[float, float, float | None, bool]:
     half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
     n = flush = sub = 0
     mn = math.inf
-    chunk = SERIAL if sampled else UNDERFLOW_CHUNK
+    chunk = SERIAL if sampled else CHUNK
     for s in range(0, flat.numel(), chunk):
         a = flat[s: s + chunk].float().abs()
         # comparisons are False for NaN and +inf is above every bound, so finite values are the

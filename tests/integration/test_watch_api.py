@@ -104,3 +104,22 @@ def test_inplace_ops_seen_before_and_after():
     act = next(c for c in w.calls if c.module == "act")
     assert rows[act.inputs[0][1]].absmax == 1.0 or rows[act.inputs[0][1]].absmax == 2.0
     assert rows[act.outputs[0][1]].absmax == 2.0
+
+
+@pytest.mark.parametrize("level", ["blocks", "modules", "ops"])
+def test_inference_mode_and_empty_tensors(level):
+    class WithEmpty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            empty = x[:, :0] * 2.0  # an empty intermediate, as real models make
+            return self.lin(x), empty
+
+    m = WithEmpty().eval()
+    with torch.inference_mode(), nan_hunter.watch(m, level=level) as w:
+        out, _ = m(torch.randn(2, 4))
+        m(torch.randn(2, 4))
+    assert torch.isfinite(out).all()
+    assert w.report().first_nonfinite is None

@@ -1,0 +1,590 @@
+"""Weights-scan throughput and peak memory: ``nanhunter scan`` against the naive approach.
+
+Generates a synthetic Llama-7B-shaped sharded safetensors checkpoint (bf16 and fp32 tensors,
+4096x4096 / 11008x4096 / 4096x11008 / 32000x4096, a few NaN/±Inf planted at known indices),
+warms the page cache with one full read of every shard, then measures in fresh child processes:
+
+* ``nanhunter scan CKPT --json out.json -q`` with ``--stats fast`` (default) and ``--stats full``;
+* the naive approach: ``safetensors.torch.load_file`` per shard + ``torch.isfinite(t).all()``
+  per tensor.
+
+Wall time is measured around the child (raw) and also net of interpreter + torch start-up,
+measured the same way (``python -c "import torch, nan_hunter.weights"`` for nanhunter,
+``python -c "import torch, safetensors.torch"`` for the naive script). Peak RSS comes from
+``/usr/bin/time -v`` (or ``getrusage(RUSAGE_CHILDREN)`` in a fresh wrapper when it is absent).
+Two checkpoint sizes are measured (``--small-gb``, default half of ``--gb``): the smaller one is
+the first shards of the larger one (hard links plus its own index), so peak RSS can be compared
+across sizes with the same largest tensor. Both tools must find every planted fault.
+
+    python bench/scan_throughput.py                     # 2 GB and 4 GB, 3 interleaved rounds
+    python bench/scan_throughput.py --gb 8 --repeat 1 --keep --dir /data/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1e9
+MB = 1e6
+HIDDEN, INTER, VOCAB = 4096, 11008, 32000
+HERE = Path(__file__).resolve().parent
+TIME_BIN = "/usr/bin/time"
+
+
+# -- checkpoint plan ------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    name: str
+    dtype: str  # "bf16" | "fp32"
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * (2 if self.dtype == "bf16" else 4)
+
+
+def layer_specs(i: int) -> list[Spec]:
+    """One Llama-7B-shaped decoder layer; every third layer is kept in fp32, norms always are."""
+    dt = "fp32" if i % 3 == 2 else "bf16"
+    p = f"model.layers.{i}."
+    return [
+        Spec(p + "input_layernorm.weight", "fp32", (HIDDEN,)),
+        *[Spec(p + f"self_attn.{n}_proj.weight", dt, (HIDDEN, HIDDEN)) for n in "qkvo"],
+        Spec(p + "post_attention_layernorm.weight", "fp32", (HIDDEN,)),
+        Spec(p + "mlp.gate_proj.weight", dt, (INTER, HIDDEN)),
+        Spec(p + "mlp.up_proj.weight", dt, (INTER, HIDDEN)),
+        Spec(p + "mlp.down_proj.weight", dt, (HIDDEN, INTER)),
+    ]
+
+
+def plan(total_bytes: float, shard_bytes: float) -> tuple[list[list[Spec]], int]:
+    """Tensors grouped into shards (each shard closed once it reaches ``shard_bytes``)."""
+    specs = [Spec("model.embed_tokens.weight", "bf16", (VOCAB, HIDDEN))]
+    size, i = specs[0].nbytes, 0
+    while size < total_bytes:
+        for s in layer_specs(i):
+            specs.append(s)
+            size += s.nbytes
+        i += 1
+    specs.append(Spec("model.norm.weight", "fp32", (HIDDEN,)))
+    shards: list[list[Spec]] = [[]]
+    acc = 0
+    for s in specs:
+        if acc >= shard_bytes:
+            shards.append([])
+            acc = 0
+        shards[-1].append(s)
+        acc += s.nbytes
+    return shards, i
+
+
+def faults_for(n_layers: int) -> dict[str, list[tuple[int, float]]]:
+    """Planted faults: tensor name → [(flat index, value)]. Spread over early and last layers,
+    bf16 and fp32, first/last elements, a norm vector."""
+    nan, inf = float("nan"), float("inf")
+    last = n_layers - 1
+    return {
+        "model.layers.0.mlp.down_proj.weight": [(17 * INTER + 4242, nan)],               # bf16
+        "model.layers.1.self_attn.q_proj.weight": [(HIDDEN * HIDDEN - 1, inf)],           # bf16, last elem
+        "model.layers.2.mlp.up_proj.weight": [(0, -inf), (100 * HIDDEN + 7, nan)],       # fp32, first elem
+        f"model.layers.{last}.post_attention_layernorm.weight": [(123, nan)],            # fp32 norm
+        f"model.layers.{last}.mlp.gate_proj.weight": [(5000 * HIDDEN + 1, inf), (5000 * HIDDEN + 2, inf),
+                                                       (9000 * HIDDEN, -inf)],
+    }
+
+
+def expected(specs: list[Spec], faults: dict[str, list[tuple[int, float]]]) -> dict[str, dict]:
+    """What a correct scan must report for the tensors in ``specs``."""
+    import math
+
+    out = {}
+    for s in specs:
+        if s.name not in faults:
+            continue
+        fl = faults[s.name]
+        first = min(i for i, _ in fl)
+        idx, rest = [], first
+        for d in reversed(s.shape):
+            idx.append(rest % d)
+            rest //= d
+        out[s.name] = {"nan": sum(math.isnan(v) for _, v in fl), "posinf": sum(v == math.inf for _, v in fl),
+                       "neginf": sum(v == -math.inf for _, v in fl), "first_index": list(reversed(idx))}
+    return out
+
+
+def write_checkpoint(root: Path, shards: list[list[Spec]], faults: dict, seed: int = 0) -> list[Path]:
+    """Write the shards (a minimal safetensors writer: 8-byte header length, JSON header padded
+    to 8 bytes, raw little-endian data) and ``model.safetensors.index.json``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randn(48 * 2**20, generator=g) * 0.02  # 192 MB of N(0, 0.02²) values
+    chunk = 16 * 2**20
+    n = len(shards)
+    paths = []
+    weight_map = {}
+    for k, specs in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        header: dict = {"__metadata__": {"format": "pt"}}
+        off = 0
+        for s in specs:
+            header[s.name] = {"dtype": "BF16" if s.dtype == "bf16" else "F32", "shape": list(s.shape),
+                              "data_offsets": [off, off + s.nbytes]}
+            off += s.nbytes
+            weight_map[s.name] = fname
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        path = root / fname
+        with open(path, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            for s in specs:
+                tdt = torch.bfloat16 if s.dtype == "bf16" else torch.float32
+                plant = faults.get(s.name, [])
+                for start in range(0, s.numel, chunk):
+                    m = min(chunk, s.numel - start)
+                    if len(s.shape) == 1:  # a norm: around 1
+                        x = 1.0 + pool[:m] * 5
+                    else:
+                        o = int(torch.randint(0, pool.numel() - m, (1,), generator=g))
+                        x = pool[o:o + m]
+                    if x.dtype != tdt or any(start <= fi < start + m for fi, _ in plant):
+                        x = x.to(tdt, copy=True)
+                    for fi, v in plant:
+                        if start <= fi < start + m:
+                            x[fi - start] = v
+                    f.write(x.view(torch.uint8).numpy().data)
+        paths.append(path)
+    total = sum(s.nbytes for specs in shards for s in specs)
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return paths
+
+
+def link_prefix(src: Path, dst: Path, shards: list[list[Spec]], n: int) -> None:
+    """A smaller checkpoint: the first ``n`` shards of ``src`` (hard links) with its own index."""
+    dst.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for k in range(n):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        target = dst / fname
+        if not target.exists():
+            try:
+                os.link(src / fname, target)
+            except OSError:
+                shutil.copyfile(src / fname, target)
+        for s in shards[k]:
+            weight_map[s.name] = fname
+    total = sum(s.nbytes for specs in shards[:n] for s in specs)
+    (dst / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+
+
+def warm(paths: list[Path]) -> dict:
+    """Read every byte once so the page cache holds the whole checkpoint."""
+    buf = bytearray(64 * 2**20)
+    mv = memoryview(buf)
+    t0 = time.perf_counter()
+    n = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                k = f.readinto(mv)
+                if not k:
+                    break
+                n += k
+    dt = time.perf_counter() - t0
+    return {"method": "full sequential read() of every shard into a 64 MiB buffer", "bytes": n,
+            "seconds": dt, "GBps": n / GB / dt}
+
+
+# -- measurement ----------------------------------------------------------------------------------
+def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] = (0,)) -> dict:
+    """Run ``cmd`` in a fresh child; wall seconds (perf_counter around it) and peak RSS in bytes."""
+    if os.path.exists(TIME_BIN):
+        with tempfile.NamedTemporaryFile("r", suffix=".time", delete=False) as tf:
+            tpath = tf.name
+        full = [TIME_BIN, "-v", "-o", tpath, *cmd]
+        t0 = time.perf_counter()
+        res = subprocess.run(full, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+        text = Path(tpath).read_text()
+        os.unlink(tpath)
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+        rss = int(m.group(1)) * 1024 if m else None
+        how = "/usr/bin/time -v"
+    else:  # a fresh wrapper child so RUSAGE_CHILDREN covers exactly this command
+        wrapper = ("import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:]); "
+                   "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]), "
+                   "file=sys.stderr); sys.exit(r.returncode)")
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+        last = res.stderr.strip().splitlines()[-1]
+        rss = json.loads(last)[1] * 1024
+        how = "getrusage(RUSAGE_CHILDREN) in a wrapper"
+    if res.returncode not in ok_codes:
+        raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    return {"wall_s": wall, "rss": rss, "rc": res.returncode, "stdout": res.stdout, "rss_method": how}
+
+
+def naive_child(index: str) -> None:
+    """The naive approach (run in its own process): load each shard fully, isfinite().all() per tensor."""
+    t0 = time.perf_counter()
+    import torch
+    from safetensors.torch import load_file
+
+    t1 = time.perf_counter()
+    idx = Path(index)
+    shards = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+    bad = []
+    nbytes = 0
+    for s in shards:
+        sd = load_file(str(idx.parent / s))
+        for name, t in sd.items():
+            nbytes += t.numel() * t.element_size()
+            if not bool(torch.isfinite(t).all()):
+                bad.append(name)
+        del sd
+    t2 = time.perf_counter()
+    print(json.dumps({"bad": bad, "bytes": nbytes, "import_s": t1 - t0, "scan_s": t2 - t1}))
+
+
+def inproc_child(path: str, mode: str) -> None:
+    """``scan_weights`` timed inside the process (no interpreter/torch start-up, no report)."""
+    t0 = time.perf_counter()
+    import torch  # noqa: F401  (start-up, not scan time: nan_hunter.load imports torch lazily)
+
+    from nan_hunter.load import open_checkpoint
+    from nan_hunter.weights import scan_weights
+
+    t1 = time.perf_counter()
+    ck = open_checkpoint(path)
+    ws = scan_weights(ck, exact=mode == "full")
+    t2 = time.perf_counter()
+    print(json.dumps({"bad": {t.name: {"nan": t.nan, "posinf": t.posinf, "neginf": t.neginf,
+                                       "first_index": t.first_index} for t in ws.nonfinite},
+                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1}))
+
+
+def check_nanhunter(report_path: Path, exp: dict) -> tuple[bool, str]:
+    rep = json.loads(report_path.read_text())
+    got = {t["name"]: t for t in rep["weights"]["nonfinite"]}
+    problems = []
+    if set(got) != set(exp):
+        problems.append(f"flagged {sorted(got)} expected {sorted(exp)}")
+    for name, e in exp.items():
+        g = got.get(name)
+        if g is None:
+            continue
+        for k in ("nan", "posinf", "neginf", "first_index"):
+            if g[k] != e[k]:
+                problems.append(f"{name}.{k}: got {g[k]} expected {e[k]}")
+    return not problems, "; ".join(problems) or "all planted faults found with exact counts and first index"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=4.0, help="size of the larger checkpoint in GB (1e9 bytes)")
+    ap.add_argument("--small-gb", type=float, default=None,
+                    help="size of the smaller one (default: half of --gb; 0 to skip)")
+    ap.add_argument("--shard-gb", type=float, default=0.5, help="target shard size in GB")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median wall, max RSS)")
+    ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated files")
+    ap.add_argument("--out", default=str(HERE / "_out" / "scan_throughput.json"))
+    ap.add_argument("--_naive", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._naive:
+        naive_child(args._naive)
+        return 0
+    if args._inproc:
+        inproc_child(*args._inproc)
+        return 0
+
+    import torch
+
+    small_gb = args.gb / 2 if args.small_gb is None else args.small_gb
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_scan_bench_"))
+    base.mkdir(parents=True, exist_ok=True)
+    big_dir = base / "big"
+    big_dir.mkdir(exist_ok=True)
+    t_all = time.perf_counter()
+    shards, n_layers = plan(args.gb * GB, args.shard_gb * GB)
+    faults = faults_for(n_layers)
+    t0 = time.perf_counter()
+    write_checkpoint(big_dir, shards, faults)
+    gen_s = time.perf_counter() - t0
+    print(f"generated {sum(s.nbytes for sh in shards for s in sh) / GB:.2f} GB in {len(shards)} shards "
+          f"({n_layers} layers) under {big_dir} in {gen_s:.1f}s", flush=True)
+
+    sizes: list[tuple[str, Path, list[list[Spec]]]] = []
+    if small_gb > 0:
+        acc, n_small = 0, 0
+        while n_small < len(shards) and acc < small_gb * GB:
+            acc += sum(s.nbytes for s in shards[n_small])
+            n_small += 1
+        if n_small < len(shards):
+            small_dir = base / "small"
+            link_prefix(big_dir, small_dir, shards, n_small)
+            sizes.append(("small", small_dir, shards[:n_small]))
+    sizes.append(("large", big_dir, shards))
+
+    # a one-tensor checkpoint: what the whole CLI costs when there is nothing to scan
+    tiny = base / "tiny.safetensors"
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [4096], "data_offsets": [0, 16384]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    tiny.write_bytes(len(hdr).to_bytes(8, "little") + hdr + bytes(16384))
+    py = sys.executable
+    nh = shutil.which("nanhunter") or str(Path(py).parent / "nanhunter")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    results: dict = {"sizes": {}, "rounds": args.repeat}
+    for label, d, sh in sizes:
+        specs = [s for x in sh for s in x]
+        nbytes = sum(s.nbytes for s in specs)
+        largest = max(specs, key=lambda s: s.nbytes)
+        exp = expected(specs, faults)
+        paths = sorted(d.glob("*.safetensors"))
+        load0 = os.getloadavg()
+        w = warm(paths)
+        print(f"[{label}] {nbytes / GB:.2f} GB, {len(specs)} tensors in {len(paths)} shards; largest tensor "
+              f"{largest.name} {largest.dtype} {list(largest.shape)} = {largest.nbytes / MB:.0f} MB; "
+              f"{sum(len(v) for v in exp.values())} faults planted in {len(exp)} tensors", flush=True)
+        print(f"[{label}] page cache warmed: read {w['bytes'] / GB:.2f} GB in {w['seconds']:.2f}s "
+              f"({w['GBps']:.1f} GB/s) just before measuring", flush=True)
+        report = d / "_report.json"
+        runs: dict[str, list[dict]] = {k: [] for k in
+                                       ("startup_nanhunter", "startup_naive", "version", "cli_tiny", "nh_fast",
+                                        "nh_full", "inproc_fast", "naive")}
+        checks: dict[str, tuple[bool, str]] = {}
+        for r in range(args.repeat):
+            runs["version"].append(measure([nh, "--version"], env))
+            runs["startup_nanhunter"].append(measure([py, "-c", "import torch, nan_hunter.weights"], env))
+            runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(d / "_tiny.json"), "-q"], env))
+            for mode in ("fast", "full"):
+                if report.exists():
+                    report.unlink()
+                m = measure([nh, "scan", str(d), "--json", str(report), "-q", "--stats", mode], env, (0, 1))
+                ok, msg = check_nanhunter(report, exp)
+                checks[f"nh_{mode}"] = (ok and m["rc"] == (1 if exp else 0) and checks.get(f"nh_{mode}", (True, ""))[0],
+                                        msg + f" (exit code {m['rc']})")
+                runs[f"nh_{mode}"].append(m)
+            m = measure([py, str(Path(__file__).resolve()), "--_inproc", str(d), "fast"], env)
+            child = json.loads(m["stdout"].strip().splitlines()[-1])
+            m["child"] = child
+            got = {k: v for k, v in child["bad"].items()}
+            checks["inproc_fast"] = (got == exp and checks.get("inproc_fast", (True, ""))[0],
+                                     "all planted faults found with exact counts and first index"
+                                     if got == exp else f"got {got}")
+            runs["inproc_fast"].append(m)
+            runs["startup_naive"].append(measure([py, "-c", "import torch, safetensors.torch"], env))
+            m = measure([py, str(Path(__file__).resolve()), "--_naive", str(d / "model.safetensors.index.json")],
+                        env)
+            child = json.loads(m["stdout"].strip().splitlines()[-1])
+            m["child"] = child
+            ok = set(child["bad"]) == set(exp)
+            checks["naive"] = (ok and checks.get("naive", (True, ""))[0],
+                               f"flagged {sorted(child['bad'])}" if not ok else
+                               "all planted tensors flagged (tensor-level only: no counts or index)")
+            runs["naive"].append(m)
+            print(f"[{label}] round {r + 1}/{args.repeat}: " + ", ".join(
+                f"{k} {v[-1]['wall_s']:.2f}s" for k, v in runs.items()), flush=True)
+        for f in (report, d / "_tiny.json"):
+            if f.exists():
+                f.unlink()
+
+        def med(k: str, runs: dict = runs) -> float:
+            return statistics.median(x["wall_s"] for x in runs[k])
+
+        def peak(k: str, runs: dict = runs) -> int:
+            return max(x["rss"] for x in runs[k])
+
+        rows = {}
+        for key, startup in (("nh_fast", "startup_nanhunter"), ("nh_full", "startup_nanhunter"),
+                             ("naive", "startup_naive")):
+            raw = med(key)
+            net = raw - med(startup)
+            rows[key] = {"raw_s": raw, "net_s": net, "GBps_raw": nbytes / GB / raw,
+                         "GBps_net": nbytes / GB / net if net > 0 else None, "peak_rss_MB": peak(key) / MB,
+                         "found_all_faults": checks[key][0], "check": checks[key][1],
+                         "all_raw_s": [x["wall_s"] for x in runs[key]]}
+            if key != "naive":  # net of the whole CLI's fixed cost (a one-tensor checkpoint)
+                net_cli = raw - med("cli_tiny")
+                rows[key]["net_of_cli_tiny_s"] = net_cli
+                rows[key]["GBps_net_of_cli_tiny"] = nbytes / GB / net_cli if net_cli > 0 else None
+        for key in ("naive", "inproc_fast"):
+            if key == "inproc_fast":
+                raw = med(key)
+                rows[key] = {"raw_s": raw, "net_s": raw - med("startup_nanhunter"), "GBps_raw": nbytes / GB / raw,
+                             "GBps_net": None, "peak_rss_MB": peak(key) / MB,
+                             "found_all_faults": checks[key][0], "check": checks[key][1],
+                             "all_raw_s": [x["wall_s"] for x in runs[key]]}
+                rows[key]["GBps_net"] = nbytes / GB / rows[key]["net_s"] if rows[key]["net_s"] > 0 else None
+            rows[key]["in_process_scan_s"] = statistics.median(x["child"]["scan_s"] for x in runs[key])
+            rows[key]["GBps_in_process"] = nbytes / GB / rows[key]["in_process_scan_s"]
+        res = {
+            "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+            "bytes": nbytes, "GB": nbytes / GB, "n_tensors": len(specs), "n_shards": len(paths),
+            "largest_tensor": {"name": largest.name, "dtype": largest.dtype, "shape": list(largest.shape),
+                               "MB": largest.nbytes / MB},
+            "planted": exp, "warm_cache": w,
+            "startup": {"nanhunter_import_s": med("startup_nanhunter"),
+                        "nanhunter_import_rss_MB": peak("startup_nanhunter") / MB,
+                        "naive_import_s": med("startup_naive"), "naive_import_rss_MB": peak("startup_naive") / MB,
+                        "nanhunter_version_s": med("version"),
+                        "nanhunter_scan_tiny_s": med("cli_tiny"), "nanhunter_scan_tiny_rss_MB": peak("cli_tiny") / MB,
+                        "commands": {"nanhunter": f"{py} -c 'import torch, nan_hunter.weights'",
+                                     "naive": f"{py} -c 'import torch, safetensors.torch'"}},
+            "results": rows,
+            "ratios": {
+                "fast_vs_naive_GBps_net": rows["nh_fast"]["GBps_net"] / rows["naive"]["GBps_net"],
+                "full_vs_naive_GBps_net": rows["nh_full"]["GBps_net"] / rows["naive"]["GBps_net"],
+                "fast_vs_naive_GBps_raw": rows["nh_fast"]["GBps_raw"] / rows["naive"]["GBps_raw"],
+                "inproc_fast_vs_naive_GBps_in_process": rows["inproc_fast"]["GBps_in_process"]
+                / rows["naive"]["GBps_in_process"],
+                "fast_vs_naive_rss": rows["nh_fast"]["peak_rss_MB"] / rows["naive"]["peak_rss_MB"],
+                "full_vs_naive_rss": rows["nh_full"]["peak_rss_MB"] / rows["naive"]["peak_rss_MB"],
+            },
+            "rss_limit_MB": largest.nbytes / MB + 300,
+            "rss_method": runs["nh_fast"][0]["rss_method"],
+        }
+        results["sizes"][label] = res
+
+    # targets
+    large = results["sizes"]["large"]
+    small = results["sizes"].get("small")
+    fast = large["results"]["nh_fast"]
+    tg: dict = {
+        "scan_fast_ge_10GBps_net": fast["GBps_net"] is not None and fast["GBps_net"] >= 10,
+        "fast_rss_le_largest_plus_300MB": all(s["results"]["nh_fast"]["peak_rss_MB"] <= s["rss_limit_MB"]
+                                              for s in results["sizes"].values()),
+        "full_rss_le_largest_plus_300MB": all(s["results"]["nh_full"]["peak_rss_MB"] <= s["rss_limit_MB"]
+                                              for s in results["sizes"].values()),
+        "all_faults_found": all(r["found_all_faults"] for s in results["sizes"].values()
+                                for r in s["results"].values()),
+    }
+    if small:
+        # marginal throughput: the extra bytes of the larger checkpoint over the extra time (fixed costs cancel)
+        extra = large["bytes"] - small["bytes"]
+        results["marginal_GBps_small_to_large"] = {
+            k: (extra / GB / (large["results"][k]["raw_s"] - small["results"][k]["raw_s"])
+                if large["results"][k]["raw_s"] > small["results"][k]["raw_s"] else None)
+            for k in large["results"]}
+        for mode in ("nh_fast", "nh_full"):
+            growth = large["results"][mode]["peak_rss_MB"] - small["results"][mode]["peak_rss_MB"]
+            tg[f"{mode}_rss_growth_MB_small_to_large"] = growth
+            # "not growing": less than 5% of the added checkpoint bytes show up in RSS
+            tg[f"{mode}_rss_not_growing"] = growth <= 0.05 * (large["bytes"] - small["bytes"]) / MB
+    results["targets"] = tg
+    results["machine"] = {"cpu": _cpu(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
+                          "python": platform.python_version(), "torch": torch.__version__,
+                          "safetensors": _version("safetensors"), "nanhunter": _version("nan-hunter"),
+                          "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    results["generation_s"] = gen_s
+    results["dir"] = str(base)
+    results["total_s"] = time.perf_counter() - t_all
+    results["command"] = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+
+    print_table(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    if args.keep:
+        print(f"kept {base}")
+    else:
+        shutil.rmtree(base / "small", ignore_errors=True)
+        shutil.rmtree(big_dir, ignore_errors=True)
+        tiny.unlink(missing_ok=True)
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0 if tg["all_faults_found"] else 1
+
+
+def print_table(results: dict) -> None:
+    names = {"nh_fast": "nanhunter scan --stats fast", "nh_full": "nanhunter scan --stats full",
+             "naive": "naive load_file+isfinite", "inproc_fast": "scan_weights() fast, child"}
+    print()
+    print(f"{'size':>7} {'method':<28} {'raw s':>7} {'net s':>7} {'GB/s raw':>9} {'GB/s net':>9} "
+          f"{'peak RSS MB':>12} {'limit MB':>9} faults")
+    for s in results["sizes"].values():
+        for k, r in s["results"].items():
+            gbn = f"{r['GBps_net']:.2f}" if r["GBps_net"] else "n/a"
+            print(f"{s['GB']:>5.2f}GB {names[k]:<28} {r['raw_s']:>7.2f} {r['net_s']:>7.2f} {r['GBps_raw']:>9.2f} "
+                  f"{gbn:>9} {r['peak_rss_MB']:>12.0f} {s['rss_limit_MB']:>9.0f} "
+                  f"{'ok' if r['found_all_faults'] else 'MISSED'}")
+        for k in ("inproc_fast", "naive"):
+            print(f"        {names[k]}: {s['results'][k]['in_process_scan_s']:.2f}s timed inside the process "
+                  f"= {s['results'][k]['GBps_in_process']:.2f} GB/s")
+        r = s["results"]["nh_fast"]
+        print(f"        nanhunter scan --stats fast net of the CLI's fixed cost (one-tensor checkpoint "
+              f"{s['startup']['nanhunter_scan_tiny_s']:.2f}s): {r['net_of_cli_tiny_s']:.2f}s = "
+              f"{(r['GBps_net_of_cli_tiny'] or float('nan')):.2f} GB/s")
+        print(f"        load average before/after: {s['loadavg_before'][0]:.2f} / {s['loadavg_after'][0]:.2f}")
+        st = s["startup"]
+        print(f"        start-up: nanhunter import {st['nanhunter_import_s']:.2f}s "
+              f"({st['nanhunter_import_rss_MB']:.0f} MB), naive import {st['naive_import_s']:.2f}s "
+              f"({st['naive_import_rss_MB']:.0f} MB), nanhunter --version {st['nanhunter_version_s']:.2f}s")
+        ra = s["ratios"]
+        print(f"        ratios: fast/naive GB/s net {ra['fast_vs_naive_GBps_net']:.2f}x, "
+              f"full/naive {ra['full_vs_naive_GBps_net']:.2f}x, RSS fast/naive {ra['fast_vs_naive_rss']:.2f}, "
+              f"full/naive {ra['full_vs_naive_rss']:.2f}; in-process fast/naive "
+              f"{ra['inproc_fast_vs_naive_GBps_in_process']:.2f}x")
+    if "marginal_GBps_small_to_large" in results:
+        print("marginal GB/s (extra bytes / extra time, small -> large): " + ", ".join(
+            f"{names[k]} {v:.2f}" if v else f"{names[k]} n/a"
+            for k, v in results["marginal_GBps_small_to_large"].items()))
+    print("targets:", json.dumps(results["targets"]))
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _ram() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -62,3 +62,37 @@ def cli(tmp_path):
         return CLIResult(proc, jp if jp is not None and jp.exists() else None)
 
     return run
+
+
+OVERFLOW_ARCH = """
+from collections import OrderedDict
+from torch import nn
+
+def build():
+    return nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
+"""
+
+
+@pytest.fixture(scope="session")
+def overflow_model(tmp_path_factory) -> dict[str, str]:
+    """A two-Linear ``--arch`` model: up: ones → 4 per channel; down (weights 30000):
+    4 · 4 · 30000 = 480000 → +inf in fp16, finite in bf16 and fp32."""
+    import torch
+    from safetensors.torch import save_file
+    from torch import nn
+
+    tmp = tmp_path_factory.mktemp("overflow")
+    (tmp / "model.py").write_text(OVERFLOW_ARCH)
+    ns: dict = {}
+    exec(OVERFLOW_ARCH, ns)
+    m = ns["build"]()
+    with torch.no_grad():
+        m.up.weight.fill_(1.0)
+        m.up.bias.zero_()
+        m.down.weight.fill_(30000.0)
+        m.down.bias.zero_()
+    assert isinstance(m, nn.Module)
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_file({"input": torch.ones(2, 4)}, str(tmp / "inputs.safetensors"))
+    return {"ck": str(tmp / "model.safetensors"), "arch": f"{tmp / 'model.py'}:build",
+            "inputs": str(tmp / "inputs.safetensors")}

@@ -7,26 +7,17 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 from typer.testing import CliRunner
 
 from nan_hunter.cli.main import app
 
 runner = CliRunner()
 
-ARCH = '''
-from collections import OrderedDict
-from torch import nn
-
-def build():
-    return nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
-'''
 
 
 def invoke(*args: object, env: dict | None = None):
@@ -49,22 +40,6 @@ def cks(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("check")
     return {"clean": weights(tmp, "clean"), "nan": weights(tmp, "nan", float("nan")),
             "big": weights(tmp, "big", 60000.0), "tmp": tmp}
-
-
-@pytest.fixture(scope="module")
-def overflow_model(tmp_path_factory) -> dict[str, Path]:
-    """up: ones → 4 per channel; down: 4 · 4 · 30000 = 480000 → +inf in fp16, finite in bf16."""
-    tmp = tmp_path_factory.mktemp("overflow")
-    (tmp / "model.py").write_text(ARCH)
-    m = nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
-    with torch.no_grad():
-        m.up.weight.fill_(1.0)
-        m.up.bias.zero_()
-        m.down.weight.fill_(30000.0)
-        m.down.bias.zero_()
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
-    save_file({"input": torch.ones(2, 4)}, str(tmp / "inputs.safetensors"))
-    return {"ck": tmp / "model.safetensors", "arch": f"{tmp / 'model.py'}:build", "inputs": tmp / "inputs.safetensors"}
 
 
 def junit(path: Path) -> ET.Element:

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import torch
 from PIL import Image
 from rich.console import Console
 from safetensors.torch import save_file
-from torch import nn
 from typer.testing import CliRunner
 
 from nan_hunter.cli.main import app
@@ -26,31 +24,12 @@ from nan_hunter.report import FirstNonfinite, Report
 
 runner = CliRunner()
 
-ARCH = '''
-from collections import OrderedDict
-from torch import nn
-
-def build():
-    return nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
-'''
 IMG = re.compile(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> dict[str, str]:
-    """up: ones → 4 per channel; down (weights 30000): 4 · 4 · 30000 = 480000 → +inf in fp16."""
-    tmp = tmp_path_factory.mktemp("overflow")
-    (tmp / "model.py").write_text(ARCH)
-    m = nn.Sequential(OrderedDict(up=nn.Linear(4, 4), down=nn.Linear(4, 4)))
-    with torch.no_grad():
-        m.up.weight.fill_(1.0)
-        m.up.bias.zero_()
-        m.down.weight.fill_(30000.0)
-        m.down.bias.zero_()
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
-    save_file({"input": torch.ones(2, 4)}, str(tmp / "inputs.safetensors"))
-    return {"ck": str(tmp / "model.safetensors"), "arch": f"{tmp / 'model.py'}:build",
-            "inputs": str(tmp / "inputs.safetensors")}
+@pytest.fixture(scope="session")
+def model(overflow_model) -> dict[str, str]:
+    return overflow_model
 
 
 def scan(model: dict[str, str], *extra: object):

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_name  # bench/machine.py (scripts run as `python bench/NAME.py`)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"watch_le_1.10x_plain": {k: (r["ratio_to_plain"] is not None and r["ratio_to_plain"] <= 1.10)
                                              for k, r in rows.items()
                                              if k.startswith("watch_") and not k.startswith("watch_ops")}},
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__,
                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                     "loadavg_before": load0, "loadavg_after": load1},
@@ -356,16 +358,6 @@ def measure_cuda_extras(variants: list[Variant], sync: Callable[[], None]) -> No
             sync()
             v.extra["host_syncs_per_forward"] = sum("synchroniz" in str(w.message) for w in caught)
             v.extra["peak_mem_over_start_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

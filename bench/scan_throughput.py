@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from machine import cpu_name  # bench/machine.py (scripts run as `python bench/NAME.py`)
+
 GB = 1e9
 MB = 1e6
 HIDDEN, INTER, VOCAB = 4096, 11008, 32000
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             # "not growing": less than 5% of the added checkpoint bytes show up in RSS
             tg[f"{mode}_rss_not_growing"] = growth <= 0.05 * (large["bytes"] - small["bytes"]) / MB
     results["targets"] = tg
-    results["machine"] = {"cpu": _cpu(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
+    results["machine"] = {"cpu": cpu_name(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
                           "python": platform.python_version(), "torch": torch.__version__,
                           "safetensors": _version("safetensors"), "nanhunter": _version("nan-hunter"),
                           "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -564,16 +566,6 @@ def _version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _ram() -> int:

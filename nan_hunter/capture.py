@@ -84,6 +84,7 @@ class Watch:
         self._forward = -1  # root calls seen (each is one input of the data set)
         self._names = {m: n for n, m in model.named_modules()}
         self._ops = None
+        self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._report = None
 
     # -- context manager ------------------------------------------------------------------
@@ -121,20 +122,22 @@ class Watch:
         if self._ops is not None:
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)
-            self._op_records = ops.records
+            self.op_records = ops.records
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._stack.clear()
 
     # -- hooks ------------------------------------------------------------------------------
-    def _measure_all(self, obj: Any, prefix: str) -> list[tuple[str, int]]:
+    def _measure_all(self, *parts: tuple[Any, str]) -> list[tuple[str, int]]:
+        """Measure the float tensors inside each (object, label prefix) in one batch."""
+        items = [item for obj, prefix in parts for item in flatten(obj, prefix)]
         if self._ops is not None:  # the stats' own ops must not be seen by the op-level mode
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes():
-                return self._measure_flat(flatten(obj, prefix))
-        return self._measure_flat(flatten(obj, prefix))
+                return self._measure_flat(items)
+        return self._measure_flat(items)
 
     def _measure_flat(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
         if not items:
@@ -153,7 +156,7 @@ class Watch:
             self._count[name] = idx + 1
             call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),
                         self._stack[-1] if self._stack else None, self._forward)
-            call.inputs = self._measure_all(args, "args") + self._measure_all(kwargs, "")
+            call.inputs = self._measure_all((args, "args"), (kwargs, ""))
             if name not in self.param_rows:
                 own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
                 self.param_rows[name] = self._measure_flat([(pn, p.detach()) for pn, p in own
@@ -169,7 +172,7 @@ class Watch:
             call = self.calls[self._stack.pop()]
             call.seq = self._seq
             self._seq += 1
-            call.outputs = self._measure_all(output, "")
+            call.outputs = self._measure_all((output, ""))
         return hook
 
     # -- results ----------------------------------------------------------------------------

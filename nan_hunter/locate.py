@@ -141,11 +141,14 @@ def call_table(watch: Watch) -> list[dict[str, Any]]:
     return out
 
 
-def to_first_nonfinite(f: Finding, op: str | None = None, source: str | None = None,
-                       kind: str | None = None) -> FirstNonfinite:
-    """``kind`` of the op that made the value, when known (an inf often comes one op before
-    the NaN that reaches the module output)."""
+def to_first_nonfinite(f: Finding, ev: Any = None) -> FirstNonfinite:
+    """The report's ``first_nonfinite`` from a finding and its op event (``ops.OpEvent`` or None).
+    For a producer the kind is the op's (an inf often comes one op before the NaN that reaches
+    the module output); values that came in non-finite keep the kind seen at the module."""
     c = f.call
+    op = ev.op if ev is not None else None
+    source = ev.source if ev is not None else None
+    kind = ev.kind if ev is not None and f.role == "producer" else None
     return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
                           kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
 
@@ -161,7 +164,7 @@ def watch_report(watch: Watch) -> WatchReport:
             from .runner import refine
 
             args, kwargs = retained[idx]
-            fine = refine(watch.model, args, kwargs, input_index=idx, device=watch.sink.device)
+            fine = refine(watch.model, args, kwargs, input_index=idx)
             if fine is not None:
                 fine.failed_inputs = sorted(set(failed_inputs(watch)) | set(fine.failed_inputs))
                 return fine

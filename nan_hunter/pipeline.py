@@ -171,11 +171,11 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
 
 def run_model(p: Prepared, rep: Report, replay: bool = True) -> None:
     """Capture, locate, replay and diagnose one prepared run into ``rep``."""
+    from .capture import main_blocks
     from .fp8 import fp8_options
     from .locate import call_table, failed_inputs, first_finding, mask_notes, to_first_nonfinite
-    from .ops import first_bad_op
     from .replay import replay as do_replay
-    from .runner import call_inputs, capture_run, forward
+    from .runner import capture_run, forward, locate_op
 
     cfg = p.cfg
     f8 = fp8_options(cfg)
@@ -190,27 +190,15 @@ def run_model(p: Prepared, rep: Report, replay: bool = True) -> None:
         absorbed: list[Any] = []
         if cfg["near_miss"].get("absorbed_intermediates"):
             wo = capture_run(p.model, p.batches, "ops", p.dtype, f8)
-            absorbed = getattr(wo, "_op_records", [])
+            absorbed = wo.op_records
         rep.near_misses = near_misses(rep.modules, p.dtype, cfg, absorbed)
         return
     call = finding.call
     kw = p.batches[call.input_index]
-    ev = None
-    margs: tuple = ()
-    mkw: dict = {}
-    target = p.model.get_submodule(call.module) if call.module else p.model
-    if finding.role != "input":
-        margs, mkw = call_inputs(p.model, lambda: forward(p.model, kw, p.dtype, f8), call.module, call.call_index)
-        from .runner import run_context
-
-        with run_context(p.dtype, f8):
-            ev, _ = first_bad_op(target, margs, mkw)
-    rep.first_nonfinite = to_first_nonfinite(finding, ev.op if ev else None, ev.source if ev else None,
-                                             ev.kind if ev and finding.role == "producer" else None)
+    ev, target, margs, mkw = locate_op(p.model, lambda: forward(p.model, kw, p.dtype, f8), finding, p.dtype, f8)
+    rep.first_nonfinite = to_first_nonfinite(finding, ev)
     if replay and finding.role == "producer":
         rep.replay = do_replay(target, margs, mkw, f8)
-    from .capture import main_blocks
-
     evd = Evidence(finding.role, rep.first_nonfinite.kind, call.module, call.module_type, ev.op if ev else None,
                    ev.operands if ev else [], p.dtype, rep.replay, rep.weights["nonfinite"] if rep.weights else [],
                    call.module in set(main_blocks(p.model)), p.labels[call.input_index], failed, len(p.batches),

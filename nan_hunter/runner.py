@@ -121,11 +121,26 @@ def call_inputs(model: nn.Module, run: Callable[[], Any], module_name: str, call
     return box["args"], box["kwargs"]
 
 
-def refine(model: nn.Module, args: tuple, kwargs: dict, input_index: int = 0, device: Any = None,
-           dtype: str | None = None):
+def locate_op(model: nn.Module, run: Callable[[], Any], finding: Any, dtype: str | None = None,
+              fp8_options: dict | None = None) -> tuple[Any, nn.Module, tuple, dict]:
+    """The op-level step of location: re-run (``run``) to clone the finding's module inputs, then
+    replay that module under ``FirstBadOp``. Returns (op event or None, module, args, kwargs);
+    data that was bad on arrival (role "input") has no producing op and is not re-run."""
+    from .ops import first_bad_op
+
+    c = finding.call
+    target = model.get_submodule(c.module) if c.module else model
+    if finding.role == "input":
+        return None, target, (), {}
+    args, kwargs = call_inputs(model, run, c.module, c.call_index)
+    with run_context(dtype, fp8_options):
+        ev, _ = first_bad_op(target, args, kwargs)
+    return ev, target, args, kwargs
+
+
+def refine(model: nn.Module, args: tuple, kwargs: dict, input_index: int = 0, dtype: str | None = None):
     """Module- then op-level location for one forward (used after a block-level capture)."""
     from .locate import WatchReport, call_table, failed_inputs, first_finding, mask_notes, to_first_nonfinite
-    from .ops import first_bad_op
 
     def run() -> Any:
         with torch.no_grad():
@@ -138,11 +153,5 @@ def refine(model: nn.Module, args: tuple, kwargs: dict, input_index: int = 0, de
     f = first_finding(w)
     if f is None:
         return None
-    ev = None
-    if f.role != "input":
-        a, kw = call_inputs(model, run, f.call.module, f.call.call_index)
-        target = model.get_submodule(f.call.module) if f.call.module else model
-        ev, _ = first_bad_op(target, a, kw)
-    fnf = to_first_nonfinite(f, ev.op if ev else None, ev.source if ev else None,
-                             ev.kind if ev and f.role == "producer" else None)
-    return WatchReport(fnf, call_table(w), failed_inputs(w), mask_notes(w), ev)
+    ev, _, _, _ = locate_op(model, run, f)
+    return WatchReport(to_first_nonfinite(f, ev), call_table(w), failed_inputs(w), mask_notes(w), ev)

@@ -9,6 +9,12 @@ model's main ModuleList and the root (the cheap always-on mode); when something 
 shows up at block level, ``report()`` re-runs the retained inputs of that forward at module
 level and then at op level, so the report matches a full capture. ``"ops"`` adds per-op
 checks (a TorchDispatchMode) that also see intermediates absorbed before a module output.
+
+CUDA graphs: hooks run while a graph is captured, so the graph records the statistics launches
+with the model's kernels (levels blocks and modules; ops reads results on the host and refuses
+to run under capture). After each ``graph.replay()``, ``report()`` reads the rows that replay
+wrote and, when something is non-finite, re-runs the retained inputs (the graph's static input
+tensors, holding the replayed values) eagerly at finer levels.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Call:
     input_index: int
     inputs: list[tuple[str, int]] = field(default_factory=list)
     outputs: list[tuple[str, int]] = field(default_factory=list)
+    params: list[tuple[str, int]] = field(default_factory=list)  # own parameters/buffers as seen by this call
     seq: int = -1  # post-hook order (innermost first)
 
 
@@ -75,7 +82,9 @@ class Watch:
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend)
         self.calls: list[Call] = []
-        self.param_rows: dict[str, list[tuple[str, int]]] = {}
+        self.param_rows: dict[str, list[tuple[str, int]]] = {}  # latest rows of each module's own params
+        self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        self._param_versions: dict[str, tuple[int, ...]] = {}
         self.retained: collections.deque = collections.deque(maxlen=max(1, retain))
         self._handles: list[Any] = []
         self._stack: list[int] = []
@@ -148,6 +157,12 @@ class Watch:
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if not self._stack:  # a root call: one input of the data set
+                if self._ops is not None and self.sink.device.type == "cuda" \
+                        and torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(
+                        "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
+                        "run inside CUDA-graph capture; capture with level='blocks' or 'modules' "
+                        "(report() re-runs the failing input at op level, outside the graph)")
                 self._forward += 1
                 self._count.clear()
                 self.sink.forget_tensors()
@@ -157,13 +172,24 @@ class Watch:
             call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),
                         self._stack[-1] if self._stack else None, self._forward)
             call.inputs = self._measure_all((args, "args"), (kwargs, ""))
-            if name not in self.param_rows:
-                own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-                self.param_rows[name] = self._measure_flat([(pn, p.detach()) for pn, p in own
-                                                            if p is not None and p.is_floating_point()])
+            call.params = self._params(name, module)
             self.calls.append(call)
             self._stack.append(call.start)
         return hook
+
+    def _params(self, name: str, module: nn.Module) -> list[tuple[str, int]]:
+        """Rows of the module's own floating parameters and buffers: measured at its first call,
+        and again whenever one changed in place since (an optimizer step between forwards of
+        one capture), so every call is judged against the weights it actually used."""
+        own = self._own.get(name)
+        if own is None:
+            named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+            own = self._own[name] = [(pn, p.detach()) for pn, p in named if p is not None and p.is_floating_point()]
+        versions = tuple(p._version for _, p in own) if own and not own[0][1].is_inference() else ()
+        if name not in self.param_rows or versions != self._param_versions.get(name):
+            self.param_rows[name] = self._measure_flat(own)
+            self._param_versions[name] = versions
+        return self.param_rows[name]
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -188,6 +214,7 @@ class Watch:
         the capture was at block level) and return a ``WatchReport``."""
         from .locate import watch_report
 
-        if self._report is None:
+        if self._report is None or self.sink.graph_rows:
+            # rows written by a captured CUDA graph change with every replay: never cached
             self._report = watch_report(self)
         return self._report

@@ -66,7 +66,7 @@ def first_finding(watch: Watch, input_index: int | None = None) -> Finding | Non
             continue
         in_bad = _bad(rows, c.inputs)
         if in_bad is None:
-            p_bad = _bad(rows, watch.param_rows.get(c.module, []))
+            p_bad = _bad(rows, c.params)
             if p_bad is not None:
                 return Finding(c, "weights", _kind_of(p_bad[1]), p_bad[0])
             return Finding(c, "producer", _kind_of(out_bad[1]), out_bad[0])
@@ -75,7 +75,7 @@ def first_finding(watch: Watch, input_index: int | None = None) -> Finding | Non
         while cur.parent is not None:
             parent = by_start[cur.parent]
             if _bad(rows, parent.inputs) is None:
-                p_bad = _bad(rows, watch.param_rows.get(parent.module, []))
+                p_bad = _bad(rows, parent.params)
                 role = "weights" if p_bad is not None else "producer"
                 return Finding(parent, role, _kind_of(out_bad[1]), p_bad[0] if p_bad else None)
             cur = parent

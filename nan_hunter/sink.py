@@ -1,15 +1,26 @@
 """Where capture puts tensor statistics: one row per measured tensor, read back once.
 
 On CPU the reference fast path runs synchronously (a CPU has nothing to wait for) and rows are
-kept as Python lists. On CUDA, rows go into preallocated device buffers, written by the Triton
-kernel (or by the torch reference's tensor ops) without any host synchronisation; the buffers
-are copied to the host once, when ``rows()`` is called for the report.
+kept as Python lists. On CUDA, rows go into device buffers, written by the Triton kernel (or by
+the torch reference's tensor ops) without any host synchronisation, and are copied to the host
+in one transfer when ``rows()`` is called for the report.
+
+Device buffers are segments that are never reallocated: each is one row-major block of
+``ROW_WORDS`` int64 words per row (the int fields, then the float fields' bits), so growing adds
+a segment and copies nothing, and the rows written so far are one contiguous range per segment.
+
+CUDA graphs: inside stream capture (``torch.cuda.graph``) the sink launches with
+``stats_each_into`` (arguments only, no host memory) instead of the pointer table, and a segment
+allocated during capture comes from the graph's pool and stays owned by the sink. Replaying the
+graph re-runs those launches and rewrites the same rows, so after a replay ``rows()`` holds what
+that replay computed; the sink re-reads the device rows on every call once it has captured any.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,35 +29,102 @@ from .kernels import reference as ref
 from .kernels import select_backend
 from .stats import N_FLOAT, N_INT, TensorStats
 
-CHUNK = 4096  # rows added each time a device buffer grows
+CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
+MAX_CHUNK = 65536
+ROW_WORDS = N_INT + (N_FLOAT + 1) // 2  # int64 words per row: the ints, then the floats' bits
+
+
+@dataclass
+class Segment:
+    """Rows ``start .. start + cap - 1`` of a device sink: ``ints``/``floats`` are column ranges
+    of ``block`` (int64 [cap, ROW_WORDS]), the layout the kernel takes (unit stride along a row)."""
+
+    start: int
+    block: torch.Tensor
+    ints: torch.Tensor
+    floats: torch.Tensor
+
+    @classmethod
+    def new(cls, start: int, cap: int, device: torch.device) -> Segment:
+        block = torch.empty((cap, ROW_WORDS), dtype=torch.int64, device=device)
+        floats = block[:, N_INT:].view(torch.float32)[:, :N_FLOAT]
+        return cls(start, block, block[:, :N_INT], floats)
+
+    @property
+    def cap(self) -> int:
+        return self.block.shape[0]
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_PRIMED: set[str] = set()
+
+
+def _prime(device: torch.device) -> None:
+    """Compile and load every kernel variant the sink may launch (table and per-tensor launchers,
+    aligned and unaligned bases) once per process and device, outside any graph capture: a
+    first compile inside ``torch.cuda.graph`` would load a module mid-capture."""
+    key = str(device)
+    if key in _PRIMED or _capturing(device):
+        return
+    from .kernels import triton as tk
+
+    seg = Segment.new(0, 4, device)
+    x = torch.zeros(48, dtype=torch.float32, device=device)
+    tk.stats_many_into([x, x[1:]], seg.ints, seg.floats, [0, 1])
+    tk.stats_each_into([x, x[1:]], seg.ints, seg.floats, 2)
+    _PRIMED.add(key)
 
 
 class StatsSink:
-    def __init__(self, device: torch.device | str | None = None, backend: str | None = None):
+    """Rows of tensor statistics for one capture. ``launch``: "auto" (the pointer table, or
+    per-tensor launches inside CUDA-graph capture), "table" or "each" (always per tensor)."""
+
+    def __init__(self, device: torch.device | str | None = None, backend: str | None = None,
+                 launch: str = "auto"):
+        if launch not in ("auto", "table", "each"):
+            raise ValueError(f"launch must be 'auto', 'table' or 'each', got {launch!r}")
         dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
         self.backend = backend or select_backend(dev.type)
+        self.launch = launch
         self.n = 0
+        self.bytes_read = 0  # bytes of the distinct tensors measured (what the kernel reads)
+        self.graph_rows = False  # some rows are written by a captured CUDA graph
         self._host: list[tuple[list[int], list[float]]] = []
-        self._ints: torch.Tensor | None = None
-        self._floats: torch.Tensor | None = None
+        self._segments: list[Segment] = []
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}
         self._rows_cache: list[TensorStats] | None = None
         if self.backend == "triton":
             from .kernels import triton as tk  # noqa: F401  (fail early if broken)
 
-    # -- device buffers -------------------------------------------------------------------
+            if dev.type == "cuda":
+                _prime(dev)
+
+    # -- device segments ------------------------------------------------------------------
+    @property
+    def _device_rows(self) -> bool:
+        return self.backend == "triton" or self.device.type != "cpu"
+
     def _ensure(self, rows: int) -> None:
-        cap = 0 if self._ints is None else self._ints.shape[0]
-        if rows <= cap:
-            return
-        new = max(rows, cap + CHUNK)
-        ints = torch.empty((new, N_INT), dtype=torch.int64, device=self.device)
-        floats = torch.empty((new, N_FLOAT), dtype=torch.float32, device=self.device)
-        if self._ints is not None:
-            ints[:cap].copy_(self._ints)
-            floats[:cap].copy_(self._floats)
-        self._ints, self._floats = ints, floats
+        end = self._segments[-1].start + self._segments[-1].cap if self._segments else 0
+        while end < rows:
+            cap = min(MAX_CHUNK, CHUNK << len(self._segments))
+            self._segments.append(Segment.new(end, cap, self.device))
+            end += cap
+
+    def _pieces(self, first: int, count: int) -> list[tuple[Segment, int, int]]:
+        """(segment, first local row, number of rows) covering rows first .. first + count - 1."""
+        out = []
+        for seg in self._segments:
+            lo, hi = max(first, seg.start), min(first + count, seg.start + seg.cap)
+            if lo < hi:
+                out.append((seg, lo - seg.start, hi - lo))
+        return out
 
     def measure(self, t: torch.Tensor) -> int:
         """Append the stats of ``t`` and return its row (see ``measure_many``)."""
@@ -56,10 +134,9 @@ class StatsSink:
         """Append the stats of several tensors and return their rows. A tensor already measured
         (same object, unchanged since) returns its earlier row without being read again. On the
         Triton backend all new tensors go into one batched launch (a pointer table), so a hook
-        costs one launch whatever the number of tensors it sees."""
+        costs one launch whatever the number of tensors it sees. New rows are consecutive."""
         rows: list[int] = []
         new: list[torch.Tensor] = []
-        new_rows: list[int] = []
         for t in tensors:
             # inference tensors have no version counter: they are never reused from the cache
             cacheable = not t.is_inference()
@@ -67,11 +144,10 @@ class StatsSink:
             if hit is not None and hit[0]() is t and t._version == hit[1]:
                 rows.append(hit[2])
                 continue
-            row = self.n
-            self.n += 1
+            row = self.n + len(new)
             rows.append(row)
             new.append(t)
-            new_rows.append(row)
+            self.bytes_read += t.numel() * t.element_size()
             if cacheable:
                 try:
                     self._seen[id(t)] = (weakref.ref(t), t._version, row)
@@ -79,37 +155,54 @@ class StatsSink:
                     pass
         if not new:
             return rows
+        first = self.n
+        self.n += len(new)
         self._rows_cache = None
-        if self.backend == "triton":
-            from .kernels import triton as tk
-
-            self._ensure(self.n)
-            tk.stats_many_into(new, self._ints, self._floats, new_rows)
-        elif self.device.type == "cpu":
+        if not self._device_rows:
             for t in new:
                 q = ref.quick_row(t)
                 if q is None:
                     ints, floats = ref.full_row(t)
                     q = (ints.tolist(), floats.tolist())
                 self._host.append(q)
-        else:
-            self._ensure(self.n)
-            for t, row in zip(new, new_rows):
-                ints, floats = ref.full_row(t)
-                self._ints[row].copy_(ints, non_blocking=True)
-                self._floats[row].copy_(floats, non_blocking=True)
+            return rows
+        self._ensure(self.n)
+        capturing = _capturing(self.device)
+        self.graph_rows |= capturing
+        done = 0
+        for seg, local, count in self._pieces(first, len(new)):
+            part = new[done:done + count]
+            done += count
+            if self.backend == "triton":
+                from .kernels import triton as tk
+
+                if self.launch == "each" or (self.launch == "auto" and capturing):
+                    tk.stats_each_into(part, seg.ints, seg.floats, local)
+                else:
+                    tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + count)))
+            else:
+                for i, t in enumerate(part):
+                    ints, floats = ref.full_row(t)
+                    seg.ints[local + i].copy_(ints, non_blocking=True)
+                    seg.floats[local + i].copy_(floats, non_blocking=True)
         return rows
 
     def rows(self) -> list[TensorStats]:
-        """All rows as host objects: the one device→host copy of a capture."""
-        if self._rows_cache is not None and len(self._rows_cache) == self.n:
+        """All rows as host objects: one device-to-host copy of every row written (after a CUDA
+        graph replay, the rows that replay wrote)."""
+        if self._rows_cache is not None and len(self._rows_cache) == self.n and not self.graph_rows:
             return self._rows_cache
-        if self._ints is None:
+        if not self._device_rows:
             out = [TensorStats.from_row(i, f) for i, f in self._host]
         else:
-            ints = self._ints[: self.n].cpu().tolist()
-            floats = self._floats[: self.n].cpu().tolist()
-            out = [TensorStats.from_row(i, f) for i, f in zip(ints, floats)]
+            parts = [seg.block[:count] for seg, _, count in self._pieces(0, self.n)]
+            block = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
+            out = []
+            if block is not None:
+                host = block.cpu()
+                ints = host[:, :N_INT].tolist()
+                floats = host[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
+                out = [TensorStats.from_row(i, f) for i, f in zip(ints, floats)]
         self._rows_cache = out
         return out
 

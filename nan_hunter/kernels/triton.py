@@ -17,7 +17,10 @@ in one reduce launch: each program binary-searches the table for its tensor, cas
 to a pointer of the storage width and branches on the format code (uniform per program, so no
 divergence). The only split is by 16-byte alignment of the base address, a compile-time hint
 that lets full blocks load 16 bytes at a time, so a typical call is 2 launches, 3 when some base
-is misaligned. ``stats_into`` passes its tensor as scalars (no table): 2 launches.
+is misaligned. ``stats_each_into`` passes every tensor as scalars (no table, no host memory):
+one launch initialises a contiguous range of rows, then one reduce launch per tensor. It is the
+launcher for CUDA-graph capture, where launch cost is paid once at capture and the replay only
+re-runs the recorded kernels; ``stats_into`` is its one-tensor case (2 launches).
 
 Layouts: contiguous tensors and views that are a strided stack of contiguous rows (what
 ``t.view(-1, t.size(-1))`` accepts, broadcast rows included) or one strided line are read in
@@ -146,25 +149,28 @@ def _load_f32_bits(addr, idx, mask, other, fmt, ALIGN: tl.constexpr):
     return u
 
 
-@triton.jit(do_not_specialize=["row", "numel"])
-def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row, numel, SINGLE: tl.constexpr):
-    """Write the starting row: numel, zero counts, first_nonfinite -1, min_nonzero +inf."""
-    if not SINGLE:
-        entry = table_ptr + tl.program_id(0).to(tl.int64) * _W
-        row = tl.load(entry + _TC_ROW)
-        numel = tl.load(entry + _TC_NUMEL)
-    row = row.to(tl.int64)
+@triton.jit(do_not_specialize=["row0", "ints_stride", "floats_stride"])
+def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats_stride, FROM_TABLE: tl.constexpr):
+    """Write a starting row per program: zero counts (numel too: the reduction's first program
+    stores it), first_nonfinite -1, min_nonzero +inf. The row is the table entry's (FROM_TABLE)
+    or ``row0 + program id`` (a contiguous range of rows, no table)."""
+    pid = tl.program_id(0).to(tl.int64)
+    if FROM_TABLE:
+        row = tl.load(table_ptr + pid * _W + _TC_ROW)
+    else:
+        row = row0.to(tl.int64) + pid
     cols = tl.arange(0, 16)
     ivals = tl.where(cols == _I_FIRST, -1, 0).to(tl.int64)
-    ivals = tl.where(cols == _I_NUMEL, numel.to(tl.int64), ivals)
-    tl.store(ints_ptr + row * _N_INT + cols, ivals, mask=cols < _N_INT)
+    tl.store(ints_ptr + row * ints_stride + cols, ivals, mask=cols < _N_INT)
     fvals = tl.where(cols == _F_MINNZ, _INF, 0.0)
-    tl.store(floats_ptr + row * _N_FLOAT + cols, fvals, mask=cols < _N_FLOAT)
+    tl.store(floats_ptr + row * floats_stride + cols, fvals, mask=cols < _N_FLOAT)
 
 
-@triton.jit(do_not_specialize=["n_entries", "iters", "numel", "n_cols", "stride", "row", "fmt", "tiny_bits"])
+@triton.jit(do_not_specialize=[
+    "n_entries", "ints_stride", "floats_stride", "iters", "numel", "n_cols", "stride", "row", "fmt", "tiny_bits",
+])
 def _stats_kernel(
-    table_ptr, n_entries, ints_ptr, floats_ptr, iters,
+    table_ptr, n_entries, ints_ptr, floats_ptr, ints_stride, floats_stride, iters,
     addr, numel, n_cols, stride, row, fmt, tiny_bits,
     BLOCK: tl.constexpr, SINGLE: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
@@ -173,6 +179,7 @@ def _stats_kernel(
     SINGLE: the tensor comes as scalars (addr ... tiny_bits) and programs start at 0. Otherwise
     program ``pid`` belongs to the last table entry whose first program (PSTART) is <= pid.
     Elements are indexed flat, row-major: element i sits at ``(i // n_cols) * stride + i % n_cols``.
+    The row was initialised by ``_init_rows_kernel``; program 0 of the tensor stores its numel.
     """
     pid = tl.program_id(0).to(tl.int64)
     if SINGLE:
@@ -194,6 +201,11 @@ def _stats_kernel(
         fmt = tl.load(entry + _TC_FMT)
         tiny_bits = tl.load(entry + _TC_TINY).to(tl.int32)
         local = pid - tl.load(entry + _TC_PSTART)
+
+    irow = ints_ptr + row.to(tl.int64) * ints_stride
+    frow = floats_ptr + row.to(tl.int64) * floats_stride
+    if local == 0:
+        tl.store(irow + _I_NUMEL, numel.to(tl.int64))
 
     lane = tl.arange(0, BLOCK)
     chunk_start = local * iters * BLOCK
@@ -249,8 +261,6 @@ def _stats_kernel(
         first = tl.minimum(first, tl.where(finite, _INT32_MAX, step * BLOCK + lane))
 
     # merge into the row; skip atomics that would change nothing (most counts are 0)
-    irow = ints_ptr + row.to(tl.int64) * _N_INT
-    frow = floats_ptr + row.to(tl.int64) * _N_FLOAT
     packed = tl.sum(nan_pinf_ninf)
     c = packed & _MASK21
     tl.atomic_add(irow + _I_NAN, c, mask=c > 0, sem="relaxed")
@@ -315,10 +325,13 @@ def _describe(t: torch.Tensor) -> tuple[list[int], torch.Tensor]:
 
 
 def _check_buffers(ints: torch.Tensor, floats: torch.Tensor, device: torch.device) -> int:
+    """Rows of the two stats buffers: int64 [cap, >= N_INT] and float32 [cap, >= N_FLOAT], unit
+    stride along a row, any row stride (so both can be column ranges of one row-major block)."""
     for buf, dtype, width in ((ints, torch.int64, N_INT), (floats, torch.float32, N_FLOAT)):
-        if buf.dtype != dtype or buf.dim() != 2 or buf.size(1) != width or not buf.is_contiguous():
+        if buf.dtype != dtype or buf.dim() != 2 or buf.size(1) < width or buf.stride(1) != 1:
             raise ValueError(
-                f"stats buffers must be contiguous {dtype}[cap, {width}], got {buf.dtype}{list(buf.shape)}"
+                f"stats buffers must be {dtype}[cap, {width}] with unit stride along a row, "
+                f"got {buf.dtype}{list(buf.shape)} strides {list(buf.stride())}"
             )
     if ints.device != device or floats.device != device:
         raise ValueError(f"tensor on {device}, stats buffers on {ints.device}/{floats.device}")
@@ -346,6 +359,19 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _reduce_one(t: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, row: int,
+                block_size: int, max_programs: int, num_warps: int) -> torch.Tensor:
+    """One reduce launch for ``t`` (its row already initialised); returns the tensor read."""
+    (addr, n, n_cols, stride, fmt, tiny), src = _describe(t)
+    if n:
+        iters, (programs,) = _plan([n], block_size, max_programs)
+        _stats_kernel[(programs,)](
+            ints, 1, ints, floats, ints.stride(0), floats.stride(0), iters, addr, n, n_cols, stride, row, fmt, tiny,
+            BLOCK=block_size, SINGLE=True, ALIGN=16 if addr % 16 == 0 else 1, num_warps=num_warps,
+        )  # fmt: skip
+    return src
+
+
 def stats_into(
     t: torch.Tensor,
     ints: torch.Tensor,
@@ -354,21 +380,44 @@ def stats_into(
     *,
     block_size: int = BLOCK_SIZE,
     max_programs: int = MAX_PROGRAMS,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Write the stats row of ``t`` into ``ints[row]``/``floats[row]``: two launches, no host sync."""
-    cap = _check_buffers(ints, floats, t.device)
-    row = _check_row(row, cap)
-    (addr, n, n_cols, stride, fmt, tiny), src = _describe(t)
-    with _on(t.device):
-        _init_rows_kernel[(1,)](ints, ints, floats, row, n, SINGLE=True)
-        if n == 0:
-            return
-        iters, (programs,) = _plan([n], block_size, max_programs)
-        _stats_kernel[(programs,)](
-            ints, 1, ints, floats, iters, addr, n, n_cols, stride, row, fmt, tiny,
-            BLOCK=block_size, SINGLE=True, ALIGN=16 if addr % 16 == 0 else 1, num_warps=NUM_WARPS,
-        )  # fmt: skip
-    del src  # a .contiguous() copy may be freed now: the allocator orders reuse after the kernel
+    stats_each_into([t], ints, floats, row, block_size=block_size, max_programs=max_programs, num_warps=num_warps)
+
+
+def stats_each_into(
+    tensors: list[torch.Tensor],
+    ints: torch.Tensor,
+    floats: torch.Tensor,
+    row0: int,
+    *,
+    block_size: int = BLOCK_SIZE,
+    max_programs: int = MAX_PROGRAMS,
+    num_warps: int = NUM_WARPS,
+) -> None:
+    """Stats of ``tensors[i]`` into row ``row0 + i``: one launch initialises the rows, then one
+    reduce launch per non-empty tensor, with everything passed as kernel arguments. No host
+    memory is touched, so this is the launcher that works inside CUDA-graph capture (where the
+    pointer table's host-to-device copy cannot be captured safely); replaying the graph re-runs
+    the initialisation and the reductions, so each replay rewrites the rows."""
+    if not tensors:
+        return
+    device = tensors[0].device
+    cap = _check_buffers(ints, floats, device)
+    row0 = _check_row(row0, cap)
+    _check_row(row0 + len(tensors) - 1, cap)
+    for t in tensors:
+        if t.device != device:
+            raise ValueError(f"stats_each_into: tensors on {device} and {t.device}")
+        if t.dtype not in _FORMATS:
+            _describe(t)  # raises the unsupported-dtype error before anything is launched
+    with _on(device):
+        _init_rows_kernel[(len(tensors),)](ints, ints, floats, row0, ints.stride(0), floats.stride(0),
+                                           FROM_TABLE=False)
+        for i, t in enumerate(tensors):
+            src = _reduce_one(t, ints, floats, row0 + i, block_size, max_programs, num_warps)
+            del src  # a .contiguous() copy may be freed now: the allocator orders reuse after the kernel
 
 
 def stats_many_into(
@@ -379,6 +428,7 @@ def stats_many_into(
     *,
     block_size: int = BLOCK_SIZE,
     max_programs: int = MAX_PROGRAMS,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Stats rows of all ``tensors`` (any mix of supported dtypes) into ``rows``: one init launch,
     one reduce launch per base-address alignment class (usually one), no host sync."""
@@ -412,15 +462,16 @@ def stats_many_into(
     if device.type == "cuda":
         # pinned + non_blocking: an async copy (a pageable one would synchronise the stream)
         table = table.pin_memory().to(device, non_blocking=True)
+    si, sf = ints.stride(0), floats.stride(0)
     with _on(device):
-        _init_rows_kernel[(len(table),)](table, ints, floats, 0, 0, SINGLE=False)
+        _init_rows_kernel[(len(table),)](table, ints, floats, 0, si, sf, FROM_TABLE=True)
         first = 0
         for is_aligned, group, programs in zip((True, False), (aligned, unaligned), group_programs):
             if programs:
                 _stats_kernel[(programs,)](
-                    table[first:first + len(group)], len(group), ints, floats, iters,
+                    table[first:first + len(group)], len(group), ints, floats, si, sf, iters,
                     0, 0, 0, 0, 0, 0, 0,
-                    BLOCK=block_size, SINGLE=False, ALIGN=16 if is_aligned else 1, num_warps=NUM_WARPS,
+                    BLOCK=block_size, SINGLE=False, ALIGN=16 if is_aligned else 1, num_warps=num_warps,
                 )  # fmt: skip
             first += len(group)
     del keep

@@ -123,3 +123,21 @@ def test_inference_mode_and_empty_tensors(level):
         m(torch.randn(2, 4))
     assert torch.isfinite(out).all()
     assert w.report().first_nonfinite is None
+
+
+def test_weights_corrupted_between_forwards_of_one_watch():
+    """One watch around several steps: a weight that goes NaN in place between forwards (what a
+    bad optimizer step does) is blamed as weights in the first forward that used it. Forward 1's
+    inputs are not retained (retain=1), so this is the capture's own answer, not a re-run's."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad(), nan_hunter.watch(model, level="modules", retain=1) as w:
+        model(x)
+        model.layers[1][0].weight[2, 3] = float("nan")
+        model(x)
+        model(x)
+    r = w.report()
+    assert r.failed_inputs == [1, 2]
+    f = r.first_nonfinite
+    assert (f.input_index, f.module, f.role, f.tensor) == (1, "layers.1.0", "weights", "weight")

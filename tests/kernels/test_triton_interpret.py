@@ -188,3 +188,56 @@ def test_rejects_bad_arguments(tk, kit, call, error):
     ints, floats = kit.garbage_buffers(2, "cpu")
     with pytest.raises(error):
         call(tk, ints, floats)
+
+
+def _mixed_for_each(kit):
+    g = torch.Generator().manual_seed(11)
+    big = torch.randn(3000, generator=g) * 1e3
+    big[1234] = math.inf
+    return [
+        big,
+        big[1:],  # unaligned base
+        torch.empty(0, dtype=torch.bfloat16),
+        big.to(torch.float16)[::3],  # strided line
+        kit.build_case((torch.float8_e4m3fn, "inf-mix")),
+        torch.randn(30, 20, generator=g).t(),  # transposed: copied first
+    ]
+
+
+def test_stats_each_into_matches_reference(tk, kit):
+    """The per-tensor launcher (used inside CUDA-graph capture) writes rows row0 .. row0 + n - 1
+    and nothing else, with the same statistics as the pointer table."""
+    tensors = _mixed_for_each(kit)
+    ints, floats = kit.garbage_buffers(len(tensors) + 3, "cpu")
+    tk.stats_each_into(tensors, ints, floats, 2, block_size=256, max_programs=5)
+    for i, t in enumerate(tensors):
+        kit.assert_row_matches(t, ints[2 + i], floats[2 + i])
+    untouched = [0, 1, len(tensors) + 2]
+    assert (ints[untouched] == 1234567).all() and (floats[untouched] == -777.0).all()
+
+
+def test_stats_each_into_rewrites_rows_like_a_graph_replay(tk, kit):
+    """Running the same launches again over other values (what a CUDA-graph replay does) leaves
+    exactly the new values' statistics: the rows are re-initialised, not accumulated."""
+    x = torch.full((700,), math.nan)
+    y = torch.full((700,), 70000.0)
+    ints, floats = kit.garbage_buffers(2, "cpu")
+    tk.stats_each_into([x, y], ints, floats, 0, block_size=128)
+    x.copy_(torch.linspace(-1, 1, 700))
+    y.fill_(2.0)
+    tk.stats_each_into([x, y], ints, floats, 0, block_size=128)
+    kit.assert_row_matches(x, ints[0], floats[0])
+    kit.assert_row_matches(y, ints[1], floats[1])
+
+
+def test_buffers_may_be_column_ranges_of_one_block(tk, kit):
+    """The sink's layout: ints and floats are column ranges of one int64 block (row stride 13)."""
+    from nan_hunter.sink import Segment
+
+    seg = Segment.new(0, 5, torch.device("cpu"))
+    seg.block.fill_(-1)
+    tensors = _mixed_for_each(kit)[:4]
+    tk.stats_many_into(tensors, seg.ints, seg.floats, [4, 0, 3, 1], block_size=256)
+    for t, r in zip(tensors, [4, 0, 3, 1]):
+        kit.assert_row_matches(t, seg.ints[r], seg.floats[r])
+    assert (seg.block[2] == -1).all()

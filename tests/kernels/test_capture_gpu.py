@@ -1,0 +1,192 @@
+"""Capture on a real GPU: hooked forwards never synchronise the host, the report reads the rows
+back in one transfer, and capture works inside CUDA-graph capture (rows rewritten per replay)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("triton")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+import nan_hunter  # noqa: E402
+from nan_hunter import sink as sink_mod  # noqa: E402
+
+CUDA = "cuda"
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        # inputs ~1000x too large overflow fp16 in the square: a producer op inside ``layers.0``
+        return x + self.down(torch.square(self.up(x)) * 0.1)
+
+
+class Tower(nn.Module):
+    def __init__(self, d: int = 64, n: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(d) for _ in range(n))
+        self.head = nn.Linear(d, 16)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.fixture
+def tower():
+    torch.manual_seed(0)
+    return Tower().to(CUDA, torch.float16).eval()
+
+
+def _x(scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(8, 64, generator=g) * scale).to(CUDA, torch.float16)
+
+
+def _where(report):
+    f = report.first_nonfinite
+    return None if f is None else (f.module, f.op, f.kind, f.role)
+
+
+def _syncs(fn) -> int:
+    """Host synchronisations ``fn`` performs, as counted by torch's sync debug mode."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_backend_is_triton_on_cuda(tower):
+    with nan_hunter.watch(tower, level="modules") as w:
+        assert w.sink.backend == "triton"
+
+
+@pytest.mark.parametrize("level", ["blocks", "modules"])
+def test_hooked_forward_never_synchronises(tower, level):
+    """The issue's proof: sync debug mode "error" around a hooked forward (warm, so that kernel
+    compilation is not what is measured) raises on any synchronising call."""
+    x = _x(1000.0)
+    with torch.no_grad():
+        with nan_hunter.watch(tower, level=level):
+            tower(x)  # warm-up: compile and load the kernels
+        w = nan_hunter.watch(tower, level=level)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with w:
+                out = tower(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert not torch.isfinite(out).all()
+        with nan_hunter.watch(tower, level="modules", backend="reference") as ref:
+            tower(x)
+    assert _where(w.report()) == _where(ref.report())
+    assert _where(w.report())[0] == "layers.0"
+
+
+def test_outputs_bitwise_equal_under_watch(tower):
+    x = _x()
+    with torch.no_grad():
+        plain = tower(x)
+        for level in ("blocks", "modules", "ops"):
+            with nan_hunter.watch(tower, level=level):
+                assert torch.equal(tower(x), plain), level
+
+
+def test_report_reads_rows_back_in_one_transfer(tower, monkeypatch):
+    monkeypatch.setattr(sink_mod, "CHUNK", 8)  # several segments
+    with torch.no_grad(), nan_hunter.watch(tower, level="modules") as w:
+        for _ in range(3):
+            tower(_x())
+    assert len(w.sink._segments) > 1
+    assert _syncs(w.sink.rows) == 1
+
+
+def test_llama_forward_gains_no_syncs_from_watch():
+    """A real transformers Llama (built from a config) syncs on its own in some versions; watch
+    must add none at blocks or modules level."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(CUDA, torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (2, 64), device=CUDA)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        base = _syncs(lambda: model(input_ids=ids))
+        for level in ("blocks", "modules"):
+            with nan_hunter.watch(model, level=level):
+                model(input_ids=ids)  # warm-up
+            w = nan_hunter.watch(model, level=level)
+
+            def hooked(w=w):
+                with w:
+                    out = model(input_ids=ids).logits
+                assert torch.equal(out, plain)
+
+            assert _syncs(hooked) == base, level
+            assert w.report().first_nonfinite is None
+
+
+def _capture(model: nn.Module, static_x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(static_x)
+    return graph
+
+
+@pytest.mark.parametrize("level", ["modules", "blocks"])
+def test_capture_inside_cuda_graph(tower, level):
+    """Hooks run while the graph is captured; each replay rewrites the rows, and report() then
+    says what that replay computed, the same place an eager capture names."""
+    static_x = _x()
+    with torch.no_grad():
+        w = nan_hunter.watch(tower, level=level)
+        with w:
+            graph = _capture(tower, static_x)
+        assert w.sink.graph_rows
+        graph.replay()
+        assert w.report().first_nonfinite is None
+        static_x.copy_(_x(1000.0))
+        graph.replay()
+        got = _where(w.report())
+        with nan_hunter.watch(tower, level="modules") as eager:
+            tower(_x(1000.0))
+        assert got == _where(eager.report()) and got[0] == "layers.0"
+        static_x.copy_(_x())
+        graph.replay()
+        assert w.report().first_nonfinite is None  # rows follow the latest replay
+
+
+def test_ops_level_refuses_graph_capture(tower):
+    static_x = _x()
+    with torch.no_grad(), nan_hunter.watch(tower, level="ops"):
+        with pytest.raises(RuntimeError) as e:
+            _capture(tower, static_x)
+    chain = [e.value, e.value.__context__, e.value.__cause__]
+    assert any(c is not None and "CUDA-graph capture" in str(c) for c in chain)

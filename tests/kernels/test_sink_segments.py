@@ -1,0 +1,84 @@
+"""The device-row sink (Triton backend, under TRITON_INTERPRET on CPU): segments that grow
+without copying, batches that straddle a segment boundary, both launchers, one read-back."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py) or a GPU", allow_module_level=True)
+
+from nan_hunter import sink as sink_mod  # noqa: E402
+from nan_hunter.kernels.reference import full_row  # noqa: E402
+from nan_hunter.stats import TensorStats  # noqa: E402
+
+
+def _tensors(n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    out = []
+    for i in range(n):
+        t = torch.randn(17 + 5 * i, generator=g) * 10 ** (i % 6)
+        if i % 4 == 1:
+            t[i % t.numel()] = math.nan
+        if i % 5 == 2:
+            t[-1] = -math.inf
+        out.append(t.to((torch.float32, torch.float16, torch.bfloat16)[i % 3]))
+    return out
+
+
+def _want(t: torch.Tensor) -> TensorStats:
+    return TensorStats.from_row(*(x.tolist() for x in full_row(t)))
+
+
+def _same(got: TensorStats, want: TensorStats) -> None:
+    for k in ("numel", "nan", "posinf", "neginf", "zero", "subnormal", "over_fp16", "first_nonfinite",
+              "absmax", "min_nonzero"):
+        assert getattr(got, k) == getattr(want, k), k
+    assert got.sum == pytest.approx(want.sum, rel=1e-4, abs=1e-3)
+
+
+@pytest.mark.parametrize("launch", ["table", "each"])
+def test_segments_grow_without_losing_rows(monkeypatch, launch):
+    monkeypatch.setattr(sink_mod, "CHUNK", 4)  # segments of 4, 8, 16 rows
+    s = sink_mod.StatsSink("cpu", backend="triton", launch=launch)
+    ts = _tensors(23)
+    rows = s.measure_many(ts[:3]) + s.measure_many(ts[3:10]) + s.measure_many(ts[10:])  # 3|7 straddles 4
+    assert rows == list(range(23))
+    assert [(seg.start, seg.cap) for seg in s._segments] == [(0, 4), (4, 8), (12, 16)]
+    got = s.rows()
+    assert len(got) == 23
+    for t, r in zip(ts, got):
+        _same(r, _want(t))
+    assert s.bytes_read == sum(t.numel() * t.element_size() for t in ts)
+
+
+def test_already_measured_tensor_is_not_read_again():
+    s = sink_mod.StatsSink("cpu", backend="triton")
+    a, b = torch.ones(8), torch.zeros(8)
+    assert s.measure_many([a, b, a]) == [0, 1, 0]
+    assert s.measure(b) == 1
+    assert s.bytes_read == 64
+    a.add_(1)  # changed in place since: measured again
+    assert s.measure(a) == 2
+    assert s.rows()[2].absmax == 2.0
+
+
+def test_launchers_agree():
+    ts = _tensors(9)
+    a = sink_mod.StatsSink("cpu", backend="triton", launch="table")
+    b = sink_mod.StatsSink("cpu", backend="triton", launch="each")
+    a.measure_many(ts)
+    b.measure_many(ts)
+    for x, y in zip(a.rows(), b.rows()):
+        assert (x.nan, x.posinf, x.neginf, x.first_nonfinite, x.absmax) == \
+            (y.nan, y.posinf, y.neginf, y.first_nonfinite, y.absmax)
+
+
+def test_bad_launch_mode():
+    with pytest.raises(ValueError, match="launch must be"):
+        sink_mod.StatsSink("cpu", backend="triton", launch="graph")

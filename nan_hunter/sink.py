@@ -27,7 +27,7 @@ import torch
 
 from .kernels import reference as ref
 from .kernels import select_backend
-from .stats import N_FLOAT, N_INT, TensorStats
+from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
 
 CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
 MAX_CHUNK = 65536
@@ -46,9 +46,16 @@ class Segment:
 
     @classmethod
     def new(cls, start: int, cap: int, device: torch.device) -> Segment:
-        block = torch.empty((cap, ROW_WORDS), dtype=torch.int64, device=device)
+        """A segment whose every row holds the kernel's starting row (zero counts and sums,
+        first_nonfinite -1, min_nonzero +inf): rows are written once, so the batched launcher
+        skips its init launch. A row captured into a CUDA graph and not replayed yet, or one
+        of an empty tensor, reads as an empty tensor."""
+        block = torch.zeros((cap, ROW_WORDS), dtype=torch.int64, device=device)
         floats = block[:, N_INT:].view(torch.float32)[:, :N_FLOAT]
-        return cls(start, block, block[:, :N_INT], floats)
+        ints = block[:, :N_INT]
+        ints[:, INT_FIELDS.index("first_nonfinite")] = -1
+        floats[:, FLOAT_FIELDS.index("min_nonzero")] = math.inf
+        return cls(start, block, ints, floats)
 
     @property
     def cap(self) -> int:
@@ -133,8 +140,9 @@ class StatsSink:
     def measure_many(self, tensors: list[torch.Tensor]) -> list[int]:
         """Append the stats of several tensors and return their rows. A tensor already measured
         (same object, unchanged since) returns its earlier row without being read again. On the
-        Triton backend all new tensors go into one batched launch (a pointer table), so a hook
-        costs one launch whatever the number of tensors it sees. New rows are consecutive."""
+        Triton backend all new tensors go into one batched launch (a pointer table; a second one
+        only when some base address is not 16-byte aligned), so a hook costs one launch whatever
+        the number of tensors it sees. New rows are consecutive."""
         rows: list[int] = []
         new: list[torch.Tensor] = []
         for t in tensors:
@@ -179,7 +187,8 @@ class StatsSink:
                 if self.launch == "each" or (self.launch == "auto" and capturing):
                     tk.stats_each_into(part, seg.ints, seg.floats, local)
                 else:
-                    tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + count)))
+                    # rows are written once and start initialised (Segment.new): no init launch
+                    tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + count)), init=False)
             else:
                 for i, t in enumerate(part):
                     ints, floats = ref.full_row(t)

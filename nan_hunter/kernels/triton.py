@@ -429,9 +429,13 @@ def stats_many_into(
     block_size: int = BLOCK_SIZE,
     max_programs: int = MAX_PROGRAMS,
     num_warps: int = NUM_WARPS,
+    init: bool = True,
 ) -> None:
     """Stats rows of all ``tensors`` (any mix of supported dtypes) into ``rows``: one init launch,
-    one reduce launch per base-address alignment class (usually one), no host sync."""
+    one reduce launch per base-address alignment class (usually one), no host sync.
+    ``init=False`` skips the init launch: for rows that already hold the starting values (zero
+    counts and sums, first_nonfinite -1, min_nonzero +inf) and are written once, as in the
+    capture sink's append-only segments (``sink.Segment``)."""
     if len(tensors) != len(rows):
         raise ValueError(f"{len(tensors)} tensors but {len(rows)} rows")
     if not tensors:
@@ -458,13 +462,16 @@ def stats_many_into(
             e[_C_PSTART] = pstart
             pstart += triton.cdiv(e[_C_NUMEL], block_size * iters)
         group_programs.append(pstart)
+    if not init and not any(group_programs):
+        return  # only empty tensors, whose initialised rows are already final
     table = torch.tensor(aligned + unaligned + empty, dtype=torch.int64)
     if device.type == "cuda":
         # pinned + non_blocking: an async copy (a pageable one would synchronise the stream)
         table = table.pin_memory().to(device, non_blocking=True)
     si, sf = ints.stride(0), floats.stride(0)
     with _on(device):
-        _init_rows_kernel[(len(table),)](table, ints, floats, 0, si, sf, FROM_TABLE=True)
+        if init:
+            _init_rows_kernel[(len(table),)](table, ints, floats, 0, si, sf, FROM_TABLE=True)
         first = 0
         for is_aligned, group, programs in zip((True, False), (aligned, unaligned), group_programs):
             if programs:

@@ -137,13 +137,14 @@ def test_llama_forward_gains_no_syncs_from_watch():
             with nan_hunter.watch(model, level=level):
                 model(input_ids=ids)  # warm-up
             w = nan_hunter.watch(model, level=level)
+            got = {}
 
-            def hooked(w=w):
+            def hooked(w=w, got=got):
                 with w:
-                    out = model(input_ids=ids).logits
-                assert torch.equal(out, plain)
+                    got["logits"] = model(input_ids=ids).logits
 
             assert _syncs(hooked) == base, level
+            assert torch.equal(got["logits"], plain)
             assert w.report().first_nonfinite is None
 
 

@@ -82,3 +82,16 @@ def test_launchers_agree():
 def test_bad_launch_mode():
     with pytest.raises(ValueError, match="launch must be"):
         sink_mod.StatsSink("cpu", backend="triton", launch="graph")
+
+
+def test_new_segment_rows_hold_the_starting_row():
+    """What the table launcher with init=False relies on: a fresh segment's rows are exactly what
+    the init kernel writes, so an empty tensor's row and a never-written row read the same."""
+    seg = sink_mod.Segment.new(0, 3, torch.device("cpu"))
+    from nan_hunter.kernels import triton as tk
+
+    ints, floats = seg.ints.clone(), seg.floats.clone()
+    tk.stats_each_into([torch.empty(0)] * 3, seg.ints, seg.floats, 0)
+    assert torch.equal(seg.ints, ints) and torch.equal(seg.floats, floats)
+    s = TensorStats.from_row(seg.ints[0].tolist(), seg.floats[0].tolist())
+    assert (s.numel, s.nan, s.first_nonfinite, s.absmax) == (0, 0, None, 0.0)

@@ -402,7 +402,8 @@ def copy_bandwidth(n_bytes: int) -> dict:
 
 def kernel_bandwidth(n_bytes: int, copy_gbps: float, sweep: list[tuple[int, int]]) -> list[dict]:
     """The stats kernel on one ``n_bytes`` tensor per dtype (random normal data with a NaN, an Inf
-    and a value over the fp16 max planted), checked against the torch reference, then timed:
+    and a value over the fp16 max planted; for fp8-e4m3, which has no Inf, the data is clamped to
+    +-448 first, so only the NaN survives), checked against the torch reference, then timed:
     ``stats_into`` at the default launch configuration and each (block, warps) of ``sweep``,
     and ``stats_many_into`` (the pointer table) at the default."""
     import torch
@@ -441,8 +442,35 @@ def kernel_bandwidth(n_bytes: int, copy_gbps: float, sweep: list[tuple[int, int]
                          "median_ms": ms, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps, "matches_reference": ok})
             print(f"kernel {rows[-1]['dtype']:>14} {launcher:<15} block {block:>5} warps {warps}: "
                   f"{ms:.3f} ms, {gbps:.0f} GB/s = {gbps / copy_gbps:.2f} of copy, matches {ok}", flush=True)
-        del x
+        del x, fn  # the closure holds the tensor too
         torch.cuda.empty_cache()
+    return rows
+
+
+def activation_sizes(copy_gbps: float) -> list[dict]:
+    """The kernel at the sizes hooks see in the 1.1B model (bf16: a 4x512 hidden state, an 8x2048
+    MLP intermediate) for several ``max_programs``: how many blocks each program should loop
+    over before merging with atomics (few programs: fewer atomics; many: more parallelism)."""
+    import torch
+    from triton.testing import do_bench
+
+    from nan_hunter.kernels import triton as tk
+    from nan_hunter.sink import Segment
+
+    seg = Segment.new(0, 2, torch.device("cuda"))
+    rows = []
+    for shape in ((4, 512, 2048), (8, 2048, 5632)):
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        n_bytes = x.numel() * 2
+        for max_programs in (264, 1056, 4096, 16384):
+            def fn(x=x, max_programs=max_programs):
+                tk.stats_into(x, seg.ints, seg.floats, 0, max_programs=max_programs)
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            gbps = n_bytes / (ms * 1e-3) / 1e9
+            rows.append({"shape": list(shape), "bytes": n_bytes, "max_programs": max_programs,
+                         "default": max_programs == tk.MAX_PROGRAMS, "median_ms": ms, "GBps": gbps,
+                         "fraction_of_copy": gbps / copy_gbps})
+            print(f"kernel bf16 {shape} max_programs {max_programs:>5}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s", flush=True)
     return rows
 
 
@@ -459,7 +487,8 @@ def hook_launch_cost(iters: int = 2000) -> dict:
         sink = StatsSink("cuda", backend="triton", launch=launch)
         sink.measure_many([x.clone() for x in xs])
         torch.cuda.synchronize()
-        batches = [[x.view(-1)[i % 7:] for x in xs] for i in range(iters)]  # new views: never cached
+        # new views each time (never cached), 16-byte aligned like typical activations
+        batches = [[x.view(-1)[8 * (i % 7):] for x in xs] for i in range(iters)]
         t0 = time.perf_counter()
         for b in batches:
             sink.measure_many(b)
@@ -546,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copy bandwidth: {res['copy_bandwidth']['GBps']:.0f} GB/s (read + write)", flush=True)
         sweep = [tuple(int(v) for v in c.split("x")) for c in args.sweep.split(",") if c]
         res["kernel_bandwidth"] = kernel_bandwidth(n_bytes, res["copy_bandwidth"]["GBps"], sweep)
+        res["kernel_activation_sizes"] = activation_sizes(res["copy_bandwidth"]["GBps"])
         res["hook_launch_cost"] = hook_launch_cost()
 
     res["shapes"] = {}

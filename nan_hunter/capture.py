@@ -203,6 +203,10 @@ class Watch:
 
     # -- results ----------------------------------------------------------------------------
     def stats(self) -> list[TensorStats]:
+        """Every stats row, read back from the device (again, when a CUDA graph wrote rows:
+        each replay rewrites them)."""
+        if self.sink.graph_rows:
+            self.sink.refresh()
         return self.sink.rows()
 
     @property
@@ -215,6 +219,7 @@ class Watch:
         from .locate import watch_report
 
         if self._report is None or self.sink.graph_rows:
-            # rows written by a captured CUDA graph change with every replay: never cached
+            # rows written by a captured CUDA graph change with every replay: read them again
+            self.sink.refresh()
             self._report = watch_report(self)
         return self._report

@@ -57,7 +57,7 @@ def _kind_of(st: TensorStats) -> str:
 
 
 def first_finding(watch: Watch, input_index: int | None = None) -> Finding | None:
-    rows = watch.stats()
+    rows = watch.sink.rows()
     calls = [c for c in watch.calls if c.seq >= 0 and (input_index is None or c.input_index == input_index)]
     by_start = {c.start: c for c in watch.calls}
     for c in sorted(calls, key=lambda c: (c.input_index, c.seq)):
@@ -96,7 +96,7 @@ def first_finding(watch: Watch, input_index: int | None = None) -> Finding | Non
 
 
 def failed_inputs(watch: Watch) -> list[int]:
-    rows = watch.stats()
+    rows = watch.sink.rows()
     bad: set[int] = set()
     for c in watch.calls:
         if c.seq >= 0 and _bad(rows, c.outputs) is not None:
@@ -108,7 +108,7 @@ def failed_inputs(watch: Watch) -> list[int]:
 
 def mask_notes(watch: Watch) -> list[str]:
     """−inf-only inputs that were absorbed (no module output went non-finite from them)."""
-    rows = watch.stats()
+    rows = watch.sink.rows()
     seen: set[str] = set()
     notes = []
     for c in watch.calls:
@@ -124,7 +124,7 @@ def mask_notes(watch: Watch) -> list[str]:
 
 def call_table(watch: Watch) -> list[dict[str, Any]]:
     """Per module call in completion order: name, type, call index, output absmax and counts."""
-    rows = watch.stats()
+    rows = watch.sink.rows()
     out = []
     for c in sorted((c for c in watch.calls if c.seq >= 0), key=lambda c: (c.input_index, c.seq)):
         absmax = None

@@ -7,20 +7,26 @@ in one transfer when ``rows()`` is called for the report.
 
 Device buffers are segments that are never reallocated: each is one row-major block of
 ``ROW_WORDS`` int64 words per row (the int fields, then the float fields' bits), so growing adds
-a segment and copies nothing, and the rows written so far are one contiguous range per segment.
+a segment and copies nothing. Segments start filled with the kernel's starting row, and eager
+rows are written once, so the batched launcher needs no init launch.
 
 CUDA graphs: inside stream capture (``torch.cuda.graph``) the sink launches with
-``stats_each_into`` (arguments only, no host memory) instead of the pointer table, and a segment
-allocated during capture comes from the graph's pool and stays owned by the sink. Replaying the
-graph re-runs those launches and rewrites the same rows, so after a replay ``rows()`` holds what
-that replay computed; the sink re-reads the device rows on every call once it has captured any.
+``stats_each_into`` (arguments only, no host memory; it initialises its own rows, so every
+replay rewrites them) and writes only into *graph segments*: eager rows never share a segment
+with captured ones. The first graph segment is a spare allocated and initialised eagerly before
+the capture, so captured rows read as empty tensors until the first replay. Graph segments are
+kept for the life of the process: a graph may be replayed after its ``watch`` is gone. (A graph
+segment that has to be allocated during capture comes from the graph's pool and holds garbage
+until the first replay.) After a replay ``rows()`` holds what that replay computed; call
+``refresh()`` before reading rows again after another replay.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +38,9 @@ from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
 CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
 MAX_CHUNK = 65536
 ROW_WORDS = N_INT + (N_FLOAT + 1) // 2  # int64 words per row: the ints, then the floats' bits
+_EMPTY_ROW = ([0] * (N_INT - 1) + [-1], [0.0, math.inf, 0.0, 0.0])  # what a fresh segment row holds
+
+_GRAPH_SEGMENTS: list[Segment] = []  # written by captured graphs, which may outlive their watch
 
 
 @dataclass
@@ -43,23 +52,41 @@ class Segment:
     block: torch.Tensor
     ints: torch.Tensor
     floats: torch.Tensor
+    graph: bool = False  # rows written by a captured CUDA graph
+    stream: Any = None  # CUDA stream that initialised it
+    ready: set = field(default_factory=set)  # streams ordered after that initialisation
 
     @classmethod
-    def new(cls, start: int, cap: int, device: torch.device) -> Segment:
+    def new(cls, start: int, cap: int, device: torch.device, init: bool = True) -> Segment:
         """A segment whose every row holds the kernel's starting row (zero counts and sums,
-        first_nonfinite -1, min_nonzero +inf): rows are written once, so the batched launcher
-        skips its init launch. A row captured into a CUDA graph and not replayed yet, or one
-        of an empty tensor, reads as an empty tensor."""
-        block = torch.zeros((cap, ROW_WORDS), dtype=torch.int64, device=device)
+        first_nonfinite -1, min_nonzero +inf), so a row never written, or one of an empty
+        tensor, reads as an empty tensor. ``init=False`` leaves the memory as allocated."""
+        block = (torch.zeros if init else torch.empty)((cap, ROW_WORDS), dtype=torch.int64, device=device)
         floats = block[:, N_INT:].view(torch.float32)[:, :N_FLOAT]
         ints = block[:, :N_INT]
-        ints[:, INT_FIELDS.index("first_nonfinite")] = -1
-        floats[:, FLOAT_FIELDS.index("min_nonzero")] = math.inf
-        return cls(start, block, ints, floats)
+        if init:
+            ints[:, INT_FIELDS.index("first_nonfinite")] = -1
+            floats[:, FLOAT_FIELDS.index("min_nonzero")] = math.inf
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        return cls(start, block, ints, floats, stream=stream, ready={stream})
 
     @property
     def cap(self) -> int:
         return self.block.shape[0]
+
+    def rebase(self, start: int) -> Segment:
+        self.start = start
+        return self
+
+    def order_after_init(self) -> None:
+        """Make the current stream wait for the initialisation if it ran on another stream
+        (once per stream; never needed inside capture, where graph segments are used)."""
+        if self.stream is None:
+            return
+        cur = torch.cuda.current_stream(self.block.device)
+        if cur not in self.ready:
+            cur.wait_stream(self.stream)
+            self.ready.add(cur)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -71,8 +98,8 @@ _PRIMED: set[str] = set()
 
 def _prime(device: torch.device) -> None:
     """Compile and load every kernel variant the sink may launch (table and per-tensor launchers,
-    aligned and unaligned bases) once per process and device, outside any graph capture: a
-    first compile inside ``torch.cuda.graph`` would load a module mid-capture."""
+    aligned and unaligned bases, 32- and 64-bit sizes) once per process and device, outside any
+    graph capture: a first compile inside ``torch.cuda.graph`` would load a module mid-capture."""
     key = str(device)
     if key in _PRIMED or _capturing(device):
         return
@@ -82,12 +109,18 @@ def _prime(device: torch.device) -> None:
     x = torch.zeros(48, dtype=torch.float32, device=device)
     tk.stats_many_into([x, x[1:]], seg.ints, seg.floats, [0, 1])
     tk.stats_each_into([x, x[1:]], seg.ints, seg.floats, 2)
+    try:
+        tk.prime_large(seg.ints, seg.floats)
+    except Exception as e:  # noqa: BLE001 - best effort: only tensors of >= 2^31 elements need these
+        warnings.warn(f"nan_hunter: could not precompile the kernels for >= 2^31 elements ({e}); "
+                      "such a tensor inside CUDA-graph capture would compile mid-capture", stacklevel=2)
     _PRIMED.add(key)
 
 
 class StatsSink:
     """Rows of tensor statistics for one capture. ``launch``: "auto" (the pointer table, or
-    per-tensor launches inside CUDA-graph capture), "table" or "each" (always per tensor)."""
+    per-tensor launches inside CUDA-graph capture), "table" or "each" (always per tensor).
+    Inside capture the per-tensor launcher is always used."""
 
     def __init__(self, device: torch.device | str | None = None, backend: str | None = None,
                  launch: str = "auto"):
@@ -102,13 +135,19 @@ class StatsSink:
         self.n = 0
         self.bytes_read = 0  # bytes of the distinct tensors measured (what the kernel reads)
         self.graph_rows = False  # some rows are written by a captured CUDA graph
+        self.unmeasured: list[tuple[int, str]] = []  # (row, why) of tensors that could not be read
         self._host: list[tuple[list[int], list[float]]] = []
+        self._host_rows: dict[int, tuple[list[int], list[float]]] = {}  # device sink: rows computed on the host
+        self._padding: list[range] = []  # rows skipped when switching between eager and graph segments
         self._segments: list[Segment] = []
+        self._spare: Segment | None = None  # an initialised segment kept for the next graph capture
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}
         self._rows_cache: list[TensorStats] | None = None
+        self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
-            from .kernels import triton as tk  # noqa: F401  (fail early if broken)
+            from .kernels import triton as tk
 
+            self._kernel_dtypes = frozenset(tk.SUPPORTED_DTYPES)
             if dev.type == "cuda":
                 _prime(dev)
 
@@ -117,12 +156,32 @@ class StatsSink:
     def _device_rows(self) -> bool:
         return self.backend == "triton" or self.device.type != "cpu"
 
-    def _ensure(self, rows: int) -> None:
-        end = self._segments[-1].start + self._segments[-1].cap if self._segments else 0
-        while end < rows:
-            cap = min(MAX_CHUNK, CHUNK << len(self._segments))
-            self._segments.append(Segment.new(end, cap, self.device))
-            end += cap
+    def _end(self) -> int:
+        return self._segments[-1].start + self._segments[-1].cap if self._segments else 0
+
+    def _switch(self, graph: bool) -> None:
+        """Start a new segment when the last one is of the other kind (eager vs graph)."""
+        if self._segments and self._segments[-1].graph != graph:
+            end = self._end()
+            if end > self.n:
+                self._padding.append(range(self.n, end))
+            self.n = end
+
+    def _ensure(self, rows: int, graph: bool) -> None:
+        while self._end() < rows:
+            end = self._end()
+            if graph and self._spare is not None:
+                seg, self._spare = self._spare.rebase(end), None
+            else:
+                cap = min(MAX_CHUNK, CHUNK << len(self._segments))
+                # inside capture, fills would only be recorded: leave the memory as allocated
+                seg = Segment.new(end, cap, self.device, init=not graph)
+            seg.graph = graph
+            if graph:
+                _GRAPH_SEGMENTS.append(seg)
+            self._segments.append(seg)
+        if not graph and self._spare is None and self.backend == "triton" and self.device.type == "cuda":
+            self._spare = Segment.new(0, CHUNK, self.device)  # ready for a capture
 
     def _pieces(self, first: int, count: int) -> list[tuple[Segment, int, int]]:
         """(segment, first local row, number of rows) covering rows first .. first + count - 1."""
@@ -143,6 +202,10 @@ class StatsSink:
         Triton backend all new tensors go into one batched launch (a pointer table; a second one
         only when some base address is not 16-byte aligned), so a hook costs one launch whatever
         the number of tensors it sees. New rows are consecutive."""
+        capturing = False
+        if self._device_rows:
+            capturing = _capturing(self.device)
+            self._switch(capturing)
         rows: list[int] = []
         new: list[torch.Tensor] = []
         for t in tensors:
@@ -174,32 +237,63 @@ class StatsSink:
                     q = (ints.tolist(), floats.tolist())
                 self._host.append(q)
             return rows
-        self._ensure(self.n)
-        capturing = _capturing(self.device)
+        self._ensure(self.n, capturing)
         self.graph_rows |= capturing
         done = 0
         for seg, local, count in self._pieces(first, len(new)):
             part = new[done:done + count]
             done += count
-            if self.backend == "triton":
-                from .kernels import triton as tk
-
-                if self.launch == "each" or (self.launch == "auto" and capturing):
-                    tk.stats_each_into(part, seg.ints, seg.floats, local)
-                else:
-                    # rows are written once and start initialised (Segment.new): no init launch
-                    tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + count)), init=False)
-            else:
-                for i, t in enumerate(part):
-                    ints, floats = ref.full_row(t)
-                    seg.ints[local + i].copy_(ints, non_blocking=True)
-                    seg.floats[local + i].copy_(floats, non_blocking=True)
+            if not capturing:
+                seg.order_after_init()
+            self._write(seg, local, part, capturing)
         return rows
 
+    def _kernel_can_read(self, t: torch.Tensor) -> bool:
+        return (t.dtype in self._kernel_dtypes and t.device == self.device and t.layout == torch.strided
+                and type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_nested)
+
+    def _write(self, seg: Segment, local: int, part: list[torch.Tensor], capturing: bool) -> None:
+        """Rows ``local ..`` of ``seg`` for ``part``: the kernel where it can read the tensor,
+        the torch reference otherwise (float64, another device, tensor subclasses)."""
+        if self.backend == "triton" and all(self._kernel_can_read(t) for t in part):
+            from .kernels import triton as tk
+
+            if capturing or self.launch == "each":
+                tk.stats_each_into(part, seg.ints, seg.floats, local)
+            else:
+                # eager rows are written once into initialised segments: no init launch
+                tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + len(part))), init=False)
+            return
+        for i, t in enumerate(part):
+            if self.backend == "triton" and self._kernel_can_read(t):
+                from .kernels import triton as tk
+
+                tk.stats_each_into([t], seg.ints, seg.floats, local + i)
+                continue
+            row = seg.start + local + i
+            try:
+                if t.device.type == "cpu" and self.device.type != "cpu":
+                    q = ref.quick_row(t)
+                    if q is None:
+                        ints, floats = ref.full_row(t)
+                        q = (ints.tolist(), floats.tolist())
+                    self._host_rows[row] = q  # a host tensor: computed here, no device copy
+                    continue
+                ints, floats = ref.full_row(t)
+                seg.ints[local + i].copy_(ints.to(self.device, non_blocking=True))
+                seg.floats[local + i].copy_(floats.to(self.device, non_blocking=True))
+            except Exception as e:  # noqa: BLE001 - never break the user's forward over a statistic
+                self.unmeasured.append((row, f"{type(t).__name__} {t.dtype} on {t.device}: {e}"))
+
+    def refresh(self) -> None:
+        """Forget the rows read back, so the next ``rows()`` reads the device again (after a
+        CUDA-graph replay has rewritten captured rows)."""
+        self._rows_cache = None
+
     def rows(self) -> list[TensorStats]:
-        """All rows as host objects: one device-to-host copy of every row written (after a CUDA
-        graph replay, the rows that replay wrote)."""
-        if self._rows_cache is not None and len(self._rows_cache) == self.n and not self.graph_rows:
+        """All rows as host objects: one device-to-host copy of every row written, cached until
+        more rows are written or ``refresh()`` is called."""
+        if self._rows_cache is not None and len(self._rows_cache) == self.n:
             return self._rows_cache
         if not self._device_rows:
             out = [TensorStats.from_row(i, f) for i, f in self._host]
@@ -211,6 +305,11 @@ class StatsSink:
                 host = block.cpu()
                 ints = host[:, :N_INT].tolist()
                 floats = host[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
+                for span in self._padding:  # never written (graph memory may hold anything)
+                    for r in span:
+                        ints[r], floats[r] = _EMPTY_ROW
+                for r, (i, f) in self._host_rows.items():
+                    ints[r], floats[r] = i, f
                 out = [TensorStats.from_row(i, f) for i, f in zip(ints, floats)]
         self._rows_cache = out
         return out

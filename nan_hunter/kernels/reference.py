@@ -24,16 +24,22 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _field(row: torch.Tensor, names: tuple[str, ...], name: str) -> torch.Tensor:
+    i = names.index(name)
+    return row[i:i + 1]
+
+
 def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every stats field of floating tensor ``t`` as (int64[N_INT], float32[N_FLOAT]) on t's device."""
     dev = t.device
     n = t.numel()
+    # slices filled in place, never ``ints[i] = n``: on CUDA that can be a blocking copy
     ints = torch.zeros(N_INT, dtype=torch.int64, device=dev)
     floats = torch.zeros(N_FLOAT, dtype=torch.float32, device=dev)
-    ints[INT_FIELDS.index("numel")] = n
+    _field(ints, INT_FIELDS, "numel").fill_(n)
     if n == 0:
-        ints[INT_FIELDS.index("first_nonfinite")] = -1
-        floats[FLOAT_FIELDS.index("min_nonzero")] = math.inf
+        _field(ints, INT_FIELDS, "first_nonfinite").fill_(-1)
+        _field(floats, FLOAT_FIELDS, "min_nonzero").fill_(math.inf)
         return ints, floats
     x = _as_float(t).reshape(-1)
     tiny = torch.finfo(t.dtype).smallest_normal

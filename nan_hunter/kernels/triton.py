@@ -54,6 +54,9 @@ _FORMATS = {
 }
 
 
+SUPPORTED_DTYPES = tuple(_FORMATS)
+
+
 def _f32_bits(x: float) -> int:
     """The fp32 bit pattern of ``x`` as a non-negative int (``x`` >= 0)."""
     return struct.unpack("<i", struct.pack("<f", x))[0]
@@ -370,6 +373,21 @@ def _reduce_one(t: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, row: 
             BLOCK=block_size, SINGLE=True, ALIGN=16 if addr % 16 == 0 else 1, num_warps=num_warps,
         )  # fmt: skip
     return src
+
+
+def prime_large(ints: torch.Tensor, floats: torch.Tensor) -> None:
+    """Compile and load the per-tensor reduce variants for tensors of 2^31 elements or more
+    (Triton types an integer argument as 64-bit by its value) with empty launches, so that
+    such a tensor met inside CUDA-graph capture needs no compile there."""
+    si, sf = ints.stride(0), floats.stride(0)
+    big = 2**31
+    with _on(ints.device):
+        for n_cols in (big, 4096):  # contiguous (one line), and a stack of rows
+            for align in (16, 1):
+                _stats_kernel[(0,)](
+                    ints, 1, ints, floats, si, sf, 1, ints.data_ptr(), big, n_cols, n_cols, 0, 0, 0,
+                    BLOCK=BLOCK_SIZE, SINGLE=True, ALIGN=align, num_warps=NUM_WARPS,
+                )  # fmt: skip
 
 
 def stats_into(

@@ -54,3 +54,26 @@ def test_incident(cli, name):
         assert r["near_misses"], "expected a near-miss note"
     for op in case.get("mask_ops") or []:
         assert fnf is None or fnf["op"] != op
+
+
+def _where(res) -> tuple:
+    r = res.report
+    fnf, d = r["first_nonfinite"], r["diagnosis"]
+    loc = None if fnf is None else (fnf["module"], fnf["op"], fnf["kind"], fnf["role"], fnf["input_index"])
+    return res.code, loc, None if d is None else d["cause"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_incident_on_cuda_matches_cpu(cli, name):
+    """The same scan on the GPU (Triton capture, CUDA numerics) names the same module, op, kind,
+    role and cause as on the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    case = EXPECTED[name]
+    on_gpu = cli(*_args(case), "--device", "cuda")
+    on_cpu = cli(*_args(case), "--device", "cpu")
+    assert on_gpu.code in (0, 1), on_gpu.stderr
+    assert _where(on_gpu) == _where(on_cpu)

@@ -191,3 +191,29 @@ def test_ops_level_refuses_graph_capture(tower):
             _capture(tower, static_x)
     chain = [e.value, e.value.__context__, e.value.__cause__]
     assert any(c is not None and "CUDA-graph capture" in str(c) for c in chain)
+
+
+def test_graph_outlives_its_watch(tower):
+    """Rows written by a captured graph live in process-wide graph segments: replaying after the
+    watch is gone (and its memory released) neither crashes nor corrupts other memory."""
+    import gc
+
+    static_x = _x()
+    with torch.no_grad():
+        w = nan_hunter.watch(tower, level="modules")
+        with w:
+            graph = _capture(tower, static_x)
+        segments = [s for s in w.sink._segments if s.graph]
+        assert segments and all(s in sink_mod._GRAPH_SEGMENTS for s in segments)
+        del w
+        gc.collect()
+        torch.cuda.empty_cache()
+        filler = torch.full((1 << 22,), 7.0, device=CUDA)  # reuse whatever memory was released
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert (filler == 7.0).all()
+        want = tower(static_x)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.isfinite(want).all()

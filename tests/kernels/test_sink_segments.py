@@ -95,3 +95,44 @@ def test_new_segment_rows_hold_the_starting_row():
     assert torch.equal(seg.ints, ints) and torch.equal(seg.floats, floats)
     s = TensorStats.from_row(seg.ints[0].tolist(), seg.floats[0].tolist())
     assert (s.numel, s.nan, s.first_nonfinite, s.absmax) == (0, 0, None, 0.0)
+
+
+def test_tensors_the_kernel_cannot_read_go_to_the_reference():
+    """float64 and tensor subclasses are measured by the torch reference into the same rows,
+    in the same batch as kernel-readable tensors; nothing raises into the user's forward."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    s = sink_mod.StatsSink("cpu", backend="triton")
+    x64 = torch.tensor([1.0, float("nan"), -3.0], dtype=torch.float64)
+    sub = torch.tensor([2.0, float("inf")]).as_subclass(Tagged)
+    plain = torch.tensor([5.0, -7.0])
+    assert s.measure_many([plain, x64, sub]) == [0, 1, 2]
+    got = s.rows()
+    for t, r in zip([plain, x64, sub], got):
+        _same(r, _want(torch.Tensor(t) if isinstance(t, Tagged) else t))
+    assert got[1].nan == 1 and got[2].posinf == 1 and s.unmeasured == []
+
+
+def test_eager_and_graph_rows_never_share_a_segment(monkeypatch):
+    """Segment bookkeeping around a CUDA-graph capture, with the capture flag forced on CPU (the
+    real capture runs in tests/kernels/test_capture_gpu.py): rows measured while capturing go
+    to a graph segment of their own, eager rows after it to a new eager segment, and the rows
+    skipped in between read as empty tensors."""
+    monkeypatch.setattr(sink_mod, "CHUNK", 4)
+    s = sink_mod.StatsSink("cpu", backend="triton")
+    ts = _tensors(7)
+    assert s.measure_many(ts[:2]) == [0, 1]
+    monkeypatch.setattr(sink_mod, "_capturing", lambda device: True)
+    assert s.measure_many(ts[2:4]) == [4, 5]  # rows 2-3 (rest of the eager segment) skipped
+    assert s.graph_rows
+    monkeypatch.setattr(sink_mod, "_capturing", lambda device: False)
+    assert s.measure_many(ts[4:]) == [12, 13, 14]  # the graph segment (rows 4-11) is left alone
+    assert [(g.start, g.cap, g.graph) for g in s._segments] == [(0, 4, False), (4, 8, True), (12, 16, False)]
+    assert s._segments[1] in sink_mod._GRAPH_SEGMENTS
+    got = s.rows()
+    for t, r in zip(ts, [0, 1, 4, 5, 12, 13, 14]):
+        _same(got[r], _want(t))
+    for r in [2, 3, *range(6, 12)]:
+        assert (got[r].numel, got[r].nan, got[r].first_nonfinite) == (0, 0, None)

@@ -95,6 +95,8 @@ class Watch:
         self._ops = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._report = None
+        self._params_all = [p for p in model.parameters() if not p.is_inference()]
+        self._weights_at: dict[int, int] = {}  # forward -> weights_version() when it started
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -166,6 +168,7 @@ class Watch:
                 self._forward += 1
                 self._count.clear()
                 self.sink.forget_tensors()
+                self._weights_at[self._forward] = self.weights_version()
                 self.retained.append((self._forward, args, kwargs))
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
@@ -200,6 +203,15 @@ class Watch:
             self._seq += 1
             call.outputs = self._measure_all((output, ""))
         return hook
+
+    def weights_version(self) -> int:
+        """Sum of the parameters' version counters: it grows whenever any parameter is changed
+        in place (an optimizer step), so a re-run can tell whether it still sees the weights
+        a forward used."""
+        return sum(p._version for p in self._params_all)
+
+    def weights_changed_since(self, forward: int) -> bool:
+        return forward in self._weights_at and self._weights_at[forward] != self.weights_version()
 
     # -- results ----------------------------------------------------------------------------
     def stats(self) -> list[TensorStats]:

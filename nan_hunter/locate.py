@@ -160,7 +160,12 @@ def watch_report(watch: Watch) -> WatchReport:
     if finding is not None:
         retained = {i: (a, k) for i, a, k in watch.retained}
         idx = finding.call.input_index
-        if idx in retained:
+        if idx in retained and watch.weights_changed_since(idx):
+            notes.append(f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
+                         f"re-run, since a re-run would use the new weights, so the op-level location"
+                         f"{' and module-level location' if watch.level == 'blocks' else ''} is missing; call "
+                         f"report() before the weights change to get them")
+        elif idx in retained:
             from .runner import refine
 
             args, kwargs = retained[idx]
@@ -168,7 +173,10 @@ def watch_report(watch: Watch) -> WatchReport:
             if fine is not None:
                 fine.failed_inputs = sorted(set(failed_inputs(watch)) | set(fine.failed_inputs))
                 return fine
-        notes.append(f"inputs of forward {idx} were not retained (retain={watch.retain}), so the op-level "
-                     f"location{' and module-level location' if watch.level == 'blocks' else ''} is missing")
+            notes.append(f"re-running forward {idx} did not reproduce the non-finite value (a nondeterministic "
+                         f"op, or inputs changed in place since?), so this location comes from the capture alone")
+        else:
+            notes.append(f"inputs of forward {idx} were not retained (retain={watch.retain}), so the op-level "
+                         f"location{' and module-level location' if watch.level == 'blocks' else ''} is missing")
     fnf = to_first_nonfinite(finding) if finding else None
     return WatchReport(fnf, call_table(watch), failed_inputs(watch), notes)

@@ -141,3 +141,22 @@ def test_weights_corrupted_between_forwards_of_one_watch():
     assert r.failed_inputs == [1, 2]
     f = r.first_nonfinite
     assert (f.input_index, f.module, f.role, f.tensor) == (1, "layers.1.0", "weights", "weight")
+
+
+def test_no_rerun_after_weights_changed_in_place():
+    """report() re-runs a failing forward only with the weights that forward used: after an
+    in-place change (an optimizer step) it keeps the capture's answer and says why."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        model.layers[0][0].weight.fill_(1e38)  # layers.0.0 overflows fp32 -> inf
+        with nan_hunter.watch(model, level="modules") as w:
+            model(x)
+        fresh = w.report().first_nonfinite
+        w._report = None
+        model.head.weight.mul_(1.0)  # same values, new version: weights "changed"
+        stale = w.report()
+    assert fresh.op is not None  # the re-run names the op
+    assert stale.first_nonfinite.module == fresh.module and stale.first_nonfinite.op is None
+    assert any("changed in place after forward 0" in n for n in stale.notes)

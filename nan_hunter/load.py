@@ -10,6 +10,7 @@ nothing can ever be written back to the file. ``.pt``/``.bin`` go only through
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -52,10 +53,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 class SafetensorsFile:

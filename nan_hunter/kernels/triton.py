@@ -152,6 +152,18 @@ def _load_f32_bits(addr, idx, mask, other, fmt, ALIGN: tl.constexpr):
     return u
 
 
+@triton.jit
+def _add_packed(irow, packed, I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
+    """Add the three 21-bit counts packed in ``packed`` to fields I0, I1, I2 of the row, each
+    with a relaxed atomic that is skipped when the count is 0 (most are)."""
+    c = packed & _MASK21
+    tl.atomic_add(irow + I0, c, mask=c > 0, sem="relaxed")
+    c = (packed >> 21) & _MASK21
+    tl.atomic_add(irow + I1, c, mask=c > 0, sem="relaxed")
+    c = packed >> 42
+    tl.atomic_add(irow + I2, c, mask=c > 0, sem="relaxed")
+
+
 @triton.jit(do_not_specialize=["row0", "ints_stride", "floats_stride"])
 def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats_stride, FROM_TABLE: tl.constexpr):
     """Write a starting row per program: zero counts (numel too: the reduction's first program
@@ -264,27 +276,9 @@ def _stats_kernel(
         first = tl.minimum(first, tl.where(finite, _INT32_MAX, step * BLOCK + lane))
 
     # merge into the row; skip atomics that would change nothing (most counts are 0)
-    packed = tl.sum(nan_pinf_ninf)
-    c = packed & _MASK21
-    tl.atomic_add(irow + _I_NAN, c, mask=c > 0, sem="relaxed")
-    c = (packed >> 21) & _MASK21
-    tl.atomic_add(irow + _I_POSINF, c, mask=c > 0, sem="relaxed")
-    c = packed >> 42
-    tl.atomic_add(irow + _I_NEGINF, c, mask=c > 0, sem="relaxed")
-    packed = tl.sum(zero_sub_o16)
-    c = packed & _MASK21
-    tl.atomic_add(irow + _I_ZERO, c, mask=c > 0, sem="relaxed")
-    c = (packed >> 21) & _MASK21
-    tl.atomic_add(irow + _I_SUB, c, mask=c > 0, sem="relaxed")
-    c = packed >> 42
-    tl.atomic_add(irow + _I_O16, c, mask=c > 0, sem="relaxed")
-    packed = tl.sum(obf_oe4_oe5)
-    c = packed & _MASK21
-    tl.atomic_add(irow + _I_OBF, c, mask=c > 0, sem="relaxed")
-    c = (packed >> 21) & _MASK21
-    tl.atomic_add(irow + _I_OE4, c, mask=c > 0, sem="relaxed")
-    c = packed >> 42
-    tl.atomic_add(irow + _I_OE5, c, mask=c > 0, sem="relaxed")
+    _add_packed(irow, tl.sum(nan_pinf_ninf), _I_NAN, _I_POSINF, _I_NEGINF)
+    _add_packed(irow, tl.sum(zero_sub_o16), _I_ZERO, _I_SUB, _I_O16)
+    _add_packed(irow, tl.sum(obf_oe4_oe5), _I_OBF, _I_OE4, _I_OE5)
     # first_nonfinite starts at -1, the largest uint64: an unsigned min keeps the smallest index
     f = tl.min(first)
     first_ptr = (irow + _I_FIRST).to(tl.pointer_type(tl.uint64))

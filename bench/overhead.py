@@ -411,7 +411,7 @@ def kernel_bandwidth(n_bytes: int, copy_gbps: float, sweep: list[tuple[int, int]
 
     from nan_hunter.kernels import triton as tk
     from nan_hunter.kernels.reference import full_row
-    from nan_hunter.sink import Segment
+    from nan_hunter.capture.sink import Segment
 
     seg = Segment.new(0, 8, torch.device("cuda"))
     rows = []
@@ -455,7 +455,7 @@ def activation_sizes(copy_gbps: float) -> list[dict]:
     from triton.testing import do_bench
 
     from nan_hunter.kernels import triton as tk
-    from nan_hunter.sink import Segment
+    from nan_hunter.capture.sink import Segment
 
     seg = Segment.new(0, 2, torch.device("cuda"))
     rows = []
@@ -479,7 +479,7 @@ def hook_launch_cost(iters: int = 2000) -> dict:
     with the device kept busy elsewhere out of the picture: the CPU-side cost per hook."""
     import torch
 
-    from nan_hunter.sink import StatsSink
+    from nan_hunter.capture.sink import StatsSink
 
     xs = [torch.randn(4, 512, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     out = {}

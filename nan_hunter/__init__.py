@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def watch(model: Any, **options: Any):
-    """Context manager capturing every module's forward; see ``nan_hunter.capture.Watch``."""
-    from .capture import Watch
+    """Context manager capturing every module's forward; see ``nan_hunter.session.Watch``."""
+    from .session import Watch
 
     return Watch(model, **options)
 

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import _merge, load_config
-from .dtypes import UnknownDtype, canonical, limits
+from .config import Config, Thresholds, load_config
+from .dtypes import RunDtype
 from .errors import BadInput
 from .load import Checkpoint, open_checkpoint
+from .prepare import parse_dtype
 from .report import Report
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -50,59 +51,32 @@ class CheckOptions:
         return bool(self.inputs or self.prompts or self.data)
 
 
-# --- policy -------------------------------------------------------------------------------------
+# --- policy (configs/ci.yaml, validated by config.load_config) ----------------------------------
 
 
-def load_policy(path: str | None = None) -> dict[str, Any]:
-    """default.yaml (thresholds the run needs) < ci.yaml (the policy) < ``--config`` FILE."""
-    cfg = _merge(load_config(), load_config(path, preset="ci"))
-    where = f"--config {path}" if path else "configs/ci.yaml"
-    for key in ("fail_on_nonfinite_weights", "fail_on_nonfinite_forward", "warn_on_absorbed"):
-        if not isinstance(cfg.get(key, False), bool):
-            raise BadInput(f"{where}: {key} must be true or false, not {cfg[key]!r}")
-    head = cfg.get("headroom") or {}
-    if not isinstance(head, dict):
-        raise BadInput(f"{where}: headroom must be a mapping with weights: and activations:")
-    for kind in ("weights", "activations"):
-        for dt, th in (head.get(kind) or {}).items():
-            try:
-                canonical(str(dt))
-            except UnknownDtype as e:
-                raise BadInput(f"{where}: headroom.{kind}.{dt}: {e}") from None
-            if not isinstance(th, dict) or not all(isinstance(th.get(k), (int, float)) for k in ("warn", "fail")):
-                raise BadInput(f"{where}: headroom.{kind}.{dt} needs numbers warn: and fail:, e.g. "
-                               "{warn: 0.5, fail: 1.0}")
-            if th["warn"] > th["fail"]:
-                raise BadInput(f"{where}: headroom.{kind}.{dt}: warn ({th['warn']}) is above fail ({th['fail']})")
-    return cfg
-
-
-def parse_dtypes(spec: str | list[str] | None, cfg: dict) -> list[str]:
+def parse_dtypes(spec: str | list[str] | None, cfg: Config) -> list[str]:
     """``--dtypes fp16,bf16`` (or the policy's ``dtypes:``) → canonical names, in order, deduplicated."""
-    raw = spec if spec is not None else cfg.get("dtypes") or []
-    items = [s for s in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw]) if s.strip()]
-    flag = "--dtypes" if spec is not None else "dtypes (config)"
+    if spec is None:
+        return list(cfg.check.dtypes)
+    items = [s for s in (spec.split(",") if isinstance(spec, str) else [str(x) for x in spec]) if s.strip()]
     if not items:
-        raise BadInput(f"{flag}: no dtype given; use a comma-separated list such as fp16,bf16")
-    from .pipeline import parse_dtype
-
+        raise BadInput("--dtypes: no dtype given; use a comma-separated list such as fp16,bf16")
     out: list[str] = []
     for s in items:
-        d = parse_dtype(s.strip(), flag)
+        d = parse_dtype(s.strip(), "--dtypes")
         if d not in out:
             out.append(d)
     return out
 
 
-def _thresholds(cfg: dict, kind: str, dtype: str) -> dict[str, float] | None:
-    for k, v in ((cfg.get("headroom") or {}).get(kind) or {}).items():
-        if canonical(str(k)) == dtype:
-            return v
-    return None
+def _range_max(dtype: str) -> float:
+    """The largest finite value a run in ``dtype`` stores (the one dtype rule: for fp8 runs, the
+    compute dtype's; fp8 operands are scaled by their amax)."""
+    return RunDtype.of(dtype).range.max
 
 
-def _grade(fraction: float, th: dict[str, float]) -> str:
-    return FAIL if fraction > th["fail"] else WARN if fraction > th["warn"] else PASS
+def _grade(fraction: float, th: Thresholds) -> str:
+    return FAIL if fraction > th.fail else WARN if fraction > th.warn else PASS
 
 
 def _share(frac: float, dtype: str, mx: float) -> str:
@@ -118,13 +92,13 @@ def _share(frac: float, dtype: str, mx: float) -> str:
 # --- rules --------------------------------------------------------------------------------------
 
 
-def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: dict) -> list[RuleResult]:
+def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config) -> list[RuleResult]:
     """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors."""
     out: list[RuleResult] = []
     bad = [t for t in tensors if not t.skipped and not t.finite]
     floating = [t for t in tensors if not t.skipped]
     if bad:
-        status = FAIL if cfg.get("fail_on_nonfinite_weights", True) else WARN
+        status = FAIL if cfg.check.fail_on_nonfinite_weights else WARN
         first = ", ".join(f"{t.name} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at {t.first_index})"
                           for t in bad[:3])
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
@@ -137,7 +111,7 @@ def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: dict
         out.append(RuleResult("weights.nonfinite", ck_path, PASS,
                               f"no NaN/Inf in {len(floating)} floating tensors", value=0.0))
     for dt in dtypes:
-        th = _thresholds(cfg, "weights", dt)
+        th = cfg.check.headroom.weights.get(dt)
         if th is None:
             continue
         rule = f"weights.headroom.{dt}"
@@ -145,24 +119,24 @@ def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: dict
         if not sized:
             out.append(RuleResult(rule, ck_path, PASS, "no floating-point tensors to measure", dt))
             continue
-        mx = limits(dt).max
+        mx = _range_max(dt)
         top = max(sized, key=lambda t: t.absmax)
         frac = top.absmax / mx
-        n_warn = sum(1 for t in sized if t.absmax / mx > th["warn"])
+        n_warn = sum(1 for t in sized if t.absmax / mx > th.warn)
         status = _grade(frac, th)
         msg = (f"max |w| {top.absmax:.6g} in {top.name} {_share(frac, dt, mx)}; "
-               f"warn above {th['warn']:.0%}, fail above {th['fail']:.0%}")
+               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
         if frac > 1:
             msg += f"; it becomes inf when cast to {dt}"
         if n_warn > 1:
-            msg += f"; {n_warn} tensors above {th['warn']:.0%}"
+            msg += f"; {n_warn} tensors above {th.warn:.0%}"
         details = [] if status == PASS else [
             f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)"]
         out.append(RuleResult(rule, ck_path, status, msg, dt, frac, details))
     return out
 
 
-def forward_rules(ck_path: str, dtype: str, run: Report, cfg: dict) -> list[RuleResult]:
+def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[RuleResult]:
     """forward.<dtype>.nonfinite and forward.<dtype>.headroom for one forward in ``dtype``."""
     out: list[RuleResult] = []
     n = (run.run or {}).get("n_inputs", 0)
@@ -170,7 +144,7 @@ def forward_rules(ck_path: str, dtype: str, run: Report, cfg: dict) -> list[Rule
     f = run.first_nonfinite
     rule = f"forward.{dtype}.nonfinite"
     if f is not None:
-        status = FAIL if cfg.get("fail_on_nonfinite_forward", True) else WARN
+        status = FAIL if cfg.check.fail_on_nonfinite_forward else WARN
         cause = f" ({run.diagnosis.cause})" if run.diagnosis else ""
         msg = (f"{f.kind} first produced by {f.module or '<root>'} ({f.module_type}) at {f.op or '?'}{cause} "
                f"on input #{f.input_index}; {len(failed)} of {n} input(s) non-finite in {dtype}")
@@ -180,7 +154,7 @@ def forward_rules(ck_path: str, dtype: str, run: Report, cfg: dict) -> list[Rule
         out.append(RuleResult(rule, ck_path, status, msg, dtype, float(len(failed)), details))
     else:
         absorbed = [m for m in run.near_misses if m.get("kind") == "absorbed"]
-        if absorbed and cfg.get("warn_on_absorbed", True):
+        if absorbed and cfg.check.warn_on_absorbed:
             out.append(RuleResult(rule, ck_path, WARN,
                                   f"outputs finite in {dtype} on {n} input(s), but {len(absorbed)} op(s) produced "
                                   f"NaN/Inf that was absorbed: {absorbed[0]['message']}", dtype, 0.0,
@@ -188,16 +162,21 @@ def forward_rules(ck_path: str, dtype: str, run: Report, cfg: dict) -> list[Rule
         else:
             out.append(RuleResult(rule, ck_path, PASS, f"all module outputs finite in {dtype} on {n} input(s)",
                                   dtype, 0.0))
-    th = _thresholds(cfg, "activations", dtype)
+    th = cfg.check.headroom.activations.get(dtype)
     rows = [r for r in run.modules or [] if r.get("absmax") is not None]
-    if th is not None and rows:
-        mx = limits(dtype).max
+    if th is not None and f is not None:
+        # a forward that went non-finite has no headroom left, whatever its finite outputs show
+        out.append(RuleResult(f"forward.{dtype}.headroom", ck_path, FAIL,
+                              f"no headroom: a value went {f.kind} in {dtype} at {f.module or '<root>'}", dtype,
+                              None, ["see forward." + dtype + ".nonfinite"]))
+    elif th is not None and rows:
+        mx = _range_max(dtype)
         top = max(rows, key=lambda r: r["absmax"])
         frac = top["absmax"] / mx
         status = _grade(frac, th)
         msg = (f"max module output absmax {top['absmax']:.6g} at {top['module'] or '<root>'} "
                f"({top['module_type']}, input #{top['input_index']}) {_share(frac, dtype, mx)}; "
-               f"warn above {th['warn']:.0%}, fail above {th['fail']:.0%}")
+               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
         details = [] if status == PASS else [
             f"fix: {top['module'] or '<root>'} has less than {1 / frac:.2g}x headroom in {dtype}; keep it in fp32 "
             f"(`nanhunter bisect --dtype {dtype}`) or run in bf16"]
@@ -224,9 +203,10 @@ def run_summary(run: Report) -> dict[str, Any]:
 # --- driver -------------------------------------------------------------------------------------
 
 
-def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: dict, weights: dict | None) -> Report | str:
+def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
-    from .pipeline import prepare, run_model
+    from .pipeline import run_model
+    from .prepare import prepare
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
     if p is None:
@@ -239,7 +219,7 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: dict, weight
     return run
 
 
-def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: dict,
+def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: Config,
                      progress: Callable[[str, int], None] | None = None) -> Report:
     from .diagnose import Evidence, diagnose
     from .pipeline import weights_block
@@ -270,7 +250,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
             rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
     elif ws.nonfinite:
         rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
-                                          config=cfg["diagnosis"]))
+                                          config=cfg.diagnosis))
     rep.check = {
         "passed": not any(x.status == FAIL for x in results),
         "dtypes": dtypes,
@@ -288,7 +268,7 @@ def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config:
     """
     if not checkpoints:
         raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
-    cfg = load_policy(config)
+    cfg = load_config(config)
     dts = parse_dtypes(dtypes, cfg)
     opts = CheckOptions(**options)
     if opts.stats not in ("fast", "full"):

@@ -2,7 +2,8 @@
 
 Each rule is a function registered with ``@rule``; the first that matches wins, in registry
 order (most specific first). A rule returns None when it does not apply. Thresholds come from
-the ``diagnosis`` section of the config.
+the ``diagnosis`` section of the config; dtype limits from the run's ``RunDtype`` (an fp8 run's
+activations are bounded by its compute dtype, not by the fp8 max).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dtypes import limits
+from .config import DiagnosisConfig, default_config
+from .dtypes import Limits, RunDtype, limits
 from .report import Diagnosis
 
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
@@ -30,14 +32,29 @@ class Evidence:
     module_type: str | None
     op: str | None  # "aten.addmm.default"
     operands: list[Any] = field(default_factory=list)  # ops.OperandStats
-    dtype: str | None = None  # run dtype
+    dtype: RunDtype | str | None = None  # the run's precision (a name is read with the default fp8 recipe)
     replay: dict[str, dict] | None = None
     weights_nonfinite: list[dict] = field(default_factory=list)
     is_block: bool = False
     input_label: str | None = None
     failed_inputs: list[int] = field(default_factory=list)
     n_inputs: int = 0
-    config: dict = field(default_factory=dict)
+    config: DiagnosisConfig | None = None
+    run: RunDtype | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, RunDtype):
+            self.run, self.dtype = self.dtype, self.dtype.name
+        elif self.dtype is not None:
+            self.run = RunDtype.of(self.dtype)
+            self.dtype = self.run.name
+        if self.config is None:
+            self.config = default_config().diagnosis
+
+    @property
+    def range(self) -> Limits | None:
+        """Limits of what the run stores activations in (the one dtype rule)."""
+        return self.run.range if self.run is not None else None
 
     @property
     def opname(self) -> str:
@@ -74,7 +91,7 @@ class Evidence:
         return any(k in name for k in ("attn", "attention", "score", "qk"))
 
     def is_fp8_run(self) -> bool:
-        return bool(self.dtype and self.dtype.startswith("fp8"))
+        return self.run is not None and self.run.is_fp8
 
 
 RULES: list[tuple[str, Callable[[Evidence], Diagnosis | None]]] = []
@@ -103,11 +120,22 @@ def _matrix_line(ev: Evidence) -> str | None:
     return "replay: " + "; ".join(parts) if parts else None
 
 
+def _inaccurate_line(ev: Evidence) -> str | None:
+    """Replay dtypes that stayed finite but are off from float64 by more than ``rel_err_warn``."""
+    warn = ev.config.rel_err_warn
+    off = [(d, r["rel_err"]) for d, r in (ev.replay or {}).items()
+           if d != "fp64" and r.get("finite") and r.get("rel_err") is not None and r["rel_err"] > warn]
+    if not off:
+        return None
+    return ("replay: finite but inaccurate in " + ", ".join(f"{d} (rel_err {e:.3g})" for d, e in off)
+            + f" — above diagnosis.rel_err_warn {warn:g}")
+
+
 def _diag(ev: Evidence, cause: str, summary: str, evidence: list[str | None], fix: str) -> Diagnosis:
     lines = [e for e in evidence if e]
-    m = _matrix_line(ev)
-    if m and m not in lines:
-        lines.append(m)
+    for extra in (_matrix_line(ev), _inaccurate_line(ev)):
+        if extra and extra not in lines:
+            lines.append(extra)
     return Diagnosis(cause, ev.dtype, ev.module, ev.op, summary, lines, fix)
 
 
@@ -150,8 +178,8 @@ def masked_softmax(ev: Evidence) -> Diagnosis | None:
                      "and softmax of a fully masked row is exp(−inf − (−inf)) = NaN")
     elif op in {"sub", "add"} and ev.kind == "nan" and sum(1 for o in ev.operands if o.neginf or o.posinf) >= 2:
         lines.append(f"{ev.op}: −inf − (−inf) (or inf + −inf) = NaN")
-    elif op in {"add", "sub"} and ev.kind == "neginf" and ev.dtype:
-        lim = limits(ev.dtype if not ev.dtype.startswith("fp8") else "bf16")
+    elif op in {"add", "sub"} and ev.kind == "neginf" and ev.range is not None:
+        lim = ev.range
         mins = [o.min for o in ops if o.min is not None]
         if len(mins) >= 2 and sum(1 for m in mins if m <= -0.5 * lim.max) >= 2:
             lines.append(f"{ev.op}: two mask planes near finfo({ev.dtype}).min = −{lim.max:.6g} added together "
@@ -168,16 +196,16 @@ def masked_softmax(ev: Evidence) -> Diagnosis | None:
 def scale_underflow(ev: Evidence) -> Diagnosis | None:
     if ev.opname not in DIV_OPS or ev.kind not in ("posinf", "neginf"):
         return None
-    tiny = float(ev.config.get("tiny_scale", 1e-4))
+    tiny = ev.config.tiny_scale
     divisor = ev.operands[-1] if ev.operands else None
     if ev.opname == "reciprocal" and ev.operands:
         divisor = ev.operands[0]
     if divisor is None or divisor.zeros or divisor.min_nonzero is None or divisor.min_nonzero >= tiny:
         return None
-    run = ev.dtype or "the run dtype"
-    lim = limits(ev.dtype).max if ev.dtype and not ev.dtype.startswith("fp8") else None
+    lim = ev.range.max if ev.range is not None else None
     lines = [f"divisor {_g(divisor.min_nonzero)} is tiny but non-zero; {ev.opname} gives {ev.kind}"
-             + (f" (1/{_g(divisor.min_nonzero)} = {_g(1 / divisor.min_nonzero)} > {run} max {lim:.6g})" if lim else ""),
+             + (f" (1/{_g(divisor.min_nonzero)} = {_g(1 / divisor.min_nonzero)} > {ev.range.name} max {lim:.6g})"
+                if lim and ev.range else ""),
              "a later 0 · inf turns zeros into NaN (the fp16 → fp8 quantisation case)"]
     return _diag(ev, "scale_underflow", f"a scale of {_g(divisor.min_nonzero)} overflowed when inverted at {ev.where}",
                  lines,
@@ -236,9 +264,9 @@ def overflow(ev: Evidence) -> Diagnosis | None:
         return None
     run = ev.dtype or "the run dtype"
     dt = ev.dtype if ev.dtype and ev.dtype != "fp32" else None
-    lim = limits(ev.dtype if not (ev.dtype or "").startswith("fp8") else "bf16").max if ev.dtype else None
+    lim = ev.range.max if ev.range is not None else None
     true = ev.true_absmax()
-    head = (f"absmax {_g(true)} > {run} max {lim:.6g} at {ev.where}" if true is not None and lim
+    head = (f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}" if true is not None and lim and ev.range
             else f"result of {ev.where} exceeds the largest finite {run} value")
     ok = ev.finite_in()
     if ok:

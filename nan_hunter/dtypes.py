@@ -1,7 +1,15 @@
-"""The one dtype table: CLI names, torch dtypes and finite limits.
+"""The one dtype table and the one dtype rule.
 
-Torch is imported lazily so that the CLI can parse flags without it. Limits come from
-``torch.finfo`` (never typed-in constants) and are cached after the first call.
+The table: CLI names, torch dtypes and finite limits. Limits come from ``torch.finfo`` (never
+typed-in constants) and are cached after the first call. Torch is imported lazily so that the
+CLI can parse flags without it.
+
+The rule: a run's precision is one ``RunDtype``, built once from the CLI's or the API's dtype
+(``RunDtype.of``). It says which dtype parameters and activations are stored and computed in
+(``compute``), which dtype bounds their range (``range`` — what near misses, headroom and the
+overflow rules measure against) and how fp8 is emulated (``fp8``). fp8 runs store and compute
+in ``fp8.compute`` (bf16 by default) and quantise only matmul operands, scaled by their amax, so
+the fp8 max bounds those scaled operands, never an activation.
 """
 
 from __future__ import annotations
@@ -19,8 +27,6 @@ RUN_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2")
 REPLAY_DTYPES: tuple[str, ...] = RUN_DTYPES
 #: Target dtypes whose headroom the weights scan and the stats kernel report.
 HEADROOM_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8-e4m3", "fp8-e5m2")
-#: Precisions bisect may keep modules in.
-KEEP_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 
 _TORCH_NAMES = {
     "fp64": "float64",
@@ -97,5 +103,83 @@ def limits(name: str) -> Limits:
                   float(fi.eps))
 
 
-def max_of(name: str) -> float:
-    return limits(name).max
+#: fp8 emulation choices (see ``fp8.py`` for the numerics).
+FP8_SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "none")
+FP8_OVERFLOWS: tuple[str, ...] = ("saturate", "nonfinite")
+FP8_COMPUTES: tuple[str, ...] = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How fp8 is emulated: the format, amax scaling, overflow policy and the dtype of
+    everything that is not an emulated fp8 operand."""
+
+    fmt: str = "fp8-e4m3"
+    scaling: str = "tensorwise"
+    amax_eps: float = 1e-12
+    overflow: str = "saturate"
+    compute: str = "bf16"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", canonical(self.fmt))
+        if not self.fmt.startswith("fp8"):
+            raise ValueError(f"fp8 format must be fp8-e4m3 or fp8-e5m2, got {self.fmt}")
+        if self.scaling not in FP8_SCALINGS:
+            raise ValueError(f"fp8 scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.scaling!r}")
+        if self.overflow not in FP8_OVERFLOWS:
+            raise ValueError(f"fp8 overflow must be one of {', '.join(FP8_OVERFLOWS)}, got {self.overflow!r}")
+        if canonical(self.compute) not in FP8_COMPUTES:
+            raise ValueError(f"fp8 compute must be one of {', '.join(FP8_COMPUTES)}, got {self.compute!r}")
+        object.__setattr__(self, "compute", canonical(self.compute))
+        if not (isinstance(self.amax_eps, (int, float)) and self.amax_eps > 0):
+            raise ValueError("fp8 amax_eps must be a number > 0")
+
+
+@dataclass(frozen=True)
+class RunDtype:
+    """The precision of one run (the one dtype rule; see the module docstring). ``recipe`` is the
+    configured fp8 emulation; it applies when ``name`` is an fp8 dtype and is carried along
+    otherwise, so that the replay matrix's fp8 columns use it too."""
+
+    name: str
+    recipe: Fp8Recipe = Fp8Recipe()
+
+    @classmethod
+    def of(cls, name: str, recipe: Fp8Recipe | None = None) -> RunDtype:
+        """``name`` (any alias) as a run dtype; the recipe's format is set to ``name`` for fp8."""
+        key = canonical(name)
+        if key not in RUN_DTYPES:
+            raise UnknownDtype(f"dtype {name!r} cannot be run; use one of {', '.join(RUN_DTYPES)}")
+        base = recipe or Fp8Recipe()
+        fmt = key if key.startswith("fp8") else base.fmt
+        return cls(key, Fp8Recipe(fmt, base.scaling, base.amax_eps, base.overflow, base.compute))
+
+    def with_name(self, name: str) -> RunDtype:
+        """The same recipe at another precision (the replay matrix re-runs one region in each)."""
+        return RunDtype.of(name, self.recipe)
+
+    @property
+    def fp8(self) -> Fp8Recipe | None:
+        """The fp8 emulation of this run, or None when it is not an fp8 run."""
+        return self.recipe if self.name.startswith("fp8") else None
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.fp8 is not None
+
+    @property
+    def compute(self) -> str:
+        """Name of the dtype parameters, buffers and activations are cast to and computed in."""
+        return self.fp8.compute if self.fp8 is not None else self.name
+
+    @property
+    def torch_compute(self) -> torch.dtype:
+        return torch_dtype(self.compute)
+
+    @property
+    def range(self) -> Limits:
+        """Limits of what activations are stored in: near misses and headroom measure against it."""
+        return limits(self.compute)
+
+    def __str__(self) -> str:
+        return self.name

@@ -17,38 +17,13 @@ Numerics, exactly (also in the README):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .dtypes import canonical, torch_dtype
-
-SCALINGS = ("tensorwise", "rowwise", "none")
-OVERFLOWS = ("saturate", "nonfinite")
+from .dtypes import Fp8Recipe, torch_dtype
 
 
-@dataclass(frozen=True)
-class FP8Config:
-    fmt: str = "fp8-e4m3"
-    scaling: str = "tensorwise"
-    amax_eps: float = 1e-12
-    overflow: str = "saturate"
-    compute: str = "bf16"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", canonical(self.fmt))
-        if not self.fmt.startswith("fp8"):
-            raise ValueError(f"fp8 format must be fp8-e4m3 or fp8-e5m2, got {self.fmt}")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"fp8 scaling must be one of {SCALINGS}, got {self.scaling!r}")
-        if self.overflow not in OVERFLOWS:
-            raise ValueError(f"fp8 overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
-        if not self.amax_eps > 0:
-            raise ValueError("fp8 amax_eps must be > 0")
-
-
-def quantize_dequantize(x: torch.Tensor, cfg: FP8Config, dim: int | None = None) -> torch.Tensor:
+def quantize_dequantize(x: torch.Tensor, cfg: Fp8Recipe, dim: int | None = None) -> torch.Tensor:
     """``x`` through fp8 and back, per the numerics in the module docstring.
 
     ``dim``: the reduction dim for rowwise scaling (amax taken over it, keepdim)."""
@@ -84,10 +59,9 @@ _MATMULS = {
 class FP8Emulation(TorchDispatchMode):
     """Within this mode, every mm/addmm/bmm/baddbmm sees its two matrix operands through fp8."""
 
-    def __init__(self, fmt: str = "fp8-e4m3", scaling: str = "tensorwise", amax_eps: float = 1e-12,
-                 overflow: str = "saturate", compute: str = "bf16"):
+    def __init__(self, recipe: Fp8Recipe | str = "fp8-e4m3", **options: object):
         super().__init__()
-        self.cfg = FP8Config(fmt, scaling, amax_eps, overflow, compute)
+        self.cfg = recipe if isinstance(recipe, Fp8Recipe) else Fp8Recipe(recipe, **options)  # type: ignore[arg-type]
         self.n_quantized = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -103,9 +77,3 @@ class FP8Emulation(TorchDispatchMode):
                 self.n_quantized += 1
             args = tuple(args)
         return func(*args, **kwargs)
-
-
-def fp8_options(cfg: dict) -> dict:
-    """FP8Emulation keyword arguments from the ``fp8`` section of the config."""
-    f = cfg.get("fp8", {}) if cfg else {}
-    return {k: f[k] for k in ("scaling", "amax_eps", "overflow", "compute") if k in f}

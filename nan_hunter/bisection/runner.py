@@ -11,34 +11,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture import main_blocks
+from ..capture.blocks import main_blocks
 from ..config import load_config
+from ..dtypes import RunDtype
 from ..errors import BadInput
+from ..execute import cast_batch, run_context
 from ..load import open_checkpoint
-from ..pipeline import parse_dtype, prepare
 from ..policy import install_hooks, set_precision
+from ..prepare import parse_dtype, prepare, run_dtype
+from ..replay import float_outputs, rel_err
 from ..report import BisectResult, Report
-from ..sink import flatten
 from .search import minimal_keep_set, shortest_failing_prefix
-
-
-def float_outputs(out: Any) -> list[torch.Tensor]:
-    return [t.detach() for _, t in flatten(out)]
-
-
-def rel_err(outs: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    """max |a - b| / max |b| over all float outputs (inf when non-finite or mismatched)."""
-    num = den = 0.0
-    if len(outs) != len(ref):
-        return math.inf
-    for a, b in zip(outs, ref):
-        a64, b64 = a.double(), b.double()
-        if a64.shape != b64.shape or not bool(torch.isfinite(a64).all()):
-            return math.inf
-        if a64.numel():
-            num = max(num, float((a64 - b64).abs().max()))
-            den = max(den, float(b64.abs().max()))
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str) -> list[str]:
@@ -69,14 +52,14 @@ def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str) ->
 class MixedRunner:
     """Runs every input with a keep set in ``keep_dtype`` and the rest in ``dtype``."""
 
-    def __init__(self, model: nn.Module, batches: list[dict], dtype: str, keep_dtype: str, rtol: float,
-                 fp8_options: dict | None = None):
+    def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float):
         self.model = model
         self.batches = batches
-        self.dtype = dtype
-        self.keep_dtype = keep_dtype
+        self.run = run
+        self.keep = keep
+        self.dtype = run.name
+        self.keep_dtype = keep.name
         self.rtol = rtol
-        self.fp8 = fp8_options
         # full-precision master weights (as loaded), to restore kept modules without rounding
         self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
                        if v.is_floating_point()}
@@ -86,31 +69,27 @@ class MixedRunner:
 
     def _configure(self, keep: frozenset[str] | set[str]) -> list[Any]:
         pol = {m: self.keep_dtype for m in keep}
-        set_precision(self.model, self.dtype, pol, self.master)
-        return install_hooks(self.model, self.dtype, pol)
+        set_precision(self.model, self.run, pol, self.master)
+        return install_hooks(self.model, self.run, pol)
 
-    def _inputs(self, kw: dict, dt: str) -> dict:
-        from ..runner import cast_batch
-
-        return cast_batch(kw, dt, next(iter(self.master.values())).device if self.master else torch.device("cpu"))
+    def _inputs(self, kw: dict, run: RunDtype) -> dict:
+        return cast_batch(kw, run, next(iter(self.master.values())).device if self.master else torch.device("cpu"))
 
     def outputs(self, keep: frozenset[str] | set[str], batches: list[dict] | None = None,
                 all_high: bool = False) -> list[list[torch.Tensor]] | None:
         """Outputs per input, or None when the forward raised (a dtype mismatch counts as failing)."""
-        from ..runner import run_context
-
         if all_high:
-            set_precision(self.model, self.keep_dtype, {}, self.master)
+            set_precision(self.model, self.keep, {}, self.master)
             handles: list[Any] = []
-            dt = self.keep_dtype
+            run = self.keep
         else:
             handles = self._configure(keep)
-            dt = self.dtype
+            run = self.run
         res = []
         try:
             for kw in batches if batches is not None else self.batches:
-                with torch.no_grad(), run_context(None if all_high else dt, self.fp8):
-                    res.append(float_outputs(self.model(**self._inputs(kw, dt))))
+                with torch.no_grad(), run_context(run):
+                    res.append(float_outputs(self.model(**self._inputs(kw, run))))
         except RuntimeError:
             return None
         finally:
@@ -140,21 +119,21 @@ class MixedRunner:
 
     def producer(self, keep: frozenset[str]) -> str | None:
         """The first NaN/Inf producer of a failing run (a strong candidate for the search)."""
-        from ..capture import Watch
-        from ..locate import first_finding
+        from ..capture.recorder import Recorder
+        from ..locate.producer import first_finding
 
         handles = self._configure(keep)
-        w = Watch(self.model, level="modules")
+        w = Recorder(self.model, level="modules")
         try:
-            with w, torch.no_grad():
+            with w, torch.no_grad(), run_context(self.run):
                 for kw in self.batches:
-                    self.model(**self._inputs(kw, self.dtype))
+                    self.model(**self._inputs(kw, self.run))
         except RuntimeError:
             return None
         finally:
             for h in handles:
                 h.remove()
-        f = first_finding(w)
+        f = first_finding(w.calls, w.sink.rows())
         return f.call.module if f is not None else None
 
 
@@ -168,20 +147,18 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     keep = parse_dtype(keep_dtype) or "fp32"
     if keep not in ("fp32", "bf16"):
         raise BadInput(f"--keep-dtype {keep_dtype}: use fp32 or bf16")
-    gran = granularity or cfg["bisect"].get("granularity", "leaf")
+    gran = granularity or cfg.bisect.granularity
     if gran not in ("leaf", "block"):
         raise BadInput(f"--granularity {gran}: use leaf or block")
     if over not in ("modules", "inputs"):
         raise BadInput(f"--over {over}: use modules or inputs")
-    tol = float(rtol if rtol is not None else cfg["bisect"]["rtol"])
+    tol = float(rtol if rtol is not None else cfg.bisect.rtol)
     ck = open_checkpoint(checkpoint)
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
     p = prepare(ck, arch, inputs, prompts, data, keep, device, cfg, attn, need_model=True)
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
-    from ..fp8 import fp8_options
-
-    runner = MixedRunner(p.model, p.batches, dt, keep, tol, fp8_options(cfg))
+    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol)
     rep = Report(checkpoint=ck.describe(), mode="bisect")
     rep.run = {"dtype": dt, "device": str(p.device), "n_inputs": len(p.batches), "failed_inputs": [],
                "inputs": p.labels}
@@ -227,19 +204,18 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
 
 def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool, float]:
     from ..policy import apply_policy
-    from ..runner import run_context
 
     m = copy.deepcopy(model)
     m.load_state_dict({**m.state_dict(), **runner.master})
-    set_precision(m, runner.keep_dtype, {}, runner.master)
+    set_precision(m, runner.keep, {}, runner.master)
     handle = apply_policy(m, {"dtype": runner.dtype, "keep_dtype": runner.keep_dtype,
                               "modules": {k: runner.keep_dtype for k in keep}})
     errs = []
     finite = True
     try:
         for kw, ref in zip(runner.batches, runner.ref):
-            with torch.no_grad(), run_context(runner.dtype, runner.fp8):
-                outs = float_outputs(m(**runner._inputs(kw, runner.dtype)))
+            with torch.no_grad(), run_context(runner.run):
+                outs = float_outputs(m(**runner._inputs(kw, runner.run)))
             finite &= all(bool(torch.isfinite(t).all()) for t in outs)
             errs.append(rel_err(outs, ref))
     finally:

@@ -1,4 +1,4 @@
-"""Every incident class of INCIDENTS.md, end to end through the real CLI with --json:
+"""Every incident class of docs/incidents.md, end to end through the real CLI with --json:
 module, op, kind, role, exit code, cause, dtype matrix and the fix (examples/incidents/EXPECTED.yaml)."""
 
 from __future__ import annotations

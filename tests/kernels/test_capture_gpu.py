@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 import nan_hunter  # noqa: E402
-from nan_hunter import sink as sink_mod  # noqa: E402
+from nan_hunter.capture import sink as sink_mod  # noqa: E402
 
 CUDA = "cuda"
 

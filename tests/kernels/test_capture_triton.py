@@ -14,7 +14,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py) or a GPU", allow_module_level=True)
 
 import nan_hunter  # noqa: E402
-from nan_hunter.sink import StatsSink  # noqa: E402
+from nan_hunter.capture.sink import StatsSink  # noqa: E402
 
 
 class Net(nn.Module):

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py) or a GPU", allow_module_level=True)
 
-from nan_hunter import sink as sink_mod  # noqa: E402
+from nan_hunter.capture import sink as sink_mod  # noqa: E402
 from nan_hunter.kernels.reference import full_row  # noqa: E402
 from nan_hunter.stats import TensorStats  # noqa: E402
 

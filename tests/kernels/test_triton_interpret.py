@@ -232,7 +232,7 @@ def test_stats_each_into_rewrites_rows_like_a_graph_replay(tk, kit):
 
 def test_buffers_may_be_column_ranges_of_one_block(tk, kit):
     """The sink's layout: ints and floats are column ranges of one int64 block (row stride 13)."""
-    from nan_hunter.sink import Segment
+    from nan_hunter.capture.sink import Segment
 
     seg = Segment.new(0, 5, torch.device("cpu"))
     seg.block.fill_(-1)

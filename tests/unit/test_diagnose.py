@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from nan_hunter.config import DiagnosisConfig
 from nan_hunter.diagnose import RULES, Evidence, diagnose
-from nan_hunter.ops import OperandStats
+from nan_hunter.capture.ops import OperandStats
 
 
 def op(i=0, absmax=1.0, mn=-1.0, mx=1.0, zeros=0, neg=0, nonzero=1e-3, n=16, neginf=0, posinf=0, nan=0):
@@ -17,7 +18,7 @@ MATRIX_FP16_ONLY = {d: {"finite": d != "fp16", "nan": 0, "posinf": 0, "neginf": 
 
 def ev(**kw):
     base = dict(role="producer", kind="posinf", module="m", module_type="Linear", op="aten.addmm.default",
-                operands=[op(), op(1)], dtype="fp16", replay=MATRIX_FP16_ONLY, config={"tiny_scale": 1e-4})
+                operands=[op(), op(1)], dtype="fp16", replay=MATRIX_FP16_ONLY, config=DiagnosisConfig(tiny_scale=1e-4, rel_err_warn=0.05))
     base.update(kw)
     return Evidence(**base)
 

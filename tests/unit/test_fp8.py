@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from nan_hunter.fp8 import FP8Config, FP8Emulation, quantize_dequantize
+from nan_hunter.dtypes import Fp8Recipe
+from nan_hunter.fp8 import FP8Emulation, quantize_dequantize
 
 E4M3, E5M2 = 448.0, 57344.0
 
@@ -36,9 +37,9 @@ def _grid_round(x: float, fmt: str) -> float:
 def test_unscaled_overflow_policies(fmt, fmax, case, value):
     v = {None: fmax * 1.1, "max": fmax}.get(value, value) if not isinstance(value, float) else value
     x = torch.tensor([float(v), 1.0])
-    sat = quantize_dequantize(x, FP8Config(fmt, scaling="none", overflow="saturate"))
+    sat = quantize_dequantize(x, Fp8Recipe(fmt, scaling="none", overflow="saturate"))
     assert sat[0].item() == math.copysign(fmax, float(v))  # saturate clamps, +inf included
-    nf = quantize_dequantize(x, FP8Config(fmt, scaling="none", overflow="nonfinite"))
+    nf = quantize_dequantize(x, Fp8Recipe(fmt, scaling="none", overflow="nonfinite"))
     if abs(float(v)) > fmax:
         if fmt == "fp8-e4m3":
             assert math.isnan(nf[0].item())  # e4m3fn has no inf
@@ -53,22 +54,22 @@ def test_unscaled_overflow_policies(fmt, fmax, case, value):
 def test_in_range_values_match_python_rounding(fmt):
     torch.manual_seed(0)
     x = torch.randn(2000) * 3
-    got = quantize_dequantize(x, FP8Config(fmt, scaling="none"))
+    got = quantize_dequantize(x, Fp8Recipe(fmt, scaling="none"))
     want = torch.tensor([_grid_round(float(v), fmt) for v in x])
     assert torch.equal(got, want)
 
 
 def test_tensorwise_scaling_uses_amax_and_eps():
     x = torch.tensor([[0.0, 0.0, 0.1, 0.1]], dtype=torch.float16)
-    y = quantize_dequantize(x, FP8Config("fp8-e5m2"))
+    y = quantize_dequantize(x, Fp8Recipe("fp8-e5m2"))
     assert torch.isfinite(y).all()  # the fp16 -> fp8 incident does not happen here: scale in fp64
-    z = quantize_dequantize(torch.zeros(4), FP8Config("fp8-e4m3"))
+    z = quantize_dequantize(torch.zeros(4), Fp8Recipe("fp8-e4m3"))
     assert torch.equal(z, torch.zeros(4))  # all-zero block: eps clamp, no 0/0
 
 
 def test_rowwise_scaling_per_row():
     x = torch.tensor([[1000.0, 1.0], [0.001, 0.002]])
-    y = quantize_dequantize(x, FP8Config("fp8-e4m3", scaling="rowwise"), dim=-1)
+    y = quantize_dequantize(x, Fp8Recipe("fp8-e4m3", scaling="rowwise"), dim=-1)
     assert torch.allclose(y, x, rtol=0.07)  # each row scaled to its own amax keeps small rows
 
 
@@ -87,9 +88,9 @@ def test_emulation_mode_quantizes_linear_operands():
 
 def test_bad_config_rejected():
     with pytest.raises(ValueError):
-        FP8Config("fp8-e4m3", scaling="blockwise")
+        Fp8Recipe("fp8-e4m3", scaling="blockwise")
     with pytest.raises(ValueError):
-        FP8Config("fp16")
+        Fp8Recipe("fp16")
 
 
 def test_fp8_run_mode_through_cli(cli):

@@ -1,4 +1,4 @@
-"""Negative control: a standard causal −inf mask that softmax absorbs (CONTRACT.md,
+"""Negative control: a standard causal −inf mask that softmax absorbs (docs/contract.md,
 "Intentional −inf masks").
 
 The attention module builds ``full(-inf).triu(1)``, adds it to the scores and takes the

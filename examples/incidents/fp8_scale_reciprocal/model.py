@@ -1,4 +1,4 @@
-"""fp16 → fp8 quantization turns zeros into NaN (INCIDENTS.md #1, pytorch/ao issue 1766).
+"""fp16 → fp8 quantization turns zeros into NaN (docs/incidents.md #1, pytorch/ao issue 1766).
 
 A per-tensor e5m2 quantizer computes ``amax`` and ``scale = amax / 57344`` in the run's
 dtype. For ``x = [[0, 0, 0.1, 0.1]]`` in fp16 the scale is 1.7285e-06, a subnormal whose

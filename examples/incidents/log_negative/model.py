@@ -1,4 +1,4 @@
-"""log out of its domain: NaN in every dtype (INCIDENTS.md, "log / sqrt out of domain").
+"""log out of its domain: NaN in every dtype (docs/incidents.md, "log / sqrt out of domain").
 
 A Gaussian head predicts a variance with a plain ``Linear`` and takes its log, but nothing
 keeps the variance positive (the softplus was forgotten): for this input one predicted

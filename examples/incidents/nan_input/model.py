@@ -1,4 +1,4 @@
-"""Data that is already bad: a NaN in the input batch (INCIDENTS.md, cause ``nonfinite_input``).
+"""Data that is already bad: a NaN in the input batch (docs/incidents.md, cause ``nonfinite_input``).
 
 The model is clean; one feature of the second row is NaN before anything runs. The
 root module receives it first, but the first module that consumes it (and emits NaN) is

@@ -1,4 +1,4 @@
-"""A corrupted checkpoint: NaN stored in a Linear weight (INCIDENTS.md, ``nonfinite_weights``).
+"""A corrupted checkpoint: NaN stored in a Linear weight (docs/incidents.md, ``nonfinite_weights``).
 
 ``decoder.weight[2, 1]`` is NaN in ``model.safetensors`` (the weights scan finds it before
 anything runs). Running the model, ``encoder`` is clean and ``decoder`` is the first module

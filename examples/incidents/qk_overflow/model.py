@@ -1,4 +1,4 @@
-"""Qwen2 in fp16: eager attention scores overflow (INCIDENTS.md #4, QwenLM/Qwen2 issues 721, 910).
+"""Qwen2 in fp16: eager attention scores overflow (docs/incidents.md #4, QwenLM/Qwen2 issues 721, 910).
 
 Eager attention computes ``q @ k^T`` *before* scaling by ``1/sqrt(head_dim)``. With
 head_dim 128, q = 3 and k = 200 everywhere, each score is 3·200·128 = 76800 > 65504, so

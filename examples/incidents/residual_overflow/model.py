@@ -1,4 +1,4 @@
-"""Gemma in fp16: the residual stream passes 65504 for some prompts (INCIDENTS.md #5,
+"""Gemma in fp16: the residual stream passes 65504 for some prompts (docs/incidents.md #5,
 google/gemma_pytorch issue 10).
 
 Block ``layers.0`` computes ``h = x + self.mlp(x)`` in its own forward. For the failing

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from .kernels import reference as ref
-from .kernels import select_backend
-from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
+from ..kernels import reference as ref
+from ..kernels import select_backend
+from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
 
 CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
 MAX_CHUNK = 65536
@@ -103,7 +103,7 @@ def _prime(device: torch.device) -> None:
     key = str(device)
     if key in _PRIMED or _capturing(device):
         return
-    from .kernels import triton as tk
+    from ..kernels import triton as tk
 
     seg = Segment.new(0, 4, device)
     x = torch.zeros(48, dtype=torch.float32, device=device)
@@ -145,7 +145,7 @@ class StatsSink:
         self._rows_cache: list[TensorStats] | None = None
         self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
-            from .kernels import triton as tk
+            from ..kernels import triton as tk
 
             self._kernel_dtypes = frozenset(tk.SUPPORTED_DTYPES)
             if dev.type == "cuda":
@@ -256,7 +256,7 @@ class StatsSink:
         """Rows ``local ..`` of ``seg`` for ``part``: the kernel where it can read the tensor,
         the torch reference otherwise (float64, another device, tensor subclasses)."""
         if self.backend == "triton" and all(self._kernel_can_read(t) for t in part):
-            from .kernels import triton as tk
+            from ..kernels import triton as tk
 
             if capturing or self.launch == "each":
                 tk.stats_each_into(part, seg.ints, seg.floats, local)
@@ -266,7 +266,7 @@ class StatsSink:
             return
         for i, t in enumerate(part):
             if self.backend == "triton" and self._kernel_can_read(t):
-                from .kernels import triton as tk
+                from ..kernels import triton as tk
 
                 tk.stats_each_into([t], seg.ints, seg.floats, local + i)
                 continue
@@ -317,31 +317,3 @@ class StatsSink:
     def forget_tensors(self) -> None:
         """Drop the identity cache (between forwards: ids may be reused)."""
         self._seen.clear()
-
-
-def is_float_tensor(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta
-
-
-def flatten(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Floating tensors inside what real modules take and return: tensors, tuples, lists, dicts,
-    ``ModelOutput`` (an OrderedDict), dataclasses; None and non-float tensors are skipped."""
-    if isinstance(obj, torch.Tensor):
-        return [(prefix or "out", obj)] if is_float_tensor(obj) else []
-    if depth > 6 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return []
-    out: list[tuple[str, torch.Tensor]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += flatten(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out += flatten(v, f"{prefix}[{i}]", depth + 1)
-    elif hasattr(obj, "__dataclass_fields__"):
-        for k in obj.__dataclass_fields__:
-            out += flatten(getattr(obj, k, None), f"{prefix}.{k}" if prefix else k, depth + 1)
-    return out
-
-
-def nan_safe(v: float | None) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v

@@ -19,11 +19,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-#: ops that consume −inf masks without propagating them
-MASK_OPS = ("softmax", "_softmax", "log_softmax", "_log_softmax", "masked_fill", "where", "max", "amax",
-            "logsumexp", "scaled_dot_product", "_safe_softmax", "exp", "clamp", "maximum")
+from ..tree import float_tensors
+
+# Directories with a trailing separator, so that ``torchao/`` or ``torchvision/`` never count as
+# inside torch, nor a user's ``nan_hunter_tests/`` as inside nanhunter.
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 @dataclass
@@ -133,8 +134,7 @@ def user_source() -> str | None:
 
 
 def _float_tensors(obj: Any) -> list[torch.Tensor]:
-    flat, _ = tree_flatten(obj)
-    return [t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta]
+    return [t for _, t in float_tensors(obj)]
 
 
 def _kind(nan: int, pos: int, neg: int) -> str | None:

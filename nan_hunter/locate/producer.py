@@ -1,6 +1,6 @@
-"""Locate the first non-finite value: the producing module from capture rows, then its aten op.
+"""The producer rule, a pure function of recorded calls and their stats rows.
 
-Producer rule (CONTRACT.md): walking module calls in completion order (innermost first), the
+Producer rule (docs/contract.md): walking module calls in completion order (innermost first), the
 first call whose output is non-finite while its inputs and its own parameters are finite is
 the producer. A call whose output is non-finite because its *input* already was is not: the
 value came from an op in the enclosing call's own forward (a residual add written in the
@@ -9,12 +9,15 @@ block), so blame passes to the innermost enclosing call; at the root it was the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .capture import Call, Watch
-from .report import FirstNonfinite
-from .stats import TensorStats
+from ..capture.records import Call
+from ..report import FirstNonfinite
+from ..stats import TensorStats
+
+Rows = Sequence[TensorStats]
 
 
 @dataclass
@@ -24,23 +27,6 @@ class Finding:
     kind: str
     tensor: str | None
     received_by: Call | None = None  # for role "input": first module that received the bad data
-
-
-@dataclass
-class WatchReport:
-    """What ``watch(...).report()`` returns: the first non-finite value and per-call stats."""
-
-    first_nonfinite: FirstNonfinite | None
-    calls: list[dict[str, Any]]
-    failed_inputs: list[int]
-    notes: list[str] = field(default_factory=list)
-    op_event: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
-                "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes}
 
 
 def _bad(rows: list[TensorStats], refs: list[tuple[str, int]]) -> tuple[str, TensorStats] | None:
@@ -56,10 +42,10 @@ def _kind_of(st: TensorStats) -> str:
     return st.kind or "nan"
 
 
-def first_finding(watch: Watch, input_index: int | None = None) -> Finding | None:
-    rows = watch.sink.rows()
-    calls = [c for c in watch.calls if c.seq >= 0 and (input_index is None or c.input_index == input_index)]
-    by_start = {c.start: c for c in watch.calls}
+def first_finding(all_calls: Sequence[Call], rows: Rows, input_index: int | None = None) -> Finding | None:
+    """The first non-finite value by (step, completion order), with its role (docstring above)."""
+    calls = [c for c in all_calls if c.seq >= 0 and (input_index is None or c.input_index == input_index)]
+    by_start = {c.start: c for c in all_calls}
     for c in sorted(calls, key=lambda c: (c.input_index, c.seq)):
         out_bad = _bad(rows, c.outputs)
         if out_bad is None:
@@ -80,7 +66,7 @@ def first_finding(watch: Watch, input_index: int | None = None) -> Finding | Non
                 return Finding(parent, role, _kind_of(out_bad[1]), p_bad[0] if p_bad else None)
             cur = parent
         # The root's input itself: bad data. Blame the first module that received it.
-        recv = next((x for x in sorted(watch.calls, key=lambda x: x.start)
+        recv = next((x for x in sorted(all_calls, key=lambda x: x.start)
                      if x.input_index == cur.input_index and x.parent is not None and _bad(rows, x.inputs)), cur)
         st = _bad(rows, cur.inputs)
         return Finding(recv, "input", _kind_of(st[1]) if st else "nan", st[0] if st else None, recv)
@@ -89,16 +75,15 @@ def first_finding(watch: Watch, input_index: int | None = None) -> Finding | Non
         if c.parent is None:
             st = _bad(rows, c.inputs)
             if st is not None and (st[1].nan or st[1].posinf):
-                recv = next((x for x in sorted(watch.calls, key=lambda x: x.start)
+                recv = next((x for x in sorted(all_calls, key=lambda x: x.start)
                              if x.input_index == c.input_index and x.parent is not None and _bad(rows, x.inputs)), c)
                 return Finding(recv, "input", _kind_of(st[1]), st[0], recv)
     return None
 
 
-def failed_inputs(watch: Watch) -> list[int]:
-    rows = watch.sink.rows()
+def failed_inputs(calls: Sequence[Call], rows: Rows) -> list[int]:
     bad: set[int] = set()
-    for c in watch.calls:
+    for c in calls:
         if c.seq >= 0 and _bad(rows, c.outputs) is not None:
             bad.add(c.input_index)
         elif c.parent is None and (st := _bad(rows, c.inputs)) is not None and (st[1].nan or st[1].posinf):
@@ -106,12 +91,11 @@ def failed_inputs(watch: Watch) -> list[int]:
     return sorted(bad)
 
 
-def mask_notes(watch: Watch) -> list[str]:
+def mask_notes(calls: Sequence[Call], rows: Rows) -> list[str]:
     """−inf-only inputs that were absorbed (no module output went non-finite from them)."""
-    rows = watch.sink.rows()
     seen: set[str] = set()
     notes = []
-    for c in watch.calls:
+    for c in calls:
         st = _bad(rows, c.inputs)
         if st is None or st[1].nan or st[1].posinf:
             continue
@@ -122,11 +106,10 @@ def mask_notes(watch: Watch) -> list[str]:
     return notes
 
 
-def call_table(watch: Watch) -> list[dict[str, Any]]:
+def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
     """Per module call in completion order: name, type, call index, output absmax and counts."""
-    rows = watch.sink.rows()
     out = []
-    for c in sorted((c for c in watch.calls if c.seq >= 0), key=lambda c: (c.input_index, c.seq)):
+    for c in sorted((c for c in calls if c.seq >= 0), key=lambda c: (c.input_index, c.seq)):
         absmax = None
         nan = pos = neg = 0
         for _, r in c.outputs:
@@ -151,32 +134,3 @@ def to_first_nonfinite(f: Finding, ev: Any = None) -> FirstNonfinite:
     kind = ev.kind if ev is not None and f.role == "producer" else None
     return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
                           kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
-
-
-def watch_report(watch: Watch) -> WatchReport:
-    """Report for a user's ``watch`` block; block-level captures are refined by re-running."""
-    finding = first_finding(watch)
-    notes = mask_notes(watch)
-    if finding is not None:
-        retained = {i: (a, k) for i, a, k in watch.retained}
-        idx = finding.call.input_index
-        if idx in retained and watch.weights_changed_since(idx):
-            notes.append(f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
-                         f"re-run, since a re-run would use the new weights, so the op-level location"
-                         f"{' and module-level location' if watch.level == 'blocks' else ''} is missing; call "
-                         f"report() before the weights change to get them")
-        elif idx in retained:
-            from .runner import refine
-
-            args, kwargs = retained[idx]
-            fine = refine(watch.model, args, kwargs, input_index=idx)
-            if fine is not None:
-                fine.failed_inputs = sorted(set(failed_inputs(watch)) | set(fine.failed_inputs))
-                return fine
-            notes.append(f"re-running forward {idx} did not reproduce the non-finite value (a nondeterministic "
-                         f"op, or inputs changed in place since?), so this location comes from the capture alone")
-        else:
-            notes.append(f"inputs of forward {idx} were not retained (retain={watch.retain}), so the op-level "
-                         f"location{' and module-level location' if watch.level == 'blocks' else ''} is missing")
-    fnf = to_first_nonfinite(finding) if finding else None
-    return WatchReport(fnf, call_table(watch), failed_inputs(watch), notes)

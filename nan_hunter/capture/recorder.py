@@ -1,88 +1,52 @@
 """Forward hooks on every module (or only on blocks) that record tensor statistics per call.
 
-``Watch`` is the public ``nan_hunter.watch(model)`` context manager. Hooks read tensors and
-write stats rows into a ``StatsSink``; they never change a tensor, so outputs with and without
-capture are bitwise identical, and they are removed on exit even when forward raises.
+``Recorder`` attaches the hooks and records ``Call``s and stats rows; it never changes a tensor,
+so outputs with and without capture are bitwise identical, and hooks are removed on detach even
+when forward raises. The public ``nan_hunter.watch`` (``session.Watch``) builds on it and adds
+``report()``.
 
 Levels: ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
-model's main ModuleList and the root (the cheap always-on mode); when something non-finite
-shows up at block level, ``report()`` re-runs the retained inputs of that forward at module
-level and then at op level, so the report matches a full capture. ``"ops"`` adds per-op
-checks (a TorchDispatchMode) that also see intermediates absorbed before a module output.
+model's main ModuleList and the root (the cheap always-on mode); ``"ops"`` adds per-op checks (a
+TorchDispatchMode) that also see intermediates absorbed before a module output.
 
 CUDA graphs: hooks run while a graph is captured, so the graph records the statistics launches
 with the model's kernels (levels blocks and modules; ops reads results on the host and refuses
-to run under capture). After each ``graph.replay()``, ``report()`` reads the rows that replay
-wrote and, when something is non-finite, re-runs the retained inputs (the graph's static input
-tensors, holding the replayed values) eagerly at finer levels.
+to run under capture).
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .sink import StatsSink, flatten
-from .stats import TensorStats
+from ..stats import TensorStats
+from ..tree import float_tensors
+from .blocks import main_blocks
+from .records import Call, Refs
+from .sink import StatsSink
 
 LEVELS = ("blocks", "modules", "ops")
 
 
-@dataclass
-class Call:
-    """One module call: where it sits, and the stats rows of what went in and came out."""
-
-    start: int  # pre-hook order
-    module: str
-    module_type: str
-    call_index: int  # how many times this module was called before, in this forward
-    depth: int
-    parent: int | None  # start index of the enclosing call
-    input_index: int
-    inputs: list[tuple[str, int]] = field(default_factory=list)
-    outputs: list[tuple[str, int]] = field(default_factory=list)
-    params: list[tuple[str, int]] = field(default_factory=list)  # own parameters/buffers as seen by this call
-    seq: int = -1  # post-hook order (innermost first)
-
-
-def main_blocks(model: nn.Module) -> list[str]:
-    """Dotted names of the repeated children of the model's largest ModuleList (the layers)."""
-    best: tuple[int, str, nn.ModuleList] | None = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) > 0:
-            types = {type(c) for c in m}
-            if len(types) != 1:
-                continue
-            size = sum(p.numel() for p in m.parameters())
-            if best is None or size > best[0]:
-                best = (size, name, m)
-    if best is None:
-        return []
-    _, name, ml = best
-    return [f"{name}.{i}" if name else str(i) for i in range(len(ml))]
-
-
-class Watch:
-    """Capture per-module statistics while the model runs; ``report()`` locates the first NaN/Inf."""
+class Recorder:
+    """Capture per-module statistics while the model runs."""
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
-                 backend: str | None = None, device: Any = None, dtype: str | None = None):
+                 backend: str | None = None, device: Any = None):
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
         self.model = model
         self.level = level
         self.retain = retain
-        self.dtype = dtype
         if device is None:
             p = next(iter(model.parameters()), None)
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend)
         self.calls: list[Call] = []
-        self.param_rows: dict[str, list[tuple[str, int]]] = {}  # latest rows of each module's own params
+        self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
         self._param_versions: dict[str, tuple[int, ...]] = {}
         self.retained: collections.deque = collections.deque(maxlen=max(1, retain))
@@ -94,12 +58,11 @@ class Watch:
         self._names = {m: n for n, m in model.named_modules()}
         self._ops = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
-        self._report = None
         self._params_all = [p for p in model.parameters() if not p.is_inference()]
         self._weights_at: dict[int, int] = {}  # forward -> weights_version() when it started
 
     # -- context manager ------------------------------------------------------------------
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> Recorder:
         self.attach()
         return self
 
@@ -140,9 +103,12 @@ class Watch:
         self._stack.clear()
 
     # -- hooks ------------------------------------------------------------------------------
-    def _measure_all(self, *parts: tuple[Any, str]) -> list[tuple[str, int]]:
+    def _on_root_call(self, forward: int) -> None:
+        """Called when a root forward starts (a session records its ambient context here)."""
+
+    def _measure_all(self, *parts: tuple[Any, str]) -> Refs:
         """Measure the float tensors inside each (object, label prefix) in one batch."""
-        items = [item for obj, prefix in parts for item in flatten(obj, prefix)]
+        items = [item for obj, prefix in parts for item in float_tensors(obj, prefix)]
         if self._ops is not None:  # the stats' own ops must not be seen by the op-level mode
             from torch.utils._python_dispatch import _disable_current_modes
 
@@ -150,7 +116,7 @@ class Watch:
                 return self._measure_flat(items)
         return self._measure_flat(items)
 
-    def _measure_flat(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
+    def _measure_flat(self, items: list[tuple[str, torch.Tensor]]) -> Refs:
         if not items:
             return []
         rows = self.sink.measure_many([t for _, t in items])
@@ -170,6 +136,7 @@ class Watch:
                 self.sink.forget_tensors()
                 self._weights_at[self._forward] = self.weights_version()
                 self.retained.append((self._forward, args, kwargs))
+                self._on_root_call(self._forward)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
             call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),
@@ -180,7 +147,7 @@ class Watch:
             self._stack.append(call.start)
         return hook
 
-    def _params(self, name: str, module: nn.Module) -> list[tuple[str, int]]:
+    def _params(self, name: str, module: nn.Module) -> Refs:
         """Rows of the module's own floating parameters and buffers: measured at its first call,
         and again whenever one changed in place since (an optimizer step between forwards of
         one capture), so every call is judged against the weights it actually used."""
@@ -224,14 +191,3 @@ class Watch:
     @property
     def n_forwards(self) -> int:
         return self._forward + 1
-
-    def report(self):
-        """Locate the first non-finite value (re-running retained inputs at finer levels when
-        the capture was at block level) and return a ``WatchReport``."""
-        from .locate import watch_report
-
-        if self._report is None or self.sink.graph_rows:
-            # rows written by a captured CUDA graph change with every replay: read them again
-            self.sink.refresh()
-            self._report = watch_report(self)
-        return self._report

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import Config, Thresholds, load_config
+from .config import Config, Thresholds, as_config
 from .dtypes import RunDtype
 from .errors import BadInput
 from .load import Checkpoint, open_checkpoint
@@ -260,7 +260,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
     return rep
 
 
-def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config: str | None = None,
+def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
           progress: Callable[[str, int], None] | None = None, **options: Any) -> list[Report]:
     """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
 
@@ -268,7 +268,7 @@ def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config:
     """
     if not checkpoints:
         raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
-    cfg = load_config(config)
+    cfg = as_config(config)
     dts = parse_dtypes(dtypes, cfg)
     opts = CheckOptions(**options)
     if opts.stats not in ("fast", "full"):

@@ -303,6 +303,11 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     return _build(data, where)
 
 
+def as_config(config: str | os.PathLike | Config | None) -> Config:
+    """A ``Config`` as given, or loaded from a ``--config`` path (None: the defaults)."""
+    return config if isinstance(config, Config) else load_config(config)
+
+
 @functools.cache
 def default_config() -> Config:
     """The shipped defaults (no ``--config``), loaded once."""

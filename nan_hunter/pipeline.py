@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .config import Config, load_config
+from .config import Config, as_config
 from .diagnose import Evidence, diagnose
 from .errors import BadInput
 from .load import open_checkpoint
@@ -74,9 +74,9 @@ def run_block(p: Prepared, failed: list[int]) -> dict[str, Any]:
 
 def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = None,
          prompts: list[str] | None = None, data: str | None = None, dtype: str | None = None,
-         device: str = "auto", stats: str = "fast", config: str | None = None, attn: str | None = None,
+         device: str = "auto", stats: str = "fast", config: str | Config | None = None, attn: str | None = None,
          progress: Callable[[str, int], None] | None = None, replay: bool = True) -> Report:
-    cfg = load_config(config)
+    cfg = as_config(config)
     parse_dtype(dtype)
     ck = open_checkpoint(checkpoint)
     if stats not in ("fast", "full"):

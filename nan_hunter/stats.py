@@ -32,7 +32,6 @@ FLOAT_FIELDS: tuple[str, ...] = (
 )
 N_INT = len(INT_FIELDS)
 N_FLOAT = len(FLOAT_FIELDS)
-OVER_FIELD = {"fp16": "over_fp16", "bf16": "over_bf16", "fp8-e4m3": "over_e4m3", "fp8-e5m2": "over_e5m2"}
 
 
 @dataclass

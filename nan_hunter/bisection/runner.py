@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..capture.blocks import main_blocks
-from ..config import load_config
+from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
 from ..execute import cast_batch, run_context
@@ -139,10 +139,10 @@ class MixedRunner:
 
 def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch: str | None = None,
            inputs: list[str] | None = None, prompts: list[str] | None = None, data: str | None = None,
-           device: str = "auto", config: str | None = None, attn: str | None = None,
+           device: str = "auto", config: str | Config | None = None, attn: str | None = None,
            granularity: str | None = None, over: str = "modules", rtol: float | None = None,
            policy_out: str | None = None, progress: Callable[[int, str], None] | None = None) -> Report:
-    cfg = load_config(config)
+    cfg = as_config(config)
     dt = parse_dtype(dtype) or "fp16"
     keep = parse_dtype(keep_dtype) or "fp32"
     if keep not in ("fp32", "bf16"):

@@ -75,5 +75,5 @@ def test_incident_on_cuda_matches_cpu(cli, name):
     case = EXPECTED[name]
     on_gpu = cli(*_args(case), "--device", "cuda")
     on_cpu = cli(*_args(case), "--device", "cpu")
-    assert on_gpu.code in (0, 1), on_gpu.stderr
+    assert on_gpu.code == case["exit_code"], on_gpu.stderr
     assert _where(on_gpu) == _where(on_cpu)

@@ -1,0 +1,48 @@
+"""Report v1 serialisation: every contract key present, strict JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from nan_hunter.report import SCHEMA, BisectResult, Diagnosis, FirstNonfinite, Report, json_text
+
+V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
+           "replay", "diagnosis"}
+
+
+def test_empty_report_has_every_v1_key_null_where_not_applicable():
+    d = json.loads(json_text(Report(checkpoint={"path": "x"})))
+    assert V1_KEYS <= set(d) and d["schema"] == SCHEMA == "nanhunter.report/v1"
+    assert d["run"] is None and d["first_nonfinite"] is None and d["replay"] is None and d["diagnosis"] is None
+
+
+def test_nonfinite_floats_become_null_and_the_json_is_strict():
+    rep = Report(replay={"fp16": {"finite": False, "absmax": math.inf, "rel_err": math.nan}})
+    text = json_text(rep)
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text)["replay"]["fp16"] == {"finite": False, "absmax": None, "rel_err": None}
+
+
+def test_first_nonfinite_and_diagnosis_round_trip():
+    f = FirstNonfinite(input_index=2, module="layers.1.mlp", module_type="MLP", op="aten.addmm.default",
+                       kind="posinf", role="producer")
+    dg = Diagnosis("overflow", "fp16", "layers.1.mlp", "aten.addmm.default", "s", ["e"], "fix")
+    d = json.loads(json_text(Report(first_nonfinite=f, diagnosis=dg)))
+    assert d["first_nonfinite"]["module"] == "layers.1.mlp" and d["first_nonfinite"]["kind"] == "posinf"
+    assert d["diagnosis"]["cause"] == "overflow" and d["diagnosis"]["evidence"] == ["e"]
+
+
+def test_exit_codes():
+    assert Report().exit_code() == 0
+    assert Report(weights={"nonfinite": [{"name": "w"}]}).exit_code() == 1
+    bad = FirstNonfinite(input_index=0, module="", module_type="M", op=None, kind="nan", role="producer")
+    assert Report(first_nonfinite=bad).exit_code() == 1
+    assert Report(bisect=BisectResult("fp16", "fp32", [], 3, True, 0.0)).exit_code() == 0
+    assert Report(bisect=BisectResult("fp16", "fp32", [], 3, False, None)).exit_code() == 1
+    assert Report(check={"passed": False}).exit_code() == 1
+
+
+def test_a_list_of_reports_is_a_json_array():
+    d = json.loads(json_text([Report(), Report()]))
+    assert isinstance(d, list) and len(d) == 2 and all(r["schema"] == SCHEMA for r in d)

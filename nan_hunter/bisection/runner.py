@@ -24,29 +24,46 @@ from ..report import BisectResult, Report
 from .search import minimal_keep_set, shortest_failing_prefix
 
 
-def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str) -> list[str]:
-    """Leaf modules (or blocks) in the order of their first call."""
-    if granularity == "block":
-        blocks = main_blocks(model)
-        if not blocks:
-            raise BadInput("--granularity block: this model has no repeated ModuleList of blocks; use leaf")
-        return blocks
+def first_call_order(model: nn.Module, run: Callable[[], Any]) -> list[str]:
+    """Every module's name in the order of its first call during ``run()``."""
     order: list[str] = []
     seen: set[str] = set()
     handles = []
     for name, m in model.named_modules():
-        if name and not any(True for _ in m.children()):
-            def pre(mod, args, name=name):
-                if name not in seen:
-                    seen.add(name)
-                    order.append(name)
-            handles.append(m.register_forward_pre_hook(pre))
+        def pre(mod, args, name=name):
+            if name not in seen:
+                seen.add(name)
+                order.append(name)
+        handles.append(m.register_forward_pre_hook(pre))
     try:
         run()
     finally:
         for h in handles:
             h.remove()
     return order
+
+
+def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str,
+                  blamed: str | None = None) -> list[str]:
+    """What bisect may keep, in the order of first call: leaf modules (``leaf``), or the repeated
+    blocks plus the leaf modules outside them — embeddings, the final norm, the head (``block``).
+    ``blamed``, the module a low-precision run blames, is added when it is not a leaf: an op
+    written in its own forward (LlamaAttention's q·kᵀ) is fixed only by keeping it."""
+    order = first_call_order(model, run)
+    leaves = {n for n, m in model.named_modules() if n and not any(True for _ in m.children())}
+    if granularity == "block":
+        blocks = main_blocks(model)
+        if not blocks:
+            raise BadInput("--granularity block: this model has no repeated ModuleList of blocks; use leaf")
+        inside = tuple(b + "." for b in blocks)
+        wanted = set(blocks) | {n for n in leaves if not n.startswith(inside)}
+    else:
+        wanted = set(leaves)
+    if blamed and blamed not in wanted and not any(blamed.startswith(w + ".") for w in wanted):
+        wanted.add(blamed)
+    elif blamed and blamed not in wanted and granularity == "leaf":
+        wanted.add(blamed)
+    return [n for n in order if n in wanted]
 
 
 class MixedRunner:
@@ -78,6 +95,18 @@ class MixedRunner:
     def outputs(self, keep: frozenset[str] | set[str], batches: list[dict] | None = None,
                 all_high: bool = False) -> list[list[torch.Tensor]] | None:
         """Outputs per input, or None when the forward raised (a dtype mismatch counts as failing)."""
+        got = self.observe(keep, batches, all_high)
+        return None if got is None else got[0]
+
+    def observe(self, keep: frozenset[str] | set[str], batches: list[dict] | None = None,
+                all_high: bool = False) -> tuple[list[list[torch.Tensor]], str | None] | None:
+        """Outputs per input and the producer of the first non-finite module output (None when
+        every module output stayed finite), from one captured run; None when the forward raised.
+        Every module output counts, not only the model's: T5 clamps its hidden states, so a
+        run can end finite after a module went inf."""
+        from ..capture.recorder import Recorder
+        from ..locate.producer import first_finding
+
         if all_high:
             set_precision(self.model, self.keep, {}, self.master)
             handles: list[Any] = []
@@ -86,55 +115,41 @@ class MixedRunner:
             handles = self._configure(keep)
             run = self.run
         res = []
+        rec = Recorder(self.model, level="modules", retain=1)
         try:
-            for kw in batches if batches is not None else self.batches:
-                with torch.no_grad(), run_context(run):
+            with rec, torch.no_grad(), run_context(run):
+                for kw in batches if batches is not None else self.batches:
                     res.append(float_outputs(self.model(**self._inputs(kw, run))))
         except RuntimeError:
             return None
         finally:
             for h in handles:
                 h.remove()
-        return res
+        f = first_finding(rec.calls, rec.sink.rows())
+        return res, (None if f is None else f.call.module)
 
     def reference(self) -> bool:
-        out = self.outputs(frozenset(), all_high=True)
+        got = self.observe(frozenset(), all_high=True)
         self.runs += 1
-        if out is None:
+        if got is None:
             return False
-        self.ref = out
-        return all(all(bool(torch.isfinite(t).all()) for t in o) for o in out)
+        self.ref, producer = got
+        return producer is None and all(all(bool(torch.isfinite(t).all()) for t in o) for o in self.ref)
 
     def passes(self, keep: frozenset[str]) -> tuple[bool, str | None]:
+        """Whether the run with ``keep`` kept high is finite in every module output and within
+        ``rtol`` of the reference; for a failing run, its first producer (a search hint)."""
         self.runs += 1
-        outs = self.outputs(keep)
-        if outs is None:
+        got = self.observe(keep)
+        if got is None:
             self.last_max_err = math.inf
             return False, None
+        outs, producer = got
         err = max((rel_err(o, r) for o, r in zip(outs, self.ref)), default=0.0)
         self.last_max_err = err
-        if err <= self.rtol:
+        if producer is None and err <= self.rtol:
             return True, None
-        return False, self.producer(keep)
-
-    def producer(self, keep: frozenset[str]) -> str | None:
-        """The first NaN/Inf producer of a failing run (a strong candidate for the search)."""
-        from ..capture.recorder import Recorder
-        from ..locate.producer import first_finding
-
-        handles = self._configure(keep)
-        w = Recorder(self.model, level="modules")
-        try:
-            with w, torch.no_grad(), run_context(self.run):
-                for kw in self.batches:
-                    self.model(**self._inputs(kw, self.run))
-        except RuntimeError:
-            return None
-        finally:
-            for h in handles:
-                h.remove()
-        f = first_finding(w.calls, w.sink.rows())
-        return f.call.module if f is not None else None
+        return False, producer
 
 
 def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch: str | None = None,
@@ -147,6 +162,9 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     keep = parse_dtype(keep_dtype) or "fp32"
     if keep not in ("fp32", "bf16"):
         raise BadInput(f"--keep-dtype {keep_dtype}: use fp32 or bf16")
+    if dt == "fp32" or dt == keep:
+        raise BadInput(f"--dtype {dtype}: nothing to bisect — the run is already in {dt}, the precision modules "
+                       f"would be kept in; pass the low precision to fix, e.g. --dtype fp16")
     gran = granularity or cfg.bisect.granularity
     if gran not in ("leaf", "block"):
         raise BadInput(f"--granularity {gran}: use leaf or block")
@@ -154,38 +172,54 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
         raise BadInput(f"--over {over}: use modules or inputs")
     tol = float(rtol if rtol is not None else cfg.bisect.rtol)
     ck = open_checkpoint(checkpoint)
+    from ..pipeline import weights_block
+    from ..weights import scan_weights
+
+    rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_block(scan_weights(ck), cfg))
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
     p = prepare(ck, arch, inputs, prompts, data, keep, device, cfg, attn, need_model=True)
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
+    rep.notes += p.notes  # e.g. the default prompt, announced as in scan
     runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol)
-    rep = Report(checkpoint=ck.describe(), mode="bisect")
     rep.run = {"dtype": dt, "device": str(p.device), "n_inputs": len(p.batches), "failed_inputs": [],
                "inputs": p.labels}
     if not runner.reference():
-        rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran)
+        rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, over=over)
         rep.notes.append(f"the run is non-finite even with everything in {keep}: no precision policy can fix it; "
                          f"run `nanhunter scan --dtype {keep}` to find the cause")
         return rep
     if over == "inputs":
         return _bisect_inputs(runner, p, rep, gran)
-    cands = candidates_of(p.model, lambda: runner.outputs(frozenset()), gran)
+    # The all-low run: already fine? Else its producer joins the candidates if it is not a leaf.
+    low_ok, blamed = runner.passes(frozenset())
+    if low_ok:
+        rep.bisect = BisectResult(dt, keep, [], runner.runs, True, runner.last_max_err, gran, over=over,
+                                  already_finite=True, keep_in_fp32_modules=[])
+        rep.notes.append(f"the run in {dt} is already finite in every module output and within rtol {tol:g} of "
+                         f"{keep}: nothing needs to be kept in {keep}")
+        return rep
+    cands = candidates_of(p.model, lambda: runner.outputs(frozenset()), gran, blamed)
     runner.runs += 1
     if progress is not None:
         progress(runner.runs, f"{len(cands)} candidate modules")
 
+    def holder(prod: str | None) -> str | None:
+        """The innermost candidate holding the producer (keeping it keeps the producer)."""
+        inside = [c for c in cands if prod is not None and (prod == c or prod.startswith(c + ".") or c == "")]
+        return max(inside, key=len) if inside else None
+
     def passes(k: frozenset[str]) -> tuple[bool, str | None]:
+        if not k:  # the all-low run above already answered this one
+            return False, holder(blamed)
         ok, prod = runner.passes(k)
         if progress is not None:
             progress(runner.runs, f"kept {len(k)} → {'pass' if ok else 'fail'}")
-        hint = None
-        if prod is not None:
-            hint = next((c for c in cands if prod == c or prod.startswith(c + ".")), None)
-        return ok, hint
+        return ok, holder(prod)
 
-    res = minimal_keep_set(cands, passes)
+    res = minimal_keep_set(cands, passes, hint=holder(blamed))
     if not res.solvable or res.keep is None:
-        rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, res.bound, len(cands))
+        rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, res.bound, len(cands), over=over)
         rep.notes.append("keeping every candidate in high precision still fails the tolerance")
         return rep
     # Verification: the policy applied the public way, on a fresh copy of the model.
@@ -194,7 +228,8 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     failed = [i for i, o in enumerate(runner.outputs(frozenset()) or [])
               if not all(bool(torch.isfinite(t).all()) for t in o)]
     rep.run["failed_inputs"] = failed
-    rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands))
+    rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands),
+                              over=over, keep_in_fp32_modules=list(res.keep) if keep == "fp32" else None)
     if policy_out:
         from ..policy import write_policy
 
@@ -228,9 +263,9 @@ def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Repor
     failing = []
     prefixes: dict[str, int] = {}
     for i, kw in enumerate(runner.batches):
-        out = runner.outputs(frozenset(), [kw])
+        got = runner.observe(frozenset(), [kw])
         runner.runs += 1
-        if out is not None and rel_err(out[0], runner.ref[i]) <= runner.rtol:
+        if got is not None and got[1] is None and rel_err(got[0][0], runner.ref[i]) <= runner.rtol:
             continue
         failing.append(i)
         seq = _seq_len(kw)
@@ -238,15 +273,15 @@ def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Repor
             def fails(n: int, kw=kw, seq=seq) -> bool:
                 cut = {k: (v[:, :n] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == seq else v)
                        for k, v in kw.items()}
-                o = runner.outputs(frozenset(), [cut])
+                o = runner.observe(frozenset(), [cut])
                 runner.runs += 1
-                return o is None or not all(bool(torch.isfinite(t).all()) for t in o[0])
+                return o is None or o[1] is not None or not all(bool(torch.isfinite(t).all()) for t in o[0][0])
             n = shortest_failing_prefix(seq, fails)
             if n is not None:
                 prefixes[str(i)] = n
     rep.run["failed_inputs"] = failing
     rep.bisect = BisectResult(runner.dtype, runner.keep_dtype, [], runner.runs, not failing, None, gran,
-                              failing_inputs=failing, shortest_failing_prefix=prefixes or None)
+                              failing_inputs=failing, shortest_failing_prefix=prefixes or None, over="inputs")
     if failing:
         rep.notes.append("failing inputs: " + ", ".join(f"#{i} {p.labels[i]}" for i in failing))
     return rep

@@ -18,6 +18,11 @@ across sizes with the same largest tensor. Both tools must find every planted fa
 
     python bench/scan_throughput.py                     # 2 GB and 4 GB, 3 interleaved rounds
     python bench/scan_throughput.py --gb 8 --repeat 1 --keep --dir /data/ckpt
+    python bench/scan_throughput.py --whole-process --repeat 7   # only `nanhunter scan` as a process
+
+``--whole-process`` measures the large checkpoint only: torch start-up, the CLI on a one-tensor
+file, ``nanhunter scan --stats fast`` and the in-process scan, interleaved; it reuses a
+checkpoint already in ``--dir`` (from ``--keep``) instead of writing it again.
 """
 
 from __future__ import annotations
@@ -312,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--out", default=str(HERE / "_out" / "scan_throughput.json"))
+    ap.add_argument("--whole-process", action="store_true",
+                    help="only `nanhunter scan` as a whole process vs torch start-up (large checkpoint)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
+                         "(an older tree, e.g. from `git archive`), interleaved")
     ap.add_argument("--_naive", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -321,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     if args._inproc:
         inproc_child(*args._inproc)
         return 0
+
+    if args.whole_process:
+        return whole_process(args)
 
     import torch
 
@@ -519,6 +532,116 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
     return 0 if tg["all_faults_found"] else 1
+
+
+def whole_process(args: argparse.Namespace) -> int:
+    """``nanhunter scan`` as a whole process against ``import torch, nan_hunter.weights`` (the
+    target: GB/s net of that start-up), with the CLI's fixed cost on a one-tensor file and the
+    in-process scan for reference; rounds interleaved, medians reported."""
+    import torch
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_scan_bench_"))
+    big = base / "big"
+    big.mkdir(parents=True, exist_ok=True)
+    shards, n_layers = plan(args.gb * GB, args.shard_gb * GB)
+    faults = faults_for(n_layers)
+    specs = [s for x in shards for s in x]
+    nbytes = sum(s.nbytes for s in specs)
+    index = big / "model.safetensors.index.json"
+    reused = index.exists() and sum(p.stat().st_size for p in big.glob("*.safetensors")) >= nbytes
+    gen_s = 0.0
+    if not reused:
+        t0 = time.perf_counter()
+        write_checkpoint(big, shards, faults)
+        gen_s = time.perf_counter() - t0
+    tiny = base / "tiny.safetensors"
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [4096], "data_offsets": [0, 16384]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    tiny.write_bytes(len(hdr).to_bytes(8, "little") + hdr + bytes(16384))
+    exp = expected(specs, faults)
+    py = sys.executable
+    nh = shutil.which("nanhunter") or str(Path(py).parent / "nanhunter")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    report = base / "_report.json"
+    w = warm(sorted(big.glob("*.safetensors")))
+    load0 = os.getloadavg()
+    keys = ["startup", "startup_no_teardown", "cli_tiny", "nh_fast", "inproc_scan_s", "help"]
+    if args.baseline:
+        keys += ["baseline_cli_tiny", "baseline_nh_fast", "baseline_help"]
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    benv = dict(env, PYTHONPATH=str(Path(args.baseline).resolve())) if args.baseline else env
+    bcmd = [py, "-m", "nan_hunter"]
+    ok = True
+    for r in range(args.repeat):
+        runs["help"].append(measure([nh, "--help"], env)["wall_s"])
+        runs["startup"].append(measure([py, "-c", "import torch, nan_hunter.weights"], env)["wall_s"])
+        # the same without the interpreter's teardown, which the CLI skips once its outputs are written
+        runs["startup_no_teardown"].append(
+            measure([py, "-c", "import torch, nan_hunter.weights, os; os._exit(0)"], env)["wall_s"])
+        runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], env)["wall_s"])
+        report.unlink(missing_ok=True)
+        m = measure([nh, "scan", str(big), "--json", str(report), "-q"], env, (0, 1))
+        good, msg = check_nanhunter(report, exp)
+        ok &= good and m["rc"] == 1
+        runs["nh_fast"].append(m["wall_s"])
+        if args.baseline:
+            runs["baseline_help"].append(measure([*bcmd, "--help"], benv)["wall_s"])
+            runs["baseline_cli_tiny"].append(
+                measure([*bcmd, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], benv)["wall_s"])
+            report.unlink(missing_ok=True)
+            m = measure([*bcmd, "scan", str(big), "--json", str(report), "-q"], benv, (0, 1))
+            good, msg = check_nanhunter(report, exp)
+            ok &= good and m["rc"] == 1
+            runs["baseline_nh_fast"].append(m["wall_s"])
+        c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(big), "fast"], env)
+        runs["inproc_scan_s"].append(json.loads(c["stdout"].strip().splitlines()[-1])["scan_s"])
+        print(f"round {r + 1}/{args.repeat}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in runs.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    net = med["nh_fast"] - med["startup"]
+    res = {
+        "GB": nbytes / GB, "n_shards": len(shards), "reused_checkpoint": reused, "generation_s": gen_s,
+        "warm_cache": w, "loadavg_before": load0, "loadavg_after": os.getloadavg(), "rounds": args.repeat,
+        "median_s": med, "all_s": runs,
+        "nh_fast_GBps_raw": nbytes / GB / med["nh_fast"],
+        "nh_fast_net_s": net, "nh_fast_GBps_net": nbytes / GB / net if net > 0 else None,
+        "nh_fast_net_of_no_teardown_s": med["nh_fast"] - med["startup_no_teardown"],
+        "nh_fast_GBps_net_of_no_teardown": (nbytes / GB / (med["nh_fast"] - med["startup_no_teardown"])
+                                            if med["nh_fast"] > med["startup_no_teardown"] else None),
+        "cli_fixed_cost_over_startup_s": med["cli_tiny"] - med["startup"],
+        "GBps_in_process": nbytes / GB / med["inproc_scan_s"],
+        "baseline": ({"pythonpath": str(Path(args.baseline).resolve()),
+                      "nh_fast_GBps_net": (nbytes / GB / (med["baseline_nh_fast"] - med["startup"])
+                                           if med["baseline_nh_fast"] > med["startup"] else None)}
+                     if args.baseline else None),
+        "found_all_faults": ok,
+        "target_scan_fast_ge_10GBps_net": net > 0 and nbytes / GB / net >= 10,
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    print(f"{nbytes / GB:.2f} GB, medians of {args.repeat}: nanhunter scan {med['nh_fast']:.3f}s, torch start-up "
+          f"{med['startup']:.3f}s, net {net:.3f}s = {res['nh_fast_GBps_net'] or float('nan'):.2f} GB/s "
+          f"(start-up without teardown {med['startup_no_teardown']:.3f}s: net "
+          f"{res['nh_fast_GBps_net_of_no_teardown'] or float('nan'):.2f} GB/s); "
+          f"CLI on a one-tensor file {med['cli_tiny']:.3f}s (+{res['cli_fixed_cost_over_startup_s']:.3f}s over "
+          f"start-up); in-process scan {med['inproc_scan_s']:.3f}s = {res['GBps_in_process']:.2f} GB/s; "
+          f"nanhunter --help {med['help']:.3f}s; faults {'ok' if ok else 'MISSED'}")
+    if args.baseline:
+        print(f"baseline {args.baseline}: scan {med['baseline_nh_fast']:.3f}s (net "
+              f"{res['baseline']['nh_fast_GBps_net'] or float('nan'):.2f} GB/s), one-tensor file "
+              f"{med['baseline_cli_tiny']:.3f}s, --help {med['baseline_help']:.3f}s")
+    out = Path(args.out).with_name("scan_throughput_whole_process.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    for f in (report, base / "_tiny.json", tiny):
+        f.unlink(missing_ok=True)
+    if not args.keep:
+        shutil.rmtree(big, ignore_errors=True)
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0 if ok else 1
 
 
 def print_table(results: dict) -> None:

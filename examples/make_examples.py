@@ -10,7 +10,10 @@ Run from anywhere: ``python examples/make_examples.py``. It writes
   ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``) whose layer 1 MLP
   overflows fp16 for prompts that contain the word "the" or a digit (see
   :func:`plant_llama_fault`);
-- ``prompts.jsonl``: prompts for that tokenizer, some failing in fp16, some not.
+- ``prompts.jsonl``: prompts for that tokenizer, some failing in fp16, some not;
+- ``tiny-llama-decode-fp16/``: the same tokenizer on a Llama whose prompt forward is finite in
+  fp16 and whose greedy decoding overflows the residual stream a few steps later
+  (``tiny_llama_decode.py``).
 
 ``incidents/EXPECTED.yaml`` is written by hand; ``incidents/verify.py`` checks it against
 these files. Needs ``torch`` and ``safetensors``; the tiny Llama also needs
@@ -231,6 +234,10 @@ def main() -> int:
     print("weights: clean.safetensors, corrupt.safetensors")
     write_tiny_llama()
     print(f"tiny llama: {TINY_LLAMA.relative_to(EXAMPLES)}/, prompts.jsonl")
+    from tiny_llama_decode import write_tiny_llama_decode
+
+    decode = write_tiny_llama_decode(EXAMPLES, build_tokenizer)
+    print(f"tiny llama (decode): {decode.relative_to(EXAMPLES)}/")
     return 0
 
 

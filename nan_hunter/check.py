@@ -45,6 +45,8 @@ class CheckOptions:
     device: str = "auto"
     attn: str | None = None
     stats: str = "fast"
+    generate: int | None = None  # greedy decoding of this many tokens instead of one forward
+    batch: bool = False
 
     @property
     def has_inputs(self) -> bool:
@@ -205,7 +207,7 @@ def run_summary(run: Report) -> dict[str, Any]:
 
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
-    from .pipeline import run_model
+    from .pipeline import run_generation, run_model
     from .prepare import prepare
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
@@ -215,7 +217,10 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
         return p.notes[0]
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
-    run_model(p, run)
+    if opts.generate is not None:
+        run_generation(p, run, opts.generate, opts.batch)
+    else:
+        run_model(p, run)
     return run
 
 

@@ -40,6 +40,8 @@ class Evidence:
     failed_inputs: list[int] = field(default_factory=list)
     n_inputs: int = 0
     config: DiagnosisConfig | None = None
+    compile: dict[str, Any] | None = None  # scan --compile: eager and compiled parted (compiled.py)
+    op_absmax: float | None = None  # |result| of the op re-run on its operands in float64 (ops.OpEvent)
     run: RunDtype | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -76,7 +78,13 @@ class Evidence:
         return [d for d, r in (self.replay or {}).items() if not r.get("finite") and d != "fp64"]
 
     def true_absmax(self) -> float | None:
-        """Magnitude the result really has: the fp64 (else fp32) replay's absmax."""
+        """Magnitude the op's result really has: the op re-run on its operands in float64. The
+        replay's absmax is the *module output's* (after softmax, a norm or a projection), never
+        the op's, so it is only used when there is no op (weights, data)."""
+        if self.op_absmax is not None:
+            return self.op_absmax
+        if self.op:
+            return None
         for d in ("fp64", "fp32"):
             r = (self.replay or {}).get(d)
             if r and r.get("finite") and r.get("absmax") is not None:
@@ -266,8 +274,12 @@ def overflow(ev: Evidence) -> Diagnosis | None:
     dt = ev.dtype if ev.dtype and ev.dtype != "fp32" else None
     lim = ev.range.max if ev.range is not None else None
     true = ev.true_absmax()
-    head = (f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}" if true is not None and lim and ev.range
-            else f"result of {ev.where} exceeds the largest finite {run} value")
+    if true is not None and lim and ev.range:
+        head = f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}"
+        if ev.op_absmax is not None:
+            head += " (the op re-run in float64 from its operands)"
+    else:
+        head = f"result of {ev.where} exceeds the largest finite {run} value"
     ok = ev.finite_in()
     if ok:
         head += "; finite in " + ", ".join(ok)
@@ -295,6 +307,36 @@ def overflow(ev: Evidence) -> Diagnosis | None:
                "smallest set); rescale the values that feed it.")
         what = ev.opname or "op"
     return _diag(ev, "overflow", f"{what} overflow in {run} at {ev.where}", lines, fix)
+
+
+@rule("compile_divergence")
+def compile_divergence(ev: Evidence) -> Diagnosis | None:
+    c = ev.compile
+    if not c or not c.get("eager_finite"):
+        return None
+    where = ev.module or "<root>"
+    how = (f"non-finite ({ev.kind})" if not c["compiled_finite"]
+           else f"{_g(c['max_rel_err'])} apart (max_rel_err > rtol {c['rtol']:g})")
+    lines = [f"input #{c['input_index']} ({c['input_label']}): eager finite, torch.compile ({c['backend']}) {how}",
+             f"{where} ({ev.module_type}) compiled alone on eager's inputs parts from eager "
+             + ("(non-finite)" if not c["module_compiled_finite"] else f"(rel_err {_g(c['module_rel_err'])})")]
+    if c["children_alike"]:
+        lines.append(f"its children {', '.join(c['children_alike'])} match eager when compiled alone: the "
+                     "difference comes from fusing across them (an intermediate kept in higher precision)")
+    emu = c.get("emulate_precision_casts")
+    closes = bool(emu) and emu["compiled_finite"] and emu["max_rel_err"] <= c["rtol"]
+    if emu:
+        lines.append(f"re-run with torch._inductor.config.emulate_precision_casts = True: compiled "
+                     f"{'finite' if emu['compiled_finite'] else 'non-finite'}, max_rel_err {_g(emu['max_rel_err'])}"
+                     f" — {'closes' if closes else 'does not close'} the gap")
+    if closes:
+        fix = ("Set torch._inductor.config.emulate_precision_casts = True (or TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1)"
+               ": inductor then rounds intermediates to their dtype as eager does, and the compiled run matches.")
+    else:
+        fix = (f"Keep the numerics of {where} stable under fusion: compute its sensitive part (norm, amax, scale) in "
+               "fp32 explicitly, add an eps or clamp where a tiny difference can become 0 or inf, or leave it out "
+               "of the compiled graph (torch.compiler.disable).")
+    return _diag(ev, "compile_divergence", f"torch.compile parts from eager at {where}", lines, fix)
 
 
 @rule("unknown")

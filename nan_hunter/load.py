@@ -1,136 +1,86 @@
 """Checkpoints: a ``.safetensors`` file, a sharded index, a Hugging Face directory, or ``.pt``/``.bin``.
 
-Safetensors files are parsed here (8-byte little-endian header length, JSON header, raw data)
-so that every way a file can be broken gets its own clear message, and tensors are views into
-a private memory map (``mmap.ACCESS_COPY``): nothing is read until a tensor is touched, and
-nothing can ever be written back to the file. ``.pt``/``.bin`` go only through
-``torch.load(weights_only=True)``: never plain unpickling.
+What the loader promises:
+- it opens regular files only, read-only, and never blocks (``regular_file``);
+- it reads nothing outside a checkpoint directory: shard names from an index and the files of a
+  directory must resolve, symlinks followed, inside it (or, for a Hugging Face hub cache
+  snapshot, inside that repository's ``blobs/``), else exit 2;
+- safetensors headers are validated as the reference parser validates them
+  (``safetensors_header``), and data is read through bounded read-only windows
+  (``safetensors_file``), so any size scans with flat memory;
+- ``.pt``/``.bin`` go only through ``torch.load(weights_only=True)`` (``torch_checkpoint``).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import mmap
 import os
-import struct
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
+from . import bounded_json
 from .errors import BadInput
+from .regular_file import is_inside, kind_of, read_regular, require_regular
+from .safetensors_file import SafetensorsFile, TensorEntry
+from .safetensors_header import show
+from .torch_checkpoint import load_torch_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-# safetensors dtype tag → (torch dtype name, bytes per element)
-_ST_DTYPES: dict[str, tuple[str, int]] = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
-    "U64": ("uint64", 8), "U32": ("uint32", 4), "U16": ("uint16", 2), "U8": ("uint8", 1),
-    "BOOL": ("bool", 1),
-}
-_MAX_HEADER = 100 * 1024 * 1024  # the safetensors reference implementation's own limit
-HINT_REGEN = "re-export or re-download the checkpoint"
+__all__ = ["Checkpoint", "TensorEntry", "ScanItem", "open_checkpoint", "open_safetensors", "member"]
+
+MAX_INDEX_BYTES = 64 << 20
+MAX_TENSORS = 1_000_000  # per checkpoint, all shards together
+#: Files of a directory checkpoint that nanhunter or transformers may open, by suffix.
+READ_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".txt", ".model", ".jinja",
+                 ".tiktoken")
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor lives: file, dtype tag, shape and byte range within the data section."""
+@dataclass
+class ScanItem:
+    """One tensor as the weights scan streams it: metadata now, data in pieces.
+
+    ``pieces`` yields ``(first element, count, 1-D read-only view or None)``; None is a run of
+    zeros (a hole of a sparse file). It is None when the dtype cannot be read by torch.
+    """
 
     name: str
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.begin
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
+    dtype: str  # torch's name ("float32"), or the safetensors tag when torch has none
+    torch_dtype: Any
+    shape: list[int]
+    numel: int
+    nbytes: int
+    pieces: Iterator[tuple[int, int, Any]] | None
 
 
-class SafetensorsFile:
-    """One parsed safetensors file; tensors are lazy views into a private mmap."""
+def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Path, Path]:
+    """``name`` (a shard name from an index, or a directory entry) as a file of checkpoint
+    directory ``root``: (the path shown to the user, the resolved path to open).
 
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            size = path.stat().st_size
-        except OSError as e:  # pragma: no cover - raced deletion
-            raise BadInput(f"cannot read {path}: {e.strerror}") from None
-        if size < 8:
-            raise BadInput(f"{path}: file is {size} bytes, too short to be safetensors (truncated?); {HINT_REGEN}")
-        with open(path, "rb") as f:
-            (hlen,) = struct.unpack("<Q", f.read(8))
-            if hlen == 0 or hlen > _MAX_HEADER or 8 + hlen > size:
-                raise BadInput(
-                    f"{path}: header length {hlen} does not fit a {size}-byte file "
-                    f"(truncated or not a safetensors file); {HINT_REGEN}"
-                )
-            raw = f.read(hlen)
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise BadInput(f"{path}: the safetensors header is not valid JSON (corrupt file); {HINT_REGEN}") from None
-        if not isinstance(header, dict):
-            raise BadInput(f"{path}: the safetensors header is not a JSON object; {HINT_REGEN}")
-        self.metadata = header.pop("__metadata__", None) or {}
-        self.data_start = 8 + hlen
-        data_len = size - self.data_start
-        self.entries: dict[str, TensorEntry] = {}
-        for name, spec in header.items():
-            try:
-                tag = spec["dtype"]
-                shape = tuple(int(s) for s in spec["shape"])
-                begin, end = (int(o) for o in spec["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                raise BadInput(f"{path}: malformed header entry for tensor {name!r}; {HINT_REGEN}") from None
-            if tag not in _ST_DTYPES:
-                raise BadInput(f"{path}: tensor {name!r} has unsupported dtype {tag!r}")
-            e = TensorEntry(name, path, tag, shape, begin, end)
-            if end > data_len or begin > end:
-                raise BadInput(
-                    f"{path}: tensor {name!r} ends at byte {end} but the data section has {data_len} bytes "
-                    f"(truncated file); {HINT_REGEN}"
-                )
-            if e.numel * _ST_DTYPES[tag][1] != e.nbytes:
-                raise BadInput(f"{path}: tensor {name!r} has {e.nbytes} bytes for shape {list(shape)} {tag}; {HINT_REGEN}")
-            self.entries[name] = e
-        self._mm: mmap.mmap | None = None
-
-    def _map(self) -> mmap.mmap | None:
-        if self._mm is None and os.path.getsize(self.path) > 0:
-            with open(self.path, "rb") as f:
-                # ACCESS_COPY: a private copy-on-write mapping; writes can never reach the file.
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return self._mm
-
-    def tensor(self, name: str) -> torch.Tensor:
-        import torch
-
-        e = self.entries[name]
-        tname, size = _ST_DTYPES[e.dtype]
-        dtype = getattr(torch, tname)
-        if e.numel == 0:
-            return torch.empty(e.shape, dtype=dtype)
-        mm = self._map()
-        off = self.data_start + e.begin
-        if off % size == 0:
-            t = torch.frombuffer(mm, dtype=dtype, count=e.numel, offset=off)
-        else:  # unaligned data: one copy of this tensor only
-            t = torch.frombuffer(bytearray(mm[off: off + e.nbytes]), dtype=dtype)
-        return t.view(e.shape)
-
-    def close(self) -> None:
-        # Views into the map may still be alive; let the GC unmap when they die.
-        self._mm = None
+    Exit 2 when it is not a relative name, climbs out with ``..``, or resolves (symlinks
+    followed) outside ``root`` — except into the ``blobs/`` of a hub-cache snapshot.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise BadInput(f"{where}: {kind} {show(name)} is not a file name")
+    what = f"{where}: {kind} {show(name)}"
+    if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or os.path.isabs(name):
+        raise BadInput(f"{what} is an absolute path; nanhunter reads nothing outside the checkpoint directory {root}")
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        raise BadInput(f"{what} climbs out of the checkpoint directory with '..'; nanhunter reads nothing outside it")
+    shown = root / name
+    real_root = root.resolve()
+    real = shown.resolve()
+    if is_inside(real, real_root):
+        return shown, real
+    snapshots = real_root.parent
+    if snapshots.name == "snapshots" and is_inside(real, snapshots.parent / "blobs"):
+        return shown, real  # the Hugging Face hub cache: snapshot files link to ../../blobs/<hash>
+    raise BadInput(f"{what} resolves (through a symlink) to {real}, outside the checkpoint directory {root}; "
+                   "nanhunter reads nothing outside it")
 
 
 @dataclass
@@ -152,25 +102,49 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         if self._torch_sd is not None:
-            return sum(t.numel() * t.element_size() for t in self._torch_sd.values() if hasattr(t, "numel"))
+            return sum(t.numel() * t.element_size() for t in self._torch_sd.values())
         return sum(e.nbytes for e in self.entries.values())
 
     def names(self) -> list[str]:
         return list(self._torch_sd) if self._torch_sd is not None else list(self.entries)
 
+    def entry(self, name: str) -> TensorEntry | None:
+        """The safetensors entry of ``name`` (None for a torch checkpoint)."""
+        return self.entries.get(name) if self._torch_sd is None else None
+
     def tensor(self, name: str) -> torch.Tensor:
+        """Tensor ``name``, safe to modify: an owned copy (the file is never touched)."""
         if self._torch_sd is not None:
             return self._torch_sd[name]
         e = self.entries[name]
-        return self._files[e.file].tensor(name)
+        return self._files[e.file].read_tensor(e)
+
+    def _ordered(self) -> Iterator[tuple[SafetensorsFile, list[TensorEntry]]]:
+        by_file: dict[Path, list[TensorEntry]] = {}
+        for e in self.entries.values():
+            by_file.setdefault(e.file, []).append(e)
+        for f in sorted(by_file, key=str):
+            yield self._files[f], sorted(by_file[f], key=lambda e: e.begin)
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Tensors one at a time, in file then offset order (sequential reads)."""
+        """Tensors one at a time, in file then offset order, each an owned copy."""
         if self._torch_sd is not None:
             yield from self._torch_sd.items()
             return
-        for e in sorted(self.entries.values(), key=lambda e: (str(e.file), e.begin)):
-            yield e.name, self._files[e.file].tensor(e.name)
+        for st, entries in self._ordered():
+            for e in entries:
+                yield e.name, st.read_tensor(e)
+
+    def scan_items(self) -> Iterator[ScanItem]:
+        """Every tensor for the weights scan, streamed in bounded read-only pieces."""
+        if self._torch_sd is not None:
+            yield from _torch_items(self._torch_sd)
+            return
+        for st, entries in self._ordered():
+            for e, pieces in st.pieces(entries):
+                dt = e.torch_dtype()
+                name = str(dt).removeprefix("torch.") if dt is not None else e.dtype
+                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes, pieces if dt is not None else None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
@@ -179,101 +153,156 @@ class Checkpoint:
         return {"path": str(self.path), "format": self.format, "n_tensors": self.n_tensors, "bytes": self.nbytes}
 
 
-def _add_file(ck: Checkpoint, f: Path, only: set[str] | None = None) -> None:
-    st = SafetensorsFile(f)
-    ck._files[f] = st
+def _torch_items(sd: dict) -> Iterator[ScanItem]:
+    from .safetensors_file import PIECE
+
+    for name, t in sd.items():
+        flat = t.detach().reshape(-1)
+        step = max(1, PIECE // max(1, t.element_size()))
+        pieces = ((s, min(step, flat.numel() - s), flat[s: s + step]) for s in range(0, flat.numel(), step))
+        yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
+                       t.numel() * t.element_size(), pieces)
+
+
+def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = None) -> SafetensorsFile:
+    st = SafetensorsFile(shown, real)
+    ck._files[shown] = st
     for name, e in st.entries.items():
         if only is not None and name not in only:
             continue
         if name in ck.entries:
-            raise BadInput(f"tensor {name!r} appears in both {ck.entries[name].file.name} and {f.name}; fix the shards")
+            raise BadInput(f"tensor {name!r} appears in both {ck.entries[name].file.name} and {shown.name}; fix the shards")
         ck.entries[name] = e
+    if len(ck.entries) > MAX_TENSORS:
+        raise BadInput(f"{ck.path}: more than {MAX_TENSORS:,} tensors, nanhunter's limit per checkpoint")
+    return st
 
 
-def _open_index(index: Path, fmt: str) -> Checkpoint:
-    try:
-        data = json.loads(index.read_text())
-        weight_map = data["weight_map"]
-        assert isinstance(weight_map, dict)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, AssertionError, TypeError):
-        raise BadInput(f"{index}: not a valid safetensors index (expected a JSON object with 'weight_map')") from None
-    shards: dict[Path, set[str]] = {}
+def _read_index(index: Path, real: Path) -> dict[str, set[str]]:
+    """The index's weight_map as shard name → tensor names; every shard name confined to the directory."""
+    raw = read_regular(real, "index", MAX_INDEX_BYTES)
+    data = bounded_json.loads(raw, str(index), unique_keys=True)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise BadInput(f"{index}: not a valid safetensors index (expected a JSON object with a non-empty 'weight_map')")
+    shards: dict[str, set[str]] = {}
     for name, fname in weight_map.items():
-        shards.setdefault(index.parent / str(fname), set()).add(name)
-    ck = Checkpoint(index, fmt, sorted(shards))
-    for shard, names in sorted(shards.items()):
-        if not shard.is_file():
-            raise BadInput(f"{index}: shard {shard.name} named in weight_map is missing; download or restore it")
-        _add_file(ck, shard, names)
-        absent = names - set(ck._files[shard].entries)
+        if not isinstance(fname, str):
+            raise BadInput(f"{index}: weight_map gives {show(fname)} for tensor {show(name)}, not a file name; "
+                           "fix the index")
+        shards.setdefault(fname, set()).add(name)
+    for fname in shards:
+        member(index.parent, fname, str(index), "weight_map shard")
+    return shards
+
+
+def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
+    shards = _read_index(index, real)
+    root = index.parent
+    ck = Checkpoint(index, fmt, [root / f for f in sorted(shards)])
+    for fname in sorted(shards):
+        shown, real_shard = member(root, fname, str(index), "weight_map shard")
+        if not real_shard.exists():
+            raise BadInput(f"{index}: shard {fname} named in weight_map is missing; download or restore it")
+        names = shards[fname]
+        st = _add_file(ck, shown, real_shard, names)
+        absent = names - set(st.entries)
         if absent:
-            raise BadInput(f"{index}: {len(absent)} tensors mapped to {shard.name} are not in it (e.g. {sorted(absent)[0]!r})")
+            raise BadInput(f"{index}: {len(absent)} tensors mapped to {fname} are not in it (e.g. {sorted(absent)[0]!r})")
     return ck
 
 
-def _open_torch(path: Path) -> Checkpoint:
-    import pickle
+def _open_torch(shown: Path, real: Path) -> Checkpoint:
+    ck = Checkpoint(shown, "torch", [shown])
+    ck._torch_sd = load_torch_file(shown, real)
+    if len(ck._torch_sd) > MAX_TENSORS:
+        raise BadInput(f"{shown}: more than {MAX_TENSORS:,} tensors, nanhunter's limit per checkpoint")
+    return ck
 
-    import torch
 
+def _check_directory(root: Path) -> None:
+    """Every file of ``root`` that nanhunter or transformers may open must be a regular file
+    inside it: a FIFO would block, a symlink out would read someone else's file."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadInput(
-            f"{path}: cannot be loaded with torch.load(weights_only=True) ({msg}); "
-            "nanhunter never unpickles arbitrary code: convert it to safetensors"
-        ) from None
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise BadInput(f"{path}: expected a state dict (mapping of names to tensors), got {type(obj).__name__}")
-    sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    ck = Checkpoint(path, "torch", [path])
-    ck._torch_sd = sd
+        names = sorted(os.listdir(root))
+    except OSError as e:
+        raise BadInput(f"checkpoint {root}: cannot list it ({e.strerror})") from None
+    for name in names:
+        if not name.endswith(READ_SUFFIXES):
+            continue
+        shown, real = member(root, name, f"checkpoint {root}")
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue  # a dangling link: reported if something needs that file
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"checkpoint {root}: {name} is {kind_of(st.st_mode)}, not a regular file; "
+                           "nanhunter reads regular files only")
+
+
+def _open_directory(p: Path) -> Checkpoint:
+    _check_directory(p)
+    config = p / "config.json"
+    has_config = config.exists()
+    indexes = sorted(p.glob("*.safetensors.index.json"))
+    for idx in indexes:  # transformers may read any of them: every one must stay inside
+        _read_index(idx, member(p, idx.name, f"checkpoint {p}")[1])
+    if indexes:
+        preferred = [i for i in indexes if i.name == "model.safetensors.index.json"] or indexes
+        ck = _open_index(preferred[0], member(p, preferred[0].name, f"checkpoint {p}")[1], "hf" if has_config else "sharded")
+    else:
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            bins = sorted(f for f in p.iterdir() if f.name.endswith(_TORCH_SUFFIXES))
+            if len(bins) == 1:
+                ck = _open_torch(*member(p, bins[0].name, f"checkpoint {p}"))
+                ck.path, ck.format = p, "hf" if has_config else "torch"
+                ck.config_path = config if has_config else None
+                return ck
+            raise BadInput(f"{p}: no *.safetensors files in this directory; point at a checkpoint file or a model directory")
+        ck = Checkpoint(p, "hf" if has_config else "safetensors", files)
+        for f in files:
+            _add_file(ck, *member(p, f.name, f"checkpoint {p}"))
+    ck.path = p
+    ck.config_path = config if has_config else None
+    return ck
+
+
+def open_safetensors(path: str | os.PathLike, what: str = "checkpoint") -> Checkpoint:
+    """A single safetensors file (a checkpoint, or an ``--inputs`` file) through the strict parser."""
+    p = Path(path)
+    ck = Checkpoint(p, "safetensors", [p])
+    st = SafetensorsFile(p, p, what)
+    ck._files[p] = st
+    ck.entries.update(st.entries)
     return ck
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Open any supported checkpoint layout; raises BadInput with a one-line fix otherwise."""
     p = Path(path)
-    if not p.exists():
-        raise BadInput(f"checkpoint not found: {p}; pass a .safetensors file, a *.safetensors.index.json or a model directory")
-    if p.is_dir():
-        config = p / "config.json"
-        indexes = sorted(p.glob("*.safetensors.index.json"))
-        if indexes:
-            ck = _open_index(indexes[0], "hf" if config.exists() else "sharded")
-        else:
-            files = sorted(p.glob("*.safetensors"))
-            if not files:
-                bins = sorted(p.glob("*.bin")) + sorted(p.glob("*.pt"))
-                if len(bins) == 1:
-                    ck = _open_torch(bins[0])
-                    ck.path, ck.format = p, "hf" if config.exists() else "torch"
-                    ck.config_path = config if config.exists() else None
-                    return ck
-                raise BadInput(f"{p}: no *.safetensors files in this directory; point at a checkpoint file or a model directory")
-            ck = Checkpoint(p, "hf" if config.exists() else "safetensors", files)
-            for f in files:
-                _add_file(ck, f)
-        ck.path = p
-        ck.config_path = config if config.exists() else None
-        return ck
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise BadInput(f"checkpoint not found: {p}; pass a .safetensors file, a *.safetensors.index.json "
+                       "or a model directory") from None
+    except OSError as e:
+        raise BadInput(f"checkpoint {p}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        return _open_directory(p)
+    require_regular(p, "checkpoint")
     name = p.name
     if name.endswith(".index.json"):
-        return _open_index(p, "sharded")
-    if name.endswith((".pt", ".pth", ".bin", ".ckpt")):
-        return _open_torch(p)
+        return _open_index(p, p, "sharded")
+    if name.endswith(_TORCH_SUFFIXES):
+        return _open_torch(p, p)
     if not name.endswith(".safetensors"):
-        # Accept it if it parses as safetensors; otherwise say what we expected.
         try:
-            SafetensorsFile(p)
+            return open_safetensors(p)
         except BadInput:
             raise BadInput(
                 f"{p}: not a recognised checkpoint; expected .safetensors, *.safetensors.index.json, "
                 ".pt/.bin or a model directory"
             ) from None
-    ck = Checkpoint(p, "safetensors", [p])
-    _add_file(ck, p)
-    return ck
+    return open_safetensors(p)
+

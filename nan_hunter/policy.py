@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .dtypes import canonical, limits, torch_dtype
+from .dtypes import RunDtype, canonical, torch_dtype
 from .errors import BadInput
+from .tree import cast_floats, map_tensors
 
 
 class PolicyHandle:
@@ -54,48 +55,30 @@ def load_policy(policy: str | Path | dict) -> dict:
             "modules": {str(k): canonical(str(v)) for k, v in (data.get("modules") or {}).items()}}
 
 
-def _cast_tree(obj: Any, dtype: torch.dtype) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*[_cast_tree(v, dtype) for v in obj])
-    if isinstance(obj, (list, tuple)):
-        t = [_cast_tree(v, dtype) for v in obj]
-        return type(obj)(t) if isinstance(obj, list) else tuple(t)
-    if isinstance(obj, dict):
-        out = obj.__class__() if not hasattr(obj, "__dataclass_fields__") else obj
-        for k, v in obj.items():
-            out[k] = _cast_tree(v, dtype)
-        return out
-    return obj
-
-
 def _cast_down_if_fits(obj: Any, dtype: torch.dtype, maxval: float) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if not obj.is_floating_point() or obj.dtype == dtype:
-            return obj
+    """Floating tensors cast to ``dtype`` where every value fits its range; the others stay high
+    (torch's type promotion carries them onward rather than turning them into inf)."""
+    def down(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or t.dtype == dtype:
+            return t
         # one host read per kept-module output: policies keep few modules
-        if obj.numel() and not bool(obj.detach().abs().amax() <= maxval):
-            return obj
-        return obj.to(dtype)
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        t = [_cast_down_if_fits(v, dtype, maxval) for v in obj]
-        return type(obj)(t) if isinstance(obj, list) else tuple(t)
-    if isinstance(obj, dict):
-        for k, v in list(obj.items()):
-            obj[k] = _cast_down_if_fits(v, dtype, maxval)
-        return obj
-    return obj
+        if t.numel() and not bool(t.detach().abs().amax() <= maxval):
+            return t
+        return t.to(dtype)
+    return map_tensors(obj, down)
 
 
-def set_precision(model: nn.Module, low: str, keep: dict[str, str],
+def _low(low: str | RunDtype) -> RunDtype:
+    """The policy's low dtype by the one dtype rule (an fp8 policy stores and computes in bf16)."""
+    return low if isinstance(low, RunDtype) else RunDtype.of(low)
+
+
+def set_precision(model: nn.Module, low: str | RunDtype, keep: dict[str, str],
                   master: dict[str, torch.Tensor] | None = None) -> None:
     """Cast parameters and buffers module by module: kept subtrees to their dtype, the rest to
     ``low``. With ``master`` (full-precision tensors by state-dict name) values come from it, so
     switching a module back and forth never loses precision."""
-    low_dt = torch_dtype(low)
-    if low.startswith("fp8"):
-        low_dt = torch.bfloat16
+    low_dt = _low(low).torch_compute
     prefixes = sorted(keep, key=len, reverse=True)
     for mname, mod in model.named_modules():
         kept = next((p for p in prefixes if mname == p or mname.startswith(p + ".") or p == ""), None)
@@ -109,9 +92,10 @@ def set_precision(model: nn.Module, low: str, keep: dict[str, str],
                 p.data = src.to(device=p.device, dtype=dt)
 
 
-def install_hooks(model: nn.Module, low: str, keep: dict[str, str]) -> list[Any]:
-    low_dt = torch.bfloat16 if low.startswith("fp8") else torch_dtype(low)
-    maxval = limits("bf16" if low.startswith("fp8") else low).max
+def install_hooks(model: nn.Module, low: str | RunDtype, keep: dict[str, str]) -> list[Any]:
+    """Per kept module: inputs cast up to its dtype, outputs cast back to the dtype around it —
+    the nearest kept ancestor's, else the low dtype — where they fit that dtype's range."""
+    low_run = _low(low)
     handles = []
     for name, dt in keep.items():
         try:
@@ -119,12 +103,15 @@ def install_hooks(model: nn.Module, low: str, keep: dict[str, str]) -> list[Any]
         except AttributeError:
             raise BadInput(f"policy: module {name!r} is not in this model") from None
         kdt = torch_dtype(dt)
+        outer = max((k for k in keep if k != name and (k == "" or name.startswith(k + "."))), key=len, default=None)
+        out_run = low_run if outer is None else RunDtype.of(keep[outer])
+        out_dt, maxval = out_run.torch_compute, out_run.range.max
 
         def pre(m, args, kwargs, kdt=kdt):
-            return _cast_tree(args, kdt), _cast_tree(kwargs, kdt)
+            return cast_floats(args, kdt), cast_floats(kwargs, kdt)
 
-        def post(m, args, output, low_dt=low_dt):
-            return _cast_down_if_fits(output, low_dt, maxval)
+        def post(m, args, output, out_dt=out_dt, maxval=maxval):
+            return _cast_down_if_fits(output, out_dt, maxval)
 
         handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(mod.register_forward_hook(post))
@@ -139,13 +126,18 @@ def apply_policy(model: nn.Module, policy: str | Path | dict) -> PolicyHandle:
     return PolicyHandle(model, install_hooks(model, pol["dtype"], pol["modules"]), pol)
 
 
-def write_policy(path: str, dtype: str, keep_dtype: str, modules: list[str]) -> None:
+def policy_yaml(dtype: str, keep_dtype: str, modules: list[str]) -> str:
+    """The policy file ``apply_policy`` reads back."""
     import yaml
 
     data = {"nanhunter_policy": 1, "dtype": dtype, "keep_dtype": keep_dtype,
             "modules": {m: keep_dtype for m in modules}}
-    try:
-        Path(path).write_text("# written by nanhunter bisect; apply with nan_hunter.apply_policy(model, path)\n"
-                              + yaml.safe_dump(data, sort_keys=False))
-    except OSError as e:
-        raise BadInput(f"--policy-out {path}: cannot write ({e.strerror})") from None
+    return ("# written by nanhunter bisect; apply with nan_hunter.apply_policy(model, path)\n"
+            + yaml.safe_dump(data, sort_keys=False))
+
+
+def write_policy(path: str, dtype: str, keep_dtype: str, modules: list[str]) -> None:
+    """``--policy-out PATH`` (``-``: stdout), written atomically by ``nan_hunter.outputs``."""
+    from .outputs import write_text
+
+    write_text("--policy-out", path, policy_yaml(dtype, keep_dtype, modules))

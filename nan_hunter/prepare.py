@@ -72,7 +72,7 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
             need_model: bool = False) -> Prepared | None:
     from .build import build_model
     from .execute import cast_batch, cast_model, resolve_device
-    from .inputs import build_batches
+    from .inputs import batch_notes, build_batches
 
     dt = parse_dtype(dtype)
     dev = resolve_device(device)
@@ -95,6 +95,7 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
                              "(pass --inputs, --prompt or --data to run it)"])
         batches = build_batches(model, tok, None, [DEFAULT_PROMPT], None)
         notes.append(f"no inputs given: ran the default prompt {DEFAULT_PROMPT!r}")
+    notes += batch_notes(batches)
     run = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
     model = cast_model(model, run, dev)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]

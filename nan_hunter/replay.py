@@ -18,7 +18,7 @@ from torch import nn
 
 from .dtypes import REPLAY_DTYPES, RunDtype
 from .execute import run_context
-from .tree import cast_floats, float_tensors
+from .tree import cast_floats, detached_copy, float_tensors
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:
@@ -46,7 +46,7 @@ def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | tor
     dtype such as float64 for the reference); the module and inputs given are not changed."""
     tdt = run.torch_compute if isinstance(run, RunDtype) else run
     m = copy.deepcopy(module).to(tdt).eval()
-    a, kw = cast_floats(args, tdt), cast_floats(kwargs, tdt)
+    a, kw = cast_floats(detached_copy((args, kwargs)), tdt)  # in-place ops and caches change inputs
     with torch.no_grad(), run_context(run if isinstance(run, RunDtype) else None):
         out = m(*a, **kw)
     return float_outputs(out)

@@ -1,6 +1,6 @@
 """Report v1: plain dataclasses and their JSON form (``schema: nanhunter.report/v1``).
 
-Every key of CONTRACT.md is always present (null where it does not apply). Extensions live
+Every key of docs/contract.md is always present (null where it does not apply). Extensions live
 beside them under names the contract does not use (``notes``, ``near_misses``, ``modules``,
 ``weights.tensors``...). No rich, no torch here.
 """
@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import BadInput
 
 SCHEMA = "nanhunter.report/v1"
 
@@ -31,6 +28,10 @@ class FirstNonfinite:
     call_index: int = 0
     source: str | None = None  # "file.py:123  code" of the op's call site, when known
     tensor: str | None = None  # which output/parameter/input held it
+    # contract v1.1
+    step: int = 0  # decode step under --generate (0: the prompt's forward); root-call index under watch()
+    position: int | None = None  # index into the input's own tokens of the first row holding it
+    phase: str = "forward"  # forward | backward | optimizer
 
 
 @dataclass
@@ -57,6 +58,9 @@ class BisectResult:
     candidates: int | None = None
     failing_inputs: list[int] | None = None
     shortest_failing_prefix: dict[str, int] | None = None
+    over: str = "modules"  # modules: a keep set; inputs: which inputs fail (its own verdict)
+    already_finite: bool = False  # the low-precision run needed nothing kept
+    keep_in_fp32_modules: list[str] | None = None  # transformers' _keep_in_fp32_modules for this set
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Report:
     modules: list[dict[str, Any]] | None = None  # per-module-call stats in execution order
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None  # scan --compile: eager against torch.compile
     mode: str = "scan"
 
     @property
@@ -84,10 +89,13 @@ class Report:
 
     def exit_code(self) -> int:
         if self.bisect is not None:
+            if self.bisect.over == "inputs":  # listing the failing inputs is the answer
+                return 0 if self.bisect.failing_inputs is not None else 1
             return 0 if self.bisect.finite_after else 1
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
-        return 1 if self.nonfinite_found else 0
+        compile_parted = self.diagnosis is not None and self.diagnosis.cause == "compile_divergence"
+        return 1 if self.nonfinite_found or compile_parted else 0
 
     def to_dict(self) -> dict[str, Any]:
         import torch  # the report states which torch produced it
@@ -106,6 +114,7 @@ class Report:
             "near_misses": self.near_misses,
             "modules": self.modules,
             "inputs": self.inputs,
+            "compile": self.compile,
             "mode": self.mode,
         }
         if self.first_nonfinite is not None:
@@ -130,26 +139,14 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def check_json_target(path: str | None) -> None:
-    """Fail early (exit 2) when ``--json`` points into a directory that does not exist."""
-    if path is None or path == "-":
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise BadInput(f"--json {path}: is a directory; give a file path such as {p / 'report.json'}")
-    if not p.parent.exists():
-        raise BadInput(f"--json {path}: directory {p.parent} does not exist; create it or pick another path")
+def json_text(report: Report | list[Report]) -> str:
+    """One report as report v1; a list (``check`` over several checkpoints) as a JSON array of them."""
+    data = [r.to_dict() for r in report] if isinstance(report, list) else report.to_dict()
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
 def write_json(report: Report | list[Report], path: str) -> None:
-    """One report as report v1; a list (``check`` over several checkpoints) as a JSON array of them."""
-    data = [r.to_dict() for r in report] if isinstance(report, list) else report.to_dict()
-    text = json.dumps(data, indent=2, allow_nan=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        Path(path).write_text(text + "\n")
-    except OSError as e:
-        raise BadInput(f"--json {path}: cannot write ({e.strerror})") from None
+    """``--json PATH`` (``-``: stdout), written atomically by ``nan_hunter.outputs``."""
+    from .outputs import write_text
+
+    write_text("--json", path, json_text(report))

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 MAX_DEPTH = 8  # deeper than any real module signature; bounds hostile or cyclic structures
-_LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
+_LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Generator,
+           torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
 
 
 def is_float_tensor(x: Any) -> bool:
@@ -42,38 +44,50 @@ def float_tensors(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     return out
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None = None,
-                depth: int = 0) -> Any:
-    """``obj`` rebuilt with ``fn`` applied to every tensor. Objects that are not containers go
-    through ``other`` (default: kept as they are). Never mutates ``obj``."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, _LEAVES) or depth > MAX_DEPTH:
-        return obj
-    rec = lambda v: map_tensors(v, fn, other, depth + 1)  # noqa: E731
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # named tuple
-        return type(obj)(*[rec(v) for v in obj])
-    if isinstance(obj, (list, tuple)):
-        items = [rec(v) for v in obj]
-        return items if type(obj) is list else tuple(items) if type(obj) is tuple else type(obj)(items)
-    if isinstance(obj, dict):
-        items = {k: rec(v) for k, v in obj.items()}
-        if type(obj) is dict:
-            return items
-        try:  # ModelOutput and other dict subclasses: a new instance of the same class
-            new = copy.copy(obj)
-            for k, v in items.items():
-                new[k] = v
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``obj`` rebuilt with ``fn`` applied to every tensor; never mutates ``obj``.
+
+    Containers are rebuilt; plain objects that hold tensors in their attributes (a transformers
+    ``DynamicCache`` and its layers, ``ModelOutput``) are shallow-copied with their attributes
+    mapped, so a re-run can grow its copy of a KV cache without touching the user's. Objects
+    shared inside ``obj`` stay shared in the result; modules, functions and types are kept."""
+    memo: dict[int, Any] = {}
+
+    def rec(x: Any, depth: int) -> Any:
+        if isinstance(x, torch.Tensor):
+            if id(x) not in memo:
+                memo[id(x)] = fn(x)
+            return memo[id(x)]
+        if isinstance(x, _LEAVES) or depth > MAX_DEPTH:
+            return x
+        if id(x) in memo:
+            return memo[id(x)]
+        if isinstance(x, tuple) and hasattr(x, "_fields"):  # named tuple
+            new: Any = type(x)(*[rec(v, depth + 1) for v in x])
+        elif type(x) in (list, tuple):
+            new = type(x)(rec(v, depth + 1) for v in x)
+        elif type(x) is dict:
+            new = {k: rec(v, depth + 1) for k, v in x.items()}
+        else:
+            try:
+                new = copy.copy(x)
+            except Exception:  # an object that cannot be copied is kept as it is
+                return x
+            memo[id(x)] = new
+            if isinstance(x, dict):  # ModelOutput and other dict subclasses
+                for k, v in x.items():
+                    dict.__setitem__(new, k, rec(v, depth + 1))
+            elif isinstance(x, list):
+                list.__init__(new, [rec(v, depth + 1) for v in x])
+            state = getattr(new, "__dict__", None)
+            if isinstance(state, dict):
+                for k, v in list(state.items()):
+                    state[k] = rec(v, depth + 1)
             return new
-        except Exception:
-            return items
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        try:
-            return dataclasses.replace(obj, **{f.name: rec(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                                               if f.init})
-        except Exception:
-            return other(obj) if other else obj
-    return other(obj) if other else obj
+        memo[id(x)] = new
+        return new
+
+    return rec(obj, 0)
 
 
 def cast_floats(obj: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
@@ -85,14 +99,9 @@ def cast_floats(obj: Any, dtype: torch.dtype, device: torch.device | None = None
     return map_tensors(obj, cast)
 
 
-def _deepcopy_or_same(obj: Any) -> Any:
-    try:
-        return copy.deepcopy(obj)
-    except Exception:
-        return obj
-
-
 def detached_copy(obj: Any) -> Any:
-    """An independent copy to re-run from: tensors detached and cloned, stateful objects such as a
-    KV cache deep-copied (a re-run must never grow or change the user's)."""
-    return map_tensors(obj, lambda t: t.detach().clone(), _deepcopy_or_same)
+    """An independent copy to re-run from: tensors detached and cloned, containers and stateful
+    objects such as a KV cache copied (a re-run must never grow or change the user's). A tensor
+    given twice is copied once, so aliasing is kept (``nn.MultiheadAttention`` takes its fused
+    fast path only when ``query is key is value``)."""
+    return map_tensors(obj, lambda t: t.detach().clone())

@@ -8,10 +8,11 @@ estimated on a fixed strided sample (``SAMPLE`` elements, marked ``sampled``), a
 ``stats="full"`` computes it exactly (15-20x slower than the fast path on CPU, measured in
 BENCHMARKS.md).
 
-Memory stays bounded by the largest tensor: the slow paths (a tensor holding NaN/Inf, the exact
-underflow pass, 1-byte dtypes widened to fp32) work on ``CHUNK``-element slices, and
-``scan_weights`` closes a shard's memory map after each tensor (it is re-mapped lazily for the
-next one), so pages already scanned do not accumulate in the process's resident set.
+Memory stays flat whatever the checkpoint's size: tensors arrive from the loader in bounded
+read-only pieces (``Checkpoint.scan_items``: one memory-map window at a time, holes of sparse
+files as runs of zeros) and are accumulated piece by piece (``TensorStatsAccumulator``); the slow
+paths (a piece holding NaN/Inf, the exact underflow pass, 1-byte dtypes widened to fp32) work on
+``CHUNK``-element slices. Nothing here writes to a tensor it is given.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .dtypes import HEADROOM_DTYPES, limits
-from .load import Checkpoint
+from .load import Checkpoint, ScanItem
 
 SAMPLE = 65536
 CHUNK = 1 << 18  # elements per slice on the slow paths: temporaries of ~1 MB, cache-resident
@@ -86,40 +87,28 @@ def _unravel(flat: int, shape: list[int]) -> list[int]:
     return list(reversed(out))
 
 
-def _underflow(x, exact: bool) -> tuple[float, float, float | None, bool]:
-    """(fraction of non-zero values flushed to 0 in fp16, fraction that become subnormal, min |x|>0, sampled).
+def _count_underflow(flat, chunk: int, c: list) -> None:
+    """Add to ``c`` = [finite, flushed to 0 in fp16, fp16 subnormal, min |x| > 0] the values of 1-D ``flat``.
 
-    Fractions are over the finite values; computed ``CHUNK`` elements at a time with counts
-    (no boolean-index copies), so the temporaries stay small whatever the tensor's size.
+    ``chunk`` elements at a time with counts (no boolean-index copies), so temporaries stay
+    small whatever the size; ``flat`` is only read.
     """
     import torch
 
-    flat = x.reshape(-1)
-    sampled = False
-    if not exact and flat.numel() > SAMPLE:
-        step = flat.numel() // SAMPLE
-        flat = flat[:: step][:SAMPLE]
-        sampled = True
     fp16 = limits("fp16")
     # fp16 rounds to nearest: below half the smallest subnormal a value becomes 0.
     half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
-    n = flush = sub = 0
-    mn = math.inf
-    chunk = SERIAL if sampled else CHUNK
     for s in range(0, flat.numel(), chunk):
         a = flat[s: s + chunk].float().abs()
         # comparisons are False for NaN and +inf is above every bound, so finite values are the
         # a < inf ones, and the bands below count finite values only (cheaper than isfinite).
-        n += int(torch.count_nonzero(a < math.inf))
+        c[0] += int(torch.count_nonzero(a < math.inf))
         gt0 = a > 0
         below_half = a < half_sub
         n_below_half = int(torch.count_nonzero(below_half))
-        flush += int(torch.count_nonzero(gt0 & below_half))
-        sub += int(torch.count_nonzero(a < normal)) - n_below_half  # half_sub <= a < normal
-        mn = min(mn, float(torch.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
-    if n == 0:
-        return 0.0, 0.0, None, sampled
-    return flush / n, sub / n, (mn if mn < math.inf else None), sampled
+        c[1] += int(torch.count_nonzero(gt0 & below_half))
+        c[2] += int(torch.count_nonzero(a < normal)) - n_below_half  # half_sub <= a < normal
+        c[3] = min(c[3], float(torch.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
 
 
 def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
@@ -163,43 +152,132 @@ def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
     return nan, posinf, neginf, first, absmax
 
 
-def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
-    import torch
+class TensorStatsAccumulator:
+    """Statistics of one tensor fed piece by piece: consecutive runs of its flat elements.
 
+    Counts add up, the first non-finite index is the first piece's that has one, absmax is the
+    max over pieces. The fp16 underflow pass is exact over every piece with ``exact``, else it
+    runs on the same fixed strided sample as a whole-tensor scan would take (``SAMPLE``
+    elements, every ``numel // SAMPLE``-th), gathered as small copies while the pieces pass.
+    """
+
+    def __init__(self, numel: int, dtype, exact: bool):
+        import torch
+
+        self.nan = self.posinf = self.neginf = 0
+        self.first: int | None = None
+        self.absmax: float | None = None
+        self.underflow = dtype != torch.float16 or exact  # already fp16: nothing changes when cast
+        self.step = numel // SAMPLE if not exact and numel > SAMPLE else 0
+        self.samples: list = []
+        self.counts: list = [0, 0, 0, math.inf]
+
+    def _absmax(self, a: float | None) -> None:
+        if a is not None:
+            self.absmax = a if self.absmax is None else max(self.absmax, a)
+
+    def _sample_range(self, first: int, count: int) -> tuple[int, int]:
+        """(offset within the piece of its first sampled element, how many sampled elements)."""
+        k_lo = -(-first // self.step)
+        k_hi = min(SAMPLE, -(-(first + count) // self.step))
+        return k_lo * self.step - first, max(0, k_hi - k_lo)
+
+    def add(self, first: int, piece) -> None:
+        """Elements ``first .. first + piece.numel()`` of the flattened tensor (``piece`` is 1-D, only read)."""
+        import torch
+
+        nan, posinf, neginf, bad, a = _value_stats(piece)
+        self.nan, self.posinf, self.neginf = self.nan + nan, self.posinf + posinf, self.neginf + neginf
+        if self.first is None and bad is not None:
+            self.first = first + bad
+        self._absmax(a)
+        if not self.underflow:
+            return
+        if self.step:
+            off, k = self._sample_range(first, piece.numel())
+            if k:  # a copy: the sample must not keep the piece's memory map alive
+                self.samples.append(piece[off:: self.step][:k].to(torch.float32, copy=True))
+        else:
+            _count_underflow(piece, CHUNK, self.counts)
+
+    def add_zeros(self, first: int, count: int) -> None:
+        """Elements ``first .. first + count`` are all zero (a hole of a sparse file)."""
+        import torch
+
+        self._absmax(0.0)
+        if not self.underflow:
+            return
+        if self.step:
+            _, k = self._sample_range(first, count)
+            if k:
+                self.samples.append(torch.zeros(k))
+        else:
+            self.counts[0] += count  # zeros are finite, neither flushed nor subnormal
+
+    def finish(self, ts: TensorScan, shape: list[int]) -> TensorScan:
+        import torch
+
+        ts.nan, ts.posinf, ts.neginf, ts.absmax = self.nan, self.posinf, self.neginf, self.absmax
+        if not ts.finite:
+            ts.first_index = _unravel(self.first, shape) if self.first is not None else None
+        for target in HEADROOM_DTYPES:
+            mx = limits(target).max
+            ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
+            ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
+        if not self.underflow:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, None
+            return ts
+        if self.step:
+            _count_underflow(torch.cat(self.samples) if self.samples else torch.zeros(0), SERIAL, self.counts)
+            self.samples = []
+            ts.sampled = True
+        n, flush, sub, mn = self.counts
+        if n:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = flush / n, sub / n
+            ts.min_nonzero = mn if mn < math.inf else None
+        else:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, 0.0
+        return ts
+
+
+def _skip_reason(dtype, tag: str) -> str | None:
     from .dtypes import name_of
 
-    dt = name_of(t.dtype)
-    ts = TensorScan(name, str(t.dtype).removeprefix("torch."), list(t.shape), t.numel())
-    if dt is None or not t.is_floating_point():
-        ts.skipped = "not floating point"
-        return ts
-    if t.numel() == 0:
-        ts.skipped = "empty"
-        return ts
-    ts.nan, ts.posinf, ts.neginf, first, ts.absmax = _value_stats(t)
-    if not ts.finite:
-        ts.first_index = _unravel(first, list(t.shape)) if first is not None else None
-    for target in HEADROOM_DTYPES:
-        mx = limits(target).max
-        ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
-        ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
-    if t.dtype != torch.float16 or exact:
-        zf, sf, mn, sampled = _underflow(t, exact)
-        ts.fp16_zero_frac, ts.fp16_subnormal_frac, ts.min_nonzero, ts.sampled = zf, sf, mn, sampled
-    else:  # already fp16: nothing changes when cast
-        ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, None
-    return ts
+    if dtype is None:
+        return f"dtype {tag} is not scanned (torch cannot hold it element-wise)"
+    if not dtype.is_floating_point:
+        return "not floating point"
+    if name_of(dtype) is None:
+        return f"dtype {tag} is not scanned"
+    return None
 
 
-def _unmap(ck: Checkpoint, name: str) -> None:
-    """Close the memory map of the shard holding ``name`` (``SafetensorsFile.close``): once the
-    scanned tensor's views are gone the GC unmaps it, so its pages leave this process's RSS
-    (they stay in the page cache); the next tensor re-maps the file lazily. Nothing is discarded:
-    a view still held elsewhere keeps its own map alive."""
-    e = ck.entries.get(name) if ck._torch_sd is None else None
-    f = ck._files.get(e.file) if e is not None else None
-    if f is not None:
-        f.close()
+def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
+    """Scan one in-memory tensor (read only)."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    ts = TensorScan(name, dtype, list(t.shape), t.numel())
+    ts.skipped = _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None)
+    if ts.skipped:
+        return ts
+    acc = TensorStatsAccumulator(t.numel(), t.dtype, exact)
+    acc.add(0, t.reshape(-1))
+    return acc.finish(ts, list(t.shape))
+
+
+def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
+    """Scan one streamed tensor of a checkpoint, piece by piece (flat memory whatever its size)."""
+    ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
+    ts.skipped = _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None)
+    if ts.skipped or item.pieces is None:
+        return ts
+    acc = TensorStatsAccumulator(item.numel, item.torch_dtype, exact)
+    for first, count, piece in item.pieces:
+        if piece is None:
+            acc.add_zeros(first, count)
+        else:
+            acc.add(first, piece)
+        del piece  # drop the view so its window can be unmapped
+    return acc.finish(ts, item.shape)
 
 
 def scan_weights(ck: Checkpoint, exact: bool = False,
@@ -207,14 +285,11 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
     """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
     out: list[TensorScan] = []
     skipped = 0
-    for name, t in ck.tensors():
-        ts = scan_tensor(name, t, exact)
+    for item in ck.scan_items():
+        ts = scan_item(item, exact)
         if ts.skipped:
             skipped += 1
         out.append(ts)
-        nbytes = t.numel() * t.element_size()
-        del t
-        _unmap(ck, name)
         if progress is not None:
-            progress(name, nbytes)
+            progress(item.name, item.nbytes)
     return WeightsScan(out, len(out), skipped, ck.nbytes)

@@ -69,7 +69,8 @@ def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str,
 class MixedRunner:
     """Runs every input with a keep set in ``keep_dtype`` and the rest in ``dtype``."""
 
-    def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float):
+    def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float,
+                 generate: int | None = None, pad_id: int | None = None):
         self.model = model
         self.batches = batches
         self.run = run
@@ -77,6 +78,8 @@ class MixedRunner:
         self.dtype = run.name
         self.keep_dtype = keep.name
         self.rtol = rtol
+        self.generate = generate  # greedy decoding of this many tokens per input instead of one forward
+        self.pad_id = pad_id
         # full-precision master weights (as loaded), to restore kept modules without rounding
         self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
                        if v.is_floating_point()}
@@ -119,7 +122,7 @@ class MixedRunner:
         try:
             with rec, torch.no_grad(), run_context(run):
                 for kw in batches if batches is not None else self.batches:
-                    res.append(float_outputs(self.model(**self._inputs(kw, run))))
+                    res.append(self._run_one(self._inputs(kw, run), rec))
         except RuntimeError:
             return None
         finally:
@@ -127,6 +130,19 @@ class MixedRunner:
                 h.remove()
         f = first_finding(rec.calls, rec.sink.rows())
         return res, (None if f is None else f.call.module)
+
+    def _run_one(self, kw: dict, rec: Any) -> list[torch.Tensor]:
+        """One input: its float outputs, or under --generate a greedy decoding (nothing to compare:
+        it passes when every module output of every step stayed finite)."""
+        if self.generate is None:
+            return float_outputs(self.model(**kw))
+        from transformers import StoppingCriteriaList
+
+        from ..generation import stop_on_fault
+
+        self.model.generate(**kw, max_new_tokens=self.generate, do_sample=False, num_beams=1, pad_token_id=self.pad_id,
+                            stopping_criteria=StoppingCriteriaList([stop_on_fault(rec)]))
+        return []
 
     def reference(self) -> bool:
         got = self.observe(frozenset(), all_high=True)
@@ -156,7 +172,10 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
            inputs: list[str] | None = None, prompts: list[str] | None = None, data: str | None = None,
            device: str = "auto", config: str | Config | None = None, attn: str | None = None,
            granularity: str | None = None, over: str = "modules", rtol: float | None = None,
-           policy_out: str | None = None, progress: Callable[[int, str], None] | None = None) -> Report:
+           policy_out: str | None = None, progress: Callable[[int, str], None] | None = None,
+           generate: int | None = None) -> Report:
+    """``generate``: judge each run by greedy decoding of that many tokens per input (a run fails
+    when any module output of any step goes non-finite) instead of by one forward."""
     cfg = as_config(config)
     dt = parse_dtype(dtype) or "fp16"
     keep = parse_dtype(keep_dtype) or "fp32"
@@ -181,7 +200,13 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
     rep.notes += p.notes  # e.g. the default prompt, announced as in scan
-    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol)
+    pad_id = None
+    if generate is not None:
+        from ..generation import check_can_generate, pad_token_id
+
+        check_can_generate(p.model)
+        pad_id = pad_token_id(p)
+    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, generate, pad_id)
     rep.run = {"dtype": dt, "device": str(p.device), "n_inputs": len(p.batches), "failed_inputs": [],
                "inputs": p.labels}
     if not runner.reference():
@@ -237,7 +262,12 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     return rep
 
 
-def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool, float]:
+def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool, float | None]:
+    """The policy applied the public way (``apply_policy``) on a fresh copy of the model: finite,
+    and the largest relative error against the reference (None under --generate: decoding is
+    judged on finiteness alone)."""
+    from ..capture.recorder import Recorder
+    from ..locate.producer import first_finding
     from ..policy import apply_policy
 
     m = copy.deepcopy(model)
@@ -247,6 +277,16 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
                               "modules": {k: runner.keep_dtype for k in keep}})
     errs = []
     finite = True
+    if runner.generate is not None:
+        rec = Recorder(m, level="modules", retain=1)
+        try:
+            with rec, torch.no_grad(), run_context(runner.run):
+                for kw in runner.batches:
+                    m.generate(**runner._inputs(kw, runner.run), max_new_tokens=runner.generate, do_sample=False,
+                               num_beams=1, pad_token_id=runner.pad_id)
+        finally:
+            handle.remove()
+        return first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None, None
     try:
         for kw, ref in zip(runner.batches, runner.ref):
             with torch.no_grad(), run_context(runner.run):

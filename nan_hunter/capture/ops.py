@@ -5,26 +5,37 @@ op whose output is non-finite (the first non-finite value, not the first NaN), w
 source line and the operands' statistics; ``OpWatch`` (level "ops") watches a whole forward to
 see intermediates that went non-finite and were absorbed before any module output (RMSNorm's
 ``x.pow(2).mean()`` = inf → rsqrt → 0), and −inf masks absorbed by softmax/where/masked_fill.
+
+In-place and ``out=`` ops are judged on their operands as they were before the op (a copy of
+each written operand is taken first). An op that overflowed gets its true magnitude from the
+same op re-run on its operands in float64 (``OpEvent.exact_absmax``). Tensor subclasses
+(torchao's ``Float8Tensor``) are read through ``kernels.reference.plain``; an operand that cannot
+be read is left out, never raised on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import os
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
+from ..kernels.reference import Unreadable, plain
 from ..tree import float_tensors
 
 # Directories with a trailing separator, so that ``torchao/`` or ``torchvision/`` never count as
 # inside torch, nor a user's ``nan_hunter_tests/`` as inside nanhunter.
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 @dataclass
@@ -62,6 +73,10 @@ class OpEvent:
     operands: list[OperandStats] = field(default_factory=list)
     out_dtype: str | None = None
     module: str | None = None
+    exact_absmax: float | None = None  # |result| of the op re-run on its operands in float64
+    exact_dtype: str | None = None  # the dtype that re-run used (fp64, or fp32 where fp64 has no kernel)
+    outcome: str | None = None  # level "ops", absorbed values: how the module output compares with float64
+    rel_err: float | None = None  # that module output's relative error against float64
 
 
 def operand_stats(i: int, x: Any) -> OperandStats | None:
@@ -73,11 +88,15 @@ def operand_stats(i: int, x: Any) -> OperandStats | None:
                             int(v < 0), 1, scalar=v)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.is_meta:
         return None
+    dtype = str(x.dtype).removeprefix("torch.")
+    try:
+        x = plain(x)
+    except Unreadable:
+        return None
     n = x.numel()
     if n == 0:
-        return OperandStats(i, str(x.dtype).removeprefix("torch."), list(x.shape), True, 0, 0, 0, None, None,
-                            None, None, 0, 0, 0)
-    f = x.detach().float().reshape(-1)
+        return OperandStats(i, dtype, list(x.shape), True, 0, 0, 0, None, None, None, None, 0, 0, 0)
+    f = x.float().reshape(-1)
     isn = torch.isnan(f)
     isi = torch.isinf(f)
     fin = ~(isn | isi)
@@ -85,7 +104,7 @@ def operand_stats(i: int, x: Any) -> OperandStats | None:
     a = ff.abs()
     nz = a[a > 0]
     return OperandStats(
-        i, str(x.dtype).removeprefix("torch."), list(x.shape), bool(fin.all()), int(isn.sum()),
+        i, dtype, list(x.shape), bool(fin.all()), int(isn.sum()),
         int((isi & (f > 0)).sum()), int((isi & (f < 0)).sum()),
         float(a.max()) if a.numel() else None, float(ff.min()) if ff.numel() else None,
         float(ff.max()) if ff.numel() else None, float(nz.min()) if nz.numel() else None,
@@ -96,7 +115,10 @@ def operand_stats(i: int, x: Any) -> OperandStats | None:
 def _counts(outs: list[torch.Tensor]) -> tuple[int, int, int]:
     nan = pos = neg = 0
     for t in outs:
-        f = t.detach()
+        try:
+            f = plain(t)
+        except Unreadable:
+            continue
         if f.numel() == 0:
             continue
         if f.dtype.itemsize == 1:
@@ -110,27 +132,54 @@ def _counts(outs: list[torch.Tensor]) -> tuple[int, int, int]:
     return nan, pos, neg
 
 
-def user_source() -> str | None:
-    """``file.py:line  code`` where the op was called: the innermost frame outside torch, looking
-    only at frames inside nanhunter's own re-run call (the boundary). When the op comes from a
-    torch module with no user code in between (``nn.Linear``), the module's own frame is given."""
+def _frames_inside() -> list[traceback.FrameSummary]:
+    """Frames of the running re-run, innermost first: those between nanhunter's own dispatch
+    frames (innermost) and nanhunter's caller frames (the boundary)."""
     inside: list[traceback.FrameSummary] = []
-    for fr in reversed(traceback.extract_stack()[:-1]):
+    for fr in reversed(traceback.extract_stack()[:-2]):
         fn = os.path.abspath(fr.filename)
         if fn.startswith(_PKG_DIR):
             if inside:
                 break  # reached nanhunter's caller frames: the boundary
             continue  # nanhunter's own dispatch frames, innermost
         inside.append(fr)
-    frame = next((f for f in inside if not os.path.abspath(f.filename).startswith(_TORCH_DIR)
-                  and "/contextlib.py" not in f.filename), None)
-    if frame is None:
-        frame = next((f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
-                     inside[0] if inside else None)
-    if frame is None:
-        return None
+    return inside
+
+
+def _is_model_code(filename: str) -> bool:
+    """The model's own code: not torch's package (directory with its separator, so ``torchao/``
+    and ``torchvision/`` are model code), not the standard library."""
+    fn = os.path.abspath(filename)
+    if fn.startswith(_TORCH_DIR):
+        return False
+    return not fn.startswith(_STDLIB_DIR) or "-packages" + os.sep in fn
+
+
+def _where(frame: traceback.FrameSummary) -> str:
     code = (frame.line or "").strip()
     return f"{frame.filename}:{frame.lineno}" + (f"  {code}" if code else "")
+
+
+def call_site() -> str | None:
+    """The innermost frame in the model's own code of the running re-run (``file.py:line  code``),
+    or None when there is none (a torch module re-run on its own)."""
+    frame = next((f for f in _frames_inside() if _is_model_code(f.filename)), None)
+    return _where(frame) if frame is not None else None
+
+
+def user_source(fallback: str | None = None) -> str | None:
+    """``file.py:line  code`` where the op was called: the innermost frame in the model's own code
+    (``call_site``); else ``fallback`` (where the re-run module was called from, in the model's
+    code); else the torch module's own frame (``nn/modules/linear.py``)."""
+    inside = _frames_inside()
+    frame = next((f for f in inside if _is_model_code(f.filename)), None)
+    if frame is not None:
+        return _where(frame)
+    if fallback is not None:
+        return fallback
+    frame = next((f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
+                 inside[0] if inside else None)
+    return _where(frame) if frame is not None else None
 
 
 def _float_tensors(obj: Any) -> list[torch.Tensor]:
@@ -161,10 +210,73 @@ def _classes(flat: list[Any]) -> tuple[bool, bool, bool]:
     return nan, pos, neg
 
 
-def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any) -> OpEvent | None:
+def _written(func: Any) -> tuple[set[int], set[str], set[str]]:
+    """What ``func`` writes to: positions and names of written operands (``self`` of ``add_``),
+    and names of keyword-only output buffers (``out``)."""
+    pos: set[int] = set()
+    names: set[str] = set()
+    outs: set[str] = set()
+    try:
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                if a.kwarg_only:
+                    outs.add(a.name)
+                else:
+                    pos.add(i)
+                    names.add(a.name)
+    except AttributeError:  # not an OpOverload
+        pass
+    return pos, names, outs
+
+
+def before_op(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The operands as the op will see them, for an op that writes into some: in-place operands
+    copied (their values before the op), ``out=`` buffers left out (their old contents are no
+    operand). None for an op that writes nothing."""
+    pos, names, outs = _written(func)
+    if not pos and not outs:
+        return None
+
+    def keep(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and type(x) in (torch.Tensor, torch.nn.Parameter):
+            return x.detach().clone()
+        return x
+
+    a = tuple(keep(x) if i in pos else x for i, x in enumerate(args))
+    kw = {k: keep(v) if k in names else v for k, v in kwargs.items() if k not in outs}
+    return a, kw
+
+
+def exact_absmax(func: Any, args: tuple, kwargs: dict) -> tuple[float | None, str | None]:
+    """|result| of ``func`` re-run on its operands widened to float64 (float32 where float64 has
+    no kernel): the magnitude an overflowed result really had. (None, None) when it cannot run."""
+    if "out" in kwargs:
+        return None, None
+    for dt, name in ((torch.float64, "fp64"), (torch.float32, "fp32")):
+        def widen(x: Any, dt: torch.dtype = dt) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                return plain(x).to(dt)
+            return x
+        try:
+            a, kw = tree_map(widen, (args, kwargs))
+            kw = {k: (dt if k == "dtype" and isinstance(v, torch.dtype) and v.is_floating_point else v)
+                  for k, v in kw.items()}
+            outs = _float_tensors(func(*a, **kw))
+        except Exception:  # noqa: BLE001 - no kernel for this dtype, or a subclass operand
+            continue
+        vals = [o.abs().max() for o in outs if o.numel()]
+        if not vals:
+            return None, None
+        m = float(torch.stack([v.to(torch.float64) for v in vals]).max())
+        return (m, name) if math.isfinite(m) else (None, None)
+    return None, None
+
+
+def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | None = None) -> OpEvent | None:
     """An event when ``func`` introduced a non-finite class (NaN, +inf or -inf) that none of its
     operands held: the op that *made* the value, as opposed to ops that carried it along (and to
-    -inf masks written in on purpose, whose operand already is -inf)."""
+    -inf masks written in on purpose, whose operand already is -inf). ``args``/``kwargs`` are the
+    operands as the op saw them (``before_op`` for in-place ops)."""
     outs = _float_tensors(out)
     if not outs:
         return None
@@ -176,8 +288,11 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any) -> OpEvent | N
     if not ((nan and not in_nan) or (pos and not in_pos) or (neg and not in_neg)):
         return None
     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
-    return OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(), operands,
-                   str(outs[0].dtype).removeprefix("torch."))
+    ev = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(site), operands,
+                 str(outs[0].dtype).removeprefix("torch."))
+    if (pos or neg) and not nan and not (in_nan or in_pos or in_neg):
+        ev.exact_absmax, ev.exact_dtype = exact_absmax(func, args, kwargs)
+    return ev
 
 
 class FirstBadOp(TorchDispatchMode):
@@ -187,14 +302,17 @@ class FirstBadOp(TorchDispatchMode):
     −inf alone is how masks are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an
     op that only introduced −inf is kept aside (``first_neginf``) and reported only when nothing
     later made a NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
-    data), the first computing op whose output is non-finite."""
+    data), the first computing op whose output is non-finite. ``site``: where the re-run module
+    was called from in the model's code, the source line when the op has none of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, site: str | None = None) -> None:
         super().__init__()
         self.first: OpEvent | None = None
         self.first_neginf: OpEvent | None = None
         self.first_carrier: OpEvent | None = None
         self.n_ops = 0
+        self.ops: list[str] = []  # names of the ops that ran (the first 4096)
+        self.site = site
 
     @property
     def result(self) -> OpEvent | None:
@@ -202,11 +320,15 @@ class FirstBadOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        seen = before_op(func, args, kwargs) if self.first is None else None
         out = func(*args, **kwargs)
         self.n_ops += 1
+        if len(self.ops) < 4096:
+            self.ops.append(str(func))
         if self.first is not None:
             return out
-        ev = new_nonfinite(func, args, kwargs, out)
+        a, kw = seen if seen is not None else (args, kwargs)
+        ev = new_nonfinite(func, a, kw, out, self.site)
         if ev is not None:
             if ev.nan or ev.posinf:
                 self.first = ev
@@ -217,38 +339,98 @@ class FirstBadOp(TorchDispatchMode):
             if outs:
                 nan, pos, neg = _counts(outs)
                 if nan or pos or neg:
-                    flat, _ = tree_flatten((args, kwargs))
+                    flat, _ = tree_flatten((a, kw))
                     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
-                    self.first_carrier = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(),
-                                                 operands, str(outs[0].dtype).removeprefix("torch."))
+                    self.first_carrier = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg,
+                                                 user_source(self.site), operands,
+                                                 str(outs[0].dtype).removeprefix("torch."))
         return out
 
 
-def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[OpEvent | None, Any]:
-    """Re-run ``module(*args, **kwargs)`` under FirstBadOp; returns (first event, output)."""
-    mode = FirstBadOp()
-    with torch.no_grad(), mode:
+def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict, grad: bool | None = False,
+                 site: str | None = None) -> tuple[OpEvent | None, Any]:
+    """Re-run ``module(*args, **kwargs)`` under FirstBadOp; returns (first event, output).
+    ``grad``: the grad mode to run in (None: as the caller has it, e.g. a watched forward's).
+    A module that picked a fused fast path on the original forward but not on this re-run (or
+    the reverse) is named in a note on the event's source by the caller."""
+    mode = FirstBadOp(site)
+    grad_ctx = torch.set_grad_enabled(grad) if grad is not None else contextlib.nullcontext()
+    with grad_ctx, mode:
         out = module(*args, **kwargs)
     return mode.result, out
 
 
+#: relative error against float64 under which a module output that absorbed a non-finite
+#: intermediate is called right (in units of its dtype's eps; float32 is compared at 1e-5)
+EXACT_EPS = 16
+
+
 class OpWatch(TorchDispatchMode):
-    """Level "ops": non-finite op outputs during a whole forward, tagged with the running module."""
+    """Level "ops": non-finite op outputs during a whole forward, tagged with the running module.
+    When such a value is absorbed (the module output stays finite), the module is re-run in
+    float64 from its inputs to tell a harmless intermediate (gelu_new's ``pow(x, 3)`` → inf →
+    ``tanh`` → ±1, exact) from a silently wrong output (RMSNorm's variance → inf → zeros)."""
 
     def __init__(self, watch: Any) -> None:
         super().__init__()
         self.watch = watch
         self.records: list[OpEvent] = []
         self.limit = 256
+        self.judged = 0
+        self.judge_limit = 16  # float64 re-runs per watch, at most
+        self.judge_max_params = 100_000_000  # larger modules are not copied to float64
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if len(self.records) >= self.limit:
-            return out
-        ev = new_nonfinite(func, args, kwargs, out)
+            return func(*args, **kwargs)
+        seen = before_op(func, args, kwargs)
+        out = func(*args, **kwargs)
+        a, kw = seen if seen is not None else (args, kwargs)
+        ev = new_nonfinite(func, a, kw, out)
         if ev is not None:
             stack = self.watch._stack
-            ev.module = self.watch.calls[stack[-1]].module if stack else None
+            ev.module = stack[-1].module if stack else None
+            ev._call = stack[-1] if stack else None  # type: ignore[attr-defined]
             self.records.append(ev)
         return out
+
+    def module_done(self, call: Any, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """After a module call: judge the absorbed values it made against a float64 re-run."""
+        mine = [ev for ev in self.records if getattr(ev, "_call", None) is call]
+        if not mine:
+            return
+        for ev in mine:
+            del ev._call  # type: ignore[attr-defined]
+        outs = _float_tensors(output)
+        if not outs or any(sum(_counts([o])) for o in outs):
+            return  # not absorbed: the module output itself is non-finite
+        if self.judged >= self.judge_limit or sum(p.numel() for p in module.parameters()) > self.judge_max_params:
+            return
+        self.judged += 1
+        try:
+            ref = copy.deepcopy(module).double()
+            wide = lambda x: x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+            with torch.no_grad():
+                ref_out = _float_tensors(ref(*tree_map(wide, args), **tree_map(wide, kwargs)))
+        except Exception:  # noqa: BLE001 - no float64 kernel, a subclass weight: leave it unjudged
+            return
+        if len(ref_out) != len(outs):
+            return
+        num = den = 0.0
+        for o, r in zip(outs, ref_out):
+            if o.shape != r.shape or not bool(torch.isfinite(r).all()):
+                return
+            if o.numel():
+                num = max(num, float((plain(o).double() - r).abs().max()))
+                den = max(den, float(r.abs().max()))
+        err = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+        eps = max(torch.finfo(outs[0].dtype).eps * EXACT_EPS, 1e-5) if outs[0].dtype.is_floating_point else 1e-5
+        for ev in mine:
+            ev.rel_err = err
+            if err <= eps:
+                ev.outcome = (f"harmless: {ev.module or '<root>'}'s output matches float64 (relative error "
+                              f"{err:.2g}), the non-finite intermediate does not change it")
+            else:
+                ev.outcome = (f"the result is finite but silently wrong: {ev.module or '<root>'}'s output is off "
+                              f"from float64 by a relative error of {err:.2g}")

@@ -6,17 +6,28 @@ when forward raises. The public ``nan_hunter.watch`` (``session.Watch``) builds 
 ``report()``.
 
 Levels: ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
-model's main ModuleList and the root (the cheap always-on mode); ``"ops"`` adds per-op checks (a
+model's main ModuleList and the root (the cheap always-on mode; a block's parameters are those of
+its whole subtree, the root's those outside every block); ``"ops"`` adds per-op checks (a
 TorchDispatchMode) that also see intermediates absorbed before a module output.
+
+Bounded memory in long loops: the calls and rows of the latest ``retain`` forwards and of the
+first failing forward are kept in full; every other forward is folded into per-module
+aggregates (``aggregates``) and its rows are given back to the sink for reuse. Only the first
+failing forward's inputs are needed by a report: they are kept (a snapshot, see
+``capture.snapshot``) whatever came after. On a host sink (CPU) each forward is judged when it
+ends, so those inputs are always there; a device sink judges forwards in batches of
+``FOLD_BATCH`` (one read-back, so one host synchronisation per batch) and keeps inputs for the
+latest ``retain`` forwards until then.
 
 CUDA graphs: hooks run while a graph is captured, so the graph records the statistics launches
 with the model's kernels (levels blocks and modules; ops reads results on the host and refuses
-to run under capture).
+to run under capture). Rows written by a graph are rewritten by each replay: once a graph was
+captured, nothing is folded.
 """
 
 from __future__ import annotations
 
-import collections
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,10 +36,56 @@ from torch import nn
 from ..stats import TensorStats
 from ..tree import float_tensors
 from .blocks import main_blocks
+from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
 from .records import Call, Refs
 from .sink import StatsSink
+from .snapshot import Snapshot
 
 LEVELS = ("blocks", "modules", "ops")
+FOLD_BATCH = 32  # device sinks: forwards folded per read-back (one transfer for all of them)
+
+
+@dataclass
+class ModuleAggregate:
+    """One module over the forwards folded away: enough for a headroom view, not for a report."""
+
+    module: str
+    module_type: str
+    calls: int = 0
+    absmax: float | None = None  # largest finite output value
+    in_absmax: float | None = None
+    nonfinite_calls: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+Raw = dict[int, tuple[list[int], list[float]]]  # row -> (ints, floats), as ``StatsSink.read`` gives them
+
+
+def _nonfinite(raw: tuple[list[int], list[float]]) -> bool:
+    i = raw[0]
+    return bool(i[1] or i[2] or i[3])  # nan, posinf, neginf counts (stats.INT_FIELDS)
+
+
+def _absmax(raw: tuple[list[int], list[float]]) -> float | None:
+    a = raw[1][0]  # stats.FLOAT_FIELDS[0]; NaN when not computed
+    return None if a != a else a
+
+
+def _failed(calls: list[Call], rows: Raw) -> bool:
+    """A forward failed when a module output is non-finite or its data held NaN/+inf (the rule of
+    ``locate.producer.failed_inputs``, which capture does not import)."""
+    for c in calls:
+        if c.seq >= 0 and any(_nonfinite(rows[r]) for _, r in c.outputs):
+            return True
+        if c.parent is None and any(rows[r][0][1] or rows[r][0][2] for _, r in c.inputs):
+            return True
+    return False
+
+
+def _mx(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 class Recorder:
@@ -38,28 +95,47 @@ class Recorder:
                  backend: str | None = None, device: Any = None):
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-        self.model = model
+        self._wrapper = model if is_wrapper(model) else None  # watch(torch.compile(m)): its root hooks
+        self.model = model = unwrap(model)  # names, parameters and re-runs are the eager module's
+        self.opaque_forwards: set[int] = set()  # forwards that ran compiled: capture saw only the root
         self.level = level
         self.retain = retain
+        self.window = max(1, retain)  # forwards kept in full besides the first failing one
         if device is None:
             p = next(iter(model.parameters()), None)
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend)
-        self.calls: list[Call] = []
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
         self._param_versions: dict[str, tuple[int, ...]] = {}
-        self.retained: collections.deque = collections.deque(maxlen=max(1, retain))
         self._handles: list[Any] = []
-        self._stack: list[int] = []
+        self._n_hooked = 0
+        self._stack: list[Call] = []
         self._count: dict[str, int] = {}
         self._seq = 0
+        self._starts = 0
         self._forward = -1  # root calls seen (each is one input of the data set)
-        self._names = {m: n for n, m in model.named_modules()}
         self._ops = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._params_all = [p for p in model.parameters() if not p.is_inference()]
         self._weights_at: dict[int, int] = {}  # forward -> weights_version() when it started
+        # per forward, while it is kept in full
+        self._detail: dict[int, list[Call]] = {}
+        self._owned: dict[int, list[int]] = {}  # rows allocated for its calls' inputs and outputs
+        self._param_use: dict[int, set[int]] = {}  # modules whose param rows its calls reference
+        self._done: list[int] = []  # finished forwards, oldest first, not yet judged for folding
+        self._inputs: dict[int, Snapshot] = {}
+        self.first_failed: int | None = None
+        self.aggregates: dict[str, ModuleAggregate] = {}
+        self.forwards_folded = 0
+        self._failed_runs: list[list[int]] = []  # [first, last] runs of failing forwards folded or judged
+        self._param_blocks: dict[int, tuple[list[int], set[int], bool]] = {}  # id -> (rows, users, current)
+        self._param_block_of: dict[str, int] = {}
+        self._next_block = 0
+        self._judged_upto = -1
+        self._flags: list[tuple[int, Any, torch.Tensor]] = []  # device sinks: (forward, event, pinned flag)
+        self._early: int | None = None  # forward whose flag said it failed, before it was judged
+        self.paused = False  # a report's own re-runs are not recorded
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -75,14 +151,18 @@ class Recorder:
         targets: list[tuple[str, nn.Module]]
         if self.level == "blocks":
             blocks = set(main_blocks(self.model))
-            targets = [(n, m) for n, m in self.model.named_modules() if n == "" or n in blocks]
+            targets = [(n, m) for n, m in eager_named_modules(self.model) if n == "" or n in blocks]
         else:
-            targets = list(self.model.named_modules())
+            targets = eager_named_modules(self.model)
+        self._n_hooked = len(targets)
         try:
             for name, m in targets:
-                self._handles.append(m.register_forward_pre_hook(self._pre(name), with_kwargs=True))
-                self._handles.append(m.register_forward_hook(self._post(name), with_kwargs=True,
-                                                             always_call=True))
+                pre, post = self._pre(name), self._post(name)
+                if name == "":  # the root runs eagerly even when called compiled (capture.compiled_regions)
+                    m = self._wrapper if self._wrapper is not None else m
+                    pre, post = outside_compile(pre), outside_compile(post)
+                self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
         except BaseException:
             self.detach()
             raise
@@ -102,9 +182,30 @@ class Recorder:
         self._handles.clear()
         self._stack.clear()
 
+    # -- what is kept -----------------------------------------------------------------------
+    @property
+    def calls(self) -> list[Call]:
+        """The calls kept in full (the first failing forward's and the latest ones), in order."""
+        return [c for f in sorted(self._detail) for c in self._detail[f]]
+
+    @property
+    def retained(self) -> list[tuple[int, Snapshot]]:
+        """(forward, input snapshot) of the forwards whose inputs are kept."""
+        return sorted(self._inputs.items(), key=lambda kv: kv[0])
+
+    def inputs_of(self, forward: int) -> Snapshot | None:
+        return self._inputs.get(forward)
+
     # -- hooks ------------------------------------------------------------------------------
     def _on_root_call(self, forward: int) -> None:
         """Called when a root forward starts (a session records its ambient context here)."""
+
+    def _on_forget(self, forward: int) -> None:
+        """Called when a forward is folded away (a session drops what it kept for it)."""
+
+    def _keeps_inputs(self) -> bool:
+        """Whether root inputs are snapshotted (a session's report re-runs them)."""
+        return False
 
     def _measure_all(self, *parts: tuple[Any, str]) -> Refs:
         """Measure the float tensors inside each (object, label prefix) in one batch."""
@@ -116,14 +217,19 @@ class Recorder:
                 return self._measure_flat(items)
         return self._measure_flat(items)
 
-    def _measure_flat(self, items: list[tuple[str, torch.Tensor]]) -> Refs:
+    def _measure_flat(self, items: list[tuple[str, torch.Tensor]], owned: bool = True) -> Refs:
         if not items:
             return []
-        rows = self.sink.measure_many([t for _, t in items])
+        rows = self.sink.measure_many([t for _, t in items], cache=owned)
+        first, n = self.sink.last_new
+        if owned and n:
+            self._owned.setdefault(self._forward, []).extend(range(first, first + n))
         return [(label, r) for (label, _), r in zip(items, rows)]
 
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.paused or compiling():  # inside a compiled region: see capture.compiled_regions
+                return
             if not self._stack:  # a root call: one input of the data set
                 if self._ops is not None and self.sink.device.type == "cuda" \
                         and torch.cuda.is_current_stream_capturing():
@@ -131,45 +237,233 @@ class Recorder:
                         "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
                         "run inside CUDA-graph capture; capture with level='blocks' or 'modules' "
                         "(report() re-runs the failing input at op level, outside the graph)")
+                if self._flags and not (self.sink.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                    self.poll_flags()
                 self._forward += 1
                 self._count.clear()
                 self.sink.forget_tensors()
                 self._weights_at[self._forward] = self.weights_version()
-                self.retained.append((self._forward, args, kwargs))
+                self._detail[self._forward] = []
+                if self._keeps_inputs():
+                    self._inputs[self._forward] = Snapshot.of(args, kwargs)
+                    self._drop_old_inputs()
                 self._on_root_call(self._forward)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
-            call = Call(len(self.calls), name, type(module).__name__, idx, len(self._stack),
-                        self._stack[-1] if self._stack else None, self._forward)
+            parent = self._stack[-1].start if self._stack else None
+            call = Call(self._starts, name, type(module).__name__, idx, len(self._stack), parent, self._forward)
+            self._starts += 1
             call.inputs = self._measure_all((args, "args"), (kwargs, ""))
             call.params = self._params(name, module)
-            self.calls.append(call)
-            self._stack.append(call.start)
+            self._detail[self._forward].append(call)
+            self._stack.append(call)
         return hook
 
+    def _param_tensors(self, name: str, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """The floating parameters and buffers a call is judged against: the module's own, or at
+        level "blocks" everything under it that no other hooked module owns."""
+        if self.level == "blocks":
+            blocks = set(main_blocks(self.model)) if name == "" else set()
+            named = [(n, p) for n, p in list(module.named_parameters()) + list(module.named_buffers())
+                     if not any(n.startswith(b + ".") for b in blocks)]
+        else:
+            named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        return [(pn, p.detach()) for pn, p in named if p is not None and p.is_floating_point()]
+
     def _params(self, name: str, module: nn.Module) -> Refs:
-        """Rows of the module's own floating parameters and buffers: measured at its first call,
-        and again whenever one changed in place since (an optimizer step between forwards of
-        one capture), so every call is judged against the weights it actually used."""
+        """Rows of the call's parameters and buffers: measured at the module's first call, and
+        again whenever one changed in place since (an optimizer step between forwards of one
+        capture), so every call is judged against the weights it actually used."""
         own = self._own.get(name)
         if own is None:
-            named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-            own = self._own[name] = [(pn, p.detach()) for pn, p in named if p is not None and p.is_floating_point()]
-        versions = tuple(p._version for _, p in own) if own and not own[0][1].is_inference() else ()
+            own = self._own[name] = self._param_tensors(name, module)
+        versions = tuple(p._version for _, p in own if not p.is_inference())
         if name not in self.param_rows or versions != self._param_versions.get(name):
-            self.param_rows[name] = self._measure_flat(own)
+            old = self._param_block_of.get(name)
+            if old is not None:
+                rows, users, _ = self._param_blocks[old]
+                self._param_blocks[old] = (rows, users, False)
+                self._release_params(old)
+            self.param_rows[name] = self._measure_all_params(own)
             self._param_versions[name] = versions
+            first, n = self.sink.last_new
+            bid = self._next_block
+            self._next_block += 1
+            self._param_blocks[bid] = (list(range(first, first + n)) if own else [], set(), True)
+            self._param_block_of[name] = bid
+        bid = self._param_block_of[name]
+        self._param_blocks[bid][1].add(self._forward)
+        self._param_use.setdefault(self._forward, set()).add(bid)
         return self.param_rows[name]
+
+    def _measure_all_params(self, own: list[tuple[str, torch.Tensor]]) -> Refs:
+        if self._ops is not None:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return self._measure_flat(own, owned=False)
+        return self._measure_flat(own, owned=False)
+
+    def _release_params(self, bid: int) -> None:
+        rows, users, current = self._param_blocks[bid]
+        if not users and not current:
+            del self._param_blocks[bid]
+            self.sink.free(rows)
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self._stack:
+            if not self._stack or self.paused or compiling():
                 return
-            call = self.calls[self._stack.pop()]
+            while self._stack[-1].module != name and any(c.module == name for c in self._stack):
+                self._stack.pop()  # calls whose post-hook a compiled region swallowed: left unfinished
+            if self._stack[-1].module != name:
+                return
+            call = self._stack.pop()
             call.seq = self._seq
             self._seq += 1
             call.outputs = self._measure_all((output, ""))
+            if self._ops is not None:
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                with _disable_current_modes():
+                    self._ops.module_done(call, module, args, kwargs, output)
+            if not self._stack:
+                if self._n_hooked > 1 and len(self._detail.get(call.input_index, ())) == 1:
+                    self.opaque_forwards.add(call.input_index)  # ran compiled: nothing inside was seen
+                self._finish(call.input_index)
+                self.opaque_forwards.intersection_update(self._detail)  # only forwards still kept
         return hook
+
+    # -- folding ----------------------------------------------------------------------------
+    def _drop_old_inputs(self) -> None:
+        """Inputs are kept for the latest ``window`` forwards not yet judged (a device sink judges
+        in batches) and for the first failing forward: a snapshot may hold a KV cache's tensors."""
+        unjudged = [f for f in self._inputs if f not in (self.first_failed, self._early)]
+        old = unjudged[:max(0, len(unjudged) - self.window)]
+        if old and self._flags and self._flags[0][0] <= old[-1]:
+            self.poll_flags(upto=old[-1])  # the device is that far behind: wait for those flags
+        for f in old:
+            if f != self._early:
+                del self._inputs[f]
+
+    def _flag(self, forward: int) -> None:
+        """Device sink: whether ``forward`` failed, computed on the device and copied to pinned
+        host memory without a synchronisation; ``poll_flags`` reads it once it is there."""
+        calls = self._detail.get(forward, [])
+        outs = [r for c in calls for _, r in c.outputs]
+        data = [r for c in calls if c.parent is None for _, r in c.inputs]
+        flag = self.sink.flag_nonfinite(outs, data)
+        host = torch.empty((), dtype=torch.bool, pin_memory=self.sink.device.type == "cuda")
+        host.copy_(flag, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._flags.append((forward, event, host))
+
+    def poll_flags(self, wait: bool = False, upto: int = -1) -> None:
+        """Read the device flags that are ready (all of them with ``wait``, those of forwards up to
+        ``upto`` in any case): the first forward flagged as failing gets its inputs copied
+        (``Snapshot.pin``) before later forwards can change them or push them out."""
+        while self._flags:
+            forward, event, host = self._flags[0]
+            if not wait and forward > upto and not event.query():
+                return
+            event.synchronize()
+            self._flags.pop(0)
+            if bool(host) and self.first_failed is None and self._early is None:
+                snap = self._inputs.get(forward)
+                if snap is not None:
+                    snap.pin()
+                    self._early = forward
+                self._flags.clear()
+
+    def _rows_on_host(self) -> bool:
+        """Whether reading a forward's rows costs nothing (no device to wait for)."""
+        return self.sink.device.type == "cpu"
+
+    def _foldable(self) -> bool:
+        return not self.sink.graph_rows
+
+    def _finish(self, forward: int) -> None:
+        """A root forward ended: judge it now when its rows are in host memory (cheap), else start
+        a flag that is read once the device has computed it; fold the forwards that left the
+        window (in batches on a device sink: one read-back for all of them)."""
+        self._done.append(forward)
+        if self._foldable() and self._rows_on_host():
+            self._judge([forward])
+            if self.first_failed != forward:
+                self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
+        elif self._foldable() and self.first_failed is None and self._early is None and forward in self._inputs:
+            self._flag(forward)
+        batch = 1 if not self.sink._device_rows else FOLD_BATCH
+        if len(self._done) >= self.window + batch and self._foldable():
+            old = self._done[:len(self._done) - self.window]
+            self._done = self._done[len(old):]
+            self._fold(old)
+
+    def _row_refs(self, forwards: list[int]) -> list[int]:
+        return [r for f in forwards for c in self._detail.get(f, ()) for refs in (c.inputs, c.outputs, c.params)
+                for _, r in refs]
+
+    def _judge(self, forwards: list[int], rows: Raw | None = None) -> None:
+        """Whether each forward failed (a non-finite module output, or NaN/+inf data), recording the
+        first failing one, whose calls, rows and inputs are then kept whatever comes after.
+        Forwards are judged once, in order."""
+        forwards = [f for f in forwards if f > self._judged_upto]
+        if not forwards:
+            return
+        rows = rows if rows is not None else self.sink.read(self._row_refs(forwards))
+        for f in forwards:
+            self._judged_upto = f
+            if not _failed(self._detail.get(f, []), rows):
+                continue
+            if self._failed_runs and self._failed_runs[-1][1] == f - 1:
+                self._failed_runs[-1][1] = f
+            else:
+                self._failed_runs.append([f, f])
+            if self.first_failed is None:
+                self.first_failed = f
+                snap = self._inputs.get(f)
+                if snap is not None:
+                    snap.pin()  # a copy later forwards cannot change
+
+    def _fold(self, forwards: list[int]) -> None:
+        """Fold forwards into the per-module aggregates and give their rows back, except the first
+        failing forward, kept in full."""
+        rows = self.sink.read(self._row_refs(forwards))
+        self._judge(forwards, rows)
+        self._flags = [x for x in self._flags if x[0] > self._judged_upto]
+        if self._early is not None and self._early != self.first_failed and self._early <= self._judged_upto:
+            self._early = None
+        for f in forwards:
+            if f == self.first_failed:
+                continue
+            calls = self._detail.pop(f, [])
+            for c in calls:
+                agg = self.aggregates.get(c.module)
+                if agg is None:
+                    agg = self.aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
+                agg.calls += 1
+                bad = False
+                for _, r in c.outputs:
+                    agg.absmax = _mx(agg.absmax, _absmax(rows[r]))
+                    bad |= _nonfinite(rows[r])
+                for _, r in c.inputs:
+                    agg.in_absmax = _mx(agg.in_absmax, _absmax(rows[r]))
+                agg.nonfinite_calls += bad
+            self.sink.free(self._owned.pop(f, []))
+            for bid in self._param_use.pop(f, set()):
+                block = self._param_blocks.get(bid)
+                if block is not None:
+                    block[1].discard(f)
+                    self._release_params(bid)
+            self._inputs.pop(f, None)
+            self._weights_at.pop(f, None)
+            self.forwards_folded += 1
+            self._on_forget(f)
+
+    def failed_forwards(self) -> list[int]:
+        """Every forward judged failing so far (folded ones included)."""
+        return [i for a, b in self._failed_runs for i in range(a, b + 1)]
 
     def weights_version(self) -> int:
         """Sum of the parameters' version counters: it grows whenever any parameter is changed

@@ -89,6 +89,13 @@ class Segment:
             self.ready.add(cur)
 
 
+def _reset(seg: Segment, local: int, count: int) -> None:
+    """Rows ``local .. local + count - 1`` of ``seg`` back to the kernel's starting row."""
+    seg.block[local:local + count].zero_()
+    seg.ints[local:local + count, INT_FIELDS.index("first_nonfinite")] = -1
+    seg.floats[local:local + count, FLOAT_FIELDS.index("min_nonzero")] = math.inf
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -142,6 +149,8 @@ class StatsSink:
         self._segments: list[Segment] = []
         self._spare: Segment | None = None  # an initialised segment kept for the next graph capture
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}
+        self._free: list[tuple[int, int]] = []  # [lo, hi) eager rows given back by ``free``, by lo
+        self.last_new: tuple[int, int] = (0, 0)  # (first row, count) the last measure_many allocated
         self._rows_cache: list[TensorStats] | None = None
         self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
@@ -196,46 +205,56 @@ class StatsSink:
         """Append the stats of ``t`` and return its row (see ``measure_many``)."""
         return self.measure_many([t])[0]
 
-    def measure_many(self, tensors: list[torch.Tensor]) -> list[int]:
+    def measure_many(self, tensors: list[torch.Tensor], cache: bool = True) -> list[int]:
         """Append the stats of several tensors and return their rows. A tensor already measured
-        (same object, unchanged since) returns its earlier row without being read again. On the
-        Triton backend all new tensors go into one batched launch (a pointer table; a second one
-        only when some base address is not 16-byte aligned), so a hook costs one launch whatever
-        the number of tensors it sees. New rows are consecutive."""
+        (same object, unchanged since) returns its earlier row without being read again; with
+        ``cache=False`` every tensor gets a row of its own and none is remembered. On the Triton
+        backend all new tensors go into one batched launch (a pointer table; a second one only
+        when some base address is not 16-byte aligned), so a hook costs one launch whatever the
+        number of tensors it sees. New rows are consecutive (``last_new``), taken from rows given
+        back by ``free`` when a range is large enough, else appended."""
         capturing = False
         if self._device_rows:
             capturing = _capturing(self.device)
             self._switch(capturing)
         rows: list[int] = []
         new: list[torch.Tensor] = []
+        pos: dict[int, int] = {}  # id -> index in new, for a tensor given twice in one call
         for t in tensors:
             # inference tensors have no version counter: they are never reused from the cache
-            cacheable = not t.is_inference()
+            cacheable = cache and not t.is_inference()
             hit = self._seen.get(id(t)) if cacheable else None
             if hit is not None and hit[0]() is t and t._version == hit[1]:
                 rows.append(hit[2])
                 continue
-            row = self.n + len(new)
-            rows.append(row)
-            new.append(t)
-            self.bytes_read += t.numel() * t.element_size()
+            if cacheable and id(t) in pos:
+                rows.append(-1 - pos[id(t)])
+                continue
             if cacheable:
+                pos[id(t)] = len(new)
+            rows.append(-1 - len(new))  # filled in once the rows are allocated
+            new.append(t)
+        if not new:
+            self.last_new = (self.n, 0)
+            return rows
+        first = self._alloc(len(new), capturing)
+        self.last_new = (first, len(new))
+        rows = [r if r >= 0 else first - 1 - r for r in rows]
+        for i, t in enumerate(new):
+            self.bytes_read += t.numel() * t.element_size()
+            if id(t) in pos:
                 try:
-                    self._seen[id(t)] = (weakref.ref(t), t._version, row)
+                    self._seen[id(t)] = (weakref.ref(t), t._version, first + i)
                 except TypeError:  # pragma: no cover - tensors without weakref support
                     pass
-        if not new:
-            return rows
-        first = self.n
-        self.n += len(new)
         self._rows_cache = None
         if not self._device_rows:
-            for t in new:
-                q = ref.quick_row(t)
-                if q is None:
-                    ints, floats = ref.full_row(t)
-                    q = (ints.tolist(), floats.tolist())
-                self._host.append(q)
+            for i, t in enumerate(new):
+                q = self._host_row(t, first + i)
+                if first + i < len(self._host):
+                    self._host[first + i] = q
+                else:
+                    self._host.append(q)
             return rows
         self._ensure(self.n, capturing)
         self.graph_rows |= capturing
@@ -247,6 +266,70 @@ class StatsSink:
                 seg.order_after_init()
             self._write(seg, local, part, capturing)
         return rows
+
+    def _alloc(self, count: int, capturing: bool) -> int:
+        """First row of ``count`` consecutive rows: from a freed eager range (first fit), else at the end."""
+        if not capturing:
+            for i, (lo, hi) in enumerate(self._free):
+                if hi - lo >= count:
+                    if hi - lo == count:
+                        del self._free[i]
+                    else:
+                        self._free[i] = (lo + count, hi)
+                    return lo
+        first = self.n
+        self.n += count
+        return first
+
+    def free(self, rows: list[int]) -> None:
+        """Give rows back for reuse (those of a forward folded into aggregates): they are reset to
+        the kernel's starting row, since the kernel adds into a row it writes. Rows written by a
+        captured CUDA graph are never given back (a replay rewrites them)."""
+        if not rows:
+            return
+        spans: list[tuple[int, int]] = []
+        for r in sorted(set(rows)):
+            if spans and spans[-1][1] == r:
+                spans[-1] = (spans[-1][0], r + 1)
+            else:
+                spans.append((r, r + 1))
+        gone = set(rows)
+        for lo, hi in spans:
+            for r in range(lo, hi):
+                self._host_rows.pop(r, None)
+            if self._device_rows:
+                for seg, local, count in self._pieces(lo, hi - lo):
+                    if seg.graph:
+                        raise ValueError("rows written by a captured CUDA graph cannot be freed")
+                    _reset(seg, local, count)
+        if self.unmeasured:
+            self.unmeasured = [(r, why) for r, why in self.unmeasured if r not in gone]
+        merged = sorted(self._free + spans)
+        self._free = []
+        for lo, hi in merged:
+            if self._free and self._free[-1][1] >= lo:
+                self._free[-1] = (self._free[-1][0], max(self._free[-1][1], hi))
+            else:
+                self._free.append((lo, hi))
+        self._rows_cache = None
+
+    @property
+    def rows_in_use(self) -> int:
+        """Rows allocated and not given back (what the sink's memory grows with)."""
+        return self.n - sum(hi - lo for lo, hi in self._free)
+
+    def _host_row(self, t: torch.Tensor, row: int) -> tuple[list[int], list[float]]:
+        """A host row for ``t``; a tensor the reference cannot read gets an empty row and a note
+        (a statistic never breaks the user's forward)."""
+        try:
+            q = ref.quick_row(t)
+            if q is None:
+                ints, floats = ref.full_row(t)
+                q = (ints.tolist(), floats.tolist())
+            return q
+        except Exception as e:  # noqa: BLE001 - never break the user's forward over a statistic
+            self.unmeasured.append((row, f"{type(t).__name__} {t.dtype} on {t.device}: {e}"))
+            return _EMPTY_ROW[0][:], _EMPTY_ROW[1][:]
 
     def _kernel_can_read(self, t: torch.Tensor) -> bool:
         return (t.dtype in self._kernel_dtypes and t.device == self.device and t.layout == torch.strided
@@ -273,11 +356,7 @@ class StatsSink:
             row = seg.start + local + i
             try:
                 if t.device.type == "cpu" and self.device.type != "cpu":
-                    q = ref.quick_row(t)
-                    if q is None:
-                        ints, floats = ref.full_row(t)
-                        q = (ints.tolist(), floats.tolist())
-                    self._host_rows[row] = q  # a host tensor: computed here, no device copy
+                    self._host_rows[row] = self._host_row(t, row)  # a host tensor: computed here, no device copy
                     continue
                 ints, floats = ref.full_row(t)
                 seg.ints[local + i].copy_(ints.to(self.device, non_blocking=True))
@@ -313,6 +392,46 @@ class StatsSink:
                 out = [TensorStats.from_row(i, f) for i, f in zip(ints, floats)]
         self._rows_cache = out
         return out
+
+    def read(self, rows: list[int]) -> dict[int, tuple[list[int], list[float]]]:
+        """Some rows as raw host rows (ints, floats), for folding a forward: one gather and one
+        transfer on a device sink; straight from the host lists otherwise. The count fields
+        (numel, nan, posinf, neginf) are always set; a float field not computed is NaN."""
+        if not rows:
+            return {}
+        if not self._device_rows:
+            host = self._host
+            return {r: host[r] for r in rows}
+        want = sorted(set(rows))
+        parts, order = [], []
+        for seg in self._segments:
+            local = [r - seg.start for r in want if seg.start <= r < seg.start + seg.cap]
+            if local:
+                idx = torch.tensor(local, dtype=torch.long, device=seg.block.device)
+                parts.append(seg.block.index_select(0, idx))
+                order += [seg.start + i for i in local]
+        host = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu()
+        ints = host[:, :N_INT].tolist()
+        floats = host[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
+        return {r: self._host_rows.get(r, (i, f)) for r, i, f in zip(order, ints, floats)}
+
+    def flag_nonfinite(self, any_rows: list[int], data_rows: list[int]) -> torch.Tensor:
+        """A 0-dim bool tensor on the sink's device, computed without a host synchronisation: True
+        when a row of ``any_rows`` counts a NaN or ±inf, or a row of ``data_rows`` a NaN or +inf
+        (the failing-forward rule, for a device sink that cannot read its rows every forward)."""
+        flags = []
+        for rows, hi in ((any_rows, 1 + 3), (data_rows, 1 + 2)):  # INT_FIELDS[1:hi]: nan, posinf[, neginf]
+            for seg in self._segments:
+                local = [r - seg.start for r in rows if seg.start <= r < seg.start + seg.cap]
+                if not local:
+                    continue
+                idx = torch.tensor(local, dtype=torch.long)
+                if self.device.type == "cuda":
+                    idx = idx.pin_memory().to(self.device, non_blocking=True)
+                flags.append(seg.ints.index_select(0, idx)[:, 1:hi].sum() > 0)
+        if not flags:
+            return torch.zeros((), dtype=torch.bool, device=self.device)
+        return torch.stack(flags).any()
 
     def forget_tensors(self) -> None:
         """Drop the identity cache (between forwards: ids may be reused)."""

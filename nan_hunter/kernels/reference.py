@@ -4,6 +4,11 @@
 is also sync-free on CUDA. ``quick_row`` is the CPU fast path: one ``aminmax`` pass tells
 finite-or-not (aminmax propagates NaN and runs at memory speed, ~30 GB/s here, where
 ``isfinite(x).all()`` runs at ~1.4 GB/s); the full row is computed only when needed.
+
+Both read ``plain(t)``: the tensor detached (a statistic is never part of the user's graph, and
+a Python number taken from a ``requires_grad`` tensor warns), and a tensor subclass (torchao's
+``Float8Tensor``, whose dispatch implements few ops) through its dequantised values or, failing
+that, its plain inner data (``__tensor_flatten__``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,69 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class Unreadable(ValueError):
+    """A tensor subclass whose values cannot be read as a plain tensor."""
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor with ``t``'s values: the tensor itself, a subclass's ``dequantize()``,
+    or its plain inner floating tensors (data × scale when there are two that broadcast, else all
+    of them flattened side by side: quantised data and scales hold every NaN/Inf the values can
+    have). Raises ``Unreadable`` when there is nothing plain inside."""
+    if type(t) in _PLAIN_TYPES:
+        return t.detach()
+    if getattr(type(t), "__torch_dispatch__", None) is torch.Tensor.__torch_dispatch__:
+        # a subclass with its own storage (only __torch_function__ overridden): its data is plain
+        with torch._C.DisableTorchFunctionSubclass():
+            return t.detach().as_subclass(torch.Tensor)
+    deq = getattr(t, "dequantize", None)
+    if callable(deq):
+        try:
+            v = deq()
+            if type(v) in _PLAIN_TYPES and v.shape == t.shape:
+                return v.detach()
+        except Exception:  # noqa: BLE001 - fall back to the inner data
+            pass
+    inner = _inner_floats(t)
+    if not inner:
+        raise Unreadable(f"{type(t).__name__} has no plain floating data to measure")
+    if len(inner) == 2:  # quantised data and its scale: their product is the value
+        data, scale = sorted(inner, key=lambda x: x.numel(), reverse=True)
+        try:
+            v = data.float() * scale.float()
+            if v.shape == data.shape:
+                return v
+        except RuntimeError:  # scales that do not broadcast (blocked layouts)
+            pass
+    # otherwise every inner value side by side: their NaN/Inf, and the largest magnitude held
+    return torch.cat([x.float().reshape(-1) for x in inner])
+
+
+def _inner_floats(t: torch.Tensor, depth: int = 0) -> list[torch.Tensor]:
+    """Plain floating tensors inside a traceable wrapper subclass (``__tensor_flatten__``), any
+    fp8 data included."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None or depth > 3:
+        return []
+    try:
+        names, _ = flatten()
+    except Exception:  # noqa: BLE001
+        return []
+    out: list[torch.Tensor] = []
+    for n in names:
+        x = getattr(t, n, None)
+        if not isinstance(x, torch.Tensor):
+            continue
+        if type(x) not in _PLAIN_TYPES:
+            out += _inner_floats(x, depth + 1)
+        elif x.is_floating_point():
+            out.append(x.detach())
+    return out
+
+
 def _field(row: torch.Tensor, names: tuple[str, ...], name: str) -> torch.Tensor:
     i = names.index(name)
     return row[i:i + 1]
@@ -31,6 +99,7 @@ def _field(row: torch.Tensor, names: tuple[str, ...], name: str) -> torch.Tensor
 
 def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every stats field of floating tensor ``t`` as (int64[N_INT], float32[N_FLOAT]) on t's device."""
+    t = plain(t)
     dev = t.device
     n = t.numel()
     # slices filled in place, never ``ints[i] = n``: on CUDA that can be a blocking copy
@@ -72,6 +141,7 @@ def quick_row(t: torch.Tensor) -> tuple[list[int], list[float]] | None:
 
     Returns None when ``t`` holds a NaN or ±Inf (the caller then needs ``full_row``).
     """
+    t = plain(t)
     n = t.numel()
     if n == 0:
         return None

@@ -124,13 +124,15 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
     return out
 
 
-def to_first_nonfinite(f: Finding, ev: Any = None) -> FirstNonfinite:
+def to_first_nonfinite(f: Finding, ev: Any = None, step: int | None = None) -> FirstNonfinite:
     """The report's ``first_nonfinite`` from a finding and its op event (``ops.OpEvent`` or None).
     For a producer the kind is the op's (an inf often comes one op before the NaN that reaches
-    the module output); values that came in non-finite keep the kind seen at the module."""
+    the module output); values that came in non-finite keep the kind seen at the module.
+    ``step`` defaults to the root-call index (the meaning under ``watch()``)."""
     c = f.call
     op = ev.op if ev is not None else None
     source = ev.source if ev is not None else None
     kind = ev.kind if ev is not None and f.role == "producer" else None
     return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
-                          kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor)
+                          kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor,
+                          step=c.input_index if step is None else step)

@@ -1,104 +1,125 @@
 """The Markdown report (for PR comments, wikis, job summaries): the same content as the HTML
-report, with the plot written next to it as a PNG (``report.md`` → ``report.png``, or
-``report-1.png``, ``report-2.png``... for several checkpoints) and linked relatively."""
+report, from the same ``rows``, with each plot a PNG beside the file, linked relatively.
+
+Every string goes through ``escape.markdown`` (``<code>`` for names): nothing from a tensor name
+can open a tag, a link, a table cell or a mention once GitHub renders the file.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from urllib.parse import quote
 
-from ..errors import BadInput
 from ..report import Report
-from .html import (
+from .escape import markdown as esc
+from .escape import markdown_code as code
+from .headroom import Strip, StripCall, strip
+from .rows import (
+    CHECK_HEAD,
+    LEAD_HEAD,
+    MATRIX_HEAD,
+    REPLAY_HEAD,
+    WEIGHTS_HEAD,
+    WEIGHTS_MAX_ROWS,
     check_rows,
+    check_verdict,
+    diagnosis,
     lead_rows,
     matrix_rows,
     meta_rows,
     near_miss_lines,
-    plot_or_note,
     replay_rows,
-    title_of,
-    verdict_line,
+    title,
+    verdict,
     weights_rows,
     where_rows,
 )
 
-ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
-
-
-def _cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+EMOJI = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
+BAR = 20  # cells of the headroom bar
 
 
 def _table(head: list[str], rows: list[list[str]], hit: int | None = None) -> list[str]:
+    """Rows of already escaped cells."""
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
-        cells = [_cell(c) for c in r]
-        if i == hit:
-            cells = [f"**{c}**" if c else c for c in cells]
-        out.append("| " + " | ".join(cells) + " |")
+        out.append("| " + " | ".join(f"**{c}**" if i == hit and c else c for c in r) + " |")
     return out + [""]
 
 
-def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
-    md = [f"- **{k}**: `{v}`" for k, v in meta_rows(rep)] + ["", f"> **{verdict_line(rep)}**", ""]
-    if rep.check is not None:
-        head, rows = check_rows(rep)
-        md += ["### Check results", ""] + _table(head, [[f"{ICON[r[0]]} {r[0]}", f"`{r[1]}`", r[2]] for r in rows])
-    d = rep.diagnosis
-    if d is not None or rep.first_nonfinite is not None:
-        md += ["### Diagnosis", ""]
-        if d is not None:
-            md += [f"**`{d.cause}`** — {d.summary}", ""]
-            if d.module is not None or d.op:
-                md += [f"**where**: `{d.module or '<root>'}` `{d.op or ''}` ({d.dtype})", ""]
-            md += [f"- {e}" for e in d.evidence] + ["", f"**Fix**: {d.fix}", ""]
-        if rep.first_nonfinite is not None:
-            md += ["**First non-finite value**", ""] + [f"- {k}: `{v}`" for k, v in where_rows(rep)] + [""]
-            head, rows, hit = lead_rows(rep)
-            if rows:
-                md += ["Calls leading to it (execution order):", ""] + _table(head, rows, hit)
-    if (rep.check or {}).get("runs"):
-        head, rows = matrix_rows(rep)
-        md += ["### Forward per dtype", ""] + _table(head, rows)
-    if rep.replay:
-        head, rows = replay_rows(rep)
-        md += ["### Replay of the failing region (vs float64)", ""] + _table(head, rows)
-    md += ["### Plot", ""]
-    md += [f"![{'output absmax per module call' if rep.modules else 'weights absmax per tensor'}]({png_name})", ""] \
-        if png_name else [f"_{why}_", ""]
-    head, rows, more = weights_rows(rep)
-    md += ["### Weights", ""]
-    if rows:
-        md += _table(head, rows) + ([f"… {more} more (see the JSON report)", ""] if more else [])
-    else:
-        md += [f"{(rep.weights or {}).get('n_tensors', 0)} tensors: none non-finite, none near a dtype limit.", ""]
-    if rep.near_misses or rep.notes:
-        md += ["### Near misses and notes", ""]
-        md += [f"- near miss: {m}" for m in near_miss_lines(rep)] + [f"- note: {n}" for n in rep.notes] + [""]
+def _plain(rows: list[list[str]]) -> list[list[str]]:
+    return [[esc(c) for c in r] for r in rows]
+
+
+def _strip(s: Strip) -> list[str]:
+    rows = []
+    for it in s.items:
+        if not isinstance(it, StripCall):
+            rows.append(["", esc(it.text), "", "", "", ""])
+            continue
+        n = round(it.fill * BAR)
+        name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
+        rows.append(["▶" if it.producer else "", "&nbsp;" * 2 * min(it.depth, 6) + code(name), esc(it.module_type),
+                     "█" * n + "·" * (BAR - n), esc(it.absmax), esc(it.headroom)])
+    return [f"**{esc(s.title)}**", ""] + _table(["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max",
+                                                 "absmax", "headroom"], rows)
+
+
+def _diagnosis(rep: Report) -> list[str]:
+    md = ["### Diagnosis", ""]
+    d = diagnosis(rep)
+    if d is not None:
+        md += [f"**{code(d.cause)}** — {esc(d.summary)}", ""]
+        if d.where is not None:
+            module, op, dtype = d.where
+            md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
+        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""]
+    if rep.first_nonfinite is not None:
+        md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
+        rows, hit = lead_rows(rep)
+        if rows:
+            md += ["Calls leading to it (execution order):", ""] + _table(LEAD_HEAD, _plain(rows), hit)
+    s = strip(rep) if rep.exit_code() != 0 else None
+    if s is not None:
+        md += _strip(s)
     return md
 
 
-def write_markdown(reps: Report | list[Report], path: str) -> list[str]:
-    """Write ``path`` and its PNG(s); returns notes for the user (matplotlib missing)."""
-    reps = [reps] if isinstance(reps, Report) else reps
-    p = Path(path)
-    md = [f"# {title_of(reps)}", ""]
-    notes: list[str] = []
-    for i, rep in enumerate(reps):
-        png, why = plot_or_note(rep)
-        png_path = p.with_suffix(".png") if len(reps) == 1 else p.with_name(f"{p.stem}-{i + 1}.png")
-        if png:
-            try:
-                png_path.write_bytes(png)
-            except OSError as e:
-                raise BadInput(f"--report {path}: cannot write {png_path} ({e.strerror})") from None
-        elif why and "matplotlib" in why and why not in notes:
-            notes.append(why)
+def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
+    md = [f"- **{esc(k)}**: {code(v)}" for k, v in meta_rows(rep)] + ["", f"> **{esc(verdict(rep).text)}**", ""]
+    if rep.check is not None:
+        rows = [[f"{EMOJI[s]} {s}", code(rule), esc(msg)] for s, rule, msg in check_rows(rep)]
+        md += ["### Check results", ""] + _table(CHECK_HEAD, rows)
+    if rep.diagnosis is not None or rep.first_nonfinite is not None:
+        md += _diagnosis(rep)
+    if (rep.check or {}).get("runs"):
+        md += ["### Forward per dtype", ""] + _table(MATRIX_HEAD, _plain(matrix_rows(rep)))
+    if rep.replay:
+        md += ["### Replay of the failing region (vs float64)", ""] + _table(REPLAY_HEAD, _plain(replay_rows(rep)))
+    md += ["### Plot", ""]
+    alt = "output absmax per module call" if rep.modules else "weights absmax per tensor"
+    md += [f"![{alt}]({quote(png_name)})", ""] if png_name else [f"_{esc(why or '')}_", ""]
+    w = weights_rows(rep, max_rows=WEIGHTS_MAX_ROWS)
+    md += ["### Weights", ""]
+    if w.rows:
+        rows = [[code(r[0]), *(esc(c) for c in r[1:])] for r in w.rows]
+        md += _table(WEIGHTS_HEAD, rows) + ([f"… {w.hidden} more (see the JSON report)", ""] if w.hidden else [])
+    else:
+        md += [f"{(rep.weights or {}).get('n_tensors', 0)} tensors: none non-finite, none near a dtype limit.", ""]
+    near, _ = near_miss_lines(rep)
+    if near or rep.notes:
+        md += ["### Near misses and notes", ""]
+        md += [f"- near miss: {esc(m)}" for m in near] + [f"- note: {esc(n)}" for n in rep.notes] + [""]
+    return md
+
+
+def render_markdown(reps: list[Report], plots: list[tuple[str | None, str | None]]) -> str:
+    """The Markdown text; ``plots`` gives per report the PNG's file name (relative to the
+    Markdown file) or why there is no plot."""
+    md = [f"# {esc(title(reps))}", ""]
+    if len(reps) > 1:
+        md += [f"> **{esc(check_verdict(reps).text)}**", ""]
+    for rep, (png_name, why) in zip(reps, plots):
         if len(reps) > 1:
-            md += [f"## {(rep.checkpoint or {}).get('path')}", ""]
-        md += _section(rep, png_path.name if png else None, why)
-    try:
-        p.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
-    except OSError as e:
-        raise BadInput(f"--report {path}: cannot write ({e.strerror})") from None
-    return notes
+            md += [f"## {code((rep.checkpoint or {}).get('path'))}", ""]
+        md += _section(rep, png_name, why)
+    return "\n".join(md).rstrip() + "\n"

@@ -5,15 +5,19 @@ non-finite outputs clipped to the top. Weights-only reports plot absmax per tens
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any
 
 from ..report import Report
+from . import escape
+from .rows import module_name, producer_index
 
 MISSING = "plot omitted: matplotlib is not installed (pip install 'nan-hunter[plot]')"
 # Limits drawn on every plot (values from torch.finfo via dtypes.limits).
 LIMIT_LINES = (("fp16", "tab:red"), ("fp8-e5m2", "tab:purple"), ("fp8-e4m3", "tab:orange"))
 KIND_MARK = {"nan": ("X", "crimson", "NaN"), "posinf": ("^", "darkmagenta", "+inf"),
              "neginf": ("v", "navy", "−inf")}
+Plot = tuple[bytes | None, str | None]  # (PNG, None) or (None, why there is none)
 
 
 class PlotUnavailable(RuntimeError):
@@ -69,9 +73,10 @@ def _points(ax, xs: list[float], ys: list[float | None], kinds: list[str | None]
 
 
 def _ticks(ax, xs: list[int], names: list[str]) -> None:
+    """Tick labels for up to 40 points: escaped, long names keep their tail (the leaf)."""
     if len(names) <= 40:
-        ax.set_xticks(xs, [n if len(n) <= 28 else "…" + n[-27:] for n in names], rotation=60, ha="right",
-                      fontsize=7)
+        shown = [escape.plot(n if len(n) <= 28 else "…" + n[-27:]) for n in names]
+        ax.set_xticks(xs, shown, rotation=60, ha="right", fontsize=7)
     ax.set_xlim(-0.8, max(xs, default=0) + 0.8)
 
 
@@ -86,8 +91,6 @@ def _mark(ax, x: int, y: float, text: str, n: int) -> None:
 
 
 def modules_figure(rep: Report):
-    from .headroom import producer_index
-
     rows = rep.modules or []
     fig, ax = _figure()
     xs = list(range(len(rows)))
@@ -99,14 +102,15 @@ def modules_figure(rep: Report):
         if rows[i]["input_index"] != rows[i - 1]["input_index"]:
             ax.axvline(i - 0.5, color="0.4", ls=":", lw=1)
             ax.text(i - 0.4, clip * 2, f"input #{rows[i]['input_index']}", fontsize=7, color="0.3", va="top")
-    names = [(f"#{r['input_index']} " if multi else "") + (r["module"] or "<root>") for r in rows]
+    names = [(f"#{r['input_index']} " if multi else "") + module_name(r["module"]) for r in rows]
     _ticks(ax, xs, names)
     p = producer_index(rep)
     if p is not None:
         f = rep.first_nonfinite
-        _mark(ax, p, clip, f"first non-finite: {f.module or '<root>'} ({f.module_type})\n{f.op or '?'} → {f.kind}",
-              len(rows))
-    dt = (rep.run or {}).get("dtype") or "?"
+        p_ = escape.plot
+        _mark(ax, p, clip, f"first non-finite: {p_(module_name(f.module))} ({p_(f.module_type)})\n"
+                           f"{p_(f.op or '?')} → {p_(f.kind)}", len(rows))
+    dt = escape.plot((rep.run or {}).get("dtype") or "?")
     ax.set_title(f"output absmax per module call, execution order ({len(rows)} calls, run in {dt})", fontsize=11)
     ax.set_xlabel("module call (execution order)")
     ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
@@ -126,7 +130,7 @@ def weights_figure(rep: Report):
     _ticks(ax, xs, [t["name"] for t in ts])
     first = next((i for i, k in enumerate(kinds) if k is not None), None)
     if first is not None:
-        _mark(ax, first, clip, f"first non-finite tensor: {ts[first]['name']}", len(ts))
+        _mark(ax, first, clip, f"first non-finite tensor: {escape.plot(ts[first]['name'])}", len(ts))
     ax.set_title(f"weights absmax per tensor, checkpoint order ({len(ts)} floating tensors; no forward was run)",
                  fontsize=11)
     ax.set_xlabel("tensor")
@@ -142,6 +146,18 @@ def plot_png(rep: Report) -> bytes | None:
     if fig is None:
         return None
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    with warnings.catch_warnings():
+        # A name in a script the font lacks draws as a box; matplotlib's warning about it would
+        # print the name (untrusted) on stderr.
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(buf, format="png")
     return buf.getvalue()
 
+
+def plot_or_note(rep: Report) -> Plot:
+    """(PNG bytes, None), or (None, why there is no plot)."""
+    try:
+        png = plot_png(rep)
+    except PlotUnavailable as e:
+        return None, str(e)
+    return (png, None) if png else (None, "nothing to plot: no module outputs and no floating-point weights")

@@ -145,3 +145,62 @@ def test_checkpoint_is_never_modified(cli, tmp_path, linear_ckpt):
     save_file({"input": torch.full((2, 4), 1e5)}, str(tmp_path / "in.safetensors"))
     cli("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors", "--dtype", "fp16")
     assert ck.read_bytes() == before
+
+
+# --- data lines and --inputs files are validated, one line each (issue 19) --------------------
+
+BAD_LINES = {
+    "not-utf8": (b'{"text": "ok"}\n{"text": "caf\xe9"}\n', "bad.jsonl:2", "not UTF-8"),
+    "text-null": (b'{"text": "ok"}\n{"text": null}\n', "bad.jsonl:2", '"text" must be a string, got null'),
+    "nested-100000": (b'{"text": "ok", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "bad.jsonl:1",
+                      "deeper than 127"),
+    "text-number": (b'{"text": 3}\n', "bad.jsonl:1", '"text" must be a string, got int'),
+    "text-empty": (b'{"text": ""}\n', "bad.jsonl:1", '"text" is empty'),
+    "not-an-object": (b'["text"]\n', "bad.jsonl:1", "JSON object"),
+    "nan-constant": (b'{"text": "ok", "x": NaN}\n', "bad.jsonl:1", "not valid JSON"),
+    "unclosed": (b'{"text": "ok"\n', "bad.jsonl:1", "not valid JSON"),
+}
+CLI_LINES = ["not-utf8", "text-null", "nested-100000"]  # through the real CLI; all of them through read_jsonl
+
+
+@pytest.mark.parametrize("case", CLI_LINES)
+def test_bad_data_lines_cli(cli, tmp_path, minilm_dir, case):
+    body, where, needle = BAD_LINES[case]
+    d = tmp_path / "bad.jsonl"
+    d.write_bytes(body)
+    res = cli("scan", minilm_dir, "--data", d, json_report=False, timeout=120)
+    _assert_clean_error(res, where, needle)
+    assert "None" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("case", BAD_LINES, ids=list(BAD_LINES))
+def test_bad_data_lines(tmp_path, case):
+    from nan_hunter.errors import BadInput
+    from nan_hunter.inputs import read_jsonl
+
+    body, where, needle = BAD_LINES[case]
+    d = tmp_path / "bad.jsonl"
+    d.write_bytes(body)
+    with pytest.raises(BadInput) as e:
+        read_jsonl(str(d))
+    msg = str(e.value)
+    assert "\n" not in msg and where in msg and needle.lower() in msg.lower(), msg
+
+
+def test_huge_data_line_is_truncated_to_the_model_length_with_a_note(cli, tmp_path, minilm_dir):
+    d = tmp_path / "long.jsonl"
+    d.write_text(json.dumps({"text": "word " * ((4 << 20) // 5 + 1)}) + "\n" + json.dumps({"text": "short"}) + "\n")
+    assert d.stat().st_size > 4 << 20
+    res = cli("scan", minilm_dir, "--data", d, timeout=120)
+    assert res.code == 0, res.stderr
+    notes = " ".join(res.report["notes"])
+    assert "truncated to 512 tokens: long.jsonl:1" in notes, notes
+    assert res.report["run"]["n_inputs"] == 2
+
+
+def test_inputs_file_goes_through_the_strict_parser(cli, tmp_path, linear_ckpt):
+    ck, arch = linear_ckpt
+    h = b'{"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]}}'
+    p = tmp_path / "in.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 16)
+    _assert_clean_error(cli("scan", ck, "--arch", arch, "--inputs", p, json_report=False), str(p), "given twice")

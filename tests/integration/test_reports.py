@@ -8,7 +8,6 @@ import io
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,9 @@ import torch
 from PIL import Image
 from rich.console import Console
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from nan_hunter.cli.main import app
-from nan_hunter.render.headroom import headroom_strip
+from nan_hunter.render.terminal.strip import headroom_strip
 from nan_hunter.report import FirstNonfinite, Report
-
-runner = CliRunner()
 
 IMG = re.compile(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
@@ -32,9 +27,15 @@ def model(overflow_model) -> dict[str, str]:
     return overflow_model
 
 
-def scan(model: dict[str, str], *extra: object):
-    return runner.invoke(app, ["scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
-                               "--dtype", "fp16", *map(str, extra)])
+@pytest.fixture(scope="session")
+def scan(run_cli):
+    """``nanhunter scan`` of the overflow model in fp16, with ``extra`` flags."""
+
+    def run(model: dict[str, str], *extra: object, env: dict | None = None):
+        return run_cli("scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"], "--dtype", "fp16",
+                       *extra, env=env)
+
+    return run
 
 
 def png_ok(data: bytes) -> tuple[int, int]:
@@ -46,10 +47,10 @@ def png_ok(data: bytes) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def html_report(model, tmp_path_factory) -> Path:
+def html_report(model, tmp_path_factory, scan) -> Path:
     path = tmp_path_factory.mktemp("html") / "report.html"
     res = scan(model, "--report", path, "-q")
-    assert res.exit_code == 1, res.output
+    assert res.code == 1, res.stderr
     return path
 
 
@@ -63,51 +64,53 @@ def test_html_is_self_contained_with_plot_and_producer(html_report):
     assert "<script" not in page and "http://" not in page and "https://" not in page
 
 
-def test_markdown_report_writes_png_next_to_it(model, tmp_path):
+def test_markdown_report_writes_png_next_to_it(model, tmp_path, scan):
     res = scan(model, "--report", tmp_path / "r.md", "-q")
-    assert res.exit_code == 1, res.output
+    assert res.code == 1, res.stderr
     md = (tmp_path / "r.md").read_text()
-    assert "](r.png)" in md and "`down`" in md and "| fp16 | NO |" in md
+    assert "](r.png)" in md and "<code>down</code>" in md and "| fp16 | NO |" in md
     png_ok((tmp_path / "r.png").read_bytes())
 
 
-def test_check_report_has_results_and_dtype_matrix(model, tmp_path):
-    res = runner.invoke(app, ["check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
-                              "--report", str(tmp_path / "c.html"), "-q"], env={"GITHUB_ACTIONS": None})
-    assert res.exit_code == 1, res.output
+def test_check_report_has_results_and_dtype_matrix(model, tmp_path, run_cli):
+    res = run_cli("check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
+                  "--report", tmp_path / "c.html", "-q")
+    assert res.code == 1, res.stderr
     page = (tmp_path / "c.html").read_text()
     assert "Check results" in page and "forward.fp16.nonfinite" in page and "Forward per dtype" in page
     png_ok(base64.b64decode(IMG.search(page).group(1)))
 
 
-def test_weights_only_report_plots_tensors(tmp_path):
+def test_weights_only_report_plots_tensors(tmp_path, run_cli):
     w = torch.full((4, 4), 0.5)
     w[0, 0] = float("inf")
     save_file({"a.weight": w, "a.bias": torch.ones(4)}, str(tmp_path / "w.safetensors"))
-    res = runner.invoke(app, ["scan", str(tmp_path / "w.safetensors"), "--report", str(tmp_path / "w.html"), "-q"])
-    assert res.exit_code == 1
+    res = run_cli("scan", tmp_path / "w.safetensors", "--report", tmp_path / "w.html", "-q")
+    assert res.code == 1
     page = (tmp_path / "w.html").read_text()
     assert 'alt="weights absmax per tensor"' in page and "a.weight" in page
     png_ok(base64.b64decode(IMG.search(page).group(1)))
 
 
-def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import raises ImportError
-    res = scan(model, "--report", tmp_path / "r.html", "-q")
-    assert res.exit_code == 1
+def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path, scan):
+    shim = tmp_path / "no_matplotlib" / "matplotlib"  # first on the path: `import matplotlib` fails
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    res = scan(model, "--report", tmp_path / "r.html", "-q", env={"PYTHONPATH": shim.parent})
+    assert res.code == 1
     assert res.stderr.strip() == ("nanhunter: plot omitted: matplotlib is not installed "
                                   "(pip install 'nan-hunter[plot]')")
     page = (tmp_path / "r.html").read_text()
     assert "matplotlib is not installed" in page and not IMG.search(page)
 
 
-def test_bad_report_suffix_is_bad_input(model, tmp_path):
+def test_bad_report_suffix_is_bad_input(model, tmp_path, scan):
     res = scan(model, "--report", tmp_path / "r.pdf")
-    assert res.exit_code == 2
+    assert res.code == 2
     assert res.stderr.startswith("nanhunter: error: --report") and ".html" in res.stderr
 
 
-def test_strip_on_for_failing_scan_and_off_with_flag(model):
+def test_strip_on_for_failing_scan_and_off_with_flag(model, scan):
     on = scan(model)
     assert "headroom per module call" in on.stdout and "▶" in on.stdout
     assert "headroom per module call" not in scan(model, "--no-strip").stdout
@@ -120,7 +123,7 @@ def test_strip_collapses_long_runs_and_marks_producer():
     rep = Report(run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]}, modules=rows,
                  first_nonfinite=FirstNonfinite(0, "layers.70", "Linear", "aten.addmm.default", "posinf", "producer"))
     con = Console(record=True, width=140)
-    con.print(headroom_strip(rep))
+    con.print(headroom_strip(rep, con.width))
     text = con.export_text()
     assert "▶" in text and "layers.70" in text and "⋮" in text
     assert len(text.splitlines()) <= 40 + 6  # title, header, 40 rows, a few collapse lines

@@ -1,0 +1,99 @@
+"""Resident memory of one ``nan_hunter.watch`` left on over many forwards of a small model.
+
+The model: three residual blocks of ``Linear(16, 16)`` + GELU in an ``nn.ModuleList`` and a
+``Linear(16, 2)`` head (9 modules, what issue 13 measured), fp32, batch 4 × 16, under
+``torch.no_grad()``, ``torch.set_num_threads(1)``. One ``watch`` (``--level``, default
+``modules``: every module hooked) is entered once around all ``--forwards`` forwards (default
+100,000); RSS (``/proc/self/status`` VmRSS) is printed every ``--every`` forwards, with the
+watch's kept calls, the sink's rows in use and its row capacity. Forward ``--fail-at`` (default
+1000) gets an input that overflows fp32, so the first failing forward must be kept whatever
+comes after it; ``report()`` runs at the end and must name it (module and aten op).
+
+    python bench/watch_memory.py [--forwards 100000] [--every 10000] [--level modules] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
+
+import nan_hunter  # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(3))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--forwards", type=int, default=100_000)
+    ap.add_argument("--every", type=int, default=10_000)
+    ap.add_argument("--level", default="modules", choices=["blocks", "modules", "ops"])
+    ap.add_argument("--fail-at", type=int, default=1000)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(4, 16)
+    bad = torch.full((4, 16), 3e38)  # x + layer(x) passes the fp32 max in the first block
+    samples = []
+    t0 = time.perf_counter()
+    print(f"{'forwards':>9} {'RSS MB':>8} {'calls kept':>10} {'rows in use':>11} {'row capacity':>12} {'s':>7}")
+    with torch.no_grad(), nan_hunter.watch(model, level=a.level) as w:
+        for i in range(a.forwards + 1):
+            if i % a.every == 0:
+                s = {"forwards": i, "rss_mb": round(rss_mb(), 1), "calls_kept": len(w.calls),
+                     "rows_in_use": getattr(w.sink, "rows_in_use", w.sink.n), "row_capacity": w.sink.n,
+                     "seconds": round(time.perf_counter() - t0, 1)}
+                samples.append(s)
+                print(f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
+                      f"{s['row_capacity']:>12} {s['seconds']:>7}", flush=True)
+            if i == a.forwards:
+                break
+            model(bad if i == a.fail_at else x)
+    t = time.perf_counter()
+    r = w.report()
+    f = r.first_nonfinite
+    report_s = time.perf_counter() - t
+    print(f"report() in {report_s:.2f} s: forward {f.input_index}, {f.module} ({f.module_type}), {f.op}, {f.kind}; "
+          f"failed_inputs {r.failed_inputs}")
+    print(f"RSS after report: {rss_mb():.1f} MB")
+    out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                       "load_avg": os.getloadavg()},
+           "level": a.level, "forwards": a.forwards, "fail_at": a.fail_at, "samples": samples,
+           "report": {"seconds": round(report_s, 2), "input_index": f.input_index, "module": f.module,
+                      "op": f.op, "failed_inputs": r.failed_inputs}, "rss_after_report_mb": round(rss_mb(), 1)}
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

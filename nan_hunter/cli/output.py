@@ -1,0 +1,65 @@
+"""What commands print and write: output checks before the work, the JSON report, the terminal
+view (on stderr when an output takes stdout), ``--report`` files and progress bars."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..outputs import Output
+
+
+def say(msg: str) -> None:
+    sys.stderr.write(f"nanhunter: {msg}\n")
+
+
+def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int = 1) -> list[Output]:
+    """The outputs a command's flags ask for: ``flags`` maps attribute names to flags
+    (``("json", "--json")``); ``--report`` adds its page and PNGs."""
+    from ..outputs import Output, report_outputs
+
+    outs = [Output(flag, getattr(args, attr)) for attr, flag in flags if getattr(args, attr, None) is not None]
+    return outs + report_outputs(getattr(args, "report", None), n_reports)
+
+
+def check_command_outputs(outs: list[Output], args: Any, checkpoints: list[str]) -> bool:
+    """Refuse bad outputs before any work (exit 2); True when one of them takes stdout."""
+    from ..outputs import check_outputs, input_files
+
+    check_outputs(outs, input_files(checkpoints, args.inputs, args.data, args.config, args.arch))
+    return any(o.to_stdout for o in outs)
+
+
+def scan_progress():
+    """A rich progress bar for the weights scan, shown only on a terminal: (bar, callback)."""
+    if not sys.stderr.isatty():
+        return None, None
+    from ..render.progress import ScanProgress
+
+    p = ScanProgress()
+    return p, p.update
+
+
+def write_report_file(reps: Any, path: str | None) -> None:
+    """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line."""
+    if not path:
+        return
+    from ..render.report_file import write_report
+
+    for note in write_report(reps, path):
+        say(note)
+
+
+def write_json(reps: Any, path: str | None) -> None:
+    if path is not None:
+        from ..report import write_json as _write
+
+        _write(reps, path)
+
+
+def terminal_limits(cfg: Any) -> dict[str, Any]:
+    """The terminal renderer's limits from the configuration (keyword arguments of ``render``)."""
+    return {"near_miss_max_listed": cfg.near_miss.max_listed, "weights_max_rows": cfg.weights.max_rows,
+            "weights_targets": cfg.weights.targets}

@@ -1,0 +1,321 @@
+"""A report as format-neutral rows: plain strings in lists and small records, shared by the
+terminal, HTML and Markdown views so every format says the same thing and none recomputes what
+another computes.
+
+Strings here are raw (untrusted names included); each view escapes them for its sink with
+``render.escape``. Nothing here measures anything: the numbers are the report's, formatted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..report import Report
+
+#: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
+NEAR_MISS_MAX_LISTED = 10  # near_miss.max_listed
+WEIGHTS_MAX_ROWS = 20  # weights.max_rows
+WEIGHTS_TARGETS: tuple[str, ...] = ("fp16", "fp8-e4m3", "fp8-e5m2")  # weights.targets
+LEAD_CALLS = 5  # calls shown before the producer
+ROOT = "<root>"
+
+ICON = {"pass": "✔", "warn": "!", "fail": "✘"}
+
+def fmt(x: Any) -> str:
+    """A number as every view prints it (4 significant digits), — for a missing one."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return "inf" if math.isinf(x) else "nan" if math.isnan(x) else f"{x:.4g}"
+    return str(x)
+
+
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
+
+
+def module_name(name: str | None) -> str:
+    return name or ROOT
+
+
+def is_bad(row: dict[str, Any]) -> bool:
+    return bool(row.get("nan") or row.get("posinf") or row.get("neginf"))
+
+
+def kind_of(row: dict[str, Any]) -> str | None:
+    """"NaN", "+inf", "−inf" for a row holding that, the first of them in this order; else None."""
+    return "NaN" if row.get("nan") else "+inf" if row.get("posinf") else "−inf" if row.get("neginf") else None
+
+
+# --- verdict ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    text: str
+    tone: str  # ok | warn | bad
+
+
+def results(rep: Report) -> list[dict[str, Any]]:
+    """``check`` rule results (rule, checkpoint, status, message, details)."""
+    return (rep.check or {}).get("results") or []
+
+
+def check_label(rep: Report) -> str:
+    """The checkpoint as the user named it (rule results carry it), else its resolved path."""
+    rs = results(rep)
+    return rs[0]["checkpoint"] if rs else str((rep.checkpoint or {}).get("path"))
+
+
+def counts(reps: list[Report]) -> dict[str, int]:
+    c = {"pass": 0, "warn": 0, "fail": 0}
+    for rep in reps:
+        for r in results(rep):
+            c[r["status"]] += 1
+    return c
+
+
+def check_verdict(reps: list[Report]) -> Verdict:
+    """One line for a whole ``check`` run."""
+    c = counts(reps)
+    bad = [check_label(r) for r in reps if not (r.check or {}).get("passed")]
+    what = f"{len(reps)} checkpoint(s), {sum(c.values())} rules: {c['fail']} failed, {c['warn']} warning(s)"
+    if bad:
+        return Verdict(f"✘ check failed: {what} (failing: {', '.join(bad)})", "bad")
+    return Verdict(f"✔ check passed: {what}", "warn" if c["warn"] else "ok")
+
+
+def verdict(rep: Report) -> Verdict:
+    if rep.check is not None:
+        return check_verdict([rep])
+    if rep.bisect is not None:
+        b = rep.bisect
+        if b.finite_after:
+            return Verdict(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: run in {b.dtype} becomes "
+                           f"finite (max rel err {fmt(b.max_rel_err)}, {b.runs} runs)", "ok")
+        return Verdict("✘ no module set fixes it: the run is non-finite even with every candidate kept in "
+                       f"{b.keep_dtype}", "bad")
+    if rep.exit_code() == 0:
+        msg = "✔ no NaN/Inf found" + (" in the weights (weights-only scan)" if rep.run is None else "")
+        if rep.near_misses:
+            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)", "warn")
+        return Verdict(msg, "ok")
+    f = rep.first_nonfinite
+    if f is not None:
+        cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
+        return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{cause}", "bad")
+    n = len((rep.weights or {}).get("nonfinite") or [])
+    return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+
+
+# --- what was scanned, where it broke, why ----------------------------------------------------
+
+
+def title(reps: list[Report]) -> str:
+    mode = "check" if any(r.check is not None for r in reps) else reps[0].mode if reps else "scan"
+    name = (reps[0].checkpoint or {}).get("path") if len(reps) == 1 else f"{len(reps)} checkpoints"
+    return f"nanhunter {mode} — {name}"
+
+
+def meta_rows(rep: Report) -> list[tuple[str, str]]:
+    ck = rep.checkpoint or {}
+    rows = [("checkpoint", str(ck.get("path"))),
+            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}")]
+    if rep.run:
+        r = rep.run
+        failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
+        rows.append(("run", f"{r['dtype']} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        g = r.get("generate")
+        if g:
+            bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
+            rows.append(("decoding", f"greedy, up to {g['max_new_tokens']} new tokens · {g['steps']} step(s){bad}"))
+    else:
+        rows.append(("run", "none (weights-only)"))
+    if rep.check is not None:
+        rows.append(("dtypes checked", ", ".join(rep.check.get("dtypes") or [])))
+    return rows
+
+
+def where_rows(rep: Report) -> list[tuple[str, str]]:
+    """The first non-finite value: module, op, value, and the tensor and source line when known."""
+    f = rep.first_nonfinite
+    if f is None:
+        return []
+    rows = [("module", f"{module_name(f.module)} ({f.module_type}, call {f.call_index})"), ("op", f.op or "—"),
+            ("value", f"{f.kind} · role {f.role} · input #{f.input_index}")]
+    when = when_row(rep)
+    if when:
+        rows.append(("when", when))
+    if f.tensor:
+        rows.append(("tensor", f.tensor))
+    if f.source:
+        rows.append(("source", f.source))
+    return rows
+
+
+def when_row(rep: Report) -> str | None:
+    """Under --generate: "step 3, token 9 '6' at position 7, after: '4 5 6'"."""
+    f, g = rep.first_nonfinite, (rep.run or {}).get("generate")
+    if f is None or not g:
+        return None
+    parts = [f"step {f.step}" + (" (the prompt's forward)" if f.step == 0 else "")]
+    tok = g.get("fault_token")
+    if tok:
+        parts.append(f"token {tok['id']} {tok['text']!r}" if tok.get("text") is not None else f"token {tok['id']}")
+    if f.position is not None:
+        parts.append(f"at position {f.position}")
+    text = g.get("text_before_fault")
+    return ", ".join(parts) + (f", after: {text!r}" if text else "")
+
+
+GENERATE_HEAD = ["input", "label", "result", "shortest failing prefix"]
+
+
+def generate_rows(rep: Report) -> list[list[str]]:
+    """Prompt sensitivity under --generate with several inputs: which fail, at which step."""
+    g = (rep.run or {}).get("generate") or {}
+    per = g.get("per_input") or []
+    if len(per) < 2:
+        return []
+    labels = (rep.run or {}).get("inputs") or []
+    prefix = g.get("shortest_failing_prefix") or {}
+    out = []
+    for r in per:
+        i = r["index"]
+        res = f"fails at step {r['step']}" if r["failed"] else f"finite for {r['steps']} steps"
+        pre = prefix.get(str(i))
+        out.append([f"#{i}", labels[i] if i < len(labels) else "", res, f"{pre} tokens" if pre else "—"])
+    return out
+
+
+def producer_index(rep: Report) -> int | None:
+    """Row of ``rep.modules`` holding the first producer (module + input + call)."""
+    f = rep.first_nonfinite
+    if f is None:
+        return None
+    return next((i for i, m in enumerate(rep.modules or []) if m["module"] == f.module
+                 and m["input_index"] == f.input_index and m["call_index"] == f.call_index), None)
+
+
+LEAD_HEAD = ["module", "type", "in absmax", "out absmax", "NaN", "+inf", "−inf"]
+
+
+def lead_rows(rep: Report, n: int = LEAD_CALLS) -> tuple[list[list[str]], int | None]:
+    """The ``n`` calls before the producer and the producer itself (execution order, columns
+    ``LEAD_HEAD``), and the producer's position among them."""
+    p = producer_index(rep)
+    if p is None:
+        return [], None
+    lo = max(0, p - n)
+    # A call whose outputs are all non-finite has no finite absmax (0 in the report): show —.
+    rows = [[module_name(m["module"]), m["module_type"], fmt(m["in_absmax"]),
+             "—" if is_bad(m) and not m["absmax"] else fmt(m["absmax"]), fmt(m["nan"]), fmt(m["posinf"]),
+             fmt(m["neginf"])] for m in (rep.modules or [])[lo:p + 1]]
+    return rows, p - lo
+
+
+@dataclass(frozen=True)
+class DiagnosisView:
+    cause: str
+    summary: str
+    where: tuple[str, str, str] | None  # module, op, dtype
+    evidence: list[str]
+    fix: str
+
+
+def diagnosis(rep: Report) -> DiagnosisView | None:
+    d = rep.diagnosis
+    if d is None:
+        return None
+    where = (module_name(d.module), d.op or "", str(d.dtype)) if d.module is not None or d.op else None
+    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix)
+
+
+REPLAY_HEAD = ["dtype", "finite", "NaN", "+inf", "−inf", "absmax", "rel err vs fp64"]
+
+
+def replay_rows(rep: Report) -> list[list[str]]:
+    """The failing region re-run per dtype (the fp64 reference itself left out)."""
+    return [[d, "yes" if r["finite"] else "NO", fmt(r["nan"]), fmt(r["posinf"]), fmt(r["neginf"]), fmt(r["absmax"]),
+             fmt(r["rel_err"])] for d, r in (rep.replay or {}).items() if d != "fp64"]
+
+
+def range_dtype(run_dtype: str) -> str:
+    """The dtype activations of a run in ``run_dtype`` are stored in, whose max bounds them (the
+    one dtype rule, ``dtypes.RunDtype``: fp8 runs compute and store in bf16 around fp8 operands)."""
+    from ..dtypes import RunDtype
+
+    return RunDtype.of(run_dtype).compute
+
+
+def range_max(run_dtype: str) -> float:
+    from ..dtypes import RunDtype
+
+    return RunDtype.of(run_dtype).range.max
+
+
+MATRIX_HEAD = ["dtype", "finite", "failing inputs", "first non-finite", "cause", "largest output", "of max"]
+
+
+def matrix_rows(rep: Report) -> list[list[str]]:
+    """``check``: one row per forward dtype (finite? where it broke, how close it came to the max)."""
+    rows = []
+    for d, r in ((rep.check or {}).get("runs") or {}).items():
+        f = r.get("first_nonfinite")
+        where = f"{module_name(f['module'])} @ {f['op'] or '?'} ({f['kind']})" if f else "—"
+        big = f"{fmt(r['absmax'])} at {module_name(r['absmax_module'])}" if r.get("absmax") is not None else "—"
+        share = r["absmax"] / range_max(d) if r.get("absmax") is not None else None
+        frac = "—" if share is None else f"{share:.2%}" if share >= 1e-4 or share == 0 else f"{share:.1e}"
+        rows.append([d, "yes" if r["finite"] else "NO", fmt(r["failed_inputs"] or "—"), where,
+                     r.get("cause") or "—", big, frac])
+    return rows
+
+
+CHECK_HEAD = ["status", "rule", "result"]
+
+
+def check_rows(rep: Report) -> list[list[str]]:
+    return [[r["status"], r["rule"], r["message"]] for r in results(rep)]
+
+
+# --- weights, near misses, notes --------------------------------------------------------------
+
+WEIGHTS_HEAD = ["tensor", "dtype", "shape", "NaN", "+inf", "−inf", "first bad index", "absmax / headroom"]
+
+
+@dataclass(frozen=True)
+class WeightsRows:
+    rows: list[list[str]]
+    bad: list[bool]  # per row: non-finite (else near overflow)
+    hidden: int  # rows left out by max_rows
+
+
+def weights_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS,
+                 targets: Sequence[str] = WEIGHTS_TARGETS) -> WeightsRows:
+    """Non-finite tensors, then those near the max of a target dtype (``weights.targets``): at
+    most ``max_rows`` rows (``weights.max_rows``)."""
+    w = rep.weights or {}
+    rows = [[b["name"], b["dtype"], str(b["shape"]), fmt(b["nan"]), fmt(b["posinf"]), fmt(b["neginf"]),
+             str(b["first_index"]), ""] for b in w.get("nonfinite") or []]
+    n_bad = len(rows)
+    for n in w.get("near_overflow") or []:
+        tight = [(d, h) for d, h in n["headroom"].items() if d in targets]
+        if not tight:
+            continue
+        room = ", ".join(f"{d} {'OVERFLOWS' if d in n['overflows'] else f'{h:.2g}x'}" for d, h in tight)
+        rows.append([n["name"], n["dtype"], "", "0", "0", "0", "", f"{fmt(n['absmax'])} · {room}"])
+    kept = rows[:max(0, max_rows)]
+    return WeightsRows(kept, [i < n_bad for i in range(len(kept))], len(rows) - len(kept))
+
+
+def near_miss_lines(rep: Report, max_listed: int | None = None) -> tuple[list[str], int]:
+    """Near-miss messages, at most ``max_listed`` (``near_miss.max_listed``), and how many more."""
+    msgs = [nm["message"] for nm in rep.near_misses]
+    if max_listed is None:
+        return msgs, 0
+    return msgs[:max(0, max_listed)], max(0, len(msgs) - max(0, max_listed))

@@ -1,0 +1,75 @@
+"""The terminal view of reports (the only place rich is used, with ``render/progress.py``).
+
+Fits the console's width (80 columns, pipes included): names shortened in the middle, numbers
+never cut, wrapped lines indented. The limits are parameters named after their configuration
+keys (``near_miss.max_listed``, ``weights.max_rows``, ``weights.targets``) so the CLI passes them
+from the configuration; the defaults are those of configs/default.yaml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from ...report import Report
+from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
+from .check_view import check_verdict, results_table
+from .scan_view import (
+    diagnosis_panel,
+    findings,
+    generate_table,
+    header,
+    producer_panel,
+    verdict,
+    weights_tables,
+)
+from .strip import headroom_strip
+
+__all__ = ["console", "render", "render_body", "render_check"]
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for reports: stdout, or stderr when stdout carries JSON. Markup, emoji codes and
+    highlighting are off, so nothing in a printed string is interpreted."""
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+
+
+def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
+                weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+    """Header, weights, headroom strip (``strip`` and module rows), producer and diagnosis panels,
+    near misses and notes: everything but the verdict line."""
+    width = c.width
+    parts = [header(rep, width), *weights_tables(rep, width, weights_max_rows, weights_targets),
+             headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
+             diagnosis_panel(rep, width),
+             findings(rep, width, near_miss_max_listed)]
+    for part in parts:
+        if part is not None:
+            c.print(part)
+
+
+def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr: bool = False,
+           near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
+           weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+    """The full terminal view of one report on ``c`` (default: ``console(stderr)``); ``strip``
+    adds the per-module headroom strip."""
+    c = c or console(stderr)
+    render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
+                weights_targets=weights_targets)
+    c.print(verdict(rep))
+
+
+def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,
+                 near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
+                 weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+    """Per checkpoint: the scan panels (the strip by default only when it failed), its rule
+    results; then one verdict line for the whole check."""
+    c = c or console(stderr)
+    for rep in reps:
+        show = strip if strip is not None else not (rep.check or {}).get("passed", True)
+        render_body(rep, c, strip=bool(show), near_miss_max_listed=near_miss_max_listed,
+                    weights_max_rows=weights_max_rows, weights_targets=weights_targets)
+        c.print(results_table(rep, c.width))
+        c.print()
+    c.print(check_verdict(reps))

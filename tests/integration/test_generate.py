@@ -1,0 +1,102 @@
+"""``scan --generate N`` through the real CLI on the shipped decode example (docs/contract.md,
+"Generation"): the prompt's forward is finite in fp16, decode step 3 overflows the residual."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-decode-fp16"
+FAILING, CLEAN = "the 1 2 3", "the quick brown fox"
+
+
+def test_unbatched_names_step_position_module_op(cli):
+    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "fp16")
+    assert res.code == 1, res.stderr
+    r = res.report
+    f = r["first_nonfinite"]
+    # <s> the 1 2 3 | step 0 makes "4", step 1 reads "4" and makes "5", step 2 "6", step 3 reads "6"
+    assert (f["step"], f["position"], f["input_index"]) == (3, 7, 0)
+    assert (f["module"], f["op"], f["kind"], f["role"]) == ("model.layers.0", "aten.add.Tensor", "posinf",
+                                                            "producer")
+    g = r["run"]["generate"]
+    assert g["max_new_tokens"] == 16 and g["steps"] == 4 and g["first_bad_step"] == 3
+    assert g["new_tokens"] == [[7, 8, 9]]  # "4 5 6"
+    assert g["fault_token"] == {"id": 9, "text": "6"}
+    assert r["diagnosis"]["cause"] == "overflow" and "residual" in r["diagnosis"]["summary"]
+    assert r["replay"]["fp16"]["finite"] is False and r["replay"]["bf16"]["finite"] is True
+    # the terminal says when: the step, the token it read, where, and the text before
+    assert "step 3, token 9 '6', at position 7, after: '4 5 6'" in res.stdout
+
+
+def test_bf16_and_clean_prompt_exit_0(cli):
+    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "bf16")
+    assert res.code == 0, res.stderr
+    g = res.report["run"]["generate"]
+    assert g["first_bad_step"] is None and g["steps"] == 16 and len(g["new_tokens"][0]) == 16
+    res = cli("scan", EXAMPLE, "--prompt", CLEAN, "--generate", "16", "--dtype", "fp16")
+    assert res.code == 0 and res.report["first_nonfinite"] is None
+
+
+def test_prompt_forward_alone_is_finite(cli):
+    """Without --generate the scan sees only the prompt's forward, which is finite: the case
+    users bring, and why --generate exists."""
+    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--dtype", "fp16")
+    assert res.code == 0, res.stderr
+
+
+def test_batched_left_padded_agrees_with_unbatched(cli):
+    prompts = ["--prompt", "fox", "--prompt", FAILING]
+    one = cli("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16")
+    many = cli("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16", "--batch")
+    assert one.code == many.code == 1, (one.stderr, many.stderr)
+    assert one.report["run"]["failed_inputs"] == many.report["run"]["failed_inputs"] == [1]
+    f = many.report["first_nonfinite"]
+    # "fox" is 2 tokens, the failing prompt 5: row 1 has no padding; its own position is still 7
+    assert (f["input_index"], f["step"], f["position"]) == (1, 3, 7)
+    assert not any("mask" in n and "fault" in n.lower() and "not a fault" not in n for n in many.report["notes"])
+
+
+def test_data_set_prompt_sensitivity(cli, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"text": "the quick brown fox"}\n{"text": "7 8"}\n{"text": "the 1 2 3"}\n')
+    res = cli("scan", EXAMPLE, "--data", data, "--generate", "16", "--dtype", "fp16")
+    assert res.code == 1, res.stderr
+    g = res.report["run"]["generate"]
+    assert res.report["run"]["failed_inputs"] == [1, 2]
+    assert [(r["index"], r["failed"], r["step"]) for r in g["per_input"]] == [(0, False, None), (1, True, 8),
+                                                                               (2, True, 3)]
+    # "7 8" needs only "<s> 7"; "the 1 2 3" needs "<s> the 1"
+    assert g["shortest_failing_prefix"] == {"1": 2, "2": 3}
+    assert res.report["first_nonfinite"]["input_index"] == 1
+    assert "decoding per input" in res.stdout and "fails at step 8" in res.stdout
+
+
+def test_model_without_generate_is_refused(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "arch.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
+    save_file(torch.nn.Linear(4, 4).state_dict(), str(tmp_path / "w.safetensors"))
+    save_file({"input": torch.ones(1, 4)}, str(tmp_path / "in.safetensors"))
+    res = cli("scan", tmp_path / "w.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs",
+              tmp_path / "in.safetensors", "--generate", "4", json_report=False)
+    assert res.code == 2 and "no generate()" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "-3"])
+def test_bad_generate_count(cli, bad):
+    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", bad, json_report=False)
+    assert res.code == 2 and "--generate" in res.stderr
+
+
+def test_check_and_bisect_accept_generate(cli):
+    res = cli("check", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtypes", "fp16,bf16")
+    assert res.code == 1, res.stderr
+    rules = {r["rule"]: r["status"] for r in res.report["check"]["results"]}
+    assert rules["forward.fp16.nonfinite"] == "fail" and rules["forward.bf16.nonfinite"] == "pass"
+    res = cli("bisect", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtype", "fp16")
+    assert res.code == 0, res.stderr
+    b = res.report["bisect"]
+    assert "model.layers.0" in b["keep_modules"] and b["finite_after"] is True and b["max_rel_err"] is None

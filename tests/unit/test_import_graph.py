@@ -1,0 +1,183 @@
+"""The package's layout: no import cycle in ``nan_hunter/``, and no submodule that shadows the
+public ``nan_hunter.scan``, ``watch`` or ``bisect``.
+
+The graph is built from the source with ``ast``: every ``import``/``from ... import`` anywhere
+in a module (inside functions too: a lazy import is still a dependency), relative imports
+resolved against the module's package. ``from pkg import name`` depends on ``pkg.name`` when
+that is a module, else on ``pkg`` itself. Imports under ``if TYPE_CHECKING:`` never run and are
+left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = "nan_hunter"
+ROOT = Path(__file__).resolve().parents[2] / PKG
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of import nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) blocks."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            t = node.test
+            name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+            if name == "TYPE_CHECKING":
+                for stmt in node.body:
+                    skip |= {id(n) for n in ast.walk(stmt)}
+    return skip
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    skip = _type_checking_nodes(tree)
+    deps: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                if node.level > 1:
+                    base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts)
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                deps.add(sub if sub in known else target)
+    return {d for d in deps if d in known and d != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One concrete cycle per component, as a path that ends where it starts."""
+    return [cycle_path(graph, set(c)) for c in components(graph)]
+
+
+def cycle_path(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """One concrete cycle through a component: a shortest path back to its first module."""
+    start = min(comp)
+    prev: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & comp):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if v != start else [start, start]
+                if w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return sorted(comp)  # pragma: no cover - a component always has a cycle
+
+
+# --- the checker itself, on small graphs -----------------------------------------------------------
+def test_checker_finds_cycles_and_accepts_a_dag():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    found = cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert found == [["a", "b", "c", "a"]]
+
+
+def test_checker_resolves_relative_and_lazy_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "from . import report\n"
+        "from .render import html, helper_fn\n"
+        "from ..errors import BadInput\n"
+        "import nan_hunter.load\n"
+        "if TYPE_CHECKING:\n"
+        "    from .typing_only import T\n"
+        "def f():\n"
+        "    from .lazy import g\n"
+    )
+    known = {"nan_hunter.cli.report", "nan_hunter.cli.render", "nan_hunter.cli.render.html", "nan_hunter.errors",
+             "nan_hunter.load", "nan_hunter.cli.lazy", "nan_hunter.cli.typing_only", "nan_hunter.cli.m"}
+    assert imports_of("nan_hunter.cli.m", src, known) == {
+        "nan_hunter.cli.report", "nan_hunter.cli.render.html", "nan_hunter.cli.render", "nan_hunter.errors",
+        "nan_hunter.load", "nan_hunter.cli.lazy"}
+
+
+# --- the package ---------------------------------------------------------------------------------
+def test_no_import_cycle():
+    graph = import_graph()
+    found = components(graph)
+    assert not found, "import cycles in nan_hunter/:\n" + "\n".join(
+        f"{' -> '.join(cycle_path(graph, set(c)))}  (all {len(c)} modules of this cycle: {', '.join(c)})"
+        for c in found)
+
+
+def test_no_submodule_shadows_the_public_api():
+    """``nan_hunter.scan`` etc. are functions; a submodule of that name would replace them as soon
+    as anything imported it."""
+    for name in ("scan", "watch", "bisect"):
+        assert not (ROOT / f"{name}.py").exists(), f"nan_hunter/{name}.py shadows nan_hunter.{name}()"
+        assert not (ROOT / name).is_dir(), f"nan_hunter/{name}/ shadows nan_hunter.{name}()"

@@ -4,6 +4,9 @@ Run from anywhere: ``python examples/make_examples.py``. It writes
 
 - ``incidents/<name>/model.safetensors`` (``build().state_dict()``) and the input files
   named by each ``model.py``'s ``make_inputs()`` (``inputs.safetensors``, ...);
+  ``incidents/compile_rmsnorm_fp8/`` is the ``scan --compile`` case (torchtitan fp8 + RMSNorm:
+  eager and compiled part), so it is checked by tests/integration/test_compile.py, not by
+  ``EXPECTED.yaml`` (whose scans run without ``--compile``);
 - ``corrupt.safetensors`` / ``clean.safetensors``: a small checkpoint with NaN/±Inf planted
   at known indices (see :data:`CORRUPTIONS`), and the same tensors without faults;
 - ``tiny-llama-fp16/``: a Hugging Face layout directory (``config.json``,

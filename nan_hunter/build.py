@@ -26,7 +26,7 @@ from typing import Any
 from . import bounded_json
 from .errors import BadInput
 from .load import Checkpoint, member
-from .regular_file import read_regular
+from .regular_file import read_regular, require_regular
 from .safetensors_header import show
 
 #: Config files in which transformers looks for ``auto_map`` (custom code to import).
@@ -85,8 +85,9 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise BadInput(f"--arch {spec!r}: {attr!r} is not a function name")
     if target.endswith(".py") or os.sep in target or "/" in target:
         path = Path(target)
-        if not path.is_file():
+        if not path.exists():
             raise BadInput(f"--arch {spec!r}: file {path} not found")
+        require_regular(path, "--arch")
         name = f"nanhunter_arch_{abs(hash(str(path.resolve())))}"
         mspec = importlib.util.spec_from_file_location(name, path)
         if mspec is None or mspec.loader is None:
@@ -213,7 +214,7 @@ def custom_code(d: Path, files: tuple[str, ...] = CODE_CONFIGS, keys: tuple[str,
         if not p.exists():
             continue
         raw = read_regular(member(d, name, f"checkpoint {d}")[1], "checkpoint file", _MAX_CONFIG_BYTES)
-        data = bounded_json.loads(raw, str(p))
+        data = bounded_json.loads(raw, str(p), constants=True)  # what transformers' json.loads accepts
         if not isinstance(data, dict):
             continue
         auto_map = data.get("auto_map")

@@ -19,7 +19,6 @@ from torch import nn
 from .errors import BadInput
 from .execute import run_context
 from .prepare import Prepared
-from .tree import float_tensors
 
 
 @dataclass
@@ -111,25 +110,6 @@ def decode(p: Prepared, indices: list[int], max_new_tokens: int, batched: bool) 
     d.new_tokens = [[int(t) for t in row[prompt_width:prompt_width + good]] for row in seqs]
     d.watch = w
     return d
-
-
-def fault_position(out: Any, d: Decoded, step: int) -> tuple[int, int | None]:
-    """(row, position) of the first non-finite value in a module's output at ``step``: the row of
-    the batch and the index into that row's own tokens (prompt, then generated; padding not
-    counted). Position None when the output has no sequence dimension to tell it."""
-    for _, t in float_tensors(out):
-        bad = ~torch.isfinite(t.detach())
-        if not bool(bad.any()):
-            continue
-        idx = bad.nonzero()[0].tolist()
-        row = idx[0] if t.dim() >= 2 else 0
-        if t.dim() < 3:
-            return row, None
-        col = idx[1]  # (batch, seq, hidden): the token row of this step's input
-        if step == 0:
-            return row, col - d.pads[row]
-        return row, d.prompt_lens[row] + step - 1 + col
-    return 0, None
 
 
 def generate_block(decoded: list[Decoded], max_new_tokens: int) -> dict[str, Any]:

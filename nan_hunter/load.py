@@ -72,8 +72,11 @@ def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Pa
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
         raise BadInput(f"{what} climbs out of the checkpoint directory with '..'; nanhunter reads nothing outside it")
     shown = root / name
-    real_root = root.resolve()
-    real = shown.resolve()
+    try:
+        real_root = root.resolve()
+        real = shown.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise BadInput(f"{what} cannot be resolved ({e}); fix the links") from None
     if is_inside(real, real_root):
         return shown, real
     snapshots = real_root.parent
@@ -171,7 +174,8 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
         if only is not None and name not in only:
             continue
         if name in ck.entries:
-            raise BadInput(f"tensor {name!r} appears in both {ck.entries[name].file.name} and {shown.name}; fix the shards")
+            raise BadInput(f"tensor {show(name)} appears in both {ck.entries[name].file.name} and {shown.name}; "
+                           "fix the shards")
         ck.entries[name] = e
     if len(ck.entries) > MAX_TENSORS:
         raise BadInput(f"{ck.path}: more than {MAX_TENSORS:,} tensors, nanhunter's limit per checkpoint")
@@ -208,7 +212,8 @@ def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
         st = _add_file(ck, shown, real_shard, names)
         absent = names - set(st.entries)
         if absent:
-            raise BadInput(f"{index}: {len(absent)} tensors mapped to {fname} are not in it (e.g. {sorted(absent)[0]!r})")
+            raise BadInput(f"{index}: {len(absent)} tensors mapped to {fname} are not in it "
+                           f"(e.g. {show(sorted(absent)[0])})")
     return ck
 
 

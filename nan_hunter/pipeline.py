@@ -179,7 +179,8 @@ def run_generation(p: Prepared, rep: Report, max_new_tokens: int, batched: bool,
     import torch
 
     from .execute import run_context
-    from .generation import check_can_generate, decode, fault_position, generate_block
+    from .generation import check_can_generate, decode, generate_block
+    from .locate.position import token_position
     from .locate.producer import call_table, first_finding, mask_notes
     from .tree import detached_copy
 
@@ -230,7 +231,7 @@ def run_generation(p: Prepared, rep: Report, max_new_tokens: int, batched: bool,
     target, margs, mkw = explain(p, rep, finding, rerun, first.indices[0], failed, step=step, replay=replay)
     with torch.no_grad(), run_context(p.run):
         out = target(*detached_copy(margs), **detached_copy(mkw))
-    row, pos = fault_position(out, first, step)
+    row, pos = token_position(out, snap.kwargs)
     index = first.indices[min(row, len(first.indices) - 1)]
     rep.first_nonfinite.input_index = index
     rep.first_nonfinite.position = pos

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import __version__
+from .version import __version__
 
 SCHEMA = "nanhunter.report/v1"
 

@@ -28,8 +28,10 @@ from .capture.snapshot import Snapshot
 from .dtypes import RunDtype
 from .execute import run_context
 from .locate.first_op import locate_op
+from .locate.position import token_position
 from .locate.producer import Finding, call_table, failed_inputs, first_finding, mask_notes, to_first_nonfinite
 from .report import FirstNonfinite
+from .tree import detached_copy
 
 
 @dataclass
@@ -258,8 +260,12 @@ class Watch(Recorder):
             return None
         with contextlib.ExitStack() as stack:
             ctx.enter(stack)
-            ev, _, _, _ = locate_op(self.model, rerun, f, self.run, grad=None)
-        fnf = to_first_nonfinite(f, ev)
+            ev, target, margs, mkw = locate_op(self.model, rerun, f, self.run, grad=None)
+            fnf = to_first_nonfinite(f, ev)
+            if f.role != "input":  # which token row holds it (a decode step: its position in the sequence)
+                stack.enter_context(run_context(self.run))
+                stack.enter_context(torch.no_grad())
+                _, fnf.position = token_position(target(*detached_copy(margs), **detached_copy(mkw)), snap.kwargs)
         notes = mask_notes(fine.calls, rows)
         if f.call.module_type == "MultiheadAttention" and ev is not None and "_native_multi_head_attention" not in ev.op:
             notes.append(f"{f.call.module} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "

@@ -158,7 +158,7 @@ class TensorStatsAccumulator:
     Counts add up, the first non-finite index is the first piece's that has one, absmax is the
     max over pieces. The fp16 underflow pass is exact over every piece with ``exact``, else it
     runs on the same fixed strided sample as a whole-tensor scan would take (``SAMPLE``
-    elements, every ``numel // SAMPLE``-th), gathered as small copies while the pieces pass.
+    elements, every ``numel // SAMPLE``-th), counted piece by piece as the pieces pass.
     """
 
     def __init__(self, numel: int, dtype, exact: bool):
@@ -169,7 +169,6 @@ class TensorStatsAccumulator:
         self.absmax: float | None = None
         self.underflow = dtype != torch.float16 or exact  # already fp16: nothing changes when cast
         self.step = numel // SAMPLE if not exact and numel > SAMPLE else 0
-        self.samples: list = []
         self.counts: list = [0, 0, 0, math.inf]
 
     def _absmax(self, a: float | None) -> None:
@@ -184,7 +183,6 @@ class TensorStatsAccumulator:
 
     def add(self, first: int, piece) -> None:
         """Elements ``first .. first + piece.numel()`` of the flattened tensor (``piece`` is 1-D, only read)."""
-        import torch
 
         nan, posinf, neginf, bad, a = _value_stats(piece)
         self.nan, self.posinf, self.neginf = self.nan + nan, self.posinf + posinf, self.neginf + neginf
@@ -193,29 +191,21 @@ class TensorStatsAccumulator:
         self._absmax(a)
         if not self.underflow:
             return
-        if self.step:
+        if self.step:  # counts add up: the sample is counted piece by piece, nothing is kept
             off, k = self._sample_range(first, piece.numel())
-            if k:  # a copy: the sample must not keep the piece's memory map alive
-                self.samples.append(piece[off:: self.step][:k].to(torch.float32, copy=True))
+            if k:
+                _count_underflow(piece[off:: self.step][:k], SERIAL, self.counts)
         else:
             _count_underflow(piece, CHUNK, self.counts)
 
     def add_zeros(self, first: int, count: int) -> None:
         """Elements ``first .. first + count`` are all zero (a hole of a sparse file)."""
-        import torch
 
         self._absmax(0.0)
-        if not self.underflow:
-            return
-        if self.step:
-            _, k = self._sample_range(first, count)
-            if k:
-                self.samples.append(torch.zeros(k))
-        else:
-            self.counts[0] += count  # zeros are finite, neither flushed nor subnormal
+        if self.underflow:  # zeros are finite, neither flushed to zero nor subnormal
+            self.counts[0] += self._sample_range(first, count)[1] if self.step else count
 
     def finish(self, ts: TensorScan, shape: list[int]) -> TensorScan:
-        import torch
 
         ts.nan, ts.posinf, ts.neginf, ts.absmax = self.nan, self.posinf, self.neginf, self.absmax
         if not ts.finite:
@@ -227,10 +217,7 @@ class TensorStatsAccumulator:
         if not self.underflow:
             ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, None
             return ts
-        if self.step:
-            _count_underflow(torch.cat(self.samples) if self.samples else torch.zeros(0), SERIAL, self.counts)
-            self.samples = []
-            ts.sampled = True
+        ts.sampled = bool(self.step)
         n, flush, sub, mn = self.counts
         if n:
             ts.fp16_zero_frac, ts.fp16_subnormal_frac = flush / n, sub / n

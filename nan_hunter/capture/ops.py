@@ -311,7 +311,6 @@ class FirstBadOp(TorchDispatchMode):
         self.first_neginf: OpEvent | None = None
         self.first_carrier: OpEvent | None = None
         self.n_ops = 0
-        self.ops: list[str] = []  # names of the ops that ran (the first 4096)
         self.site = site
 
     @property
@@ -323,8 +322,6 @@ class FirstBadOp(TorchDispatchMode):
         seen = before_op(func, args, kwargs) if self.first is None else None
         out = func(*args, **kwargs)
         self.n_ops += 1
-        if len(self.ops) < 4096:
-            self.ops.append(str(func))
         if self.first is not None:
             return out
         a, kw = seen if seen is not None else (args, kwargs)
@@ -350,9 +347,8 @@ class FirstBadOp(TorchDispatchMode):
 def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict, grad: bool | None = False,
                  site: str | None = None) -> tuple[OpEvent | None, Any]:
     """Re-run ``module(*args, **kwargs)`` under FirstBadOp; returns (first event, output).
-    ``grad``: the grad mode to run in (None: as the caller has it, e.g. a watched forward's).
-    A module that picked a fused fast path on the original forward but not on this re-run (or
-    the reverse) is named in a note on the event's source by the caller."""
+    ``grad``: the grad mode to run in (None: as the caller has it, e.g. a watched forward's: it
+    decides paths such as nn.MultiheadAttention's fused fast path). ``site``: see FirstBadOp."""
     mode = FirstBadOp(site)
     grad_ctx = torch.set_grad_enabled(grad) if grad is not None else contextlib.nullcontext()
     with grad_ctx, mode:

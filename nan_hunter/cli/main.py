@@ -7,8 +7,8 @@ import os
 import sys
 from typing import NoReturn
 
-from .. import __version__
 from ..errors import BadInput
+from ..version import __version__
 from . import bisect_cmd, check_cmd, interrupts, scan_cmd
 from .options import Parser
 
@@ -34,7 +34,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    quiet_libraries()
     return command(args)
+
+
+#: Loggers of libraries the model code imports, whose import-time warnings are not the user's
+#: business and would break "one line on stderr" (torchao's missing CUDA extensions; torch's
+#: deprecation notice for torchao's pytree registrations).
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_libraries() -> None:
+    import logging
+
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def run(argv: list[str] | None = None) -> None:

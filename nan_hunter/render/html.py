@@ -190,7 +190,7 @@ def _section(rep: Report, plot: Plot) -> str:
 
 def render_html(reps: list[Report], plots: list[Plot]) -> str:
     """The page for one report or several (``check``), with each report's plot."""
-    from .. import __version__
+    from ..version import __version__
 
     name = esc(title(reps))
     body = [_verdict(check_verdict(reps))] if len(reps) > 1 else []

@@ -100,3 +100,28 @@ def test_check_and_bisect_accept_generate(cli):
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
     assert "model.layers.0" in b["keep_modules"] and b["finite_after"] is True and b["max_rel_err"] is None
+
+
+def test_watch_around_generate_keeps_the_failing_step(tmp_path):
+    """The Python API: a watch around a long generate() reports the step and position of the
+    first fault, re-running that step from its own inputs (cache as it was), and leaves the
+    user's cache and RNG as they were."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import nan_hunter
+
+    tok = AutoTokenizer.from_pretrained(str(EXAMPLE))
+    model = AutoModelForCausalLM.from_pretrained(str(EXAMPLE), dtype=torch.float16).eval()
+    enc = tok(FAILING, return_tensors="pt")
+    with nan_hunter.watch(model) as w, torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=2,
+                             return_dict_in_generate=True)
+    assert out.sequences.shape[1] == enc["input_ids"].shape[1] + 24  # 20 steps ran after the fault
+    cache_len = out.past_key_values.get_seq_length()
+    rng = torch.get_rng_state()
+    r = w.report()
+    f = r.first_nonfinite
+    assert (f.step, f.module, f.op, f.kind) == (3, "model.layers.0", "aten.add.Tensor", "posinf")
+    assert f.position == 7
+    assert out.past_key_values.get_seq_length() == cache_len
+    assert torch.equal(torch.get_rng_state(), rng)

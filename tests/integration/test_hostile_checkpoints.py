@@ -201,6 +201,14 @@ def test_nothing_outside_is_opened_and_the_checkpoint_is_opened_read_only(tmp_pa
     assert not [p for p, _, _ in opens if out in p.parents]
 
 
+def test_symlink_loop_is_refused(run_cli, tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "a.safetensors").symlink_to("b.safetensors")
+    (d / "b.safetensors").symlink_to("a.safetensors")
+    one_error_line(run_cli("scan", d, timeout=120), "a.safetensors")
+
+
 def test_hub_cache_snapshot_links_into_blobs_are_followed(run_cli, tmp_path):
     """The Hugging Face cache stores snapshot files as links to ../../blobs/<hash>: allowed."""
     repo = tmp_path / "models--org--tiny"
@@ -345,6 +353,24 @@ def test_dense_checkpoint_streams_in_bounded_windows(tmp_path):
     assert rep["n_tensors"] == 1 and rep["nonfinite"] == [] and rep["tensors"][0]["absmax"] == 1.0
     assert rss_mb < base_mb + 150, (rss_mb, base_mb)
     assert sha256(p) == before
+
+
+def test_million_entry_header_is_refused_with_bounded_memory(tmp_path):
+    """The 68 MB header declaring a million empty tensors (it used to take 3.6 GB and die):
+    one line naming the limit, and memory never near the header's size in Python objects."""
+    p = tmp_path / "many.safetensors"
+    body = ",".join(f'"model.layers.{i}.w":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' for i in range(1_000_000))
+    h = ("{" + body + "}").encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h)
+    assert len(h) > 60_000_000
+    small = tmp_path / "small.safetensors"
+    save_file({"w": torch.ones(8)}, str(small))
+    _, base_mb, _ = _cli_max_rss_mb("scan", small, "--json", tmp_path / "s.json")
+    code, rss_mb, err = _cli_max_rss_mb("scan", p)
+    assert code == 2, err
+    assert err.strip() == f"nanhunter: error: {p}: more than 500,000 tensors, nanhunter's limit per file; " \
+                          "re-export or re-download the checkpoint"
+    assert rss_mb < base_mb + 300, (rss_mb, base_mb)
 
 
 # --- 5. no silent wrong answers -----------------------------------------------------------------

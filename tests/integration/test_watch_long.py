@@ -278,3 +278,20 @@ def test_device_flags_keep_the_first_failing_inputs_when_the_device_lags(monkeyp
     f = r.first_nonfinite
     assert (f.input_index, f.module) == (5, "layers.0.0") and f.op in ("aten.addmm.default", "aten.mm.default")
     assert not any("not kept" in n for n in r.notes)
+
+
+def test_watch_memory_bench_runs(tmp_path):
+    """bench/watch_memory.py end to end on a few hundred forwards: flat rows, the failing forward
+    found with its op."""
+    import json
+    from pathlib import Path
+
+    out = tmp_path / "m.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "watch_memory.py"
+    proc = subprocess.run([sys.executable, str(bench), "--forwards", "300", "--every", "100", "--fail-at", "20",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert [s["forwards"] for s in res["samples"]] == [0, 100, 200, 300]
+    assert res["samples"][1]["row_capacity"] == res["samples"][-1]["row_capacity"]
+    assert res["report"]["input_index"] == 20 and res["report"]["op"] == "aten.addmm.default"

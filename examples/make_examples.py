@@ -196,6 +196,33 @@ def plant_llama_fault(model: torch.nn.Module, hot_ids: list[int]) -> None:
     mlp.down_proj.weight[HOT_CHANNEL, :] = 8.0
 
 
+def _patch_json(path: Path, update: dict, drop: tuple[str, ...] = ()) -> None:
+    data = json.loads(path.read_text())
+    for k in drop:
+        data.pop(k, None)
+    data.update(update)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_hf_layout(model: torch.nn.Module, tokenizer, out: Path, tokenizer_extra: dict | None = None,
+                   generation_extra: dict | None = None) -> None:
+    """``model`` and ``tokenizer`` as a Hugging Face directory that transformers 4 and 5 both load."""
+    out.mkdir(exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    # transformers 5 writes "dtype"; transformers 4 (and tools reading config.json) use
+    # "torch_dtype". Keep both. (transformers 5 logs a deprecation warning for the latter.)
+    _patch_json(out / "config.json", {"torch_dtype": "float32"})
+    # transformers 5 names its fast tokenizer class "TokenizersBackend", which 4.x cannot
+    # load; "PreTrainedTokenizerFast" loads in both.
+    _patch_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **(tokenizer_extra or {})},
+                drop=("backend",))
+    if generation_extra and (out / "generation_config.json").exists():
+        _patch_json(out / "generation_config.json", generation_extra)
+    for path in out.iterdir():
+        path.chmod(0o644)
+
+
 def write_tiny_llama() -> None:
     """Write ``tiny-llama-fp16/`` and ``prompts.jsonl``."""
     from transformers import LlamaForCausalLM
@@ -205,24 +232,7 @@ def write_tiny_llama() -> None:
     model = LlamaForCausalLM(llama_config()).eval()
     vocab = tokenizer.get_vocab()
     plant_llama_fault(model, [vocab[w] for w in HOT_WORDS])
-    TINY_LLAMA.mkdir(exist_ok=True)
-    model.save_pretrained(TINY_LLAMA, safe_serialization=True)
-    tokenizer.save_pretrained(TINY_LLAMA)
-    # transformers 5 writes "dtype"; transformers 4 (and tools reading config.json) use
-    # "torch_dtype". Keep both. (transformers 5 logs a deprecation warning for the latter.)
-    config_path = TINY_LLAMA / "config.json"
-    config = json.loads(config_path.read_text())
-    config["torch_dtype"] = "float32"
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    # transformers 5 names its fast tokenizer class "TokenizersBackend", which 4.x cannot
-    # load; "PreTrainedTokenizerFast" loads in both.
-    tok_config_path = TINY_LLAMA / "tokenizer_config.json"
-    tok_config = json.loads(tok_config_path.read_text())
-    tok_config.pop("backend", None)
-    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_config_path.write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
-    for path in TINY_LLAMA.iterdir():
-        path.chmod(0o644)
+    save_hf_layout(model, tokenizer, TINY_LLAMA)
     with open(EXAMPLES / "prompts.jsonl", "w") as f:
         for prompt in PROMPTS:
             f.write(json.dumps({"text": prompt}) + "\n")
@@ -239,7 +249,7 @@ def main() -> int:
     print(f"tiny llama: {TINY_LLAMA.relative_to(EXAMPLES)}/, prompts.jsonl")
     from tiny_llama_decode import write_tiny_llama_decode
 
-    decode = write_tiny_llama_decode(EXAMPLES, build_tokenizer)
+    decode = write_tiny_llama_decode(EXAMPLES, build_tokenizer, save_hf_layout)
     print(f"tiny llama (decode): {decode.relative_to(EXAMPLES)}/")
     return 0
 

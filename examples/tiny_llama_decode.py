@@ -19,7 +19,6 @@ How the weights make it happen (every weight is far inside fp16's range):
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -77,8 +76,9 @@ def plant(model: torch.nn.Module, vocab: dict[str, int]) -> None:
         head[vocab[successor(ids[i])], i] = 10.0
 
 
-def write_tiny_llama_decode(examples: Path, build_tokenizer) -> Path:
-    """Write the example directory next to ``tiny-llama-fp16/`` and return its path."""
+def write_tiny_llama_decode(examples: Path, build_tokenizer, save_hf_layout) -> Path:
+    """Write the example directory next to ``tiny-llama-fp16/`` and return its path
+    (``build_tokenizer`` and ``save_hf_layout`` come from ``make_examples.py``)."""
     from transformers import LlamaForCausalLM
 
     out = examples / "tiny-llama-decode-fp16"
@@ -88,23 +88,6 @@ def write_tiny_llama_decode(examples: Path, build_tokenizer) -> Path:
     torch.manual_seed(0)
     model = LlamaForCausalLM(decode_config(len(vocab))).eval()
     plant(model, vocab)
-    out.mkdir(exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    cfg_path = out / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["torch_dtype"] = "float32"
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    tok_path = out / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_path.read_text())
-    tok_cfg.pop("backend", None)
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg["padding_side"] = "left"
-    tok_path.write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n")
-    gen_path = out / "generation_config.json"
-    gen = json.loads(gen_path.read_text())
-    gen.update({"do_sample": False, "pad_token_id": 2})
-    gen_path.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
-    for path in out.iterdir():
-        path.chmod(0o644)
+    save_hf_layout(model, tokenizer, out, tokenizer_extra={"padding_side": "left"},
+                   generation_extra={"do_sample": False, "pad_token_id": 2})
     return out

@@ -126,7 +126,6 @@ def rss_growth(name: str) -> dict:
 
 def main() -> int:
     import torch
-
     from machine import cpu_name
 
     ap = argparse.ArgumentParser()

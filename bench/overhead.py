@@ -409,9 +409,9 @@ def kernel_bandwidth(n_bytes: int, copy_gbps: float, sweep: list[tuple[int, int]
     import torch
     from triton.testing import do_bench
 
+    from nan_hunter.capture.sink import Segment
     from nan_hunter.kernels import triton as tk
     from nan_hunter.kernels.reference import full_row
-    from nan_hunter.capture.sink import Segment
 
     seg = Segment.new(0, 8, torch.device("cuda"))
     rows = []
@@ -454,8 +454,8 @@ def activation_sizes(copy_gbps: float) -> list[dict]:
     import torch
     from triton.testing import do_bench
 
-    from nan_hunter.kernels import triton as tk
     from nan_hunter.capture.sink import Segment
+    from nan_hunter.kernels import triton as tk
 
     seg = Segment.new(0, 2, torch.device("cuda"))
     rows = []

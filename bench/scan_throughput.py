@@ -223,14 +223,14 @@ def warm(paths: list[Path]) -> dict:
 
 
 # -- measurement ----------------------------------------------------------------------------------
-def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] = (0,)) -> dict:
+def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] = (0,), cwd: str | None = None) -> dict:
     """Run ``cmd`` in a fresh child; wall seconds (perf_counter around it) and peak RSS in bytes."""
     if os.path.exists(TIME_BIN):
         with tempfile.NamedTemporaryFile("r", suffix=".time", delete=False) as tf:
             tpath = tf.name
         full = [TIME_BIN, "-v", "-o", tpath, *cmd]
         t0 = time.perf_counter()
-        res = subprocess.run(full, capture_output=True, text=True, env=env)
+        res = subprocess.run(full, capture_output=True, text=True, env=env, cwd=cwd)
         wall = time.perf_counter() - t0
         text = Path(tpath).read_text()
         os.unlink(tpath)
@@ -242,7 +242,7 @@ def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] =
                    "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]), "
                    "file=sys.stderr); sys.exit(r.returncode)")
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
+        res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env, cwd=cwd)
         wall = time.perf_counter() - t0
         last = res.stderr.strip().splitlines()[-1]
         rss = json.loads(last)[1] * 1024
@@ -569,7 +569,9 @@ def whole_process(args: argparse.Namespace) -> int:
     if args.baseline:
         keys += ["baseline_cli_tiny", "baseline_nh_fast", "baseline_help"]
     runs: dict[str, list[float]] = {k: [] for k in keys}
-    benv = dict(env, PYTHONPATH=str(Path(args.baseline).resolve())) if args.baseline else env
+    # `python -m` puts the working directory first on sys.path: run the baseline from its own tree
+    bdir = str(Path(args.baseline).resolve()) if args.baseline else None
+    benv = dict(env, PYTHONPATH=bdir) if bdir else env
     bcmd = [py, "-m", "nan_hunter"]
     ok = True
     for r in range(args.repeat):
@@ -585,11 +587,11 @@ def whole_process(args: argparse.Namespace) -> int:
         ok &= good and m["rc"] == 1
         runs["nh_fast"].append(m["wall_s"])
         if args.baseline:
-            runs["baseline_help"].append(measure([*bcmd, "--help"], benv)["wall_s"])
+            runs["baseline_help"].append(measure([*bcmd, "--help"], benv, cwd=bdir)["wall_s"])
             runs["baseline_cli_tiny"].append(
-                measure([*bcmd, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], benv)["wall_s"])
+                measure([*bcmd, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], benv, cwd=bdir)["wall_s"])
             report.unlink(missing_ok=True)
-            m = measure([*bcmd, "scan", str(big), "--json", str(report), "-q"], benv, (0, 1))
+            m = measure([*bcmd, "scan", str(big), "--json", str(report), "-q"], benv, (0, 1), cwd=bdir)
             good, msg = check_nanhunter(report, exp)
             ok &= good and m["rc"] == 1
             runs["baseline_nh_fast"].append(m["wall_s"])

@@ -95,9 +95,18 @@ def verdict(rep: Report) -> Verdict:
         return check_verdict([rep])
     if rep.bisect is not None:
         b = rep.bisect
+        if b.over == "inputs" and b.failing_inputs is not None:
+            if not b.failing_inputs:
+                return Verdict(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", "ok")
+            return Verdict(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
+                           + ", ".join(f"#{i}" for i in b.failing_inputs), "warn")
+        if b.already_finite:
+            return Verdict(f"✔ the run in {b.dtype} is already finite: nothing needs to be kept in {b.keep_dtype}",
+                           "ok")
         if b.finite_after:
+            err = f"max rel err {fmt(b.max_rel_err)}, " if b.max_rel_err is not None else ""
             return Verdict(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: run in {b.dtype} becomes "
-                           f"finite (max rel err {fmt(b.max_rel_err)}, {b.runs} runs)", "ok")
+                           f"finite ({err}{b.runs} runs)", "ok")
         return Verdict("✘ no module set fixes it: the run is non-finite even with every candidate kept in "
                        f"{b.keep_dtype}", "bad")
     if rep.exit_code() == 0:
@@ -111,6 +120,25 @@ def verdict(rep: Report) -> Verdict:
         return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{cause}", "bad")
     n = len((rep.weights or {}).get("nonfinite") or [])
     return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+
+
+def bisect_lines(rep: Report) -> list[tuple[str, str]]:
+    """What bisect found, as (label, text): the modules to keep and a ready line for transformers'
+    ``_keep_in_fp32_modules``; for ``--over inputs``, the failing inputs and shortest prefixes."""
+    b = rep.bisect
+    if b is None:
+        return []
+    labels = (rep.run or {}).get("inputs") or []
+    if b.over == "inputs":
+        prefix = b.shortest_failing_prefix or {}
+        return [("failing", f"#{i} {labels[i] if i < len(labels) else ''}".rstrip()
+                 + (f" · shortest failing prefix {prefix[str(i)]} tokens" if str(i) in prefix else ""))
+                for i in (b.failing_inputs or [])]
+    out = [("keep", f"{m} → {b.keep_dtype}") for m in b.keep_modules]
+    if b.keep_in_fp32_modules:
+        names = ", ".join(f'"{m}"' for m in b.keep_in_fp32_modules)
+        out.append(("transformers", f"_keep_in_fp32_modules = [{names}]"))
+    return out
 
 
 # --- what was scanned, where it broke, why ----------------------------------------------------

@@ -80,6 +80,7 @@ def test_over_inputs_names_failing_input(cli, stack6, tmp_path):
               "--inputs", tmp_path / "small.safetensors", "--inputs", d / "in.safetensors", "--over", "inputs")
     assert res.report["bisect"]["failing_inputs"] == [1]
     assert res.code == 0  # --over inputs answers which inputs fail: that is its verdict, not a failure
+    assert "1 input(s) fail in fp16: #1" in res.stdout and "no module set" not in res.stdout
 
 
 def _minilm(minilm_dir):
@@ -207,6 +208,7 @@ def test_candidates_include_a_blamed_module_that_is_not_a_leaf(cli, tmp_path):
     assert res.code == 0, res.stderr
     assert res.report["bisect"]["keep_modules"] == ["attn"]
     assert res.report["bisect"]["keep_in_fp32_modules"] == ["attn"]
+    assert '_keep_in_fp32_modules = ["attn"]' in res.stdout and "attn → fp32" in res.stdout
 
 
 HEAD = """

@@ -16,6 +16,7 @@ from ...report import Report
 from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
 from .check_view import check_verdict, results_table
 from .scan_view import (
+    bisect_view,
     diagnosis_panel,
     findings,
     generate_table,
@@ -57,6 +58,9 @@ def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr
     c = c or console(stderr)
     render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
                 weights_targets=weights_targets)
+    found = bisect_view(rep, c.width)
+    if found is not None:
+        c.print(found)
     c.print(verdict(rep))
 
 

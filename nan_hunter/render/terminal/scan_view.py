@@ -143,3 +143,12 @@ def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED) 
 def verdict(rep: Report) -> Text:
     v = R.verdict(rep)
     return t(v.text, TONE_STYLE[v.tone])
+
+
+def bisect_view(rep: Report, width: int) -> RenderableType | None:
+    """The modules bisect keeps (and the transformers line), or the inputs that fail."""
+    lines = R.bisect_lines(rep)
+    if not lines:
+        return None
+    style = {"keep": "bold", "transformers": "cyan", "failing": "red"}
+    return hanging([(Text(k, style="dim"), t(v, style.get(k, ""))) for k, v in lines], width)

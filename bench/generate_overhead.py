@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -109,17 +108,11 @@ def measure(name: str, tokens: int, rounds: int) -> dict:
     return out
 
 
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def rss_growth(name: str) -> dict:
     """Current RSS (MiB, VmRSS) after a watched generate of N tokens, for growing N (run first,
     in its own process, so no other model's memory is counted)."""
     import torch
+    from machine import rss_mb
 
     import nan_hunter
 
@@ -129,7 +122,7 @@ def rss_growth(name: str) -> dict:
         with nan_hunter.watch(model, level="blocks"), torch.no_grad():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                            do_sample=False, pad_token_id=0)
-        res[n] = _rss_mib()
+        res[n] = rss_mb()
     return res
 
 

@@ -15,3 +15,11 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (``VmRSS``), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")

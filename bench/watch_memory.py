@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name  # noqa: E402
+from machine import cpu_name, rss_mb  # noqa: E402
 
 import nan_hunter  # noqa: E402
 
@@ -40,13 +40,6 @@ class Net(nn.Module):
         for layer in self.layers:
             x = x + layer(x)
         return self.head(x)
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:

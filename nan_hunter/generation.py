@@ -31,6 +31,7 @@ class Decoded:
     steps: int = 0  # forwards run, prefill included
     first_bad_step: int | None = None
     new_tokens: list[list[int]] = field(default_factory=list)  # per row, before first_bad_step
+    failed_rows: list[int] = field(default_factory=list)  # rows holding a fault at first_bad_step
     watch: Any = None
 
 

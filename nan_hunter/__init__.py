@@ -20,7 +20,9 @@ def watch(model: Any, **options: Any):
     """Context manager capturing every module's forward; see ``nan_hunter.session.Watch``."""
     from .session import Watch
 
-    return Watch(model, **options)
+    w = Watch(model, **options)
+    w.collective = True  # under torch.distributed its report() is global (nan_hunter.ranks); the CLI's stay per rank
+    return w
 
 
 def scan(checkpoint: str, **options: Any) -> Report:

@@ -57,11 +57,12 @@ def _user_code() -> Iterator[None]:
 
 @contextmanager
 def _quiet_libraries() -> Iterator[None]:
-    """While transformers loads: its optional imports (torchao, via its quantizers) log warnings
-    that are not the user's business; stderr stays for nanhunter's own line."""
+    """While transformers loads: its optional imports (torchao, via its quantizers) and accelerate
+    (placing a ``--device-map`` model) log warnings that are not the user's business; stderr
+    stays for nanhunter's own line."""
     import logging
 
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree", "accelerate")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -240,17 +241,18 @@ def _first_line(e: BaseException) -> str:
     return s.splitlines()[0][:300] if s else ""
 
 
-def build_from_hf(ck: Checkpoint, attn: str | None = None):
-    """Architecture from config.json, weights from the directory, all offline, no checkpoint code."""
+def build_from_hf(ck: Checkpoint, attn: str | None = None, placed: dict[str, Any] | None = None):
+    """Architecture from config.json, weights from the directory, all offline, no checkpoint code.
+    ``placed``: ``from_pretrained`` keywords of ``--device-map auto`` (``placement.build_placed``)."""
     where = custom_code(ck.path, ("config.json",), ignore=("AutoTokenizer",))
     if where:
         raise _refuse_custom(ck, where)
     _offline()
     with _quiet_libraries():
-        return _build_from_hf(ck, attn)
+        return _build_from_hf(ck, attn, placed)
 
 
-def _build_from_hf(ck: Checkpoint, attn: str | None):
+def _build_from_hf(ck: Checkpoint, attn: str | None, placed: dict[str, Any] | None = None):
     try:
         import transformers
     except ImportError:
@@ -274,6 +276,7 @@ def _build_from_hf(ck: Checkpoint, attn: str | None):
     kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False, "output_loading_info": True}
     if attn:
         kw["attn_implementation"] = attn
+    kw.update(placed or {})
     try:
         model, info = cls.from_pretrained(d, **kw)
     except Exception as e:
@@ -331,10 +334,14 @@ def load_tokenizer(ck: Checkpoint):
         raise BadInput(f"{d}: cannot load its tokenizer offline ({type(e).__name__}: {_first_line(e)})") from None
 
 
-def build_model(ck: Checkpoint, arch: str | None, attn: str | None = None):
-    """(model, tokenizer, how) — how is "arch", "hf" or None for a weights-only scan."""
+def build_model(ck: Checkpoint, arch: str | None, attn: str | None = None, placed: dict[str, Any] | None = None):
+    """(model, tokenizer, how) — how is "arch", "hf" or None for a weights-only scan.
+    ``placed``: ``from_pretrained`` keywords of ``--device-map auto`` (Hugging Face directories only)."""
+    if placed is not None and (arch or not (ck.format == "hf" and ck.config_path is not None)):
+        raise BadInput("--device-map auto needs a Hugging Face directory (config.json + safetensors): "
+                       "transformers places it; --arch models and bare files are not supported yet")
     if arch:
         return build_from_arch(arch, ck), (load_tokenizer(ck) if ck.config_path else None), "arch"
     if ck.format == "hf" and ck.config_path is not None:
-        return build_from_hf(ck, attn), load_tokenizer(ck), "hf"
+        return build_from_hf(ck, attn, placed), load_tokenizer(ck), "hf"
     return None, None, None

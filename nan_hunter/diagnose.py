@@ -42,6 +42,9 @@ class Evidence:
     config: DiagnosisConfig | None = None
     compile: dict[str, Any] | None = None  # scan --compile: eager and compiled parted (compiled.py)
     op_absmax: float | None = None  # |result| of the op re-run on its operands in float64 (ops.OpEvent)
+    phase: str = "forward"  # forward | backward | optimizer (training faults)
+    grad_fn: str | None = None  # backward: the autograd node that ran the op
+    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
     run: RunDtype | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -147,6 +150,68 @@ def _diag(ev: Evidence, cause: str, summary: str, evidence: list[str | None], fi
     return Diagnosis(cause, ev.dtype, ev.module, ev.op, summary, lines, fix)
 
 
+#: optimizer state the update divides by (the square root of): Adam/AdamW/Adamax/NAdam/RAdam, RMSprop, Adagrad
+DENOMINATOR_STATE = {"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "exp_inf"}
+
+
+@rule("optimizer_step")
+def optimizer_step(ev: Evidence) -> Diagnosis | None:
+    o = ev.optimizer
+    if ev.phase != "optimizer" or not o:
+        return None
+    name, dt, opt = o.get("param"), o.get("dtype"), o.get("optimizer")
+    lines = [f"{name} ({dt}) was finite, with a finite gradient, before {opt}.step() and holds "
+             f"{o.get('nonfinite')} non-finite value(s) of {o.get('numel')} after it"]
+    hp = o.get("hyperparameters", {})
+    if "lr" in hp:
+        lines.append("hyperparameters: " + ", ".join(f"{k}={hp[k]}" for k in ("lr", "eps", "betas", "weight_decay")
+                                                      if k in hp))
+    zero_state = {k: v for k, v in o.get("state", {}).items()
+                  if isinstance(v, dict) and v.get("zeros_where_nonfinite")}
+    denominators = {k: v for k, v in zero_state.items() if k in DENOMINATOR_STATE}
+    zero_state = denominators or zero_state
+    for k, v in o.get("state", {}).items():
+        if isinstance(v, dict):
+            lines.append(f"state {k} ({v['dtype']}): {v['zeros_where_nonfinite']} zero(s) where the parameter went "
+                         f"non-finite, {v['zeros']} in all")
+    if o.get("grad_zeros_where_nonfinite") is not None:
+        lines.append(f"gradient: {o['grad_zeros_where_nonfinite']} zero(s) where the parameter went non-finite, "
+                     f"absmax {_g(o.get('grad_absmax'))}")
+    eps, held = o.get("eps"), o.get("eps_in_dtype")
+    fix_master = ("Keep fp32 master weights and optimizer state (train with fp32 parameters under torch.autocast, "
+                  "or an optimizer with fp32 state), ")
+    if eps and held == 0 and zero_state:
+        lines.insert(1, f"eps {eps:g} rounds to 0 in {dt}: where {', '.join(zero_state)} is 0 the update "
+                        f"divides by sqrt(0) + 0 = 0")
+        return Diagnosis("division_by_zero", dt, ev.module, ev.op,
+                         f"{opt}'s eps {eps:g} rounds to zero in {dt}: the step divided by zero in {name}", lines,
+                         fix_master + f"or use an eps {dt} can hold (e.g. eps=1e-4 for fp16); a lower lr does not "
+                         "help a division by zero.")
+    if zero_state:
+        return Diagnosis("division_by_zero", dt, ev.module, ev.op,
+                         f"{opt}.step() divided by a zero optimizer state in {name}", lines,
+                         fix_master + "or raise eps so that sqrt(state) + eps stays above zero in " + f"{dt}.")
+    if ev.kind in ("posinf", "neginf"):
+        return Diagnosis("overflow", dt, ev.module, ev.op,
+                         f"{opt}.step() overflowed {dt} in {name}", lines,
+                         fix_master + "lower the learning rate, or clip gradients (clip_grad_norm_) before the step.")
+    return Diagnosis("unknown", dt, ev.module, ev.op, f"{opt}.step() made {name} non-finite; no rule explains it",
+                     lines, fix_master + "and check the learning-rate schedule.")
+
+
+@rule("backward_incoming")
+def backward_incoming(ev: Evidence) -> Diagnosis | None:
+    if ev.phase != "backward" or ev.role != "input":
+        return None
+    which = ev.input_label or "from the loss"
+    return _diag(ev, "nonfinite_input", f"the gradient reaching the model's outputs ({which}) was already "
+                 f"{ev.kind}: the loss or its scaling made it, not the model",
+                 [f"first module whose backward received it: {ev.module or '<root>'} ({ev.module_type})"],
+                 "Check the loss: compute it in fp32 (cross_entropy on logits.float()), guard log/div inside it with "
+                 "an eps, and with GradScaler let the scaler skip the step (scaler.step/update) rather than call "
+                 "optimizer.step() directly.")
+
+
 @rule("nonfinite_weights")
 def nonfinite_weights(ev: Evidence) -> Diagnosis | None:
     if ev.role != "weights" and not (ev.role is None and ev.weights_nonfinite):
@@ -157,6 +222,13 @@ def nonfinite_weights(ev: Evidence) -> Diagnosis | None:
     if len(ws) > 5:
         lines.append(f"... and {len(ws) - 5} more tensors")
     where = f"first used by {ev.module or '<root>'} ({ev.module_type})" if ev.module is not None else "found by the weights scan"
+    if not ws and ev.module is not None:  # under watch(): no checkpoint, the live parameters
+        held = f" ({ev.input_label})" if ev.input_label else ""
+        return _diag(ev, "nonfinite_weights", f"parameters or buffers of {ev.module or '<root>'}{held} already hold "
+                     f"{ev.kind} when it runs", [],
+                     "The weights were non-finite before this forward: look for the step that made them so (watch "
+                     "with backward=True and optimizer= names the backward or optimizer step), or restore them "
+                     "from a checkpoint.")
     return _diag(ev, "nonfinite_weights",
                  f"the checkpoint itself holds NaN/Inf in {len(ws)} tensor(s); {where}", lines,
                  "The checkpoint is corrupt or was saved after training diverged: restore an earlier checkpoint "
@@ -350,9 +422,25 @@ def unknown(ev: Evidence) -> Diagnosis | None:
                  "(`nanhunter bisect`).")
 
 
+BACKWARD_FIX = {
+    "division_by_zero": "The gradient divides by zero (the derivative of sqrt, rsqrt, x**p or a norm at 0 is "
+                        "infinite): put the eps inside, sqrt(x + eps) or (x.pow(2).sum() + eps).sqrt(), not sqrt(x) + "
+                        "eps; gradient clipping does not help a NaN.",
+    "domain_error": "The gradient of this op is undefined at these values: clamp its input into the domain in the "
+                    "forward (the clamp also bounds the derivative); gradient clipping does not help a NaN.",
+    "overflow": "The gradient overflowed the dtype: use loss scaling with a dynamic GradScaler (it backs off on "
+                "overflow), compute gradients in bf16 instead of fp16, or keep this module in fp32 (`nanhunter "
+                "bisect --backward`); clipping comes too late once a gradient is inf.",
+}
+
+
 def diagnose(ev: Evidence) -> Diagnosis | None:
     for _, fn in RULES:
         d = fn(ev)
         if d is not None:
+            if ev.phase == "backward" and ev.role == "producer":
+                node = f" ({ev.grad_fn})" if ev.grad_fn else ""
+                d.summary = f"backward{node}: {d.summary}"
+                d.fix = BACKWARD_FIX.get(d.cause, d.fix + " Gradient clipping does not help a NaN.")
             return d
     return None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -100,3 +100,34 @@ def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, ca
     if "args" not in box:
         raise RuntimeError(f"module {module_name!r} call {call_index} did not happen on re-run")
     return box["args"], box["kwargs"]
+
+
+@contextlib.contextmanager
+def weights_as(model: nn.Module, state: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """Parameters and buffers bound to ``state`` (by ``state_dict()`` name) for the duration, by
+    rebinding their ``.data``: the user's tensors are never written, and the Parameter objects
+    (with their hooks) stay the same. ``None``: the model as it is."""
+    if not state:
+        yield
+        return
+    swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    try:
+        for name, t in named:
+            saved = state.get(name)
+            # same tensor type too: a sharded DTensor copy never goes into FSDP2's gathered plain parameter
+            if t is not None and saved is not None and saved.shape == t.shape and saved.dtype == t.dtype \
+                    and type(saved) is type(t.data):
+                swapped.append((t, t.data))
+                t.data = saved
+        yield
+    finally:
+        for t, data in reversed(swapped):
+            t.data = data
+
+
+def weights_copy(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the parameters and (persistent) buffers by ``state_dict()`` name."""
+    with torch.no_grad():
+        return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+                if isinstance(v, torch.Tensor)}

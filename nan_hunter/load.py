@@ -247,6 +247,9 @@ def _check_directory(root: Path) -> None:
 
 def _open_directory(p: Path) -> Checkpoint:
     _check_directory(p)
+    if (p / "capsule.json").is_file() and not (p / "config.json").exists():
+        raise BadInput(f"{p} is a nanhunter capsule (one failing training step): replay it with `nanhunter scan {p}`; "
+                       "this command takes a model checkpoint")
     config = p / "config.json"
     has_config = config.exists()
     indexes = sorted(p.glob("*.safetensors.index.json"))

@@ -77,13 +77,37 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
          device: str = "auto", stats: str = "fast", config: str | Config | None = None, attn: str | None = None,
          progress: Callable[[str, int], None] | None = None, replay: bool = True,
          compile: str | None = None, rtol: float = 1e-2, generate: int | None = None,
-         batch: bool = False) -> Report:
+         batch: bool = False, device_map: str | None = None, max_memory: list[str] | None = None,
+         backward: bool = False, loss: str | None = None) -> Report:
     """``compile``: a torch.compile backend; the run is then compared with its compiled form
     (``compiled.compare_compiled``, tolerance ``rtol``). ``generate``: greedy decoding of up to
     that many new tokens per input, captured step by step (``batch``: all inputs decoded together,
-    left-padded)."""
+    left-padded). ``device_map="auto"`` (``max_memory``: ``["cpu=200MB", ...]``): the model is
+    placed by accelerate across GPUs, CPU memory and disk (``placement``), instead of ``device``.
+    ``backward``: forward then backward of the model's own loss (HF causal LMs) or of ``loss``
+    (``file.py:fn``, ``fn(outputs, batch) -> scalar``), captured (``backward_scan``). A capsule
+    directory (``DIR/step-<k>``) is rebuilt and re-run (``capsule_replay``)."""
+    from .placement import parse as parse_placement
+
     cfg = as_config(config)
+    from .capsule import is_capsule
+
+    if is_capsule(checkpoint):  # DIR/step-<k> written by watch(capsule_dir=...): rebuild and re-run that step
+        from .capsule_replay import scan_capsule
+
+        return scan_capsule(checkpoint, weights_block, arch=arch, device=device, stats=stats, config=cfg, progress=progress,
+                            replay=replay, inputs=inputs, prompts=prompts, data=data, dtype=dtype,
+                            generate=generate, compile=compile, backward=backward, loss=loss)
     parse_dtype(dtype)
+    if loss is not None and not backward:
+        raise BadInput("--loss is the loss --backward differentiates: add --backward")
+    if backward and (generate is not None or compile is not None):
+        raise BadInput(f"--backward cannot be combined with {'--generate' if generate is not None else '--compile'}; "
+                       "run them separately")
+    placement = parse_placement(device_map, max_memory)
+    if placement is not None and compile is not None:
+        raise BadInput("--compile with --device-map auto is not supported: torch.compile does not trace "
+                       "accelerate's offload hooks; drop one of them")
     if generate is not None and (isinstance(generate, bool) or not isinstance(generate, int) or generate < 1):
         raise BadInput(f"--generate {generate!r}: give the number of new tokens to decode, e.g. --generate 16")
     if batch and generate is None:
@@ -97,7 +121,7 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
         raise BadInput(f"--stats {stats!r}: use fast or full")
     ws = scan_weights(ck, exact=stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_block(ws, cfg))
-    prepared = prepare(ck, arch, inputs, prompts, data, dtype, device, cfg, attn)
+    prepared = prepare(ck, arch, inputs, prompts, data, dtype, device, cfg, attn, placement=placement)
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
@@ -106,7 +130,11 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
                                               config=cfg.diagnosis))
         return rep
     rep.notes += prepared.notes
-    if generate is not None:
+    if backward:  # forward then backward of a loss, captured (backward_scan)
+        from .backward_scan import run_backward
+
+        run_backward(prepared, rep, loss, replay=replay)
+    elif generate is not None:
         run_generation(prepared, rep, generate, batch, replay=replay)
     else:
         run_model(prepared, rep, replay=replay)
@@ -119,6 +147,11 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
 
 def run_model(p: Prepared, rep: Report, replay: bool = True) -> None:
     """Capture, locate, replay and diagnose one prepared run into ``rep``."""
+    from . import rank_split
+
+    if rank_split.splitting():  # under torchrun: each rank runs its share of the inputs
+        return rank_split.run_model_split(p, rep, replay, explain=explain, near_misses=near_misses,
+                                          run_block=run_block, failed_note=_failed_note)
     from .execute import capture_run, forward
     from .locate.producer import call_table, failed_inputs, first_finding, mask_notes
 
@@ -150,14 +183,16 @@ def explain(p: Prepared, rep: Report, finding: Any, rerun: Callable[[], Any], in
     from .capture.blocks import main_blocks
     from .locate.first_op import locate_op
     from .locate.producer import to_first_nonfinite
+    from .placement import materialized
     from .replay import replay as do_replay
 
     call = finding.call
-    ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
+    with materialized(p.model, call.module):  # --device-map: offloaded weights in place for the re-runs
+        ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
+        if replay and finding.role == "producer":
+            rep.replay = do_replay(target, margs, mkw, p.run)
     rep.first_nonfinite = to_first_nonfinite(finding, ev, step=step)
     rep.first_nonfinite.input_index = input_index
-    if replay and finding.role == "producer":
-        rep.replay = do_replay(target, margs, mkw, p.run)
     evd = Evidence(finding.role, rep.first_nonfinite.kind, call.module, call.module_type, ev.op if ev else None,
                    ev.operands if ev else [], p.run, rep.replay, rep.weights["nonfinite"] if rep.weights else [],
                    call.module in set(main_blocks(p.model)), p.labels[input_index], failed, len(p.batches),

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import Config
 from .dtypes import RUN_DTYPES, RunDtype, UnknownDtype, canonical, name_of
 from .errors import BadInput
 from .load import Checkpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .placement import Placement
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog."
 
@@ -69,14 +72,23 @@ def run_dtype(name: str, cfg: Config) -> RunDtype:
 
 def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts: list[str] | None,
             data: str | None, dtype: str | None, device: str, cfg: Config, attn: str | None = None,
-            need_model: bool = False) -> Prepared | None:
+            need_model: bool = False, placement: Placement | None = None) -> Prepared | None:
+    """``placement`` (``--device-map auto``): the model is placed by accelerate in the run's
+    compute dtype and takes its inputs on its first device; ``device`` is then not used."""
     from .build import build_model
     from .execute import cast_batch, cast_model, resolve_device
     from .inputs import batch_notes, build_batches
 
     dt = parse_dtype(dtype)
-    dev = resolve_device(device)
-    model, tok, how = build_model(ck, arch, attn)
+    if placement is not None:
+        from .placement import build_placed, input_device
+
+        placed = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
+        model, tok, how = build_placed(ck, arch, attn, placement, placed.torch_compute)
+        dev = input_device(model)
+    else:
+        dev = resolve_device(device)
+        model, tok, how = build_model(ck, arch, attn)
     if model is None:
         if inputs or prompts or data:
             raise BadInput("inputs were given but no model can be built: pass --arch file.py:factory "
@@ -97,6 +109,12 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         notes.append(f"no inputs given: ran the default prompt {DEFAULT_PROMPT!r}")
     notes += batch_notes(batches)
     run = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
-    model = cast_model(model, run, dev)
+    if placement is None:
+        model = cast_model(model, run, dev)
+    else:
+        from .placement import placement_notes
+
+        model = model.eval()
+        notes += placement_notes(model)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]
     return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes)

@@ -32,6 +32,9 @@ class FirstNonfinite:
     step: int = 0  # decode step under --generate (0: the prompt's forward); root-call index under watch()
     position: int | None = None  # index into the input's own tokens of the first row holding it
     phase: str = "forward"  # forward | backward | optimizer
+    grad_fn: str | None = None  # backward: the autograd node that produced it (``SqrtBackward0``)
+    param: str | None = None  # optimizer: dotted parameter name; FSDP2 weights: the full parameter
+    rank: int | None = None  # under torch.distributed: the rank of the first fault
 
 
 @dataclass

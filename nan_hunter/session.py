@@ -15,42 +15,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from .capture.compiled_regions import eager_only
-from .capture.ops import OpEvent
 from .capture.recorder import Recorder
 from .capture.snapshot import Snapshot
 from .dtypes import RunDtype
-from .execute import run_context
+from .execute import run_context, weights_as
 from .locate.first_op import locate_op
 from .locate.position import token_position
 from .locate.producer import Finding, call_table, failed_inputs, first_finding, mask_notes, to_first_nonfinite
+from .ranks import combine, local_reruns
 from .report import FirstNonfinite
+from .training import TrainingState
 from .tree import detached_copy
-
-
-@dataclass
-class WatchReport:
-    """What ``watch(...).report()`` returns: the first non-finite value and per-call stats (of
-    the forwards kept in full), per-module aggregates of the forwards folded away."""
-
-    first_nonfinite: FirstNonfinite | None
-    calls: list[dict[str, Any]]
-    failed_inputs: list[int]
-    notes: list[str] = field(default_factory=list)
-    op_event: OpEvent | None = None
-    aggregates: list[dict[str, Any]] = field(default_factory=list)
-    n_forwards: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
-                "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes,
-                "aggregates": self.aggregates, "n_forwards": self.n_forwards}
+from .watch_report import WatchReport
 
 
 def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
@@ -138,45 +121,72 @@ class Watch(Recorder):
     until judged on a device sink, inputs) besides the first failing one, which is always kept."""
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4, backend: str | None = None,
-                 device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None):
-        super().__init__(model, level=level, retain=retain, backend=backend, device=device)
+                 device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None, backward: bool = False,
+                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None):
+        super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
+                         optimizer=optimizer)
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
         self.contexts: dict[int, ForwardContext] = {}
         self._report: WatchReport | None = None
-        self._report_at = -1
+        self._report_at: tuple = ()
+        self.training = TrainingState(self, scaler, capsule_dir, arch)
 
     def _keeps_inputs(self) -> bool:
         return True
 
     def _on_root_call(self, forward: int) -> None:
         self.contexts[forward] = ForwardContext.now(self.model)
+        self.training.on_step(forward)
 
     def _on_forget(self, forward: int) -> None:
         self.contexts.pop(forward, None)
+
+    def _on_first_fault(self, forward: int, phase: str) -> None:
+        self.training.on_first_fault(forward, phase)
+
+    def _accept_fault(self, forward: int, phase: str) -> bool:
+        return self.training.accept(forward, phase)
+
+    def on_optimizer_start(self, forward: int, hooks: Any) -> None:
+        self.training.before_optimizer_step(forward, hooks)
+
+    def _judge_late_now(self) -> bool:
+        return self.first_failed is None and (self.training.capsule_dir is not None or self.training.scaler is not None)
+
+    def _grads_needed(self, forward: int) -> bool:
+        return forward == self.first_failed or forward in self.training.pending
 
     def report(self) -> WatchReport:
         """Locate the first non-finite value (re-running the first failing forward at finer levels
         when needed) and return a ``WatchReport``. The user's model, inputs, cache and RNG are left
         as they were."""
-        if self._report is None or self.sink.graph_rows or self._report_at != self.n_forwards:
+        key = (self.n_forwards, self.grads.events if self.grads else 0, self.optimizer.steps if self.optimizer else 0)
+        if self._report is None or self.sink.graph_rows or self._report_at != key:
             # rows written by a captured CUDA graph change with every replay: read them again
             self.sink.refresh()
             self.poll_flags(wait=True)
             self.paused = True
             try:
-                with users_state_kept(self.model):
+                with users_state_kept(self.model), local_reruns(self):  # FSDP2: re-runs without collectives
                     self._report = self._locate()
             finally:
                 self.paused = False
-            self._report_at = self.n_forwards
-        return self._report
+            self._report_at = key
+        return combine(self._report, self)  # nan_hunter.watch() under torch.distributed: the global answer
 
     def _aggregates(self) -> list[dict[str, Any]]:
         return [a.to_dict() for a in self.aggregates.values()]
 
     def _locate(self) -> WatchReport:
+        self.training.settle()
+        rep = self._locate_phases()
+        self.training.finish(rep)
+        return rep
+
+    def _locate_phases(self) -> WatchReport:
         rows = self.sink.rows()
-        calls = self.calls
+        skipped = set(self.training.scaler_skipped)
+        calls = [c for c in self.calls if not (c.phase == "backward" and c.input_index in skipped)]
         finding = first_finding(calls, rows)
         notes = mask_notes(calls, rows)
         failed = sorted(set(self.failed_forwards()) | set(failed_inputs(calls, rows)))
@@ -188,11 +198,14 @@ class Watch(Recorder):
             notes.append(f"{self.forwards_folded} of {self.n_forwards} forwards were folded into per-module "
                          "aggregates (report().aggregates); the first failing forward and the latest "
                          f"{self.window} are kept in full")
+        if finding is not None and finding.call.phase != "forward":
+            return self.training.locate(finding, calls, rows, notes, failed)
         if finding is not None:
             idx = finding.call.input_index
             snap = self.inputs_of(idx)
+            state = self.training.weights_at_fault(idx)
             missing = f"op-level location{' and module-level location' if self.level == 'blocks' else ''}"
-            if snap is not None and self.weights_changed_since(idx):
+            if snap is not None and self.weights_changed_since(idx) and state is None:
                 notes.append(f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
                              f"re-run, since a re-run would use the new weights, so the {missing} is missing; "
                              "call report() before the weights change to get them")
@@ -204,7 +217,8 @@ class Watch(Recorder):
                     notes.append(f"forward {idx} ran under torch.compile: capture cannot see inside a compiled "
                                  "region, so the module and op come from re-running that forward eagerly (the "
                                  "original module, not the compiled wrapper) from its captured inputs")
-                fine = self._refine(snap, idx)
+                with weights_as(self.model, state):
+                    fine = self._refine(snap, idx)
                 if fine is not None:
                     fine.failed_inputs = sorted(set(failed) | set(fine.failed_inputs))
                     fine.notes = notes + [n for n in fine.notes if n not in notes]
@@ -234,9 +248,12 @@ class Watch(Recorder):
             return fnf
         return dataclasses.replace(fnf, module=owner, module_type=mtype, tensor=leaf, call_index=0)
 
-    def _refine(self, snap: Snapshot, input_index: int) -> WatchReport | None:
-        """Module- then op-level location for one kept forward, on copies of its inputs, under
-        the precision and ambient context that forward ran in."""
+    def step_forward(self, input_index: int, snap: Snapshot | None = None) -> Any:
+        """A function that re-runs forward ``input_index`` from copies of its kept inputs, under the
+        precision and ambient context it ran in (grad mode as it had it); None when not kept."""
+        snap = snap or self.inputs_of(input_index)
+        if snap is None:
+            return None
         ctx = self.contexts.get(input_index, ForwardContext(False, ()))
 
         def rerun() -> Any:
@@ -249,6 +266,17 @@ class Watch(Recorder):
                     self.model.train(ctx.training)
                 ctx.seed()
                 return self.model(*args, **kwargs)
+        return rerun
+
+    def state_kept(self) -> contextlib.AbstractContextManager:
+        """The user's RNG, buffers and train/eval modes, restored after a re-run."""
+        return users_state_kept(self.model)
+
+    def _refine(self, snap: Snapshot, input_index: int) -> WatchReport | None:
+        """Module- then op-level location for one kept forward, on copies of its inputs, under
+        the precision and ambient context that forward ran in."""
+        ctx = self.contexts.get(input_index, ForwardContext(False, ()))
+        rerun = self.step_forward(input_index, snap)
 
         fine = Recorder(self.model, level="modules", retain=1, device=self.sink.device)
         fine._forward = input_index - 1

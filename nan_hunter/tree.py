@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -25,10 +26,19 @@ def is_float_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s local shard (``to_local()``: no collective), any other tensor itself. Reading
+    a DTensor's values as a whole (``isnan().any()``, ``float(t.max())``) would be a collective."""
+    mod = sys.modules.get("torch.distributed.tensor")  # loaded whenever a DTensor exists
+    cls = getattr(mod, "DTensor", None) if mod is not None else None
+    return t.to_local() if cls is not None and isinstance(t, cls) else t
+
+
 def float_tensors(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Floating tensors inside ``obj`` with their labels; None and non-float tensors are skipped."""
+    """Floating tensors inside ``obj`` with their labels; None and non-float tensors are skipped.
+    A DTensor (FSDP2 parameters, tensor parallelism) is given as this rank's local shard."""
     if isinstance(obj, torch.Tensor):
-        return [(prefix or "out", obj)] if is_float_tensor(obj) else []
+        return [(prefix or "out", local_shard(obj))] if is_float_tensor(obj) else []
     if depth > MAX_DEPTH or isinstance(obj, _LEAVES):
         return []
     out: list[tuple[str, torch.Tensor]] = []

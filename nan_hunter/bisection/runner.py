@@ -70,7 +70,7 @@ class MixedRunner:
     """Runs every input with a keep set in ``keep_dtype`` and the rest in ``dtype``."""
 
     def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float,
-                 generate: int | None = None, pad_id: int | None = None):
+                 generate: int | None = None, pad_id: int | None = None, loss: Any = None):
         self.model = model
         self.batches = batches
         self.run = run
@@ -80,6 +80,7 @@ class MixedRunner:
         self.rtol = rtol
         self.generate = generate  # greedy decoding of this many tokens per input instead of one forward
         self.pad_id = pad_id
+        self.loss = loss  # --backward: a run passes only when its backward of this loss is finite too
         # full-precision master weights (as loaded), to restore kept modules without rounding
         self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
                        if v.is_floating_point()}
@@ -118,9 +119,9 @@ class MixedRunner:
             handles = self._configure(keep)
             run = self.run
         res = []
-        rec = Recorder(self.model, level="modules", retain=1)
+        rec = Recorder(self.model, level="modules", retain=1, backward=self.loss is not None)
         try:
-            with rec, torch.no_grad(), run_context(run):
+            with rec, torch.set_grad_enabled(self.loss is not None), run_context(run):
                 for kw in batches if batches is not None else self.batches:
                     res.append(self._run_one(self._inputs(kw, run), rec))
         except RuntimeError:
@@ -134,6 +135,11 @@ class MixedRunner:
     def _run_one(self, kw: dict, rec: Any) -> list[torch.Tensor]:
         """One input: its float outputs, or under --generate a greedy decoding (nothing to compare:
         it passes when every module output of every step stayed finite)."""
+        if self.loss is not None:  # forward and backward: the recorder judges the gradients too
+            out, val = self.loss.run(self.model, kw)
+            val.backward()
+            self.model.zero_grad(set_to_none=True)
+            return float_outputs(out)
         if self.generate is None:
             return float_outputs(self.model(**kw))
         from transformers import StoppingCriteriaList
@@ -173,9 +179,11 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
            device: str = "auto", config: str | Config | None = None, attn: str | None = None,
            granularity: str | None = None, over: str = "modules", rtol: float | None = None,
            policy_out: str | None = None, progress: Callable[[int, str], None] | None = None,
-           generate: int | None = None) -> Report:
+           generate: int | None = None, backward: bool = False, loss: str | None = None) -> Report:
     """``generate``: judge each run by greedy decoding of that many tokens per input (a run fails
-    when any module output of any step goes non-finite) instead of by one forward."""
+    when any module output of any step goes non-finite) instead of by one forward. ``backward``:
+    a run also needs a finite backward of the loss (the model's own for a causal LM, or ``loss``,
+    ``file.py:fn``): modules are kept until forward and backward are finite."""
     cfg = as_config(config)
     dt = parse_dtype(dtype) or "fp16"
     keep = parse_dtype(keep_dtype) or "fp32"
@@ -206,7 +214,17 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
 
         check_can_generate(p.model)
         pad_id = pad_token_id(p)
-    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, generate, pad_id)
+    loss_fn = None
+    if backward:
+        from ..backward_scan import load_loss
+
+        if generate is not None:
+            raise BadInput("bisect --backward cannot be combined with --generate; run them separately")
+        loss_fn = load_loss(p.model, loss)
+    elif loss is not None:
+        raise BadInput("--loss is the loss --backward differentiates: add --backward")
+    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, generate, pad_id,
+                         loss_fn)
     rep.run = {"dtype": dt, "device": str(p.device), "n_inputs": len(p.batches), "failed_inputs": [],
                "inputs": p.labels}
     if not runner.reference():
@@ -289,8 +307,15 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
         return first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None, None
     try:
         for kw, ref in zip(runner.batches, runner.ref):
-            with torch.no_grad(), run_context(runner.run):
-                outs = float_outputs(m(**runner._inputs(kw, runner.run)))
+            with torch.set_grad_enabled(runner.loss is not None), run_context(runner.run):
+                if runner.loss is not None:  # --backward: the policy must make the gradients finite too
+                    out, val = runner.loss.run(m, runner._inputs(kw, runner.run))
+                    val.backward()
+                    finite &= all(bool(torch.isfinite(q.grad).all()) for q in m.parameters() if q.grad is not None)
+                    m.zero_grad(set_to_none=True)
+                else:
+                    out = m(**runner._inputs(kw, runner.run))
+                outs = float_outputs(out)
             finite &= all(bool(torch.isfinite(t).all()) for t in outs)
             errs.append(rel_err(outs, ref))
     finally:

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import math
 import os
+import re
 import sysconfig
 import traceback
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ class OpEvent:
     exact_dtype: str | None = None  # the dtype that re-run used (fp64, or fp32 where fp64 has no kernel)
     outcome: str | None = None  # level "ops", absorbed values: how the module output compares with float64
     rel_err: float | None = None  # that module output's relative error against float64
+    grad_fn: str | None = None  # in a backward pass: the autograd node running the op (``SqrtBackward0``)
 
 
 def operand_stats(i: int, x: Any) -> OperandStats | None:
@@ -146,11 +148,15 @@ def _frames_inside() -> list[traceback.FrameSummary]:
     return inside
 
 
+#: installed packages whose frames wrap a model's code without being it (accelerate's offload hooks)
+_WRAPPERS = tuple(f"-packages{os.sep}{name}{os.sep}" for name in ("accelerate",))
+
+
 def _is_model_code(filename: str) -> bool:
     """The model's own code: not torch's package (directory with its separator, so ``torchao/``
-    and ``torchvision/`` are model code), not the standard library."""
+    and ``torchvision/`` are model code), not the standard library, not accelerate's hooks."""
     fn = os.path.abspath(filename)
-    if fn.startswith(_TORCH_DIR):
+    if fn.startswith(_TORCH_DIR) or any(w in fn for w in _WRAPPERS):
         return False
     return not fn.startswith(_STDLIB_DIR) or "-packages" + os.sep in fn
 
@@ -180,6 +186,28 @@ def user_source(fallback: str | None = None) -> str | None:
     frame = next((f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
                  inside[0] if inside else None)
     return _where(frame) if frame is not None else None
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in [^\n]*\n(?P<code>[^\n]*)')
+
+
+def forward_source(node: Any) -> str | None:
+    """``file.py:line  code`` in the model's own code where the forward created autograd node
+    ``node`` (recorded when the forward ran under anomaly mode), innermost frame first."""
+    try:
+        tb = node.metadata.get("traceback_")
+    except (AttributeError, RuntimeError):
+        return None
+    if not tb:
+        return None
+    frames = [m for m in _FRAME.finditer("".join(tb))]
+    for m in reversed(frames):
+        fn = os.path.abspath(m["file"])
+        if fn.startswith(_PKG_DIR) or not _is_model_code(fn):
+            continue
+        code = m["code"].strip()
+        return f"{m['file']}:{m['line']}" + (f"  {code}" if code else "")
+    return None
 
 
 def _float_tensors(obj: Any) -> list[torch.Tensor]:
@@ -290,6 +318,10 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
     ev = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(site), operands,
                  str(outs[0].dtype).removeprefix("torch."))
+    node = torch._C._current_autograd_node()
+    if node is not None:  # a backward op: name its node, and the forward line that created it
+        ev.grad_fn = node.name()
+        ev.source = forward_source(node) or ev.source
     if (pos or neg) and not nan and not (in_nan or in_pos or in_neg):
         ev.exact_absmax, ev.exact_dtype = exact_absmax(func, args, kwargs)
     return ev

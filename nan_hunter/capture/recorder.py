@@ -19,6 +19,12 @@ ends, so those inputs are always there; a device sink judges forwards in batches
 ``FOLD_BATCH`` (one read-back, so one host synchronisation per batch) and keeps inputs for the
 latest ``retain`` forwards until then.
 
+Training (``backward=True``, ``optimizer=opt``): backward calls (``capture.gradients``) and
+optimizer steps (``capture.optimizer_step``) are recorded as further phases of the step whose
+forward they follow, into the same sink and the same per-forward bookkeeping, so they are kept,
+judged and folded with that forward. A step is judged again when its backward ends and after its
+optimizer step (``on_backward_end``, ``on_optimizer_end``); its inputs stay kept until then.
+
 CUDA graphs: hooks run while a graph is captured, so the graph records the statistics launches
 with the model's kernels (levels blocks and modules; ops reads results on the host and refuses
 to run under capture). Rows written by a graph are rewritten by each replay: once a graph was
@@ -34,9 +40,11 @@ import torch
 from torch import nn
 
 from ..stats import TensorStats
-from ..tree import float_tensors
+from ..tree import float_tensors, local_shard
 from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
+from .gradients import GradientHooks
+from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
 from .sink import StatsSink
 from .snapshot import Snapshot
@@ -84,6 +92,14 @@ def _failed(calls: list[Call], rows: Raw) -> bool:
     return False
 
 
+def _phase_of(calls: list[Call], rows: Raw) -> str:
+    """The first phase of a failing step with a non-finite output."""
+    for phase in ("forward", "backward", "optimizer"):
+        if any(c.phase == phase and c.seq >= 0 and any(_nonfinite(rows[r]) for _, r in c.outputs) for c in calls):
+            return phase
+    return "forward"
+
+
 def _mx(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
@@ -92,17 +108,22 @@ class Recorder:
     """Capture per-module statistics while the model runs."""
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
-                 backend: str | None = None, device: Any = None):
+                 backend: str | None = None, device: Any = None, backward: bool = False,
+                 optimizer: Any = None):
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        ddp = nn.parallel.DistributedDataParallel  # watch(DDP(m)): m's names (no "module."), no DDP re-runs
+        model = model.module if isinstance(model, ddp) else model
         self._wrapper = model if is_wrapper(model) else None  # watch(torch.compile(m)): its root hooks
         self.model = model = unwrap(model)  # names, parameters and re-runs are the eager module's
+        self.model = model = model.module if isinstance(model, ddp) else model  # torch.compile(DDP(m))
         self.opaque_forwards: set[int] = set()  # forwards that ran compiled: capture saw only the root
         self.level = level
         self.retain = retain
         self.window = max(1, retain)  # forwards kept in full besides the first failing one
         if device is None:
-            p = next(iter(model.parameters()), None)
+            # a placed model (--device-map auto) keeps offloaded parameters on meta: not a device
+            p = next((q for q in model.parameters() if q.device.type != "meta"), None)
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend)
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
@@ -136,6 +157,8 @@ class Recorder:
         self._flags: list[tuple[int, Any, torch.Tensor]] = []  # device sinks: (forward, event, pinned flag)
         self._early: int | None = None  # forward whose flag said it failed, before it was judged
         self.paused = False  # a report's own re-runs are not recorded
+        self.grads: GradientHooks | None = GradientHooks(self) if backward else None
+        self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -163,6 +186,10 @@ class Recorder:
                     pre, post = outside_compile(pre), outside_compile(post)
                 self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
                 self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
+            if self.grads is not None:
+                self.grads.attach(targets, self._grad_params)
+            if self.optimizer is not None:
+                self.optimizer.attach()
         except BaseException:
             self.detach()
             raise
@@ -180,6 +207,10 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self.grads is not None:
+            self.grads.detach()
+        if self.optimizer is not None:
+            self.optimizer.detach()
         self._stack.clear()
 
     # -- what is kept -----------------------------------------------------------------------
@@ -207,6 +238,37 @@ class Recorder:
         """Whether root inputs are snapshotted (a session's report re-runs them)."""
         return False
 
+    def _on_first_fault(self, forward: int, phase: str) -> None:
+        """Called once, when the first failing step is known (a session keeps the weights as they
+        were then, and writes a capsule)."""
+
+    def _accept_fault(self, forward: int, phase: str) -> bool:
+        """Whether a non-finite backward or optimizer phase counts as a fault (a session with a
+        GradScaler tells skipped steps from real faults)."""
+        return True
+
+    def _judge_late_now(self) -> bool:
+        """Whether a device sink reads backward and optimizer rows back as soon as a phase ends
+        (a session that writes a capsule or tells GradScaler skips needs the verdict before the
+        weights change)."""
+        return False
+
+    def _grads_needed(self, forward: int) -> bool:
+        """Whether the gradients that reached the root outputs in ``forward`` must stay kept."""
+        return forward == self.first_failed
+
+    def on_optimizer_start(self, forward: int, hooks: OptimizerHooks) -> None:
+        """Called before ``optimizer.step()`` of a kept step (a session copies what a capsule needs)."""
+
+    @property
+    def late_phases(self) -> bool:
+        """Whether steps have phases after their forward (backward, optimizer)."""
+        return self.grads is not None or self.optimizer is not None
+
+    def next_start(self) -> int:
+        self._starts += 1
+        return self._starts - 1
+
     def _measure_all(self, *parts: tuple[Any, str]) -> Refs:
         """Measure the float tensors inside each (object, label prefix) in one batch."""
         items = [item for obj, prefix in parts for item in float_tensors(obj, prefix)]
@@ -217,13 +279,14 @@ class Recorder:
                 return self._measure_flat(items)
         return self._measure_flat(items)
 
-    def _measure_flat(self, items: list[tuple[str, torch.Tensor]], owned: bool = True) -> Refs:
+    def _measure_flat(self, items: list[tuple[str, torch.Tensor]], owned: bool = True,
+                      forward: int | None = None) -> Refs:
         if not items:
             return []
         rows = self.sink.measure_many([t for _, t in items], cache=owned)
         first, n = self.sink.last_new
         if owned and n:
-            self._owned.setdefault(self._forward, []).extend(range(first, first + n))
+            self._owned.setdefault(self._forward if forward is None else forward, []).extend(range(first, first + n))
         return [(label, r) for (label, _), r in zip(items, rows)]
 
     def _pre(self, name: str):
@@ -257,6 +320,8 @@ class Recorder:
             call.params = self._params(name, module)
             self._detail[self._forward].append(call)
             self._stack.append(call)
+            if self.grads is not None:
+                self.grads.on_inputs(call, args, kwargs, module)
         return hook
 
     def _param_tensors(self, name: str, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -268,7 +333,14 @@ class Recorder:
                      if not any(n.startswith(b + ".") for b in blocks)]
         else:
             named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-        return [(pn, p.detach()) for pn, p in named if p is not None and p.is_floating_point()]
+        named = [(pn, p) for pn, p in named if p is not None and p.is_floating_point()]
+        if any(p.device.type == "meta" for _, p in named):  # offloaded by accelerate (--device-map auto)
+            from ..placement import offloaded_value
+
+            named = [(pn, offloaded_value(module, pn, p) if p.device.type == "meta" else p) for pn, p in named]
+            named = [(pn, p) for pn, p in named if p is not None]  # no value to read: noted by prepare
+        # a DTensor parameter (FSDP2, tensor parallel) is measured on this rank's shard: no collective
+        return [(pn, local_shard(p.detach())) for pn, p in named]
 
     def _params(self, name: str, module: nn.Module) -> Refs:
         """Rows of the call's parameters and buffers: measured at the module's first call, and
@@ -296,6 +368,15 @@ class Recorder:
         self._param_use.setdefault(self._forward, set()).add(bid)
         return self.param_rows[name]
 
+    def _grad_params(self, name: str, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The parameters whose gradients belong to a call's backward (as ``_param_tensors``)."""
+        if self.level == "blocks":
+            blocks = set(main_blocks(self.model)) if name == "" else set()
+            named = [(n, p) for n, p in module.named_parameters() if not any(n.startswith(b + ".") for b in blocks)]
+        else:
+            named = list(module.named_parameters(recurse=False))
+        return [(n, p) for n, p in named if p.is_floating_point()]
+
     def _measure_all_params(self, own: list[tuple[str, torch.Tensor]]) -> Refs:
         if self._ops is not None:
             from torch.utils._python_dispatch import _disable_current_modes
@@ -322,6 +403,8 @@ class Recorder:
             call.seq = self._seq
             self._seq += 1
             call.outputs = self._measure_all((output, ""))
+            if self.grads is not None:
+                self.grads.on_outputs(call, output)
             if self._ops is not None:
                 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -390,7 +473,7 @@ class Recorder:
         self._done.append(forward)
         if self._foldable() and self._rows_on_host():
             self._judge([forward])
-            if self.first_failed != forward:
+            if self.first_failed != forward and not self.late_phases:
                 self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
         elif self._foldable() and self.first_failed is None and self._early is None and forward in self._inputs:
             self._flag(forward)
@@ -416,6 +499,9 @@ class Recorder:
             self._judged_upto = f
             if not _failed(self._detail.get(f, []), rows):
                 continue
+            phase = _phase_of(self._detail.get(f, []), rows)
+            if phase != "forward" and not self._accept_fault(f, phase):
+                continue
             if self._failed_runs and self._failed_runs[-1][1] == f - 1:
                 self._failed_runs[-1][1] = f
             else:
@@ -425,6 +511,7 @@ class Recorder:
                 snap = self._inputs.get(f)
                 if snap is not None:
                     snap.pin()  # a copy later forwards cannot change
+                self._on_first_fault(f, phase)
 
     def _fold(self, forwards: list[int]) -> None:
         """Fold forwards into the per-module aggregates and give their rows back, except the first
@@ -438,7 +525,11 @@ class Recorder:
             if f == self.first_failed:
                 continue
             calls = self._detail.pop(f, [])
+            if self.grads is not None:
+                self.grads.forget(f)
             for c in calls:
+                if c.phase != "forward":
+                    continue
                 agg = self.aggregates.get(c.module)
                 if agg is None:
                     agg = self.aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
@@ -460,6 +551,48 @@ class Recorder:
             self._weights_at.pop(f, None)
             self.forwards_folded += 1
             self._on_forget(f)
+
+    # -- later phases -------------------------------------------------------------------------
+    def on_backward_end(self, forwards: list[int]) -> None:
+        """A backward pass ended: on a host sink, judge the steps it went through now (while the
+        weights are still those of the step). A device sink judges them when folded or reported,
+        unless ``_judge_late_now`` asks for it now (one read-back per backward pass)."""
+        if not self._rows_on_host() and not self._judge_late_now():
+            return
+        for f in forwards:
+            calls = [c for c in (self.grads.calls.get(f, {}).values() if self.grads else ()) if c.outputs]
+            rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+            if any(_nonfinite(rows[r]) for c in calls for _, r in c.outputs):
+                self._late_fault(f, "backward")
+
+    def on_optimizer_end(self, forward: int, calls: list[Call]) -> None:
+        """An optimizer step ended: on a host sink, judge it now (a device sink: see ``on_backward_end``)."""
+        if not self._rows_on_host() and not self._judge_late_now():
+            return
+        rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+        for c in calls:
+            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
+                self._late_fault(forward, "optimizer")
+                return
+
+    def _late_fault(self, f: int, phase: str) -> None:
+        """Step ``f`` went non-finite in a phase after its forward (which was judged finite)."""
+        if f in self.failed_forwards() or not self._accept_fault(f, phase):
+            return
+        runs = sorted(self._failed_runs + [[f, f]])
+        merged: list[list[int]] = []
+        for a, b in runs:
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self._failed_runs = merged
+        if self.first_failed is None or f < self.first_failed:
+            self.first_failed = f
+            snap = self._inputs.get(f)
+            if snap is not None:
+                snap.pin()
+            self._on_first_fault(f, phase)
 
     def failed_forwards(self) -> list[int]:
         """Every forward judged failing so far (folded ones included)."""

@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, help="output tolerance vs the all-keep run")
     p.add_argument("--generate", type=int, metavar="N", default=None,
                    help="judge each run by greedy decoding of N tokens per input instead of one forward")
+    options.add_backward(p)
     options.add_quiet(p)
     p.set_defaults(command=run)
 
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                      inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
                      config=cfg, attn=args.attn, granularity=args.granularity, over=args.over,
                      rtol=args.rtol, policy_out=args.policy_out, progress=cb,
-                     generate=args.generate)
+                     generate=args.generate, backward=args.backward, loss=args.loss)
     finally:
         if prog is not None:
             prog.close()

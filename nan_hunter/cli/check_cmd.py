@@ -43,20 +43,31 @@ def run(args: argparse.Namespace) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
     stdout_taken = check_command_outputs(outs, args, args.checkpoints)
     from ..config import load_config
-    from .output import terminal_limits
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..check import check, passed, write_json_reports
+    from ..check import check, passed
+    from ..rank_split import finish, process_group, refuse_unsupported, writes
 
-    prog, cb = scan_progress()
-    try:
-        reps = check(args.checkpoints, dtypes=args.dtypes, config=cfg, progress=cb, arch=args.arch,
-                     inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device, attn=args.attn,
-                     generate=args.generate, batch=args.batch)
-    finally:
-        if prog is not None:
-            prog.close()
+    refuse_unsupported(args)
+    with process_group(args.device):  # under torchrun: the data set split across ranks
+        prog, cb = scan_progress() if writes() else (None, None)
+        try:
+            reps = check(args.checkpoints, dtypes=args.dtypes, config=cfg, progress=cb, arch=args.arch,
+                         inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
+                         attn=args.attn, generate=args.generate, batch=args.batch)
+        finally:
+            if prog is not None:
+                prog.close()
+        code = 0 if passed(reps) else 1
+        if writes():  # rank 0 (or the one process) prints and writes
+            _outputs(reps, args, cfg, stdout_taken)
+        return finish(code)
+
+
+def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bool) -> None:
+    from ..check import write_json_reports
     from ..render.ci import annotations, write_junit
+    from .output import terminal_limits
 
     if args.json is not None:
         write_json_reports(reps, args.json)
@@ -72,4 +83,3 @@ def run(args: argparse.Namespace) -> int:
             out.write(line + "\n")
         out.flush()
     write_report_file(reps, args.report)
-    return 0 if passed(reps) else 1

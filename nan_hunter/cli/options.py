@@ -63,3 +63,19 @@ def add_generate(p: argparse.ArgumentParser) -> None:
                         "every step captured; stops at the first non-finite value")
     p.add_argument("--batch", action="store_true",
                    help="--generate: decode all inputs together as one left-padded batch")
+
+
+def add_device_map(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-map", metavar="auto", default=None,
+                   help="place a model bigger than one device with accelerate (GPUs, then CPU memory, then "
+                        "disk offload); overrides --device")
+    p.add_argument("--max-memory", action="append", metavar="DEV=SIZE",
+                   help="--device-map: memory cap per device, e.g. cpu=200MB or cuda:0=10GiB (repeatable)")
+
+
+def add_backward(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backward", action="store_true",
+                   help="forward then backward of a loss for each input; the backward is captured too")
+    p.add_argument("--loss", metavar="FILE.py:FN",
+                   help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, "
+                        "labels = input_ids)")

@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-backend", default="inductor", help="inductor (default) | aot_eager | eager")
     p.add_argument("--rtol", type=float, default=1e-2, help="--compile: compiled parts from eager above this")
     options.add_generate(p)
+    options.add_backward(p)
+    options.add_device_map(p)
     options.add_quiet(p)
     options.add_report(p)
     p.set_defaults(command=run)
@@ -42,23 +44,29 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
     from ..pipeline import scan
+    from ..rank_split import finish, process_group, refuse_unsupported, writes
 
-    prog, cb = scan_progress()
-    try:
-        rep = scan(args.checkpoint, arch=args.arch, inputs=args.inputs, prompts=args.prompt, data=args.data,
-                   dtype=args.dtype, device=args.device, stats=args.stats, config=cfg, attn=args.attn,
-                   progress=cb, replay=not args.no_replay,
-                   compile=args.compile_backend if args.compile else None, rtol=args.rtol,
-                   generate=args.generate, batch=args.batch)
-    finally:
-        if prog is not None:
-            prog.close()
-    code = rep.exit_code()
-    write_json(rep, args.json)
-    if not args.quiet:
-        from ..render.terminal import render
+    refuse_unsupported(args)
+    with process_group(args.device):  # under torchrun: the data set split across ranks
+        prog, cb = scan_progress() if writes() else (None, None)
+        try:
+            rep = scan(args.checkpoint, arch=args.arch, inputs=args.inputs, prompts=args.prompt, data=args.data,
+                       dtype=args.dtype, device=args.device, stats=args.stats, config=cfg, attn=args.attn,
+                       progress=cb, replay=not args.no_replay,
+                       compile=args.compile_backend if args.compile else None, rtol=args.rtol,
+                       generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
+                       device_map=args.device_map,
+                       max_memory=args.max_memory)
+        finally:
+            if prog is not None:
+                prog.close()
+        code = rep.exit_code()
+        if writes():  # rank 0 (or the one process) prints and writes
+            write_json(rep, args.json)
+            if not args.quiet:
+                from ..render.terminal import render
 
-        render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
-               **terminal_limits(cfg))
-    write_report_file(rep, args.report)
-    return code
+                render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
+                       **terminal_limits(cfg))
+            write_report_file(rep, args.report)
+        return finish(code)

@@ -5,6 +5,14 @@ first call whose output is non-finite while its inputs and its own parameters ar
 the producer. A call whose output is non-finite because its *input* already was is not: the
 value came from an op in the enclosing call's own forward (a residual add written in the
 block), so blame passes to the innermost enclosing call; at the root it was the data.
+
+Phases (``capture.records``): steps are searched in order, and within a step forward, then
+backward, then the optimizer. Backward reads the same rule in autograd's order: the first
+gradient that went non-finite (by event) while the gradients reaching that module were finite
+names the module; when they were not, the enclosing module's own backward code made them (blame
+walks up); at the root, the gradient arrived non-finite from the loss (role "input"). The
+optimizer: the first parameter, in ``param_groups`` order, non-finite after the step while it
+and its gradient were finite before.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..capture.records import Call
+from ..capture.records import PHASES, Call
 from ..report import FirstNonfinite
 from ..stats import TensorStats
 
@@ -43,8 +51,57 @@ def _kind_of(st: TensorStats) -> str:
 
 
 def first_finding(all_calls: Sequence[Call], rows: Rows, input_index: int | None = None) -> Finding | None:
-    """The first non-finite value by (step, completion order), with its role (docstring above)."""
-    calls = [c for c in all_calls if c.seq >= 0 and (input_index is None or c.input_index == input_index)]
+    """The first non-finite value by (step, phase, completion order), with its role (docstring above)."""
+    chosen = [c for c in all_calls if input_index is None or c.input_index == input_index]
+    steps = sorted({c.input_index for c in chosen})
+    for step in steps:
+        for phase in PHASES:
+            calls = [c for c in chosen if c.input_index == step and c.phase == phase]
+            if not calls:
+                continue
+            if phase == "forward":
+                f = _forward_finding(calls, rows)
+            elif phase == "backward":
+                f = _backward_finding(calls, rows)
+            else:
+                f = _optimizer_finding(calls, rows)
+            if f is not None:
+                return f
+    return None
+
+
+def _backward_finding(calls: list[Call], rows: Rows) -> Finding | None:
+    by_start = {c.start: c for c in calls}
+    firsts = []
+    for c in calls:
+        bad = [o for (_, r), o in zip(c.outputs, c.order) if not rows[r].finite]
+        if bad:
+            firsts.append((min(bad), c.depth, c.start, c))
+    for _, _, _, c in sorted(firsts, key=lambda x: (x[0], -x[1], x[2])):
+        out_bad = _bad(rows, c.outputs)
+        if _bad(rows, c.inputs) is None:
+            return Finding(c, "producer", _kind_of(out_bad[1]), out_bad[0])
+        cur = c
+        while cur.parent is not None and cur.parent in by_start:
+            parent = by_start[cur.parent]
+            if _bad(rows, parent.inputs) is None:
+                return Finding(parent, "producer", _kind_of(out_bad[1]), None)
+            cur = parent
+        st = _bad(rows, cur.inputs)
+        return Finding(cur, "input", _kind_of(st[1]) if st else "nan", st[0] if st else None, cur)
+    return None
+
+
+def _optimizer_finding(calls: list[Call], rows: Rows) -> Finding | None:
+    for c in sorted(calls, key=lambda c: c.seq):
+        out_bad = _bad(rows, c.outputs)
+        if out_bad is not None and _bad(rows, c.inputs) is None:
+            return Finding(c, "producer", _kind_of(out_bad[1]), c.param)
+    return None
+
+
+def _forward_finding(all_calls: list[Call], rows: Rows) -> Finding | None:
+    calls = [c for c in all_calls if c.seq >= 0]
     by_start = {c.start: c for c in all_calls}
     for c in sorted(calls, key=lambda c: (c.input_index, c.seq)):
         out_bad = _bad(rows, c.outputs)
@@ -82,6 +139,7 @@ def first_finding(all_calls: Sequence[Call], rows: Rows, input_index: int | None
 
 
 def failed_inputs(calls: Sequence[Call], rows: Rows) -> list[int]:
+    """Steps (inputs of the data set) in which any phase's output went non-finite, or whose data held NaN/+inf."""
     bad: set[int] = set()
     for c in calls:
         if c.seq >= 0 and _bad(rows, c.outputs) is not None:
@@ -96,6 +154,8 @@ def mask_notes(calls: Sequence[Call], rows: Rows) -> list[str]:
     seen: set[str] = set()
     notes = []
     for c in calls:
+        if c.phase != "forward":
+            continue
         st = _bad(rows, c.inputs)
         if st is None or st[1].nan or st[1].posinf:
             continue
@@ -109,7 +169,8 @@ def mask_notes(calls: Sequence[Call], rows: Rows) -> list[str]:
 def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
     """Per module call in completion order: name, type, call index, output absmax and counts."""
     out = []
-    for c in sorted((c for c in calls if c.seq >= 0), key=lambda c: (c.input_index, c.seq)):
+    rank = {p: i for i, p in enumerate(PHASES)}
+    for c in sorted((c for c in calls if c.seq >= 0), key=lambda c: (c.input_index, rank[c.phase], c.seq)):
         absmax = None
         nan = pos = neg = 0
         for _, r in c.outputs:
@@ -118,9 +179,14 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
             if st.absmax is not None:
                 absmax = st.absmax if absmax is None else max(absmax, st.absmax)
         in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
-        out.append({"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
-                    "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
-                    "nan": nan, "posinf": pos, "neginf": neg})
+        row = {"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
+               "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
+               "nan": nan, "posinf": pos, "neginf": neg}
+        if c.phase != "forward":
+            row["phase"] = c.phase
+            if c.param:
+                row["param"] = c.param
+        out.append(row)
     return out
 
 
@@ -135,4 +201,5 @@ def to_first_nonfinite(f: Finding, ev: Any = None, step: int | None = None) -> F
     kind = ev.kind if ev is not None and f.role == "producer" else None
     return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
                           kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor,
-                          step=c.input_index if step is None else step)
+                          step=c.input_index if step is None else step, phase=c.phase,
+                          grad_fn=getattr(ev, "grad_fn", None), param=c.param)

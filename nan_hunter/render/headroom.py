@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..report import Report
-from .rows import fmt, is_bad, kind_of, module_name, producer_index, range_dtype, range_max
+from .rows import call_name, fmt, is_bad, kind_of, producer_index, range_dtype, range_max
 
 FLOOR = 1e-4  # the bar starts here: smaller outputs have more headroom than anything can use
 CONTEXT = 4  # calls shown before the producer however small they are
@@ -88,7 +88,7 @@ def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool) -> StripC
         fill = min(1.0, max(0.0, (math.log10(a) - lo) / (hi - lo)))
         tone = "tight" if frac >= 0.5 else "close" if frac >= 0.01 else "ok"
         absmax, head = fmt(a), f"{1 / frac:.3g}x"
-    return StripCall(module_name(row["module"]), row["module_type"], int(row.get("depth", 0)),
+    return StripCall(call_name(row), row["module_type"], int(row.get("depth", 0)),
                      row["input_index"] if multi else None, producer, absmax, head, fill, tone)
 
 

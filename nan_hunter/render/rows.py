@@ -117,9 +117,20 @@ def verdict(rep: Report) -> Verdict:
     f = rep.first_nonfinite
     if f is not None:
         cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
-        return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{cause}", "bad")
+        phase = training_phrase(f)
+        return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{phase}{cause}", "bad")
     n = len((rep.weights or {}).get("nonfinite") or [])
     return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+
+
+def training_phrase(f: Any) -> str:
+    """" in the backward (SqrtBackward0)" / " in optimizer.step() of lm_head.weight" ("" for a forward)."""
+    phase = getattr(f, "phase", "forward")
+    if phase == "backward":
+        return f" in the backward ({f.grad_fn})" if f.grad_fn else " in the backward"
+    if phase == "optimizer":
+        return f" in optimizer.step() of {f.param}" if f.param else " in optimizer.step()"
+    return ""
 
 
 def bisect_lines(rep: Report) -> list[tuple[str, str]]:
@@ -164,6 +175,10 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
             rows.append(("decoding", f"greedy, up to {g['max_new_tokens']} new tokens · {g['steps']} step(s){bad}"))
     else:
         rows.append(("run", "none (weights-only)"))
+    cap = ck.get("capsule")
+    if cap:
+        rows.append(("capsule", f"step {cap.get('step')} · {cap.get('phase')} fault · model from "
+                                f"{cap.get('built_from') or '?'}"))
     if rep.check is not None:
         rows.append(("dtypes checked", ", ".join(rep.check.get("dtypes") or [])))
     return rows
@@ -179,6 +194,12 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     when = when_row(rep)
     if when:
         rows.append(("when", when))
+    if f.phase != "forward":
+        rows.append(("phase", f"{f.phase} · step {f.step}"))
+    if f.grad_fn:
+        rows.append(("autograd node", f.grad_fn))
+    if f.param:
+        rows.append(("parameter", f.param))
     if f.tensor:
         rows.append(("tensor", f.tensor))
     if f.source:
@@ -227,7 +248,19 @@ def producer_index(rep: Report) -> int | None:
     if f is None:
         return None
     return next((i for i, m in enumerate(rep.modules or []) if m["module"] == f.module
-                 and m["input_index"] == f.input_index and m["call_index"] == f.call_index), None)
+                 and m["input_index"] == f.input_index and m["call_index"] == f.call_index
+                 and m.get("phase", "forward") == f.phase and m.get("param") == (f.param if f.phase == "optimizer"
+                                                                                 else None)), None)
+
+
+def call_name(row: dict[str, Any]) -> str:
+    """A module call row's name: ``∇ name`` for its backward, ``step param`` for an optimizer step."""
+    phase = row.get("phase")
+    if phase == "backward":
+        return f"∇ {module_name(row['module'])}"
+    if phase == "optimizer":
+        return f"step {row.get('param') or module_name(row['module'])}"
+    return module_name(row["module"])
 
 
 LEAD_HEAD = ["module", "type", "in absmax", "out absmax", "NaN", "+inf", "−inf"]
@@ -241,7 +274,7 @@ def lead_rows(rep: Report, n: int = LEAD_CALLS) -> tuple[list[list[str]], int | 
         return [], None
     lo = max(0, p - n)
     # A call whose outputs are all non-finite has no finite absmax (0 in the report): show —.
-    rows = [[module_name(m["module"]), m["module_type"], fmt(m["in_absmax"]),
+    rows = [[call_name(m), m["module_type"], fmt(m["in_absmax"]),
              "—" if is_bad(m) and not m["absmax"] else fmt(m["absmax"]), fmt(m["nan"]), fmt(m["posinf"]),
              fmt(m["neginf"])] for m in (rep.modules or [])[lo:p + 1]]
     return rows, p - lo

@@ -32,3 +32,21 @@ def test_overhead_bench_llama_smoke(tmp_path):
             assert row["bitwise_equal_to_plain"] is True, name
             assert row["median_ms"] > 0
     assert res["targets"]["1x8"]["watch_le_1.10x_plain"].keys() >= {"watch_blocks", "watch_modules"}
+
+
+def test_train_overhead_bench_quick(tmp_path):
+    """bench/train_overhead.py --quick (tiny Llama, 2 rounds): every variant trains, matches plain
+    bit for bit, and gets its ratio line."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "t.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "train_overhead.py"), "--quick", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in ("plain", "watch_blocks", "watch_modules", "detect_anomaly", "naive"):
+        assert f"ratio {name}: " in proc.stdout, (name, proc.stdout[-2000:])
+    rows = json.loads(out.read_text())["variants"]
+    for name, row in rows.items():
+        assert row["error"] is None, (name, row["error"])
+        assert row["bitwise_equal_to_plain"] is True, name
+        assert len(row["rounds_ms"]) == 2 and row["median_ms"] > 0, name
+    assert rows["watch_blocks"]["report_clean"] is True and rows["watch_modules"]["report_clean"] is True

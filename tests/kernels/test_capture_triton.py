@@ -64,3 +64,27 @@ def test_watch_with_triton_backend_locates_like_reference():
             reports[backend] = w.report().first_nonfinite
     assert reports["triton"] == reports["reference"]
     assert reports["triton"].module == "b"
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        return x * torch.sqrt((x * x).mean(-1, keepdim=True))  # finite forward at 0, infinite derivative
+
+
+def test_backward_capture_with_triton_backend_locates_like_reference():
+    """Gradients go through the same sink and batched kernel as forward statistics."""
+    found = {}
+    for backend in ("triton", "reference"):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), Gate(), nn.Linear(8, 1))
+        with torch.no_grad():
+            m[0].weight.zero_()
+            m[0].bias.zero_()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with nan_hunter.watch(m, level="modules", backend=backend, backward=True, optimizer=opt) as w:
+            m(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            found[backend] = w.report().first_nonfinite
+    assert found["triton"] == found["reference"]
+    assert (found["triton"].phase, found["triton"].module, found["triton"].grad_fn) == ("backward", "1",
+                                                                                         "SqrtBackward0")

@@ -32,8 +32,9 @@ def header(rep: Report, width: int) -> RenderableType:
     if rep.run:
         failing = bool(rep.run.get("failed_inputs"))
         lines.append((Text("run", style="dim"), t(meta["run"], "red" if failing else "")))
-    if "decoding" in meta:
-        lines.append((Text("decoding", style="dim"), t(meta["decoding"])))
+    for key in ("decoding", "capsule"):
+        if key in meta:
+            lines.append((Text(key, style="dim"), t(meta[key])))
     return hanging(lines, width)
 
 

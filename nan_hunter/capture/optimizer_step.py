@@ -1,0 +1,94 @@
+"""Optimizer capture: every parameter before and after ``optimizer.step()``.
+
+``register_step_pre_hook`` measures each parameter that has a gradient, and its gradient;
+``register_step_post_hook`` measures the parameter again. Each parameter of the step becomes one
+``Call`` of phase ``"optimizer"`` (inputs: parameter and gradient before, output: parameter
+after; ``seq`` its position in ``param_groups`` order), so locate finds the first parameter that
+a step turned non-finite from finite values by the same rule as any other phase. Nothing is
+copied: statistics only. A step the GradScaler skips never calls ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .records import Call
+
+
+def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
+    """id(parameter) -> (dotted name, owning module, its type), first name wins (tied weights)."""
+    out: dict[int, tuple[str, str, str]] = {}
+    for mname, m in model.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            if id(p) not in out:
+                out[id(p)] = (f"{mname}.{pname}" if mname else pname, mname, type(m).__name__)
+    return out
+
+
+class OptimizerHooks:
+    """The optimizer half of a ``Recorder`` (``Recorder(optimizer=opt)``)."""
+
+    def __init__(self, rec: Any, optimizer: Any) -> None:
+        if not hasattr(optimizer, "register_step_pre_hook") or not hasattr(optimizer, "param_groups"):
+            raise TypeError(f"optimizer= takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.rec = rec
+        self.optimizer = optimizer
+        self.owners = parameter_owners(rec.model)
+        self.steps = 0  # optimizer.step() calls seen
+        self._handles: list[Any] = []
+        self._pending: tuple[int, list[tuple[torch.Tensor, str, str, str]], list[tuple[str, int]]] | None = None
+
+    def attach(self) -> None:
+        self._handles = [self.optimizer.register_step_pre_hook(self._pre),
+                         self.optimizer.register_step_post_hook(self._post)]
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def params(self) -> list[tuple[torch.Tensor, str, str, str]]:
+        """(parameter, name, owner, owner type) of every parameter with a gradient, in
+        ``param_groups`` order."""
+        out = []
+        for gi, group in enumerate(self.optimizer.param_groups):
+            for j, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                name, owner, otype = self.owners.get(id(p), (f"param_groups[{gi}][{j}]", "", "?"))
+                out.append((p, name, owner, otype))
+        return out
+
+    def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        rec = self.rec
+        self._pending = None
+        f = rec._forward
+        if rec.paused or f < 0 or f not in rec._detail:
+            return
+        items = self.params()
+        refs = rec._measure_flat([(f"{n} before the step", p.detach()) for p, n, _, _ in items]
+                                 + [(f"grad of {n}", p.grad.detach()) for p, n, _, _ in items], forward=f)
+        self._pending = (f, items, refs)
+        rec.on_optimizer_start(f, self)
+
+    def _post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        self.steps += 1
+        pending, self._pending = self._pending, None
+        rec = self.rec
+        if pending is None or rec.paused:
+            return
+        f, items, refs = pending
+        detail = rec._detail.get(f)
+        if detail is None:
+            return
+        after = rec._measure_flat([(f"{n} after the step", p.detach()) for p, n, _, _ in items], forward=f)
+        n = len(items)
+        calls = []
+        for i, (_, name, owner, otype) in enumerate(items):
+            c = Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=[refs[i], refs[n + i]],
+                     outputs=[after[i]], seq=i, phase="optimizer", param=name)
+            calls.append(c)
+        detail.extend(calls)
+        rec.on_optimizer_end(f, calls)

@@ -1,0 +1,76 @@
+"""Location for the training phases: a backward fault down to the leaf module and aten op, an
+optimizer fault down to the parameter and the optimizer state that explains it.
+
+Both work from what a ``Watch`` kept of the failing step: the input snapshot, the ambient context,
+the gradients that reached the model's outputs, and the weights as they were at the fault (when
+an optimizer step has changed them since). Nothing of the user's is written: weights are rebound
+for the re-run only (``execute.weights_as``), gradients are returned, not accumulated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..capture.ops import OpEvent
+from ..capture.recorder import Recorder
+from ..dtypes import name_of
+from .backward_op import Grads, rerun_backward
+from .producer import Finding, call_table, first_finding
+
+
+@dataclass
+class BackwardLocation:
+    finding: Finding | None  # at module level (None: the re-run's gradients were finite)
+    event: OpEvent | None
+    table: list[dict[str, Any]] = field(default_factory=list)
+
+
+def locate_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Grads, step: int,
+                    device: Any) -> BackwardLocation:
+    """Re-run the step's forward and backward twice: under module-level backward capture (which
+    module), then under the op-level mode (which aten op and autograd node)."""
+    fine = Recorder(model, level="modules", retain=1, device=device, backward=True)
+    fine._forward = step - 1
+    with fine:
+        rerun_backward(model, forward, grads)
+    rows = fine.sink.rows()
+    f = first_finding([c for c in fine.calls if c.phase == "backward"], rows)
+    _, ev = rerun_backward(model, forward, grads, find_op=True)
+    return BackwardLocation(f, ev, call_table(fine.calls, rows))
+
+
+def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str, Any]:
+    """What explains a parameter that went non-finite in ``optimizer.step()``: the algorithm and
+    its hyperparameters, eps as the parameter's dtype holds it, and the optimizer state at the
+    elements that went bad (read after the step: the state the update divided by)."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+    hp = {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, str, tuple, list))}
+    facts: dict[str, Any] = {"optimizer": type(optimizer).__name__, "param": name, "dtype": (name_of(param.dtype) or str(param.dtype).removeprefix("torch.")),
+                             "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in hp.items()}}
+    eps = group.get("eps")
+    if isinstance(eps, (int, float)):
+        held = float(torch.tensor(eps, dtype=param.dtype))
+        facts["eps"], facts["eps_in_dtype"] = float(eps), held
+    bad = ~torch.isfinite(param.detach())
+    facts["nonfinite"] = int(bad.sum())
+    facts["numel"] = param.numel()
+    state = optimizer.state.get(param, {})
+    facts["state"] = {}
+    for key, t in state.items():
+        if isinstance(t, torch.Tensor) and t.shape == param.shape and t.is_floating_point():
+            at = t.detach()[bad]
+            facts["state"][key] = {"dtype": (name_of(t.dtype) or str(t.dtype).removeprefix("torch.")), "zeros_where_nonfinite": int((at == 0).sum()),
+                                   "absmax_where_nonfinite": float(at.abs().max()) if at.numel() else None,
+                                   "zeros": int((t == 0).sum())}
+        elif isinstance(t, torch.Tensor) and t.numel() == 1:
+            facts["state"][key] = float(t)
+    g = param.grad
+    if g is not None and g.shape == param.shape:
+        at = g.detach()[bad]
+        facts["grad_zeros_where_nonfinite"] = int((at == 0).sum())
+        facts["grad_absmax"] = float(g.detach().abs().max()) if g.numel() else None
+    return facts

@@ -18,7 +18,8 @@ Models (``--model``):
 Variants, all measured in one process, in interleaved rounds (the order rotates every round), after
 a warm-up step of each; the figure per variant is the median over rounds of the mean time per step
 within a round (wall clock; the process CPU time per step, ``time.process_time()``, all threads, is
-recorded next to it: on a shared machine it depends less on other processes than wall time does):
+recorded next to it: on a shared machine it depends less on other processes than wall time does;
+so is the median over rounds of each round's ratio to plain's time in the same round):
 
 * ``plain``           the step as above
 * ``watch_blocks``    the step under ``nan_hunter.watch(model, level="blocks", backward=True,
@@ -333,6 +334,7 @@ def measure(w: Workload, args) -> dict:
     med = {v.name: statistics.median(v.times) for v in variants if v.times}
     med_cpu = {v.name: statistics.median(v.cpu) for v in variants if v.cpu}
     rows = {}
+    plain = next((v for v in variants if v.name == "plain"), None)
     for v in variants:
         m, c = med.get(v.name), med_cpu.get(v.name)
         base, base_cpu = med.get("plain"), med_cpu.get("plain")
@@ -340,12 +342,21 @@ def measure(w: Workload, args) -> dict:
                         "min_ms": min(v.times) * 1e3 if v.times else None,
                         "rounds_ms": [t * 1e3 for t in v.times],
                         "ratio_to_plain": m / base if m and base else None,
+                        "paired_ratio_median": _paired(v.times, plain.times if plain else []),
+                        "cpu_paired_ratio_median": _paired(v.cpu, plain.cpu if plain else []),
                         "cpu_median_ms": c * 1e3 if c else None, "cpu_rounds_ms": [t * 1e3 for t in v.cpu],
                         "cpu_ratio_to_plain": c / base_cpu if c and base_cpu else None,
                         "enter_exit_ms": [t * 1e3 for t in v.enter_exit],
                         "load1_after_rounds": v.loads,
                         "bitwise_equal_to_plain": v.equal, "error": v.error, **v.extra}
     return {"variants": rows, "check_s": check_s}
+
+
+def _paired(times: list[float], plain: list[float]) -> float | None:
+    """Median over rounds of (this variant's time / plain's in the same round): drifts of the
+    machine between rounds cancel out."""
+    pairs = [t / p for t, p in zip(times, plain) if p > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def targets(rows: dict) -> dict:
@@ -382,7 +393,9 @@ def print_summary(res: dict) -> None:
           f"after {tuple(round(x, 2) for x in load['loadavg_after'])}")
     for k, x in res["variants"].items():  # one line per variant, for scripts and the smoke test
         if x["ratio_to_plain"] is not None:
-            print(f"ratio {k}: {x['ratio_to_plain']:.3f}x plain (process CPU time: {x['cpu_ratio_to_plain']:.3f}x)")
+            print(f"ratio {k}: {x['ratio_to_plain']:.3f}x plain (process CPU time: {x['cpu_ratio_to_plain']:.3f}x; "
+                  f"median of per-round ratios: wall {x['paired_ratio_median']:.3f}x, "
+                  f"CPU {x['cpu_paired_ratio_median']:.3f}x)")
     print("targets:", json.dumps(res["targets"]))
 
 

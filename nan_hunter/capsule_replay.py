@@ -41,8 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
     from .watch_report import WatchReport
 
-#: scan options a capsule brings along itself (its inputs, its dtype, its phase).
-NOT_WITH_CAPSULE = ("inputs", "prompts", "data", "dtype", "generate", "compile", "backward", "loss")
+#: scan options a capsule brings along itself (its inputs, its dtype, its phase), by their flags.
+NOT_WITH_CAPSULE = {"inputs": "--inputs", "prompts": "--prompt", "data": "--data", "dtype": "--dtype",
+                    "generate": "--generate", "compile": "--compile", "backward": "--backward", "loss": "--loss",
+                    "device_map": "--device-map"}
 
 
 def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any]], arch: str | None = None,
@@ -60,8 +62,7 @@ def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any
 
     bad = [k for k in NOT_WITH_CAPSULE if given.get(k) not in (None, False, [], ())]
     if bad:
-        flag = "--" + bad[0].removesuffix("s") if bad[0] in ("inputs", "prompts") else "--" + bad[0]
-        raise BadInput(f"{flag} does not apply to a capsule: {path} holds the failing step's own inputs, dtype and "
+        raise BadInput(f"{NOT_WITH_CAPSULE[bad[0]]} does not apply to a capsule: {path} holds the failing step's own inputs, dtype and "
                        "phase; drop the flag (or scan the model's checkpoint instead)")
     if stats not in ("fast", "full"):
         raise BadInput(f"--stats {stats!r}: use fast or full")
@@ -87,6 +88,8 @@ def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any
     report_from_watch(rep, wrep, model, step.run_dtype, cfg, f"capsule step-{cap.step}", step=cap.step,
                       forward=step.forward_fn, train=step.train_fn, optimizer=step.optimizer_pieces,
                       replay=replay, device=dev)
+    if rep.run is not None:
+        rep.run["autocast"] = cap.meta.get("autocast") or None
     if rep.first_nonfinite is None:
         rep.notes.append(f"the capsule's step {cap.step} re-ran without a non-finite value on this machine "
                          f"({cap.phase} phase): the fault did not reproduce (a nondeterministic kernel, other hardware "
@@ -236,7 +239,10 @@ class CapsuleStep:
             self.watch_dtype = RunDtype.of(dt) if isinstance(dt, str) else None
         except ValueError:
             raise BadInput(f"{p / 'capsule.json'}: dtype {show(dt)} is not a run dtype") from None
-        self.run_dtype = self.watch_dtype or RunDtype.of(name_of(param) or "fp32")
+        # what the step computed in: the watch's dtype, else the autocast dtype (an fp16 overflow
+        # under autocast is measured against fp16's max, not the fp32 parameters'), else the parameters'
+        amp = next((name_of(dt) for _, dt in self.autocast if name_of(dt)), None)
+        self.run_dtype = self.watch_dtype or RunDtype.of(amp or name_of(param) or "fp32")
         self.optimizer_pieces: dict[str, Any] | None = None
         if cap.phase == "optimizer":
             self.optimizer_pieces = self._optimizer_pieces(open_safetensors(p / "optimizer.safetensors",
@@ -259,11 +265,12 @@ class CapsuleStep:
             yield
 
     def forward_fn(self) -> Any:
-        """One forward of the step from fresh copies of its inputs (no grad)."""
+        """One forward of the step from fresh copies of its inputs; with grad only for a forward
+        fault whose step ran with grad (``nn.MultiheadAttention`` takes another path without)."""
         from .tree import detached_copy
 
         a, kw = detached_copy((self.args, self.kwargs))
-        with self.context(grad=False):
+        with self.context(grad=self.cap.phase == "forward" and self.cap.meta.get("grad") is True):
             return self.model(*a, **kw)
 
     def train_fn(self) -> None:

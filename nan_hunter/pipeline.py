@@ -97,7 +97,7 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
 
         return scan_capsule(checkpoint, weights_block, arch=arch, device=device, stats=stats, config=cfg, progress=progress,
                             replay=replay, inputs=inputs, prompts=prompts, data=data, dtype=dtype,
-                            generate=generate, compile=compile, backward=backward, loss=loss)
+                            generate=generate, compile=compile, backward=backward, loss=loss, device_map=device_map)
     parse_dtype(dtype)
     if loss is not None and not backward:
         raise BadInput("--loss is the loss --backward differentiates: add --backward")

@@ -213,6 +213,23 @@ class TrainingState:
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
 
+    def _run_at(self, step: int, phase: str) -> Any:
+        """The precision ops ran in at ``step``: the watch's dtype, else the autocast dtype of that
+        step's forward (and its backward, which autocast's casts mirror), else the parameters'."""
+        from .dtypes import RunDtype, name_of
+
+        w = self.w
+        if w.run is not None:
+            return w.run
+        ctx = w.contexts.get(step)
+        if phase != "optimizer" and ctx is not None and ctx.autocast:
+            dev = w.sink.device.type
+            dt = next((d for dv, d in ctx.autocast if dv == dev), ctx.autocast[0][1])
+            name = name_of(dt)
+            if name:
+                return RunDtype.of(name)
+        return _run_of(w.model)
+
     def _autocast(self) -> list[list[str]] | None:
         """The autocast of the latest kept step, as [device, dtype] pairs (None: not under autocast)."""
         from .dtypes import name_of
@@ -297,7 +314,7 @@ class TrainingState:
             return
         ev = rep.op_event
         evd = Evidence(fnf.role, fnf.kind, fnf.module, fnf.module_type, fnf.op, ev.operands if ev else [],
-                       w.run or _run_of(w.model), None, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
+                       self._run_at(fnf.step, fnf.phase), None, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
                        rep.failed_inputs, w.n_forwards, op_absmax=ev.exact_absmax if ev else None, phase=fnf.phase,
                        grad_fn=fnf.grad_fn, optimizer=getattr(rep, "_optimizer", None))
         rep.diagnosis = diagnose(evd)

@@ -13,6 +13,9 @@ Three real training loops, in one subprocess (``WRITER``):
   (``ToCopyBackward0``); the forward is finite. The capsule holds the HF config.
 - ``forward``: a fp16 ``LlamaForCausalLM`` (tied embeddings) whose layer-1 MLP overflows fp16 at
   its down projection in the forward, in a no-grad loop (inference): a forward capsule.
+- ``amp``: fp32 parameters under ``torch.autocast("cpu", float16)``; a ``Scale`` module computes
+  ``(x * 1e-3) * 1e3``, whose backward multiplies the incoming gradient by 1e3 first: at step 2
+  (gradient 100) that is 1e5, beyond fp16 (``MulBackward0``). The capsule records the autocast.
 - ``adam``: an fp16 MLP under Adam, eps 1e-8 rounding to 0 in fp16: where a gradient column is
   exactly 0 the first step divides 0 by 0 (``aten.addcdiv_``); written without ``arch=``, so
   only ``--arch`` can rebuild it.
@@ -65,6 +68,18 @@ class Net(nn.Module):
         return self.head(x)
 
 
+class Scale(nn.Module):
+    def forward(self, x):
+        return (x * 1e-3) * 1e3
+
+
+def build_scale():
+    m = nn.Sequential(nn.Linear(4, 4), Scale(), nn.Linear(4, 1))
+    with torch.no_grad():
+        m[2].weight.fill_(0.5)
+    return m
+
+
 def build_gate():
     return Net()
 
@@ -78,7 +93,7 @@ import json, sys
 import torch, transformers
 import nan_hunter
 sys.path.insert(0, sys.argv[1])
-from models import build_gate, build_mlp
+from models import build_gate, build_mlp, build_scale
 
 out, arch = sys.argv[2], sys.argv[1] + "/models.py:build_gate"
 seen = {}
@@ -155,6 +170,19 @@ with nan_hunter.watch(m, level="modules", backward=True, optimizer=opt, capsule_
         loss.backward()
         opt.step()
     seen["adam"] = fnf(w)
+torch.manual_seed(0)
+m = build_scale()
+opt = torch.optim.SGD(m.parameters(), lr=0.0)
+with nan_hunter.watch(m, backward=True, optimizer=opt, capsule_dir=out + "/amp",
+                      arch=sys.argv[1] + "/models.py:build_scale") as w:
+    for step in range(3):
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = m(torch.ones(2, 4))
+        loss = y.float().sum() * 50 * 2 ** step  # gradients of 25, 50, 100 reach Scale: x1e3 > 65504 at step 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    seen["amp"] = fnf(w)
 print(json.dumps(seen))
 '''
 
@@ -174,7 +202,7 @@ def capsules(tmp_path_factory) -> dict:
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
     dirs = {}
-    for name in ("gate", "llama", "forward", "adam"):
+    for name in ("gate", "llama", "forward", "adam", "amp"):
         steps = sorted((out / name).glob("step-*"))
         assert len(steps) == 1, (name, seen[name]["notes"])
         dirs[name] = steps[0]
@@ -270,6 +298,23 @@ def test_optimizer_capsule_replays_with_arch(capsules, cli):
     assert not rep["replay"]["fp16"]["finite"] and rep["replay"]["fp16"]["nan"] > 0
 
 
+def test_autocast_capsule_replays_under_its_autocast(capsules, cli):
+    """fp32 parameters, fp16 autocast: the replay runs under the recorded autocast and measures
+    the overflow against fp16's max."""
+    seen = capsules["seen"]["amp"]
+    want = seen["first_nonfinite"]
+    assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == ("1", "backward", "MulBackward0", 2)
+    cap = capsules["dirs"]["amp"]
+    assert json.loads((cap / "capsule.json").read_text())["autocast"] == [["cpu", "float16"]]
+    rep = replayed(cli, cap)
+    got = rep["first_nonfinite"]
+    assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == 2
+    d = rep["diagnosis"]
+    assert d["cause"] == seen["cause"] == "overflow" and d["dtype"] == "fp16" and "65504" in " ".join(d["evidence"])
+    assert rep["run"]["autocast"] == [["cpu", "float16"]]
+    assert rep["replay"]["fp32"]["finite"] and not rep["replay"]["fp16"]["finite"]
+
+
 def test_capsule_without_config_or_arch_exits_2(capsules, cli):
     res = cli("scan", capsules["dirs"]["adam"], json_report=False)
     assert res.code == 2
@@ -294,3 +339,10 @@ def test_bad_capsule_json_exits_2(capsules, cli, tmp_path, change, words):
     res = cli("scan", cap, json_report=False)
     assert res.code == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
+
+
+def test_options_a_capsule_fixes_exit_2(capsules, cli):
+    """The capsule brings its own inputs and dtype: --dtype (or --prompt, --backward...) is refused."""
+    res = cli("scan", capsules["dirs"]["gate"], "--dtype", "bf16", json_report=False)
+    assert res.code == 2 and "--dtype does not apply to a capsule" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

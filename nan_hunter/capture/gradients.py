@@ -42,6 +42,8 @@ class GradientHooks:
         self.root_grads: dict[int, list[tuple[str, torch.Tensor]]] = {}  # forward -> grads at the root outputs
         self.last_call: dict[str, Call] = {}  # module -> its latest forward call (owner of param grads)
         self.touched: set[int] = set()  # forwards whose backward ran since the last end callback
+        # parameter -> (data_ptr, shape, version, row, forward) of the gradient its hook measured
+        self.param_grad_rows: dict[str, tuple[int, tuple, int, int, int]] = {}
         self._queued = False
         self._handles: list[Any] = []  # parameter hooks
         self._hooked: set[tuple[int, str]] = set()  # (id(parameter), module) already hooked
@@ -76,9 +78,21 @@ class GradientHooks:
                 h.remove()
         self._leaf.clear()
 
+    def grad_row(self, name: str, grad: torch.Tensor, forward: int) -> int | None:
+        """The row this backward measured ``grad`` (parameter ``name``'s ``.grad``) in, if it is
+        that very gradient, unchanged (no accumulation since)."""
+        hit = self.param_grad_rows.get(name)
+        if hit is None or hit[4] != forward or forward not in self.calls:
+            return None
+        if (grad.data_ptr(), tuple(grad.shape), grad._version) != hit[:3]:
+            return None
+        return hit[3]
+
     def forget(self, forward: int) -> None:
         """A forward was folded away: drop its backward records' index and its hooks on leaves."""
         self.calls.pop(forward, None)
+        for k in [k for k, v in self.param_grad_rows.items() if v[4] == forward]:
+            del self.param_grad_rows[k]
         self.root_grads.pop(forward, None)
         for h in self._leaf.pop(forward, []):
             h.remove()
@@ -123,25 +137,29 @@ class GradientHooks:
                 return None
             call = self.last_call.get(module)
             if call is not None:
-                self.record(call, f"grad of {pname}", grad, incoming=False)
+                refs = self.record(call, f"grad of {pname}", grad, incoming=False)
+                if refs:  # the optimizer step reads this gradient again as .grad: same storage, same version
+                    full = f"{module}.{pname}" if module else pname
+                    self.param_grad_rows[full] = (grad.data_ptr(), tuple(grad.shape), grad._version, refs[0][1],
+                                                  call.input_index)
             return None
         return hook
 
     # -- recording ---------------------------------------------------------------------------
-    def record(self, call: Call, label: str, grad: torch.Tensor, incoming: bool) -> None:
+    def record(self, call: Call, label: str, grad: torch.Tensor, incoming: bool) -> list[tuple[str, int]]:
         """One gradient of ``call``'s backward: measured into the sink, kept on the backward call."""
         rec = self.rec
         f = call.input_index
         detail = rec._detail.get(f)
         if detail is None:  # the forward was folded before its backward ran (more micro-batches than retain)
-            return
+            return []
         per = self.calls.setdefault(f, {})
         bc = per.get(call.start)
         if bc is None:
             bc = per[call.start] = Call(call.start, call.module, call.module_type, call.call_index, call.depth,
                                         call.parent, f, phase="backward")
             detail.append(bc)
-        refs = rec._measure_flat([(label, grad.detach())], forward=f)
+        refs = rec._measure_flat([(label, grad.detach() if grad.requires_grad else grad)], forward=f)
         if incoming:
             bc.inputs += refs
             if call.parent is None:
@@ -162,6 +180,7 @@ class GradientHooks:
                 torch.autograd.Variable._execution_engine.queue_callback(self._end)
             except RuntimeError:  # not inside a backward pass (a hook fired by hand): judged later
                 self._queued = False
+        return refs
 
     def _end(self) -> None:
         self._queued = False

@@ -27,6 +27,12 @@ def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
     return out
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor itself (so the sink's identity cache can recognise it), detached only when it
+    is part of a graph (``create_graph=True``)."""
+    return t.detach() if t.requires_grad else t
+
+
 class OptimizerHooks:
     """The optimizer half of a ``Recorder`` (``Recorder(optimizer=opt)``)."""
 
@@ -68,8 +74,19 @@ class OptimizerHooks:
         if rec.paused or f < 0 or f not in rec._detail:
             return
         items = self.params()
-        refs = rec._measure_flat([(f"{n} before the step", p.detach()) for p, n, _, _ in items]
-                                 + [(f"grad of {n}", p.grad.detach()) for p, n, _, _ in items], forward=f)
+        # a parameter the forward measured, unchanged since, and a gradient the backward measured,
+        # the very storage autograd then stored as .grad, are not read again
+        known = [rec.param_row(n, p, f) for p, n, _, _ in items]
+        fresh = rec._measure_flat([(f"{n} before the step", p.detach()) for (p, n, _, _), k in zip(items, known)
+                                   if k is None], forward=f)
+        it = iter(fresh)
+        before = [(f"{n} before the step", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, known)]
+        seen = [rec.grads.grad_row(n, p.grad, f) if rec.grads is not None else None for p, n, _, _ in items]
+        fresh = rec._measure_flat([(f"grad of {n}", _plain(p.grad)) for (p, n, _, _), k in zip(items, seen)
+                                   if k is None], forward=f)
+        it = iter(fresh)
+        grads = [(f"grad of {n}", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, seen)]
+        refs = before + grads
         self._pending = (f, items, refs)
         rec.on_optimizer_start(f, self)
 

@@ -127,6 +127,7 @@ class Recorder:
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend)
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
+        self.param_row_at: dict[str, tuple[int, int, int]] = {}  # dotted name -> (row, version, block)
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
         self._param_versions: dict[str, tuple[int, ...]] = {}
         self._handles: list[Any] = []
@@ -363,10 +364,19 @@ class Recorder:
             self._next_block += 1
             self._param_blocks[bid] = (list(range(first, first + n)) if own else [], set(), True)
             self._param_block_of[name] = bid
+            for (pn, t), (_, r) in zip(own, self.param_rows[name]):
+                self.param_row_at[f"{name}.{pn}" if name else pn] = (r, t._version, bid)
         bid = self._param_block_of[name]
         self._param_blocks[bid][1].add(self._forward)
         self._param_use.setdefault(self._forward, set()).add(bid)
         return self.param_rows[name]
+
+    def param_row(self, name: str, p: torch.Tensor, forward: int) -> int | None:
+        """The row forward ``forward`` measured parameter ``name`` in, if it is unchanged since."""
+        hit = self.param_row_at.get(name)
+        if hit is None or p.is_inference() or hit[1] != p._version or hit[2] not in self._param_use.get(forward, ()):
+            return None
+        return hit[0]
 
     def _grad_params(self, name: str, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
         """The parameters whose gradients belong to a call's backward (as ``_param_tensors``)."""

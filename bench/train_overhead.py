@@ -38,11 +38,16 @@ Each round starts with ``--settle`` untimed steps inside its session (every vari
 Checked once, before the rounds: from one saved model + optimizer state, one seeded step under each
 variant (a fresh watch for the watch variants) gives a loss and parameters bitwise equal to plain's
 (``torch.equal``); a fresh watch around two steps reports no fault (``report().first_nonfinite is
-None``). After the rounds, each whole-run watch must report no fault either.
+None``). After the rounds, each whole-run watch must report no fault either. Exit 1 when a watch
+variant crashes, changes the step's result or reports a fault (a peer crashing is only recorded).
 
-    python bench/train_overhead.py --model minilm             # 5 rounds x 3 steps
-    python bench/train_overhead.py --model llama100m --rounds 3 --steps 2
+    python bench/train_overhead.py --model minilm             # 5 rounds x 3 steps, 2 threads
+    python bench/train_overhead.py --model llama100m --rounds 3 --steps 1
+    python bench/train_overhead.py --model minilm --threads 1 --rounds 10 --steps 1   # a loaded machine
     python bench/train_overhead.py --quick                    # tiny model, 2 rounds: smoke test
+
+On a shared 2-core machine, two OpenMP threads stall behind other processes' work (a MiniLM step
+took 2-3x longer than with one thread at load 3-5): use ``--threads 1`` there.
 """
 
 from __future__ import annotations

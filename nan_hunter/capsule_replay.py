@@ -515,16 +515,13 @@ def _fresh_optimizer(name: str, optimizer: dict[str, Any], model: Any) -> tuple[
 
 def _optimizer_event(name: str, optimizer: dict[str, Any], model: Any) -> Any:
     """The aten op inside the parameter's step that first made it non-finite."""
-    from .capture.ops import FirstBadOp
+    from .locate.training import first_bad_step
 
     try:
         o, _ = _fresh_optimizer(name, optimizer, model)
-        mode = FirstBadOp()
-        with mode:
-            o.step()
     except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
         return None
-    return mode.result
+    return first_bad_step(o)
 
 
 def _optimizer_facts(name: str, optimizer: dict[str, Any], model: Any) -> dict[str, Any] | None:

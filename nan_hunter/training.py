@@ -24,12 +24,12 @@ import torch
 
 from .capsule import write as write_capsule
 from .capture.blocks import main_blocks
-from .capture.ops import FirstBadOp, OpEvent
+from .capture.ops import OpEvent
 from .diagnose import Evidence, diagnose
 from .execute import weights_as, weights_copy
 from .locate.backward_op import rerun_backward
 from .locate.producer import Finding, call_table, first_finding, to_first_nonfinite
-from .locate.training import locate_backward, optimizer_facts
+from .locate.training import first_bad_step, locate_backward, optimizer_facts
 from .version import __version__
 from .watch_report import WatchReport
 
@@ -356,11 +356,8 @@ def _optimizer_op(optimizer: Any, name: str, pre: dict[str, Any]) -> OpEvent | N
     p.grad = pre["grads"][name].clone()
     try:
         o = cls([p], **hp)
-        o.state[p] = {k: v.clone() for k, v in pre["state"].get(name, {}).items()}
-        mode = FirstBadOp()
-        with mode:
-            o.step()
     except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
         return None
-    return mode.result
+    o.state[p] = {k: v.clone() for k, v in pre["state"].get(name, {}).items()}
+    return first_bad_step(o)
 

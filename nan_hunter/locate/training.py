@@ -74,3 +74,17 @@ def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str,
         facts["grad_zeros_where_nonfinite"] = int((at == 0).sum())
         facts["grad_absmax"] = float(g.detach().abs().max()) if g.numel() else None
     return facts
+
+
+def first_bad_step(optimizer: Any) -> OpEvent | None:
+    """Run ``optimizer.step()`` under the op-level mode: the aten op that first made a parameter
+    non-finite (None when the step cannot run or stays finite)."""
+    from ..capture.ops import FirstBadOp
+
+    mode = FirstBadOp()
+    try:
+        with mode:
+            optimizer.step()
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
+        return None
+    return mode.result

@@ -9,7 +9,7 @@ warms the page cache with one full read of every shard, then measures in fresh c
   per tensor.
 
 Wall time is measured around the child (raw) and also net of interpreter + torch start-up,
-measured the same way (``python -c "import torch, nan_hunter.weights"`` for nanhunter,
+measured the same way (``python -c "import torch, nan_hunter.load.weights"`` for nanhunter,
 ``python -c "import torch, safetensors.torch"`` for the naive script). Peak RSS comes from
 ``/usr/bin/time -v`` (or ``getrusage(RUSAGE_CHILDREN)`` in a fresh wrapper when it is absent).
 Two checkpoint sizes are measured (``--small-gb``, default half of ``--gb``): the smaller one is
@@ -277,10 +277,10 @@ def naive_child(index: str) -> None:
 def inproc_child(path: str, mode: str) -> None:
     """``scan_weights`` timed inside the process (no interpreter/torch start-up, no report)."""
     t0 = time.perf_counter()
-    import torch  # noqa: F401  (start-up, not scan time: nan_hunter.load imports torch lazily)
+    import torch  # noqa: F401  (start-up, not scan time: nan_hunter.load.checkpoint imports torch lazily)
 
-    from nan_hunter.load import open_checkpoint
-    from nan_hunter.weights import scan_weights
+    from nan_hunter.load.checkpoint import open_checkpoint
+    from nan_hunter.load.weights import scan_weights
 
     t1 = time.perf_counter()
     ck = open_checkpoint(path)
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         checks: dict[str, tuple[bool, str]] = {}
         for r in range(args.repeat):
             runs["version"].append(measure([nh, "--version"], env))
-            runs["startup_nanhunter"].append(measure([py, "-c", "import torch, nan_hunter.weights"], env))
+            runs["startup_nanhunter"].append(measure([py, "-c", "import torch, nan_hunter.load.weights"], env))
             runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(d / "_tiny.json"), "-q"], env))
             for mode in ("fast", "full"):
                 if report.exists():
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                         "naive_import_s": med("startup_naive"), "naive_import_rss_MB": peak("startup_naive") / MB,
                         "nanhunter_version_s": med("version"),
                         "nanhunter_scan_tiny_s": med("cli_tiny"), "nanhunter_scan_tiny_rss_MB": peak("cli_tiny") / MB,
-                        "commands": {"nanhunter": f"{py} -c 'import torch, nan_hunter.weights'",
+                        "commands": {"nanhunter": f"{py} -c 'import torch, nan_hunter.load.weights'",
                                      "naive": f"{py} -c 'import torch, safetensors.torch'"}},
             "results": rows,
             "ratios": {
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def whole_process(args: argparse.Namespace) -> int:
-    """``nanhunter scan`` as a whole process against ``import torch, nan_hunter.weights`` (the
+    """``nanhunter scan`` as a whole process against ``import torch, nan_hunter.load.weights`` (the
     target: GB/s net of that start-up), with the CLI's fixed cost on a one-tensor file and the
     in-process scan for reference; rounds interleaved, medians reported."""
     import torch
@@ -576,10 +576,10 @@ def whole_process(args: argparse.Namespace) -> int:
     ok = True
     for r in range(args.repeat):
         runs["help"].append(measure([nh, "--help"], env)["wall_s"])
-        runs["startup"].append(measure([py, "-c", "import torch, nan_hunter.weights"], env)["wall_s"])
+        runs["startup"].append(measure([py, "-c", "import torch, nan_hunter.load.weights"], env)["wall_s"])
         # the same without the interpreter's teardown, which the CLI skips once its outputs are written
         runs["startup_no_teardown"].append(
-            measure([py, "-c", "import torch, nan_hunter.weights, os; os._exit(0)"], env)["wall_s"])
+            measure([py, "-c", "import torch, nan_hunter.load.weights, os; os._exit(0)"], env)["wall_s"])
         runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], env)["wall_s"])
         report.unlink(missing_ok=True)
         m = measure([nh, "scan", str(big), "--json", str(report), "-q"], env, (0, 1))

@@ -17,17 +17,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def watch(model: Any, **options: Any):
-    """Context manager capturing every module's forward; see ``nan_hunter.session.Watch``."""
-    from .session import Watch
+    """Context manager capturing every module's forward; see ``nan_hunter.session.watcher.Watch``."""
+    from .session.watcher import Watch
 
     w = Watch(model, **options)
-    w.collective = True  # under torch.distributed its report() is global (nan_hunter.ranks); the CLI's stay per rank
+    w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
     return w
 
 
 def scan(checkpoint: str, **options: Any) -> Report:
     """The ``nanhunter scan`` pipeline as a function; returns the Report."""
-    from .pipeline import scan as _scan
+    from .pipeline.scan_checkpoint import scan as _scan
 
     return _scan(checkpoint, **options)
 
@@ -41,7 +41,7 @@ def bisect(checkpoint: str, **options: Any) -> Report:
 
 def apply_policy(model: Any, policy: Any) -> Any:
     """Make the modules a bisect policy lists compute in their kept dtype."""
-    from .policy import apply_policy as _apply
+    from .model.policy import apply_policy as _apply
 
     return _apply(model, policy)
 

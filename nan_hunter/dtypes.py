@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-#: Precisions a run can use (fp8 modes are emulated, see ``fp8.py``).
+#: Precisions a run can use (fp8 modes are emulated, see ``model/fp8.py``).
 RUN_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2")
 #: Precisions the replay matrix covers, in the order the report lists them.
 REPLAY_DTYPES: tuple[str, ...] = RUN_DTYPES
@@ -103,7 +103,7 @@ def limits(name: str) -> Limits:
                   float(fi.eps))
 
 
-#: fp8 emulation choices (see ``fp8.py`` for the numerics).
+#: fp8 emulation choices (see ``model/fp8.py`` for the numerics).
 FP8_SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "none")
 FP8_OVERFLOWS: tuple[str, ...] = ("saturate", "nonfinite")
 FP8_COMPUTES: tuple[str, ...] = ("bf16", "fp32")

@@ -15,11 +15,11 @@ from ..capture.blocks import main_blocks
 from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
-from ..execute import cast_batch, run_context
-from ..load import open_checkpoint
-from ..policy import install_hooks, set_precision
-from ..prepare import parse_dtype, prepare, run_dtype
-from ..replay import float_outputs, rel_err
+from ..explain.replay import float_outputs, rel_err
+from ..load.checkpoint import open_checkpoint
+from ..model.execute import cast_batch, run_context
+from ..model.policy import install_hooks, set_precision
+from ..model.prepare import parse_dtype, prepare, run_dtype
 from ..report import BisectResult, Report
 from .search import minimal_keep_set, shortest_failing_prefix
 
@@ -144,7 +144,7 @@ class MixedRunner:
             return float_outputs(self.model(**kw))
         from transformers import StoppingCriteriaList
 
-        from ..generation import stop_on_fault
+        from ..modes.generate import stop_on_fault
 
         self.model.generate(**kw, max_new_tokens=self.generate, do_sample=False, num_beams=1, pad_token_id=self.pad_id,
                             stopping_criteria=StoppingCriteriaList([stop_on_fault(rec)]))
@@ -199,8 +199,8 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
         raise BadInput(f"--over {over}: use modules or inputs")
     tol = float(rtol if rtol is not None else cfg.bisect.rtol)
     ck = open_checkpoint(checkpoint)
-    from ..pipeline import weights_block
-    from ..weights import scan_weights
+    from ..load.weights import scan_weights
+    from ..pipeline.scan_checkpoint import weights_block
 
     rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_block(scan_weights(ck), cfg))
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
@@ -210,13 +210,13 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     rep.notes += p.notes  # e.g. the default prompt, announced as in scan
     pad_id = None
     if generate is not None:
-        from ..generation import check_can_generate, pad_token_id
+        from ..modes.generate import check_can_generate, pad_token_id
 
         check_can_generate(p.model)
         pad_id = pad_token_id(p)
     loss_fn = None
     if backward:
-        from ..backward_scan import load_loss
+        from ..modes.backward import load_loss
 
         if generate is not None:
             raise BadInput("bisect --backward cannot be combined with --generate; run them separately")
@@ -274,7 +274,7 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands),
                               over=over, keep_in_fp32_modules=list(res.keep) if keep == "fp32" else None)
     if policy_out:
-        from ..policy import write_policy
+        from ..model.policy import write_policy
 
         write_policy(policy_out, dt, keep, list(res.keep))
     return rep
@@ -286,7 +286,7 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
     judged on finiteness alone)."""
     from ..capture.recorder import Recorder
     from ..locate.producer import first_finding
-    from ..policy import apply_policy
+    from ..model.policy import apply_policy
 
     m = copy.deepcopy(model)
     m.load_state_dict({**m.state_dict(), **runner.master})

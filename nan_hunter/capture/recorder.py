@@ -336,7 +336,7 @@ class Recorder:
             named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         named = [(pn, p) for pn, p in named if p is not None and p.is_floating_point()]
         if any(p.device.type == "meta" for _, p in named):  # offloaded by accelerate (--device-map auto)
-            from ..placement import offloaded_value
+            from ..model.placement import offloaded_value
 
             named = [(pn, offloaded_value(module, pn, p) if p.device.type == "meta" else p) for pn, p in named]
             named = [(pn, p) for pn, p in named if p is not None]  # no value to read: noted by prepare

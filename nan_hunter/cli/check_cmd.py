@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..check import check, passed
-    from ..rank_split import finish, process_group, refuse_unsupported, writes
+    from ..distributed.rank_split import finish, process_group, refuse_unsupported, writes
+    from ..pipeline.ci_check import check, passed
 
     refuse_unsupported(args)
     with process_group(args.device):  # under torchrun: the data set split across ranks
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bool) -> None:
-    from ..check import write_json_reports
+    from ..pipeline.ci_check import write_json_reports
     from ..render.ci import annotations, write_junit
     from .output import terminal_limits
 

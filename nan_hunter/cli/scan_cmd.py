@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from .output import terminal_limits
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..pipeline import scan
-    from ..rank_split import finish, process_group, refuse_unsupported, writes
+    from ..distributed.rank_split import finish, process_group, refuse_unsupported, writes
+    from ..pipeline.scan_checkpoint import scan
 
     refuse_unsupported(args)
     with process_group(args.device):  # under torchrun: the data set split across ranks

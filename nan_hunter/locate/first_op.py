@@ -10,7 +10,7 @@ from torch import nn
 
 from ..capture.ops import OpEvent, call_site, first_bad_op
 from ..dtypes import RunDtype
-from ..execute import call_inputs, run_context
+from ..model.execute import call_inputs, run_context
 from ..tree import detached_copy
 from .producer import Finding
 

@@ -15,7 +15,7 @@ import yaml
 
 from nan_hunter.config import CONFIG_DIR, load_config
 from nan_hunter.errors import BadInput
-from nan_hunter.inputs import read_jsonl
+from nan_hunter.model.inputs import read_jsonl
 
 SEEDS = (0, 1, 2)
 CASES_PER_SEED = 150

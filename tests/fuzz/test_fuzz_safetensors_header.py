@@ -15,7 +15,7 @@ import safetensors
 from safetensors_mutations import duplicate_tensor_names, mutated_file
 
 from nan_hunter.errors import BadInput
-from nan_hunter.load import open_safetensors
+from nan_hunter.load.checkpoint import open_safetensors
 
 SEED = 19
 N_CASES = 1500

@@ -176,7 +176,7 @@ def test_bad_data_lines_cli(cli, tmp_path, minilm_dir, case):
 @pytest.mark.parametrize("case", BAD_LINES, ids=list(BAD_LINES))
 def test_bad_data_lines(tmp_path, case):
     from nan_hunter.errors import BadInput
-    from nan_hunter.inputs import read_jsonl
+    from nan_hunter.model.inputs import read_jsonl
 
     body, where, needle = BAD_LINES[case]
     d = tmp_path / "bad.jsonl"

@@ -140,7 +140,7 @@ def test_fp8_bytes_differ_eager_vs_compiled_and_not_with_emulate():
     import torch
     from safetensors.torch import load_file
 
-    from nan_hunter.compiled import fresh_compiles
+    from nan_hunter.modes.compiled import fresh_compiles
 
     spec = importlib.util.spec_from_file_location("compile_rmsnorm_fp8_bytes", MINI / "model.py")
     mod = importlib.util.module_from_spec(spec)

@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter.check import forward_rules
 from nan_hunter.config import load_config
 from nan_hunter.dtypes import Fp8Recipe, RunDtype
-from nan_hunter.fp8 import FP8Emulation
-from nan_hunter.policy import install_hooks, set_precision
-from nan_hunter.replay import replay
+from nan_hunter.explain.replay import replay
+from nan_hunter.model.fp8 import FP8Emulation
+from nan_hunter.model.policy import install_hooks, set_precision
+from nan_hunter.pipeline.ci_check import forward_rules
 from nan_hunter.report import Report
 
 BF16_MAX = torch.finfo(torch.bfloat16).max

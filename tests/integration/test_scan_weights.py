@@ -8,8 +8,8 @@ import math
 import torch
 from safetensors.torch import save_file
 
-from nan_hunter.load import open_checkpoint
-from nan_hunter.weights import scan_tensor
+from nan_hunter.load.checkpoint import open_checkpoint
+from nan_hunter.load.weights import scan_tensor
 
 V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
            "replay", "diagnosis"}

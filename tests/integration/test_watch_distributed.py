@@ -126,7 +126,7 @@ def _ddp(rank: int) -> dict[str, Any]:
                                            w.__exit__(None, None, None)))
     out["clean"] = _summary(w.report())
     out["report_collectives"] = _collectives(w.report)
-    from nan_hunter.session import Watch
+    from nan_hunter.session.watcher import Watch
 
     with torch.no_grad(), Watch(model) as own:  # the CLI's own watches (a rank's share of --generate)
         model(_batch(9, rank, {(9, 1): "nan"}))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from nan_hunter.check import forward_rules, weights_rules
 from nan_hunter.config import load_config
+from nan_hunter.pipeline.ci_check import forward_rules, weights_rules
 from nan_hunter.report import FirstNonfinite, Report
 
 CFG = load_config()

@@ -1,4 +1,4 @@
-"""The pure parts of ``scan --compile`` (nan_hunter/compiled.py) and of watching compiled models
+"""The pure parts of ``scan --compile`` (nan_hunter/modes/compiled.py) and of watching compiled models
 (capture/compiled_regions.py): output comparison, option checks, compile state restored,
 eager names."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from nan_hunter.capture.compiled_regions import eager_name, eager_named_modules, unwrap
-from nan_hunter.compiled import Parting, check_options, compare, fresh_compiles
 from nan_hunter.errors import BadInput
+from nan_hunter.modes.compiled import Parting, check_options, compare, fresh_compiles
 
 
 @pytest.mark.parametrize("name, eager, compiled, expect", [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nan_hunter.capture.ops import OperandStats
 from nan_hunter.config import DiagnosisConfig
-from nan_hunter.diagnose import RULES, Evidence, diagnose
+from nan_hunter.explain.diagnose import RULES, Evidence, diagnose
 
 
 def op(i=0, absmax=1.0, mn=-1.0, mx=1.0, zeros=0, neg=0, nonzero=1e-3, n=16, neginf=0, posinf=0, nan=0):

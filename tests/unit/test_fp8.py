@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nan_hunter.dtypes import Fp8Recipe
-from nan_hunter.fp8 import FP8Emulation, quantize_dequantize
+from nan_hunter.model.fp8 import FP8Emulation, quantize_dequantize
 
 E4M3, E5M2 = 448.0, 57344.0
 

@@ -153,17 +153,17 @@ def test_checker_resolves_relative_and_lazy_imports(tmp_path):
         "from . import report\n"
         "from .render import html, helper_fn\n"
         "from ..errors import BadInput\n"
-        "import nan_hunter.load\n"
+        "import nan_hunter.load.checkpoint\n"
         "if TYPE_CHECKING:\n"
         "    from .typing_only import T\n"
         "def f():\n"
         "    from .lazy import g\n"
     )
     known = {"nan_hunter.cli.report", "nan_hunter.cli.render", "nan_hunter.cli.render.html", "nan_hunter.errors",
-             "nan_hunter.load", "nan_hunter.cli.lazy", "nan_hunter.cli.typing_only", "nan_hunter.cli.m"}
+             "nan_hunter.load.checkpoint", "nan_hunter.cli.lazy", "nan_hunter.cli.typing_only", "nan_hunter.cli.m"}
     assert imports_of("nan_hunter.cli.m", src, known) == {
         "nan_hunter.cli.report", "nan_hunter.cli.render.html", "nan_hunter.cli.render", "nan_hunter.errors",
-        "nan_hunter.load", "nan_hunter.cli.lazy"}
+        "nan_hunter.load.checkpoint", "nan_hunter.cli.lazy"}
 
 
 # --- the package ---------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""``--device-map``/``--max-memory`` parsing (``nan_hunter.placement``): sizes, devices, errors."""
+"""``--device-map``/``--max-memory`` parsing (``nan_hunter.model.placement``): sizes, devices, errors."""
 
 from __future__ import annotations
 
 import pytest
 
 from nan_hunter.errors import BadInput
-from nan_hunter.placement import Placement, parse, parse_size
+from nan_hunter.model.placement import Placement, parse, parse_size
 
 
 @pytest.mark.parametrize("text, n", [("200MB", 200 * 10**6), ("1.5GiB", 3 * 2**29), ("4096", 4096),

@@ -1,10 +1,10 @@
-"""``nan_hunter.rank_split`` without a process group: the split, torchrun detection, agreement."""
+"""``nan_hunter.distributed.rank_split`` without a process group: the split, torchrun detection, agreement."""
 
 from __future__ import annotations
 
 import pytest
 
-from nan_hunter import rank_split
+from nan_hunter.distributed import rank_split as rank_split
 from nan_hunter.errors import BadInput
 
 

@@ -12,10 +12,10 @@ import struct
 import pytest
 import safetensors
 
-from nan_hunter import safetensors_header
-from nan_hunter.bounded_json import loads, nesting_depth
 from nan_hunter.errors import BadInput
-from nan_hunter.load import open_safetensors
+from nan_hunter.load import safetensors_header as safetensors_header
+from nan_hunter.load.bounded_json import loads, nesting_depth
+from nan_hunter.load.checkpoint import open_safetensors
 
 V = b'"dtype":"F32","shape":[2],"data_offsets":[0,8]'
 E8 = b"\0" * 8

@@ -1,0 +1,446 @@
+"""Diagnosis rules: evidence (op, operands, dtype limits, replay matrix) → cause, numbers, fix.
+
+Each rule is a function registered with ``@rule``; the first that matches wins, in registry
+order (most specific first). A rule returns None when it does not apply. Thresholds come from
+the ``diagnosis`` section of the config; dtype limits from the run's ``RunDtype`` (an fp8 run's
+activations are bounded by its compute dtype, not by the fp8 max).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import DiagnosisConfig, default_config
+from ..dtypes import Limits, RunDtype, limits
+from ..report import Diagnosis
+
+SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
+DIV_OPS = {"div", "reciprocal", "true_divide", "divide", "rsqrt", "remainder", "fmod"}
+DOMAIN_OPS = {"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "acos", "asin", "atanh", "acosh", "xlogy",
+              "lgamma", "digamma", "erfinv"}
+MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm", "einsum",
+              "convolution", "_convolution", "dot", "mv"}
+
+
+@dataclass
+class Evidence:
+    role: str | None  # producer | weights | input | None (weights-only scan)
+    kind: str | None
+    module: str | None
+    module_type: str | None
+    op: str | None  # "aten.addmm.default"
+    operands: list[Any] = field(default_factory=list)  # ops.OperandStats
+    dtype: RunDtype | str | None = None  # the run's precision (a name is read with the default fp8 recipe)
+    replay: dict[str, dict] | None = None
+    weights_nonfinite: list[dict] = field(default_factory=list)
+    is_block: bool = False
+    input_label: str | None = None
+    failed_inputs: list[int] = field(default_factory=list)
+    n_inputs: int = 0
+    config: DiagnosisConfig | None = None
+    compile: dict[str, Any] | None = None  # scan --compile: eager and compiled parted (modes/compiled.py)
+    op_absmax: float | None = None  # |result| of the op re-run on its operands in float64 (ops.OpEvent)
+    phase: str = "forward"  # forward | backward | optimizer (training faults)
+    grad_fn: str | None = None  # backward: the autograd node that ran the op
+    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
+    run: RunDtype | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, RunDtype):
+            self.run, self.dtype = self.dtype, self.dtype.name
+        elif self.dtype is not None:
+            self.run = RunDtype.of(self.dtype)
+            self.dtype = self.run.name
+        if self.config is None:
+            self.config = default_config().diagnosis
+
+    @property
+    def range(self) -> Limits | None:
+        """Limits of what the run stores activations in (the one dtype rule)."""
+        return self.run.range if self.run is not None else None
+
+    @property
+    def opname(self) -> str:
+        """Bare op name: ``aten.addmm.default`` → ``addmm``."""
+        if not self.op:
+            return ""
+        parts = self.op.split(".")
+        return parts[1] if len(parts) >= 2 else parts[0]
+
+    @property
+    def where(self) -> str:
+        m = self.module if self.module else "<root>"
+        return f"{self.op} in {m}" if self.op else m
+
+    def finite_in(self) -> list[str]:
+        return [d for d, r in (self.replay or {}).items() if r.get("finite") and d != "fp64"]
+
+    def nonfinite_in(self) -> list[str]:
+        return [d for d, r in (self.replay or {}).items() if not r.get("finite") and d != "fp64"]
+
+    def true_absmax(self) -> float | None:
+        """Magnitude the op's result really has: the op re-run on its operands in float64. The
+        replay's absmax is the *module output's* (after softmax, a norm or a projection), never
+        the op's, so it is only used when there is no op (weights, data)."""
+        if self.op_absmax is not None:
+            return self.op_absmax
+        if self.op:
+            return None
+        for d in ("fp64", "fp32"):
+            r = (self.replay or {}).get(d)
+            if r and r.get("finite") and r.get("absmax") is not None:
+                return r["absmax"]
+        return None
+
+    def tensor_operands(self) -> list[Any]:
+        return [o for o in self.operands if o.dtype != "scalar"]
+
+    def is_attention(self) -> bool:
+        name = f"{self.module or ''} {self.module_type or ''}".lower()
+        return any(k in name for k in ("attn", "attention", "score", "qk"))
+
+    def is_fp8_run(self) -> bool:
+        return self.run is not None and self.run.is_fp8
+
+
+RULES: list[tuple[str, Callable[[Evidence], Diagnosis | None]]] = []
+
+
+def rule(name: str):
+    def deco(fn: Callable[[Evidence], Diagnosis | None]):
+        RULES.append((name, fn))
+        return fn
+    return deco
+
+
+def _g(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"
+
+
+def _matrix_line(ev: Evidence) -> str | None:
+    if not ev.replay:
+        return None
+    ok, bad = ev.finite_in(), ev.nonfinite_in()
+    parts = []
+    if ok:
+        parts.append("finite in " + ", ".join(ok))
+    if bad:
+        parts.append("non-finite in " + ", ".join(bad))
+    return "replay: " + "; ".join(parts) if parts else None
+
+
+def _inaccurate_line(ev: Evidence) -> str | None:
+    """Replay dtypes that stayed finite but are off from float64 by more than ``rel_err_warn``."""
+    warn = ev.config.rel_err_warn
+    off = [(d, r["rel_err"]) for d, r in (ev.replay or {}).items()
+           if d != "fp64" and r.get("finite") and r.get("rel_err") is not None and r["rel_err"] > warn]
+    if not off:
+        return None
+    return ("replay: finite but inaccurate in " + ", ".join(f"{d} (rel_err {e:.3g})" for d, e in off)
+            + f" — above diagnosis.rel_err_warn {warn:g}")
+
+
+def _diag(ev: Evidence, cause: str, summary: str, evidence: list[str | None], fix: str) -> Diagnosis:
+    lines = [e for e in evidence if e]
+    for extra in (_matrix_line(ev), _inaccurate_line(ev)):
+        if extra and extra not in lines:
+            lines.append(extra)
+    return Diagnosis(cause, ev.dtype, ev.module, ev.op, summary, lines, fix)
+
+
+#: optimizer state the update divides by (the square root of): Adam/AdamW/Adamax/NAdam/RAdam, RMSprop, Adagrad
+DENOMINATOR_STATE = {"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "exp_inf"}
+
+
+@rule("optimizer_step")
+def optimizer_step(ev: Evidence) -> Diagnosis | None:
+    o = ev.optimizer
+    if ev.phase != "optimizer" or not o:
+        return None
+    name, dt, opt = o.get("param"), o.get("dtype"), o.get("optimizer")
+    lines = [f"{name} ({dt}) was finite, with a finite gradient, before {opt}.step() and holds "
+             f"{o.get('nonfinite')} non-finite value(s) of {o.get('numel')} after it"]
+    hp = o.get("hyperparameters", {})
+    if "lr" in hp:
+        lines.append("hyperparameters: " + ", ".join(f"{k}={hp[k]}" for k in ("lr", "eps", "betas", "weight_decay")
+                                                      if k in hp))
+    zero_state = {k: v for k, v in o.get("state", {}).items()
+                  if isinstance(v, dict) and v.get("zeros_where_nonfinite")}
+    denominators = {k: v for k, v in zero_state.items() if k in DENOMINATOR_STATE}
+    zero_state = denominators or zero_state
+    for k, v in o.get("state", {}).items():
+        if isinstance(v, dict):
+            lines.append(f"state {k} ({v['dtype']}): {v['zeros_where_nonfinite']} zero(s) where the parameter went "
+                         f"non-finite, {v['zeros']} in all")
+    if o.get("grad_zeros_where_nonfinite") is not None:
+        lines.append(f"gradient: {o['grad_zeros_where_nonfinite']} zero(s) where the parameter went non-finite, "
+                     f"absmax {_g(o.get('grad_absmax'))}")
+    eps, held = o.get("eps"), o.get("eps_in_dtype")
+    fix_master = ("Keep fp32 master weights and optimizer state (train with fp32 parameters under torch.autocast, "
+                  "or an optimizer with fp32 state), ")
+    if eps and held == 0 and zero_state:
+        lines.insert(1, f"eps {eps:g} rounds to 0 in {dt}: where {', '.join(zero_state)} is 0 the update "
+                        f"divides by sqrt(0) + 0 = 0")
+        return Diagnosis("division_by_zero", dt, ev.module, ev.op,
+                         f"{opt}'s eps {eps:g} rounds to zero in {dt}: the step divided by zero in {name}", lines,
+                         fix_master + f"or use an eps {dt} can hold (e.g. eps=1e-4 for fp16); a lower lr does not "
+                         "help a division by zero.")
+    if zero_state:
+        return Diagnosis("division_by_zero", dt, ev.module, ev.op,
+                         f"{opt}.step() divided by a zero optimizer state in {name}", lines,
+                         fix_master + "or raise eps so that sqrt(state) + eps stays above zero in " + f"{dt}.")
+    if ev.kind in ("posinf", "neginf"):
+        return Diagnosis("overflow", dt, ev.module, ev.op,
+                         f"{opt}.step() overflowed {dt} in {name}", lines,
+                         fix_master + "lower the learning rate, or clip gradients (clip_grad_norm_) before the step.")
+    return Diagnosis("unknown", dt, ev.module, ev.op, f"{opt}.step() made {name} non-finite; no rule explains it",
+                     lines, fix_master + "and check the learning-rate schedule.")
+
+
+@rule("backward_incoming")
+def backward_incoming(ev: Evidence) -> Diagnosis | None:
+    if ev.phase != "backward" or ev.role != "input":
+        return None
+    which = ev.input_label or "from the loss"
+    return _diag(ev, "nonfinite_input", f"the gradient reaching the model's outputs ({which}) was already "
+                 f"{ev.kind}: the loss or its scaling made it, not the model",
+                 [f"first module whose backward received it: {ev.module or '<root>'} ({ev.module_type})"],
+                 "Check the loss: compute it in fp32 (cross_entropy on logits.float()), guard log/div inside it with "
+                 "an eps, and with GradScaler let the scaler skip the step (scaler.step/update) rather than call "
+                 "optimizer.step() directly.")
+
+
+@rule("nonfinite_weights")
+def nonfinite_weights(ev: Evidence) -> Diagnosis | None:
+    if ev.role != "weights" and not (ev.role is None and ev.weights_nonfinite):
+        return None
+    ws = ev.weights_nonfinite
+    lines = [f"{w['name']} ({w['dtype']} {w['shape']}): {w['nan']} NaN, {w['posinf']} +inf, {w['neginf']} −inf, "
+             f"first at {w['first_index']}" for w in ws[:5]]
+    if len(ws) > 5:
+        lines.append(f"... and {len(ws) - 5} more tensors")
+    where = f"first used by {ev.module or '<root>'} ({ev.module_type})" if ev.module is not None else "found by the weights scan"
+    if not ws and ev.module is not None:  # under watch(): no checkpoint, the live parameters
+        held = f" ({ev.input_label})" if ev.input_label else ""
+        return _diag(ev, "nonfinite_weights", f"parameters or buffers of {ev.module or '<root>'}{held} already hold "
+                     f"{ev.kind} when it runs", [],
+                     "The weights were non-finite before this forward: look for the step that made them so (watch "
+                     "with backward=True and optimizer= names the backward or optimizer step), or restore them "
+                     "from a checkpoint.")
+    return _diag(ev, "nonfinite_weights",
+                 f"the checkpoint itself holds NaN/Inf in {len(ws)} tensor(s); {where}", lines,
+                 "The checkpoint is corrupt or was saved after training diverged: restore an earlier checkpoint "
+                 "or re-export it; check the training run for the step where the loss went NaN.")
+
+
+@rule("nonfinite_input")
+def nonfinite_input(ev: Evidence) -> Diagnosis | None:
+    if ev.role != "input":
+        return None
+    which = f"input {ev.input_label}" if ev.input_label else "the input data"
+    return _diag(ev, "nonfinite_input", f"{which} already holds {ev.kind} before any module ran",
+                 [f"first module that received it: {ev.module or '<root>'} ({ev.module_type})",
+                  f"failing inputs: {ev.failed_inputs} of {ev.n_inputs}" if ev.n_inputs > 1 else None],
+                 "The input data is bad, not the model: fix the data pipeline — check preprocessing for NaN/Inf (e.g. torch.isfinite on the batch) "
+                 "and drop or repair bad samples before the forward.")
+
+
+@rule("masked_softmax")
+def masked_softmax(ev: Evidence) -> Diagnosis | None:
+    op = ev.opname
+    ops = ev.tensor_operands()
+    lines = []
+    if op in SOFTMAX_OPS and any(o.neginf for o in ops) and ev.kind == "nan":
+        o = next(o for o in ops if o.neginf)
+        lines.append(f"{ev.op} input holds {o.neginf} −inf of {o.numel} values: at least one row is entirely −inf, "
+                     "and softmax of a fully masked row is exp(−inf − (−inf)) = NaN")
+    elif op in {"sub", "add"} and ev.kind == "nan" and sum(1 for o in ev.operands if o.neginf or o.posinf) >= 2:
+        lines.append(f"{ev.op}: −inf − (−inf) (or inf + −inf) = NaN")
+    elif op in {"add", "sub"} and ev.kind == "neginf" and ev.range is not None:
+        lim = ev.range
+        mins = [o.min for o in ops if o.min is not None]
+        if len(mins) >= 2 and sum(1 for m in mins if m <= -0.5 * lim.max) >= 2:
+            lines.append(f"{ev.op}: two mask planes near finfo({ev.dtype}).min = −{lim.max:.6g} added together "
+                         f"overflow to −inf; a fully masked row then makes softmax NaN")
+    if not lines:
+        return None
+    return _diag(ev, "masked_softmax", f"softmax over a fully masked row at {ev.where}", lines,
+                 "Use a safe softmax (or PyTorch SDPA, which has one since 2.5), or build masks as booleans and apply "
+                 "them with torch.where / masked_fill — never add two finfo.min planes; make sure no row is fully "
+                 "masked (e.g. left-padding with no valid key).")
+
+
+@rule("scale_underflow")
+def scale_underflow(ev: Evidence) -> Diagnosis | None:
+    if ev.opname not in DIV_OPS or ev.kind not in ("posinf", "neginf"):
+        return None
+    tiny = ev.config.tiny_scale
+    divisor = ev.operands[-1] if ev.operands else None
+    if ev.opname == "reciprocal" and ev.operands:
+        divisor = ev.operands[0]
+    if divisor is None or divisor.zeros or divisor.min_nonzero is None or divisor.min_nonzero >= tiny:
+        return None
+    lim = ev.range.max if ev.range is not None else None
+    lines = [f"divisor {_g(divisor.min_nonzero)} is tiny but non-zero; {ev.opname} gives {ev.kind}"
+             + (f" (1/{_g(divisor.min_nonzero)} = {_g(1 / divisor.min_nonzero)} > {ev.range.name} max {lim:.6g})"
+                if lim and ev.range else ""),
+             "a later 0 · inf turns zeros into NaN (the fp16 → fp8 quantisation case)"]
+    return _diag(ev, "scale_underflow", f"a scale of {_g(divisor.min_nonzero)} overflowed when inverted at {ev.where}",
+                 lines,
+                 "Compute amax and the scale in fp32 (or fp64) and clamp amax with an eps before dividing, as "
+                 "torchao's float8 does: scale = finfo(f8).max / clamp(amax.double(), min=1e-12).")
+
+
+@rule("division_by_zero")
+def division_by_zero(ev: Evidence) -> Diagnosis | None:
+    if ev.opname not in DIV_OPS:
+        return None
+    divisor = ev.operands[0] if ev.opname in {"reciprocal", "rsqrt"} else (ev.operands[-1] if ev.operands else None)
+    if divisor is None or not divisor.zeros:
+        return None
+    num = ev.operands[0] if len(ev.operands) > 1 else None
+    what = "0/0" if (num is not None and num.zeros and ev.kind == "nan") else "x/0"
+    lines = [f"{ev.op}: divisor has {divisor.zeros} zero(s) of {divisor.numel} → {what} = {ev.kind}"]
+    fix = "Add an eps the dtype can hold (fp16's smallest normal is 6.1e-05) or compute the norm/denominator in fp32."
+    if ev.dtype in ("fp16", "bf16") and "fp32" in ev.finite_in():
+        lines.append(f"finite in fp32 but not in {ev.dtype}: an eps such as 1e-12 rounds to zero in {ev.dtype} "
+                     f"(smallest subnormal {limits(ev.dtype).smallest_subnormal:.3g})")
+        fix = (f"The eps rounds to zero in {ev.dtype}: use an eps the dtype can hold (≥ 6.1e-05 in fp16) or compute "
+               "the norm in fp32 (x.float(), then cast back).")
+    return _diag(ev, "division_by_zero", f"division by zero at {ev.where}", lines, fix)
+
+
+@rule("domain_error")
+def domain_error(ev: Evidence) -> Diagnosis | None:
+    op = ev.opname
+    if op not in DOMAIN_OPS or not ev.operands:
+        return None
+    x = ev.operands[0]
+    lines = []
+    if op in {"log", "log2", "log10", "sqrt", "rsqrt", "pow", "lgamma"} and x.negatives:
+        lines.append(f"{ev.op} of {x.negatives} negative value(s), min {_g(x.min)}")
+    elif op in {"log", "log2", "log10"} and x.zeros:
+        lines.append(f"{ev.op} of {x.zeros} zero(s) → −inf")
+    elif op == "log1p" and x.min is not None and x.min <= -1:
+        lines.append(f"log1p of values ≤ −1 (min {_g(x.min)})")
+    elif op in {"acos", "asin", "atanh", "erfinv"} and x.absmax is not None and x.absmax > 1:
+        lines.append(f"{ev.op} of values outside [−1, 1] (absmax {_g(x.absmax)})")
+    elif op == "acosh" and x.min is not None and x.min < 1:
+        lines.append(f"acosh of values < 1 (min {_g(x.min)})")
+    if not lines:
+        return None
+    return _diag(ev, "domain_error", f"{op} outside its domain at {ev.where}", lines,
+                 f"Clamp the argument into {op}'s domain (e.g. x.clamp_min(eps) before log/sqrt) or fix the upstream "
+                 "sign error that made it negative.")
+
+
+@rule("overflow")
+def overflow(ev: Evidence) -> Diagnosis | None:
+    if ev.kind not in ("posinf", "neginf") or ev.role != "producer":
+        return None
+    if any(not o.finite for o in ev.operands):
+        return None
+    run = ev.dtype or "the run dtype"
+    dt = ev.dtype if ev.dtype and ev.dtype != "fp32" else None
+    lim = ev.range.max if ev.range is not None else None
+    true = ev.true_absmax()
+    if true is not None and lim and ev.range:
+        head = f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}"
+        if ev.op_absmax is not None:
+            head += " (the op re-run in float64 from its operands)"
+    else:
+        head = f"result of {ev.where} exceeds the largest finite {run} value"
+    ok = ev.finite_in()
+    if ok:
+        head += "; finite in " + ", ".join(ok)
+    operand_line = "operands finite: absmax " + ", ".join(_g(o.absmax) for o in ev.tensor_operands()[:3])
+    lines = [head, operand_line]
+    if ev.is_fp8_run():
+        fix = ("In fp8, check the scaling recipe: scale by amax (rowwise for activations with outliers), compute "
+               "amax/scale in fp32 and clamp amax with an eps; keep this module in bf16 if needed (`nanhunter bisect`).")
+        what = "fp8"
+    elif ev.is_attention() and ev.opname in MATMUL_OPS:
+        fix = ("Attention scores overflow: run in bf16 (or fp32), use fused SDPA / flash attention (it scales "
+               "before the matmul), or upcast q and k to fp32 for the q·kᵀ scores.")
+        what = "attention scores"
+    elif ev.opname in {"add", "add_", "sub"} and (ev.is_block or "layer" in (ev.module_type or "").lower()
+                                                   or "block" in (ev.module_type or "").lower()):
+        fix = ("The residual stream passed the dtype's max: run in bf16 (or fp32); in fp16, clamp or rescale "
+               "activations (e.g. clamp to finfo.max − 1000 as T5 does) or keep the residual in fp32.")
+        what = "residual stream"
+    elif ev.opname in MATMUL_OPS or "linear" in (ev.module_type or "").lower():
+        fix = (f"Keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
+               "smallest such set; transformers' _keep_in_fp32_modules), or run in bf16.")
+        what = "matmul"
+    else:
+        fix = (f"Run in bf16 or fp32, or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds the "
+               "smallest set); rescale the values that feed it.")
+        what = ev.opname or "op"
+    return _diag(ev, "overflow", f"{what} overflow in {run} at {ev.where}", lines, fix)
+
+
+@rule("compile_divergence")
+def compile_divergence(ev: Evidence) -> Diagnosis | None:
+    c = ev.compile
+    if not c or not c.get("eager_finite"):
+        return None
+    where = ev.module or "<root>"
+    how = (f"non-finite ({ev.kind})" if not c["compiled_finite"]
+           else f"{_g(c['max_rel_err'])} apart (max_rel_err > rtol {c['rtol']:g})")
+    lines = [f"input #{c['input_index']} ({c['input_label']}): eager finite, torch.compile ({c['backend']}) {how}",
+             f"{where} ({ev.module_type}) compiled alone on eager's inputs parts from eager "
+             + ("(non-finite)" if not c["module_compiled_finite"] else f"(rel_err {_g(c['module_rel_err'])})")]
+    if c["children_alike"]:
+        lines.append(f"its children {', '.join(c['children_alike'])} match eager when compiled alone: the "
+                     "difference comes from fusing across them (an intermediate kept in higher precision)")
+    emu = c.get("emulate_precision_casts")
+    closes = bool(emu) and emu["compiled_finite"] and emu["max_rel_err"] <= c["rtol"]
+    if emu:
+        lines.append(f"re-run with torch._inductor.config.emulate_precision_casts = True: compiled "
+                     f"{'finite' if emu['compiled_finite'] else 'non-finite'}, max_rel_err {_g(emu['max_rel_err'])}"
+                     f" — {'closes' if closes else 'does not close'} the gap")
+    if closes:
+        fix = ("Set torch._inductor.config.emulate_precision_casts = True (or TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1)"
+               ": inductor then rounds intermediates to their dtype as eager does, and the compiled run matches.")
+    else:
+        fix = (f"Keep the numerics of {where} stable under fusion: compute its sensitive part (norm, amax, scale) in "
+               "fp32 explicitly, add an eps or clamp where a tiny difference can become 0 or inf, or leave it out "
+               "of the compiled graph (torch.compiler.disable).")
+    return _diag(ev, "compile_divergence", f"torch.compile parts from eager at {where}", lines, fix)
+
+
+@rule("unknown")
+def unknown(ev: Evidence) -> Diagnosis | None:
+    if ev.role is None and not ev.weights_nonfinite:
+        return None
+    ops = ", ".join(f"{o.dtype}{o.shape} absmax {_g(o.absmax)}" for o in ev.tensor_operands()[:3])
+    return _diag(ev, "unknown", f"{ev.kind} first appears at {ev.where}; no rule explains it",
+                 [f"operands: {ops}" if ops else None],
+                 "Inspect the op's operands (see the replay matrix); try bf16/fp32 or keep this module in fp32 "
+                 "(`nanhunter bisect`).")
+
+
+BACKWARD_FIX = {
+    "division_by_zero": "The gradient divides by zero (the derivative of sqrt, rsqrt, x**p or a norm at 0 is "
+                        "infinite): put the eps inside, sqrt(x + eps) or (x.pow(2).sum() + eps).sqrt(), not sqrt(x) + "
+                        "eps; gradient clipping does not help a NaN.",
+    "domain_error": "The gradient of this op is undefined at these values: clamp its input into the domain in the "
+                    "forward (the clamp also bounds the derivative); gradient clipping does not help a NaN.",
+    "overflow": "The gradient overflowed the dtype: use loss scaling with a dynamic GradScaler (it backs off on "
+                "overflow), compute gradients in bf16 instead of fp16, or keep this module in fp32 (`nanhunter "
+                "bisect --backward`); clipping comes too late once a gradient is inf.",
+}
+
+
+def diagnose(ev: Evidence) -> Diagnosis | None:
+    for _, fn in RULES:
+        d = fn(ev)
+        if d is not None:
+            if ev.phase == "backward" and ev.role == "producer":
+                node = f" ({ev.grad_fn})" if ev.grad_fn else ""
+                d.summary = f"backward{node}: {d.summary}"
+                d.fix = BACKWARD_FIX.get(d.cause, d.fix + " Gradient clipping does not help a NaN.")
+            return d
+    return None

@@ -1,0 +1,232 @@
+"""Replay: re-run the failing region from its captured inputs in every dtype, against float64.
+
+The region is the producer module (optionally with its parent, when the NaN only shows one
+module later). A deep copy of the module is cast to each dtype's compute dtype with its inputs
+(the one dtype rule: ``RunDtype``); fp8 modes run under fp8 emulation with the run's recipe.
+Relative error = max |y - ref| / max |ref| over
+the finite float outputs, against the same region run in float64.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..dtypes import REPLAY_DTYPES, RunDtype
+from ..model.execute import run_context
+from ..tree import cast_floats, detached_copy, float_tensors
+
+
+def float_outputs(out: Any) -> list[torch.Tensor]:
+    """The floating tensors of a module's output, detached, in a fixed order."""
+    return [t.detach() for _, t in float_tensors(out)]
+
+
+def rel_err(outs: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """max |a - b| / max |b| over all float outputs (inf when non-finite or mismatched)."""
+    num = den = 0.0
+    if len(outs) != len(ref):
+        return math.inf
+    for a, b in zip(outs, ref):
+        a64, b64 = a.double(), b.double()
+        if a64.shape != b64.shape or not bool(torch.isfinite(a64).all()):
+            return math.inf
+        if a64.numel():
+            num = max(num, float((a64 - b64).abs().max()))
+            den = max(den, float(b64.abs().max()))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | torch.dtype) -> list[torch.Tensor]:
+    """A deep copy of ``module`` run on ``args``/``kwargs`` at ``run``'s precision (or a plain torch
+    dtype such as float64 for the reference); the module and inputs given are not changed."""
+    tdt = run.torch_compute if isinstance(run, RunDtype) else run
+    m = copy.deepcopy(module).to(tdt).eval()
+    a, kw = cast_floats(detached_copy((args, kwargs)), tdt)  # in-place ops and caches change inputs
+    with torch.no_grad(), run_context(run if isinstance(run, RunDtype) else None):
+        out = m(*a, **kw)
+    return float_outputs(out)
+
+
+def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[str, Any]:
+    nan = pos = neg = 0
+    absmax = None
+    comparable = ref is not None and len(ref) == len(outs)
+    for t in outs:
+        f = t.detach().double()
+        isn, isi = torch.isnan(f), torch.isinf(f)
+        nan += int(isn.sum())
+        pos += int((isi & (f > 0)).sum())
+        neg += int((isi & (f < 0)).sum())
+        fin = f[~(isn | isi)]
+        if fin.numel():
+            a = float(fin.abs().max())
+            absmax = a if absmax is None else max(absmax, a)
+    finite = not (nan or pos or neg)
+    rel = None
+    if finite and comparable and all(bool(torch.isfinite(r).all()) for r in ref):
+        rel = rel_err(outs, ref)
+    return {"finite": finite, "nan": nan, "posinf": pos, "neginf": neg, "absmax": absmax, "rel_err": rel}
+
+
+def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = None) -> dict[str, dict]:
+    """The replay matrix: each of fp32, bf16, fp16, fp8-e4m3, fp8-e5m2 (and fp64 as reference),
+    fp8 columns with ``run``'s fp8 recipe."""
+    run = run or RunDtype.of("fp32")
+    try:
+        ref = run_region(module, args, kwargs, torch.float64)
+    except Exception:  # some ops have no float64 kernel on this device
+        ref = None
+    matrix: dict[str, dict] = {}
+    for d in REPLAY_DTYPES:
+        try:
+            outs = run_region(module, args, kwargs, run.with_name(d))
+            matrix[d] = summarize(outs, ref)
+        except Exception as e:
+            matrix[d] = {"finite": False, "nan": 0, "posinf": 0, "neginf": 0, "absmax": None, "rel_err": None,
+                         "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    if ref is not None:
+        matrix["fp64"] = summarize(ref, ref)
+    return matrix
+
+
+# --- training faults: the failing module's backward, one parameter's optimizer step --------------
+
+
+def backward_region(model: nn.Module, step: Any, module_name: str, call_index: int) -> tuple[nn.Module, tuple, dict,
+                                                                                             list[Any]]:
+    """Run ``step()`` (the failing step's forward and backward) and keep, of ``module_name``'s
+    ``call_index``-th call, copies of its inputs and of the gradients that reached its floating
+    outputs (None for an output no gradient reached). Returns (module, args, kwargs, grads)."""
+    target = model.get_submodule(module_name) if module_name else model
+    seen = {"n": 0}
+    box: dict[str, Any] = {}
+
+    def keep_grad(i: int) -> Any:
+        def hook(g: torch.Tensor) -> None:
+            box["grads"][i] = g.detach().clone()
+        return hook
+
+    def pre(mod: nn.Module, args: tuple, kw: dict) -> None:
+        if seen["n"] == call_index:
+            box["args"], box["kwargs"] = detached_copy(args), detached_copy(kw)
+
+    def post(mod: nn.Module, args: tuple, kw: dict, out: Any) -> None:
+        if seen["n"] == call_index:
+            outs = float_tensors(out)
+            box["grads"] = [None] * len(outs)
+            for i, (_, t) in enumerate(outs):
+                if t.requires_grad:
+                    t.register_hook(keep_grad(i))
+        seen["n"] += 1
+
+    handles = [target.register_forward_pre_hook(pre, with_kwargs=True),
+               target.register_forward_hook(post, with_kwargs=True)]
+    try:
+        step()
+    finally:
+        for h in handles:
+            h.remove()
+    if "args" not in box or "grads" not in box:
+        raise RuntimeError(f"module {module_name!r} call {call_index} did not happen on re-run")
+    return target, box["args"], box["kwargs"], box["grads"]
+
+
+def _leaf_inputs(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Floating tensors of ``obj`` as fresh leaves that require grad (the region's inputs)."""
+    from ..tree import map_tensors
+
+    leaves: list[torch.Tensor] = []
+
+    def mark(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t = t.detach().requires_grad_(True)
+            leaves.append(t)
+        return t
+    return map_tensors(obj, mark), leaves
+
+
+def run_backward_region(module: nn.Module, args: tuple, kwargs: dict, grads: list[Any],
+                        run: RunDtype | torch.dtype) -> list[torch.Tensor]:
+    """A deep copy of ``module`` at ``run``'s precision: forward from copies of ``args``/``kwargs``,
+    backward from ``grads`` (cast to it); the gradients it produces w.r.t. its floating inputs and
+    its parameters, in a fixed order."""
+    tdt = run.torch_compute if isinstance(run, RunDtype) else run
+    m = copy.deepcopy(module).to(tdt).train(module.training)
+    (a, kw), leaves = _leaf_inputs(cast_floats(detached_copy((args, kwargs)), tdt))
+    params = [p for p in m.parameters() if p.requires_grad]
+    with torch.enable_grad(), run_context(run if isinstance(run, RunDtype) else None):
+        out = m(*a, **kw)
+        outs = [t for _, t in float_tensors(out)]
+        pairs = [(t, g.to(tdt)) for t, g in zip(outs, grads) if g is not None and t.requires_grad]
+        wrt = leaves + params
+        if not pairs or not wrt:
+            return []
+        res = torch.autograd.grad([t for t, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+    return [g.detach() for g in res if g is not None]
+
+
+def backward_replay(module: nn.Module, args: tuple, kwargs: dict, grads: list[Any],
+                    run: RunDtype | None = None) -> dict[str, dict]:
+    """The replay matrix of a backward fault: the failing module's forward and backward from its
+    captured inputs and the gradient that reached its outputs, in each dtype; the entries measure
+    the gradients it produces (w.r.t. its inputs and parameters) against float64."""
+    run = run or RunDtype.of("fp32")
+    try:
+        ref = run_backward_region(module, args, kwargs, grads, torch.float64)
+    except Exception:  # some ops have no float64 kernel on this device
+        ref = None
+    matrix: dict[str, dict] = {}
+    for d in REPLAY_DTYPES:
+        try:
+            matrix[d] = summarize(run_backward_region(module, args, kwargs, grads, run.with_name(d)), ref)
+        except Exception as e:
+            matrix[d] = _failed_entry(e)
+    if ref is not None:
+        matrix["fp64"] = summarize(ref, ref)
+    return matrix
+
+
+def _failed_entry(e: Exception) -> dict[str, Any]:
+    return {"finite": False, "nan": 0, "posinf": 0, "neginf": 0, "absmax": None, "rel_err": None,
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+
+
+def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad: torch.Tensor,
+                     state: dict[str, torch.Tensor], run: RunDtype | None = None) -> dict[str, dict]:
+    """The replay matrix of an optimizer fault: one parameter's ``step()`` from its value, gradient
+    and optimizer state before the step, with a fresh optimizer of the same class and
+    hyperparameters, parameter, gradient and floating state cast to each dtype; the entries
+    measure the parameter after the step against the same step in float64. fp8 columns store
+    the parameter in fp8's compute dtype under fp8 emulation (optimizers run no matmul, so they
+    match it)."""
+    run = run or RunDtype.of("fp32")
+
+    def one(r: RunDtype | torch.dtype) -> list[torch.Tensor]:
+        tdt = r.torch_compute if isinstance(r, RunDtype) else r
+        p = nn.Parameter(weight.detach().to(tdt).clone())
+        p.grad = grad.detach().to(tdt).clone()
+        o = cls([p], **hyper)
+        o.state[p] = {k: (v.detach().to(tdt).clone() if v.is_floating_point() and v.dim() else v.detach().clone())
+                      for k, v in state.items()}
+        with run_context(r if isinstance(r, RunDtype) else None):
+            o.step()
+        return [p.detach()]
+
+    try:
+        ref = one(torch.float64)
+    except Exception:
+        ref = None
+    matrix: dict[str, dict] = {}
+    for d in REPLAY_DTYPES:
+        try:
+            matrix[d] = summarize(one(run.with_name(d)), ref)
+        except Exception as e:
+            matrix[d] = _failed_entry(e)
+    if ref is not None:
+        matrix["fp64"] = summarize(ref, ref)
+    return matrix

@@ -1,0 +1,282 @@
+"""Static weights scan: non-finite values and dtype headroom, tensor by tensor.
+
+Fast path per tensor: one ``torch.aminmax`` pass (NaN propagates, memory speed) gives
+finite-or-not and absmax, hence overflow headroom for every target dtype exactly. Full counts
+and the first bad index are computed only for non-finite tensors. Underflow (how much of the
+tensor flushes to zero or goes subnormal in fp16) needs a pass of its own; by default it is
+estimated on a fixed strided sample (``SAMPLE`` elements, marked ``sampled``), and
+``stats="full"`` computes it exactly (15-20x slower than the fast path on CPU, measured in
+BENCHMARKS.md).
+
+Memory stays flat whatever the checkpoint's size: tensors arrive from the loader in bounded
+read-only pieces (``Checkpoint.scan_items``: one memory-map window at a time, holes of sparse
+files as runs of zeros) and are accumulated piece by piece (``TensorStatsAccumulator``); the slow
+paths (a piece holding NaN/Inf, the exact underflow pass, 1-byte dtypes widened to fp32) work on
+``CHUNK``-element slices. Nothing here writes to a tensor it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..dtypes import HEADROOM_DTYPES, limits
+from .checkpoint import Checkpoint, ScanItem
+
+SAMPLE = 65536
+CHUNK = 1 << 18  # elements per slice on the slow paths: temporaries of ~1 MB, cache-resident
+SERIAL = 32768  # slice of the underflow sample: at torch's parallel grain size, so its small ops run
+# inline instead of waking OpenMP workers (measured 26-120 ms -> ~1 ms per tensor on a busy 2-core box)
+
+
+@dataclass
+class TensorScan:
+    name: str
+    dtype: str
+    shape: list[int]
+    numel: int
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    first_index: list[int] | None = None
+    absmax: float | None = None
+    min_nonzero: float | None = None
+    overflows: dict[str, bool] = field(default_factory=dict)
+    headroom: dict[str, float] = field(default_factory=dict)  # dtype max / absmax
+    fp16_zero_frac: float | None = None       # non-zero values that become 0 in fp16
+    fp16_subnormal_frac: float | None = None  # values that become fp16 subnormals
+    sampled: bool = False
+    skipped: str | None = None
+
+    @property
+    def finite(self) -> bool:
+        return not (self.nan or self.posinf or self.neginf)
+
+    def nonfinite_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
+                "posinf": self.posinf, "neginf": self.neginf, "first_index": self.first_index}
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        return d
+
+
+@dataclass
+class WeightsScan:
+    tensors: list[TensorScan]
+    n_tensors: int
+    n_skipped: int
+    bytes: int
+
+    @property
+    def nonfinite(self) -> list[TensorScan]:
+        return [t for t in self.tensors if not t.finite]
+
+    def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
+        """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
+        return [t for t in self.tensors if t.finite and t.headroom.get(dtype) is not None
+                and t.headroom[dtype] < factor]
+
+
+def _unravel(flat: int, shape: list[int]) -> list[int]:
+    out = []
+    for s in reversed(shape):
+        out.append(flat % s if s else 0)
+        flat //= s if s else 1
+    return list(reversed(out))
+
+
+def _count_underflow(flat, chunk: int, c: list) -> None:
+    """Add to ``c`` = [finite, flushed to 0 in fp16, fp16 subnormal, min |x| > 0] the values of 1-D ``flat``.
+
+    ``chunk`` elements at a time with counts (no boolean-index copies), so temporaries stay
+    small whatever the size; ``flat`` is only read.
+    """
+    import torch
+
+    fp16 = limits("fp16")
+    # fp16 rounds to nearest: below half the smallest subnormal a value becomes 0.
+    half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
+    for s in range(0, flat.numel(), chunk):
+        a = flat[s: s + chunk].float().abs()
+        # comparisons are False for NaN and +inf is above every bound, so finite values are the
+        # a < inf ones, and the bands below count finite values only (cheaper than isfinite).
+        c[0] += int(torch.count_nonzero(a < math.inf))
+        gt0 = a > 0
+        below_half = a < half_sub
+        n_below_half = int(torch.count_nonzero(below_half))
+        c[1] += int(torch.count_nonzero(gt0 & below_half))
+        c[2] += int(torch.count_nonzero(a < normal)) - n_below_half  # half_sub <= a < normal
+        c[3] = min(c[3], float(torch.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
+
+
+def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
+    """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values).
+
+    One ``aminmax`` pass when ``t`` is all-finite. Otherwise (and for 1-byte dtypes, which
+    ``quick_row`` widens to fp32) ``t`` is walked ``CHUNK`` elements at a time: a finite chunk
+    costs one ``aminmax``, only chunks holding NaN/Inf go through ``full_row``; counts add up,
+    the first index is the first bad chunk's, absmax is the max over chunks.
+    """
+    from ..kernels.reference import full_row, quick_row
+    from ..stats import TensorStats
+
+    n = t.numel()
+    if t.element_size() > 1 or n <= CHUNK:
+        quick = quick_row(t)
+        if quick is not None:
+            return 0, 0, 0, None, quick[1][0]
+        if n <= CHUNK:
+            ints, floats = full_row(t)
+            st = TensorStats.from_row(ints.tolist(), floats.tolist())
+            return st.nan, st.posinf, st.neginf, st.first_nonfinite, st.absmax
+    flat = t.reshape(-1)
+    nan = posinf = neginf = 0
+    first: int | None = None
+    absmax: float | None = None
+    for s in range(0, n, CHUNK):
+        c = flat[s: s + CHUNK]
+        quick = quick_row(c)
+        if quick is not None:
+            a = quick[1][0]
+        else:
+            ints, floats = full_row(c)
+            st = TensorStats.from_row(ints.tolist(), floats.tolist())
+            nan, posinf, neginf = nan + st.nan, posinf + st.posinf, neginf + st.neginf
+            if first is None and st.first_nonfinite is not None:
+                first = s + st.first_nonfinite
+            a = st.absmax
+        if a is not None:
+            absmax = a if absmax is None else max(absmax, a)
+    return nan, posinf, neginf, first, absmax
+
+
+class TensorStatsAccumulator:
+    """Statistics of one tensor fed piece by piece: consecutive runs of its flat elements.
+
+    Counts add up, the first non-finite index is the first piece's that has one, absmax is the
+    max over pieces. The fp16 underflow pass is exact over every piece with ``exact``, else it
+    runs on the same fixed strided sample as a whole-tensor scan would take (``SAMPLE``
+    elements, every ``numel // SAMPLE``-th), counted piece by piece as the pieces pass.
+    """
+
+    def __init__(self, numel: int, dtype, exact: bool):
+        import torch
+
+        self.nan = self.posinf = self.neginf = 0
+        self.first: int | None = None
+        self.absmax: float | None = None
+        self.underflow = dtype != torch.float16 or exact  # already fp16: nothing changes when cast
+        self.step = numel // SAMPLE if not exact and numel > SAMPLE else 0
+        self.counts: list = [0, 0, 0, math.inf]
+
+    def _absmax(self, a: float | None) -> None:
+        if a is not None:
+            self.absmax = a if self.absmax is None else max(self.absmax, a)
+
+    def _sample_range(self, first: int, count: int) -> tuple[int, int]:
+        """(offset within the piece of its first sampled element, how many sampled elements)."""
+        k_lo = -(-first // self.step)
+        k_hi = min(SAMPLE, -(-(first + count) // self.step))
+        return k_lo * self.step - first, max(0, k_hi - k_lo)
+
+    def add(self, first: int, piece) -> None:
+        """Elements ``first .. first + piece.numel()`` of the flattened tensor (``piece`` is 1-D, only read)."""
+
+        nan, posinf, neginf, bad, a = _value_stats(piece)
+        self.nan, self.posinf, self.neginf = self.nan + nan, self.posinf + posinf, self.neginf + neginf
+        if self.first is None and bad is not None:
+            self.first = first + bad
+        self._absmax(a)
+        if not self.underflow:
+            return
+        if self.step:  # counts add up: the sample is counted piece by piece, nothing is kept
+            off, k = self._sample_range(first, piece.numel())
+            if k:
+                _count_underflow(piece[off:: self.step][:k], SERIAL, self.counts)
+        else:
+            _count_underflow(piece, CHUNK, self.counts)
+
+    def add_zeros(self, first: int, count: int) -> None:
+        """Elements ``first .. first + count`` are all zero (a hole of a sparse file)."""
+
+        self._absmax(0.0)
+        if self.underflow:  # zeros are finite, neither flushed to zero nor subnormal
+            self.counts[0] += self._sample_range(first, count)[1] if self.step else count
+
+    def finish(self, ts: TensorScan, shape: list[int]) -> TensorScan:
+
+        ts.nan, ts.posinf, ts.neginf, ts.absmax = self.nan, self.posinf, self.neginf, self.absmax
+        if not ts.finite:
+            ts.first_index = _unravel(self.first, shape) if self.first is not None else None
+        for target in HEADROOM_DTYPES:
+            mx = limits(target).max
+            ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
+            ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
+        if not self.underflow:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, None
+            return ts
+        ts.sampled = bool(self.step)
+        n, flush, sub, mn = self.counts
+        if n:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = flush / n, sub / n
+            ts.min_nonzero = mn if mn < math.inf else None
+        else:
+            ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, 0.0
+        return ts
+
+
+def _skip_reason(dtype, tag: str) -> str | None:
+    from ..dtypes import name_of
+
+    if dtype is None:
+        return f"dtype {tag} is not scanned (torch cannot hold it element-wise)"
+    if not dtype.is_floating_point:
+        return "not floating point"
+    if name_of(dtype) is None:
+        return f"dtype {tag} is not scanned"
+    return None
+
+
+def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
+    """Scan one in-memory tensor (read only)."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    ts = TensorScan(name, dtype, list(t.shape), t.numel())
+    ts.skipped = _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None)
+    if ts.skipped:
+        return ts
+    acc = TensorStatsAccumulator(t.numel(), t.dtype, exact)
+    acc.add(0, t.reshape(-1))
+    return acc.finish(ts, list(t.shape))
+
+
+def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
+    """Scan one streamed tensor of a checkpoint, piece by piece (flat memory whatever its size)."""
+    ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
+    ts.skipped = _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None)
+    if ts.skipped or item.pieces is None:
+        return ts
+    acc = TensorStatsAccumulator(item.numel, item.torch_dtype, exact)
+    for first, count, piece in item.pieces:
+        if piece is None:
+            acc.add_zeros(first, count)
+        else:
+            acc.add(first, piece)
+        del piece  # drop the view so its window can be unmapped
+    return acc.finish(ts, item.shape)
+
+
+def scan_weights(ck: Checkpoint, exact: bool = False,
+                 progress: Callable[[str, int], None] | None = None) -> WeightsScan:
+    """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
+    out: list[TensorScan] = []
+    skipped = 0
+    for item in ck.scan_items():
+        ts = scan_item(item, exact)
+        if ts.skipped:
+            skipped += 1
+        out.append(ts)
+        if progress is not None:
+            progress(item.name, item.nbytes)
+    return WeightsScan(out, len(out), skipped, ck.nbytes)

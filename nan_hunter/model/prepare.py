@@ -1,0 +1,120 @@
+"""Everything a run needs, built once from the CLI's or the API's options (scan, bisect and
+check share it): the checkpoint, the model and tokenizer, the batches, the ``RunDtype`` (the one
+dtype rule) and the device."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..config import Config
+from ..dtypes import RUN_DTYPES, RunDtype, UnknownDtype, canonical, name_of
+from ..errors import BadInput
+from ..load.checkpoint import Checkpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .placement import Placement
+
+DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built once (scan, bisect and check share it)."""
+
+    ck: Checkpoint
+    model: Any
+    tokenizer: Any
+    how: str | None
+    batches: list[Any]
+    labels: list[str]
+    run: RunDtype
+    device: Any
+    cfg: Config
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dtype(self) -> str:
+        return self.run.name
+
+
+def checkpoint_dtype(ck: Checkpoint) -> str | None:
+    counts: Counter = Counter()
+    for name in ck.names():
+        e = ck.entries.get(name)
+        tag = e.dtype if e else None
+        m = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "F64": "fp32"}.get(tag or "")
+        if m is None and e is None:
+            m = name_of(ck.tensor(name).dtype)
+        if m in ("fp32", "fp16", "bf16"):
+            counts[m] += e.numel if e else 1
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None:
+    """A user's dtype name → its canonical run dtype name; exit 2 (BadInput) for anything else."""
+    if dtype is None:
+        return None
+    try:
+        d = canonical(dtype)
+    except UnknownDtype as e:
+        raise BadInput(f"{flag}: {e}") from None
+    if d not in RUN_DTYPES:
+        raise BadInput(f"{flag}: {dtype!r} cannot be run; use one of {', '.join(RUN_DTYPES)}")
+    return d
+
+
+def run_dtype(name: str, cfg: Config) -> RunDtype:
+    """The one place a run's ``RunDtype`` is built: the dtype name with the configured fp8 recipe."""
+    return RunDtype.of(name, cfg.fp8.recipe())
+
+
+def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts: list[str] | None,
+            data: str | None, dtype: str | None, device: str, cfg: Config, attn: str | None = None,
+            need_model: bool = False, placement: Placement | None = None) -> Prepared | None:
+    """``placement`` (``--device-map auto``): the model is placed by accelerate in the run's
+    compute dtype and takes its inputs on its first device; ``device`` is then not used."""
+    from .build import build_model
+    from .execute import cast_batch, cast_model, resolve_device
+    from .inputs import batch_notes, build_batches
+
+    dt = parse_dtype(dtype)
+    if placement is not None:
+        from .placement import build_placed, input_device
+
+        placed = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
+        model, tok, how = build_placed(ck, arch, attn, placement, placed.torch_compute)
+        dev = input_device(model)
+    else:
+        dev = resolve_device(device)
+        model, tok, how = build_model(ck, arch, attn)
+    if model is None:
+        if inputs or prompts or data:
+            raise BadInput("inputs were given but no model can be built: pass --arch file.py:factory "
+                           "(or use a Hugging Face directory with config.json)")
+        if need_model:
+            raise BadInput("this command needs a model: pass --arch file.py:factory or a Hugging Face directory")
+        return None
+    notes = []
+    batches = build_batches(model, tok, inputs, prompts, data)
+    if not batches:
+        if tok is None:
+            if need_model:
+                raise BadInput("no inputs: pass --inputs FILE.safetensors (or --prompt/--data with a tokenizer)")
+            return Prepared(ck, model, tok, how, [], [], run_dtype(dt or "fp32", cfg), dev, cfg,
+                            ["model built, but no inputs given: weights-only scan "
+                             "(pass --inputs, --prompt or --data to run it)"])
+        batches = build_batches(model, tok, None, [DEFAULT_PROMPT], None)
+        notes.append(f"no inputs given: ran the default prompt {DEFAULT_PROMPT!r}")
+    notes += batch_notes(batches)
+    run = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
+    if placement is None:
+        model = cast_model(model, run, dev)
+    else:
+        from .placement import placement_notes
+
+        model = model.eval()
+        notes += placement_notes(model)
+    kw = [cast_batch(b.kwargs, run, dev) for b in batches]
+    return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes)

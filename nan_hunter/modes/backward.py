@@ -1,0 +1,161 @@
+"""``nanhunter scan ... --backward [--loss file.py:fn]``: each input's forward then the backward of
+a loss, under ``watch(level="modules", backward=True)``.
+
+The loss: ``fn(outputs, batch) -> scalar tensor`` from ``--loss`` (loaded as ``--arch`` code is:
+no ``__pycache__`` written, ``sys.exit`` is an error), else the model's own, for Hugging Face
+causal LMs: ``labels`` = ``input_ids`` with padding positions (``attention_mask`` 0) set to -100,
+passed through the model's ``labels=`` argument. Gradients are computed into ``.grad`` and
+cleared after each input; the weights never change (no optimizer step).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ..model.prepare import Prepared
+    from ..report import Report
+
+
+@dataclass
+class Loss:
+    """How one batch becomes a scalar to differentiate: extra forward arguments, then the value."""
+
+    describe: str
+    extra: Callable[[dict[str, Any]], dict[str, Any]]
+    value: Callable[[Any, dict[str, Any]], Any]
+
+    def of(self, model: Any, kw: dict[str, Any]) -> torch.Tensor:
+        """Forward (with grad) and the loss of batch ``kw``; bad outputs of the user's code are BadInput."""
+        return self.run(model, kw)[1]
+
+    def run(self, model: Any, kw: dict[str, Any]) -> tuple[Any, torch.Tensor]:
+        """(the model's outputs, the loss) of batch ``kw``, forward with grad."""
+        import torch
+
+        try:
+            out = model(**kw, **self.extra(kw))
+        except BadInput:
+            raise
+        except Exception as e:
+            raise BadInput(f"the model raised {type(e).__name__} in {type(model).__name__}.forward(): "
+                           f"{_line(e)}; check that the inputs match what the model expects") from None
+        try:
+            val = self.value(out, kw)
+        except SystemExit as e:
+            raise BadInput(f"--loss: {self.describe} called sys.exit({e.code!r}); it must return a scalar tensor") from None
+        except BadInput:
+            raise
+        except Exception as e:
+            raise BadInput(f"--loss: {self.describe} raised {type(e).__name__}: {_line(e)}") from None
+        if not (isinstance(val, torch.Tensor) and val.numel() == 1 and val.is_floating_point()):
+            raise BadInput(f"--loss: {self.describe} returned {type(val).__name__}"
+                           f"{'' if not isinstance(val, torch.Tensor) else f' of shape {list(val.shape)}'}, "
+                           "not a floating scalar tensor")
+        if not val.requires_grad:
+            raise BadInput(f"--loss: {self.describe} returned a tensor that does not depend on the model's "
+                           "parameters (no grad_fn); return a loss computed from the outputs")
+        return out, val.reshape(())
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:300] if s else ""
+
+
+def is_causal_lm(model: Any) -> bool:
+    """A transformers causal LM whose forward takes ``labels`` (it computes its own loss)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    if not isinstance(model, PreTrainedModel) or not type(model).__name__.endswith("ForCausalLM"):
+        return False
+    return "labels" in inspect.signature(model.forward).parameters
+
+
+def causal_lm_labels(kw: dict[str, Any]) -> dict[str, Any]:
+    if "labels" in kw:  # an --inputs file that brings its own labels
+        return {}
+    ids = kw.get("input_ids")
+    if ids is None:
+        raise BadInput("--backward: the model's own loss needs input_ids (labels = input_ids); give --prompt, --data "
+                       "or --inputs with input_ids, or pass --loss file.py:fn")
+    labels = ids.clone()
+    mask = kw.get("attention_mask")
+    if mask is not None and mask.shape == ids.shape:
+        labels[mask == 0] = -100  # padding positions take no loss
+    return {"labels": labels}
+
+
+def load_loss(model: Any, spec: str | None) -> Loss:
+    """``--loss file.py:fn`` (or ``package.module:fn``), else the causal LM's own loss; neither: exit 2."""
+    if spec:
+        from ..model.build import load_factory
+
+        try:
+            fn = load_factory(spec)
+        except BadInput as e:
+            raise BadInput(str(e).replace("--arch", "--loss", 1).replace("must return an nn.Module",
+                                                                         "must return a loss")) from None
+        return Loss(f"{spec}", lambda kw: {}, fn)
+    if is_causal_lm(model):
+        return Loss(f"{type(model).__name__}'s own loss (labels = input_ids)", causal_lm_labels,
+                    lambda out, kw: out.loss)
+    raise BadInput(f"--backward: {type(model).__name__} is not a Hugging Face causal LM, so there is no loss of its own "
+                   "to differentiate; pass --loss file.py:fn with fn(outputs, batch) -> scalar tensor")
+
+
+def run_backward(p: Prepared, rep: Report, loss_spec: str | None, replay: bool = True) -> None:
+    """Every input's forward and backward under a watch; the first fault located (forward,
+    backward: module, aten op, autograd node, source line), replayed and diagnosed into ``rep``."""
+    import torch
+
+    from ..model.execute import run_context
+    from ..session.watcher import Watch
+    from .capsule_step import report_from_watch
+
+    loss = load_loss(p.model, loss_spec)
+    model = p.model
+    params = [q for q in model.parameters() if q.is_floating_point()]
+    for q in params:
+        q.requires_grad_(True)
+
+    def step(kw: dict[str, Any]) -> None:
+        with run_context(p.run):
+            with torch.enable_grad():
+                val = loss.of(model, kw)
+            val.backward()
+        model.zero_grad(set_to_none=True)
+
+    w = Watch(model, level="modules", backward=True, dtype=p.run)
+    with w:
+        for kw in p.batches:
+            step(kw)
+    wrep = w.report()
+    rep.notes.append(f"--backward: forward then backward of {loss.describe} for each input")
+    f = wrep.first_nonfinite
+    idx = f.input_index if f is not None else 0
+    kw = p.batches[idx] if p.batches else {}
+
+    def forward() -> Any:
+        with torch.no_grad(), run_context(p.run):
+            return model(**kw, **loss.extra(kw))
+
+    def train() -> None:
+        with run_context(p.run):
+            with torch.enable_grad():
+                val = loss.of(model, kw)
+            torch.autograd.grad(val, [q for q in model.parameters() if q.requires_grad], allow_unused=True)
+
+    report_from_watch(rep, wrep, model, p.run, p.cfg, p.labels[idx] if p.labels else "", step=0, forward=forward,
+                      train=train, replay=replay, device=p.device, labels=p.labels)
+    if rep.run is not None:
+        rep.run["loss"] = loss.describe

@@ -1,0 +1,535 @@
+"""``nanhunter scan DIR/step-<k>``: rebuild a capsule's model and re-run its failing step on a
+machine that never saw the job, then report it as a scan does.
+
+Rebuild: the HF config in ``capsule.json`` with the transformers class it names (a
+``PreTrainedModel`` subclass exported by ``transformers``; a config asking for its own code,
+``auto_map``, is refused, and nothing runs with ``trust_remote_code``), or the ``arch`` factory
+(``--arch`` overrides it), loaded strictly from ``model.safetensors`` in the dtypes the capsule
+holds. Re-run under ``watch(level="modules")`` with the step's autocast and train/eval mode:
+
+- forward: the forward;
+- backward: the forward, then the backward from ``grad_outputs.safetensors`` (the gradients
+  that reached the model's outputs, so the user's loss function is not needed);
+- optimizer: a no-grad forward (the watch's step), each parameter's gradient set from
+  ``optimizer.safetensors``, a fresh ``torch.optim`` optimizer of the recorded class and
+  hyperparameters given the recorded state, and its ``step()`` under ``watch(optimizer=...)``.
+
+The watch's report becomes a scan report (``report_from_watch``): ``first_nonfinite`` with
+``step`` = k, the replay of the failing region for its phase (``replay.replay``,
+``replay.backward_replay``, ``replay.optimizer_replay``) and the diagnosis with it. The capsule
+directory is only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import Config
+from ..errors import BadInput
+from ..load.capsule import Capsule, read
+from ..load.safetensors_header import show
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ..dtypes import RunDtype
+    from ..load.checkpoint import Checkpoint
+    from ..report import Report
+    from ..session.watch_report import WatchReport
+
+#: scan options a capsule brings along itself (its inputs, its dtype, its phase), by their flags.
+NOT_WITH_CAPSULE = {"inputs": "--inputs", "prompts": "--prompt", "data": "--data", "dtype": "--dtype",
+                    "generate": "--generate", "compile": "--compile", "backward": "--backward", "loss": "--loss",
+                    "device_map": "--device-map"}
+
+
+def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any]], arch: str | None = None,
+                 device: str = "auto", stats: str = "fast", config: Config | None = None,
+                 progress: Callable[[str, int], None] | None = None, replay: bool = True, **given: Any) -> Report:
+    """The scan report of capsule ``path`` (a ``step-<k>`` directory); ``weights_block``: the
+    pipeline's weights section of a report; ``given``: other scan options, refused when set (the
+    capsule fixes them)."""
+    from ..config import as_config
+    from ..explain.diagnose import Evidence, diagnose
+    from ..load.checkpoint import open_safetensors
+    from ..load.weights import scan_weights
+    from ..model.execute import resolve_device
+    from ..report import Report
+
+    bad = [k for k in NOT_WITH_CAPSULE if given.get(k) not in (None, False, [], ())]
+    if bad:
+        raise BadInput(f"{NOT_WITH_CAPSULE[bad[0]]} does not apply to a capsule: {path} holds the failing step's own inputs, dtype and "
+                       "phase; drop the flag (or scan the model's checkpoint instead)")
+    if stats not in ("fast", "full"):
+        raise BadInput(f"--stats {stats!r}: use fast or full")
+    cfg = as_config(config)
+    cap = read(path, arch_given=bool(arch))
+    from ..load.checkpoint import member
+
+    for name in {"capsule.json", "model.safetensors", "inputs.safetensors", *cap.files}:
+        member(cap.path, name, f"capsule {cap.path}")  # symlinks must stay inside the capsule
+    ck = open_safetensors(cap.path / "model.safetensors", "capsule weights")
+    ws = scan_weights(ck, exact=stats == "full", progress=progress)
+    rep = Report(checkpoint=describe(cap, ck), weights=weights_block(ws, cfg))
+    dev = resolve_device(device)
+    model, how = build(cap, ck, arch, dev)
+    rep.checkpoint["capsule"]["built_from"] = f"{cap.meta.get('model_class')} config" if how == "config" \
+        else f"--arch {how}"
+    rep.notes.append(f"capsule of step {cap.step} ({cap.phase} fault): model rebuilt from "
+                     + (f"its {cap.meta.get('model_class')} config" if how == "config" else f"--arch {how}")
+                     + ", re-run on this machine")
+    step = CapsuleStep(cap, model, dev)
+    wrep = step.run()
+    rep.notes += step.notes
+    report_from_watch(rep, wrep, model, step.run_dtype, cfg, f"capsule step-{cap.step}", step=cap.step,
+                      forward=step.forward_fn, train=step.train_fn, optimizer=step.optimizer_pieces,
+                      replay=replay, device=dev)
+    if rep.run is not None:
+        rep.run["autocast"] = cap.meta.get("autocast") or None
+    if rep.first_nonfinite is None:
+        rep.notes.append(f"the capsule's step {cap.step} re-ran without a non-finite value on this machine "
+                         f"({cap.phase} phase): the fault did not reproduce (a nondeterministic kernel, other hardware "
+                         "or library versions: the capsule was written with "
+                         + ", ".join(f"{k} {v}" for k, v in (cap.meta.get("versions") or {}).items()) + ")")
+        if ws.nonfinite:
+            rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
+                                              config=cfg.diagnosis))
+    return rep
+
+
+def describe(cap: Capsule, ck: Checkpoint) -> dict[str, Any]:
+    m = cap.meta
+    return {"path": str(cap.path), "format": "capsule", "n_tensors": ck.n_tensors, "bytes": ck.nbytes,
+            "capsule": {"phase": cap.phase, "step": cap.step, "model_class": m.get("model_class"),
+                        "arch": m.get("arch"), "dtype": m.get("dtype"), "autocast": m.get("autocast"),
+                        "training": m.get("training"), "files": cap.files,
+                        "optimizer": (m.get("optimizer") or {}).get("class"), "versions": m.get("versions")}}
+
+
+# --- rebuilding the model ------------------------------------------------------------------------
+
+
+def build(cap: Capsule, ck: Checkpoint, arch: str | None, device: Any) -> tuple[Any, str]:
+    """(model, how): from ``--arch`` if given, else the capsule's HF config, else its arch; weights
+    loaded strictly, each parameter and buffer in the dtype the capsule stored it in."""
+    from ..model.build import build_from_arch, load_strict
+
+    spec = arch or (None if isinstance(cap.meta.get("config"), dict) else cap.meta.get("arch"))
+    if spec:
+        model, how = build_from_arch(spec, ck), spec
+    else:
+        model, how = _from_config(cap), "config"
+        _strict_keys(model, ck, cap)
+    _match_dtypes(model, ck)
+    load_strict(model, ck)  # again, now in the stored dtypes: bit-exact weights
+    return model.to(device), how
+
+
+def _from_config(cap: Capsule) -> Any:
+    from ..model.build import _offline, _quiet_libraries
+
+    meta = cap.meta
+    where = f"{cap.path / 'capsule.json'}"
+    cfg = meta["config"]
+    if "auto_map" in cfg or cfg.get("custom_pipelines"):
+        raise BadInput(f"{where}: the model's config asks for its own code (auto_map) that nanhunter does not run; "
+                       "to run model code you trust, pass --arch file.py:factory")
+    name = meta.get("model_class")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise BadInput(f"{where}: model_class {show(name)} is not a transformers class name; pass --arch "
+                       "file.py:factory to build the model")
+    _offline()
+    try:
+        import transformers
+    except ImportError:
+        raise BadInput("rebuilding this capsule's model needs transformers: pip install 'nan-hunter[hf]' "
+                       "(or pass --arch)") from None
+    cls = getattr(transformers, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise BadInput(f"{where}: model_class {show(name)} is not a model class of transformers "
+                       f"{transformers.__version__}; pass --arch file.py:factory to build the model")
+    transformers.utils.logging.set_verbosity_error()
+    with _quiet_libraries():
+        try:
+            config = cls.config_class.from_dict(dict(cfg))
+            return cls._from_config(config)
+        except Exception as e:
+            raise BadInput(f"{where}: transformers could not build {name} from the capsule's config "
+                           f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})"
+                           ) from None
+
+
+def _strict_keys(model: Any, ck: Checkpoint, cap: Capsule) -> None:
+    expected, have = set(model.state_dict()), set(ck.names())
+    missing, unexpected = sorted(expected - have), sorted(have - expected)
+    if missing or unexpected:
+        from ..model.build import _names
+
+        parts = ([f"missing {len(missing)} keys ({_names(missing)})"] if missing else []) + \
+                ([f"unexpected {len(unexpected)} keys ({_names(unexpected)})"] if unexpected else [])
+        raise BadInput(f"{cap.path / 'model.safetensors'}: weights do not match the {cap.meta.get('model_class')} "
+                       f"built from the capsule's config: {'; '.join(parts)}; pass --arch file.py:factory for "
+                       "the model this capsule came from")
+
+
+def _match_dtypes(model: Any, ck: Checkpoint) -> None:
+    """Each floating parameter and buffer to the dtype the capsule stored it in (an fp16 model
+    stays fp16, an fp32 norm kept in a bf16 model stays fp32); tied weights are cast once."""
+    import torch
+
+    dtypes = {}
+    for name in ck.names():
+        e = ck.entry(name)
+        dt = e.torch_dtype() if e is not None else ck.tensor(name).dtype
+        if dt is not None:
+            dtypes[name] = dt
+    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    with torch.no_grad():
+        for name, t in named:
+            want = dtypes.get(name)
+            if t is not None and want is not None and t.is_floating_point() and want.is_floating_point \
+                    and t.dtype != want:
+                t.data = t.data.to(want)
+
+
+# --- re-running the step ---------------------------------------------------------------------------
+
+
+class CapsuleStep:
+    """The capsule's failing step, ready to re-run under a watch and to re-run again for replays."""
+
+    def __init__(self, cap: Capsule, model: Any, device: Any) -> None:
+        import torch
+
+        from ..dtypes import RunDtype, name_of
+        from ..load.checkpoint import open_safetensors
+
+        self.cap, self.model, self.device = cap, model, device
+        self.notes: list[str] = []
+        meta = cap.meta
+        p = cap.path
+        inputs = _tensors(p / "inputs.safetensors", device)
+        other = (meta.get("inputs") or {}).get("other") or {}
+        if not isinstance(other, dict):
+            raise BadInput(f"{p / 'capsule.json'}: inputs.other must be an object of argument names to values")
+        merged = {**inputs, **other}
+        n_args = 0
+        while f"args.{n_args}" in merged:
+            n_args += 1
+        self.args = tuple(merged.pop(f"args.{i}") for i in range(n_args))
+        self.kwargs = {k: v for k, v in merged.items() if not k.startswith("args.")}
+        dropped = (meta.get("inputs") or {}).get("dropped") or []
+        if dropped:
+            self.notes.append(f"the step's non-tensor argument(s) {', '.join(map(str, dropped))} could not be stored in "
+                              "the capsule and were left out of the re-run")
+        self.grads = list(_tensors(p / "grad_outputs.safetensors", device).items()) \
+            if "grad_outputs.safetensors" in cap.files else None
+        if cap.phase == "backward" and not self.grads:
+            raise BadInput(f"{p}: a backward capsule needs grad_outputs.safetensors (the gradients at the model's "
+                           "outputs); it is missing from the capsule's files")
+        self.autocast = _autocast(meta.get("autocast"), p)
+        self.training = meta.get("training")
+        dt = meta.get("dtype")
+        param = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+        try:
+            self.watch_dtype = RunDtype.of(dt) if isinstance(dt, str) else None
+        except ValueError:
+            raise BadInput(f"{p / 'capsule.json'}: dtype {show(dt)} is not a run dtype") from None
+        # what the step computed in: the watch's dtype, else the autocast dtype (an fp16 overflow
+        # under autocast is measured against fp16's max, not the fp32 parameters'), else the parameters'
+        amp = next((name_of(dt) for _, dt in self.autocast if name_of(dt)), None)
+        self.run_dtype = self.watch_dtype or RunDtype.of(amp or name_of(param) or "fp32")
+        self.optimizer_pieces: dict[str, Any] | None = None
+        if cap.phase == "optimizer":
+            self.optimizer_pieces = self._optimizer_pieces(open_safetensors(p / "optimizer.safetensors",
+                                                                            "capsule optimizer state"))
+
+    # -- the context of the step ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def context(self, grad: bool) -> Any:
+        import torch
+
+        from ..model.execute import run_context
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(grad))
+            for dev, dt in self.autocast:
+                stack.enter_context(torch.autocast(dev, dtype=dt))
+            stack.enter_context(run_context(self.watch_dtype))
+            if isinstance(self.training, bool):
+                self.model.train(self.training)
+            yield
+
+    def forward_fn(self) -> Any:
+        """One forward of the step from fresh copies of its inputs; with grad only for a forward
+        fault whose step ran with grad (``nn.MultiheadAttention`` takes another path without)."""
+        from ..tree import detached_copy
+
+        a, kw = detached_copy((self.args, self.kwargs))
+        with self.context(grad=self.cap.phase == "forward" and self.cap.meta.get("grad") is True):
+            return self.model(*a, **kw)
+
+    def train_fn(self) -> None:
+        """The step's forward and its backward from the recorded output gradients. Gradients are
+        returned by ``autograd.grad``, never accumulated in ``.grad``."""
+        import torch
+
+        from ..locate.backward_op import backward_roots
+        from ..tree import detached_copy
+
+        a, kw = detached_copy((self.args, self.kwargs))
+        with self.context(grad=True):
+            out = self.model(*a, **kw)
+        roots, gs = backward_roots(out, self.grads or [])
+        if roots:
+            params = [q for q in self.model.parameters() if q.requires_grad]
+            torch.autograd.grad(roots, params, gs, allow_unused=True)
+
+    # -- the watched re-run ----------------------------------------------------------------------
+    def run(self) -> WatchReport:
+        import torch
+
+        from ..locate.backward_op import backward_roots
+        from ..session.watcher import Watch
+
+        torch.manual_seed(0)  # dropout in a train-mode step: the capsule holds no RNG state
+        phase = self.cap.phase
+        opt = self._optimizer() if phase == "optimizer" else None
+        w = Watch(self.model, level="modules", backward=phase == "backward", optimizer=opt, dtype=self.watch_dtype)
+        with w:
+            try:
+                if phase == "backward":
+                    with self.context(grad=True):
+                        out = self.model(*self.args, **self.kwargs)
+                    roots, gs = backward_roots(out, self.grads or [])
+                    if not roots:
+                        raise BadInput(f"{self.cap.path}: none of the recorded output gradients "
+                                       f"({', '.join(k for k, _ in self.grads or [])}) matches an output of the "
+                                       "rebuilt model's forward; the capsule does not fit this model")
+                    torch.autograd.backward(roots, gs)
+                else:
+                    self.forward_fn()
+                    if opt is not None:
+                        opt.step()
+            except BadInput:
+                raise
+            except Exception as e:
+                msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                raise BadInput(f"{self.cap.path}: re-running the capsule's step raised {type(e).__name__}: {msg}; "
+                               "check that the model is built as when the capsule was written (--arch)") from None
+            return w.report()
+
+    # -- the optimizer ---------------------------------------------------------------------------
+    def _optimizer_pieces(self, ock: Checkpoint) -> dict[str, Any]:
+        import torch
+
+        meta = self.cap.meta.get("optimizer")
+        where = self.cap.path / "capsule.json"
+        if not isinstance(meta, dict):
+            raise BadInput(f"{where}: an optimizer capsule needs an 'optimizer' object (class, hyperparameters)")
+        name, module = meta.get("class"), meta.get("module")
+        cls = getattr(torch.optim, name, None) if isinstance(name, str) and name.isidentifier() else None
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or \
+                (isinstance(module, str) and not module.startswith("torch.optim")):
+            raise BadInput(f"{where}: optimizer {show(name)} (module {show(module)}) is not a torch.optim optimizer; "
+                           "nanhunter rebuilds only torch.optim classes")
+        hyper, groups = meta.get("hyperparameters"), meta.get("groups")
+        if not isinstance(hyper, list) or not all(isinstance(h, dict) for h in hyper) or not isinstance(groups, dict) \
+                or not all(isinstance(g, int) and 0 <= g < len(hyper) for g in groups.values()):
+            raise BadInput(f"{where}: optimizer.hyperparameters must be a list of objects and optimizer.groups map "
+                           "parameter names to indices into it")
+        accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+        hp = [{k: tuple(v) if isinstance(v, list) else v for k, v in h.items() if k in accepted} for h in hyper]
+        params = dict(self.model.named_parameters())
+        grads: dict[str, torch.Tensor] = {}
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for key in ock.names():
+            kind, _, rest = key.partition("/")
+            if kind == "grad":
+                grads[rest] = ock.tensor(key).to(self.device)
+            elif kind == "state" and "/" in rest:
+                pname, _, sk = rest.rpartition("/")
+                state.setdefault(pname, {})[sk] = ock.tensor(key).to(self.device)
+        unknown = sorted((set(grads) | set(state) | set(groups)) - set(params))
+        if unknown:
+            raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: parameter(s) {', '.join(map(show, unknown[:4]))} "
+                           "are not parameters of the rebuilt model")
+        return {"class": cls, "hyper": hp, "groups": {n: g for n, g in groups.items() if n in grads},
+                "grads": grads, "state": state,
+                "weights": {n: params[n].detach().clone() for n in grads}}  # as before the step
+
+    def _optimizer(self) -> Any:
+        """A fresh optimizer over the recorded parameters, grouped and configured as recorded,
+        with the recorded gradients and state (parameters without a gradient take no step)."""
+        import torch
+
+        o = self.optimizer_pieces
+        assert o is not None
+        params = dict(self.model.named_parameters())
+        for p in self.model.parameters():
+            p.grad = None
+        groups: list[list[str]] = [[] for _ in o["hyper"]]
+        for n, g in o["groups"].items():
+            groups[g].append(n)
+        for n in o["grads"]:
+            if n not in o["groups"]:
+                groups[0].append(n)
+        spec = [{"params": [params[n] for n in names], **o["hyper"][i]} for i, names in enumerate(groups) if names]
+        if not spec:
+            raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: no parameter gradients in it; nothing to step")
+        try:
+            opt = o["class"](spec)
+        except Exception as e:
+            raise BadInput(f"{self.cap.path / 'capsule.json'}: {o['class'].__name__} could not be rebuilt from the "
+                           f"recorded hyperparameters ({type(e).__name__}: {e})") from None
+        with torch.no_grad():
+            for n in (n for names in groups for n in names):
+                p = params[n]
+                if o["grads"][n].shape != p.shape:
+                    raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: the gradient of {show(n)} has shape "
+                                   f"{list(o['grads'][n].shape)}, the parameter {list(p.shape)}")
+                p.grad = o["grads"][n].to(p.dtype)
+                if n in o["state"]:
+                    opt.state[p] = {k: v.clone() for k, v in o["state"][n].items()}
+        return opt
+
+
+def _tensors(path: Path, device: Any) -> dict[str, Any]:
+    from ..load.checkpoint import open_safetensors
+
+    ck = open_safetensors(path, "capsule file")
+    return {n: ck.tensor(n).to(device) for n in ck.names()}
+
+
+def _autocast(spec: Any, p: Path) -> list[tuple[str, Any]]:
+    import torch
+
+    from ..dtypes import UnknownDtype, canonical, torch_dtype
+
+    out = []
+    for item in spec or []:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)) \
+                or item[0] not in ("cpu", "cuda"):
+            raise BadInput(f"{p / 'capsule.json'}: autocast entries must be [device, dtype] with device cpu or cuda, "
+                           f"got {show(item)}")
+        if item[0] == "cuda" and not torch.cuda.is_available():
+            raise BadInput(f"{p}: the step ran under CUDA autocast; re-run the capsule on a machine with a CUDA device "
+                           "(--device cuda)")
+        try:
+            out.append((item[0], torch_dtype(canonical(item[1]))))
+        except (UnknownDtype, KeyError, ValueError):
+            raise BadInput(f"{p / 'capsule.json'}: autocast dtype {show(item[1])} is not a dtype nanhunter knows") from None
+    return out
+
+
+# --- a watch's report as a scan report -----------------------------------------------------------
+
+
+def report_from_watch(rep: Report, wrep: WatchReport, model: Any, run: RunDtype, cfg: Config, label: str,
+                      step: int, forward: Callable[[], Any], train: Callable[[], None] | None,
+                      optimizer: dict[str, Any] | None = None, replay: bool = True, device: Any = None,
+                      labels: list[str] | None = None, input_index: int | None = None) -> None:
+    """Fill ``rep`` (run, modules, first_nonfinite, replay, diagnosis, notes) from a watch report.
+    ``forward``/``train``: re-run the failing step's forward / forward and backward (for the
+    region the replay starts from); ``optimizer``: the capsule's optimizer pieces."""
+    import dataclasses
+
+    from ..capture.blocks import main_blocks
+    from ..explain.diagnose import Evidence, diagnose
+
+    wr = wrep.run or {}
+    failed = sorted(wrep.failed_inputs) if input_index is None else ([input_index] if wrep.failed_inputs else [])
+    labels = labels or [label]
+    rep.run = {"dtype": run.name, "compute_dtype": run.compute, "device": str(device or wr.get("device")),
+               "n_inputs": len(labels), "failed_inputs": failed, "inputs": labels, "generate": None,
+               "backward": bool(wr.get("backward")), "optimizer_steps": wr.get("optimizer_steps"),
+               "scaler_skipped_steps": wr.get("scaler_skipped_steps")}
+    rep.modules = wrep.calls
+    if input_index is not None:
+        for row in rep.modules:
+            row["input_index"] = input_index
+    rep.inputs = [{"index": i, "label": lbl, "finite": i not in failed} for i, lbl in enumerate(labels)]
+    rep.notes += [n for n in wrep.notes if n not in rep.notes]
+    f = wrep.first_nonfinite
+    if f is None:
+        return
+    f = dataclasses.replace(f, step=step, input_index=f.input_index if input_index is None else input_index)
+    rep.first_nonfinite = f
+    facts = getattr(wrep, "_optimizer", None)
+    ev = wrep.op_event
+    if replay and f.role == "producer":
+        try:
+            rep.replay = _replay(f, model, run, forward, train, optimizer)
+        except Exception as e:  # noqa: BLE001 - the report stands without its replay; it says why
+            rep.notes.append(f"the replay of {f.module or '<root>'} ({f.phase}) could not be run: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if f.phase == "optimizer" and optimizer is not None and f.param in optimizer["grads"]:
+        facts = facts or _optimizer_facts(f.param, optimizer, model)
+        if f.op is None:
+            ev = _optimizer_event(f.param, optimizer, model)
+            if ev is not None:  # named from the capsule's pre-step state after all
+                f.op = ev.op
+                rep.notes = [n for n in rep.notes if "op inside optimizer.step() is not named" not in n]
+    evd = Evidence(f.role, f.kind, f.module, f.module_type, f.op, ev.operands if ev else [], run, rep.replay,
+                   rep.weights["nonfinite"] if rep.weights else [], f.module in set(main_blocks(model)), label,
+                   failed, len(labels), cfg.diagnosis, op_absmax=ev.exact_absmax if ev else None, phase=f.phase,
+                   grad_fn=f.grad_fn, optimizer=facts)
+    rep.diagnosis = diagnose(evd) or wrep.diagnosis
+
+
+def _replay(f: Any, model: Any, run: RunDtype, forward: Callable[[], Any], train: Callable[[], None] | None,
+            optimizer: dict[str, Any] | None) -> dict[str, dict] | None:
+    from ..explain.replay import backward_region, backward_replay, optimizer_replay, replay
+    from ..model.execute import call_inputs
+
+    if f.phase == "forward":
+        target = model.get_submodule(f.module) if f.module else model
+        margs, mkw = call_inputs(model, forward, f.module, f.call_index)
+        return replay(target, margs, mkw, run)
+    if f.phase == "backward" and train is not None:
+        target, margs, mkw, grads = backward_region(model, train, f.module, f.call_index)
+        return backward_replay(target, margs, mkw, grads, run)
+    if f.phase == "optimizer" and optimizer is not None and f.param in optimizer["grads"]:
+        name = f.param
+        return optimizer_replay(optimizer["class"], optimizer["hyper"][optimizer["groups"].get(name, 0)],
+                                optimizer["weights"][name],
+                                optimizer["grads"][name], optimizer["state"].get(name, {}), run)
+    return None
+
+
+def _fresh_optimizer(name: str, optimizer: dict[str, Any], model: Any) -> tuple[Any, Any]:
+    """One parameter, as before the step, in a fresh optimizer of the recorded class,
+    hyperparameters and state (the watched re-run has stepped the model's own parameters)."""
+    import torch
+
+    p = torch.nn.Parameter(optimizer["weights"][name].clone())
+    p.grad = optimizer["grads"][name].to(p.dtype).clone()
+    o = optimizer["class"]([p], **optimizer["hyper"][optimizer["groups"].get(name, 0)])
+    o.state[p] = {k: v.clone() for k, v in optimizer["state"].get(name, {}).items()}
+    return o, p
+
+
+def _optimizer_event(name: str, optimizer: dict[str, Any], model: Any) -> Any:
+    """The aten op inside the parameter's step that first made it non-finite."""
+    from ..locate.training import first_bad_step
+
+    try:
+        o, _ = _fresh_optimizer(name, optimizer, model)
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
+        return None
+    return first_bad_step(o)
+
+
+def _optimizer_facts(name: str, optimizer: dict[str, Any], model: Any) -> dict[str, Any] | None:
+    from ..locate.training import optimizer_facts
+
+    try:
+        o, p = _fresh_optimizer(name, optimizer, model)
+        o.step()
+    except Exception:  # noqa: BLE001
+        return None
+    return optimizer_facts(o, p, name)

@@ -1,0 +1,308 @@
+"""Eager against ``torch.compile`` on the same prepared inputs (``scan --compile``).
+
+Every input runs eager and compiled; the report's ``compile`` block says whether each is finite
+and how far apart they are: ``max_rel_err`` = max |compiled − eager| / max |eager| over the
+model's floating outputs (elements finite in both). When the two part (one finite and not the
+other, or ``max_rel_err`` > ``rtol``), the module where they part is found top-down from the
+root: the children of the current module are captured eager, each child is compiled alone and
+fed the eager inputs of its call, in call order, and the search descends into the first child
+whose compiled output parts from its eager one. A module none of whose children part alone is
+the answer: its compiled graph fuses across them. With the inductor backend the whole model is
+then compiled again with ``torch._inductor.config.emulate_precision_casts = True`` (restored
+after) to tell whether rounding intermediates as eager does closes the gap.
+
+Compiles are fresh (``torch._dynamo.reset()`` before each one and at the end), so nothing
+leaks into later compiles of the process and no cache limit silently turns a compile into eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import nn
+
+    from ..model.prepare import Prepared
+    from ..report import Report
+
+BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "eager")
+DEFAULT_RTOL = 1e-2
+
+
+def check_options(backend: str, rtol: float, dtype: str | None) -> None:
+    """Refuse what ``--compile`` cannot do before anything runs (exit 2, one line)."""
+    if backend not in BACKENDS:
+        raise BadInput(f"--compile-backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol > 0):
+        raise BadInput(f"--rtol {rtol!r}: give a positive number such as 1e-2")
+    if dtype is not None and dtype.lower().replace("_", "-").startswith(("fp8", "float8", "e4m3", "e5m2")):
+        raise BadInput(f"--compile with --dtype {dtype}: fp8 runs are emulated by a dispatch mode that "
+                       "torch.compile does not trace; use --dtype bf16, fp16 or fp32 with --compile")
+
+
+# -- comparing outputs --------------------------------------------------------------------------
+
+
+@dataclass
+class Parting:
+    """Eager against compiled outputs of one call (or of the whole model over every input)."""
+
+    eager_finite: bool = True
+    compiled_finite: bool = True
+    rel_err: float | None = None  # over elements finite in both; None when there are none
+    compiled_kind: str | None = None  # nan | posinf | neginf: what the compiled outputs hold
+    eager_kind: str | None = None
+
+    def parts(self, rtol: float) -> bool:
+        return (self.eager_finite != self.compiled_finite
+                or (self.rel_err is not None and self.rel_err > rtol))
+
+    def merge(self, other: Parting) -> Parting:
+        errs = [e for e in (self.rel_err, other.rel_err) if e is not None]
+        return Parting(self.eager_finite and other.eager_finite, self.compiled_finite and other.compiled_finite,
+                       max(errs) if errs else None, self.compiled_kind or other.compiled_kind,
+                       self.eager_kind or other.eager_kind)
+
+
+def _kind(ts: list[torch.Tensor]) -> str | None:
+    import torch
+
+    nan = any(bool(torch.isnan(t).any()) for t in ts)
+    pos = any(bool((t == math.inf).any()) for t in ts)
+    neg = any(bool((t == -math.inf).any()) for t in ts)
+    return "nan" if nan else "posinf" if pos else "neginf" if neg else None
+
+
+def compare(eager: Any, compiled: Any) -> Parting:
+    """Finiteness of each side and the relative error over elements finite in both
+    (computed in float64, so the comparison adds no rounding of its own)."""
+    import torch
+
+    from ..tree import float_tensors
+
+    es = [t.detach().double() for _, t in float_tensors(eager)]
+    cs = [t.detach().double() for _, t in float_tensors(compiled)]
+    ek, ck = _kind(es), _kind(cs)
+    p = Parting(ek is None, ck is None, None, ck, ek)
+    if len(es) != len(cs) or any(a.shape != b.shape for a, b in zip(es, cs)):
+        p.rel_err = math.inf  # a different structure is as far apart as it gets
+        return p
+    num = den = 0.0
+    seen = False
+    for e, c in zip(es, cs):
+        both = torch.isfinite(e) & torch.isfinite(c)
+        if not bool(both.any()):
+            continue
+        seen = True
+        num = max(num, float((c[both] - e[both]).abs().max()))
+        den = max(den, float(e[both].abs().max()))
+    if seen:
+        p.rel_err = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+    return p
+
+
+# -- compiling ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fresh_compiles(emulate_precision_casts: bool | None = None) -> Iterator[None]:
+    """Compile state reset on entry and exit; ``emulate_precision_casts`` set inside (and the
+    user's value restored after, whatever happens)."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    old = inductor_config.emulate_precision_casts
+    torch._dynamo.reset()
+    try:
+        if emulate_precision_casts is not None:
+            inductor_config.emulate_precision_casts = emulate_precision_casts
+        yield
+    finally:
+        inductor_config.emulate_precision_casts = old
+        torch._dynamo.reset()
+
+
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, run: Any, what: str) -> Any:
+    """One no-grad call at the run's precision; a failure to compile or run is bad input."""
+    import torch
+
+    from ..model.execute import run_context
+    from ..tree import detached_copy
+
+    try:
+        with torch.no_grad(), run_context(run):
+            return fn(*detached_copy(args), **detached_copy(kwargs))
+    except BadInput:
+        raise
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise BadInput(f"{what} failed: {type(e).__name__}: {msg[:300]}; try --compile-backend aot_eager or "
+                       "eager to narrow it down") from None
+
+
+def compile_module(module: nn.Module, backend: str) -> Callable[..., Any]:
+    """``torch.compile(module)``: a wrapper; ``module`` itself is left as it is."""
+    import torch
+
+    return torch.compile(module, backend=backend)
+
+
+# -- locating -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ChildCall:
+    name: str  # dotted name under the model
+    module: Any
+    args: tuple
+    kwargs: dict
+    output: Any
+
+
+def child_calls(module: nn.Module, prefix: str, args: tuple, kwargs: dict, run: Any) -> list[ChildCall]:
+    """Run ``module`` eager once and copy what each outermost called descendant (a child, or
+    the members of a child ModuleList that is never called itself) was called with and
+    returned, in call order."""
+    from ..tree import detached_copy
+
+    calls: list[ChildCall] = []
+    open_calls: list[ChildCall | None] = []  # one entry per active descendant call
+    handles = []
+
+    def pre(name: str):
+        def hook(mod: Any, a: tuple, kw: dict) -> None:
+            outer = not open_calls
+            open_calls.append(ChildCall(name, mod, detached_copy(a), detached_copy(kw), None) if outer else None)
+        return hook
+
+    def post(mod: Any, a: tuple, kw: dict, out: Any) -> None:
+        call = open_calls.pop() if open_calls else None
+        if call is not None:
+            call.output = detached_copy(out)
+            calls.append(call)
+
+    try:
+        for name, sub in module.named_modules():
+            if not name:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            handles.append(sub.register_forward_pre_hook(pre(full), with_kwargs=True))
+            handles.append(sub.register_forward_hook(post, with_kwargs=True))
+        _call(module, args, kwargs, run, f"the eager forward of {prefix or '<root>'}")
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+@dataclass
+class Divergence:
+    """Where eager and compiled first part, and what the search saw on the way."""
+
+    module: str
+    module_type: str
+    parting: Parting
+    children_alike: list[str] = field(default_factory=list)  # children that match eager compiled alone
+    skipped: list[str] = field(default_factory=list)  # children that could not be compiled alone
+
+
+def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str, rtol: float,
+                    run: Any) -> Divergence:
+    """Top-down search (module docstring) for one input whose whole-model runs part."""
+    name, mod, args, kw, part = "", model, (), kwargs, whole
+    while True:
+        alike: list[str] = []
+        skipped: list[str] = []
+        hit = None
+        for call in child_calls(mod, name, args, kw, run):
+            if call.name in skipped:
+                continue
+            with fresh_compiles():
+                try:
+                    fn = compile_module(call.module, backend)
+                    out = _call(fn, call.args, call.kwargs, run, f"torch.compile of {call.name}")
+                except BadInput:  # a child dynamo cannot take alone (a cache object, ...): judged by its parent
+                    skipped.append(call.name)
+                    continue
+            p = compare(call.output, out)
+            if p.parts(rtol):
+                hit = (call, p)
+                break
+            if call.name not in alike:
+                alike.append(call.name)
+        if hit is None:
+            return Divergence(name, type(mod).__name__, part, alike, skipped)
+        call, part = hit
+        name, mod, args, kw = call.name, call.module, call.args, call.kwargs
+
+
+# -- the stage ----------------------------------------------------------------------------------
+
+
+def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend: str, run: Any
+           ) -> tuple[Parting, list[Parting], float]:
+    """The compiled model on every input against eager's outputs: (over all, per input, seconds)."""
+    t0 = time.perf_counter()
+    fn = compile_module(model, backend)
+    per = [compare(e, _call(fn, (), kw, run, f"torch.compile (backend {backend})"))
+           for kw, e in zip(batches, eager_outs)]
+    total = per[0]
+    for p in per[1:]:
+        total = total.merge(p)
+    return total, per, time.perf_counter() - t0
+
+
+def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL) -> None:
+    """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
+    ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note)."""
+    from ..explain.diagnose import Evidence, diagnose
+    from ..model.execute import forward
+
+    check_options(backend, rtol, p.dtype)
+    eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
+    with fresh_compiles():
+        total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run)
+    block: dict[str, Any] = {"backend": backend, "eager_finite": total.eager_finite,
+                             "compiled_finite": total.compiled_finite, "first_divergent_module": None,
+                             "max_rel_err": total.rel_err, "emulate_precision_casts": None}
+    rep.compile = block
+    rep.notes.append(f"torch.compile (backend {backend}): {len(p.batches)} input(s) compiled and run in "
+                     f"{took:.1f} s; max_rel_err {_fmt(total.rel_err)} against eager (rtol {rtol:g})")
+    parted = [i for i, q in enumerate(per) if q.parts(rtol)]
+    if not parted:
+        return
+    idx = parted[0]
+    div = first_divergent(p.model, p.batches[idx], per[idx], backend, rtol, p.run)
+    block["first_divergent_module"] = div.module
+    emu = None
+    if backend == "inductor":
+        with fresh_compiles(emulate_precision_casts=True):
+            emu, _, _ = _whole(p.model, p.batches, eager_outs, backend, p.run)
+        block["emulate_precision_casts"] = {"compiled_finite": emu.compiled_finite,
+                                            "max_rel_err": emu.rel_err if emu.rel_err is not None else math.inf}
+    if not per[idx].eager_finite:
+        if per[idx].compiled_finite:
+            rep.notes.append(f"torch.compile ({backend}) stays finite where eager does not: they first part at "
+                             f"{div.module or '<root>'} ({div.module_type}), input #{idx} — the compiled graph "
+                             "keeps an intermediate in higher precision; the eager fault is diagnosed as usual")
+        return
+    if rep.first_nonfinite is not None or rep.diagnosis is not None:
+        return  # eager already failed on another input: that is the diagnosis
+    evidence = {**block, "rtol": rtol, "input_index": idx, "input_label": p.labels[idx],
+                "compiled_kind": per[idx].compiled_kind, "children_alike": div.children_alike,
+                "skipped": div.skipped, "module_rel_err": div.parting.rel_err,
+                "module_compiled_finite": div.parting.compiled_finite}
+    rep.diagnosis = diagnose(Evidence(None, per[idx].compiled_kind, div.module, div.module_type, None,
+                                      dtype=p.run, config=p.cfg.diagnosis, compile=evidence))
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"

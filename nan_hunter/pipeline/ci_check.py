@@ -1,0 +1,294 @@
+"""``nanhunter check``: the CI smoke check. Per checkpoint: the weights scan, then one forward in
+each requested dtype when a model and inputs are available; policy rules (``configs/ci.yaml``)
+turn the numbers into pass/warn/fail results stored in ``Report.check``.
+
+Rules (ids are JUnit testcase names and never change meaning):
+``weights.nonfinite``, ``weights.headroom.<dtype>``, ``forward.<dtype>.nonfinite``,
+``forward.<dtype>.headroom``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..config import Config, Thresholds, as_config
+from ..dtypes import RunDtype
+from ..errors import BadInput
+from ..load.checkpoint import Checkpoint, open_checkpoint
+from ..model.prepare import parse_dtype
+from ..report import Report
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+
+
+@dataclass
+class RuleResult:
+    rule: str
+    checkpoint: str
+    status: str  # pass | warn | fail
+    message: str  # one line, with the numbers
+    dtype: str | None = None
+    value: float | None = None  # what was measured (a fraction of the dtype max, a count)
+    details: list[str] = field(default_factory=list)  # evidence and fix, for failure bodies
+
+
+@dataclass
+class CheckOptions:
+    """The loading/input options of ``scan``, shared by every checkpoint of one check."""
+
+    arch: str | None = None
+    inputs: list[str] | None = None
+    prompts: list[str] | None = None
+    data: str | None = None
+    device: str = "auto"
+    attn: str | None = None
+    stats: str = "fast"
+    generate: int | None = None  # greedy decoding of this many tokens instead of one forward
+    batch: bool = False
+
+    @property
+    def has_inputs(self) -> bool:
+        return bool(self.inputs or self.prompts or self.data)
+
+
+# --- policy (configs/ci.yaml, validated by config.load_config) ----------------------------------
+
+
+def parse_dtypes(spec: str | list[str] | None, cfg: Config) -> list[str]:
+    """``--dtypes fp16,bf16`` (or the policy's ``dtypes:``) → canonical names, in order, deduplicated."""
+    if spec is None:
+        return list(cfg.check.dtypes)
+    items = [s for s in (spec.split(",") if isinstance(spec, str) else [str(x) for x in spec]) if s.strip()]
+    if not items:
+        raise BadInput("--dtypes: no dtype given; use a comma-separated list such as fp16,bf16")
+    out: list[str] = []
+    for s in items:
+        d = parse_dtype(s.strip(), "--dtypes")
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def _range_max(dtype: str) -> float:
+    """The largest finite value a run in ``dtype`` stores (the one dtype rule: for fp8 runs, the
+    compute dtype's; fp8 operands are scaled by their amax)."""
+    return RunDtype.of(dtype).range.max
+
+
+def _grade(fraction: float, th: Thresholds) -> str:
+    return FAIL if fraction > th.fail else WARN if fraction > th.warn else PASS
+
+
+def _share(frac: float, dtype: str, mx: float) -> str:
+    """"is 92% of fp16 max 65504"; tiny fractions (bf16's 3.4e38) read as a headroom factor."""
+    if frac == 0:
+        return f"is 0 (any {dtype} holds it)"
+    if frac < 1e-4:
+        return f"is far below {dtype} max {mx:.3g} ({1 / frac:.2g}x headroom)"
+    pct = f"{frac:.0%}" if frac >= 0.01 else f"{frac * 100:.2g}%"
+    return f"is {pct} of {dtype} max {mx:.6g}"
+
+
+# --- rules --------------------------------------------------------------------------------------
+
+
+def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config) -> list[RuleResult]:
+    """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors."""
+    out: list[RuleResult] = []
+    bad = [t for t in tensors if not t.skipped and not t.finite]
+    floating = [t for t in tensors if not t.skipped]
+    if bad:
+        status = FAIL if cfg.check.fail_on_nonfinite_weights else WARN
+        first = ", ".join(f"{t.name} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at {t.first_index})"
+                          for t in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        out.append(RuleResult("weights.nonfinite", ck_path, status,
+                              f"{len(bad)} of {len(floating)} floating tensors hold NaN/Inf: {first}{more}",
+                              value=float(len(bad)),
+                              details=["fix: the checkpoint itself is corrupt; re-export it from the last good "
+                                       "training step, or find the step where the loss went NaN"]))
+    else:
+        out.append(RuleResult("weights.nonfinite", ck_path, PASS,
+                              f"no NaN/Inf in {len(floating)} floating tensors", value=0.0))
+    for dt in dtypes:
+        th = cfg.check.headroom.weights.get(dt)
+        if th is None:
+            continue
+        rule = f"weights.headroom.{dt}"
+        sized = [t for t in floating if t.absmax is not None]
+        if not sized:
+            out.append(RuleResult(rule, ck_path, PASS, "no floating-point tensors to measure", dt))
+            continue
+        mx = _range_max(dt)
+        top = max(sized, key=lambda t: t.absmax)
+        frac = top.absmax / mx
+        n_warn = sum(1 for t in sized if t.absmax / mx > th.warn)
+        status = _grade(frac, th)
+        msg = (f"max |w| {top.absmax:.6g} in {top.name} {_share(frac, dt, mx)}; "
+               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
+        if frac > 1:
+            msg += f"; it becomes inf when cast to {dt}"
+        if n_warn > 1:
+            msg += f"; {n_warn} tensors above {th.warn:.0%}"
+        details = [] if status == PASS else [
+            f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)"]
+        out.append(RuleResult(rule, ck_path, status, msg, dt, frac, details))
+    return out
+
+
+def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[RuleResult]:
+    """forward.<dtype>.nonfinite and forward.<dtype>.headroom for one forward in ``dtype``."""
+    out: list[RuleResult] = []
+    n = (run.run or {}).get("n_inputs", 0)
+    failed = (run.run or {}).get("failed_inputs") or []
+    f = run.first_nonfinite
+    rule = f"forward.{dtype}.nonfinite"
+    if f is not None:
+        status = FAIL if cfg.check.fail_on_nonfinite_forward else WARN
+        cause = f" ({run.diagnosis.cause})" if run.diagnosis else ""
+        msg = (f"{f.kind} first produced by {f.module or '<root>'} ({f.module_type}) at {f.op or '?'}{cause} "
+               f"on input #{f.input_index}; {len(failed)} of {n} input(s) non-finite in {dtype}")
+        details = []
+        if run.diagnosis:
+            details = [run.diagnosis.summary, *run.diagnosis.evidence, f"fix: {run.diagnosis.fix}"]
+        out.append(RuleResult(rule, ck_path, status, msg, dtype, float(len(failed)), details))
+    else:
+        absorbed = [m for m in run.near_misses if m.get("kind") == "absorbed"]
+        if absorbed and cfg.check.warn_on_absorbed:
+            out.append(RuleResult(rule, ck_path, WARN,
+                                  f"outputs finite in {dtype} on {n} input(s), but {len(absorbed)} op(s) produced "
+                                  f"NaN/Inf that was absorbed: {absorbed[0]['message']}", dtype, 0.0,
+                                  [m["message"] for m in absorbed]))
+        else:
+            out.append(RuleResult(rule, ck_path, PASS, f"all module outputs finite in {dtype} on {n} input(s)",
+                                  dtype, 0.0))
+    th = cfg.check.headroom.activations.get(dtype)
+    rows = [r for r in run.modules or [] if r.get("absmax") is not None]
+    if th is not None and f is not None:
+        # a forward that went non-finite has no headroom left, whatever its finite outputs show
+        out.append(RuleResult(f"forward.{dtype}.headroom", ck_path, FAIL,
+                              f"no headroom: a value went {f.kind} in {dtype} at {f.module or '<root>'}", dtype,
+                              None, ["see forward." + dtype + ".nonfinite"]))
+    elif th is not None and rows:
+        mx = _range_max(dtype)
+        top = max(rows, key=lambda r: r["absmax"])
+        frac = top["absmax"] / mx
+        status = _grade(frac, th)
+        msg = (f"max module output absmax {top['absmax']:.6g} at {top['module'] or '<root>'} "
+               f"({top['module_type']}, input #{top['input_index']}) {_share(frac, dtype, mx)}; "
+               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
+        details = [] if status == PASS else [
+            f"fix: {top['module'] or '<root>'} has less than {1 / frac:.2g}x headroom in {dtype}; keep it in fp32 "
+            f"(`nanhunter bisect --dtype {dtype}`) or run in bf16"]
+        out.append(RuleResult(f"forward.{dtype}.headroom", ck_path, status, msg, dtype, frac, details))
+    return out
+
+
+def run_summary(run: Report) -> dict[str, Any]:
+    """One row of the dtype matrix: did the forward stay finite, where it broke, how close it came."""
+    rows = [r for r in run.modules or [] if r.get("absmax") is not None]
+    top = max(rows, key=lambda r: r["absmax"]) if rows else None
+    f = run.first_nonfinite
+    return {
+        "finite": f is None,
+        "failed_inputs": (run.run or {}).get("failed_inputs") or [],
+        "n_inputs": (run.run or {}).get("n_inputs", 0),
+        "first_nonfinite": asdict(f) if f else None,
+        "cause": run.diagnosis.cause if run.diagnosis else None,
+        "absmax": top["absmax"] if top else None,
+        "absmax_module": top["module"] if top else None,
+    }
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+
+def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
+    """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
+    from ..model.prepare import prepare
+    from .scan_checkpoint import run_generation, run_model
+
+    p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
+    if p is None:
+        return "weights-only check: no --arch and no config.json, so no forward was run"
+    if not p.batches:
+        return p.notes[0]
+    run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
+    run.notes += p.notes
+    if opts.generate is not None:
+        run_generation(p, run, opts.generate, opts.batch)
+    else:
+        run_model(p, run)
+    return run
+
+
+def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: Config,
+                     progress: Callable[[str, int], None] | None = None) -> Report:
+    from ..explain.diagnose import Evidence, diagnose
+    from ..load.weights import scan_weights
+    from .scan_checkpoint import weights_block
+
+    ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
+    rep = Report(checkpoint=ck.describe(), weights=weights_block(ws, cfg), mode="check")
+    results = weights_rules(label, ws.tensors, dtypes, cfg)
+    runs: dict[str, Report] = {}
+    for dt in dtypes:
+        got = forward_in(ck, dt, opts, cfg, rep.weights)
+        if isinstance(got, str):  # no model or no inputs: the same for every dtype
+            rep.notes.append(got)
+            break
+        runs[dt] = got
+        results += forward_rules(label, dt, got, cfg)
+    if runs:
+        # The report's run/modules/diagnosis are those of the first failing forward, else the first.
+        shown = next((d for d, r in runs.items() if r.first_nonfinite is not None), next(iter(runs)))
+        r = runs[shown]
+        rep.run, rep.modules, rep.inputs = r.run, r.modules, r.inputs
+        rep.first_nonfinite, rep.replay, rep.diagnosis = r.first_nonfinite, r.replay, r.diagnosis
+        rep.near_misses = r.near_misses
+        rep.notes += r.notes
+        if len(runs) > 1:
+            others = ", ".join(f"{d}: {'finite' if x.first_nonfinite is None else 'NON-FINITE'}"
+                               for d, x in runs.items() if d != shown)
+            rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
+    elif ws.nonfinite:
+        rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
+                                          config=cfg.diagnosis))
+    rep.check = {
+        "passed": not any(x.status == FAIL for x in results),
+        "dtypes": dtypes,
+        "results": [asdict(x) for x in results],
+        "runs": {d: run_summary(r) for d, r in runs.items()},
+    }
+    return rep
+
+
+def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
+          progress: Callable[[str, int], None] | None = None, **options: Any) -> list[Report]:
+    """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
+
+    All checkpoints are opened first, so a bad path fails (exit 2) before anything runs.
+    """
+    if not checkpoints:
+        raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
+    cfg = as_config(config)
+    dts = parse_dtypes(dtypes, cfg)
+    opts = CheckOptions(**options)
+    if opts.stats not in ("fast", "full"):
+        raise BadInput(f"--stats {opts.stats!r}: use fast or full")
+    cks = [(path, open_checkpoint(path)) for path in checkpoints]
+    return [check_checkpoint(ck, path, dts, opts, cfg, progress) for path, ck in cks]
+
+
+def passed(reports: list[Report]) -> bool:
+    return all((r.check or {}).get("passed") for r in reports)
+
+
+def write_json_reports(reports: list[Report], path: str) -> None:
+    """One checkpoint: its report v1 (as ``scan --json``). Several: a JSON array of reports v1,
+    in the order the checkpoints were given."""
+    from ..report import write_json
+
+    write_json(reports[0] if len(reports) == 1 else reports, path)

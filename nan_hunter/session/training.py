@@ -1,0 +1,363 @@
+"""What a ``watch(backward=True, optimizer=..., scaler=..., capsule_dir=...)`` adds to a report.
+
+- Weights at the fault: when the first fault is known (end of the forward, end of the backward,
+  after the optimizer step), the weights the step ran with are copied once, so a report can
+  re-run the step after later optimizer steps changed them. For an optimizer fault they come
+  from the pre-step copy, which is only taken with ``capsule_dir`` (one copy of the parameters,
+  their gradients and optimizer state per step; without a capsule nothing is copied and the
+  optimizer fault is explained from the state after the step).
+- GradScaler: a backward pass with non-finite gradients is a skipped step, not a fault, when the
+  same backward without loss scaling is finite: decided by one re-run of that step with the
+  gradients at the outputs divided by the scale (``locate.backward_op``), before the next step
+  or at ``report()``. Skipped steps are listed in ``run.scaler_skipped_steps``.
+- The capsule (``capsule.write``) at the first fault.
+- Report assembly for backward and optimizer findings, the ``run`` block and the diagnosis.
+"""
+
+from __future__ import annotations
+
+import inspect
+import platform
+from typing import Any
+
+import torch
+
+from ..capture.blocks import main_blocks
+from ..capture.ops import OpEvent
+from ..explain.diagnose import Evidence, diagnose
+from ..load.capsule import write as write_capsule
+from ..locate.backward_op import rerun_backward
+from ..locate.producer import Finding, call_table, first_finding, to_first_nonfinite
+from ..locate.training import first_bad_step, locate_backward, optimizer_facts
+from ..model.execute import weights_as, weights_copy
+from ..version import __version__
+from .watch_report import WatchReport
+
+
+def _enabled(scaler: Any) -> bool:
+    try:
+        return bool(scaler.is_enabled())
+    except AttributeError:
+        return True
+
+
+def _scale_of(scaler: Any) -> Any:
+    """The scaler's current scale without a host sync (a device tensor copy, or its initial value)."""
+    s = getattr(scaler, "_scale", None)
+    if isinstance(s, torch.Tensor):
+        return s.detach().clone()
+    return float(getattr(scaler, "_init_scale", 1.0))
+
+
+class TrainingState:
+    def __init__(self, watch: Any, scaler: Any, capsule_dir: str | None, arch: str | None) -> None:
+        self.w = watch
+        self.scaler = scaler if scaler is not None and _enabled(scaler) else None
+        self.capsule_dir = capsule_dir
+        self.arch = arch
+        self.scaler_skipped: list[int] = []
+        self.pending: set[int] = set()  # steps whose verdict waits for an unscaled re-run
+        self._verdict: dict[int, bool] = {}
+        self._scales: dict[int, Any] = {}
+        self.fault_state: dict[str, torch.Tensor] | None = None
+        self.fault_step: int | None = None
+        self.pre_step: dict[str, Any] | None = None
+        self.capsule: str | None = None
+        self.notes: list[str] = []
+        self.optimizer_facts: dict[str, Any] | None = None  # read right after the failing step
+
+    def _facts_now(self, f: int) -> dict[str, Any] | None:
+        """Optimizer state and gradient of the first parameter the step ``f`` made non-finite, as
+        they are right after that step (later steps overwrite them)."""
+        w = self.w
+        hooks = w.optimizer
+        if hooks is None:
+            return None
+        calls = [c for c in w._detail.get(f, []) if c.phase == "optimizer"]
+        rows = w.sink.rows()
+        found = first_finding(calls, rows)
+        if found is None or found.call.param is None:
+            return None
+        param = dict((n, p) for p, n, _, _ in hooks.params()).get(found.call.param)
+        return optimizer_facts(hooks.optimizer, param, found.call.param) if param is not None else None
+
+    # -- during the run ----------------------------------------------------------------------
+    def on_step(self, forward: int) -> None:
+        if self.scaler is not None:
+            self._scales[forward] = _scale_of(self.scaler)
+            for k in [k for k in self._scales if k < forward - self.w.window and k not in self.pending]:
+                del self._scales[k]
+        if self.pending:
+            self.settle()
+
+    def accept(self, forward: int, phase: str) -> bool:
+        if phase != "backward" or self.scaler is None:
+            return True
+        if forward in self._verdict:
+            return self._verdict[forward]
+        self.pending.add(forward)
+        return False
+
+    def settle(self) -> None:
+        """Decide the pending GradScaler steps: a fault only if unscaled gradients are non-finite too."""
+        for f in sorted(self.pending):
+            self.pending.discard(f)
+            real = self._unscaled_nonfinite(f)
+            if real is None:
+                self.notes.append(f"step {f}: gradients were non-finite under the GradScaler but the step could not "
+                                  "be re-run without loss scaling (inputs or weights no longer kept); counted as a "
+                                  "fault")
+                real = True
+            self._verdict[f] = real
+            if real:
+                self.w._late_fault(f, "backward")
+            else:
+                self.scaler_skipped.append(f)
+
+    def _unscaled_nonfinite(self, f: int) -> bool | None:
+        w = self.w
+        grads = w.grads.root_grads.get(f) if w.grads else None
+        fwd = w.step_forward(f)
+        if grads is None or fwd is None or w.weights_changed_since(f):
+            return None
+        scale = self._scales.get(f, 1.0)
+        scale = float(scale) if isinstance(scale, torch.Tensor) else scale
+        at_outputs = [g for _, g in grads if not bool(torch.isfinite(g).all())]
+        if at_outputs:  # scale × a finite gradient overflows to ±inf, never to NaN
+            return any(bool(torch.isnan(g).any()) for g in at_outputs)
+        was = w.paused
+        w.paused = True
+        try:
+            with w.state_kept():
+                finite, _ = rerun_backward(w.model, fwd, grads, scale=scale)
+        finally:
+            w.paused = was
+        return not finite
+
+    def on_first_fault(self, forward: int, phase: str) -> None:
+        w = self.w
+        if not w.late_phases and not self.capsule_dir:
+            return
+        if phase == "optimizer":
+            pre = self.pre_step if self.pre_step and self.pre_step["step"] == forward else None
+            state = pre["weights"] if pre else None
+        else:
+            state = weights_copy(w.model) if not w.weights_changed_since(forward) else None
+        self.fault_state, self.fault_step = state, forward
+        if phase == "optimizer":
+            self.optimizer_facts = self._facts_now(forward)
+        if self.capsule_dir:
+            try:
+                self._write_capsule(forward, phase)
+            except Exception as e:  # noqa: BLE001 - the user's training must go on; the report says why
+                self.notes.append(f"the capsule for step {forward} was not written: {type(e).__name__}: {e}")
+
+    def before_optimizer_step(self, forward: int, hooks: Any) -> None:
+        if not self.capsule_dir or self.w.first_failed is not None:
+            return
+        items = hooks.params()
+        opt = hooks.optimizer
+        self.pre_step = {
+            "step": forward, "weights": weights_copy(self.w.model),
+            "grads": {n: p.grad.detach().clone() for p, n, _, _ in items},
+            "state": {n: {k: v.detach().clone() for k, v in opt.state.get(p, {}).items() if isinstance(v, torch.Tensor)}
+                      for p, n, _, _ in items},
+            "groups": {n: next(i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"]))
+                       for p, n, _, _ in items},
+        }
+
+    def weights_at_fault(self, forward: int) -> dict[str, torch.Tensor] | None:
+        return self.fault_state if self.fault_step == forward else None
+
+    # -- the capsule ---------------------------------------------------------------------------
+    def _write_capsule(self, f: int, phase: str) -> None:
+        w = self.w
+        snap = w.inputs_of(f)
+        if snap is None or self.fault_state is None:
+            self.notes.append(f"the capsule for step {f} was not written: the step's "
+                              f"{'inputs' if snap is None else 'weights'} were no longer kept")
+            return
+        ctx = w.contexts.get(f)
+        model = w.model
+        config = getattr(model, "config", None)
+        meta: dict[str, Any] = {
+            "phase": phase,
+            "dtype": w.run.name if w.run is not None else None,
+            "param_dtype": str(next((p.dtype for p in model.parameters()), torch.float32)).removeprefix("torch."),
+            "autocast": [[dev, str(dt).removeprefix("torch.")] for dev, dt in (ctx.autocast if ctx else ())],
+            "grad": bool(ctx.grad) if ctx else True,
+            "training": ctx.training if ctx else model.training,
+            "loss": {"kind": "grad_outputs" if w.grads is not None else "none"},
+            "versions": {"nanhunter": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        }
+        if config is not None and hasattr(config, "to_dict"):
+            meta["config"] = config.to_dict()
+            meta["model_class"] = type(model).__name__
+            try:
+                import transformers
+
+                meta["versions"]["transformers"] = transformers.__version__
+            except ImportError:  # pragma: no cover - a config without transformers
+                pass
+        if self.arch:
+            meta["arch"] = self.arch
+        grads = w.grads.root_grads.get(f) if w.grads else None
+        opt = None
+        if phase == "optimizer" and self.pre_step is not None and w.optimizer is not None:
+            o = w.optimizer.optimizer
+            opt = {"class": type(o).__name__, "module": type(o).__module__,
+                   "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
+                   "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
+        args, kwargs = snap.rerun()
+        path = write_capsule(self.capsule_dir, f, weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
+                             grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
+        self.capsule = str(path)
+
+    def _run_at(self, step: int, phase: str) -> Any:
+        """The precision ops ran in at ``step``: the watch's dtype, else the autocast dtype of that
+        step's forward (and its backward, which autocast's casts mirror), else the parameters'."""
+        from ..dtypes import RunDtype, name_of
+
+        w = self.w
+        if w.run is not None:
+            return w.run
+        ctx = w.contexts.get(step)
+        if phase != "optimizer" and ctx is not None and ctx.autocast:
+            dev = w.sink.device.type
+            dt = next((d for dv, d in ctx.autocast if dv == dev), ctx.autocast[0][1])
+            name = name_of(dt)
+            if name:
+                return RunDtype.of(name)
+        return _run_of(w.model)
+
+    def _autocast(self) -> list[list[str]] | None:
+        """The autocast of the latest kept step, as [device, dtype] pairs (None: not under autocast)."""
+        from ..dtypes import name_of
+
+        ctx = self.w.contexts.get(self.w.n_forwards - 1)
+        if ctx is None or not ctx.autocast:
+            return None
+        return [[dev, name_of(dt) or str(dt).removeprefix("torch.")] for dev, dt in ctx.autocast]
+
+    # -- the report ----------------------------------------------------------------------------
+    def locate(self, finding: Finding, calls: list[Any], rows: Any, notes: list[str], failed: list[int]) -> WatchReport:
+        if finding.call.phase == "optimizer":
+            return self._locate_optimizer(finding, calls, rows, notes, failed)
+        w = self.w
+        f = finding.call.input_index
+        grads = w.grads.root_grads.get(f) if w.grads else None
+        fwd = w.step_forward(f)
+        state = self.weights_at_fault(f)
+        fnf = to_first_nonfinite(finding)
+        table = call_table(calls, rows)
+        ev = None
+        if grads is None or fwd is None:
+            notes.append(f"the inputs or output gradients of step {f} were not kept, so the backward was not re-run: "
+                         "module-level and op-level location are missing")
+        elif w.weights_changed_since(f) and state is None:
+            notes.append(f"parameters changed after step {f} and were not kept, so its backward was not re-run")
+        else:
+            with w.state_kept(), weights_as(w.model, state if w.weights_changed_since(f) else None):
+                loc = locate_backward(w.model, fwd, grads, f, w.sink.device)
+            if loc.finding is not None:
+                ev = loc.event if loc.finding.role == "producer" else None  # arrived non-finite: no op made it
+                fnf = to_first_nonfinite(loc.finding, ev)
+                table = loc.table
+            else:
+                notes.append(f"re-running the backward of step {f} gave finite gradients: the fault did not "
+                             "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
+                             "capture alone")
+        return WatchReport(fnf, table, failed, notes, op_event=ev)
+
+    def _locate_optimizer(self, finding: Finding, calls: list[Any], rows: Any, notes: list[str],
+                          failed: list[int]) -> WatchReport:
+        w = self.w
+        fnf = to_first_nonfinite(finding)
+        hooks = w.optimizer
+        ev = None
+        facts = None
+        if hooks is not None:
+            if self.fault_step == finding.call.input_index and self.optimizer_facts is not None \
+                    and self.optimizer_facts.get("param") == fnf.param:
+                facts = self.optimizer_facts
+            pre = self.pre_step if self.pre_step and self.pre_step["step"] == finding.call.input_index else None
+            if pre is not None:
+                ev = _optimizer_op(hooks.optimizer, fnf.param or "", pre)
+                if ev is not None:
+                    fnf.op, fnf.source = ev.op, None
+            else:
+                notes.append("the op inside optimizer.step() is not named: that needs the state before the step, "
+                             "kept only with watch(capsule_dir=...)")
+        rep = WatchReport(fnf, call_table(calls, rows), failed, notes, op_event=ev)
+        rep._optimizer = facts  # type: ignore[attr-defined]
+        return rep
+
+    def finish(self, rep: WatchReport) -> None:
+        w = self.w
+        rep.notes += [n for n in self.notes if n not in rep.notes]
+        if self.scaler_skipped:
+            rep.notes.append(f"GradScaler skipped step(s) {sorted(self.scaler_skipped)}: the scaled gradients "
+                             "overflowed while the same backward without loss scaling is finite — loss scaling "
+                             "backing off, not a fault")
+        if self.capsule:
+            rep.notes.append(f"capsule of the failing step written to {self.capsule} "
+                             "(replay it with: nanhunter scan <that directory>)")
+        run = w.run or _run_of(w.model)
+        rep.run = {"dtype": run.name if run is not None else None,
+                   "compute_dtype": run.compute if run is not None else None,
+                   "device": str(w.sink.device), "n_inputs": w.n_forwards, "failed_inputs": rep.failed_inputs,
+                   "backward": w.grads is not None, "optimizer_steps": w.optimizer.steps if w.optimizer else None,
+                   "scaler_skipped_steps": sorted(self.scaler_skipped) if self.scaler is not None else None,
+                   "capsule": self.capsule, "generate": None, "autocast": self._autocast()}
+        fnf = rep.first_nonfinite
+        if fnf is None or rep.diagnosis is not None:
+            return
+        ev = rep.op_event
+        evd = Evidence(fnf.role, fnf.kind, fnf.module, fnf.module_type, fnf.op, ev.operands if ev else [],
+                       self._run_at(fnf.step, fnf.phase), None, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
+                       rep.failed_inputs, w.n_forwards, op_absmax=ev.exact_absmax if ev else None, phase=fnf.phase,
+                       grad_fn=fnf.grad_fn, optimizer=getattr(rep, "_optimizer", None))
+        rep.diagnosis = diagnose(evd)
+
+
+def _run_of(model: torch.nn.Module) -> Any:
+    """The precision a model runs in when the watch was given none: its parameters' dtype."""
+    from ..dtypes import RunDtype, name_of
+
+    p = next(iter(model.parameters()), None)
+    name = name_of(p.dtype) if p is not None else None
+    return RunDtype.of(name) if name else None
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in group.items():
+        if k == "params":
+            continue
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = float(v)
+        if isinstance(v, tuple):
+            v = list(v)
+        if isinstance(v, (int, float, bool, str, list)) or v is None:
+            out[k] = v
+    return out
+
+
+def _optimizer_op(optimizer: Any, name: str, pre: dict[str, Any]) -> OpEvent | None:
+    """Re-run one parameter's step from the pre-step copy, with a fresh optimizer of the same
+    class and hyperparameters, under the op-level mode: the op that made it non-finite."""
+    cls = type(optimizer)
+    if not cls.__module__.startswith("torch.optim") or name not in pre["grads"] or name not in pre["weights"]:
+        return None
+    group = optimizer.param_groups[pre["groups"][name]]
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    hp = {k: v for k, v in _hyper(group).items() if k in accepted}
+    p = torch.nn.Parameter(pre["weights"][name].clone())
+    p.grad = pre["grads"][name].clone()
+    try:
+        o = cls([p], **hp)
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
+        return None
+    o.state[p] = {k: v.clone() for k, v in pre["state"].get(name, {}).items()}
+    return first_bad_step(o)
+

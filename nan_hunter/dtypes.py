@@ -14,6 +14,7 @@ the fp8 max bounds those scaled operands, never an activation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -183,3 +184,19 @@ class RunDtype:
 
     def __str__(self) -> str:
         return self.name
+
+
+def step_precision(run: RunDtype | None, autocast: Sequence[tuple[str, torch.dtype]] = (),
+                   device_type: str | None = None, param_dtype: torch.dtype | None = None) -> RunDtype | None:
+    """The one answer to "which precision did this step compute in": the run's own (a watch's or
+    a capsule's dtype), else the autocast dtype of ``device_type`` (else the first autocast),
+    else the parameters' dtype; None when none of them names a run dtype."""
+    if run is not None:
+        return run
+    if autocast:
+        dt = next((d for dev, d in autocast if dev == device_type), autocast[0][1])
+        name = name_of(dt)
+        if name:
+            return RunDtype.of(name)
+    name = name_of(param_dtype) if param_dtype is not None else None
+    return RunDtype.of(name) if name else None

@@ -67,10 +67,50 @@ class BisectResult:
 
 
 @dataclass
+class RunInfo:
+    """The report's ``run`` block, typed. Every field is present in the JSON (null where it does
+    not apply); fields are readable as attributes or keys (``rep.run["generate"]``)."""
+
+    dtype: str | None  # the run's precision (contract v1)
+    device: str
+    n_inputs: int
+    failed_inputs: list[int] = field(default_factory=list)  # data-set indices that went non-finite
+    compute_dtype: str | None = None  # what activations are stored in (an fp8 run: bf16 or fp32)
+    inputs: list[str] = field(default_factory=list)  # a label per input ("prompt 0", a file name...)
+    generate: dict[str, Any] | None = None  # --generate: contract v1.1 "Generation"
+    backward: bool | None = None  # gradients captured (--backward, watch(backward=True))
+    loss: str | None = None  # --backward: what was differentiated
+    optimizer_steps: int | None = None  # watch(optimizer=...): steps seen
+    scaler_skipped_steps: list[int] | None = None  # GradScaler skips that were not faults
+    capsule: str | None = None  # where the capsule of the first fault was written
+    autocast: list[list[str]] | None = None  # [[device, dtype]] of the failing (or latest) step
+    ranks: int | None = None  # under torchrun: how many ranks split the data set
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"run has no field {key!r}")
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default) if key in self.__dataclass_fields__ else default
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class Report:
     checkpoint: dict[str, Any] | None = None
     weights: dict[str, Any] | None = None
-    run: dict[str, Any] | None = None
+    run: RunInfo | None = None
     first_nonfinite: FirstNonfinite | None = None
     replay: dict[str, dict[str, Any]] | None = None
     diagnosis: Diagnosis | None = None
@@ -109,7 +149,7 @@ class Report:
             "torch_version": torch.__version__,
             "checkpoint": self.checkpoint,
             "weights": self.weights,
-            "run": self.run,
+            "run": self.run.to_dict() if self.run is not None else None,
             "first_nonfinite": None,
             "replay": self.replay,
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,13 +15,16 @@ from ..capture.blocks import main_blocks
 from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
-from ..explain.replay import float_outputs, rel_err
+from ..explain.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..model.execute import cast_batch, run_context
 from ..model.policy import install_hooks, set_precision
 from ..model.prepare import parse_dtype, prepare, run_dtype
-from ..report import BisectResult, Report
+from ..report import BisectResult, Report, RunInfo
 from .search import minimal_keep_set, shortest_failing_prefix
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..modes.harness import Mode
 
 
 def first_call_order(model: nn.Module, run: Callable[[], Any]) -> list[str]:
@@ -70,7 +73,7 @@ class MixedRunner:
     """Runs every input with a keep set in ``keep_dtype`` and the rest in ``dtype``."""
 
     def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float,
-                 generate: int | None = None, pad_id: int | None = None, loss: Any = None):
+                 mode: Mode):
         self.model = model
         self.batches = batches
         self.run = run
@@ -78,9 +81,8 @@ class MixedRunner:
         self.dtype = run.name
         self.keep_dtype = keep.name
         self.rtol = rtol
-        self.generate = generate  # greedy decoding of this many tokens per input instead of one forward
-        self.pad_id = pad_id
-        self.loss = loss  # --backward: a run passes only when its backward of this loss is finite too
+        self.mode = mode  # what one input runs (modes.harness): a forward, a decoding, forward and backward
+        self.backward = mode.name == "backward"  # a run passes only when its gradients are finite too
         # full-precision master weights (as loaded), to restore kept modules without rounding
         self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
                        if v.is_floating_point()}
@@ -119,11 +121,11 @@ class MixedRunner:
             handles = self._configure(keep)
             run = self.run
         res = []
-        rec = Recorder(self.model, level="modules", retain=1, backward=self.loss is not None)
+        rec = Recorder(self.model, level="modules", retain=1, backward=self.backward)
         try:
-            with rec, torch.set_grad_enabled(self.loss is not None), run_context(run):
+            with rec, torch.set_grad_enabled(self.backward), run_context(run):
                 for kw in batches if batches is not None else self.batches:
-                    res.append(self._run_one(self._inputs(kw, run), rec))
+                    res.append(self.mode.run_input(self.model, self._inputs(kw, run), rec))
         except RuntimeError:
             return None
         finally:
@@ -131,24 +133,6 @@ class MixedRunner:
                 h.remove()
         f = first_finding(rec.calls, rec.sink.rows())
         return res, (None if f is None else f.call.module)
-
-    def _run_one(self, kw: dict, rec: Any) -> list[torch.Tensor]:
-        """One input: its float outputs, or under --generate a greedy decoding (nothing to compare:
-        it passes when every module output of every step stayed finite)."""
-        if self.loss is not None:  # forward and backward: the recorder judges the gradients too
-            out, val = self.loss.run(self.model, kw)
-            val.backward()
-            self.model.zero_grad(set_to_none=True)
-            return float_outputs(out)
-        if self.generate is None:
-            return float_outputs(self.model(**kw))
-        from transformers import StoppingCriteriaList
-
-        from ..modes.generate import stop_on_fault
-
-        self.model.generate(**kw, max_new_tokens=self.generate, do_sample=False, num_beams=1, pad_token_id=self.pad_id,
-                            stopping_criteria=StoppingCriteriaList([stop_on_fault(rec)]))
-        return []
 
     def reference(self) -> bool:
         got = self.observe(frozenset(), all_high=True)
@@ -167,7 +151,7 @@ class MixedRunner:
             self.last_max_err = math.inf
             return False, None
         outs, producer = got
-        err = max((rel_err(o, r) for o, r in zip(outs, self.ref)), default=0.0)
+        err = max((compare(o, r).error for o, r in zip(outs, self.ref)), default=0.0)
         self.last_max_err = err
         if producer is None and err <= self.rtol:
             return True, None
@@ -199,34 +183,26 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
         raise BadInput(f"--over {over}: use modules or inputs")
     tol = float(rtol if rtol is not None else cfg.bisect.rtol)
     ck = open_checkpoint(checkpoint)
+    from ..explain.assemble import weights_section
     from ..load.weights import scan_weights
-    from ..pipeline.scan_checkpoint import weights_block
 
-    rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_block(scan_weights(ck), cfg))
+    rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_section(scan_weights(ck), cfg))
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
     p = prepare(ck, arch, inputs, prompts, data, keep, device, cfg, attn, need_model=True)
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
     rep.notes += p.notes  # e.g. the default prompt, announced as in scan
-    pad_id = None
-    if generate is not None:
-        from ..modes.generate import check_can_generate, pad_token_id
-
-        check_can_generate(p.model)
-        pad_id = pad_token_id(p)
-    loss_fn = None
-    if backward:
-        from ..modes.backward import load_loss
-
-        if generate is not None:
-            raise BadInput("bisect --backward cannot be combined with --generate; run them separately")
-        loss_fn = load_loss(p.model, loss)
-    elif loss is not None:
+    if loss is not None and not backward:
         raise BadInput("--loss is the loss --backward differentiates: add --backward")
-    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, generate, pad_id,
-                         loss_fn)
-    rep.run = {"dtype": dt, "device": str(p.device), "n_inputs": len(p.batches), "failed_inputs": [],
-               "inputs": p.labels}
+    if backward and generate is not None:
+        raise BadInput("bisect --backward with --generate: transformers' generate() runs under torch.no_grad(), so "
+                       "a decoding has no backward; run them separately")
+    from ..modes.registry import mode_for
+
+    mode = mode_for(generate=generate, backward=backward, loss=loss)
+    mode.check(p)
+    runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, mode)
+    rep.run = RunInfo(dtype=dt, device=str(p.device), n_inputs=len(p.batches), inputs=list(p.labels))
     if not runner.reference():
         rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, over=over)
         rep.notes.append(f"the run is non-finite even with everything in {keep}: no precision policy can fix it; "
@@ -281,9 +257,10 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
 
 
 def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool, float | None]:
-    """The policy applied the public way (``apply_policy``) on a fresh copy of the model: finite,
-    and the largest relative error against the reference (None under --generate: decoding is
-    judged on finiteness alone)."""
+    """The policy applied the public way (``apply_policy``) on a fresh copy of the model, each
+    input run by the bisected mode under capture: finite in every module output (and gradient,
+    for ``--backward``), and the largest relative error against the reference (None under
+    ``--generate``: decoding is judged on finiteness alone)."""
     from ..capture.recorder import Recorder
     from ..locate.producer import first_finding
     from ..model.policy import apply_policy
@@ -294,33 +271,17 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
     handle = apply_policy(m, {"dtype": runner.dtype, "keep_dtype": runner.keep_dtype,
                               "modules": {k: runner.keep_dtype for k in keep}})
     errs = []
-    finite = True
-    if runner.generate is not None:
-        rec = Recorder(m, level="modules", retain=1)
-        try:
-            with rec, torch.no_grad(), run_context(runner.run):
-                for kw in runner.batches:
-                    m.generate(**runner._inputs(kw, runner.run), max_new_tokens=runner.generate, do_sample=False,
-                               num_beams=1, pad_token_id=runner.pad_id)
-        finally:
-            handle.remove()
-        return first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None, None
+    rec = Recorder(m, level="modules", retain=1, backward=runner.backward)
     try:
-        for kw, ref in zip(runner.batches, runner.ref):
-            with torch.set_grad_enabled(runner.loss is not None), run_context(runner.run):
-                if runner.loss is not None:  # --backward: the policy must make the gradients finite too
-                    out, val = runner.loss.run(m, runner._inputs(kw, runner.run))
-                    val.backward()
-                    finite &= all(bool(torch.isfinite(q.grad).all()) for q in m.parameters() if q.grad is not None)
-                    m.zero_grad(set_to_none=True)
-                else:
-                    out = m(**runner._inputs(kw, runner.run))
-                outs = float_outputs(out)
-            finite &= all(bool(torch.isfinite(t).all()) for t in outs)
-            errs.append(rel_err(outs, ref))
+        with rec, torch.set_grad_enabled(runner.backward), run_context(runner.run):
+            for kw, ref in zip(runner.batches, runner.ref):
+                outs = runner.mode.run_input(m, runner._inputs(kw, runner.run), rec)
+                if outs or ref:
+                    errs.append(compare(outs, ref).error)
     finally:
         handle.remove()
-    return finite, max(errs, default=0.0)
+    finite = first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None
+    return finite, (None if runner.mode.name == "generate" else max(errs, default=0.0))
 
 
 def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Report:
@@ -330,7 +291,7 @@ def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Repor
     for i, kw in enumerate(runner.batches):
         got = runner.observe(frozenset(), [kw])
         runner.runs += 1
-        if got is not None and got[1] is None and rel_err(got[0][0], runner.ref[i]) <= runner.rtol:
+        if got is not None and got[1] is None and compare(got[0][0], runner.ref[i]).error <= runner.rtol:
             continue
         failing.append(i)
         seq = _seq_len(kw)

@@ -150,7 +150,7 @@ class GradientHooks:
         """One gradient of ``call``'s backward: measured into the sink, kept on the backward call."""
         rec = self.rec
         f = call.input_index
-        detail = rec._detail.get(f)
+        detail = rec.calls_of(f)
         if detail is None:  # the forward was folded before its backward ran (more micro-batches than retain)
             return []
         per = self.calls.setdefault(f, {})
@@ -159,12 +159,12 @@ class GradientHooks:
             bc = per[call.start] = Call(call.start, call.module, call.module_type, call.call_index, call.depth,
                                         call.parent, f, phase="backward")
             detail.append(bc)
-        refs = rec._measure_flat([(label, grad.detach() if grad.requires_grad else grad)], forward=f)
+        refs = rec.measure([(label, grad.detach() if grad.requires_grad else grad)], step=f)
         if incoming:
             bc.inputs += refs
             if call.parent is None:
                 if f not in self.root_grads:  # kept by reference for the latest step and those a report needs
-                    for k in [k for k in self.root_grads if not rec._grads_needed(k)]:
+                    for k in [k for k in self.root_grads if not rec.grads_needed(k)]:
                         del self.root_grads[k]
                 self.root_grads.setdefault(f, []).append((label.removeprefix("grad of "), grad))
         else:

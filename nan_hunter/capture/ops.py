@@ -79,6 +79,7 @@ class OpEvent:
     outcome: str | None = None  # level "ops", absorbed values: how the module output compares with float64
     rel_err: float | None = None  # that module output's relative error against float64
     grad_fn: str | None = None  # in a backward pass: the autograd node running the op (``SqrtBackward0``)
+    call: Any = field(default=None, repr=False, compare=False)  # level "ops": the module call running it, until judged
 
 
 def operand_stats(i: int, x: Any) -> OperandStats | None:
@@ -419,17 +420,17 @@ class OpWatch(TorchDispatchMode):
         if ev is not None:
             stack = self.watch._stack
             ev.module = stack[-1].module if stack else None
-            ev._call = stack[-1] if stack else None  # type: ignore[attr-defined]
+            ev.call = stack[-1] if stack else None
             self.records.append(ev)
         return out
 
     def module_done(self, call: Any, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """After a module call: judge the absorbed values it made against a float64 re-run."""
-        mine = [ev for ev in self.records if getattr(ev, "_call", None) is call]
+        mine = [ev for ev in self.records if ev.call is call]
         if not mine:
             return
         for ev in mine:
-            del ev._call  # type: ignore[attr-defined]
+            ev.call = None
         outs = _float_tensors(output)
         if not outs or any(sum(_counts([o])) for o in outs):
             return  # not absorbed: the module output itself is non-finite
@@ -443,16 +444,12 @@ class OpWatch(TorchDispatchMode):
                 ref_out = _float_tensors(ref(*tree_map(wide, args), **tree_map(wide, kwargs)))
         except Exception:  # noqa: BLE001 - no float64 kernel, a subclass weight: leave it unjudged
             return
-        if len(ref_out) != len(outs):
-            return
-        num = den = 0.0
-        for o, r in zip(outs, ref_out):
-            if o.shape != r.shape or not bool(torch.isfinite(r).all()):
-                return
-            if o.numel():
-                num = max(num, float((plain(o).double() - r).abs().max()))
-                den = max(den, float(r.abs().max()))
-        err = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+        from ..explain.compare import compare
+
+        cmp = compare([plain(o) for o in outs], ref_out)
+        if not cmp.same_structure or not cmp.ref_finite:
+            return  # the float64 run is no reference here: leave it unjudged
+        err = cmp.error
         eps = max(torch.finfo(outs[0].dtype).eps * EXACT_EPS, 1e-5) if outs[0].dtype.is_floating_point else 1e-5
         for ev in mine:
             ev.rel_err = err

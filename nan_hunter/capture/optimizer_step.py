@@ -70,20 +70,20 @@ class OptimizerHooks:
     def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         rec = self.rec
         self._pending = None
-        f = rec._forward
-        if rec.paused or f < 0 or f not in rec._detail:
+        f = rec.current_step
+        if rec.paused or f < 0 or rec.calls_of(f) is None:
             return
         items = self.params()
         # a parameter the forward measured, unchanged since, and a gradient the backward measured,
         # the very storage autograd then stored as .grad, are not read again
         known = [rec.param_row(n, p, f) for p, n, _, _ in items]
-        fresh = rec._measure_flat([(f"{n} before the step", p.detach()) for (p, n, _, _), k in zip(items, known)
-                                   if k is None], forward=f)
+        fresh = rec.measure([(f"{n} before the step", p.detach()) for (p, n, _, _), k in zip(items, known)
+                                   if k is None], step=f)
         it = iter(fresh)
         before = [(f"{n} before the step", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, known)]
         seen = [rec.grads.grad_row(n, p.grad, f) if rec.grads is not None else None for p, n, _, _ in items]
-        fresh = rec._measure_flat([(f"grad of {n}", _plain(p.grad)) for (p, n, _, _), k in zip(items, seen)
-                                   if k is None], forward=f)
+        fresh = rec.measure([(f"grad of {n}", _plain(p.grad)) for (p, n, _, _), k in zip(items, seen)
+                                   if k is None], step=f)
         it = iter(fresh)
         grads = [(f"grad of {n}", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, seen)]
         refs = before + grads
@@ -97,10 +97,10 @@ class OptimizerHooks:
         if pending is None or rec.paused:
             return
         f, items, refs = pending
-        detail = rec._detail.get(f)
+        detail = rec.calls_of(f)
         if detail is None:
             return
-        after = rec._measure_flat([(f"{n} after the step", p.detach()) for p, n, _, _ in items], forward=f)
+        after = rec.measure([(f"{n} after the step", p.detach()) for p, n, _, _ in items], step=f)
         n = len(items)
         calls = []
         for i, (_, name, owner, otype) in enumerate(items):

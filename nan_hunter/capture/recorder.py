@@ -44,6 +44,7 @@ from ..tree import float_tensors, local_shard
 from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
 from .gradients import GradientHooks
+from .listener import CaptureListener
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
 from .sink import StatsSink
@@ -109,7 +110,9 @@ class Recorder:
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
                  backend: str | None = None, device: Any = None, backward: bool = False,
-                 optimizer: Any = None):
+                 optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None):
+        """``first_step``: the step number of the first root call (a re-run of step k records as
+        step k); ``listener``: who is told of root calls, faults and optimizer steps."""
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
         ddp = nn.parallel.DistributedDataParallel  # watch(DDP(m)): m's names (no "module."), no DDP re-runs
@@ -136,7 +139,8 @@ class Recorder:
         self._count: dict[str, int] = {}
         self._seq = 0
         self._starts = 0
-        self._forward = -1  # root calls seen (each is one input of the data set)
+        self._forward = first_step - 1  # the latest root call's step (each is one input of the data set)
+        self.listener = listener if listener is not None else CaptureListener()
         self._ops = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._params_all = [p for p in model.parameters() if not p.is_inference()]
@@ -228,38 +232,34 @@ class Recorder:
     def inputs_of(self, forward: int) -> Snapshot | None:
         return self._inputs.get(forward)
 
-    # -- hooks ------------------------------------------------------------------------------
-    def _on_root_call(self, forward: int) -> None:
-        """Called when a root forward starts (a session records its ambient context here)."""
+    def renumber_steps(self, indices: list[int]) -> None:
+        """After recording a part of a data set: each kept call's step (the local root-call
+        number) becomes ``indices[step]``, its data-set index. Nothing is judged after this."""
+        for c in self.calls:
+            c.input_index = indices[c.input_index]
 
-    def _on_forget(self, forward: int) -> None:
-        """Called when a forward is folded away (a session drops what it kept for it)."""
+    # -- the public API of collaborators (gradients, optimizer steps, sessions) ---------------
+    @property
+    def current_step(self) -> int:
+        """The step of the latest root call (-1 before any, or ``first_step - 1``)."""
+        return self._forward
 
-    def _keeps_inputs(self) -> bool:
-        """Whether root inputs are snapshotted (a session's report re-runs them)."""
-        return False
+    def calls_of(self, step: int) -> list[Call] | None:
+        """The calls of ``step`` while it is kept in full (None once folded away)."""
+        return self._detail.get(step)
 
-    def _on_first_fault(self, forward: int, phase: str) -> None:
-        """Called once, when the first failing step is known (a session keeps the weights as they
-        were then, and writes a capsule)."""
+    def measure(self, items: list[tuple[str, torch.Tensor]], owned: bool = True, step: int | None = None) -> Refs:
+        """Measure (label, tensor) pairs in one batch: their stats rows. ``owned``: the rows belong
+        to ``step`` (default: the current one) and are given back when it is folded away."""
+        return self._measure_flat(items, owned=owned, forward=step)
 
-    def _accept_fault(self, forward: int, phase: str) -> bool:
-        """Whether a non-finite backward or optimizer phase counts as a fault (a session with a
-        GradScaler tells skipped steps from real faults)."""
-        return True
+    def grads_needed(self, step: int) -> bool:
+        """Whether the gradients that reached the root outputs in ``step`` must stay kept."""
+        return self.listener.grads_needed(step, self.first_failed)
 
-    def _judge_late_now(self) -> bool:
-        """Whether a device sink reads backward and optimizer rows back as soon as a phase ends
-        (a session that writes a capsule or tells GradScaler skips needs the verdict before the
-        weights change)."""
-        return False
-
-    def _grads_needed(self, forward: int) -> bool:
-        """Whether the gradients that reached the root outputs in ``forward`` must stay kept."""
-        return forward == self.first_failed
-
-    def on_optimizer_start(self, forward: int, hooks: OptimizerHooks) -> None:
-        """Called before ``optimizer.step()`` of a kept step (a session copies what a capsule needs)."""
+    def on_optimizer_start(self, step: int, hooks: OptimizerHooks) -> None:
+        """Before ``optimizer.step()`` of a kept step."""
+        self.listener.on_optimizer_start(step, hooks)
 
     @property
     def late_phases(self) -> bool:
@@ -308,10 +308,10 @@ class Recorder:
                 self.sink.forget_tensors()
                 self._weights_at[self._forward] = self.weights_version()
                 self._detail[self._forward] = []
-                if self._keeps_inputs():
+                if self.listener.keeps_inputs():
                     self._inputs[self._forward] = Snapshot.of(args, kwargs)
                     self._drop_old_inputs()
-                self._on_root_call(self._forward)
+                self.listener.on_root_call(self._forward)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
             parent = self._stack[-1].start if self._stack else None
@@ -510,7 +510,7 @@ class Recorder:
             if not _failed(self._detail.get(f, []), rows):
                 continue
             phase = _phase_of(self._detail.get(f, []), rows)
-            if phase != "forward" and not self._accept_fault(f, phase):
+            if phase != "forward" and not self.listener.accept_fault(f, phase):
                 continue
             if self._failed_runs and self._failed_runs[-1][1] == f - 1:
                 self._failed_runs[-1][1] = f
@@ -521,7 +521,7 @@ class Recorder:
                 snap = self._inputs.get(f)
                 if snap is not None:
                     snap.pin()  # a copy later forwards cannot change
-                self._on_first_fault(f, phase)
+                self.listener.on_first_fault(f, phase)
 
     def _fold(self, forwards: list[int]) -> None:
         """Fold forwards into the per-module aggregates and give their rows back, except the first
@@ -560,34 +560,34 @@ class Recorder:
             self._inputs.pop(f, None)
             self._weights_at.pop(f, None)
             self.forwards_folded += 1
-            self._on_forget(f)
+            self.listener.on_forget(f)
 
     # -- later phases -------------------------------------------------------------------------
     def on_backward_end(self, forwards: list[int]) -> None:
         """A backward pass ended: on a host sink, judge the steps it went through now (while the
         weights are still those of the step). A device sink judges them when folded or reported,
         unless ``_judge_late_now`` asks for it now (one read-back per backward pass)."""
-        if not self._rows_on_host() and not self._judge_late_now():
+        if not self._rows_on_host() and not self.listener.judge_late_now():
             return
         for f in forwards:
             calls = [c for c in (self.grads.calls.get(f, {}).values() if self.grads else ()) if c.outputs]
             rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
             if any(_nonfinite(rows[r]) for c in calls for _, r in c.outputs):
-                self._late_fault(f, "backward")
+                self.mark_late_fault(f, "backward")
 
     def on_optimizer_end(self, forward: int, calls: list[Call]) -> None:
         """An optimizer step ended: on a host sink, judge it now (a device sink: see ``on_backward_end``)."""
-        if not self._rows_on_host() and not self._judge_late_now():
+        if not self._rows_on_host() and not self.listener.judge_late_now():
             return
         rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
         for c in calls:
             if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
-                self._late_fault(forward, "optimizer")
+                self.mark_late_fault(forward, "optimizer")
                 return
 
-    def _late_fault(self, f: int, phase: str) -> None:
+    def mark_late_fault(self, f: int, phase: str) -> None:
         """Step ``f`` went non-finite in a phase after its forward (which was judged finite)."""
-        if f in self.failed_forwards() or not self._accept_fault(f, phase):
+        if f in self.failed_forwards() or not self.listener.accept_fault(f, phase):
             return
         runs = sorted(self._failed_runs + [[f, f]])
         merged: list[list[int]] = []
@@ -602,7 +602,7 @@ class Recorder:
             snap = self._inputs.get(f)
             if snap is not None:
                 snap.pin()
-            self._on_first_fault(f, phase)
+            self.listener.on_first_fault(f, phase)
 
     def failed_forwards(self) -> list[int]:
         """Every forward judged failing so far (folded ones included)."""

@@ -45,16 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.rank_split import finish, process_group, refuse_unsupported, writes
+    from ..distributed.rank_split import finish, process_group, writes
     from ..pipeline.ci_check import check, passed
 
-    refuse_unsupported(args)
-    with process_group(args.device):  # under torchrun: the data set split across ranks
+    with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() else (None, None)
         try:
             reps = check(args.checkpoints, dtypes=args.dtypes, config=cfg, progress=cb, arch=args.arch,
                          inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
-                         attn=args.attn, generate=args.generate, batch=args.batch)
+                         attn=args.attn, generate=args.generate, batch=args.batch, split=split)
         finally:
             if prog is not None:
                 prog.close()

@@ -43,20 +43,20 @@ def run(args: argparse.Namespace) -> int:
     from .output import terminal_limits
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.rank_split import finish, process_group, refuse_unsupported, writes
-    from ..pipeline.scan_checkpoint import scan
+    from ..distributed.rank_split import finish, process_group, writes
+    from ..pipeline.options import ScanOptions
+    from ..pipeline.scan_checkpoint import run_scan
 
-    refuse_unsupported(args)
-    with process_group(args.device):  # under torchrun: the data set split across ranks
-        prog, cb = scan_progress() if writes() else (None, None)
-        try:
-            rep = scan(args.checkpoint, arch=args.arch, inputs=args.inputs, prompts=args.prompt, data=args.data,
-                       dtype=args.dtype, device=args.device, stats=args.stats, config=cfg, attn=args.attn,
-                       progress=cb, replay=not args.no_replay,
+    opts = ScanOptions(args.checkpoint, arch=args.arch, inputs=tuple(args.inputs or ()),
+                       prompts=tuple(args.prompt or ()), data=args.data, dtype=args.dtype, device=args.device,
+                       stats=args.stats, attn=args.attn, replay=not args.no_replay,
                        compile=args.compile_backend if args.compile else None, rtol=args.rtol,
                        generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
-                       device_map=args.device_map,
-                       max_memory=args.max_memory)
+                       device_map=args.device_map, max_memory=tuple(args.max_memory or ()))
+    with process_group(args.device) as split:  # under torchrun: the data set split across ranks
+        prog, cb = scan_progress() if writes() else (None, None)
+        try:
+            rep = run_scan(opts, cfg, progress=cb, split=split)
         finally:
             if prog is not None:
                 prog.close()

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..report import Diagnosis, FirstNonfinite
+from ..report import Diagnosis, FirstNonfinite, RunInfo
 from . import collectives as dist
 
 if TYPE_CHECKING:
@@ -190,7 +190,8 @@ def combine(local: Any, watch: Any) -> Any:
     if fnf is not None:
         fnf = dataclasses.replace(fnf, rank=me, param=_param_of(fnf, model))
     mine = {"rank": me, "first_nonfinite": dataclasses.asdict(fnf) if fnf else None,
-            "failed_inputs": list(local.failed_inputs), "notes": list(local.notes), "run": local.run,
+            "failed_inputs": list(local.failed_inputs), "notes": list(local.notes),
+            "run": local.run.to_dict() if local.run is not None else None,
             "diagnosis": dataclasses.asdict(local.diagnosis) if local.diagnosis else None}
     everyone = dist.all_gather_json(mine)
     modules = _module_order(model)
@@ -224,8 +225,12 @@ def combine(local: Any, watch: Any) -> Any:
         local, first_nonfinite=first,
         failed_inputs=sorted({i for s in everyone for i in s["failed_inputs"]}), notes=notes,
         op_event=local.op_event if chosen is not None and chosen["rank"] == me else None,
-        run=chosen["run"] if chosen is not None else everyone[0]["run"],
+        run=_run_info(chosen["run"] if chosen is not None else everyone[0]["run"]),
         diagnosis=Diagnosis(**diag) if diag else None,
         ranks=[{"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}
                for s in everyone])
     return out
+
+
+def _run_info(d: dict[str, Any] | None) -> RunInfo | None:
+    return RunInfo(**d) if d is not None else None

@@ -19,10 +19,11 @@ exit code) comes after it wrote.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
@@ -30,14 +31,13 @@ from . import collectives as dist
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
+    from ..modes.recording import Mode
     from ..report import Report
 
 #: What torchrun sets in every worker's environment.
 TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")
 #: Seconds a rank waits in an exchange before the process group gives up (a peer that died).
 TIMEOUT_S = float(os.environ.get("NANHUNTER_DIST_TIMEOUT", "1800"))
-
-_splitting = False  # set while the CLI's process group is open: run_model then splits
 
 
 class AgreedBadInput(BadInput):
@@ -59,9 +59,17 @@ def launched() -> bool:
         return False
 
 
-def splitting() -> bool:
-    """Whether the data set is being split across ranks (the CLI under torchrun)."""
-    return _splitting and dist.active()
+@dataclass(frozen=True)
+class RankSplit:
+    """The CLI's data set split across torchrun ranks: what ``process_group`` yields, and what
+    the harness is handed to split a run (``None``: one process)."""
+
+    rank: int
+    world: int
+
+    def share(self, n: int) -> list[int]:
+        """The data-set indices this rank runs, of ``n``."""
+        return share(n, self.rank, self.world)
 
 
 def writes() -> bool:
@@ -69,17 +77,6 @@ def writes() -> bool:
     if dist.active():
         return dist.rank() == 0
     return not launched() or os.environ.get("RANK", "0") == "0"
-
-
-def refuse_unsupported(args: Any) -> None:
-    """Options not split across ranks yet: exit 2 on every rank before any work (deterministic)."""
-    if not launched():
-        return
-    for attr, flag in (("generate", "--generate"), ("compile", "--compile"), ("device_map", "--device-map"),
-                       ("backward", "--backward")):
-        if getattr(args, attr, None):
-            raise BadInput(f"{flag} is not supported under torchrun yet; run it in one process "
-                           "(without torchrun)")
 
 
 def share(n: int, rank: int, world: int) -> list[int]:
@@ -111,12 +108,12 @@ def agree(payload: dict[str, Any]) -> list[Any]:
 
 
 @contextmanager
-def process_group(device: str) -> Iterator[None]:
-    """Under torchrun: open the process group for ``device`` (gloo on CPU, nccl on CUDA), split
-    data sets while it is open, and close it at the end. Elsewhere: nothing."""
-    global _splitting
+def process_group(device: str) -> Iterator[RankSplit | None]:
+    """Under torchrun: open the process group for ``device`` (gloo on CPU, nccl on CUDA) and yield
+    the ``RankSplit`` the commands hand to the harness; close the group at the end. Elsewhere:
+    yield None."""
     if not launched():
-        yield
+        yield None
         return
     import datetime
 
@@ -132,9 +129,8 @@ def process_group(device: str) -> Iterator[None]:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         td.init_process_group("nccl" if dev.type == "cuda" else "gloo",
                               timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    _splitting = True
     try:
-        yield
+        yield RankSplit(dist.rank(), dist.world())
     except (AgreedBadInput, AgreedError, KeyboardInterrupt):
         raise
     except Exception as e:
@@ -146,7 +142,6 @@ def process_group(device: str) -> Iterator[None]:
         _raise_agreed(got)
         raise
     finally:
-        _splitting = False
         if owned:
             td.destroy_process_group()
 
@@ -161,62 +156,64 @@ def finish(code: int) -> int:
 # --- the split run --------------------------------------------------------------------------------
 
 
-def run_model_split(p: Prepared, rep: Report, replay: bool, *, explain: Callable[..., Any],
-                    near_misses: Callable[..., list[dict]], run_block: Callable[..., dict],
-                    failed_note: Callable[..., None]) -> None:
-    """``pipeline.run_model`` with the inputs split across ranks (the pipeline's own steps are
-    passed in, so this module does not import it)."""
-    from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
-    from ..model.execute import capture_run, forward
-    from ..report import Diagnosis, FirstNonfinite
-    from ..report import Report as _Report
+def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSplit) -> None:
+    """The harness with the data set split across ranks: each rank records its share (a
+    contiguous block, so rank order is data-set order); what each found crosses ranks as JSON; the
+    rank holding the first fault (the lowest data-set index) locates it and sends the result;
+    every rank fills the same report as one process would."""
+    from ..explain.assemble import Located
+    from ..modes.recording import Recording, fill
+    from ..report import FirstNonfinite
 
-    me, world = dist.rank(), dist.world()
-    mine = share(len(p.batches), me, world)
-    w, finding = None, None
-    local: dict[str, Any] = {"failed": [], "modules": [], "masks": [], "first": None}
-    if mine:
-        w = capture_run(p.model, [p.batches[i] for i in mine], "modules", p.run)
-        for c in w.calls:
-            c.input_index = mine[c.input_index]  # local forward number → data-set index
-        rows = w.sink.rows()
-        finding = first_finding(w.calls, rows)  # by input first: the lowest data-set index wins
-        local = {"failed": failed_inputs(w.calls, rows), "modules": call_table(w.calls, rows),
-                 "masks": mask_notes(w.calls, rows), "first": finding.call.input_index if finding else None}
-    got = agree(local)
-    failed = sorted({i for g in got for i in g["failed"]})
-    rep.run = run_block(p, failed)
-    rep.modules = [row for g in got for row in g["modules"]]
-    for note in (n for g in got for n in g["masks"]):
-        if note not in rep.notes:
-            rep.notes.append(note)
-    rep.inputs = [{"index": i, "label": lbl, "finite": i not in failed} for i, lbl in enumerate(p.labels)]
-    rep.notes.append(f"split across {world} ranks: "
-                     + ", ".join(f"rank {r} ran {_span(share(len(p.batches), r, world))}" for r in range(world)))
+    mine = split.share(len(p.batches))
+    rec = mode.record(p, mine) if mine else Recording(None, None, [], [])
+    got = agree({"failed": rec.failed, "modules": rec.table, "masks": rec.notes, "first": rec.first_input,
+                 "absorbed": rec.absorbed, "extra": rec.extra})
     firsts = [(g["first"], r) for r, g in enumerate(got) if g["first"] is not None]
-    if not firsts:
-        absorbed: list[dict] = []
-        if p.cfg.near_miss.absorbed_intermediates and mine:
-            ops = capture_run(p.model, [p.batches[i] for i in mine], "ops", p.run).op_records
-            absorbed = near_misses([], p.run, p.cfg, ops)
-        parts = agree({"absorbed": absorbed})
-        rep.near_misses = near_misses(rep.modules, p.run, p.cfg, []) + [m for g in parts for m in g["absorbed"]]
-        return
-    index, holder = min(firsts)
-    sent: dict[str, Any] = {}
-    if me == holder:
-        sub = _Report(checkpoint=rep.checkpoint, weights=rep.weights)
-        kw = p.batches[index]
-        explain(p, sub, finding, lambda: forward(p.model, kw, p.run), index, failed, replay=replay)
-        sent = {"first_nonfinite": asdict(sub.first_nonfinite), "replay": sub.replay,
-                "diagnosis": asdict(sub.diagnosis) if sub.diagnosis else None, "notes": sub.notes}
-    found = agree(sent)[holder]
-    rep.first_nonfinite = FirstNonfinite(**found["first_nonfinite"])
-    rep.first_nonfinite.rank = holder
-    rep.replay = found["replay"]
-    rep.diagnosis = Diagnosis(**found["diagnosis"]) if found["diagnosis"] else None
-    rep.notes += [n for n in found["notes"] if n not in rep.notes]
-    failed_note(p, rep, failed)
+    located = None
+    if firsts:
+        index, holder = min(firsts)
+        sent: dict[str, Any] = {}
+        if split.rank == holder:
+            loc = mode.locate(p, rec, replay)
+            sent = {"first": asdict(loc.first), "replay": loc.replay, "is_block": loc.is_block,
+                    "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts, "table": loc.table,
+                    "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
+        found = agree(sent)[holder]
+        located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
+                          found["replay"], is_block=found["is_block"], input_label=found["input_label"],
+                          optimizer_facts=found["optimizer_facts"], table=found["table"], notes=found["notes"],
+                          extra=found["extra"])
+    if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)
+        table = got[min(firsts)[1]]["modules"] if firsts else next((g["modules"] for g in reversed(got)
+                                                                    if g["modules"]), [])
+    else:
+        table = [row for g in got for row in g["modules"]]
+    merged = Recording(None, located.first.input_index if located else None,
+                       sorted({i for g in got for i in g["failed"]}), table,
+                       [], [m for g in got for m in g["absorbed"]], mode.merge([g["extra"] for g in got]))
+    for note in (n for g in got for n in g["masks"]):
+        if note not in merged.notes:
+            merged.notes.append(note)
+    rep.notes.append(f"split across {split.world} ranks: "
+                     + ", ".join(f"rank {r} ran {_span(share(len(p.batches), r, split.world))}"
+                                 for r in range(split.world)))
+    fill(p, mode, rep, merged, located)
+
+
+def _event(ev: Any) -> dict[str, Any] | None:
+    """An op event as JSON (operands as plain dicts), to cross ranks."""
+    return asdict(dataclasses.replace(ev, call=None)) if ev is not None else None
+
+
+def _event_back(d: dict[str, Any] | None) -> Any:
+    from ..capture.ops import OperandStats, OpEvent
+
+    if d is None:
+        return None
+    d = dict(d)
+    d["operands"] = [OperandStats(**o) for o in d.get("operands") or []]
+    return OpEvent(**d)
 
 
 def _span(idx: list[int]) -> str:

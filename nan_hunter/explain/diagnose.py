@@ -24,8 +24,10 @@ MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_mm",
               "convolution", "_convolution", "dot", "mv"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Evidence:
+    """What the rules read; built by ``assemble.diagnosis_of`` (keyword-only: no positional mix-ups)."""
+
     role: str | None  # producer | weights | input | None (weights-only scan)
     kind: str | None
     module: str | None

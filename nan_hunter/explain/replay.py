@@ -10,7 +10,6 @@ the finite float outputs, against the same region run in float64.
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import torch
@@ -19,26 +18,12 @@ from torch import nn
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..model.execute import run_context
 from ..tree import cast_floats, detached_copy, float_tensors
+from .compare import compare, flat
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:
     """The floating tensors of a module's output, detached, in a fixed order."""
-    return [t.detach() for _, t in float_tensors(out)]
-
-
-def rel_err(outs: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    """max |a - b| / max |b| over all float outputs (inf when non-finite or mismatched)."""
-    num = den = 0.0
-    if len(outs) != len(ref):
-        return math.inf
-    for a, b in zip(outs, ref):
-        a64, b64 = a.double(), b.double()
-        if a64.shape != b64.shape or not bool(torch.isfinite(a64).all()):
-            return math.inf
-        if a64.numel():
-            num = max(num, float((a64 - b64).abs().max()))
-            den = max(den, float(b64.abs().max()))
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+    return flat(out)
 
 
 def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | torch.dtype) -> list[torch.Tensor]:
@@ -69,7 +54,7 @@ def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[
     finite = not (nan or pos or neg)
     rel = None
     if finite and comparable and all(bool(torch.isfinite(r).all()) for r in ref):
-        rel = rel_err(outs, ref)
+        rel = compare(outs, ref).error
     return {"finite": finite, "nan": nan, "posinf": pos, "neginf": neg, "absmax": absmax, "rel_err": rel}
 
 
@@ -95,45 +80,6 @@ def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = 
 
 
 # --- training faults: the failing module's backward, one parameter's optimizer step --------------
-
-
-def backward_region(model: nn.Module, step: Any, module_name: str, call_index: int) -> tuple[nn.Module, tuple, dict,
-                                                                                             list[Any]]:
-    """Run ``step()`` (the failing step's forward and backward) and keep, of ``module_name``'s
-    ``call_index``-th call, copies of its inputs and of the gradients that reached its floating
-    outputs (None for an output no gradient reached). Returns (module, args, kwargs, grads)."""
-    target = model.get_submodule(module_name) if module_name else model
-    seen = {"n": 0}
-    box: dict[str, Any] = {}
-
-    def keep_grad(i: int) -> Any:
-        def hook(g: torch.Tensor) -> None:
-            box["grads"][i] = g.detach().clone()
-        return hook
-
-    def pre(mod: nn.Module, args: tuple, kw: dict) -> None:
-        if seen["n"] == call_index:
-            box["args"], box["kwargs"] = detached_copy(args), detached_copy(kw)
-
-    def post(mod: nn.Module, args: tuple, kw: dict, out: Any) -> None:
-        if seen["n"] == call_index:
-            outs = float_tensors(out)
-            box["grads"] = [None] * len(outs)
-            for i, (_, t) in enumerate(outs):
-                if t.requires_grad:
-                    t.register_hook(keep_grad(i))
-        seen["n"] += 1
-
-    handles = [target.register_forward_pre_hook(pre, with_kwargs=True),
-               target.register_forward_hook(post, with_kwargs=True)]
-    try:
-        step()
-    finally:
-        for h in handles:
-            h.remove()
-    if "args" not in box or "grads" not in box:
-        raise RuntimeError(f"module {module_name!r} call {call_index} did not happen on re-run")
-    return target, box["args"], box["kwargs"], box["grads"]
 
 
 def _leaf_inputs(obj: Any) -> tuple[Any, list[torch.Tensor]]:
@@ -206,13 +152,11 @@ def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, gra
     match it)."""
     run = run or RunDtype.of("fp32")
 
+    from ..locate.training import fresh_optimizer
+
     def one(r: RunDtype | torch.dtype) -> list[torch.Tensor]:
         tdt = r.torch_compute if isinstance(r, RunDtype) else r
-        p = nn.Parameter(weight.detach().to(tdt).clone())
-        p.grad = grad.detach().to(tdt).clone()
-        o = cls([p], **hyper)
-        o.state[p] = {k: (v.detach().to(tdt).clone() if v.is_floating_point() and v.dim() else v.detach().clone())
-                      for k, v in state.items()}
+        o, p = fresh_optimizer(cls, hyper, weight, grad, state, tdt)
         with run_context(r if isinstance(r, RunDtype) else None):
             o.step()
         return [p.detach()]

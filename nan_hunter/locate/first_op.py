@@ -9,8 +9,9 @@ from typing import Any
 from torch import nn
 
 from ..capture.ops import OpEvent, call_site, first_bad_op
+from ..capture.targeted import call_inputs
 from ..dtypes import RunDtype
-from ..model.execute import call_inputs, run_context
+from ..model.execute import run_context
 from ..tree import detached_copy
 from .producer import Finding
 

@@ -33,8 +33,7 @@ def locate_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: G
                     device: Any) -> BackwardLocation:
     """Re-run the step's forward and backward twice: under module-level backward capture (which
     module), then under the op-level mode (which aten op and autograd node)."""
-    fine = Recorder(model, level="modules", retain=1, device=device, backward=True)
-    fine._forward = step - 1
+    fine = Recorder(model, level="modules", retain=1, device=device, backward=True, first_step=step)
     with fine:
         rerun_backward(model, forward, grads)
     rows = fine.sink.rows()
@@ -88,3 +87,35 @@ def first_bad_step(optimizer: Any) -> OpEvent | None:
     except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
         return None
     return mode.result
+
+
+def constructor_hyperparameters(cls: type, group: dict[str, Any]) -> dict[str, Any]:
+    """The one filter from a param group (or its recorded JSON form) to the keyword arguments
+    ``cls(params, **kw)`` takes: keys its ``__init__`` accepts, one-element tensors as floats,
+    lists as tuples (``betas``)."""
+    import inspect
+
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    out: dict[str, Any] = {}
+    for k, v in group.items():
+        if k not in accepted:
+            continue
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = float(v)
+        out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def fresh_optimizer(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad: torch.Tensor,
+                    state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> tuple[Any, torch.nn.Parameter]:
+    """One parameter as it was before a step, in a fresh optimizer of class ``cls`` with
+    ``hyper`` (``constructor_hyperparameters``) and the recorded ``state`` — the one way an
+    optimizer's step is rebuilt (op location, replay, a capsule's facts). ``dtype``: the parameter,
+    its gradient and its floating state cast to it (a replay column)."""
+    dt = dtype or weight.dtype
+    p = torch.nn.Parameter(weight.detach().to(dt).clone())
+    p.grad = grad.detach().to(dt).clone()
+    o = cls([p], **hyper)
+    o.state[p] = {k: (v.detach().to(dt).clone() if dtype is not None and v.is_floating_point() and v.dim()
+                      else v.detach().clone()) for k, v in state.items()}
+    return o, p

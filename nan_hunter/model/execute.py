@@ -11,13 +11,10 @@ import torch
 from torch import nn
 
 from ..capture.recorder import Recorder
+from ..capture.targeted import Captured
 from ..dtypes import RunDtype
 from ..errors import BadInput
-from ..tree import cast_floats, detached_copy
-
-
-class Captured(Exception):
-    """Raised by a targeted re-run's hook once it has what it came for."""
+from ..tree import cast_floats
 
 
 def resolve_device(device: str) -> torch.device:
@@ -54,12 +51,14 @@ def run_context(run: RunDtype | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def forward(model: nn.Module, kwargs: dict[str, Any], run: RunDtype | None = None) -> Any:
-    """One no-grad forward at ``run``'s precision; an exception inside the model is bad input."""
+def forward(model: nn.Module, kwargs: dict[str, Any], run: RunDtype | None = None,
+            step: Callable[[], Any] | None = None) -> Any:
+    """One no-grad forward at ``run``'s precision (or ``step()``, what a mode runs for one input,
+    under the same); an exception inside the model is bad input."""
     try:
         with torch.no_grad(), run_context(run):
-            return model(**kwargs)
-    except (BadInput, Captured):
+            return step() if step is not None else model(**kwargs)
+    except (BadInput, Captured):  # a targeted re-run stopping early is not the model's failure
         raise
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else ""
@@ -68,38 +67,15 @@ def forward(model: nn.Module, kwargs: dict[str, Any], run: RunDtype | None = Non
 
 
 def capture_run(model: nn.Module, batches: list[dict[str, Any]], level: str = "modules",
-                run: RunDtype | None = None) -> Recorder:
-    """Every batch through the model once, recorded at ``level``."""
+                run: RunDtype | None = None,
+                run_input: Callable[[nn.Module, dict[str, Any], Recorder], Any] | None = None) -> Recorder:
+    """Every batch through the model once (``run_input(model, kwargs, recorder)``: what a mode runs
+    for one input; default one forward), recorded at ``level``."""
     rec = Recorder(model, level=level, retain=len(batches))
     with rec:
         for kw in batches:
-            forward(model, kw, run)
+            forward(model, kw, run, None if run_input is None else lambda kw=kw: run_input(model, kw, rec))
     return rec
-
-
-def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, call_index: int) -> tuple[tuple, dict]:
-    """Call ``rerun()`` (a forward of ``model``) and copy the inputs of ``module_name``'s
-    ``call_index``-th call, then stop the forward early: nothing after that call is computed."""
-    target = model.get_submodule(module_name) if module_name else model
-    seen = {"n": 0}
-    box: dict[str, Any] = {}
-
-    def pre(mod: nn.Module, args: tuple, kw: dict) -> None:
-        if seen["n"] == call_index:
-            box["args"], box["kwargs"] = detached_copy(args), detached_copy(kw)
-            raise Captured
-        seen["n"] += 1
-
-    h = target.register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        rerun()
-    except Captured:
-        pass
-    finally:
-        h.remove()
-    if "args" not in box:
-        raise RuntimeError(f"module {module_name!r} call {call_index} did not happen on re-run")
-    return box["args"], box["kwargs"]
 
 
 @contextlib.contextmanager

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
+from .recording import Recording
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from ..explain.assemble import Located
     from ..model.prepare import Prepared
     from ..report import Report
 
@@ -113,49 +115,91 @@ def load_loss(model: Any, spec: str | None) -> Loss:
                    "to differentiate; pass --loss file.py:fn with fn(outputs, batch) -> scalar tensor")
 
 
-def run_backward(p: Prepared, rep: Report, loss_spec: str | None, replay: bool = True) -> None:
-    """Every input's forward and backward under a watch; the first fault located (forward,
-    backward: module, aten op, autograd node, source line), replayed and diagnosed into ``rep``."""
-    import torch
+class BackwardMode:
+    """``--backward [--loss file.py:fn]``: each input's forward, then the backward of the loss,
+    under a module-level watch with gradients captured. Gradients are computed into ``.grad`` and
+    cleared after each input; the weights never change (no optimizer step)."""
 
-    from ..model.execute import run_context
-    from ..session.watcher import Watch
-    from .capsule_step import report_from_watch
+    name = "backward"
+    one_step_table = False
 
-    loss = load_loss(p.model, loss_spec)
-    model = p.model
-    params = [q for q in model.parameters() if q.is_floating_point()]
-    for q in params:
-        q.requires_grad_(True)
+    def __init__(self, loss_spec: str | None) -> None:
+        self.loss_spec = loss_spec
+        self.loss: Loss | None = None  # known once a model is given (``check``)
 
-    def step(kw: dict[str, Any]) -> None:
-        with run_context(p.run):
-            with torch.enable_grad():
-                val = loss.of(model, kw)
-            val.backward()
+    def check(self, p: Prepared) -> None:
+        self.loss = load_loss(p.model, self.loss_spec)
+        for q in p.model.parameters():
+            if q.is_floating_point():
+                q.requires_grad_(True)
+
+    def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
+        from ..explain.compare import flat
+
+        assert self.loss is not None
+        out, val = self.loss.run(model, kwargs)
+        val.backward()
         model.zero_grad(set_to_none=True)
+        return flat(out)
 
-    w = Watch(model, level="modules", backward=True, dtype=p.run)
-    with w:
-        for kw in p.batches:
-            step(kw)
-    wrep = w.report()
-    rep.notes.append(f"--backward: forward then backward of {loss.describe} for each input")
-    f = wrep.first_nonfinite
-    idx = f.input_index if f is not None else 0
-    kw = p.batches[idx] if p.batches else {}
+    def record(self, p: Prepared, indices: list[int]) -> Recording:
+        import torch
 
-    def forward() -> Any:
-        with torch.no_grad(), run_context(p.run):
-            return model(**kw, **loss.extra(kw))
+        from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
+        from ..model.execute import run_context
+        from ..session.watcher import Watch
 
-    def train() -> None:
-        with run_context(p.run):
-            with torch.enable_grad():
-                val = loss.of(model, kw)
-            torch.autograd.grad(val, [q for q in model.parameters() if q.requires_grad], allow_unused=True)
+        w = Watch(p.model, level="modules", backward=True, dtype=p.run)
+        with w:
+            for i in indices:
+                with run_context(p.run), torch.enable_grad():
+                    self.run_input(p.model, p.batches[i], w)
+        rows = w.sink.rows()
+        finding = first_finding(w.calls, rows)
+        failed = sorted({indices[i] for i in set(w.failed_forwards()) | set(failed_inputs(w.calls, rows))})
+        table = call_table(w.calls, rows)
+        for row in table:
+            row["input_index"] = indices[row["input_index"]]
+        return Recording(finding, indices[finding.call.input_index] if finding else None, failed, table,
+                         mask_notes(w.calls, rows), state=(w, indices))
 
-    report_from_watch(rep, wrep, model, p.run, p.cfg, p.labels[idx] if p.labels else "", step=0, forward=forward,
-                      train=train, replay=replay, device=p.device, labels=p.labels)
-    if rep.run is not None:
-        rep.run["loss"] = loss.describe
+    def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
+        """The watch's report re-runs the failing step (module, op, autograd node); the replay
+        re-runs the failing region's forward and backward in every dtype."""
+        import torch
+
+        from ..locate.producer import to_first_nonfinite
+        from ..model.execute import run_context
+        from .watched import located_from_watch
+
+        w, indices = rec.state
+        wrep = w.report()
+        if wrep.first_nonfinite is None:  # the capture saw it; the re-run did not bring it back
+            wrep.first_nonfinite = to_first_nonfinite(rec.finding)
+        idx = rec.first_input
+        kw = p.batches[idx]
+        loss = self.loss
+        assert loss is not None
+        model = p.model
+
+        def forward() -> Any:
+            with torch.no_grad(), run_context(p.run):
+                return model(**kw, **loss.extra(kw))
+
+        def train() -> None:
+            with run_context(p.run):
+                with torch.enable_grad():
+                    val = loss.of(model, kw)
+                torch.autograd.grad(val, [q for q in model.parameters() if q.requires_grad], allow_unused=True)
+
+        return located_from_watch(wrep, model, p.run, p.labels[idx], step=0, input_index=idx, forward=forward,
+                                  train=train, replay=replay, indices=indices)
+
+    def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+    def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
+        assert self.loss is not None
+        rep.run.backward = True
+        rep.run.loss = self.loss.describe
+        rep.notes.append(f"--backward: forward then backward of {self.loss.describe} for each input")

@@ -14,16 +14,14 @@ holds. Re-run under ``watch(level="modules")`` with the step's autocast and trai
   ``optimizer.safetensors``, a fresh ``torch.optim`` optimizer of the recorded class and
   hyperparameters given the recorded state, and its ``step()`` under ``watch(optimizer=...)``.
 
-The watch's report becomes a scan report (``report_from_watch``): ``first_nonfinite`` with
-``step`` = k, the replay of the failing region for its phase (``replay.replay``,
-``replay.backward_replay``, ``replay.optimizer_replay``) and the diagnosis with it. The capsule
-directory is only read.
+The step runs behind the harness (``CapsuleMode``): the watch's report becomes the harness's
+located fault (``watched.located_from_watch``), with ``step`` = k, the replay of the failing region
+for its phase and the diagnosis through the one assembler. The capsule directory is only read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,49 +30,39 @@ from ..config import Config
 from ..errors import BadInput
 from ..load.capsule import Capsule, read
 from ..load.safetensors_header import show
+from .recording import Recording
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..dtypes import RunDtype
+    from ..explain.assemble import Located
     from ..load.checkpoint import Checkpoint
+    from ..model.prepare import Prepared
     from ..report import Report
-    from ..session.watch_report import WatchReport
 
-#: scan options a capsule brings along itself (its inputs, its dtype, its phase), by their flags.
-NOT_WITH_CAPSULE = {"inputs": "--inputs", "prompts": "--prompt", "data": "--data", "dtype": "--dtype",
-                    "generate": "--generate", "compile": "--compile", "backward": "--backward", "loss": "--loss",
-                    "device_map": "--device-map"}
-
-
-def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any]], arch: str | None = None,
-                 device: str = "auto", stats: str = "fast", config: Config | None = None,
-                 progress: Callable[[str, int], None] | None = None, replay: bool = True, **given: Any) -> Report:
-    """The scan report of capsule ``path`` (a ``step-<k>`` directory); ``weights_block``: the
-    pipeline's weights section of a report; ``given``: other scan options, refused when set (the
-    capsule fixes them)."""
+def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats: str = "fast",
+                 config: Config | None = None, progress: Callable[[str, int], None] | None = None,
+                 replay: bool = True) -> Report:
+    """The scan report of capsule ``path`` (a ``step-<k>`` directory): rebuilt, then its step run
+    behind the harness like any mode (options the capsule fixes are refused by ``ScanOptions``)."""
     from ..config import as_config
-    from ..explain.diagnose import Evidence, diagnose
-    from ..load.checkpoint import open_safetensors
+    from ..explain.assemble import weights_only_diagnosis, weights_section
+    from ..load.checkpoint import member, open_safetensors
     from ..load.weights import scan_weights
     from ..model.execute import resolve_device
+    from ..model.prepare import Prepared
     from ..report import Report
+    from .harness import run_mode
 
-    bad = [k for k in NOT_WITH_CAPSULE if given.get(k) not in (None, False, [], ())]
-    if bad:
-        raise BadInput(f"{NOT_WITH_CAPSULE[bad[0]]} does not apply to a capsule: {path} holds the failing step's own inputs, dtype and "
-                       "phase; drop the flag (or scan the model's checkpoint instead)")
     if stats not in ("fast", "full"):
         raise BadInput(f"--stats {stats!r}: use fast or full")
     cfg = as_config(config)
     cap = read(path, arch_given=bool(arch))
-    from ..load.checkpoint import member
-
     for name in {"capsule.json", "model.safetensors", "inputs.safetensors", *cap.files}:
         member(cap.path, name, f"capsule {cap.path}")  # symlinks must stay inside the capsule
     ck = open_safetensors(cap.path / "model.safetensors", "capsule weights")
     ws = scan_weights(ck, exact=stats == "full", progress=progress)
-    rep = Report(checkpoint=describe(cap, ck), weights=weights_block(ws, cfg))
+    rep = Report(checkpoint=describe(cap, ck), weights=weights_section(ws, cfg))
     dev = resolve_device(device)
     model, how = build(cap, ck, arch, dev)
     rep.checkpoint["capsule"]["built_from"] = f"{cap.meta.get('model_class')} config" if how == "config" \
@@ -83,22 +71,68 @@ def scan_capsule(path: str, weights_block: Callable[[Any, Config], dict[str, Any
                      + (f"its {cap.meta.get('model_class')} config" if how == "config" else f"--arch {how}")
                      + ", re-run on this machine")
     step = CapsuleStep(cap, model, dev)
-    wrep = step.run()
     rep.notes += step.notes
-    report_from_watch(rep, wrep, model, step.run_dtype, cfg, f"capsule step-{cap.step}", step=cap.step,
-                      forward=step.forward_fn, train=step.train_fn, optimizer=step.optimizer_pieces,
-                      replay=replay, device=dev)
-    if rep.run is not None:
-        rep.run["autocast"] = cap.meta.get("autocast") or None
+    p = Prepared(ck, model, None, how, [step.kwargs], [f"capsule step-{cap.step}"], step.run_dtype, dev, cfg)
+    run_mode(p, CapsuleMode(step), rep, replay)
     if rep.first_nonfinite is None:
         rep.notes.append(f"the capsule's step {cap.step} re-ran without a non-finite value on this machine "
                          f"({cap.phase} phase): the fault did not reproduce (a nondeterministic kernel, other hardware "
                          "or library versions: the capsule was written with "
                          + ", ".join(f"{k} {v}" for k, v in (cap.meta.get("versions") or {}).items()) + ")")
         if ws.nonfinite:
-            rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
-                                              config=cfg.diagnosis))
+            rep.diagnosis = weights_only_diagnosis(rep, cfg)
     return rep
+
+
+class CapsuleMode:
+    """A capsule's failing step (forward, backward or optimizer) as a mode of one input."""
+
+    name = "capsule"
+    one_step_table = False
+
+    def __init__(self, step: CapsuleStep) -> None:
+        self.step = step
+
+    def check(self, p: Prepared) -> None:
+        return None
+
+    def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
+        from ..explain.compare import flat
+
+        return flat(self.step.forward_fn())
+
+    def record(self, p: Prepared, indices: list[int]) -> Recording:
+        from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
+
+        w = self.step.run()
+        rows = w.sink.rows()
+        finding = first_finding(w.calls, rows)
+        failed = [0] if (w.failed_forwards() or failed_inputs(w.calls, rows)) else []
+        return Recording(finding, 0 if finding else None, failed, call_table(w.calls, rows), mask_notes(w.calls, rows),
+                         state=w)
+
+    def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
+        from ..locate.producer import to_first_nonfinite
+        from .watched import located_from_watch
+
+        step = self.step
+        wrep = rec.state.report()
+        if wrep.first_nonfinite is None:
+            wrep.first_nonfinite = to_first_nonfinite(rec.finding)
+        return located_from_watch(wrep, step.model, step.run_dtype, p.labels[0], step=step.cap.step, input_index=0,
+                                  forward=step.forward_fn, train=step.train_fn, optimizer=step.optimizer_pieces,
+                                  replay=replay)
+
+    def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
+        return extras[0] if extras else {}
+
+    def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
+        cap = self.step.cap
+        rep.run.backward = cap.phase == "backward"
+        rep.run.autocast = cap.meta.get("autocast") or None
+        if located is not None:
+            rep.run.optimizer_steps = located.extra.get("optimizer_steps")
+            rep.run.scaler_skipped_steps = located.extra.get("scaler_skipped_steps")
 
 
 def describe(cap: Capsule, ck: Checkpoint) -> dict[str, Any]:
@@ -205,7 +239,7 @@ class CapsuleStep:
     def __init__(self, cap: Capsule, model: Any, device: Any) -> None:
         import torch
 
-        from ..dtypes import RunDtype, name_of
+        from ..dtypes import RunDtype, step_precision
         from ..load.checkpoint import open_safetensors
 
         self.cap, self.model, self.device = cap, model, device
@@ -241,8 +275,7 @@ class CapsuleStep:
             raise BadInput(f"{p / 'capsule.json'}: dtype {show(dt)} is not a run dtype") from None
         # what the step computed in: the watch's dtype, else the autocast dtype (an fp16 overflow
         # under autocast is measured against fp16's max, not the fp32 parameters'), else the parameters'
-        amp = next((name_of(dt) for _, dt in self.autocast if name_of(dt)), None)
-        self.run_dtype = self.watch_dtype or RunDtype.of(amp or name_of(param) or "fp32")
+        self.run_dtype = step_precision(self.watch_dtype, self.autocast, None, param) or RunDtype.of("fp32")
         self.optimizer_pieces: dict[str, Any] | None = None
         if cap.phase == "optimizer":
             self.optimizer_pieces = self._optimizer_pieces(open_safetensors(p / "optimizer.safetensors",
@@ -290,7 +323,8 @@ class CapsuleStep:
             torch.autograd.grad(roots, params, gs, allow_unused=True)
 
     # -- the watched re-run ----------------------------------------------------------------------
-    def run(self) -> WatchReport:
+    def run(self) -> Any:
+        """The step re-run under a module-level watch (gradients and optimizer captured); the watch."""
         import torch
 
         from ..locate.backward_op import backward_roots
@@ -321,7 +355,7 @@ class CapsuleStep:
                 msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
                 raise BadInput(f"{self.cap.path}: re-running the capsule's step raised {type(e).__name__}: {msg}; "
                                "check that the model is built as when the capsule was written (--arch)") from None
-            return w.report()
+        return w
 
     # -- the optimizer ---------------------------------------------------------------------------
     def _optimizer_pieces(self, ock: Checkpoint) -> dict[str, Any]:
@@ -342,8 +376,9 @@ class CapsuleStep:
                 or not all(isinstance(g, int) and 0 <= g < len(hyper) for g in groups.values()):
             raise BadInput(f"{where}: optimizer.hyperparameters must be a list of objects and optimizer.groups map "
                            "parameter names to indices into it")
-        accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
-        hp = [{k: tuple(v) if isinstance(v, list) else v for k, v in h.items() if k in accepted} for h in hyper]
+        from ..locate.training import constructor_hyperparameters
+
+        hp = [constructor_hyperparameters(cls, h) for h in hyper]
         params = dict(self.model.named_parameters())
         grads: dict[str, torch.Tensor] = {}
         state: dict[str, dict[str, torch.Tensor]] = {}
@@ -426,110 +461,3 @@ def _autocast(spec: Any, p: Path) -> list[tuple[str, Any]]:
     return out
 
 
-# --- a watch's report as a scan report -----------------------------------------------------------
-
-
-def report_from_watch(rep: Report, wrep: WatchReport, model: Any, run: RunDtype, cfg: Config, label: str,
-                      step: int, forward: Callable[[], Any], train: Callable[[], None] | None,
-                      optimizer: dict[str, Any] | None = None, replay: bool = True, device: Any = None,
-                      labels: list[str] | None = None, input_index: int | None = None) -> None:
-    """Fill ``rep`` (run, modules, first_nonfinite, replay, diagnosis, notes) from a watch report.
-    ``forward``/``train``: re-run the failing step's forward / forward and backward (for the
-    region the replay starts from); ``optimizer``: the capsule's optimizer pieces."""
-    import dataclasses
-
-    from ..capture.blocks import main_blocks
-    from ..explain.diagnose import Evidence, diagnose
-
-    wr = wrep.run or {}
-    failed = sorted(wrep.failed_inputs) if input_index is None else ([input_index] if wrep.failed_inputs else [])
-    labels = labels or [label]
-    rep.run = {"dtype": run.name, "compute_dtype": run.compute, "device": str(device or wr.get("device")),
-               "n_inputs": len(labels), "failed_inputs": failed, "inputs": labels, "generate": None,
-               "backward": bool(wr.get("backward")), "optimizer_steps": wr.get("optimizer_steps"),
-               "scaler_skipped_steps": wr.get("scaler_skipped_steps")}
-    rep.modules = wrep.calls
-    if input_index is not None:
-        for row in rep.modules:
-            row["input_index"] = input_index
-    rep.inputs = [{"index": i, "label": lbl, "finite": i not in failed} for i, lbl in enumerate(labels)]
-    rep.notes += [n for n in wrep.notes if n not in rep.notes]
-    f = wrep.first_nonfinite
-    if f is None:
-        return
-    f = dataclasses.replace(f, step=step, input_index=f.input_index if input_index is None else input_index)
-    rep.first_nonfinite = f
-    facts = getattr(wrep, "_optimizer", None)
-    ev = wrep.op_event
-    if replay and f.role == "producer":
-        try:
-            rep.replay = _replay(f, model, run, forward, train, optimizer)
-        except Exception as e:  # noqa: BLE001 - the report stands without its replay; it says why
-            rep.notes.append(f"the replay of {f.module or '<root>'} ({f.phase}) could not be run: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if f.phase == "optimizer" and optimizer is not None and f.param in optimizer["grads"]:
-        facts = facts or _optimizer_facts(f.param, optimizer, model)
-        if f.op is None:
-            ev = _optimizer_event(f.param, optimizer, model)
-            if ev is not None:  # named from the capsule's pre-step state after all
-                f.op = ev.op
-                rep.notes = [n for n in rep.notes if "op inside optimizer.step() is not named" not in n]
-    evd = Evidence(f.role, f.kind, f.module, f.module_type, f.op, ev.operands if ev else [], run, rep.replay,
-                   rep.weights["nonfinite"] if rep.weights else [], f.module in set(main_blocks(model)), label,
-                   failed, len(labels), cfg.diagnosis, op_absmax=ev.exact_absmax if ev else None, phase=f.phase,
-                   grad_fn=f.grad_fn, optimizer=facts)
-    rep.diagnosis = diagnose(evd) or wrep.diagnosis
-
-
-def _replay(f: Any, model: Any, run: RunDtype, forward: Callable[[], Any], train: Callable[[], None] | None,
-            optimizer: dict[str, Any] | None) -> dict[str, dict] | None:
-    from ..explain.replay import backward_region, backward_replay, optimizer_replay, replay
-    from ..model.execute import call_inputs
-
-    if f.phase == "forward":
-        target = model.get_submodule(f.module) if f.module else model
-        margs, mkw = call_inputs(model, forward, f.module, f.call_index)
-        return replay(target, margs, mkw, run)
-    if f.phase == "backward" and train is not None:
-        target, margs, mkw, grads = backward_region(model, train, f.module, f.call_index)
-        return backward_replay(target, margs, mkw, grads, run)
-    if f.phase == "optimizer" and optimizer is not None and f.param in optimizer["grads"]:
-        name = f.param
-        return optimizer_replay(optimizer["class"], optimizer["hyper"][optimizer["groups"].get(name, 0)],
-                                optimizer["weights"][name],
-                                optimizer["grads"][name], optimizer["state"].get(name, {}), run)
-    return None
-
-
-def _fresh_optimizer(name: str, optimizer: dict[str, Any], model: Any) -> tuple[Any, Any]:
-    """One parameter, as before the step, in a fresh optimizer of the recorded class,
-    hyperparameters and state (the watched re-run has stepped the model's own parameters)."""
-    import torch
-
-    p = torch.nn.Parameter(optimizer["weights"][name].clone())
-    p.grad = optimizer["grads"][name].to(p.dtype).clone()
-    o = optimizer["class"]([p], **optimizer["hyper"][optimizer["groups"].get(name, 0)])
-    o.state[p] = {k: v.clone() for k, v in optimizer["state"].get(name, {}).items()}
-    return o, p
-
-
-def _optimizer_event(name: str, optimizer: dict[str, Any], model: Any) -> Any:
-    """The aten op inside the parameter's step that first made it non-finite."""
-    from ..locate.training import first_bad_step
-
-    try:
-        o, _ = _fresh_optimizer(name, optimizer, model)
-    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
-        return None
-    return first_bad_step(o)
-
-
-def _optimizer_facts(name: str, optimizer: dict[str, Any], model: Any) -> dict[str, Any] | None:
-    from ..locate.training import optimizer_facts
-
-    try:
-        o, p = _fresh_optimizer(name, optimizer, model)
-        o.step()
-    except Exception:  # noqa: BLE001
-        return None
-    return optimizer_facts(o, p, name)

@@ -27,25 +27,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from torch import nn
 
     from ..model.prepare import Prepared
     from ..report import Report
 
-BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "eager")
 DEFAULT_RTOL = 1e-2
-
-
-def check_options(backend: str, rtol: float, dtype: str | None) -> None:
-    """Refuse what ``--compile`` cannot do before anything runs (exit 2, one line)."""
-    if backend not in BACKENDS:
-        raise BadInput(f"--compile-backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol > 0):
-        raise BadInput(f"--rtol {rtol!r}: give a positive number such as 1e-2")
-    if dtype is not None and dtype.lower().replace("_", "-").startswith(("fp8", "float8", "e4m3", "e5m2")):
-        raise BadInput(f"--compile with --dtype {dtype}: fp8 runs are emulated by a dispatch mode that "
-                       "torch.compile does not trace; use --dtype bf16, fp16 or fp32 with --compile")
 
 
 # -- comparing outputs --------------------------------------------------------------------------
@@ -72,41 +59,13 @@ class Parting:
                        self.eager_kind or other.eager_kind)
 
 
-def _kind(ts: list[torch.Tensor]) -> str | None:
-    import torch
-
-    nan = any(bool(torch.isnan(t).any()) for t in ts)
-    pos = any(bool((t == math.inf).any()) for t in ts)
-    neg = any(bool((t == -math.inf).any()) for t in ts)
-    return "nan" if nan else "posinf" if pos else "neginf" if neg else None
-
-
 def compare(eager: Any, compiled: Any) -> Parting:
-    """Finiteness of each side and the relative error over elements finite in both
-    (computed in float64, so the comparison adds no rounding of its own)."""
-    import torch
+    """The compiled outputs against eager's, by the one comparison (``explain.compare``: float64,
+    ``rel_err`` over the elements finite on both sides, inf for a different structure)."""
+    from ..explain.compare import compare as one_comparison
 
-    from ..tree import float_tensors
-
-    es = [t.detach().double() for _, t in float_tensors(eager)]
-    cs = [t.detach().double() for _, t in float_tensors(compiled)]
-    ek, ck = _kind(es), _kind(cs)
-    p = Parting(ek is None, ck is None, None, ck, ek)
-    if len(es) != len(cs) or any(a.shape != b.shape for a, b in zip(es, cs)):
-        p.rel_err = math.inf  # a different structure is as far apart as it gets
-        return p
-    num = den = 0.0
-    seen = False
-    for e, c in zip(es, cs):
-        both = torch.isfinite(e) & torch.isfinite(c)
-        if not bool(both.any()):
-            continue
-        seen = True
-        num = max(num, float((c[both] - e[both]).abs().max()))
-        den = max(den, float(e[both].abs().max()))
-    if seen:
-        p.rel_err = num / den if den > 0 else (0.0 if num == 0 else math.inf)
-    return p
+    c = one_comparison(compiled, eager)
+    return Parting(c.ref_finite, c.finite, c.rel_err, c.kind, c.ref_kind)
 
 
 # -- compiling ----------------------------------------------------------------------------------
@@ -159,51 +118,6 @@ def compile_module(module: nn.Module, backend: str) -> Callable[..., Any]:
 
 
 @dataclass
-class ChildCall:
-    name: str  # dotted name under the model
-    module: Any
-    args: tuple
-    kwargs: dict
-    output: Any
-
-
-def child_calls(module: nn.Module, prefix: str, args: tuple, kwargs: dict, run: Any) -> list[ChildCall]:
-    """Run ``module`` eager once and copy what each outermost called descendant (a child, or
-    the members of a child ModuleList that is never called itself) was called with and
-    returned, in call order."""
-    from ..tree import detached_copy
-
-    calls: list[ChildCall] = []
-    open_calls: list[ChildCall | None] = []  # one entry per active descendant call
-    handles = []
-
-    def pre(name: str):
-        def hook(mod: Any, a: tuple, kw: dict) -> None:
-            outer = not open_calls
-            open_calls.append(ChildCall(name, mod, detached_copy(a), detached_copy(kw), None) if outer else None)
-        return hook
-
-    def post(mod: Any, a: tuple, kw: dict, out: Any) -> None:
-        call = open_calls.pop() if open_calls else None
-        if call is not None:
-            call.output = detached_copy(out)
-            calls.append(call)
-
-    try:
-        for name, sub in module.named_modules():
-            if not name:
-                continue
-            full = f"{prefix}.{name}" if prefix else name
-            handles.append(sub.register_forward_pre_hook(pre(full), with_kwargs=True))
-            handles.append(sub.register_forward_hook(post, with_kwargs=True))
-        _call(module, args, kwargs, run, f"the eager forward of {prefix or '<root>'}")
-    finally:
-        for h in handles:
-            h.remove()
-    return calls
-
-
-@dataclass
 class Divergence:
     """Where eager and compiled first part, and what the search saw on the way."""
 
@@ -217,12 +131,18 @@ class Divergence:
 def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str, rtol: float,
                     run: Any) -> Divergence:
     """Top-down search (module docstring) for one input whose whole-model runs part."""
+    from ..capture.targeted import child_calls
+
     name, mod, args, kw, part = "", model, (), kwargs, whole
     while True:
         alike: list[str] = []
         skipped: list[str] = []
         hit = None
-        for call in child_calls(mod, name, args, kw, run):
+
+        def eager(m: Any = mod, a: tuple = args, k: dict = kw, n: str = name) -> Any:
+            return _call(m, a, k, run, f"the eager forward of {n or '<root>'}")
+
+        for call in child_calls(mod, name, eager):
             if call.name in skipped:
                 continue
             with fresh_compiles():
@@ -266,7 +186,6 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
     from ..explain.diagnose import Evidence, diagnose
     from ..model.execute import forward
 
-    check_options(backend, rtol, p.dtype)
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():
         total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run)
@@ -300,8 +219,9 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
                 "compiled_kind": per[idx].compiled_kind, "children_alike": div.children_alike,
                 "skipped": div.skipped, "module_rel_err": div.parting.rel_err,
                 "module_compiled_finite": div.parting.compiled_finite}
-    rep.diagnosis = diagnose(Evidence(None, per[idx].compiled_kind, div.module, div.module_type, None,
-                                      dtype=p.run, config=p.cfg.diagnosis, compile=evidence))
+    rep.diagnosis = diagnose(Evidence(role=None, kind=per[idx].compiled_kind, module=div.module,
+                                      module_type=div.module_type, op=None, dtype=p.run, config=p.cfg.diagnosis,
+                                      compile=evidence))
 
 
 def _fmt(x: float | None) -> str:

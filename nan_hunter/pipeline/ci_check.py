@@ -47,6 +47,7 @@ class CheckOptions:
     stats: str = "fast"
     generate: int | None = None  # greedy decoding of this many tokens instead of one forward
     batch: bool = False
+    split: Any = None  # distributed.rank_split.RankSplit: the data set split across torchrun ranks
 
     @property
     def has_inputs(self) -> bool:
@@ -208,7 +209,8 @@ def run_summary(run: Report) -> dict[str, Any]:
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
     from ..model.prepare import prepare
-    from .scan_checkpoint import run_generation, run_model
+    from ..modes.harness import run_mode
+    from ..modes.registry import mode_for
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
     if p is None:
@@ -217,21 +219,17 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
         return p.notes[0]
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
-    if opts.generate is not None:
-        run_generation(p, run, opts.generate, opts.batch)
-    else:
-        run_model(p, run)
+    run_mode(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)
     return run
 
 
 def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: Config,
                      progress: Callable[[str, int], None] | None = None) -> Report:
-    from ..explain.diagnose import Evidence, diagnose
+    from ..explain.assemble import weights_only_diagnosis, weights_section
     from ..load.weights import scan_weights
-    from .scan_checkpoint import weights_block
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
-    rep = Report(checkpoint=ck.describe(), weights=weights_block(ws, cfg), mode="check")
+    rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg), mode="check")
     results = weights_rules(label, ws.tensors, dtypes, cfg)
     runs: dict[str, Report] = {}
     for dt in dtypes:
@@ -254,8 +252,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
                                for d, x in runs.items() if d != shown)
             rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
     elif ws.nonfinite:
-        rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
-                                          config=cfg.diagnosis))
+        rep.diagnosis = weights_only_diagnosis(rep, cfg)
     rep.check = {
         "passed": not any(x.status == FAIL for x in results),
         "dtypes": dtypes,

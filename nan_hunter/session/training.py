@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import inspect
 import platform
 from typing import Any
 
@@ -24,12 +23,19 @@ import torch
 
 from ..capture.blocks import main_blocks
 from ..capture.ops import OpEvent
-from ..explain.diagnose import Evidence, diagnose
+from ..explain.assemble import Located, diagnosis_of
 from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
 from ..locate.producer import Finding, call_table, first_finding, to_first_nonfinite
-from ..locate.training import first_bad_step, locate_backward, optimizer_facts
+from ..locate.training import (
+    constructor_hyperparameters,
+    first_bad_step,
+    fresh_optimizer,
+    locate_backward,
+    optimizer_facts,
+)
 from ..model.execute import weights_as, weights_copy
+from ..report import RunInfo
 from ..version import __version__
 from .watch_report import WatchReport
 
@@ -73,7 +79,7 @@ class TrainingState:
         hooks = w.optimizer
         if hooks is None:
             return None
-        calls = [c for c in w._detail.get(f, []) if c.phase == "optimizer"]
+        calls = [c for c in (w.calls_of(f) or []) if c.phase == "optimizer"]
         rows = w.sink.rows()
         found = first_finding(calls, rows)
         if found is None or found.call.param is None:
@@ -110,7 +116,7 @@ class TrainingState:
                 real = True
             self._verdict[f] = real
             if real:
-                self.w._late_fault(f, "backward")
+                self.w.mark_late_fault(f, "backward")
             else:
                 self.scaler_skipped.append(f)
 
@@ -216,19 +222,13 @@ class TrainingState:
     def _run_at(self, step: int, phase: str) -> Any:
         """The precision ops ran in at ``step``: the watch's dtype, else the autocast dtype of that
         step's forward (and its backward, which autocast's casts mirror), else the parameters'."""
-        from ..dtypes import RunDtype, name_of
+        from ..dtypes import step_precision
 
         w = self.w
-        if w.run is not None:
-            return w.run
         ctx = w.contexts.get(step)
-        if phase != "optimizer" and ctx is not None and ctx.autocast:
-            dev = w.sink.device.type
-            dt = next((d for dv, d in ctx.autocast if dv == dev), ctx.autocast[0][1])
-            name = name_of(dt)
-            if name:
-                return RunDtype.of(name)
-        return _run_of(w.model)
+        amp = ctx.autocast if ctx is not None and phase != "optimizer" else ()
+        p = next(iter(w.model.parameters()), None)
+        return step_precision(w.run, amp, w.sink.device.type, p.dtype if p is not None else None)
 
     def _autocast(self) -> list[list[str]] | None:
         """The autocast of the latest kept step, as [device, dtype] pairs (None: not under autocast)."""
@@ -276,6 +276,7 @@ class TrainingState:
         hooks = w.optimizer
         ev = None
         facts = None
+        missing = None
         if hooks is not None:
             if self.fault_step == finding.call.input_index and self.optimizer_facts is not None \
                     and self.optimizer_facts.get("param") == fnf.param:
@@ -286,10 +287,10 @@ class TrainingState:
                 if ev is not None:
                     fnf.op, fnf.source = ev.op, None
             else:
-                notes.append("the op inside optimizer.step() is not named: that needs the state before the step, "
-                             "kept only with watch(capsule_dir=...)")
-        rep = WatchReport(fnf, call_table(calls, rows), failed, notes, op_event=ev)
-        rep._optimizer = facts  # type: ignore[attr-defined]
+                missing = ("the op inside optimizer.step() is not named: that needs the state before the step, "
+                           "kept only with watch(capsule_dir=...)")
+        rep = WatchReport(fnf, call_table(calls, rows), failed, notes + ([missing] if missing else []), op_event=ev,
+                          optimizer_facts=facts, op_missing=missing)
         return rep
 
     def finish(self, rep: WatchReport) -> None:
@@ -303,30 +304,27 @@ class TrainingState:
             rep.notes.append(f"capsule of the failing step written to {self.capsule} "
                              "(replay it with: nanhunter scan <that directory>)")
         run = w.run or _run_of(w.model)
-        rep.run = {"dtype": run.name if run is not None else None,
-                   "compute_dtype": run.compute if run is not None else None,
-                   "device": str(w.sink.device), "n_inputs": w.n_forwards, "failed_inputs": rep.failed_inputs,
-                   "backward": w.grads is not None, "optimizer_steps": w.optimizer.steps if w.optimizer else None,
-                   "scaler_skipped_steps": sorted(self.scaler_skipped) if self.scaler is not None else None,
-                   "capsule": self.capsule, "generate": None, "autocast": self._autocast()}
+        rep.run = RunInfo(dtype=run.name if run is not None else None,
+                          compute_dtype=run.compute if run is not None else None,
+                          device=str(w.sink.device), n_inputs=w.n_forwards, failed_inputs=list(rep.failed_inputs),
+                          backward=w.grads is not None, optimizer_steps=w.optimizer.steps if w.optimizer else None,
+                          scaler_skipped_steps=sorted(self.scaler_skipped) if self.scaler is not None else None,
+                          capsule=self.capsule, autocast=self._autocast())
         fnf = rep.first_nonfinite
         if fnf is None or rep.diagnosis is not None:
             return
         ev = rep.op_event
-        evd = Evidence(fnf.role, fnf.kind, fnf.module, fnf.module_type, fnf.op, ev.operands if ev else [],
-                       self._run_at(fnf.step, fnf.phase), None, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
-                       rep.failed_inputs, w.n_forwards, op_absmax=ev.exact_absmax if ev else None, phase=fnf.phase,
-                       grad_fn=fnf.grad_fn, optimizer=getattr(rep, "_optimizer", None))
-        rep.diagnosis = diagnose(evd)
+        loc = Located(fnf, self._run_at(fnf.step, fnf.phase), ev, is_block=fnf.module in set(main_blocks(w.model)),
+                      input_label=fnf.tensor, optimizer_facts=rep.optimizer_facts)
+        rep.diagnosis = diagnosis_of(loc, None, rep.failed_inputs, w.n_forwards)
 
 
 def _run_of(model: torch.nn.Module) -> Any:
     """The precision a model runs in when the watch was given none: its parameters' dtype."""
-    from ..dtypes import RunDtype, name_of
+    from ..dtypes import step_precision
 
     p = next(iter(model.parameters()), None)
-    name = name_of(p.dtype) if p is not None else None
-    return RunDtype.of(name) if name else None
+    return step_precision(None, (), None, p.dtype if p is not None else None)
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -350,14 +348,10 @@ def _optimizer_op(optimizer: Any, name: str, pre: dict[str, Any]) -> OpEvent | N
     if not cls.__module__.startswith("torch.optim") or name not in pre["grads"] or name not in pre["weights"]:
         return None
     group = optimizer.param_groups[pre["groups"][name]]
-    accepted = set(inspect.signature(cls.__init__).parameters)
-    hp = {k: v for k, v in _hyper(group).items() if k in accepted}
-    p = torch.nn.Parameter(pre["weights"][name].clone())
-    p.grad = pre["grads"][name].clone()
     try:
-        o = cls([p], **hp)
+        o, _ = fresh_optimizer(cls, constructor_hyperparameters(cls, group), pre["weights"][name], pre["grads"][name],
+                               pre["state"].get(name, {}))
     except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
         return None
-    o.state[p] = {k: v.clone() for k, v in pre["state"].get(name, {}).items()}
     return first_bad_step(o)
 

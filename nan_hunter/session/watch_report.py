@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..capture.ops import OpEvent
-from ..report import Diagnosis, FirstNonfinite
+from ..report import Diagnosis, FirstNonfinite, RunInfo
 
 
 @dataclass
@@ -23,13 +23,16 @@ class WatchReport:
     op_event: OpEvent | None = None
     aggregates: list[dict[str, Any]] = field(default_factory=list)
     n_forwards: int = 0
-    run: dict[str, Any] | None = None  # as the JSON report's (dtype, failed_inputs, scaler_skipped_steps...)
+    run: RunInfo | None = None  # as the JSON report's (dtype, failed_inputs, scaler_skipped_steps...)
     diagnosis: Diagnosis | None = None
     ranks: list[dict[str, Any]] | None = None  # under torch.distributed: one summary per rank
+    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: the state that explains it
+    op_missing: str | None = None  # the note saying why no op was named (one of ``notes``), if any
 
     def to_dict(self) -> dict[str, Any]:
         return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
-                "diagnosis": asdict(self.diagnosis) if self.diagnosis else None, "run": self.run,
+                "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
+                "run": self.run.to_dict() if self.run is not None else None,
                 "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes,
                 "aggregates": self.aggregates, "n_forwards": self.n_forwards, "ranks": self.ranks}
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..capture.compiled_regions import eager_only
+from ..capture.listener import CaptureListener
 from ..capture.recorder import Recorder
 from ..capture.snapshot import Snapshot
 from ..distributed.global_report import combine, local_reruns
@@ -120,6 +121,40 @@ def users_state_kept(model: nn.Module) -> Iterator[None]:
                     b.copy_(saved)
 
 
+class SessionListener(CaptureListener):
+    """What a watch does at the recorder's events: keep every root call's inputs and ambient
+    context, and hand training events (steps, faults, optimizer steps) to its ``TrainingState``."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.w = watch
+
+    def keeps_inputs(self) -> bool:
+        return True
+
+    def on_root_call(self, step: int) -> None:
+        self.w.contexts[step] = ForwardContext.now(self.w.model)
+        self.w.training.on_step(step)
+
+    def on_forget(self, step: int) -> None:
+        self.w.contexts.pop(step, None)
+
+    def on_first_fault(self, step: int, phase: str) -> None:
+        self.w.training.on_first_fault(step, phase)
+
+    def accept_fault(self, step: int, phase: str) -> bool:
+        return self.w.training.accept(step, phase)
+
+    def on_optimizer_start(self, step: int, hooks: Any) -> None:
+        self.w.training.before_optimizer_step(step, hooks)
+
+    def judge_late_now(self) -> bool:
+        t = self.w.training
+        return self.w.first_failed is None and (t.capsule_dir is not None or t.scaler is not None)
+
+    def grads_needed(self, step: int, first_failed: int | None) -> bool:
+        return step == first_failed or step in self.w.training.pending
+
+
 class Watch(Recorder):
     """Capture per-module statistics while the model runs; ``report()`` locates the first NaN/Inf.
 
@@ -131,37 +166,12 @@ class Watch(Recorder):
                  device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None, backward: bool = False,
                  optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None):
         super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
-                         optimizer=optimizer)
+                         optimizer=optimizer, listener=SessionListener(self))
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
         self.contexts: dict[int, ForwardContext] = {}
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, scaler, capsule_dir, arch)
-
-    def _keeps_inputs(self) -> bool:
-        return True
-
-    def _on_root_call(self, forward: int) -> None:
-        self.contexts[forward] = ForwardContext.now(self.model)
-        self.training.on_step(forward)
-
-    def _on_forget(self, forward: int) -> None:
-        self.contexts.pop(forward, None)
-
-    def _on_first_fault(self, forward: int, phase: str) -> None:
-        self.training.on_first_fault(forward, phase)
-
-    def _accept_fault(self, forward: int, phase: str) -> bool:
-        return self.training.accept(forward, phase)
-
-    def on_optimizer_start(self, forward: int, hooks: Any) -> None:
-        self.training.before_optimizer_step(forward, hooks)
-
-    def _judge_late_now(self) -> bool:
-        return self.first_failed is None and (self.training.capsule_dir is not None or self.training.scaler is not None)
-
-    def _grads_needed(self, forward: int) -> bool:
-        return forward == self.first_failed or forward in self.training.pending
 
     def report(self) -> WatchReport:
         """Locate the first non-finite value (re-running the first failing forward at finer levels
@@ -285,8 +295,7 @@ class Watch(Recorder):
         ctx = self.contexts.get(input_index, ForwardContext(False, ()))
         rerun = self.step_forward(input_index, snap)
 
-        fine = Recorder(self.model, level="modules", retain=1, device=self.sink.device)
-        fine._forward = input_index - 1
+        fine = Recorder(self.model, level="modules", retain=1, device=self.sink.device, first_step=input_index)
         with fine:
             rerun()
         rows = fine.sink.rows()

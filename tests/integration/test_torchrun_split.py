@@ -154,11 +154,3 @@ def test_bad_input_on_one_rank_exits_2_on_every_rank(tmp_path):
     assert lines[0] == lines[1] and lines[0][0].startswith("nanhunter: error: rank 1: the model raised")
     assert [r["stdout"] for r in ranks] == ["", ""]
     assert list(out.iterdir()) == []
-
-
-def test_generate_is_refused_under_torchrun(data, tmp_path):
-    ranks = torchrun(tmp_path, "scan", EXAMPLE, "--data", data, "--generate", "4")
-    assert [r["code"] for r in ranks] == [2, 2]
-    for r in ranks:
-        assert r["stderr"].strip() == ("nanhunter: error: --generate is not supported under torchrun yet; "
-                                       "run it in one process (without torchrun)")

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from nan_hunter.capture.compiled_regions import eager_name, eager_named_modules, unwrap
-from nan_hunter.errors import BadInput
-from nan_hunter.modes.compiled import Parting, check_options, compare, fresh_compiles
+from nan_hunter.modes.compiled import Parting, compare, fresh_compiles
 
 
 @pytest.mark.parametrize("name, eager, compiled, expect", [
@@ -39,15 +38,6 @@ def test_a_different_structure_is_infinitely_far():
 ])
 def test_parts_at_rtol(p, parts):
     assert p.parts(1e-2) is parts
-
-
-@pytest.mark.parametrize("backend, rtol, dtype, word", [
-    ("tvm", 1e-2, None, "--compile-backend"), ("inductor", 0.0, None, "--rtol"),
-    ("inductor", math.nan, None, "--rtol"), ("inductor", 1e-2, "fp8-e5m2", "fp8"),
-])
-def test_check_options_refuses(backend, rtol, dtype, word):
-    with pytest.raises(BadInput, match=word):
-        check_options(backend, rtol, dtype)
 
 
 def test_emulate_flag_is_restored_even_on_error():

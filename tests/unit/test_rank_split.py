@@ -43,14 +43,3 @@ def test_single_process_agreement_is_the_identity_or_the_error():
         rank_split.agree(rank_split._error_payload(ValueError("boom")))
 
 
-def test_unsupported_options_refused_only_under_torchrun(monkeypatch):
-    class Args:
-        generate, compile, device_map, backward = 4, False, None, False
-
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR"):
-        monkeypatch.delenv(k, raising=False)
-    rank_split.refuse_unsupported(Args())  # one process: fine
-    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "x"}.items():
-        monkeypatch.setenv(k, v)
-    with pytest.raises(BadInput, match="--generate is not supported under torchrun yet"):
-        rank_split.refuse_unsupported(Args())

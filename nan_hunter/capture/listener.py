@@ -1,0 +1,43 @@
+"""What a recording tells whoever builds on it (``session.Watch``): the recorder calls a
+``CaptureListener`` at the points where a session acts — a root call starts, a step is folded
+away, the first fault is known, an optimizer step starts — and asks it three questions. The base
+class is the plain recorder's answers (keep nothing, accept every fault), so a recorder without a
+session needs none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CaptureListener:
+    """Callbacks and questions of a ``Recorder`` (all steps are root-call indices)."""
+
+    def keeps_inputs(self) -> bool:
+        """Whether root inputs are snapshotted (a session's report re-runs them)."""
+        return False
+
+    def on_root_call(self, step: int) -> None:
+        """A root forward starts (a session records its ambient context here)."""
+
+    def on_forget(self, step: int) -> None:
+        """A step was folded away (a session drops what it kept for it)."""
+
+    def on_first_fault(self, step: int, phase: str) -> None:
+        """The first failing step is known (a session keeps its weights, writes a capsule)."""
+
+    def accept_fault(self, step: int, phase: str) -> bool:
+        """Whether a non-finite backward or optimizer phase counts as a fault (a session with a
+        GradScaler tells skipped steps from real faults)."""
+        return True
+
+    def judge_late_now(self) -> bool:
+        """Whether a device sink reads backward and optimizer rows back as soon as a phase ends
+        (a session that writes a capsule or tells GradScaler skips needs it before the weights change)."""
+        return False
+
+    def grads_needed(self, step: int, first_failed: int | None) -> bool:
+        """Whether the gradients that reached the root outputs in ``step`` must stay kept."""
+        return step == first_failed
+
+    def on_optimizer_start(self, step: int, hooks: Any) -> None:
+        """Before ``optimizer.step()`` of a kept step (a session copies what a capsule needs)."""

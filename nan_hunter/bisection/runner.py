@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..capture.blocks import main_blocks
+from ..capture.targeted import first_call_order
 from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
@@ -25,25 +26,6 @@ from .search import minimal_keep_set, shortest_failing_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..modes.harness import Mode
-
-
-def first_call_order(model: nn.Module, run: Callable[[], Any]) -> list[str]:
-    """Every module's name in the order of its first call during ``run()``."""
-    order: list[str] = []
-    seen: set[str] = set()
-    handles = []
-    for name, m in model.named_modules():
-        def pre(mod, args, name=name):
-            if name not in seen:
-                seen.add(name)
-                order.append(name)
-        handles.append(m.register_forward_pre_hook(pre))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-    return order
 
 
 def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str,

@@ -20,14 +20,20 @@ class Captured(Exception):
     """Raised by a targeted re-run's hook once it has what it came for."""
 
 
-def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, call_index: int) -> tuple[tuple, dict]:
+def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, call_index: int,
+                sites: list[str | None] | None = None) -> tuple[tuple, dict]:
     """Call ``rerun()`` (a forward of ``model``) and copy the inputs of ``module_name``'s
-    ``call_index``-th call, then stop the forward early: nothing after that call is computed."""
+    ``call_index``-th call, then stop the forward early: nothing after that call is computed.
+    ``sites``: filled with where the model's code called the module (``ops.call_site``), per call."""
+    from .ops import call_site
+
     target = model.get_submodule(module_name) if module_name else model
     seen = {"n": 0}
     box: dict[str, Any] = {}
 
     def pre(mod: nn.Module, args: tuple, kw: dict) -> None:
+        if sites is not None:
+            sites.append(call_site())
         if seen["n"] == call_index:
             box["args"], box["kwargs"] = detached_copy(args), detached_copy(kw)
             raise Captured
@@ -127,6 +133,25 @@ def child_calls(module: nn.Module, prefix: str, run_module: Callable[[], Any]) -
         for h in handles:
             h.remove()
     return calls
+
+
+def first_call_order(model: nn.Module, run: Callable[[], Any]) -> list[str]:
+    """Every module's name in the order of its first call during ``run()``."""
+    order: list[str] = []
+    seen: set[str] = set()
+    handles = []
+    for name, m in model.named_modules():
+        def pre(mod: nn.Module, args: Any, name: str = name) -> None:
+            if name not in seen:
+                seen.add(name)
+                order.append(name)
+        handles.append(m.register_forward_pre_hook(pre))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return order
 
 
 def rows_holding_faults(model: nn.Module, snap: Any, precision: Any) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from ..capture.ops import OpEvent, call_site, first_bad_op
+from ..capture.ops import OpEvent, first_bad_op
 from ..capture.targeted import call_inputs
 from ..dtypes import RunDtype
 from ..model.execute import run_context
@@ -27,11 +27,7 @@ def locate_op(model: nn.Module, rerun: Callable[[], Any], finding: Finding,
     if finding.role == "input":
         return None, target, (), {}
     sites: list[str | None] = []  # where the model's code called the module, for ops with no line of their own
-    h = target.register_forward_pre_hook(lambda m, a: sites.append(call_site()))
-    try:
-        args, kwargs = call_inputs(model, rerun, c.module, c.call_index)
-    finally:
-        h.remove()
+    args, kwargs = call_inputs(model, rerun, c.module, c.call_index, sites)
     site = sites[c.call_index] if len(sites) > c.call_index else None
     a, kw = detached_copy((args, kwargs))  # the module may change its inputs (a KV cache grows)
     with run_context(run):

@@ -66,15 +66,15 @@ def test_prompts_need_a_tokenizer():
 
 
 def test_prompts_are_tokenized_and_truncated_with_a_note(minilm_dir):
+    """The real MiniLM tokenizer (model_max_length 512); the model is a plain module, so the
+    tokenizer's maximum is the limit. (Imports transformers: seconds when run alone.)"""
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(minilm_dir))
-    model = transformers.BertModel(transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=8,
-                                                           num_hidden_layers=1, num_attention_heads=2,
-                                                           intermediate_size=8, max_position_embeddings=16))
-    short, long = build_batches(model, tok, None, ["hello world", "word " * 100], None)
+    assert tok.model_max_length == 512
+    short, long = build_batches(Takes(), tok, None, ["hello world", "word " * 600], None)
     assert short.label == "prompt 0" and short.truncated_to is None
-    assert set(short.kwargs) >= {"input_ids", "attention_mask"}
-    assert long.truncated_to == 16 and long.kwargs["input_ids"].shape[-1] == 16
+    assert set(short.kwargs) == {"input_ids", "attention_mask"}  # token_type_ids: not an argument of Takes
+    assert long.truncated_to == 512 and long.kwargs["input_ids"].shape[-1] == 512
     (note,) = batch_notes([short, long])
-    assert "1 input(s)" in note and "truncated to 16 tokens: prompt 1" in note
+    assert "1 input(s)" in note and "truncated to 512 tokens: prompt 1" in note
     assert batch_notes([Batch("x", {})]) == []

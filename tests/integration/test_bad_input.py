@@ -1,4 +1,9 @@
-"""Every kind of bad input exits 2 with one clear line on stderr and no traceback."""
+"""Every kind of bad input exits 2 with one clear line on stderr and no traceback.
+
+Through the real CLI (``cli``: exit code, no traceback, one line from the console script) for the
+checkpoint-format cases, an unpickled file and the --data lines; in-process (``cli_main``: the
+same command through ``main(argv)``, ``BadInput`` as exit 2) where what matters is what the
+command decides, not the process around it."""
 
 from __future__ import annotations
 
@@ -74,22 +79,22 @@ def test_unknown_dtype(cli, tmp_path):
     _assert_clean_error(cli("scan", f, "--dtype", "fp12", json_report=False), "unknown dtype")
 
 
-def test_json_into_missing_directory(cli, tmp_path):
+def test_json_into_missing_directory(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
-    _assert_clean_error(cli("scan", f, "--json", tmp_path / "no" / "such" / "r.json", json_report=False),
+    _assert_clean_error(cli_main("scan", f, "--json", tmp_path / "no" / "such" / "r.json", json_report=False),
                         "does not exist")
 
 
-def test_wrong_arch_keys(cli, tmp_path):
+def test_wrong_arch_keys(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
     arch = tmp_path / "arch.py"
     arch.write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
-    _assert_clean_error(cli("scan", f, "--arch", f"{arch}:build", json_report=False), "missing", "weight")
+    _assert_clean_error(cli_main("scan", f, "--arch", f"{arch}:build", json_report=False), "missing", "weight")
 
 
-def test_arch_file_missing(cli, tmp_path):
+def test_arch_file_missing(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
-    _assert_clean_error(cli("scan", f, "--arch", f"{tmp_path}/nope.py:build", json_report=False), "not found")
+    _assert_clean_error(cli_main("scan", f, "--arch", f"{tmp_path}/nope.py:build", json_report=False), "not found")
 
 
 @pytest.fixture
@@ -101,28 +106,28 @@ def linear_ckpt(tmp_path):
     return tmp_path / "lin.safetensors", f"{arch}:build"
 
 
-def test_input_names_not_in_forward(cli, tmp_path, linear_ckpt):
+def test_input_names_not_in_forward(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
     save_file({"x": torch.ones(2, 4)}, str(tmp_path / "in.safetensors"))
-    _assert_clean_error(cli("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors",
+    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors",
                             json_report=False), "'x'", "input")
 
 
-def test_empty_dataset(cli, tmp_path, minilm_dir):
+def test_empty_dataset(cli_main, tmp_path, minilm_dir):
     d = tmp_path / "empty.jsonl"
     d.write_text("\n")
-    _assert_clean_error(cli("scan", minilm_dir, "--data", d, json_report=False), "empty data set")
+    _assert_clean_error(cli_main("scan", minilm_dir, "--data", d, json_report=False), "empty data set")
 
 
-def test_bad_jsonl_line(cli, tmp_path, minilm_dir):
+def test_bad_jsonl_line(cli_main, tmp_path, minilm_dir):
     d = tmp_path / "bad.jsonl"
     d.write_text('{"text": "ok"}\nnot json\n')
-    _assert_clean_error(cli("scan", minilm_dir, "--data", d, json_report=False), "bad.jsonl:2")
+    _assert_clean_error(cli_main("scan", minilm_dir, "--data", d, json_report=False), "bad.jsonl:2")
 
 
-def test_prompt_without_tokenizer(cli, tmp_path, linear_ckpt):
+def test_prompt_without_tokenizer(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
-    _assert_clean_error(cli("scan", ck, "--arch", arch, "--prompt", "hi", json_report=False), "tokenizer")
+    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--prompt", "hi", json_report=False), "tokenizer")
 
 
 def test_pickle_is_never_unpickled(cli, tmp_path):
@@ -139,11 +144,11 @@ def test_pickle_is_never_unpickled(cli, tmp_path):
     assert "pwned" not in res.stdout
 
 
-def test_checkpoint_is_never_modified(cli, tmp_path, linear_ckpt):
+def test_checkpoint_is_never_modified(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
     before = ck.read_bytes()
     save_file({"input": torch.full((2, 4), 1e5)}, str(tmp_path / "in.safetensors"))
-    cli("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors", "--dtype", "fp16")
+    cli_main("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors", "--dtype", "fp16")
     assert ck.read_bytes() == before
 
 
@@ -187,20 +192,20 @@ def test_bad_data_lines(tmp_path, case):
     assert "\n" not in msg and where in msg and needle.lower() in msg.lower(), msg
 
 
-def test_huge_data_line_is_truncated_to_the_model_length_with_a_note(cli, tmp_path, minilm_dir):
+def test_huge_data_line_is_truncated_to_the_model_length_with_a_note(cli_main, tmp_path, minilm_dir):
     d = tmp_path / "long.jsonl"
     d.write_text(json.dumps({"text": "word " * ((4 << 20) // 5 + 1)}) + "\n" + json.dumps({"text": "short"}) + "\n")
     assert d.stat().st_size > 4 << 20
-    res = cli("scan", minilm_dir, "--data", d, timeout=120)
+    res = cli_main("scan", minilm_dir, "--data", d)
     assert res.code == 0, res.stderr
     notes = " ".join(res.report["notes"])
     assert "truncated to 512 tokens: long.jsonl:1" in notes, notes
     assert res.report["run"]["n_inputs"] == 2
 
 
-def test_inputs_file_goes_through_the_strict_parser(cli, tmp_path, linear_ckpt):
+def test_inputs_file_goes_through_the_strict_parser(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
     h = b'{"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]}}'
     p = tmp_path / "in.safetensors"
     p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 16)
-    _assert_clean_error(cli("scan", ck, "--arch", arch, "--inputs", p, json_report=False), str(p), "given twice")
+    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--inputs", p, json_report=False), str(p), "given twice")

@@ -1,4 +1,7 @@
-"""bisect through the real CLI and apply_policy on the real MiniLM checkpoint."""
+"""bisect on small --arch models and apply_policy on the real MiniLM checkpoint.
+
+Two cases run the real CLI (``cli``: exit 0 with a policy file, exit 1 when even fp32 fails); the
+others run the same command in-process (``cli_main``): what they check is the search's answer."""
 
 from __future__ import annotations
 
@@ -43,20 +46,20 @@ def test_non_contiguous_culprits_exactly(cli, stack6):
     assert policy["modules"] == {"layers.1": "fp32", "layers.4": "fp32"}
 
 
-def test_block_granularity(cli, stack6):
+def test_block_granularity(cli_main, stack6):
     d, _ = stack6
-    res = cli("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
+    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
               "--inputs", d / "in.safetensors", "--granularity", "block")
     assert res.code == 0
     assert res.report["bisect"]["keep_modules"] == ["layers.1", "layers.4"]
 
 
-def test_fine_model_gives_empty_set(cli, tmp_path):
+def test_fine_model_gives_empty_set(cli_main, tmp_path):
     lin = torch.nn.Linear(4, 4)
     save_file(lin.state_dict(), str(tmp_path / "lin.safetensors"))
     (tmp_path / "arch.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
     save_file({"input": torch.randn(2, 4)}, str(tmp_path / "in.safetensors"))
-    res = cli("bisect", tmp_path / "lin.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build",
+    res = cli_main("bisect", tmp_path / "lin.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build",
               "--inputs", tmp_path / "in.safetensors")
     assert res.code == 0
     assert res.report["bisect"]["keep_modules"] == []
@@ -72,11 +75,11 @@ def test_fails_even_in_fp32_exits_1(cli, stack6):
     assert "even with everything in fp32" in res.stdout
 
 
-def test_over_inputs_names_failing_input(cli, stack6, tmp_path):
+def test_over_inputs_names_failing_input(cli_main, stack6, tmp_path):
     d, _ = stack6
     # the hot blocks only overflow when x is large enough: 0.1 * 1e5 = 1e4 stays finite
     save_file({"x": torch.full((2, 8), 0.1)}, str(tmp_path / "small.safetensors"))
-    res = cli("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
+    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
               "--inputs", tmp_path / "small.safetensors", "--inputs", d / "in.safetensors", "--over", "inputs")
     assert res.report["bisect"]["failing_inputs"] == [1]
     assert res.code == 0  # --over inputs answers which inputs fail: that is its verdict, not a failure
@@ -163,9 +166,9 @@ def build():
 """
 
 
-def test_a_module_output_that_went_inf_fails_even_when_the_output_is_clamped(cli, tmp_path):
+def test_a_module_output_that_went_inf_fails_even_when_the_output_is_clamped(cli_main, tmp_path):
     w, arch, inp = _save_arch(tmp_path, CLAMPED, {"x": torch.ones(1, 4)})
-    res = cli("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
+    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
     assert res.code == 0, res.stderr
     assert res.report["bisect"]["keep_modules"] == ["wo"]
     assert res.report["bisect"]["already_finite"] is False
@@ -202,9 +205,9 @@ def build():
 """
 
 
-def test_candidates_include_a_blamed_module_that_is_not_a_leaf(cli, tmp_path):
+def test_candidates_include_a_blamed_module_that_is_not_a_leaf(cli_main, tmp_path):
     w, arch, inp = _save_arch(tmp_path, PARENT_OP, {"x": torch.ones(1, 4)})
-    res = cli("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
+    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
     assert res.code == 0, res.stderr
     assert res.report["bisect"]["keep_modules"] == ["attn"]
     assert res.report["bisect"]["keep_in_fp32_modules"] == ["attn"]
@@ -242,19 +245,19 @@ def build():
 """
 
 
-def test_block_granularity_includes_modules_outside_the_blocks(cli, tmp_path):
+def test_block_granularity_includes_modules_outside_the_blocks(cli_main, tmp_path):
     w, arch, inp = _save_arch(tmp_path, HEAD, {"x": torch.full((1, 4), 5.0)})
-    res = cli("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16", "--granularity", "block")
+    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16", "--granularity", "block")
     assert res.code == 0, res.stderr
     assert res.report["bisect"]["keep_modules"] == ["head"]
     assert res.report["weights"]["n_tensors"] == 7  # the bisect report carries the weights scan
 
 
-def test_fp32_is_refused_and_a_finite_run_says_so(cli, tmp_path):
+def test_fp32_is_refused_and_a_finite_run_says_so(cli_main, tmp_path):
     w, arch, inp = _save_arch(tmp_path, HEAD.replace("fill_(40000.0)", "fill_(0.1)"), {"x": torch.ones(1, 4)})
-    res = cli("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp32")
+    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp32")
     assert res.code == 2 and "nothing to bisect" in res.stderr and "Traceback" not in res.stderr
-    res = cli("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
+    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16")
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
     assert b["keep_modules"] == [] and b["already_finite"] is True

@@ -35,67 +35,16 @@ import pytest
 
 pytestmark = pytest.mark.slow  # one subprocess of three training loops, then one CLI run per capsule
 
-MODELS = '''
-import torch
-from torch import nn
-
-
-class Gate(nn.Module):
-    def forward(self, x):
-        return x * torch.sqrt((x * x).mean(-1, keepdim=True))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.gate = Gate()
-        self.out = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return x + self.out(self.gate(self.lin(x)))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList([Block(), Block()])
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, x):
-        for b in self.layers:
-            x = b(x)
-        return self.head(x)
-
-
-class Scale(nn.Module):
-    def forward(self, x):
-        return (x * 1e-3) * 1e3
-
-
-def build_scale():
-    m = nn.Sequential(nn.Linear(4, 4), Scale(), nn.Linear(4, 1))
-    with torch.no_grad():
-        m[2].weight.fill_(0.5)
-    return m
-
-
-def build_gate():
-    return Net()
-
-
-def build_mlp():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-'''
+MODELS = Path(__file__).resolve().parents[1] / "models"  # training_nets.py: the models written and rebuilt
 
 WRITER = '''
 import json, sys
 import torch, transformers
 import nan_hunter
 sys.path.insert(0, sys.argv[1])
-from models import build_gate, build_mlp, build_scale
+from training_nets import build_gate, build_mlp, build_scale
 
-out, arch = sys.argv[2], sys.argv[1] + "/models.py:build_gate"
+out, arch = sys.argv[2], sys.argv[1] + "/training_nets.py:build_gate"
 seen = {}
 
 
@@ -174,7 +123,7 @@ torch.manual_seed(0)
 m = build_scale()
 opt = torch.optim.SGD(m.parameters(), lr=0.0)
 with nan_hunter.watch(m, backward=True, optimizer=opt, capsule_dir=out + "/amp",
-                      arch=sys.argv[1] + "/models.py:build_scale") as w:
+                      arch=sys.argv[1] + "/training_nets.py:build_scale") as w:
     for step in range(3):
         with torch.autocast("cpu", dtype=torch.float16):
             y = m(torch.ones(2, 4))
@@ -193,8 +142,7 @@ SAME = ("module", "op", "kind", "phase", "grad_fn", "param")
 def capsules(tmp_path_factory) -> dict:
     """Capsules written by real training loops in a process of their own, and what each watch reported."""
     pytest.importorskip("transformers")
-    src = tmp_path_factory.mktemp("models")
-    (src / "models.py").write_text(MODELS)
+    src = MODELS
     out = tmp_path_factory.mktemp("capsules")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     res = subprocess.run([sys.executable, "-c", WRITER, str(src), str(out)], capture_output=True, text=True,
@@ -287,7 +235,7 @@ def test_optimizer_capsule_replays_with_arch(capsules, cli):
     want = seen["first_nonfinite"]
     assert (want["phase"], want["param"], want["op"]) == ("optimizer", "0.weight", "aten.addcdiv_.default")
     cap = capsules["dirs"]["adam"]
-    rep = replayed(cli, cap, "--arch", f"{capsules['src'] / 'models.py'}:build_mlp")
+    rep = replayed(cli, cap, "--arch", f"{capsules['src'] / 'training_nets.py'}:build_mlp")
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     assert got["step"] == want["step"] == 0
@@ -330,19 +278,21 @@ def test_capsule_without_config_or_arch_exits_2(capsules, cli):
     ({"model_class": "AutoConfig"}, "not a model class"),
     ({"config": {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.M"}}}, "auto_map"),
 ])
-def test_bad_capsule_json_exits_2(capsules, cli, tmp_path, change, words):
+def test_bad_capsule_json_exits_2(capsules, cli_main, tmp_path, change, words):
+    """In-process: what is refused is the command's decision (tests/unit/load/test_capsule.py has
+    the format's own errors); test_capsule_without_config_or_arch_exits_2 runs the real CLI."""
     cap = tmp_path / "step-0"
     shutil.copytree(capsules["dirs"]["llama"], cap)
     meta = json.loads((cap / "capsule.json").read_text())
     meta.update(change)
     (cap / "capsule.json").write_text(json.dumps(meta))
-    res = cli("scan", cap, json_report=False)
+    res = cli_main("scan", cap, json_report=False)
     assert res.code == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
 
 
-def test_options_a_capsule_fixes_exit_2(capsules, cli):
+def test_options_a_capsule_fixes_exit_2(capsules, cli_main):
     """The capsule brings its own inputs and dtype: --dtype (or --prompt, --backward...) is refused."""
-    res = cli("scan", capsules["dirs"]["gate"], "--dtype", "bf16", json_report=False)
+    res = cli_main("scan", capsules["dirs"]["gate"], "--dtype", "bf16", json_report=False)
     assert res.code == 2 and "--dtype does not apply to a capsule" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -1,5 +1,6 @@
-"""``scan --generate N`` through the real CLI on the shipped decode example (docs/contract.md,
-"Generation"): the prompt's forward is finite in fp16, decode step 3 overflows the residual."""
+"""``scan --generate N`` on the shipped decode example (docs/contract.md, "Generation"): the
+prompt's forward is finite in fp16, decode step 3 overflows the residual. The headline case and
+the refused counts run the real CLI (``cli``); the others run the command in-process (``cli_main``)."""
 
 from __future__ import annotations
 
@@ -31,26 +32,26 @@ def test_unbatched_names_step_position_module_op(cli):
     assert "step 3, token 9 '6', at position 7, after: '4 5 6'" in res.stdout
 
 
-def test_bf16_and_clean_prompt_exit_0(cli):
-    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "bf16")
+def test_bf16_and_clean_prompt_exit_0(cli_main):
+    res = cli_main("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "bf16")
     assert res.code == 0, res.stderr
     g = res.report["run"]["generate"]
     assert g["first_bad_step"] is None and g["steps"] == 16 and len(g["new_tokens"][0]) == 16
-    res = cli("scan", EXAMPLE, "--prompt", CLEAN, "--generate", "16", "--dtype", "fp16")
+    res = cli_main("scan", EXAMPLE, "--prompt", CLEAN, "--generate", "16", "--dtype", "fp16")
     assert res.code == 0 and res.report["first_nonfinite"] is None
 
 
-def test_prompt_forward_alone_is_finite(cli):
+def test_prompt_forward_alone_is_finite(cli_main):
     """Without --generate the scan sees only the prompt's forward, which is finite: the case
     users bring, and why --generate exists."""
-    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--dtype", "fp16")
+    res = cli_main("scan", EXAMPLE, "--prompt", FAILING, "--dtype", "fp16")
     assert res.code == 0, res.stderr
 
 
-def test_batched_left_padded_agrees_with_unbatched(cli):
+def test_batched_left_padded_agrees_with_unbatched(cli_main):
     prompts = ["--prompt", "fox", "--prompt", FAILING]
-    one = cli("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16")
-    many = cli("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16", "--batch")
+    one = cli_main("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16")
+    many = cli_main("scan", EXAMPLE, *prompts, "--generate", "16", "--dtype", "fp16", "--batch")
     assert one.code == many.code == 1, (one.stderr, many.stderr)
     assert one.report["run"]["failed_inputs"] == many.report["run"]["failed_inputs"] == [1]
     f = many.report["first_nonfinite"]
@@ -59,10 +60,10 @@ def test_batched_left_padded_agrees_with_unbatched(cli):
     assert not any("mask" in n and "fault" in n.lower() and "not a fault" not in n for n in many.report["notes"])
 
 
-def test_data_set_prompt_sensitivity(cli, tmp_path):
+def test_data_set_prompt_sensitivity(cli_main, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text('{"text": "the quick brown fox"}\n{"text": "7 8"}\n{"text": "the 1 2 3"}\n')
-    res = cli("scan", EXAMPLE, "--data", data, "--generate", "16", "--dtype", "fp16")
+    res = cli_main("scan", EXAMPLE, "--data", data, "--generate", "16", "--dtype", "fp16")
     assert res.code == 1, res.stderr
     g = res.report["run"]["generate"]
     assert res.report["run"]["failed_inputs"] == [1, 2]
@@ -74,13 +75,13 @@ def test_data_set_prompt_sensitivity(cli, tmp_path):
     assert "decoding per input" in res.stdout and "fails at step 8" in res.stdout
 
 
-def test_model_without_generate_is_refused(cli, tmp_path):
+def test_model_without_generate_is_refused(cli_main, tmp_path):
     from safetensors.torch import save_file
 
     (tmp_path / "arch.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
     save_file(torch.nn.Linear(4, 4).state_dict(), str(tmp_path / "w.safetensors"))
     save_file({"input": torch.ones(1, 4)}, str(tmp_path / "in.safetensors"))
-    res = cli("scan", tmp_path / "w.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs",
+    res = cli_main("scan", tmp_path / "w.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs",
               tmp_path / "in.safetensors", "--generate", "4", json_report=False)
     assert res.code == 2 and "no generate()" in res.stderr and "Traceback" not in res.stderr
 
@@ -91,12 +92,12 @@ def test_bad_generate_count(cli, bad):
     assert res.code == 2 and "--generate" in res.stderr
 
 
-def test_check_and_bisect_accept_generate(cli):
-    res = cli("check", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtypes", "fp16,bf16")
+def test_check_and_bisect_accept_generate(cli_main):
+    res = cli_main("check", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtypes", "fp16,bf16")
     assert res.code == 1, res.stderr
     rules = {r["rule"]: r["status"] for r in res.report["check"]["results"]}
     assert rules["forward.fp16.nonfinite"] == "fail" and rules["forward.bf16.nonfinite"] == "pass"
-    res = cli("bisect", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtype", "fp16")
+    res = cli_main("bisect", EXAMPLE, "--prompt", FAILING, "--generate", "8", "--dtype", "fp16")
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
     assert "model.layers.0" in b["keep_modules"] and b["finite_after"] is True and b["max_rel_err"] is None

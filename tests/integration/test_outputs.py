@@ -1,7 +1,9 @@
-"""Outputs through the real CLI: never onto an input, one stdout, atomic writes, Ctrl-C.
+"""Outputs: never onto an input, one stdout, atomic writes, Ctrl-C.
 
-Refusals happen before any work (no model is built), so those cases cost a process start each.
-Interrupt cases run a factory that never returns and send SIGINT once it has started.
+Which outputs are refused, and where output goes, is decided by the command itself: those cases
+run ``main(argv)`` in-process (``run_main``). Failing writes (a file-size limit set in the child)
+and Ctrl-C (a signal, the exit code 130) need the real CLI process (``run_cli``); interrupt cases
+run a factory that never returns and send SIGINT once it has started.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def hashes(d: Path) -> dict[str, str]:
 # --- inputs are never outputs --------------------------------------------------------------------
 @pytest.mark.parametrize("flag", ["--json", "--policy-out"])
 @pytest.mark.parametrize("target", ["checkpoint", "symlink", "hardlink", "inputs", "arch", "config", "data"])
-def test_output_onto_an_input_is_refused(run_cli, model, tmp_path, flag, target):
+def test_output_onto_an_input_is_refused(run_main, model, tmp_path, flag, target):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("{}\n")
     data = tmp_path / "data.jsonl"
@@ -82,13 +84,13 @@ def test_output_onto_an_input_is_refused(run_cli, model, tmp_path, flag, target)
         path = {"checkpoint": model["ck"], "inputs": model["inputs"], "arch": model["arch_file"],
                 "config": cfg, "data": data}[target]
     extra = ["--config", cfg] if target == "config" else ["--data", data] if target == "data" else []
-    res = run_cli(*bisect_args(model, flag, path, *extra))
+    res = run_main(*bisect_args(model, flag, path, *extra))
     one_error_line(res, flag, "is an input of this command")
     assert {**hashes(model["dir"]), "cfg": sha256(cfg), "data": sha256(data)} == before
     assert leftovers(model["dir"]) == [] and leftovers(tmp_path) == []
 
 
-def test_directory_checkpoint_protects_every_file_it_reads(run_cli, tmp_path):
+def test_directory_checkpoint_protects_every_file_it_reads(run_main, tmp_path):
     """A model directory: its config, weights and an index's shards are inputs; the directory
     itself is a directory; a new file beside them is fine (refused here only for its suffix)."""
     d = tmp_path / "hf"
@@ -99,59 +101,59 @@ def test_directory_checkpoint_protects_every_file_it_reads(run_cli, tmp_path):
     (d / "tokenizer.json").write_text("{}")
     before = hashes(d)
     for victim in ("model-00001-of-00001.safetensors", "model.safetensors.index.json", "tokenizer.json"):
-        one_error_line(run_cli("scan", d, "--json", d / victim), "is an input")
-    one_error_line(run_cli("scan", d, "--json", d), "is a directory")
+        one_error_line(run_main("scan", d, "--json", d / victim), "is an input")
+    one_error_line(run_main("scan", d, "--json", d), "is a directory")
     # the index as the checkpoint: its shards are inputs too
-    one_error_line(run_cli("scan", d / "model.safetensors.index.json", "--json",
+    one_error_line(run_main("scan", d / "model.safetensors.index.json", "--json",
                            d / "model-00001-of-00001.safetensors"), "is an input")
     assert hashes(d) == before
-    res = run_cli("scan", d, "--json", d / "report.json", "-q")
+    res = run_main("scan", d, "--json", d / "report.json", "-q")
     assert res.code == 0, res.stderr
     assert (d / "report.json").is_file()
 
 
-def test_check_protects_every_checkpoint(run_cli, tmp_path):
+def test_check_protects_every_checkpoint(run_main, tmp_path):
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"w": torch.ones(2)}, str(a))
     save_file({"w": torch.ones(3)}, str(b))
     before = (sha256(a), sha256(b))
-    one_error_line(run_cli("check", a, b, "--junit", b), "--junit", "is an input")
-    res = run_cli("check", a, b, "--report", tmp_path / "b.md", "-q")  # its PNGs: b-1.png, b-2.png
+    one_error_line(run_main("check", a, b, "--junit", b), "--junit", "is an input")
+    res = run_main("check", a, b, "--report", tmp_path / "b.md", "-q")  # its PNGs: b-1.png, b-2.png
     assert res.code == 0, res.stderr
     assert sorted(p.name for p in tmp_path.glob("b*")) == ["b-1.png", "b-2.png", "b.md", "b.safetensors"]
     assert (sha256(a), sha256(b)) == before
 
 
-def test_markdown_png_beside_report_may_not_be_an_input(run_cli, tmp_path):
+def test_markdown_png_beside_report_may_not_be_an_input(run_main, tmp_path):
     png = tmp_path / "r.png"
     save_file({"w": torch.ones(2)}, str(png))  # a checkpoint that happens to be named r.png
-    one_error_line(run_cli("scan", png, "--report", tmp_path / "r.md"), "--report", "r.png", "is an input")
+    one_error_line(run_main("scan", png, "--report", tmp_path / "r.md"), "--report", "r.png", "is an input")
 
 
 # --- outputs among themselves ----------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["same path", "symlink", "hardlink"])
-def test_two_outputs_may_not_be_one_file(run_cli, model, tmp_path, how):
+def test_two_outputs_may_not_be_one_file(run_main, model, tmp_path, how):
     a = tmp_path / "p.yaml"
     b = a
     if how != "same path":
         a.write_text("old\n")
         b = tmp_path / "other.yaml"
         (b.symlink_to(a) if how == "symlink" else os.link(a, b))
-    one_error_line(run_cli(*bisect_args(model, "--json", a, "--policy-out", b)), "same file as --json")
+    one_error_line(run_main(*bisect_args(model, "--json", a, "--policy-out", b)), "same file as --json")
 
 
-def test_only_one_output_takes_stdout(run_cli, model, tmp_path):
-    one_error_line(run_cli(*bisect_args(model, "--json", "-", "--policy-out", "-"), cwd=tmp_path),
+def test_only_one_output_takes_stdout(run_main, model, tmp_path):
+    one_error_line(run_main(*bisect_args(model, "--json", "-", "--policy-out", "-"), cwd=tmp_path),
                    "only one output can go to stdout")
     assert not (tmp_path / "-").exists()
 
 
-def test_report_cannot_go_to_stdout(run_cli, model):
-    one_error_line(run_cli("scan", model["ck"], "--report", "-"), "--report")
+def test_report_cannot_go_to_stdout(run_main, model):
+    one_error_line(run_main("scan", model["ck"], "--report", "-"), "--report")
 
 
-def test_policy_to_stdout_is_yaml_and_view_goes_to_stderr(run_cli, model, tmp_path):
-    res = run_cli(*bisect_args(model, "--policy-out", "-"), cwd=tmp_path)
+def test_policy_to_stdout_is_yaml_and_view_goes_to_stderr(run_main, model, tmp_path):
+    res = run_main(*bisect_args(model, "--policy-out", "-"), cwd=tmp_path)
     assert res.code == 0, res.stderr
     pol = yaml.safe_load(res.stdout)
     assert pol["nanhunter_policy"] == 1 and pol["dtype"] == "fp16" and pol["modules"] == {"down": "fp32"}
@@ -159,25 +161,25 @@ def test_policy_to_stdout_is_yaml_and_view_goes_to_stderr(run_cli, model, tmp_pa
     assert "down" in res.stderr  # the terminal view moved to stderr
 
 
-def test_junit_to_stdout(run_cli, model):
-    res = run_cli("check", model["ck"], "--junit", "-", "-q")
+def test_junit_to_stdout(run_main, model):
+    res = run_main("check", model["ck"], "--junit", "-", "-q")
     assert res.code == 0, res.stderr
     assert res.stdout.startswith('<?xml version="1.0" encoding="UTF-8"?>') and "<testsuites" in res.stdout
 
 
-def test_output_directory_must_exist_and_output_must_be_a_regular_file(run_cli, model, tmp_path):
-    one_error_line(run_cli("scan", model["ck"], "--json", tmp_path / "no" / "r.json"), "does not exist")
+def test_output_directory_must_exist_and_output_must_be_a_regular_file(run_main, model, tmp_path):
+    one_error_line(run_main("scan", model["ck"], "--json", tmp_path / "no" / "r.json"), "does not exist")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    one_error_line(run_cli("scan", model["ck"], "--json", fifo), "not a regular file")
+    one_error_line(run_main("scan", model["ck"], "--json", fifo), "not a regular file")
 
 
-def test_symlinked_output_is_written_through(run_cli, model, tmp_path):
+def test_symlinked_output_is_written_through(run_main, model, tmp_path):
     real = tmp_path / "real.json"
     real.write_text("old\n")
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    res = run_cli("scan", model["ck"], "--json", link, "-q")
+    res = run_main("scan", model["ck"], "--json", link, "-q")
     assert res.code == 0, res.stderr
     assert link.is_symlink() and '"schema"' in real.read_text()
 

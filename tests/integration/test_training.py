@@ -8,45 +8,16 @@ import warnings
 
 import pytest
 import torch
+from models.training_nets import Gate, Net
 from torch import nn
 
 import nan_hunter
 
 
-class Gate(nn.Module):
-    """x · sqrt(mean(x²)): finite forward at x = 0, but d/dx sqrt at 0 is infinite."""
-
-    def forward(self, x):
-        return x * torch.sqrt((x * x).mean(-1, keepdim=True))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.gate = Gate()
-        self.out = nn.Linear(8, 8)
-
-    def forward(self, x):
-        return x + self.out(self.gate(self.lin(x)))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList([Block(), Block()])
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, x):
-        for b in self.layers:
-            x = b(x)
-        return self.head(x)
-
-
 def _train_sqrt_fault(level, **watch_kw):
     """Step 2's forward is finite, its backward divides by zero in layers.1.gate (SqrtBackward0)."""
     torch.manual_seed(0)
-    m = Net()
+    m = Net(8)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     losses = []
     with nan_hunter.watch(m, level=level, backward=True, optimizer=opt, **watch_kw) as w:
@@ -71,7 +42,7 @@ def test_sqrt_at_zero_in_backward(level):
     f = rep.first_nonfinite
     assert (f.phase, f.step, f.module, f.role) == ("backward", 2, "layers.1.gate", "producer")
     assert f.op == "aten.div.Tensor" and f.grad_fn == "SqrtBackward0" and f.kind == "nan"
-    assert "torch.sqrt" in f.source and "test_training.py" in f.source  # the forward line that made the node
+    assert "torch.sqrt" in f.source and "training_nets.py" in f.source  # the forward line that made the node
     d = rep.diagnosis
     assert d.cause == "division_by_zero" and "SqrtBackward0" in d.summary
     assert "eps inside" in d.fix and "clipping does not help" in d.fix
@@ -246,7 +217,7 @@ def test_training_numerics_bitwise_unchanged_and_hooks_removed():
 
 
 def test_hooks_removed_when_the_model_raises():
-    m = Net()
+    m = Net(8)
 
     class Boom(Exception):
         pass

@@ -7,12 +7,13 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
 import pytest
-from hostile_names import acting, hostile
 from markdown_it import MarkdownIt
 from rich.console import Console
 from rich.text import Text
 
 from nan_hunter.render import escape
+
+from .hostile_names import acting, hostile
 
 
 def test_visible_names_what_it_escapes():

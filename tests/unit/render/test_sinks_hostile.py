@@ -8,7 +8,6 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from hostile_names import acting, hostile, hostile_report
 from markdown_it import MarkdownIt
 from rich.console import Console
 
@@ -17,6 +16,8 @@ from nan_hunter.render.ci import annotations, render_junit
 from nan_hunter.render.html import render_html
 from nan_hunter.render.markdown import render_markdown
 from nan_hunter.render.terminal import render, render_check
+
+from .hostile_names import acting, hostile, hostile_report
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes rich itself writes
 

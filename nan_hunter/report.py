@@ -97,8 +97,8 @@ class Report:
             return 0 if self.bisect.finite_after else 1
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
-        compile_parted = self.diagnosis is not None and self.diagnosis.cause == "compile_divergence"
-        return 1 if self.nonfinite_found or compile_parted else 0
+        fault = self.diagnosis is not None and self.diagnosis.cause in ("compile_divergence", "bad_scale")
+        return 1 if self.nonfinite_found or fault else 0
 
     def to_dict(self) -> dict[str, Any]:
         import torch  # the report states which torch produced it

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from . import bounded_json
+from .bit_dtypes import BIT_TAGS, TORCH_TO_TAG
 from .regular_file import is_inside, kind_of, read_regular, require_regular
 from .safetensors_file import SafetensorsFile, TensorEntry
 from .safetensors_header import show
@@ -55,6 +56,9 @@ class ScanItem:
     numel: int
     nbytes: int
     pieces: Iterator[tuple[int, int, Any]] | None
+    #: the safetensors tag when the tensor is checked from its bits (``bit_dtypes``): ``pieces`` then
+    #: yields raw bytes ``(first byte, byte count, uint8 view or None)``
+    bits: str | None = None
 
 
 def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Path, Path]:
@@ -147,7 +151,9 @@ class Checkpoint:
             for e, pieces in st.pieces(entries):
                 dt = e.torch_dtype()
                 name = str(dt).removeprefix("torch.") if dt is not None else e.dtype
-                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes, pieces if dt is not None else None)
+                bits = e.dtype if e.dtype in BIT_TAGS else None
+                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes,
+                               pieces if dt is not None or bits else None, bits)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
@@ -157,10 +163,19 @@ class Checkpoint:
 
 
 def _torch_items(sd: dict) -> Iterator[ScanItem]:
+    import torch
+
     from .safetensors_file import PIECE
 
     for name, t in sd.items():
         flat = t.detach().reshape(-1)
+        tag = TORCH_TO_TAG.get(str(t.dtype).removeprefix("torch."))
+        if tag is not None:  # checked from its bits, as a safetensors tensor of that tag
+            raw = flat.view(torch.uint8)
+            pieces = ((s, min(PIECE, raw.numel() - s), raw[s: s + PIECE]) for s in range(0, raw.numel(), PIECE))
+            yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
+                           raw.numel(), pieces, tag)
+            continue
         step = max(1, PIECE // max(1, t.element_size()))
         pieces = ((s, min(step, flat.numel() - s), flat[s: s + step]) for s in range(0, flat.numel(), step))
         yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),

@@ -11,6 +11,7 @@ from ..errors import BadInput
 from ..explain.diagnose import Evidence, diagnose
 from ..load.checkpoint import open_checkpoint
 from ..load.weights import WeightsScan, scan_weights
+from ..load.weights_sections import weights_sections
 from ..model.prepare import Prepared, parse_dtype, prepare
 from ..report import Report
 
@@ -39,6 +40,7 @@ def weights_block(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
                             "min_nonzero": t.min_nonzero} for t in under],
         "underflow_sampled": sampled,
         "tensors": [t.to_dict() for t in ws.tensors],
+        **weights_sections(ws),
     }
 
 

@@ -111,16 +111,32 @@ def verdict(rep: Report) -> Verdict:
                        f"{b.keep_dtype}", "bad")
     if rep.exit_code() == 0:
         msg = "✔ no NaN/Inf found" + (" in the weights (weights-only scan)" if rep.run is None else "")
+        extra = weights_caveats(rep)
         if rep.near_misses:
-            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)", "warn")
-        return Verdict(msg, "ok")
+            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)" + extra, "warn")
+        return Verdict(msg + extra, "warn" if extra else "ok")
     f = rep.first_nonfinite
     if f is not None:
         cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
         phase = training_phrase(f)
         return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{phase}{cause}", "bad")
     n = len((rep.weights or {}).get("nonfinite") or [])
-    return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+    if not n and rep.diagnosis is not None and rep.diagnosis.cause == "bad_scale":
+        return Verdict(f"✘ {rep.diagnosis.summary}", "bad")
+    return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint" + weights_caveats(rep), "bad")
+
+
+def weights_caveats(rep: Report) -> str:
+    """" · 3 tensors not checked · 1 suspicious tensor": what a clean weights verdict must not hide."""
+    w = rep.weights or {}
+    out = ""
+    n = len(w.get("unchecked") or [])
+    if n:
+        out += f" · {n} tensor{'s' if n != 1 else ''} not checked"
+    m = len(w.get("suspicious") or [])
+    if m:
+        out += f" · {m} suspicious tensor{'s' if m != 1 else ''}"
+    return out
 
 
 def training_phrase(f: Any) -> str:

@@ -155,6 +155,22 @@ class Checkpoint:
                 yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes,
                                pieces if dt is not None or bits else None, bits)
 
+    def byte_stripes(self, name: str, stripe_bytes: int) -> Iterator[tuple[int, Any]]:
+        """Tensor ``name``'s bytes, read only, in pieces of whole ``stripe_bytes`` stripes:
+        ``(first byte, 1-D uint8 view, or None for a run of zeros)``; memory stays one window."""
+        if self._torch_sd is not None:
+            import torch
+
+            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
+            from .safetensors_file import PIECE
+
+            step = max(stripe_bytes, PIECE - PIECE % max(1, stripe_bytes))
+            for s in range(0, raw.numel(), step):
+                yield s, raw[s: s + step]
+            return
+        e = self.entries[name]
+        yield from self._files[e.file].byte_stripes(e, stripe_bytes)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
 

@@ -157,6 +157,19 @@ class SafetensorsFile:
             finally:
                 win.release()
 
+    def byte_stripes(self, e: TensorEntry, stripe_bytes: int) -> Iterator[tuple[int, object]]:
+        """Tensor ``e``'s bytes as ``(first byte, uint8 view or None)`` pieces of whole stripes
+        (``stripe_bytes`` each; at least one stripe per piece, about ``PIECE`` bytes when they
+        fit); None is a hole (zeros). One window mapped at a time; drop each view before the next."""
+        with self._open() as f:
+            win = _Windows(f.fileno(), self.size)
+            try:
+                for first, _count, piece in win.byte_pieces(self.data_start + e.begin, e.nbytes, stripe_bytes):
+                    yield first, piece
+                    del piece
+            finally:
+                win.release()
+
 
 class _Windows:
     """One bounded read-only map of an open file at a time."""

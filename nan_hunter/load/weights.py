@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES, limits
 from .checkpoint import Checkpoint, ScanItem
@@ -69,6 +70,8 @@ class WeightsScan:
     n_tensors: int
     n_skipped: int
     bytes: int
+    quantized: list[Any] = field(default_factory=list)  # quantized.QuantizedScan, one per quantized weight
+    quantized_unchecked: list[dict] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
 
     @property
     def nonfinite(self) -> list[TensorScan]:
@@ -77,7 +80,8 @@ class WeightsScan:
     @property
     def unchecked(self) -> list[dict]:
         """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
-        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors if t.unchecked]
+        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors if t.unchecked] \
+            + self.quantized_unchecked
 
     def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
         """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
@@ -334,4 +338,7 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
         out.append(ts)
         if progress is not None:
             progress(item.name, item.nbytes)
-    return WeightsScan(out, len(out), skipped, ck.nbytes)
+    from .quantized import scan_quantized
+
+    quantized, q_unchecked = scan_quantized(ck)
+    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked)

@@ -82,6 +82,7 @@ class Report:
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None  # scan --compile: eager against torch.compile
+    baseline: dict[str, Any] | None = None  # check --baseline OLD: {path, compared, regressions}
     mode: str = "scan"
 
     @property
@@ -128,6 +129,8 @@ class Report:
             d["bisect"] = None
         if self.check is not None:
             d["check"] = self.check
+        if self.baseline is not None:
+            d["baseline"] = self.baseline
         return _clean(d)
 
 

@@ -11,7 +11,7 @@ from ..errors import BadInput
 from ..explain.diagnose import Evidence, diagnose
 from ..load.checkpoint import open_checkpoint
 from ..load.weights import WeightsScan, scan_weights
-from ..load.weights_sections import weights_sections
+from ..load.weights_sections import bad_scales, weights_sections
 from ..model.prepare import Prepared, parse_dtype, prepare
 from ..report import Report
 
@@ -127,9 +127,10 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
-        if ws.nonfinite:
+        faults = bad_scales(ws)
+        if ws.nonfinite or faults:
             rep.diagnosis = diagnose(Evidence(None, None, None, None, None, weights_nonfinite=rep.weights["nonfinite"],
-                                              config=cfg.diagnosis))
+                                              config=cfg.diagnosis, bad_scales=faults))
         return rep
     rep.notes += prepared.notes
     if backward:  # forward then backward of a loss, captured (backward_scan)
@@ -144,6 +145,8 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
         from ..modes.compiled import compare_compiled
 
         compare_compiled(prepared, rep, compile, rtol)
+    if rep.diagnosis is None and bad_scales(ws):  # the run stayed finite, the scales are still corrupt
+        rep.diagnosis = diagnose(Evidence(None, None, None, None, None, config=cfg.diagnosis, bad_scales=bad_scales(ws)))
     return rep
 
 

@@ -14,10 +14,12 @@ HUGE = 1e30  # |x| above this in a float tensor: uninitialised memory, not a tra
 
 def suspicious(ws: WeightsScan) -> list[dict[str, Any]]:
     """``weights.suspicious``: finite tensors with |x| > 1e30, and weight matrices (≥ 2 dims)
-    that are entirely zero. Both follow from the absmax the scan already has."""
+    that are entirely zero (not quantization scales: those are judged block by block). Both
+    follow from the absmax the scan already has."""
     out = []
+    scales = {q.scale for q in ws.quantized}  # a zero scale is judged per block (``quantized``)
     for t in ws.tensors:
-        if t.skipped or t.absmax is None:
+        if t.skipped or t.absmax is None or t.name in scales:
             continue
         if t.absmax > HUGE:
             out.append({"name": t.name, "reason": "huge", "absmax": t.absmax})

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Checkpoint", "TensorEntry", "ScanItem", "open_checkpoint", "open_safetensors", "member"]
 
 MAX_INDEX_BYTES = 64 << 20
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits on a path component and a whole path, in bytes
 MAX_TENSORS = 1_000_000  # per checkpoint, all shards together
 #: Files of a directory checkpoint that nanhunter or transformers may open, by suffix.
 READ_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".txt", ".model", ".jinja",
@@ -71,6 +72,13 @@ def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Pa
     if not isinstance(name, str) or not name or "\x00" in name:
         raise BadInput(f"{where}: {kind} {show(name)} is not a file name")
     what = f"{where}: {kind} {show(name)}"
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeError:  # a lone surrogate from JSON escapes: no file can have that name
+        raise BadInput(f"{what} is not a valid file name (invalid Unicode)") from None
+    if any(len(part) > NAME_MAX for part in encoded.split(b"/")) or len(encoded) >= PATH_MAX:
+        raise BadInput(f"{what} is too long for a file name ({len(encoded)} bytes; at most {NAME_MAX} per "
+                       f"component, {PATH_MAX} in all); fix the index")
     if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or os.path.isabs(name):
         raise BadInput(f"{what} is an absolute path; nanhunter reads nothing outside the checkpoint directory {root}")
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
@@ -205,7 +213,7 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
         if only is not None and name not in only:
             continue
         if name in ck.entries:
-            raise BadInput(f"tensor {show(name)} appears in both {ck.entries[name].file.name} and {shown.name}; "
+            raise BadInput(f"tensor {show(name)} appears in both {show(ck.entries[name].file.name)} and {show(shown.name)}; "
                            "fix the shards")
         ck.entries[name] = e
     if len(ck.entries) > MAX_TENSORS:
@@ -237,13 +245,17 @@ def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
     ck = Checkpoint(index, fmt, [root / f for f in sorted(shards)])
     for fname in sorted(shards):
         shown, real_shard = member(root, fname, str(index), "weight_map shard")
-        if not real_shard.exists():
-            raise BadInput(f"{index}: shard {fname} named in weight_map is missing; download or restore it")
+        try:
+            missing = not real_shard.exists()
+        except OSError as e:
+            raise BadInput(f"{index}: shard {show(fname)} named in weight_map cannot be opened ({e.strerror})") from None
+        if missing:
+            raise BadInput(f"{index}: shard {show(fname)} named in weight_map is missing; download or restore it")
         names = shards[fname]
         st = _add_file(ck, shown, real_shard, names)
         absent = names - set(st.entries)
         if absent:
-            raise BadInput(f"{index}: {len(absent)} tensors mapped to {fname} are not in it "
+            raise BadInput(f"{index}: {len(absent)} tensors mapped to {show(fname)} are not in it "
                            f"(e.g. {show(sorted(absent)[0])})")
     return ck
 

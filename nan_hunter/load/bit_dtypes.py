@@ -1,4 +1,5 @@
-"""Safetensors dtypes checked from their bits: AMD's fp8 (``F8_E4M3FNUZ``, ``F8_E5M2FNUZ``: 0x80 is
+"""Safetensors dtypes checked from their bits: fp8 (``F8_E4M3``: S.1111.111 is NaN, no Inf;
+``F8_E5M2``: exponent 11111 is Inf or NaN), AMD's fp8 (``F8_E4M3FNUZ``, ``F8_E5M2FNUZ``: 0x80 is
 NaN, no Inf), ``F8_E8M0`` (scale exponents: 0xFF is NaN) and the sub-byte floats ``F4`` (E2M1, two
 per byte), ``F6_E2M3`` and ``F6_E3M2`` (four per three bytes), which have no NaN or Inf encoding.
 
@@ -21,11 +22,11 @@ from functools import cache
 
 #: safetensors tag → (bits per element, bytes per packed group, elements per group)
 BIT_TAGS: dict[str, tuple[int, int, int]] = {
-    "F8_E4M3FNUZ": (8, 1, 1), "F8_E5M2FNUZ": (8, 1, 1), "F8_E8M0": (8, 1, 1),
+    "F8_E4M3": (8, 1, 1), "F8_E5M2": (8, 1, 1), "F8_E4M3FNUZ": (8, 1, 1), "F8_E5M2FNUZ": (8, 1, 1), "F8_E8M0": (8, 1, 1),
     "F4": (4, 1, 2), "F6_E2M3": (6, 3, 4), "F6_E3M2": (6, 3, 4),
 }
 #: torch dtype name → safetensors tag, for ``.pt`` checkpoints holding these dtypes
-TORCH_TO_TAG = {"float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0"}
+TORCH_TO_TAG = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0"}
 CHUNK_BYTES = 1 << 20  # bytes unpacked at a time for F6 (int32 temporaries of ~4 MB)
 
 
@@ -49,6 +50,11 @@ def code_values(tag: str) -> tuple[float, ...]:
         return tuple(_minifloat(c, 2, 3, 1) for c in range(64))
     if tag == "F6_E3M2":
         return tuple(_minifloat(c, 3, 2, 3) for c in range(64))
+    if tag == "F8_E4M3":  # OCP e4m3fn: S.1111.111 is NaN, no Inf
+        return tuple(math.nan if c & 0x7F == 0x7F else _minifloat(c, 4, 3, 7) for c in range(256))
+    if tag == "F8_E5M2":  # IEEE-like: exponent 11111 is Inf (mantissa 0) or NaN
+        return tuple((math.nan if c & 3 else math.copysign(math.inf, -1.0 if c & 0x80 else 1.0))
+                     if c & 0x7C == 0x7C else _minifloat(c, 5, 2, 15) for c in range(256))
     out = []
     for c in range(256):
         if tag == "F8_E8M0":
@@ -63,7 +69,8 @@ def code_values(tag: str) -> tuple[float, ...]:
 
 
 def nan_codes(tag: str) -> tuple[int, ...]:
-    return tuple(c for c, v in enumerate(code_values(tag)) if math.isnan(v))
+    """Codes that are NaN or ±Inf (the non-finite ones)."""
+    return tuple(c for c, v in enumerate(code_values(tag)) if not math.isfinite(v))
 
 
 @dataclass
@@ -72,7 +79,7 @@ class CodeHistogram:
 
     tag: str
     counts: list[int] = field(default_factory=list)
-    first_nan: int | None = None  # flat element index
+    first_nan: int | None = None  # flat element index of the first NaN or ±Inf
 
     def __post_init__(self) -> None:
         self.counts = [0] * len(code_values(self.tag))
@@ -111,6 +118,12 @@ class CodeHistogram:
         """A hole of a sparse file: code 0 (value 0 in every tag but E8M0, where it is 2^-127)."""
         self.counts[0] += nbytes * BIT_TAGS[self.tag][2]
 
+    def infs(self) -> tuple[int, int]:
+        """(+Inf count, -Inf count)."""
+        vals = code_values(self.tag)
+        return (sum(n for v, n in zip(vals, self.counts) if v == math.inf),
+                sum(n for v, n in zip(vals, self.counts) if v == -math.inf))
+
     def stats(self) -> tuple[int, float | None, int, int, int, float | None]:
         """(NaN count, absmax over finite values, finite count, flushed to 0 in fp16, fp16 subnormal,
         min |x| > 0)."""
@@ -126,6 +139,8 @@ class CodeHistogram:
                 continue
             if math.isnan(v):
                 nan += n
+                continue
+            if math.isinf(v):
                 continue
             a = abs(v)
             finite += n

@@ -236,19 +236,27 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
 # --- block magnitudes from raw bytes ---------------------------------------------------------
 
 
-def _fp8_mags(tag: str) -> Callable[[Any, int], Any]:
-    """Per-block largest |value| of fp8 bytes: magnitude codes are ordered like their values."""
+def _fp8_mags(tag: str) -> Callable[[Any, int, int], Any]:
+    """Per-block largest |value| of fp8 bytes ``[rows, cols]`` with blocks of ``br`` rows and ``bc``
+    columns: magnitude codes (``b & 0x7F``) are ordered like their values, so the rows of a block
+    are reduced first (an element-wise max, vectorised along the row), then each block's columns."""
     import torch
 
     vals = torch.tensor([abs(v) if v == v else 0.0 for v in code_values(tag)] if tag in (
         "F8_E4M3FNUZ", "F8_E5M2FNUZ") else _fp8_table(tag), dtype=torch.float32)
-    nan_mag = 0x7F if tag == "F8_E4M3" else None
+    bad = 0x7F if tag == "F8_E4M3" else 0x7C if tag == "F8_E5M2" else None  # NaN/Inf magnitude codes
 
-    def mags(stripe, bc: int):
+    def mags(stripe, br: int, bc: int):
+        rows, cols = stripe.shape
         m = stripe & 0x7F
-        if nan_mag is not None and bool((m == nan_mag).any()):  # NaN bytes (reported by the plain scan)
-            m = torch.where(m == nan_mag, 0, m)
-        return vals[_block_max(m, bc).long()]
+        k = -(-rows // br)
+        if k * br != rows:
+            m = torch.nn.functional.pad(m, (0, 0, 0, k * br - rows))
+        r = m.reshape(k, br, cols).amax(dim=1)
+        if bad is not None and bool((r >= bad).any()):  # NaN/Inf bytes (reported by the plain scan): left out
+            m = torch.where(m >= bad, 0, m)
+            r = m.reshape(k, br, cols).amax(dim=1)
+        return vals[_block_max(r, bc).long()]
 
     return mags
 
@@ -358,8 +366,10 @@ def check_quantized(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
         m = piece.reshape(rows, row_bytes)
         if q.format == "mxfp4" or q.format == "nvfp4":
             got = _fp4_mags(m, bc)
-        elif fp8 is not None:
-            got = fp8(m, bc)
+        elif fp8 is not None:  # rows already reduced block by block
+            got = fp8(m, br, bc)
+            mags[r0 // br: r0 // br + got.shape[0]] = torch.maximum(mags[r0 // br: r0 // br + got.shape[0]], got)
+            continue
         elif q.format == "int_group":
             if data_tag == "I8":
                 v = m.view(torch.int8).to(torch.int32)

@@ -283,7 +283,8 @@ def scan_bits(item: ScanItem) -> TensorScan:
     nan, ts.absmax, finite, flush, sub, ts.min_nonzero = hist.stats()
     extra = int(sum(hist.counts) - item.numel)  # padding codes of a last partial group: counted as data
     ts.nan = nan
-    if nan and hist.first_nan is not None:
+    ts.posinf, ts.neginf = hist.infs()
+    if not ts.finite and hist.first_nan is not None:
         ts.first_index = _unravel(int(hist.first_nan * per_byte), item.shape)
     _finish_limits(ts)
     n = max(1, finite - max(0, extra))

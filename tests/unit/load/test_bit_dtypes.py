@@ -41,6 +41,7 @@ def test_fp8_variants_nan_from_bits(tmp_path, tag, nan_byte, top):
 
 def test_torch_reads_the_same_values():
     for tag, dt in (("F8_E4M3FNUZ", torch.float8_e4m3fnuz), ("F8_E5M2FNUZ", torch.float8_e5m2fnuz),
+                    ("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2),
                     ("F8_E8M0", torch.float8_e8m0fnu)):
         ref = torch.arange(256, dtype=torch.uint8).view(dt).float().tolist()
         ours = code_values(tag)
@@ -98,3 +99,10 @@ def test_pt_checkpoint_fnuz_checked(tmp_path):
     torch.save({"w": t}, tmp_path / "w.pt")
     _, s = _scan(tmp_path / "w.pt")
     assert s["w"].nan == 1 and s["w"].first_index == [1]
+
+
+def test_f8_e5m2_inf_and_nan_from_bits(tmp_path):
+    t = torch.tensor([0x7C, 0xFC, 0x7D, 0x3C], dtype=torch.uint8)  # +inf, -inf, NaN, 1.0
+    save_file({"w": t.view(torch.float8_e5m2)}, str(tmp_path / "w.safetensors"))
+    _, s = _scan(tmp_path / "w.safetensors")
+    assert (s["w"].nan, s["w"].posinf, s["w"].neginf, s["w"].first_index, s["w"].absmax) == (1, 1, 1, [0], 1.0)

@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_BAD_BLOCKS = 1000  # listed per tensor; n_bad counts them all
 FP16_MAX, BF16_MAX = 65504.0, 3.3895313892515355e38
 _FP8_BYTES = {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
+_SCALE_TAGS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "U8"}
+_DATA_TAGS = _FP8_BYTES | {"U8", "I8", "I32"}
 
 
 @dataclass
@@ -164,7 +166,8 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
         if s.endswith("_scales") and s[: -len("_scales")] + "_blocks" in names:  # mxfp4 (gpt-oss)
             data = s[: -len("_scales")] + "_blocks"
             ds, ss = shape(data), shape(s)
-            if len(ds) >= 2 and ds[:-1] == ss and ds[-1] == 16 and tag(data) == "U8":
+            if len(ds) >= 2 and ds[:-1] == ss and ds[-1] == 16 and tag(data) == "U8" and tag(s) in ("U8", "F8_E8M0") \
+                    and math.prod(ds):
                 found.append(QuantizedWeight(data, "mxfp4", s, _rows_cols(ss)[0], ss[-1] * 32, (1, 32), bits=4))
             else:
                 bad.append({"name": data, "dtype": tag(data), "reason": f"mxfp4 blocks {ds} do not match scales {ss}"})
@@ -178,6 +181,10 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
         if data is None:
             continue
         dt, ds, ss = tag(data), shape(data), shape(s)
+        if tag(s) not in _SCALE_TAGS or tag(data) not in _DATA_TAGS:
+            continue  # not a quantized weight nanhunter knows (a scale must be a number it can read)
+        if not math.prod(ds) or not math.prod(ss):
+            continue  # empty: nothing to dequantize
         rows, cols = _rows_cols(ds)
         srows, scols = _rows_cols(ss)
         n_scales = math.prod(ss) if ss else 1
@@ -190,6 +197,8 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
             cols *= 2  # two fp4 values per byte
             g2 = prefix + "_scale_2" if prefix + "_scale_2" in names else (
                 prefix + "_global_scale" if prefix + "_global_scale" in names else None)
+            if g2 is not None and (tag(g2) not in _SCALE_TAGS or not math.prod(shape(g2))):
+                g2 = None
             bc = _block_of(cols, scols, 16)
             if srows == rows and bc:
                 q = QuantizedWeight(data, "nvfp4", s, rows, cols, (1, bc), g2, g2 is not None and g2.endswith(
@@ -207,14 +216,16 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
         elif dt == "I32" and data == packed:
             shp = prefix + "_shape"
             true_cols = None
-            if shp in names:
+            if shp in names and tag(shp) in ("I64", "I32", "U64", "U32", "I16", "U16", "I8", "U8"):
                 v = ck.tensor(shp).reshape(-1).tolist()
-                true_cols = int(v[-1]) if v else None
+                true_cols = int(v[-1]) if v and 0 < int(v[-1]) <= cols * 32 else None
             bits = bits_cfg or (round(cols * 32 / true_cols) if true_cols else 4)
             cols = true_cols or cols * 32 // bits
             if srows == rows and 1 <= bits <= 8:
                 bc = group_cfg if group_cfg and -(-cols // group_cfg) == scols else _block_of(cols, scols, None)
                 zp = prefix + "_zero_point"
+                if zp in names and tag(zp) not in ("I32", "I8"):
+                    bc = None  # a zero point nanhunter cannot read: listed as not checked
                 if bc:
                     q = QuantizedWeight(data, "int_group", s, rows, cols, (1, bc), zero_point=zp if zp in names else None,
                                         bits=bits)
@@ -429,7 +440,14 @@ def scan_quantized(ck: Checkpoint) -> tuple[list[QuantizedScan], list[dict[str, 
     found, unchecked = find_quantized(ck)
     out = []
     for q in found:
-        r = check_quantized(ck, q)
+        try:
+            r = check_quantized(ck, q)
+        except (RuntimeError, ValueError, ZeroDivisionError, IndexError, OverflowError) as e:
+            # shapes that name a known layout but do not fit it (a hostile or broken file): not checked,
+            # and said so, rather than an internal error
+            unchecked.append({"name": q.name, "dtype": q.format, "reason": f"does not fit the {q.format} layout "
+                              f"({type(e).__name__}: {str(e)[:120]})"})
+            continue
         if r.skipped:
             unchecked.append({"name": q.name, "dtype": q.format, "reason": r.skipped})
         else:

@@ -106,3 +106,20 @@ def test_f8_e5m2_inf_and_nan_from_bits(tmp_path):
     save_file({"w": t.view(torch.float8_e5m2)}, str(tmp_path / "w.safetensors"))
     _, s = _scan(tmp_path / "w.safetensors")
     assert (s["w"].nan, s["w"].posinf, s["w"].neginf, s["w"].first_index, s["w"].absmax) == (1, 1, 1, [0], 1.0)
+
+
+def test_pieces_keep_packed_groups_and_first_index(tmp_path, monkeypatch):
+    """Small pieces: F6 groups of 3 bytes are never split, and the first NaN's index counts the
+    pieces before it."""
+    import nan_hunter.load.safetensors_file as sf
+
+    w = (0x1F << 18 | 0x01).to_bytes(3, "little")  # element 3 holds the max code
+    f6 = bytes(3) * 700 + w + bytes(3) * 299  # 4000 elements
+    fnuz = bytearray(5000)
+    fnuz[4321] = 0x80
+    p = write_raw(tmp_path / "w.safetensors", {"a": ("F6_E3M2", [4000], f6), "b": ("F8_E4M3FNUZ", [5000], bytes(fnuz))})
+    monkeypatch.setattr(sf, "PIECE", 1024)
+    monkeypatch.setattr(sf, "WINDOW", 2048)
+    _, t = _scan(p)
+    assert t["a"].absmax == 28.0 and t["a"].finite
+    assert t["b"].nan == 1 and t["b"].first_index == [4321]

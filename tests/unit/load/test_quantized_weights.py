@@ -162,3 +162,28 @@ def test_compressed_tensors(tmp_path, case):
     save_file({**tensors, sname: s}, str(d / "model.safetensors"))
     _, q = _quantized(d)
     assert [b["problem"] for b in q[name].bad_blocks] == ["nan"]
+
+
+def test_small_windows_give_the_same_answer(tmp_path, monkeypatch):
+    """Stripe by stripe: with 4 KB pieces and 8 KB windows (many pieces per tensor, stripes split
+    across windows), bad blocks and dequantized absmax are the same as with the default window."""
+    import nan_hunter.load.safetensors_file as sf
+
+    torch.manual_seed(1)
+    w = (torch.randn(300, 260) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(3, 3) + 0.5
+    s[2, 2] = math.nan
+    blocks = torch.randint(0, 256, (3, 40, 3, 16), dtype=torch.uint8)
+    scales = torch.randint(100, 140, (3, 40, 3), dtype=torch.uint8)
+    scales[2, 39, 2] = 0xFF
+    tensors, _ = _ct(*CASES["int4_asym"][:3])
+    d = _save_dir(tmp_path, {"l.weight": w, "l.weight_scale_inv": s, "e.gate_up_proj_blocks": blocks,
+                             "e.gate_up_proj_scales": scales, **tensors})
+    _, before = _quantized(d)
+    monkeypatch.setattr(sf, "PIECE", 4096)
+    monkeypatch.setattr(sf, "WINDOW", 8192)
+    _, after = _quantized(d)
+    assert len(before) == 3
+    for name, r in before.items():
+        assert (after[name].bad_blocks, after[name].dequant_absmax) == (r.bad_blocks, r.dequant_absmax), name
+    assert before["e.gate_up_proj_blocks"].bad_blocks == [{"index": [2, 39, 2], "scale": "nan", "problem": "nan"}]

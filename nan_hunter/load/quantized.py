@@ -211,7 +211,9 @@ def find_quantized(ck: Checkpoint) -> tuple[list[QuantizedWeight], list[dict[str
             else:
                 br = _block_of(rows, srows, given[0] if given else None)
                 bc = _block_of(cols, scols, given[1] if given else None)
-                if br and bc:
+                # leading dims (MoE experts) flatten into rows: only exact when each expert's rows
+                # are whole blocks, else a block would mix two experts (listed as not checked)
+                if br and bc and (len(ds) <= 2 or (ds[-2] % br == 0 and ds[:-2] == ss[:-2])):
                     q = QuantizedWeight(data, "fp8_block", s, rows, cols, (br, bc))
         elif dt == "I32" and data == packed:
             shp = prefix + "_shape"

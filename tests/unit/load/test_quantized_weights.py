@@ -187,3 +187,17 @@ def test_small_windows_give_the_same_answer(tmp_path, monkeypatch):
     for name, r in before.items():
         assert (after[name].bad_blocks, after[name].dequant_absmax) == (r.bad_blocks, r.dequant_absmax), name
     assert before["e.gate_up_proj_blocks"].bad_blocks == [{"index": [2, 39, 2], "scale": "nan", "problem": "nan"}]
+
+
+def test_moe_fp8_block_experts(tmp_path):
+    """[E, out, in] with scales [E, out/128, in/128]: blocks per expert; an expert whose rows are
+    not whole blocks is listed as not checked instead of mixing two experts."""
+    w = torch.ones(2, 256, 128).to(torch.float8_e4m3fn)
+    s = torch.ones(2, 2, 1)
+    s[1, 0, 0] = math.nan
+    ws, q = _quantized(_save_dir(tmp_path, {"e.weight": w, "e.weight_scale_inv": s}))
+    assert q["e.weight"].bad_blocks == [{"index": [1, 0, 0], "scale": "nan", "problem": "nan"}]
+    w2 = torch.ones(2, 200, 128).to(torch.float8_e4m3fn)
+    save_file({"e.weight": w2, "e.weight_scale_inv": torch.ones(2, 2, 1)}, str(tmp_path / "ck" / "model.safetensors"))
+    ws, q = _quantized(tmp_path / "ck")
+    assert not q and [u["name"] for u in ws.unchecked] == ["e.weight"]

@@ -19,6 +19,7 @@ across sizes with the same largest tensor. Both tools must find every planted fa
     python bench/scan_throughput.py                     # 2 GB and 4 GB, 3 interleaved rounds
     python bench/scan_throughput.py --gb 8 --repeat 1 --keep --dir /data/ckpt
     python bench/scan_throughput.py --whole-process --repeat 7   # only `nanhunter scan` as a process
+    python bench/scan_throughput.py --quantized --gb 1.1  # fp8 block-scaled: plain + quantized pass
 
 ``--whole-process`` measures the large checkpoint only: torch start-up, the CLI on a one-tensor
 file, ``nanhunter scan --stats fast`` and the in-process scan, interleaved; it reuses a
@@ -323,8 +324,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
                          "(an older tree, e.g. from `git archive`), interleaved")
     ap.add_argument("--_naive", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--quantized", action="store_true",
+                    help="a DeepSeek-V3-style fp8 checkpoint (128x128 weight_scale_inv blocks, --gb of fp8 "
+                         "weights): the plain pass and the quantized pass (bad blocks, dequantized absmax), "
+                         "timed in-process after a warm read, with peak RSS")
     ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_quant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args._quant:
+        quant_child(args._quant)
+        return 0
+    if args.quantized:
+        return quantized_mode(args)
     if args._naive:
         naive_child(args._naive)
         return 0
@@ -680,6 +691,107 @@ def print_table(results: dict) -> None:
             f"{names[k]} {v:.2f}" if v else f"{names[k]} n/a"
             for k, v in results["marginal_GBps_small_to_large"].items()))
     print("targets:", json.dumps(results["targets"]))
+
+
+# -- quantized checkpoint (issue 25) ----------------------------------------------------------------
+QROWS, QCOLS, QBLOCK = 7168, 18432, 128  # DeepSeek-V3's MoE up-projection shape, 128x128 scale blocks
+
+
+def write_quantized(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
+    """fp8 e4m3 weights ``[7168, 18432]`` (132 MB each) with fp32 ``weight_scale_inv`` blocks, two
+    tensors per shard, an index and a config.json with ``quantization_config``; planted: one NaN
+    scale, one zero scale on a block holding data. Returns the shard paths and what was planted."""
+    import torch
+    from safetensors.torch import save_file
+
+    n = max(1, math.ceil(total_bytes / (QROWS * QCOLS)))
+    gen = torch.Generator().manual_seed(0)
+    weight_map, shards = {}, []
+    planted = {"nan": ("model.layers.0.mlp.experts.0.up_proj.weight", [3, 7]),
+               "zero": (f"model.layers.{n - 1}.mlp.experts.0.up_proj.weight", [55, 143])}
+    for s0 in range(0, n, 2):
+        tensors = {}
+        for i in range(s0, min(n, s0 + 2)):
+            name = f"model.layers.{i}.mlp.experts.0.up_proj.weight"
+            b = torch.randint(0, 256, (QROWS, QCOLS), dtype=torch.uint8, generator=gen)
+            b[(b & 0x7F) == 0x7F] = 0x7E  # no NaN bytes: the faults are in the scales
+            sc = torch.rand(QROWS // QBLOCK, QCOLS // QBLOCK, generator=gen) * 1e-3 + 1e-4
+            for kind, (tname, idx) in planted.items():
+                if tname == name:
+                    sc[idx[0], idx[1]] = math.nan if kind == "nan" else 0.0
+            tensors[name] = b.view(torch.float8_e4m3fn)
+            tensors[name + "_scale_inv"] = sc
+        fname = f"model-{s0 // 2 + 1:05d}.safetensors"
+        save_file(tensors, str(root / fname))
+        shards.append(root / fname)
+        weight_map.update({k: fname for k in tensors})
+        del tensors
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (root / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
+    return shards, planted
+
+
+def quant_child(path: str) -> None:
+    """The plain pass and the quantized pass of ``scan_weights``, timed apart, with peak RSS."""
+    import resource
+
+    import torch  # noqa: F401  (start-up, not scan time)
+
+    from nan_hunter.load.checkpoint import open_checkpoint
+    from nan_hunter.load.quantized import scan_quantized
+    from nan_hunter.load.safetensors_file import WINDOW
+    from nan_hunter.load.weights import scan_item
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ck = open_checkpoint(path)
+    t0 = time.perf_counter()
+    for item in ck.scan_items():
+        scan_item(item)
+    t1 = time.perf_counter()
+    quantized, unchecked = scan_quantized(ck)
+    t2 = time.perf_counter()
+    print(json.dumps({"bytes": ck.nbytes, "plain_s": t1 - t0, "quantized_s": t2 - t1, "window": WINDOW,
+                      "rss_after_import": rss0, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "bad": {q.name: [b["index"] for b in q.bad_blocks] for q in quantized if q.bad_blocks},
+                      "n_quantized": len(quantized), "unchecked": unchecked}))
+
+
+def quantized_mode(args: argparse.Namespace) -> int:
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_qbench_"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        t = time.perf_counter()
+        shards, planted = write_quantized(root, args.gb * GB)
+        write_s = time.perf_counter() - t
+        load0 = os.getloadavg()
+        warm_info = warm(shards)
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_quant", str(root)],
+                              capture_output=True, text=True, cwd=str(HERE.parent),
+                              env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        found = all(idx in r["bad"].get(name, []) for name, idx in planted.values())
+        total = r["plain_s"] + r["quantized_s"]
+        out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram": _ram(), "python": platform.python_version(),
+                           "torch": _version("torch")},
+               "load_before": load0, "load_after": os.getloadavg(), "write_s": write_s, "warm": warm_info, **r,
+               "plain_GBps": r["bytes"] / GB / r["plain_s"], "quantized_pass_GBps": r["bytes"] / GB / r["quantized_s"],
+               "scan_with_dequant_GBps": r["bytes"] / GB / total, "planted_found": found,
+               "peak_over_import_MB": (r["peak_rss"] - r["rss_after_import"]) / MB}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        qout = Path(args.out).with_name("scan_throughput_quantized.json")
+        qout.write_text(json.dumps(out, indent=1))
+        print(json.dumps({k: out[k] for k in ("bytes", "plain_GBps", "quantized_pass_GBps", "scan_with_dequant_GBps",
+                                              "peak_over_import_MB", "planted_found", "load_before", "load_after")},
+                         indent=1))
+        print(f"written: {qout}")
+        return 0 if found else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _version(dist: str) -> str | None:

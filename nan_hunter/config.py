@@ -83,6 +83,7 @@ class CheckConfig:
     fail_on_nonfinite_weights: bool
     fail_on_nonfinite_forward: bool
     warn_on_absorbed: bool
+    max_headroom_drop_db: float  # check --baseline: rule headroom_regression
     headroom: HeadroomConfig
 
 
@@ -182,7 +183,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},
 }
 CHECK_KEYS = {"dtypes": _dtype_list, "fail_on_nonfinite_weights": _flag, "fail_on_nonfinite_forward": _flag,
-              "warn_on_absorbed": _flag}
+              "warn_on_absorbed": _flag, "max_headroom_drop_db": _positive}
 _SECTIONS = {"near_miss": NearMissConfig, "weights": WeightsConfig, "diagnosis": DiagnosisConfig,
              "fp8": Fp8Config, "bisect": BisectConfig}
 

@@ -1,5 +1,19 @@
 """Errors that mean "bad usage or bad input": the CLI prints the message on one line, exit 2."""
 
+import re
+
+# control characters (C0, DEL, C1) and the Unicode line/paragraph separators: a file or shard name
+# holding one would break the message over lines (or rewrite the terminal)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
 
 class BadInput(Exception):
-    """What is wrong and how to fix it, in one line."""
+    """What is wrong and how to fix it, in one line: control characters that came in with a
+    name (a shard called ``"a\\nb"``) are escaped, so the message stays one line."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(_one_line(str(message)), *args)

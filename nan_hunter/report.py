@@ -122,6 +122,7 @@ class Report:
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None  # scan --compile: eager against torch.compile
+    baseline: dict[str, Any] | None = None  # check --baseline OLD: {path, compared, regressions}
     mode: str = "scan"
 
     @property
@@ -137,8 +138,8 @@ class Report:
             return 0 if self.bisect.finite_after else 1
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
-        compile_parted = self.diagnosis is not None and self.diagnosis.cause == "compile_divergence"
-        return 1 if self.nonfinite_found or compile_parted else 0
+        fault = self.diagnosis is not None and self.diagnosis.cause in ("compile_divergence", "bad_scale")
+        return 1 if self.nonfinite_found or fault else 0
 
     def to_dict(self) -> dict[str, Any]:
         import torch  # the report states which torch produced it
@@ -168,6 +169,8 @@ class Report:
             d["bisect"] = None
         if self.check is not None:
             d["check"] = self.check
+        if self.baseline is not None:
+            d["baseline"] = self.baseline
         return _clean(d)
 
 

@@ -29,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_model_inputs(p)
     p.add_argument("--dtypes", help="comma-separated precisions to check, e.g. fp16,bf16 "
                                     "(default: dtypes: in configs/ci.yaml)")
+    p.add_argument("--baseline", metavar="OLD",
+                   help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and "
+                        "rule headroom_regression.<dtype> fails when one lost more than max_headroom_drop_db of "
+                        "headroom (configs/ci.yaml) or now overflows a dtype it fit")
     options.add_json(p, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")
     options.add_generate(p)
     p.add_argument("--junit", metavar="PATH",
@@ -53,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             reps = check(args.checkpoints, dtypes=args.dtypes, config=cfg, progress=cb, arch=args.arch,
                          inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
-                         attn=args.attn, generate=args.generate, batch=args.batch, split=split)
+                         attn=args.attn, generate=args.generate, batch=args.batch, split=split,
+                         baseline=args.baseline)
         finally:
             if prog is not None:
                 prog.close()

@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
     """The report's ``weights`` block (contract v1 keys, plus the scan's extensions)."""
+    from ..load.weights_sections import weights_sections
+
     frac = cfg.weights.near_overflow_fraction
     near = []
     for t in ws.tensors:
@@ -50,6 +52,7 @@ def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
                             "min_nonzero": t.min_nonzero} for t in under],
         "underflow_sampled": sampled,
         "tensors": [t.to_dict() for t in ws.tensors],
+        **weights_sections(ws),  # unchecked, quantized, suspicious
     }
 
 
@@ -128,15 +131,18 @@ def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: 
         phase=f.phase, grad_fn=f.grad_fn, optimizer=loc.optimizer_facts))
 
 
-def weights_only_diagnosis(rep: Report, cfg: Config) -> Diagnosis | None:
-    """A run that never ran the model: the weights scan's own verdict (``nonfinite_weights``)."""
+def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = None) -> Diagnosis | None:
+    """The weights scan's own verdict: non-finite weights (``nonfinite_weights``), else bad
+    quantization scales (``bad_scale``); None when the weights are clean."""
+    from ..load.weights_sections import bad_scales
     from .diagnose import Evidence, diagnose
 
     bad = (rep.weights or {}).get("nonfinite") or []
-    if not bad:
+    scales = bad_scales(ws) if ws is not None else []
+    if not bad and not scales:
         return None
     return diagnose(Evidence(role=None, kind=None, module=None, module_type=None, op=None,
-                             weights_nonfinite=bad, config=cfg.diagnosis))
+                             weights_nonfinite=bad, config=cfg.diagnosis, bad_scales=scales))
 
 
 def assemble(rep: Report, loc: Located, cfg: Config) -> None:

@@ -47,6 +47,7 @@ class Evidence:
     phase: str = "forward"  # forward | backward | optimizer (training faults)
     grad_fn: str | None = None  # backward: the autograd node that ran the op
     optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
+    bad_scales: list[dict] = field(default_factory=list)  # weights.quantized entries with a faulty block
     run: RunDtype | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +213,29 @@ def backward_incoming(ev: Evidence) -> Diagnosis | None:
                  "Check the loss: compute it in fp32 (cross_entropy on logits.float()), guard log/div inside it with "
                  "an eps, and with GradScaler let the scaler skip the step (scaler.step/update) rather than call "
                  "optimizer.step() directly.")
+
+
+@rule("bad_scale")
+def bad_scale(ev: Evidence) -> Diagnosis | None:
+    """A quantized weight whose scale is NaN/Inf, or zero on a block holding data (weights scan)."""
+    if not ev.bad_scales or ev.role not in (None, "weights"):
+        return None
+    lines = []
+    for q in ev.bad_scales[:5]:
+        b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
+        n = sum(1 for b in q["bad_blocks"] if b["problem"] != "negative")
+        lines.append(f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
+                     f"({b['problem']}); {n} of {q['n_blocks']} blocks bad")
+    if len(ev.bad_scales) > 5:
+        lines.append(f"... and {len(ev.bad_scales) - 5} more quantized weights")
+    q = ev.bad_scales[0]
+    b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
+    what = {"nan": "NaN", "inf": "Inf", "zero": "zero on a block holding data"}[b["problem"]]
+    return _diag(ev, "bad_scale", f"quantized weight {q['name']} has a {what} scale at block {b['index']} of "
+                 f"{q['scale']}: its dequantized values are {'0' if b['problem'] == 'zero' else 'NaN/Inf'}",
+                 lines, "The quantization scales are corrupt (a bad shard, or a calibration that saw an empty or "
+                        "non-finite block): re-run the quantization from the unquantized checkpoint, or "
+                        "re-download the shard holding the scale tensor.")
 
 
 @rule("nonfinite_weights")

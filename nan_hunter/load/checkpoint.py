@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from . import bounded_json
+from .bit_dtypes import BIT_TAGS, TORCH_TO_TAG
 from .regular_file import is_inside, kind_of, read_regular, require_regular
 from .safetensors_file import SafetensorsFile, TensorEntry
 from .safetensors_header import show
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Checkpoint", "TensorEntry", "ScanItem", "open_checkpoint", "open_safetensors", "member"]
 
 MAX_INDEX_BYTES = 64 << 20
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits on a path component and a whole path, in bytes
 MAX_TENSORS = 1_000_000  # per checkpoint, all shards together
 #: Files of a directory checkpoint that nanhunter or transformers may open, by suffix.
 READ_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".txt", ".model", ".jinja",
@@ -55,6 +57,9 @@ class ScanItem:
     numel: int
     nbytes: int
     pieces: Iterator[tuple[int, int, Any]] | None
+    #: the safetensors tag when the tensor is checked from its bits (``bit_dtypes``): ``pieces`` then
+    #: yields raw bytes ``(first byte, byte count, uint8 view or None)``
+    bits: str | None = None
 
 
 def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Path, Path]:
@@ -67,6 +72,13 @@ def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Pa
     if not isinstance(name, str) or not name or "\x00" in name:
         raise BadInput(f"{where}: {kind} {show(name)} is not a file name")
     what = f"{where}: {kind} {show(name)}"
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeError:  # a lone surrogate from JSON escapes: no file can have that name
+        raise BadInput(f"{what} is not a valid file name (invalid Unicode)") from None
+    if any(len(part) > NAME_MAX for part in encoded.split(b"/")) or len(encoded) >= PATH_MAX:
+        raise BadInput(f"{what} is too long for a file name ({len(encoded)} bytes; at most {NAME_MAX} per "
+                       f"component, {PATH_MAX} in all); fix the index")
     if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or os.path.isabs(name):
         raise BadInput(f"{what} is an absolute path; nanhunter reads nothing outside the checkpoint directory {root}")
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
@@ -147,7 +159,25 @@ class Checkpoint:
             for e, pieces in st.pieces(entries):
                 dt = e.torch_dtype()
                 name = str(dt).removeprefix("torch.") if dt is not None else e.dtype
-                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes, pieces if dt is not None else None)
+                bits = e.dtype if e.dtype in BIT_TAGS else None
+                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes,
+                               pieces if dt is not None or bits else None, bits)
+
+    def byte_stripes(self, name: str, stripe_bytes: int) -> Iterator[tuple[int, Any]]:
+        """Tensor ``name``'s bytes, read only, in pieces of whole ``stripe_bytes`` stripes:
+        ``(first byte, 1-D uint8 view, or None for a run of zeros)``; memory stays one window."""
+        if self._torch_sd is not None:
+            import torch
+
+            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
+            from .safetensors_file import PIECE
+
+            step = max(stripe_bytes, PIECE - PIECE % max(1, stripe_bytes))
+            for s in range(0, raw.numel(), step):
+                yield s, raw[s: s + step]
+            return
+        e = self.entries[name]
+        yield from self._files[e.file].byte_stripes(e, stripe_bytes)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
@@ -157,10 +187,19 @@ class Checkpoint:
 
 
 def _torch_items(sd: dict) -> Iterator[ScanItem]:
+    import torch
+
     from .safetensors_file import PIECE
 
     for name, t in sd.items():
         flat = t.detach().reshape(-1)
+        tag = TORCH_TO_TAG.get(str(t.dtype).removeprefix("torch."))
+        if tag is not None:  # checked from its bits, as a safetensors tensor of that tag
+            raw = flat.view(torch.uint8)
+            pieces = ((s, min(PIECE, raw.numel() - s), raw[s: s + PIECE]) for s in range(0, raw.numel(), PIECE))
+            yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
+                           raw.numel(), pieces, tag)
+            continue
         step = max(1, PIECE // max(1, t.element_size()))
         pieces = ((s, min(step, flat.numel() - s), flat[s: s + step]) for s in range(0, flat.numel(), step))
         yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
@@ -174,7 +213,7 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
         if only is not None and name not in only:
             continue
         if name in ck.entries:
-            raise BadInput(f"tensor {show(name)} appears in both {ck.entries[name].file.name} and {shown.name}; "
+            raise BadInput(f"tensor {show(name)} appears in both {show(ck.entries[name].file.name)} and {show(shown.name)}; "
                            "fix the shards")
         ck.entries[name] = e
     if len(ck.entries) > MAX_TENSORS:
@@ -206,13 +245,17 @@ def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
     ck = Checkpoint(index, fmt, [root / f for f in sorted(shards)])
     for fname in sorted(shards):
         shown, real_shard = member(root, fname, str(index), "weight_map shard")
-        if not real_shard.exists():
-            raise BadInput(f"{index}: shard {fname} named in weight_map is missing; download or restore it")
+        try:
+            missing = not real_shard.exists()
+        except OSError as e:
+            raise BadInput(f"{index}: shard {show(fname)} named in weight_map cannot be opened ({e.strerror})") from None
+        if missing:
+            raise BadInput(f"{index}: shard {show(fname)} named in weight_map is missing; download or restore it")
         names = shards[fname]
         st = _add_file(ck, shown, real_shard, names)
         absent = names - set(st.entries)
         if absent:
-            raise BadInput(f"{index}: {len(absent)} tensors mapped to {fname} are not in it "
+            raise BadInput(f"{index}: {len(absent)} tensors mapped to {show(fname)} are not in it "
                            f"(e.g. {show(sorted(absent)[0])})")
     return ck
 

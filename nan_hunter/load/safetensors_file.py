@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput
+from .bit_dtypes import BIT_TAGS
 from .regular_file import open_regular, read_exact
 from .safetensors_header import DTYPE_BITS, MAX_HEADER, TORCH_DTYPES, parse_header
 
@@ -149,7 +150,23 @@ class SafetensorsFile:
             win = _Windows(f.fileno(), self.size)
             try:
                 for e in order:
-                    yield e, win.pieces(self.data_start + e.begin, e)
+                    if e.dtype in BIT_TAGS:  # checked from their bits: raw bytes, whole packed groups
+                        yield e, win.byte_pieces(self.data_start + e.begin, e.nbytes, BIT_TAGS[e.dtype][1])
+                    else:
+                        yield e, win.pieces(self.data_start + e.begin, e)
+            finally:
+                win.release()
+
+    def byte_stripes(self, e: TensorEntry, stripe_bytes: int) -> Iterator[tuple[int, object]]:
+        """Tensor ``e``'s bytes as ``(first byte, uint8 view or None)`` pieces of whole stripes
+        (``stripe_bytes`` each; at least one stripe per piece, about ``PIECE`` bytes when they
+        fit); None is a hole (zeros). One window mapped at a time; drop each view before the next."""
+        with self._open() as f:
+            win = _Windows(f.fileno(), self.size)
+            try:
+                for first, _count, piece in win.byte_pieces(self.data_start + e.begin, e.nbytes, stripe_bytes):
+                    yield first, piece
+                    del piece
             finally:
                 win.release()
 
@@ -201,3 +218,19 @@ class _Windows:
                 yield first, count, _frombuffer(bytearray(mm[rel: rel + nbytes]), dtype, count, 0)
             del mm
 
+
+    def byte_pieces(self, start: int, nbytes: int, align: int = 1) -> Iterator[tuple[int, int, object]]:
+        """``(first byte, byte count, 1-D read-only uint8 view or None)`` over ``nbytes`` bytes from
+        ``start``; every piece but the last holds a multiple of ``align`` bytes."""
+        import torch
+
+        step = max(align, PIECE - PIECE % align)
+        for first in range(0, nbytes, step):
+            count = min(step, nbytes - first)
+            off = start + first
+            if self._hole(off, count):
+                yield first, count, None
+                continue
+            mm, rel = self._map(off, count)
+            yield first, count, _frombuffer(mm, torch.uint8, count, rel)
+            del mm

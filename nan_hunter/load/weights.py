@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES, limits
 from .checkpoint import Checkpoint, ScanItem
@@ -48,6 +49,7 @@ class TensorScan:
     fp16_subnormal_frac: float | None = None  # values that become fp16 subnormals
     sampled: bool = False
     skipped: str | None = None
+    unchecked: bool = False  # skipped although it could hold NaN/Inf (listed in weights.unchecked)
 
     @property
     def finite(self) -> bool:
@@ -68,10 +70,18 @@ class WeightsScan:
     n_tensors: int
     n_skipped: int
     bytes: int
+    quantized: list[Any] = field(default_factory=list)  # quantized.QuantizedScan, one per quantized weight
+    quantized_unchecked: list[dict] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
 
     @property
     def nonfinite(self) -> list[TensorScan]:
         return [t for t in self.tensors if not t.finite]
+
+    @property
+    def unchecked(self) -> list[dict]:
+        """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
+        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors if t.unchecked] \
+            + self.quantized_unchecked
 
     def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
         """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
@@ -210,10 +220,7 @@ class TensorStatsAccumulator:
         ts.nan, ts.posinf, ts.neginf, ts.absmax = self.nan, self.posinf, self.neginf, self.absmax
         if not ts.finite:
             ts.first_index = _unravel(self.first, shape) if self.first is not None else None
-        for target in HEADROOM_DTYPES:
-            mx = limits(target).max
-            ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
-            ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
+        _finish_limits(ts)
         if not self.underflow:
             ts.fp16_zero_frac, ts.fp16_subnormal_frac = 0.0, None
             return ts
@@ -227,11 +234,17 @@ class TensorStatsAccumulator:
         return ts
 
 
+#: skip reasons of tensors that cannot hold NaN/Inf (every other skip is listed as unchecked)
+NOTHING_TO_CHECK = ("not floating point", "empty")
+
+
 def _skip_reason(dtype, tag: str) -> str | None:
     from ..dtypes import name_of
 
     if dtype is None:
         return f"dtype {tag} is not scanned (torch cannot hold it element-wise)"
+    if dtype.is_complex:
+        return f"dtype {tag} is not scanned (complex)"
     if not dtype.is_floating_point:
         return "not floating point"
     if name_of(dtype) is None:
@@ -239,11 +252,56 @@ def _skip_reason(dtype, tag: str) -> str | None:
     return None
 
 
+def _mark(ts: TensorScan, reason: str | None) -> None:
+    ts.skipped = reason
+    ts.unchecked = reason is not None and reason not in NOTHING_TO_CHECK
+
+
+def _finish_limits(ts: TensorScan) -> None:
+    for target in HEADROOM_DTYPES:
+        mx = limits(target).max
+        ts.overflows[target] = bool(ts.absmax is not None and ts.absmax > mx)
+        ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
+
+
+def scan_bits(item: ScanItem) -> TensorScan:
+    """A tensor of a dtype checked from its bits (``bit_dtypes``): counts from a code histogram."""
+    from .bit_dtypes import BIT_TAGS, CodeHistogram
+
+    ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
+    if item.numel == 0 or item.pieces is None:
+        _mark(ts, "empty" if item.numel == 0 else f"dtype {item.dtype} is not scanned")
+        return ts
+    hist = CodeHistogram(item.bits or "")
+    for first, count, piece in item.pieces:
+        if piece is None:
+            hist.add_zeros(count)
+        else:
+            hist.add(first, piece)
+        del piece
+    per_byte = BIT_TAGS[hist.tag][2] / BIT_TAGS[hist.tag][1]
+    nan, ts.absmax, finite, flush, sub, ts.min_nonzero = hist.stats()
+    extra = int(sum(hist.counts) - item.numel)  # padding codes of a last partial group: counted as data
+    ts.nan = nan
+    ts.posinf, ts.neginf = hist.infs()
+    if not ts.finite and hist.first_nan is not None:
+        ts.first_index = _unravel(int(hist.first_nan * per_byte), item.shape)
+    _finish_limits(ts)
+    n = max(1, finite - max(0, extra))
+    ts.fp16_zero_frac, ts.fp16_subnormal_frac = flush / n, sub / n
+    return ts
+
+
 def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
     """Scan one in-memory tensor (read only)."""
+    from .bit_dtypes import TORCH_TO_TAG
+    from .checkpoint import _torch_items
+
     dtype = str(t.dtype).removeprefix("torch.")
+    if dtype in TORCH_TO_TAG:
+        return scan_bits(next(_torch_items({name: t})))
     ts = TensorScan(name, dtype, list(t.shape), t.numel())
-    ts.skipped = _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None)
+    _mark(ts, _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None))
     if ts.skipped:
         return ts
     acc = TensorStatsAccumulator(t.numel(), t.dtype, exact)
@@ -253,8 +311,10 @@ def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
 
 def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
     """Scan one streamed tensor of a checkpoint, piece by piece (flat memory whatever its size)."""
+    if item.bits is not None:
+        return scan_bits(item)
     ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
-    ts.skipped = _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None)
+    _mark(ts, _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None))
     if ts.skipped or item.pieces is None:
         return ts
     acc = TensorStatsAccumulator(item.numel, item.torch_dtype, exact)
@@ -279,4 +339,7 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
         out.append(ts)
         if progress is not None:
             progress(item.name, item.nbytes)
-    return WeightsScan(out, len(out), skipped, ck.nbytes)
+    from .quantized import scan_quantized
+
+    quantized, q_unchecked = scan_quantized(ck)
+    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked)

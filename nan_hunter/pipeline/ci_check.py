@@ -4,7 +4,8 @@ turn the numbers into pass/warn/fail results stored in ``Report.check``.
 
 Rules (ids are JUnit testcase names and never change meaning):
 ``weights.nonfinite``, ``weights.headroom.<dtype>``, ``forward.<dtype>.nonfinite``,
-``forward.<dtype>.headroom``.
+``forward.<dtype>.headroom``; and those of ``checkpoint_rules`` (``weights.quantized``,
+``weights.suspicious``, ``weights.unchecked``, ``headroom_regression.<dtype>``).
 """
 
 from __future__ import annotations
@@ -224,13 +225,21 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
 
 
 def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: Config,
-                     progress: Callable[[str, int], None] | None = None) -> Report:
+                     progress: Callable[[str, int], None] | None = None, baseline: tuple[str, Any] | None = None
+                     ) -> Report:
+    """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
     from ..explain.assemble import weights_only_diagnosis, weights_section
     from ..load.weights import scan_weights
+    from ..load.weights_sections import bad_scales
+    from .checkpoint_rules import baseline_rules, weights_extra_rules
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg), mode="check")
     results = weights_rules(label, ws.tensors, dtypes, cfg)
+    results += [RuleResult(**r) for r in weights_extra_rules(label, rep.weights)]
+    if baseline is not None:
+        rules, rep.baseline = baseline_rules(label, ws.tensors, baseline[1].tensors, baseline[0], dtypes, cfg)
+        results += [RuleResult(**r) for r in rules]
     runs: dict[str, Report] = {}
     for dt in dtypes:
         got = forward_in(ck, dt, opts, cfg, rep.weights)
@@ -251,8 +260,8 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
             others = ", ".join(f"{d}: {'finite' if x.first_nonfinite is None else 'NON-FINITE'}"
                                for d, x in runs.items() if d != shown)
             rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
-    elif ws.nonfinite:
-        rep.diagnosis = weights_only_diagnosis(rep, cfg)
+    elif ws.nonfinite or bad_scales(ws):
+        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
     rep.check = {
         "passed": not any(x.status == FAIL for x in results),
         "dtypes": dtypes,
@@ -263,8 +272,11 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
 
 
 def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
-          progress: Callable[[str, int], None] | None = None, **options: Any) -> list[Report]:
+          progress: Callable[[str, int], None] | None = None, baseline: str | None = None,
+          **options: Any) -> list[Report]:
     """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
+    ``baseline``: a previous checkpoint; each tensor present in both is compared
+    (rule ``headroom_regression.<dtype>``).
 
     All checkpoints are opened first, so a bad path fails (exit 2) before anything runs.
     """
@@ -276,7 +288,12 @@ def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config:
     if opts.stats not in ("fast", "full"):
         raise BadInput(f"--stats {opts.stats!r}: use fast or full")
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
-    return [check_checkpoint(ck, path, dts, opts, cfg, progress) for path, ck in cks]
+    base = None
+    if baseline is not None:
+        from ..load.weights import scan_weights
+
+        base = (baseline, scan_weights(open_checkpoint(baseline)))
+    return [check_checkpoint(ck, path, dts, opts, cfg, progress, base) for path, ck in cks]
 
 
 def passed(reports: list[Report]) -> bool:

@@ -48,7 +48,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
-        rep.diagnosis = weights_only_diagnosis(rep, cfg)
+        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
         return rep
     rep.notes += prepared.notes
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
@@ -57,4 +57,6 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         from ..modes.compiled import compare_compiled
 
         compare_compiled(prepared, rep, opts.compile, opts.rtol)
+    if rep.diagnosis is None:  # the run stayed finite: corrupt quantization scales are still a fault
+        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws) if not rep.weights["nonfinite"] else None
     return rep

@@ -13,13 +13,16 @@ from .escape import html as esc
 from .headroom import Strip, StripCall, strip
 from .plot import Plot
 from .rows import (
+    CAVEAT_HEAD,
     CHECK_HEAD,
     LEAD_HEAD,
     MATRIX_HEAD,
+    QUANT_HEAD,
     REPLAY_HEAD,
     WEIGHTS_HEAD,
     WEIGHTS_MAX_ROWS,
     Verdict,
+    caveat_rows,
     check_rows,
     check_verdict,
     diagnosis,
@@ -27,6 +30,7 @@ from .rows import (
     matrix_rows,
     meta_rows,
     near_miss_lines,
+    quantized_rows,
     replay_rows,
     title,
     verdict,
@@ -178,6 +182,14 @@ def _section(rep: Report, plot: Plot) -> str:
     else:
         n = (rep.weights or {}).get("n_tensors", 0)
         h.append(f'<p class="note">{n} tensors: none non-finite, none near a dtype limit.</p>')
+    qrows, qhidden = quantized_rows(rep)
+    if qrows:
+        h.append("<h3>Quantized weights: bad blocks</h3>" + _table(QUANT_HEAD, qrows))
+        if qhidden:
+            h.append(f'<p class="note">… {qhidden} more (see the JSON report)</p>')
+    crows = caveat_rows(rep)
+    if crows:
+        h.append("<h3>Suspicious or not checked</h3>" + _table(CAVEAT_HEAD, crows))
     h.append("</div>")
     near, _ = near_miss_lines(rep)
     if near or rep.notes:

@@ -14,12 +14,15 @@ from .escape import markdown as esc
 from .escape import markdown_code as code
 from .headroom import Strip, StripCall, strip
 from .rows import (
+    CAVEAT_HEAD,
     CHECK_HEAD,
     LEAD_HEAD,
     MATRIX_HEAD,
+    QUANT_HEAD,
     REPLAY_HEAD,
     WEIGHTS_HEAD,
     WEIGHTS_MAX_ROWS,
+    caveat_rows,
     check_rows,
     check_verdict,
     diagnosis,
@@ -27,6 +30,7 @@ from .rows import (
     matrix_rows,
     meta_rows,
     near_miss_lines,
+    quantized_rows,
     replay_rows,
     title,
     verdict,
@@ -105,6 +109,14 @@ def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
         md += _table(WEIGHTS_HEAD, rows) + ([f"… {w.hidden} more (see the JSON report)", ""] if w.hidden else [])
     else:
         md += [f"{(rep.weights or {}).get('n_tensors', 0)} tensors: none non-finite, none near a dtype limit.", ""]
+    qrows, qhidden = quantized_rows(rep)
+    if qrows:
+        md += ["#### Quantized weights: bad blocks", ""]
+        md += _table(QUANT_HEAD, [[code(r[0]), esc(r[1]), code(r[2]), *(esc(c) for c in r[3:])] for r in qrows])
+        md += [f"… {qhidden} more (see the JSON report)", ""] if qhidden else []
+    crows = caveat_rows(rep)
+    if crows:
+        md += ["#### Suspicious or not checked", ""] + _table(CAVEAT_HEAD, [[code(r[0]), esc(r[1])] for r in crows])
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         md += ["### Near misses and notes", ""]

@@ -111,16 +111,34 @@ def verdict(rep: Report) -> Verdict:
                        f"{b.keep_dtype}", "bad")
     if rep.exit_code() == 0:
         msg = "✔ no NaN/Inf found" + (" in the weights (weights-only scan)" if rep.run is None else "")
+        extra = weights_caveats(rep)
         if rep.near_misses:
-            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)", "warn")
-        return Verdict(msg, "ok")
+            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)" + extra, "warn")
+        return Verdict(msg + extra, "warn" if extra else "ok")
     f = rep.first_nonfinite
     if f is not None:
         cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
         phase = training_phrase(f)
         return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{phase}{cause}", "bad")
+    if rep.diagnosis is not None and rep.diagnosis.cause == "bad_scale":
+        q = sum(1 for x in (rep.weights or {}).get("quantized") or []
+                if any(b["problem"] != "negative" for b in x["bad_blocks"]))
+        return Verdict(f"✘ {q} quantized weight(s) with a NaN/Inf or zero scale — bad_scale", "bad")
     n = len((rep.weights or {}).get("nonfinite") or [])
     return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+
+
+def weights_caveats(rep: Report) -> str:
+    """" · 3 tensors not checked · 1 suspicious": what a clean weights verdict must not hide."""
+    w = rep.weights or {}
+    out = ""
+    n = len(w.get("unchecked") or [])
+    if n:
+        out += f" · {n} tensor{'s' if n != 1 else ''} not checked"
+    m = len(w.get("suspicious") or [])
+    if m:
+        out += f" · {m} suspicious"
+    return out
 
 
 def training_phrase(f: Any) -> str:
@@ -380,3 +398,34 @@ def near_miss_lines(rep: Report, max_listed: int | None = None) -> tuple[list[st
     if max_listed is None:
         return msgs, 0
     return msgs[:max(0, max_listed)], max(0, len(msgs) - max(0, max_listed))
+
+
+QUANT_HEAD = ["quantized weight", "format", "scale tensor", "block", "scale", "problem"]
+CAVEAT_HEAD = ["tensor", "finding"]
+
+
+def quantized_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS) -> tuple[list[list[str]], int]:
+    """Bad blocks of quantized weights (``weights.quantized``), one row per block, and how many were
+    left out past ``max_rows``; then quantized weights whose dequantized values overflow fp16."""
+    rows: list[list[str]] = []
+    total = 0
+    for q in (rep.weights or {}).get("quantized") or []:
+        for b in q["bad_blocks"]:
+            total += 1
+            if len(rows) < max_rows:
+                rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), str(b["index"]), str(b["scale"]),
+                             str(b["problem"])])
+        if q["overflows"].get("fp16") and len(rows) < max_rows:
+            total += 1
+            rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), "all",
+                         f"dequantized absmax {fmt(q['dequant_absmax'])}", "overflows fp16"])
+    return rows, total - len(rows)
+
+
+def caveat_rows(rep: Report) -> list[list[str]]:
+    """Suspicious tensors and tensors not checked, as (tensor, finding)."""
+    w = rep.weights or {}
+    out = [[str(s["name"]), "all zero (a failed load?)" if s["reason"] == "all_zero"
+            else f"|x| {fmt(s['absmax'])} (uninitialised memory?)"] for s in w.get("suspicious") or []]
+    out += [[str(u["name"]), f"not checked: {u['reason']}"] for u in w.get("unchecked") or []]
+    return out

@@ -70,6 +70,18 @@ def weights_tables(rep: Report, width: int, max_rows: int = R.WEIGHTS_MAX_ROWS,
         out.append(table(cols, width, title="weights: near a dtype's max"))
     if w.hidden:
         out.append(Text(f"… {w.hidden} more tensor(s) (see --json)", style="dim"))
+    qrows, qhidden = R.quantized_rows(rep, max_rows)
+    if qrows:
+        cols = [Col(h, [t(r[j], "red" if j == 0 else "") for r in qrows], "name" if j in (0, 2) else "fixed",
+                    low=12 if j in (0, 2) else 0) for j, h in enumerate(R.QUANT_HEAD)]
+        out.append(table(cols, width, title="weights: quantized, bad blocks"))
+        if qhidden:
+            out.append(Text(f"… {qhidden} more bad block(s) (see --json)", style="dim"))
+    crows = R.caveat_rows(rep)
+    if crows:
+        cols = [Col("tensor", [t(r[0], "yellow") for r in crows], "name", low=20),
+                Col("finding", [t(r[1]) for r in crows], "text", low=20)]
+        out.append(table(cols, width, title="weights: suspicious or not checked"))
     return out
 
 

@@ -1,0 +1,119 @@
+"""``check`` rules on what the weights scan finds beyond NaN/Inf and headroom, and against a
+baseline checkpoint. Each rule is returned as the fields of a ``ci_check.RuleResult``.
+
+Rules (ids are JUnit testcase names and never change meaning):
+``weights.quantized`` (fail: a NaN/Inf scale, or a zero scale on a block holding data; given only
+when the checkpoint has quantized weights), ``weights.suspicious`` (warn: |x| > 1e30 or an all-zero
+weight matrix; given only when there is one), ``weights.unchecked`` (warn: tensors that could hold
+NaN/Inf but were not checked; given only when there is one), ``headroom_regression.<dtype>``
+(``--baseline OLD``: fail when a tensor that fit ``<dtype>`` in OLD overflows it now, or lost more
+than ``max_headroom_drop_db`` of headroom).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import Config
+from ..dtypes import HEADROOM_DTYPES, limits
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+
+
+def _rule(rule: str, ck: str, status: str, message: str, dtype: str | None = None, value: float | None = None,
+          details: list[str] | None = None) -> dict[str, Any]:
+    return {"rule": rule, "checkpoint": ck, "status": status, "message": message, "dtype": dtype, "value": value,
+            "details": details or []}
+
+
+def weights_extra_rules(ck: str, weights: dict[str, Any]) -> list[dict[str, Any]]:
+    """weights.quantized, weights.suspicious, weights.unchecked from a report's ``weights`` block."""
+    out = []
+    quantized = weights.get("quantized") or []
+    if quantized:
+        faulty = [q for q in quantized if any(b["problem"] != "negative" for b in q["bad_blocks"])]
+        if faulty:
+            q = faulty[0]
+            b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
+            more = f" and {len(faulty) - 1} more quantized weights" if len(faulty) > 1 else ""
+            out.append(_rule("weights.quantized", ck, FAIL,
+                             f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
+                             f"({b['problem']}), {q['n_bad']} of {q['n_blocks']} blocks bad{more}",
+                             value=float(len(faulty)),
+                             details=["fix: re-run the quantization from the unquantized checkpoint, or re-download "
+                                      "the shard holding the scales"]))
+        else:
+            over = [q for q in quantized if q["overflows"].get("fp16")]
+            msg = f"{len(quantized)} quantized weights, every scale finite and non-zero where the block holds data"
+            if over:
+                msg += (f"; {len(over)} dequantize past fp16's max (e.g. {over[0]['name']}: "
+                        f"{over[0]['dequant_absmax']:.4g})")
+            out.append(_rule("weights.quantized", ck, WARN if over else PASS, msg, value=0.0))
+    sus = weights.get("suspicious") or []
+    if sus:
+        first = ", ".join(f"{s['name']} ({_why(s)})" for s in sus[:3])
+        out.append(_rule("weights.suspicious", ck, WARN,
+                         f"{len(sus)} suspicious tensor(s): {first}{' ...' if len(sus) > 3 else ''}",
+                         value=float(len(sus)),
+                         details=["|x| > 1e30 is uninitialised memory; an all-zero weight matrix is a failed "
+                                  "load or save: re-export the checkpoint"]))
+    unchecked = weights.get("unchecked") or []
+    if unchecked:
+        out.append(_rule("weights.unchecked", ck, WARN,
+                         f"{len(unchecked)} tensor(s) not checked: "
+                         + ", ".join(f"{u['name']} ({u['reason']})" for u in unchecked[:3]),
+                         value=float(len(unchecked))))
+    return out
+
+
+def _why(s: dict[str, Any]) -> str:
+    return "all zero" if s["reason"] == "all_zero" else f"|x| {s['absmax']:.3g}"
+
+
+def headroom_db(absmax: float | None, dtype: str) -> float:
+    """20·log10(dtype max / absmax): negative when the tensor overflows, inf for an all-zero one."""
+    if not absmax:
+        return math.inf
+    return 20 * math.log10(limits(dtype).max / absmax)
+
+
+def baseline_rules(ck: str, new: list[Any], old: list[Any], old_path: str, dtypes: list[str],
+                   cfg: Config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """headroom_regression.<dtype> for each checked dtype with a headroom (fp16, bf16, fp8), and
+    the report's ``baseline`` block. ``new``/``old``: the two scans' ``TensorScan`` rows."""
+    drop = cfg.check.max_headroom_drop_db
+    before = {t.name: t for t in old if not t.skipped and t.finite and t.absmax is not None}
+    pairs = [(t, before[t.name]) for t in new
+             if t.name in before and not t.skipped and t.finite and t.absmax is not None]
+    regressions: list[dict[str, Any]] = []
+    out = []
+    for dt in dtypes:
+        if dt not in HEADROOM_DTYPES:
+            continue
+        mx = limits(dt).max
+        found = []
+        for t, o in pairs:
+            oh, nh = headroom_db(o.absmax, dt), headroom_db(t.absmax, dt)
+            newly_over = o.absmax <= mx < t.absmax
+            if newly_over or (math.isfinite(oh) and oh - nh > drop):
+                found.append({"name": t.name, "dtype": dt, "old_absmax": o.absmax, "new_absmax": t.absmax,
+                              "old_headroom": oh, "new_headroom": nh})
+        found.sort(key=lambda r: r["new_headroom"] - r["old_headroom"])
+        regressions += found
+        rule = f"headroom_regression.{dt}"
+        if found:
+            r = found[0]
+            over = " and now overflows it" if r["new_absmax"] > mx else ""
+            more = f"; {len(found) - 1} more tensor(s)" if len(found) > 1 else ""
+            out.append(_rule(rule, ck, FAIL,
+                             f"{r['name']}: {dt} headroom fell from {r['old_headroom']:.1f} dB to "
+                             f"{r['new_headroom']:.1f} dB (absmax {r['old_absmax']:.4g} -> {r['new_absmax']:.4g})"
+                             f"{over}, more than {drop:g} dB, against {old_path}{more}",
+                             dt, float(len(found)),
+                             [f"{x['name']}: {x['old_headroom']:.1f} dB -> {x['new_headroom']:.1f} dB" for x in found[:10]]
+                             + [f"fix: find the training step that grew {r['name']}, or keep its module in fp32"]))
+        else:
+            out.append(_rule(rule, ck, PASS, f"{len(pairs)} tensors compared with {old_path}: none lost more than "
+                                             f"{drop:g} dB of {dt} headroom", dt, 0.0))
+    return out, {"path": old_path, "compared": len(pairs), "regressions": regressions}

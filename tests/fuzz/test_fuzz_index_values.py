@@ -1,0 +1,81 @@
+"""Fuzz the sharded index's values and shard names (issue 25): every malformed ``weight_map``
+entry — a value that is not a file name, a shard name with a NUL byte, a component over the
+file system's 255 bytes, a path over PATH_MAX, a directory, the index itself — ends in exit 2
+with one line (``BadInput``), or a normal scan; never another exception. Seeded; the fixed
+cases run first, then random combinations."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import nan_hunter
+from nan_hunter.errors import BadInput
+
+SEED = 2525
+N_RANDOM = 60
+
+FIXED_VALUES = [
+    ["shard-1.safetensors"], {"f": "shard-1.safetensors"}, 5, 1.5, True, None, "",
+    "shard-1.safetensors\x00x", "\x00", "a" * 300, "a" * 300 + ".safetensors", "sub/" + "b" * 256,
+    "a/" * 2100 + "x.safetensors", "x" * 5000, "sub", "sub/", ".", "./", "shard-1.safetensors/",
+    "model.safetensors.index.json", "config.txt", "shard-1.safetensors\n", " shard-1.safetensors",
+    "shard-\ud800.safetensors", "shard-1.safetensors\\..\\x", "\u202eshard.safetensors", "fifo.safetensors",
+    "missing.safetensors", "bad\nname.safetensors", "sub/../shard-1.safetensors", "//shard-1.safetensors", "~/shard-1.safetensors",
+]
+FIXED_KEYS = ["", "\x00", "k" * 300, "w\nx", "\ud800"]
+
+
+def _case(tmp_path, i: int, weight_map: object, as_dir: bool):
+    d = tmp_path / f"c{i}"
+    d.mkdir()
+    (d / "sub").mkdir()
+    save_file({"w": torch.ones(3)}, str(d / "shard-1.safetensors"))
+    save_file({"v": torch.ones(2)}, str(d / "shard-2.safetensors"))
+    (d / "config.txt").write_text("not a shard")
+    (d / "bad\nname.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # a real, corrupt shard
+    os.mkfifo(d / "fifo.safetensors.pipe")
+    try:
+        os.symlink("fifo.safetensors.pipe", d / "fifo.safetensors")
+    except OSError:
+        pass
+    text = json.dumps({"metadata": {}, "weight_map": weight_map}, ensure_ascii=True)
+    (d / "model.safetensors.index.json").write_text(text)
+    return d if as_dir else d / "model.safetensors.index.json"
+
+
+def _outcome(path) -> object:
+    try:
+        return nan_hunter.scan(str(path)).exit_code()
+    except BadInput as e:
+        msg = str(e)
+        assert msg.strip() and "\n" not in msg, msg
+        return 2
+
+
+@pytest.mark.parametrize("as_dir", [False, True])
+def test_fixed_malformed_values_exit_2_one_line(tmp_path, as_dir):
+    for i, v in enumerate(FIXED_VALUES):
+        got = _outcome(_case(tmp_path, i, {"w": "shard-1.safetensors", "v": v}, as_dir))
+        assert got == 2, (v, got)
+    for j, k in enumerate(FIXED_KEYS):
+        got = _outcome(_case(tmp_path, 100 + j, {"w": "shard-1.safetensors", k: "shard-2.safetensors"}, as_dir))
+        assert got == 2, (k, got)
+
+
+def test_random_index_values(tmp_path):
+    rng = random.Random(SEED)
+    pool = FIXED_VALUES + ["shard-1.safetensors", "shard-2.safetensors"]
+    for i in range(N_RANDOM):
+        wm: dict = {}
+        for _ in range(rng.randrange(1, 4)):
+            wm[rng.choice(["w", "v", "x"] + FIXED_KEYS)] = rng.choice(pool)
+        if rng.random() < 0.2:
+            wm = rng.choice([[], "weights", 3, None, [["w", "shard-1.safetensors"]]])
+        got = _outcome(_case(tmp_path, i, wm, rng.random() < 0.5))
+        assert got in (0, 1, 2), (wm, got)

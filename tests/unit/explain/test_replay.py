@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from nan_hunter.capture.targeted import backward_region
 from nan_hunter.dtypes import REPLAY_DTYPES
-from nan_hunter.explain.replay import backward_region, backward_replay, optimizer_replay, replay, run_region
+from nan_hunter.explain.replay import backward_replay, optimizer_replay, replay, run_region
 
 
 class Scale(nn.Module):

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from raw_safetensors import write_raw
 from safetensors.torch import save_file
 
 from nan_hunter.config import default_config
+from nan_hunter.explain.assemble import weights_section as weights_block
 from nan_hunter.load.bit_dtypes import code_values
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
 from nan_hunter.load.weights_sections import weights_sections
-from nan_hunter.pipeline.scan_checkpoint import weights_block
 from nan_hunter.render.rows import verdict
 from nan_hunter.report import Report
+
+from .raw_safetensors import write_raw
 
 
 def _scan(path):

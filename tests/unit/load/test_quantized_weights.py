@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 
 from nan_hunter.config import default_config
+from nan_hunter.explain.assemble import weights_section as weights_block
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
-from nan_hunter.pipeline.scan_checkpoint import weights_block
 
 F4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6])
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from nan_hunter.capture.targeted import call_inputs
 from nan_hunter.dtypes import RunDtype
 from nan_hunter.errors import BadInput
 from nan_hunter.model.execute import (
-    call_inputs,
     capture_run,
     cast_batch,
     cast_model,

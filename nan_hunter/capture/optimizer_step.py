@@ -67,7 +67,24 @@ class OptimizerHooks:
                 out.append((p, name, owner, otype))
         return out
 
-    def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+    def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        self._pending = None
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):
+            self._before()
+            return None
+
+        def measured_closure() -> Any:
+            # step(closure) (Lightning, LBFGS): the forward and backward run inside the step, so the
+            # parameters and gradients are measured once the closure has run, before the update
+            out = closure()
+            self._before()
+            return out
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (measured_closure, *args[1:]), kwargs
+
+    def _before(self) -> None:
         rec = self.rec
         self._pending = None
         f = rec._forward

@@ -136,8 +136,8 @@ class TrainingState:
 
     def on_first_fault(self, forward: int, phase: str) -> None:
         w = self.w
-        if not w.late_phases and not self.capsule_dir:
-            return
+        # the weights of the failing step, copied once, in every loop: a report explains the leaf and op
+        # after an optimizer step or an in-place update changed them (one copy of the state, once per run)
         if phase == "optimizer":
             pre = self.pre_step if self.pre_step and self.pre_step["step"] == forward else None
             state = pre["weights"] if pre else None
@@ -209,7 +209,7 @@ class TrainingState:
                    "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
                    "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
         args, kwargs = snap.rerun()
-        path = write_capsule(self.capsule_dir, f, weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
+        path = write_capsule(self.capsule_dir, w.policy.label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
 
@@ -262,8 +262,10 @@ class TrainingState:
             if loc.finding is not None:
                 ev = loc.event if loc.finding.role == "producer" else None  # arrived non-finite: no op made it
                 fnf = to_first_nonfinite(loc.finding, ev)
+                fnf.reproducible = True
                 table = loc.table
             else:
+                fnf.reproducible = False
                 notes.append(f"re-running the backward of step {f} gave finite gradients: the fault did not "
                              "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
                              "capture alone")
@@ -285,6 +287,7 @@ class TrainingState:
                 ev = _optimizer_op(hooks.optimizer, fnf.param or "", pre)
                 if ev is not None:
                     fnf.op, fnf.source = ev.op, None
+                    fnf.reproducible = True
             else:
                 notes.append("the op inside optimizer.step() is not named: that needs the state before the step, "
                              "kept only with watch(capsule_dir=...)")

@@ -39,6 +39,8 @@ from ..locate.producer import (
 from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from ..tree import detached_copy
+from .fault_policy import FaultPolicy
+from .reproduce import reproducible_verdict
 from .training import TrainingState
 from .watch_report import WatchReport
 
@@ -129,7 +131,8 @@ class Watch(Recorder):
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4, backend: str | None = None,
                  device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None, backward: bool = False,
-                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None):
+                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None,
+                 on_fault: str = "record"):
         super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
                          optimizer=optimizer)
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
@@ -137,6 +140,12 @@ class Watch(Recorder):
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, scaler, capsule_dir, arch)
+        self.policy = FaultPolicy(self, on_fault)  # on_fault: raise, skip, stop (session.fault_policy)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it)."""
+        return self.policy.should_stop
 
     def _keeps_inputs(self) -> bool:
         return True
@@ -150,12 +159,19 @@ class Watch(Recorder):
 
     def _on_first_fault(self, forward: int, phase: str) -> None:
         self.training.on_first_fault(forward, phase)
+        self.policy.on_first_fault(forward, phase)  # on_fault="raise" raises here
 
     def _accept_fault(self, forward: int, phase: str) -> bool:
         return self.training.accept(forward, phase)
 
     def on_optimizer_start(self, forward: int, hooks: Any) -> None:
         self.training.before_optimizer_step(forward, hooks)
+        self.policy.before_step(hooks)  # on_fault="skip": the pre-step copy
+
+    def on_optimizer_end(self, forward: int, calls: list[Any]) -> None:
+        super().on_optimizer_end(forward, calls)
+        if self.optimizer is not None:
+            self.policy.after_step(forward, self.optimizer)  # on_fault="skip": undo a faulty step
 
     def _judge_late_now(self) -> bool:
         return self.first_failed is None and (self.training.capsule_dir is not None or self.training.scaler is not None)
@@ -188,6 +204,8 @@ class Watch(Recorder):
         self.training.settle()
         rep = self._locate_phases()
         self.training.finish(rep)
+        self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
+        reproducible_verdict(rep, self.sink.device)  # cause not_reproducible (session.reproduce)
         return rep
 
     def _locate_phases(self) -> WatchReport:
@@ -207,6 +225,7 @@ class Watch(Recorder):
                          f"{self.window} are kept in full")
         if finding is not None and finding.call.phase != "forward":
             return self.training.locate(finding, calls, rows, notes, failed)
+        reproduced: bool | None = None  # first_nonfinite.reproducible: the re-run decides
         if finding is not None:
             idx = finding.call.input_index
             snap = self.inputs_of(idx)
@@ -227,10 +246,13 @@ class Watch(Recorder):
                 with weights_as(self.model, state):
                     fine = self._refine(snap, idx)
                 if fine is not None:
+                    if fine.first_nonfinite is not None:
+                        fine.first_nonfinite.reproducible = True
                     fine.failed_inputs = sorted(set(failed) | set(fine.failed_inputs))
                     fine.notes = notes + [n for n in fine.notes if n not in notes]
                     fine.aggregates, fine.n_forwards = self._aggregates(), self.n_forwards
                     return fine
+                reproduced = None if idx in self.opaque_forwards or snap.changed_since() else False
                 notes.append(f"re-running forward {idx} eagerly gave finite values: the non-finite value exists only "
                              "in the compiled run (`nanhunter scan --compile` finds where compiled and eager part)"
                              if idx in self.opaque_forwards else
@@ -239,6 +261,8 @@ class Watch(Recorder):
             else:
                 notes.append(f"inputs of forward {idx} were not kept, so the {missing} is missing")
         fnf = self._owner_of_weights(finding, to_first_nonfinite(finding)) if finding else None
+        if fnf is not None:
+            fnf.reproducible = reproduced
         return WatchReport(fnf, call_table(calls, rows), failed, notes, aggregates=self._aggregates(),
                            n_forwards=self.n_forwards)
 

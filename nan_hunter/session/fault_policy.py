@@ -116,7 +116,7 @@ class FaultPolicy:
                         kept[k] = v
                 self._state.append((p, kept))
 
-    def after_step(self, forward: int, hooks: Any) -> None:
+    def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
         self._stepped.add(forward)
         window = range(self._last_step_forward + 1, forward + 1)
         self._last_step_forward = forward
@@ -125,22 +125,27 @@ class FaultPolicy:
         w = self.w
         if w._rows_on_host():
             failed = set(w.failed_forwards()) | set(w.training.pending)
-            if any(f in failed for f in window):
+            # the step's own gradients as the optimizer saw them (after DDP's all-reduce: the same on
+            # every rank, so every rank skips the same steps), and the update
+            rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+            seen = any(rows[r][0][1] or rows[r][0][2] or rows[r][0][3] for c in calls
+                       for refs in (c.inputs, c.outputs) for _, r in refs)
+            if seen or any(f in failed for f in window):
                 self._restore(hooks.optimizer, None)
                 self.skipped.append(forward)
         else:
-            flag = self._device_flag(list(window))
+            flag = self._device_flag(list(window), calls)
             if flag is not None:
                 self._restore(hooks.optimizer, flag)
                 self._device_skips.append((forward, flag))
         self._saved = []
 
-    def _device_flag(self, forwards: list[int]) -> torch.Tensor | None:
+    def _device_flag(self, forwards: list[int], step_calls: list[Any]) -> torch.Tensor | None:
         """A device bool: whether any call of ``forwards`` (forward, backward, optimizer) has a
         non-finite output, or their data held NaN/+inf; computed without a host sync."""
         w = self.w
         calls = [c for f in forwards for c in w._detail.get(f, [])]
-        outs = [r for c in calls for _, r in c.outputs]
+        outs = [r for c in calls for _, r in c.outputs] + [r for c in step_calls for _, r in c.inputs]
         data = [r for c in calls if c.parent is None and c.phase == "forward" for _, r in c.inputs]
         if not outs and not data:
             return None

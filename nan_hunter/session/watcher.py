@@ -171,7 +171,7 @@ class Watch(Recorder):
     def on_optimizer_end(self, forward: int, calls: list[Any]) -> None:
         super().on_optimizer_end(forward, calls)
         if self.optimizer is not None:
-            self.policy.after_step(forward, self.optimizer)  # on_fault="skip": undo a faulty step
+            self.policy.after_step(forward, self.optimizer, calls)  # on_fault="skip": undo a faulty step
 
     def _judge_late_now(self) -> bool:
         return self.first_failed is None and (self.training.capsule_dir is not None or self.training.scaler is not None)

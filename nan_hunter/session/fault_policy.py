@@ -15,9 +15,13 @@
 
 On a host sink (CPU) the verdict of a step is known when ``optimizer.step()`` returns (forwards
 are judged when they end, backward passes at their end, the update in the step's post-hook). On
-a device sink the verdict is a device flag (``StatsSink.flag_nonfinite``) and the restore a
-``torch.where`` on the device: no host synchronisation; the skipped steps are read at
-``report()``.
+a device sink (CUDA): ``skip`` decides with a device flag (``StatsSink.flag_nonfinite``) and
+restores with ``torch.where`` on the device, no host synchronisation (the skipped steps are read
+at ``report()``); ``raise`` and ``stop`` read one flag per step, just before ``optimizer.step()``
+(the forward and gradients, so a fault is explained with the weights it ran with) and after it
+(the update), or at the root forward's end without ``optimizer=``: one read-back per step, none
+per hook. (Tested on CPU with the Triton sink's device rows interpreted, TRITON_INTERPRET=1; not
+yet on a GPU.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..capture.recorder import _nonfinite
 from ..errors import NonFiniteError
 
 ON_FAULT = ("record", "raise", "skip", "stop")
@@ -84,6 +89,14 @@ class FaultPolicy:
 
     # -- skip: around optimizer.step() -----------------------------------------------------------
     def before_step(self, hooks: Any) -> None:
+        w = self.w
+        if self.on_fault in ("raise", "stop") and not w._rows_on_host() and w.first_failed is None:
+            # device sink: the step's forwards and gradients, read back once before the update, so
+            # a fault is explained with the weights it ran with
+            window = list(range(self._last_step_forward + 1, w._forward + 1))
+            flag = self._device_flag(window, [])
+            if flag is not None and bool(flag):
+                self._judge_now(window, [], w._forward)
         if self.on_fault != "skip":
             return
         opt = hooks.optimizer
@@ -116,13 +129,46 @@ class FaultPolicy:
                         kept[k] = v
                 self._state.append((p, kept))
 
+    def after_forward(self, forward: int) -> None:
+        """A root forward ended. A device sink with ``raise`` or ``stop`` and no ``optimizer=``: its
+        flag is read now (one read-back per forward; a host sink judged it already)."""
+        w = self.w
+        if self.on_fault in ("raise", "stop") and w.optimizer is None and not w._rows_on_host() \
+                and w.first_failed is None:
+            flag = self._device_flag([forward], [])
+            if flag is not None and bool(flag):
+                self._judge_now([forward], [], forward)
+
+    def _judge_now(self, window: list[int], calls: list[Any], forward: int) -> None:
+        """Device sink, a step flagged as failing: judge its phases now (reads its rows once), so
+        the first fault is known (and raised) before control returns to the loop."""
+        w = self.w
+        w._judge([f for f in w._done if f <= forward])
+        if w.first_failed is not None:
+            return
+        for f in window:
+            gcalls = [c for c in (w.grads.calls.get(f, {}).values() if w.grads else ()) if c.outputs]
+            rows = w.sink.read([r for c in gcalls for _, r in c.outputs])
+            if any(_nonfinite(rows[r]) for c in gcalls for _, r in c.outputs):
+                w._late_fault(f, "backward")
+                return
+        rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+        for c in calls:
+            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
+                w._late_fault(forward, "optimizer")
+                return
+
     def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
         self._stepped.add(forward)
         window = range(self._last_step_forward + 1, forward + 1)
         self._last_step_forward = forward
+        w = self.w
+        if self.on_fault in ("raise", "stop") and not w._rows_on_host() and w.first_failed is None:
+            flag = self._device_flag(list(window), calls)  # one read-back per step, none per hook
+            if flag is not None and bool(flag):
+                self._judge_now(list(window), calls, forward)
         if self.on_fault != "skip" or not self._saved:
             return
-        w = self.w
         if w._rows_on_host():
             failed = set(w.failed_forwards()) | set(w.training.pending)
             # the step's own gradients as the optimizer saw them (after DDP's all-reduce: the same on

@@ -168,6 +168,10 @@ class Watch(Recorder):
         self.training.before_optimizer_step(forward, hooks)
         self.policy.before_step(hooks)  # on_fault="skip": the pre-step copy
 
+    def _finish(self, forward: int) -> None:
+        super()._finish(forward)
+        self.policy.after_forward(forward)  # device sink, on_fault raise/stop: the forward's verdict now
+
     def on_optimizer_end(self, forward: int, calls: list[Any]) -> None:
         super().on_optimizer_end(forward, calls)
         if self.optimizer is not None:

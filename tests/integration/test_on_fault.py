@@ -203,3 +203,55 @@ def test_plain_watch_names_the_leaf_after_the_weights_changed(level):
                                                                    True)
     assert rep.diagnosis.cause == "overflow"
     assert not any("parameters changed in place" in n for n in rep.notes)
+
+
+def test_skip_and_raise_on_the_device_row_sink():
+    """The Triton sink (device rows; kernels interpreted on CPU under TRITON_INTERPRET=1, set by
+    tests/conftest.py): the same bitwise skip and the same raise."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
+    m, opt, rep, _ = _train("adamw", {"on_fault": "skip", "backend": "triton"})
+    m2, opt2, _, _ = _train("adamw", None, leave_out=FAULT)
+    assert rep.run["skipped_steps"] == [FAULT]
+    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    with pytest.raises(NonFiniteError) as ei:
+        _train("sgd_momentum", {"on_fault": "raise", "backend": "triton"})
+    assert ei.value.report.first_nonfinite.module == "layers.0.act"
+
+
+@pytest.fixture
+def device_verdicts(monkeypatch):
+    """The CUDA path on this CPU (the Triton sink's device rows, interpreted): verdicts as a device sink gives them (rows not read per forward,
+    skip decided by a device flag and torch.where, raise after one read-back per step); the CUDA
+    event that starts a forward's flag has no CPU counterpart, so that flag is left out."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
+    from nan_hunter.session.watcher import Watch
+
+    monkeypatch.setattr(Watch, "_rows_on_host", lambda self: False)
+    monkeypatch.setattr(Watch, "_flag", lambda self, forward: None)
+
+
+def test_device_path_skip_is_bitwise(device_verdicts):
+    m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip", "backend": "triton"})
+    m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT)
+    assert rep.run["skipped_steps"] == [FAULT]
+    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+
+
+def test_device_path_raise_and_stop_by_the_end_of_the_step(device_verdicts):
+    with pytest.raises(NonFiniteError) as ei:
+        _train("adamw", {"on_fault": "raise", "backend": "triton"})
+    assert (ei.value.report.first_nonfinite.step, ei.value.report.first_nonfinite.module) == (FAULT, "layers.0.act")
+    torch.manual_seed(0)
+    m = Net()
+    with torch.no_grad(), nan_hunter.watch(m, on_fault="stop", backend="triton") as w:
+        for s, (x,) in enumerate(_batches(5)):
+            m(x)
+            if w.should_stop:
+                break
+    assert s == FAULT

@@ -26,6 +26,7 @@ yet on a GPU.)
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -125,6 +126,8 @@ class FaultPolicy:
                             buf = self._state_buffers[key] = torch.empty_like(v)
                         buf.copy_(v)
                         kept[k] = buf
+                    elif isinstance(v, (list, dict, tuple)):
+                        kept[k] = copy.deepcopy(v)  # LBFGS's histories: lists it changes in place
                     else:
                         kept[k] = v
                 self._state.append((p, kept))
@@ -159,10 +162,11 @@ class FaultPolicy:
                 return
 
     def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
-        self._stepped.add(forward)
-        window = range(self._last_step_forward + 1, forward + 1)
-        self._last_step_forward = forward
         w = self.w
+        self._stepped.add(forward)
+        # every forward since the previous step: micro-batches, and a closure's re-evaluations (LBFGS)
+        window = range(self._last_step_forward + 1, max(forward, w._forward) + 1)
+        self._last_step_forward = max(forward, w._forward)
         if self.on_fault in ("raise", "stop") and not w._rows_on_host() and w.first_failed is None:
             flag = self._device_flag(list(window), calls)  # one read-back per step, none per hook
             if flag is not None and bool(flag):
@@ -220,7 +224,7 @@ class FaultPolicy:
                         else:
                             cur.copy_(torch.where(flag.to(cur.device), v, cur))
                     elif flag is None:
-                        st[k] = v
+                        st[k] = copy.deepcopy(v) if isinstance(v, (list, dict, tuple)) else v
 
     # -- the report ----------------------------------------------------------------------------
     def skipped_steps(self) -> list[int]:

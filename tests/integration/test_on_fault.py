@@ -5,6 +5,7 @@ module and op named by a plain watch(model) in a loop whose weights change after
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -257,3 +258,32 @@ def test_device_path_raise_and_stop_by_the_end_of_the_step(device_verdicts):
             if w.should_stop:
                 break
     assert ran[-1] == FAULT
+
+
+def test_skip_with_a_closure_optimizer():
+    """LBFGS: step(closure) runs forward and backward inside the step (as Lightning does for every
+    optimizer); the skipped step is undone, its histories included."""
+    def run(watch_kw, leave_out=None):
+        torch.manual_seed(0)
+        m = Net()
+        opt = torch.optim.LBFGS(m.parameters(), lr=0.1, max_iter=3, history_size=4)
+        w = nan_hunter.watch(m, backward=True, optimizer=opt, **watch_kw) if watch_kw is not None else None
+        with w if w is not None else contextlib.nullcontext():
+            for s, (x,) in enumerate(_batches(5)):
+                if s == leave_out:
+                    continue
+
+                def closure(x=x):
+                    opt.zero_grad()
+                    loss = m(x).pow(2).mean()
+                    loss.backward()
+                    return loss
+                opt.step(closure)
+        return m, opt, (w.report() if w is not None else None)
+
+    m, opt, rep = run({"on_fault": "skip"})
+    m2, opt2, _ = run(None, leave_out=FAULT)
+    # LBFGS runs its closure several times per step: steps are named by their first forward
+    assert len(rep.run["skipped_steps"]) == 1 and rep.run["skipped_steps"] == [rep.first_nonfinite.step]
+    assert rep.first_nonfinite.module == "layers.0.act"
+    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])

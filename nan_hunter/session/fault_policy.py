@@ -33,6 +33,7 @@ import torch
 
 from ..capture.recorder import _nonfinite
 from ..errors import NonFiniteError
+from ..tree import local_shard
 
 ON_FAULT = ("record", "raise", "skip", "stop")
 
@@ -105,12 +106,13 @@ class FaultPolicy:
         with torch.no_grad():
             self._saved = []
             for p in params:
+                local = local_shard(p.detach())  # FSDP2: this rank's shard (a DTensor has no foreach copy)
                 buf = self._buffers.get(id(p))
-                if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
-                    buf = self._buffers[id(p)] = torch.empty_like(p.detach())
-                self._saved.append((p, buf))
+                if buf is None or buf.shape != local.shape or buf.dtype != local.dtype or buf.device != local.device:
+                    buf = self._buffers[id(p)] = torch.empty_like(local)
+                self._saved.append((local, buf))
             if self._saved:
-                torch._foreach_copy_([b for _, b in self._saved], [p.detach() for p, _ in self._saved])
+                torch._foreach_copy_([b for _, b in self._saved], [p for p, _ in self._saved])
             self._state = []
             for p in params:
                 st = opt.state.get(p)
@@ -120,6 +122,7 @@ class FaultPolicy:
                 kept: dict[str, Any] = {}
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
+                        v = local_shard(v)
                         key = (id(p), k)
                         buf = self._state_buffers.get(key)
                         if buf is None or buf.shape != v.shape or buf.dtype != v.dtype or buf.device != v.device:
@@ -203,13 +206,13 @@ class FaultPolicy:
 
     def _restore(self, opt: Any, flag: torch.Tensor | None) -> None:
         with torch.no_grad():
-            params = [p for p, _ in self._saved]
+            params = [p for p, _ in self._saved]  # local shards: views of the parameters
             saved = [b for _, b in self._saved]
             if flag is None:
-                torch._foreach_copy_([p.detach() for p in params], saved)
+                torch._foreach_copy_(params, saved)
             else:
                 for p, b in self._saved:
-                    p.detach().copy_(torch.where(flag, b, p.detach()))
+                    p.copy_(torch.where(flag, b, p))
             for p, kept in self._state:
                 if kept is None:
                     if flag is None:
@@ -219,10 +222,12 @@ class FaultPolicy:
                 for k, v in kept.items():
                     if isinstance(v, torch.Tensor):
                         cur = st.get(k)
-                        if flag is None or not isinstance(cur, torch.Tensor):
-                            st[k] = v.clone() if not isinstance(cur, torch.Tensor) else cur.copy_(v)
+                        if not isinstance(cur, torch.Tensor):
+                            st[k] = v.clone()
+                        elif flag is None:
+                            local_shard(cur).copy_(v)
                         else:
-                            cur.copy_(torch.where(flag.to(cur.device), v, cur))
+                            local_shard(cur).copy_(torch.where(flag.to(v.device), v, local_shard(cur)))
                     elif flag is None:
                         st[k] = copy.deepcopy(v) if isinstance(v, (list, dict, tuple)) else v
 

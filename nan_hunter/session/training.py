@@ -141,6 +141,10 @@ class TrainingState:
         if phase == "optimizer":
             pre = self.pre_step if self.pre_step and self.pre_step["step"] == forward else None
             state = pre["weights"] if pre else None
+        elif self._sharded() and not self.capsule_dir:
+            # FSDP2: state_dict() in the middle of a step runs FSDP's hooks on this rank alone (a
+            # collective the other ranks do not join), and a report re-runs on gathered weights
+            state = None
         else:
             state = weights_copy(w.model) if not w.weights_changed_since(forward) else None
         self.fault_state, self.fault_step = state, forward
@@ -151,6 +155,9 @@ class TrainingState:
                 self._write_capsule(forward, phase)
             except Exception as e:  # noqa: BLE001 - the user's training must go on; the report says why
                 self.notes.append(f"the capsule for step {forward} was not written: {type(e).__name__}: {e}")
+
+    def _sharded(self) -> bool:
+        return any(type(p).__name__ == "DTensor" for p in self.w.model.parameters())
 
     def before_optimizer_step(self, forward: int, hooks: Any) -> None:
         if not self.capsule_dir or self.w.first_failed is not None:

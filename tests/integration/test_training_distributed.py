@@ -57,6 +57,28 @@ def _scenarios(rank: int) -> dict[str, Any]:
     out["skip_finite"] = bool(torch.isfinite(params).all())
     out["skip_same_on_ranks"] = bool(torch.equal(everyone[0], everyone[1]))
     out["skip"] = _summary(w.report())
+
+    # FSDP2 (fully_shard, DTensor parameters): the same two
+    from test_watch_distributed import Tiny
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded():
+        torch.manual_seed(0)
+        model = Tiny()
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    model, opt = sharded()
+    with nan_hunter.watch(model) as w:
+        _steps(model, opt, range(4), rank, {(1, 1): "big"})
+    out["fsdp_leaf"] = _summary(w.report())
+    model, opt = sharded()
+    with nan_hunter.watch(model, backward=True, optimizer=opt, on_fault="skip") as w:
+        _steps(model, opt, range(4), rank, {(1, 1): "big"})
+    out["fsdp_skip_finite"] = all(bool(torch.isfinite(p.full_tensor()).all()) for p in model.parameters())
+    out["fsdp_skip"] = _summary(w.report())
     return out
 
 
@@ -71,6 +93,7 @@ def worker(out_dir: str) -> None:
         import traceback
 
         res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(res["trace"], file=sys.stderr, flush=True)
     dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res, default=str))
     dist.destroy_process_group()
@@ -118,6 +141,15 @@ def test_skip_is_the_same_on_every_rank(runs):
         assert r["skip_finite"] and r["skip_same_on_ranks"]
         assert r["skip"]["run"]["skipped_steps"] == [1]
         assert r["skip"]["first_nonfinite"]["rank"] == 1
+
+
+def test_fsdp2_leaf_and_skip(runs):
+    for r in runs:
+        # the leaf after the weights changed is not named under FSDP2 yet (see the notes): the fault is
+        f = r["fsdp_leaf"]["first_nonfinite"]
+        assert (f["rank"], f["step"]) == (1, 1) and f["module"].startswith("layers.0")
+        assert r["fsdp_skip_finite"]
+        assert r["fsdp_skip"]["run"]["skipped_steps"] == [1]
 
 
 if __name__ == "__main__":

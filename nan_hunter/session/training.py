@@ -145,8 +145,11 @@ class TrainingState:
             # FSDP2: state_dict() in the middle of a step runs FSDP's hooks on this rank alone (a
             # collective the other ranks do not join), and a report re-runs on gathered weights
             state = None
+        elif w.weights_changed_since(forward):
+            state = None
         else:
-            state = weights_copy(w.model) if not w.weights_changed_since(forward) else None
+            with torch.inference_mode(False):  # a copy made under inference_mode would have no version counter
+                state = weights_copy(w.model)
         self.fault_state, self.fault_step = state, forward
         if phase == "optimizer":
             self.optimizer_facts = self._facts_now(forward)

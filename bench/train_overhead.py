@@ -28,7 +28,19 @@ so is the median over rounds of each round's ratio to plain's time in the same r
                       detaches its hooks; its records carry over); the attach and detach are timed
                       apart, not in the step
 * ``watch_modules``   the same at ``level="modules"``
+* ``watch_skip``      ``watch_blocks`` with ``on_fault="skip"``: a copy of the parameters and the AdamW
+                      state before every ``opt.step()`` (into buffers allocated once), restored after a
+                      faulty step
+* ``callback``        what ``NanHunterCallback`` (transformers and Lightning alike,
+                      ``integrations.callback_core``) does per step, outside a Trainer: the watch
+                      (level blocks, backward, optimizer, on_fault="stop") plus its step-begin and
+                      step-end calls; a Trainer's own per-step work is not in any variant
 * ``detect_anomaly``  ``with torch.autograd.detect_anomaly():`` around each step
+* ``lightning_detect_anomaly``  what ``lightning.Trainer(detect_anomaly=True)`` does:
+                      ``torch.autograd.set_detect_anomaly(True)`` around the whole fit (once per round)
+* ``hf_debug_underflow_overflow``  what ``TrainingArguments(debug="underflow_overflow")`` does:
+                      ``transformers.debug_utils.DebugUnderflowOverflow(model)`` (a forward hook on
+                      every module; removed at the end of each round)
 * ``naive``           hooks registered once per round: a forward hook on every module, a tensor hook on
                       every floating output of every module that requires grad (its gradient) and on
                       every parameter (its gradient), each calling ``torch.isfinite(t).all().item()``
@@ -56,6 +68,7 @@ import argparse
 import contextlib
 import copy
 import json
+import logging
 import os
 import platform
 import statistics
@@ -74,7 +87,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("plain", "watch_blocks", "watch_modules", "detect_anomaly", "naive")
+VARIANTS = ("plain", "watch_blocks", "watch_modules", "watch_skip", "callback", "detect_anomaly",
+            "lightning_detect_anomaly", "hf_debug_underflow_overflow", "naive")
 SHAPES = {"minilm": (8, 128), "llama100m": (8, 128), "tiny": (2, 16)}
 
 
@@ -225,7 +239,71 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
                        "optimizer=opt) for the whole run, attached for its rounds", whole_run(level),
                        check=fresh(level))
 
+    def skip_session():
+        held: list[Any] = []
+
+        def session():
+            if not held:
+                held.append(nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip"))
+            return held[0]
+        return session
+
+    def callback_variant() -> Variant:
+        from nan_hunter.integrations.callback_core import CallbackCore
+
+        core = CallbackCore("blocks", "stop", None, None, None, logging.getLogger("bench"))
+        counter = [0]
+
+        @contextlib.contextmanager
+        def session():
+            core.start(model, opt)
+            try:
+                yield core.watch
+            finally:
+                core.end()
+
+        @contextlib.contextmanager
+        def per_step():
+            core.step_begin(counter[0])
+            yield
+            counter[0] += 1
+            core.step_end()
+        return Variant("callback", "NanHunterCallback's per-step work (watch blocks + stop, step begin/end), "
+                       "outside a Trainer", session, per_step=per_step)
+
+    @contextlib.contextmanager
+    def hf_debug():
+        from transformers.debug_utils import DebugUnderflowOverflow
+
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            d = DebugUnderflowOverflow(model)
+        try:
+            yield
+        finally:
+            for m in model.modules():
+                for k, h in list(m._forward_hooks.items()):
+                    if getattr(h, "__self__", None) is d:
+                        del m._forward_hooks[k]
+
+    @contextlib.contextmanager
+    def lightning_anomaly():
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.set_detect_anomaly(True):
+                yield
+
     table = {
+        "watch_skip": Variant("watch_skip", 'the whole-run watch at level "blocks" with on_fault="skip"',
+                              skip_session(), check=lambda: nan_hunter.watch(model, level="blocks", backward=True,
+                                                                            optimizer=opt, on_fault="skip")),
+        "callback": callback_variant(),
+        "lightning_detect_anomaly": Variant("lightning_detect_anomaly", "torch.autograd.set_detect_anomaly(True) "
+                                            "around the run, as lightning.Trainer(detect_anomaly=True)",
+                                            lightning_anomaly),
+        "hf_debug_underflow_overflow": Variant("hf_debug_underflow_overflow", "transformers DebugUnderflowOverflow"
+                                               "(model), as TrainingArguments(debug='underflow_overflow')", hf_debug),
         "plain": Variant("plain", "forward, loss, backward, AdamW step, zero_grad", contextlib.nullcontext),
         "watch_blocks": watched("blocks"),
         "watch_modules": watched("modules"),

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import NonFiniteError
 from .version import __version__
 
-__all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "__version__"]
+__all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report

@@ -17,3 +17,12 @@ class BadInput(Exception):
 
     def __init__(self, message: object = "", *args: object) -> None:
         super().__init__(_one_line(str(message)), *args)
+
+
+class NonFiniteError(RuntimeError):
+    """``watch(..., on_fault="raise")``: a non-finite value was found. ``.report`` is what
+    ``report()`` returns at that point, fully explained (module, op, diagnosis)."""
+
+    def __init__(self, report: object, message: str) -> None:
+        super().__init__(message)
+        self.report = report

@@ -35,6 +35,9 @@ class FirstNonfinite:
     grad_fn: str | None = None  # backward: the autograd node that produced it (``SqrtBackward0``)
     param: str | None = None  # optimizer: dotted parameter name; FSDP2 weights: the full parameter
     rank: int | None = None  # under torch.distributed: the rank of the first fault
+    # contract v1.2: the failing region re-run from its captured inputs and weights on the same device,
+    # dtype and autocast faulted again (True), did not (False: cause not_reproducible), or was not re-run (None)
+    reproducible: bool | None = None
 
 
 @dataclass

@@ -41,3 +41,9 @@ class CaptureListener:
 
     def on_optimizer_start(self, step: int, hooks: Any) -> None:
         """Before ``optimizer.step()`` of a kept step (a session copies what a capsule needs)."""
+
+    def on_forward_end(self, step: int) -> None:
+        """A root forward ended and was judged where that is free (a session acting at the fault)."""
+
+    def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
+        """``optimizer.step()`` of a kept step ended and was judged (a session may undo it)."""

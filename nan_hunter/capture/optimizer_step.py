@@ -67,7 +67,30 @@ class OptimizerHooks:
                 out.append((p, name, owner, otype))
         return out
 
-    def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+    def _pre(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        self._pending = None
+        # the wrapper torch puts around step() passes (optimizer, *step's arguments)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            self._before()
+            return None
+
+        first = [True]
+
+        def measured_closure() -> Any:
+            # step(closure) (Lightning, LBFGS): the forward and backward run inside the step, so the
+            # parameters and gradients are measured once the first call of the closure has run,
+            # before any update (LBFGS calls it again between its own updates)
+            out = closure()
+            if first[0]:
+                first[0] = False
+                self._before()
+            return out
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (args[0], measured_closure, *args[2:]), kwargs
+
+    def _before(self) -> None:
         rec = self.rec
         self._pending = None
         f = rec.current_step

@@ -253,6 +253,14 @@ class Recorder:
         to ``step`` (default: the current one) and are given back when it is folded away."""
         return self._measure_flat(items, owned=owned, forward=step)
 
+    def rows_on_host(self) -> bool:
+        """Whether reading a step's rows costs nothing (a host sink: no device to wait for)."""
+        return self._rows_on_host()
+
+    def judge_finished(self, upto: int) -> None:
+        """Judge every finished step up to ``upto`` now (one read-back on a device sink)."""
+        self._judge([f for f in self._done if f <= upto])
+
     def grads_needed(self, step: int) -> bool:
         """Whether the gradients that reached the root outputs in ``step`` must stay kept."""
         return self.listener.grads_needed(step, self.first_failed)
@@ -492,6 +500,7 @@ class Recorder:
             old = self._done[:len(self._done) - self.window]
             self._done = self._done[len(old):]
             self._fold(old)
+        self.listener.on_forward_end(forward)
 
     def _row_refs(self, forwards: list[int]) -> list[int]:
         return [r for f in forwards for c in self._detail.get(f, ()) for refs in (c.inputs, c.outputs, c.params)
@@ -576,7 +585,12 @@ class Recorder:
                 self.mark_late_fault(f, "backward")
 
     def on_optimizer_end(self, forward: int, calls: list[Call]) -> None:
-        """An optimizer step ended: on a host sink, judge it now (a device sink: see ``on_backward_end``)."""
+        """An optimizer step ended: judge it (``_judge_optimizer``), then tell the listener."""
+        self._judge_optimizer(forward, calls)
+        self.listener.on_optimizer_end(forward, calls)
+
+    def _judge_optimizer(self, forward: int, calls: list[Call]) -> None:
+        """On a host sink, judge the step now (a device sink: see ``on_backward_end``)."""
         if not self._rows_on_host() and not self.listener.judge_late_now():
             return
         rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 PHASES = ("forward", "backward", "optimizer")
-NOT_REPRODUCED = "did not reproduce"  # the re-run notes of session.Watch._locate and training.locate
 
 
 def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
@@ -215,7 +214,7 @@ def combine(local: Any, watch: Any) -> Any:
             continue
         notes += [f"rank {s['rank']}: {n}" for n in s["notes"]]
     for s in everyone:
-        if s["first_nonfinite"] is not None and any(NOT_REPRODUCED in n for n in s["notes"]):
+        if s["first_nonfinite"] is not None and s["first_nonfinite"].get("reproducible") is False:
             notes.append(f"rank {s['rank']}: its fault did not come back when that forward was re-run on the "
                          "same inputs and weights: suspect non-determinism or the hardware of rank "
                          f"{s['rank']} (a flipped bit, a failing device), not the numerics of the model")

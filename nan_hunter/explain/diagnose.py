@@ -470,3 +470,27 @@ def diagnose(ev: Evidence) -> Diagnosis | None:
                 d.fix = BACKWARD_FIX.get(d.cause, d.fix + " Gradient clipping does not help a NaN.")
             return d
     return None
+
+
+def not_reproducible(module: str | None, op: str | None, dtype: str | None, kind: str | None, device: str,
+                     rank: int | None, original: Diagnosis | None = None) -> Diagnosis:
+    """Cause ``not_reproducible``: the failing region, re-run from its captured inputs and weights
+    on the same device, dtype and autocast, was finite. Names the device and, under
+    torch.distributed, the rank; the fix says how to confirm a hardware fault."""
+    where = f"{op} in {module or '<root>'}" if op else (module or "<root>")
+    on = f"device {device}" + (f", rank {rank}" if rank is not None else "")
+    evidence = [f"the first non-finite value ({kind or 'non-finite'}) appeared at {where} during the run",
+                f"the same region re-run from the captured inputs and weights on {on} ({dtype or 'its dtype'}) "
+                "was finite"]
+    if original is not None and original.cause not in ("unknown", "not_reproducible"):
+        evidence.append(f"what the captured values alone suggest: {original.cause} ({original.summary})")
+    return Diagnosis(
+        cause="not_reproducible", dtype=dtype, module=module, op=op,
+        summary=(f"{where} produced a non-finite value that did not come back when re-run on {on}: a transient "
+                 "hardware fault (a flipped bit, a failing GPU) or a non-deterministic kernel is suspected, "
+                 "not the numerics of the model"),
+        evidence=evidence,
+        fix=(f"confirm it: re-run the failing step (its capsule: nanhunter scan DIR/step-<k>) on another device "
+             f"than {on}; check the device's ECC error counters (nvidia-smi -q -d ECC) and its logs (Xid errors); "
+             "with torch.use_deterministic_algorithms(True) a non-deterministic kernel is ruled out; if it "
+             "recurs on this device only, take it out of the pool"))

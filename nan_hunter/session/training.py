@@ -142,13 +142,20 @@ class TrainingState:
 
     def on_first_fault(self, forward: int, phase: str) -> None:
         w = self.w
-        if not w.late_phases and not self.capsule_dir:
-            return
+        # the weights of the failing step, copied once, in every loop: a report explains the leaf and op
+        # after an optimizer step or an in-place update changed them (one copy of the state, once per run)
         if phase == "optimizer":
             pre = self.pre_step if self.pre_step and self.pre_step["step"] == forward else None
             state = pre["weights"] if pre else None
+        elif self._sharded() and not self.capsule_dir:
+            # FSDP2: state_dict() in the middle of a step runs FSDP's hooks on this rank alone (a
+            # collective the other ranks do not join), and a report re-runs on gathered weights
+            state = None
+        elif w.weights_changed_since(forward):
+            state = None
         else:
-            state = weights_copy(w.model) if not w.weights_changed_since(forward) else None
+            with torch.inference_mode(False):  # a copy made under inference_mode would have no version counter
+                state = weights_copy(w.model)
         self.fault_state, self.fault_step = state, forward
         if phase == "optimizer":
             self.optimizer_facts = self._facts_now(forward)
@@ -157,6 +164,9 @@ class TrainingState:
                 self._write_capsule(forward, phase)
             except Exception as e:  # noqa: BLE001 - the user's training must go on; the report says why
                 self.notes.append(f"the capsule for step {forward} was not written: {type(e).__name__}: {e}")
+
+    def _sharded(self) -> bool:
+        return any(type(p).__name__ == "DTensor" for p in self.w.model.parameters())
 
     def before_optimizer_step(self, forward: int, hooks: Any) -> None:
         if not self.capsule_dir or self.w.first_failed is not None:
@@ -215,7 +225,7 @@ class TrainingState:
                    "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
                    "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
         args, kwargs = snap.rerun()
-        path = write_capsule(self.capsule_dir, f, weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
+        path = write_capsule(self.capsule_dir, w.policy.label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
 
@@ -262,8 +272,10 @@ class TrainingState:
             if loc.finding is not None:
                 ev = loc.event if loc.finding.role == "producer" else None  # arrived non-finite: no op made it
                 fnf = to_first_nonfinite(loc.finding, ev)
+                fnf.reproducible = True
                 table = loc.table
             else:
+                fnf.reproducible = False
                 notes.append(f"re-running the backward of step {f} gave finite gradients: the fault did not "
                              "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
                              "capture alone")
@@ -286,6 +298,7 @@ class TrainingState:
                 ev = _optimizer_op(hooks.optimizer, fnf.param or "", pre)
                 if ev is not None:
                     fnf.op, fnf.source = ev.op, None
+                    fnf.reproducible = True
             else:
                 missing = ("the op inside optimizer.step() is not named: that needs the state before the step, "
                            "kept only with watch(capsule_dir=...)")

@@ -40,6 +40,8 @@ from ..locate.producer import (
 from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from ..tree import detached_copy
+from .fault_policy import FaultPolicy
+from .reproduce import reproducible_verdict
 from .training import TrainingState
 from .watch_report import WatchReport
 
@@ -140,12 +142,21 @@ class SessionListener(CaptureListener):
 
     def on_first_fault(self, step: int, phase: str) -> None:
         self.w.training.on_first_fault(step, phase)
+        self.w.policy.on_first_fault(step, phase)  # on_fault="raise" raises here
 
     def accept_fault(self, step: int, phase: str) -> bool:
         return self.w.training.accept(step, phase)
 
     def on_optimizer_start(self, step: int, hooks: Any) -> None:
         self.w.training.before_optimizer_step(step, hooks)
+        self.w.policy.before_step(hooks)  # on_fault="skip": the pre-step copy
+
+    def on_forward_end(self, step: int) -> None:
+        self.w.policy.after_forward(step)  # device sink, on_fault raise/stop: the forward's verdict now
+
+    def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
+        if self.w.optimizer is not None:
+            self.w.policy.after_step(step, self.w.optimizer, calls)  # on_fault="skip": undo a faulty step
 
     def judge_late_now(self) -> bool:
         t = self.w.training
@@ -164,7 +175,8 @@ class Watch(Recorder):
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4, backend: str | None = None,
                  device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None, backward: bool = False,
-                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None):
+                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None,
+                 on_fault: str = "record"):
         super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
                          optimizer=optimizer, listener=SessionListener(self))
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
@@ -172,6 +184,12 @@ class Watch(Recorder):
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, scaler, capsule_dir, arch)
+        self.policy = FaultPolicy(self, on_fault)  # on_fault: raise, skip, stop (session.fault_policy)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it)."""
+        return self.policy.should_stop
 
     def report(self) -> WatchReport:
         """Locate the first non-finite value (re-running the first failing forward at finer levels
@@ -198,6 +216,8 @@ class Watch(Recorder):
         self.training.settle()
         rep = self._locate_phases()
         self.training.finish(rep)
+        self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
+        reproducible_verdict(rep, self.sink.device)  # cause not_reproducible (session.reproduce)
         return rep
 
     def _locate_phases(self) -> WatchReport:
@@ -217,6 +237,7 @@ class Watch(Recorder):
                          f"{self.window} are kept in full")
         if finding is not None and finding.call.phase != "forward":
             return self.training.locate(finding, calls, rows, notes, failed)
+        reproduced: bool | None = None  # first_nonfinite.reproducible: the re-run decides
         if finding is not None:
             idx = finding.call.input_index
             snap = self.inputs_of(idx)
@@ -237,10 +258,13 @@ class Watch(Recorder):
                 with weights_as(self.model, state):
                     fine = self._refine(snap, idx)
                 if fine is not None:
+                    if fine.first_nonfinite is not None:
+                        fine.first_nonfinite.reproducible = True
                     fine.failed_inputs = sorted(set(failed) | set(fine.failed_inputs))
                     fine.notes = notes + [n for n in fine.notes if n not in notes]
                     fine.aggregates, fine.n_forwards = self._aggregates(), self.n_forwards
                     return fine
+                reproduced = None if idx in self.opaque_forwards or snap.changed_since() else False
                 notes.append(f"re-running forward {idx} eagerly gave finite values: the non-finite value exists only "
                              "in the compiled run (`nanhunter scan --compile` finds where compiled and eager part)"
                              if idx in self.opaque_forwards else
@@ -249,6 +273,8 @@ class Watch(Recorder):
             else:
                 notes.append(f"inputs of forward {idx} were not kept, so the {missing} is missing")
         fnf = self._owner_of_weights(finding, to_first_nonfinite(finding)) if finding else None
+        if fnf is not None:
+            fnf.reproducible = reproduced
         return WatchReport(fnf, call_table(calls, rows), failed, notes, aggregates=self._aggregates(),
                            n_forwards=self.n_forwards)
 

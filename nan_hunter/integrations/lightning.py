@@ -1,0 +1,50 @@
+"""``lightning.Trainer(callbacks=[NanHunterCallback()])`` (and ``pytorch_lightning``): watch the
+LightningModule with the optimizer (and GradScaler) the Trainer creates; stop
+(``trainer.should_stop``), skip or raise at the first fault (``integrations.callback_core``).
+``first_nonfinite.step`` is ``trainer.global_step`` when the failing batch began. The watch's root
+is the LightningModule: its ``training_step`` calls ``self(...)`` (its ``forward``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+from .callback_core import CallbackCore
+
+
+def _scaler(trainer: Any) -> Any:
+    plugin = getattr(trainer, "precision_plugin", None) or getattr(trainer.strategy, "precision_plugin", None)
+    return getattr(plugin, "scaler", None)
+
+
+class NanHunterCallback(Callback):
+    def __init__(self, level: str = "blocks", on_fault: str = "stop", capsule_dir: str | None = None,
+                 report_path: str | None = None, arch: str | None = None) -> None:
+        self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch, logging.getLogger("lightning.pytorch"))
+
+    @property
+    def report(self) -> Any:
+        """The report of the first fault (same shape as ``watch().report()``); None on a clean run."""
+        return self.core.report
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        opts = list(getattr(trainer, "optimizers", []) or [])
+        self.core.start(pl_module, opts[0] if opts else None, _scaler(trainer))
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.core.step_begin(trainer.global_step)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.core.step_end():
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.core.end()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.core.end()  # the hooks are removed whatever happened

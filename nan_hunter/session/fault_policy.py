@@ -1,0 +1,260 @@
+"""``watch(..., on_fault=...)``: what a watch does at the first fault, besides recording it.
+
+- ``"record"`` (default): nothing more; ``report()`` explains it.
+- ``"raise"``: ``NonFiniteError`` carrying the explained report, raised from the hook that first
+  saw the fault (the root forward's end, the end of the backward pass, ``optimizer.step()``).
+  Under torch.distributed the report carried is this rank's (a global report is a collective the
+  other ranks would not join).
+- ``"stop"``: ``should_stop`` becomes true; nothing is raised (loops and callbacks poll it).
+- ``"skip"`` (needs ``optimizer=``): before every ``optimizer.step()`` the parameters the step
+  will update and their optimizer state are copied into buffers allocated once (memory: one more
+  copy of those parameters and of their state, flat over the run); after the step, when any
+  forward since the previous step (gradient accumulation: every micro-batch of the step), its
+  gradients or the update itself was non-finite, they are copied back, bitwise. The step's
+  forward index is listed in ``run["skipped_steps"]``.
+
+On a host sink (CPU) the verdict of a step is known when ``optimizer.step()`` returns (forwards
+are judged when they end, backward passes at their end, the update in the step's post-hook). On
+a device sink (CUDA): ``skip`` decides with a device flag (``StatsSink.flag_nonfinite``) and
+restores with ``torch.where`` on the device, no host synchronisation (the skipped steps are read
+at ``report()``); ``raise`` and ``stop`` read one flag per step, just before ``optimizer.step()``
+(the forward and gradients, so a fault is explained with the weights it ran with) and after it
+(the update), or at the root forward's end without ``optimizer=``: one read-back per step, none
+per hook. (Tested on CPU with the Triton sink's device rows interpreted, TRITON_INTERPRET=1; not
+yet on a GPU.)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ..capture.recorder import _nonfinite
+from ..errors import NonFiniteError
+from ..tree import local_shard
+
+ON_FAULT = ("record", "raise", "skip", "stop")
+
+
+def _verdict_line(rep: Any) -> str:
+    f = rep.first_nonfinite
+    if f is None:
+        return "nanhunter: a non-finite value was seen"
+    where = f"{f.op} in {f.module or '<root>'}" if f.op else (f.module or "<root>")
+    cause = f" ({rep.diagnosis.cause}: {rep.diagnosis.summary})" if rep.diagnosis is not None else ""
+    return f"nanhunter: first non-finite value ({f.kind}) at step {f.step}, {f.phase}: {where}{cause}"
+
+
+class FaultPolicy:
+    """The ``on_fault`` half of a ``session.Watch``."""
+
+    def __init__(self, watch: Any, on_fault: str) -> None:
+        if on_fault not in ON_FAULT:
+            raise ValueError(f"on_fault must be one of {ON_FAULT}, got {on_fault!r}")
+        if on_fault == "skip" and watch.optimizer is None:
+            raise ValueError("on_fault='skip' needs optimizer=: the watch restores the parameters and the "
+                             "optimizer state the faulty step changed")
+        self.w = watch
+        self.on_fault = on_fault
+        self.should_stop = False
+        self.skipped: list[int] = []  # host sink: forwards whose optimizer step was undone
+        self._device_skips: list[tuple[int, torch.Tensor]] = []  # device sink: (forward, flag), read at report()
+        self._last_step_forward = -1  # the forward of the previous optimizer.step()
+        self._stepped: set[int] = set()
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, buffer)
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._state: list[tuple[torch.Tensor, dict[str, Any] | None]] = []
+        self._state_buffers: dict[tuple[int, str], torch.Tensor] = {}
+        self._raised = False
+        self.step_label: dict[int, int] = {}  # forward -> the framework's step when it began (callbacks)
+
+    # -- the first fault -----------------------------------------------------------------------
+    def on_first_fault(self, forward: int, phase: str) -> None:
+        if self.on_fault in ("stop", "skip", "raise"):
+            self.should_stop = self.should_stop or self.on_fault == "stop"
+        if self.on_fault == "raise" and not self._raised:
+            self._raised = True
+            rep = self.local_report()
+            raise NonFiniteError(rep, _verdict_line(rep))
+
+    def local_report(self) -> Any:
+        """This rank's explained report (the global one is a collective: not from inside a hook)."""
+        w = self.w
+        was = getattr(w, "collective", False)
+        w.collective = False
+        try:
+            return w.report()
+        finally:
+            w.collective = was
+
+    # -- skip: around optimizer.step() -----------------------------------------------------------
+    def before_step(self, hooks: Any) -> None:
+        w = self.w
+        if self.on_fault in ("raise", "stop") and not w.rows_on_host() and w.first_failed is None:
+            # device sink: the step's forwards and gradients, read back once before the update, so
+            # a fault is explained with the weights it ran with
+            window = list(range(self._last_step_forward + 1, w.current_step + 1))
+            flag = self._device_flag(window, [])
+            if flag is not None and bool(flag):
+                self._judge_now(window, [], w.current_step)
+        if self.on_fault != "skip":
+            return
+        opt = hooks.optimizer
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        with torch.no_grad():
+            self._saved = []
+            for p in params:
+                local = local_shard(p.detach())  # FSDP2: this rank's shard (a DTensor has no foreach copy)
+                buf = self._buffers.get(id(p))
+                if buf is None or buf.shape != local.shape or buf.dtype != local.dtype or buf.device != local.device:
+                    buf = self._buffers[id(p)] = torch.empty_like(local)
+                self._saved.append((local, buf))
+            if self._saved:
+                torch._foreach_copy_([b for _, b in self._saved], [p for p, _ in self._saved])
+            self._state = []
+            for p in params:
+                st = opt.state.get(p)
+                if not st:
+                    self._state.append((p, None))  # no state yet: a skipped first step leaves none
+                    continue
+                kept: dict[str, Any] = {}
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        v = local_shard(v)
+                        key = (id(p), k)
+                        buf = self._state_buffers.get(key)
+                        if buf is None or buf.shape != v.shape or buf.dtype != v.dtype or buf.device != v.device:
+                            buf = self._state_buffers[key] = torch.empty_like(v)
+                        buf.copy_(v)
+                        kept[k] = buf
+                    elif isinstance(v, (list, dict, tuple)):
+                        kept[k] = copy.deepcopy(v)  # LBFGS's histories: lists it changes in place
+                    else:
+                        kept[k] = v
+                self._state.append((p, kept))
+
+    def after_forward(self, forward: int) -> None:
+        """A root forward ended. A device sink with ``raise`` or ``stop`` and no ``optimizer=``: its
+        flag is read now (one read-back per forward; a host sink judged it already)."""
+        w = self.w
+        if self.on_fault in ("raise", "stop") and w.optimizer is None and not w.rows_on_host() \
+                and w.first_failed is None:
+            flag = self._device_flag([forward], [])
+            if flag is not None and bool(flag):
+                self._judge_now([forward], [], forward)
+
+    def _judge_now(self, window: list[int], calls: list[Any], forward: int) -> None:
+        """Device sink, a step flagged as failing: judge its phases now (reads its rows once), so
+        the first fault is known (and raised) before control returns to the loop."""
+        w = self.w
+        w.judge_finished(forward)
+        if w.first_failed is not None:
+            return
+        for f in window:
+            gcalls = [c for c in (w.grads.calls.get(f, {}).values() if w.grads else ()) if c.outputs]
+            rows = w.sink.read([r for c in gcalls for _, r in c.outputs])
+            if any(_nonfinite(rows[r]) for c in gcalls for _, r in c.outputs):
+                w.mark_late_fault(f, "backward")
+                return
+        rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+        for c in calls:
+            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
+                w.mark_late_fault(forward, "optimizer")
+                return
+
+    def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
+        w = self.w
+        self._stepped.add(forward)
+        # every forward since the previous step: micro-batches, and a closure's re-evaluations (LBFGS)
+        window = range(self._last_step_forward + 1, max(forward, w.current_step) + 1)
+        self._last_step_forward = max(forward, w.current_step)
+        if self.on_fault in ("raise", "stop") and not w.rows_on_host() and w.first_failed is None:
+            flag = self._device_flag(list(window), calls)  # one read-back per step, none per hook
+            if flag is not None and bool(flag):
+                self._judge_now(list(window), calls, forward)
+        if self.on_fault != "skip" or not self._saved:
+            return
+        if w.rows_on_host():
+            failed = set(w.failed_forwards()) | set(w.training.pending)
+            # the step's own gradients as the optimizer saw them (after DDP's all-reduce: the same on
+            # every rank, so every rank skips the same steps), and the update
+            rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+            seen = any(rows[r][0][1] or rows[r][0][2] or rows[r][0][3] for c in calls
+                       for refs in (c.inputs, c.outputs) for _, r in refs)
+            if seen or any(f in failed for f in window):
+                self._restore(hooks.optimizer, None)
+                self.skipped.append(forward)
+        else:
+            flag = self._device_flag(list(window), calls)
+            if flag is not None:
+                self._restore(hooks.optimizer, flag)
+                self._device_skips.append((forward, flag))
+        self._saved = []
+
+    def _device_flag(self, forwards: list[int], step_calls: list[Any]) -> torch.Tensor | None:
+        """A device bool: whether any call of ``forwards`` (forward, backward, optimizer) has a
+        non-finite output, or their data held NaN/+inf; computed without a host sync."""
+        w = self.w
+        calls = [c for f in forwards for c in (w.calls_of(f) or [])]
+        outs = [r for c in calls for _, r in c.outputs] + [r for c in step_calls for _, r in c.inputs]
+        data = [r for c in calls if c.parent is None and c.phase == "forward" for _, r in c.inputs]
+        if not outs and not data:
+            return None
+        return w.sink.flag_nonfinite(outs, data)
+
+    def _restore(self, opt: Any, flag: torch.Tensor | None) -> None:
+        with torch.no_grad():
+            params = [p for p, _ in self._saved]  # local shards: views of the parameters
+            saved = [b for _, b in self._saved]
+            if flag is None:
+                torch._foreach_copy_(params, saved)
+            else:
+                for p, b in self._saved:
+                    p.copy_(torch.where(flag, b, p))
+            for p, kept in self._state:
+                if kept is None:
+                    if flag is None:
+                        opt.state.pop(p, None)
+                    continue  # device sink: a first step's fresh state stays (the parameters are restored)
+                st = opt.state[p]
+                for k, v in kept.items():
+                    if isinstance(v, torch.Tensor):
+                        cur = st.get(k)
+                        if not isinstance(cur, torch.Tensor):
+                            st[k] = v.clone()
+                        elif flag is None:
+                            local_shard(cur).copy_(v)
+                        else:
+                            local_shard(cur).copy_(torch.where(flag.to(v.device), v, local_shard(cur)))
+                    elif flag is None:
+                        st[k] = copy.deepcopy(v) if isinstance(v, (list, dict, tuple)) else v
+
+    # -- the report ----------------------------------------------------------------------------
+    def skipped_steps(self) -> list[int]:
+        if self.on_fault != "skip":
+            return []
+        out = set(self.skipped) | {f for f, flag in self._device_skips if bool(flag)}
+        w = self.w
+        if w.training.scaler is not None:  # a real fault the GradScaler kept from stepping: skipped too
+            out |= {f for f in w.failed_forwards() if f not in self._stepped and f not in w.training.scaler_skipped}
+        return sorted(out)
+
+    def finish(self, rep: Any) -> None:
+        """``run["skipped_steps"]`` and ``run["on_fault"]``; under a callback, steps named as the
+        framework counts them."""
+        if rep.run is None:
+            rep.run = {}
+        rep.run["on_fault"] = self.on_fault
+        rep.run["skipped_steps"] = [self.label(f) for f in self.skipped_steps()]
+        if self.step_label and rep.first_nonfinite is not None:
+            rep.first_nonfinite.step = self.label(rep.first_nonfinite.step)
+
+    def label(self, forward: int) -> int:
+        """The framework's step (``state.global_step``) a forward belongs to: the latest step
+        that began at or before it; the forward index itself when no framework labels steps."""
+        if not self.step_label:
+            return forward
+        starts = [f for f in self.step_label if f <= forward]
+        return self.step_label[max(starts)] if starts else forward

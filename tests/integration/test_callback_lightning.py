@@ -1,0 +1,124 @@
+"""``NanHunterCallback`` in the real ``lightning.Trainer`` (CPU, a tiny LightningModule): a planted
+fault at a known step (a batch that overflows exp() in layers.0.act), stop / skip / raise, the
+report file, the capsule replayed by ``nanhunter scan DIR/step-k`` in a new process (rebuilt by
+``arch=`` this file's ``factory``), and a clean run bitwise equal to the run without it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+L = pytest.importorskip("lightning")
+
+from nan_hunter import NonFiniteError  # noqa: E402
+from nan_hunter.integrations.lightning import NanHunterCallback  # noqa: E402
+
+FAULT = 2
+STEPS = 5
+
+
+class Exp(nn.Module):
+    def forward(self, x):
+        return torch.exp(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = Exp()
+
+    def forward(self, x):
+        return self.act(self.lin(x)) * 0.01
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss = self(x).pow(2).mean()
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def factory():
+    return Tiny()
+
+
+def _data(fault):
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(4 * STEPS, 8, generator=g) * 0.1
+    if fault:
+        xs[4 * FAULT:4 * FAULT + 4] = 400.0
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=4, shuffle=False)
+
+
+def _train(fault, callback=None):
+    torch.manual_seed(0)
+    model = Tiny()
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, deterministic=True,
+                        callbacks=[callback] if callback else [])
+    trainer.fit(model, _data(fault))
+    return trainer, model
+
+
+def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path):
+    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"),
+                           arch=f"{Path(__file__).resolve()}:factory")
+    trainer, _ = _train(True, cb)
+    assert trainer.global_step == FAULT + 1
+    f = cb.report.first_nonfinite
+    assert (f.step, f.phase, f.module, f.op, f.reproducible) == (FAULT, "forward", "layers.0.act", "aten.exp.default",
+                                                                    True)
+    assert cb.report.diagnosis.cause == "overflow"
+    assert json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]["module"] == "layers.0.act"
+    cap = tmp_path / "caps" / f"step-{FAULT}"
+    out = tmp_path / "replay.json"
+    proc = subprocess.run([sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    rf = json.loads(out.read_text())["first_nonfinite"]
+    assert (rf["module"], rf["op"], rf["step"]) == ("layers.0.act", "aten.exp.default", FAULT)
+
+
+def test_skip_goes_on_and_matches_the_run_without_that_batch():
+    cb = NanHunterCallback(on_fault="skip")
+    trainer, model = _train(True, cb)
+    assert trainer.global_step == STEPS
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+
+
+def test_raise():
+    with pytest.raises(NonFiniteError) as ei:
+        _train(True, NanHunterCallback(on_fault="raise"))
+    assert ei.value.report.first_nonfinite.module == "layers.0.act"
+
+
+def test_clean_run_is_untouched(tmp_path):
+    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"))
+    t1, m1 = _train(False, cb)
+    t2, m2 = _train(False)
+    assert cb.report is None and not (tmp_path / "caps").exists() and not (tmp_path / "r.json").exists()
+    for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert {k: float(v) for k, v in t1.logged_metrics.items()} == {k: float(v) for k, v in t2.logged_metrics.items()}

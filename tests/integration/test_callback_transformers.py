@@ -1,0 +1,117 @@
+"""``NanHunterCallback`` in the real ``transformers.Trainer`` (CPU, a tiny Llama from a config): a
+planted fault at a known step (a batch of token 0, whose embedding row is zero, into an RMSNorm
+whose eps is 0: rsqrt(0) = inf), stop / skip / raise, the report file, the capsule replayed by
+``nanhunter scan DIR/step-k`` in a new process, and a clean run bitwise equal to the run without it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+from nan_hunter import NonFiniteError  # noqa: E402
+from nan_hunter.integrations.transformers import NanHunterCallback  # noqa: E402
+
+FAULT = 2  # global_step whose batch is all token 0
+STEPS = 5
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=0.0)
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        m.model.embed_tokens.weight[0].zero_()
+    return m
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, fault: bool):
+        g = torch.Generator().manual_seed(3)
+        self.rows = [torch.randint(1, 32, (8,), generator=g) for _ in range(2 * STEPS)]
+        if fault:
+            self.rows[2 * FAULT] = torch.zeros(8, dtype=torch.long)
+            self.rows[2 * FAULT + 1] = torch.zeros(8, dtype=torch.long)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def _train(tmp_path, fault, callback=None):
+    model = _model()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
+                             learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=Data(fault), callbacks=[callback] if callback else [])
+    trainer.train()
+    return trainer, model
+
+
+def _sequential(monkeypatch):
+    # batches in order, so the planted batch is step FAULT's
+    monkeypatch.setattr(Trainer, "_get_train_sampler", lambda self, *a, **k: torch.utils.data.SequentialSampler(
+        self.train_dataset))
+
+
+def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path, monkeypatch, caplog):
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"))
+    with caplog.at_level(logging.WARNING):
+        trainer, _ = _train(tmp_path, True, cb)
+    assert trainer.state.global_step == FAULT + 1  # stopped after the failing step
+    f = cb.report.first_nonfinite
+    assert (f.step, f.phase, f.module) == (FAULT, "forward", "model.layers.0.input_layernorm")
+    assert "rsqrt" in f.op and f.reproducible is True
+    assert cb.report.diagnosis.cause == "division_by_zero"
+    assert any("nanhunter: first non-finite value" in r.getMessage() for r in caplog.records)
+    on_disk = json.loads((tmp_path / "r.json").read_text())
+    assert on_disk["schema"] == "nanhunter.report/v1" and on_disk["first_nonfinite"]["step"] == FAULT
+    cap = tmp_path / "caps" / f"step-{FAULT}"
+    assert (cap / "capsule.json").is_file()
+    out = tmp_path / "replay.json"
+    proc = subprocess.run([sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    rf = json.loads(out.read_text())["first_nonfinite"]
+    assert (rf["module"], rf["op"], rf["step"], rf["phase"]) == (f.module, f.op, FAULT, "forward")
+
+
+def test_skip_goes_on_with_finite_weights(tmp_path, monkeypatch):
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(on_fault="skip")
+    trainer, model = _train(tmp_path, True, cb)
+    assert trainer.state.global_step == STEPS
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+
+
+def test_raise(tmp_path, monkeypatch):
+    _sequential(monkeypatch)
+    with pytest.raises(NonFiniteError) as ei:
+        _train(tmp_path, True, NanHunterCallback(on_fault="raise"))
+    assert ei.value.report.first_nonfinite.module == "model.layers.0.input_layernorm"
+
+
+def test_clean_run_is_untouched(tmp_path, monkeypatch):
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"))
+    t1, m1 = _train(tmp_path / "a", False, cb)
+    t2, m2 = _train(tmp_path / "b", False)
+    assert cb.report is None and not (tmp_path / "caps").exists() and not (tmp_path / "r.json").exists()
+    for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), n
+    strip = [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+             for h in t1.state.log_history]
+    assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+                     for h in t2.state.log_history]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +36,30 @@ class FirstNonfinite:
     grad_fn: str | None = None  # backward: the autograd node that produced it (``SqrtBackward0``)
     param: str | None = None  # optimizer: dotted parameter name; FSDP2 weights: the full parameter
     rank: int | None = None  # under torch.distributed: the rank of the first fault
+    # contract v1.2: ``source`` split so editors can link to it
+    source_file: str | None = None
+    source_line: int | None = None
+
+    def __post_init__(self) -> None:
+        self.sync_source()
+
+    def sync_source(self) -> None:
+        """``source_file``/``source_line`` from ``source`` (``"file.py:123  code"``), when it is set."""
+        if self.source is not None:
+            self.source_file, self.source_line, _ = split_source(self.source)
+
+
+_SOURCE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?:\s+(?P<code>.*))?$", re.S)
+
+
+def split_source(source: str | None) -> tuple[str | None, int | None, str | None]:
+    """``"path/file.py:123  code"`` → (path, 123, code); (source, None, None) when it has no line."""
+    if not source:
+        return None, None, None
+    m = _SOURCE.match(source)
+    if m is None:
+        return source, None, None
+    return m["file"], int(m["line"]), (m["code"] or None)
 
 
 @dataclass
@@ -121,6 +146,7 @@ class Report:
             "mode": self.mode,
         }
         if self.first_nonfinite is not None:
+            self.first_nonfinite.sync_source()
             d["first_nonfinite"] = asdict(self.first_nonfinite)
         if self.bisect is not None:
             d["bisect"] = asdict(self.bisect)

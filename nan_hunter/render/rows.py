@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report import Report
+from ..report import BisectResult, Report, split_source
 
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
 NEAR_MISS_MAX_LISTED = 10  # near_miss.max_listed
@@ -86,41 +86,168 @@ def check_verdict(reps: list[Report]) -> Verdict:
     bad = [check_label(r) for r in reps if not (r.check or {}).get("passed")]
     what = f"{len(reps)} checkpoint(s), {sum(c.values())} rules: {c['fail']} failed, {c['warn']} warning(s)"
     if bad:
-        return Verdict(f"✘ check failed: {what} (failing: {', '.join(bad)})", "bad")
-    return Verdict(f"✔ check passed: {what}", "warn" if c["warn"] else "ok")
+        return Verdict(cut_end(f"✘ check failed: {what} (failing: {', '.join(bad)})", VERDICT_WIDTH), "bad")
+    return Verdict(cut_end(f"✔ check passed: {what}", VERDICT_WIDTH), "warn" if c["warn"] else "ok")
 
 
-def verdict(rep: Report) -> Verdict:
+#: The verdict line's width: it never wraps on an 80-column terminal (or a pipe read as one).
+VERDICT_WIDTH = 79
+KIND_WORD = {"nan": "NaN", "posinf": "+inf", "neginf": "−inf"}
+
+
+def cells(s: str) -> int:
+    """Terminal cells ``s`` takes (East Asian wide characters count 2), without importing rich."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+               for ch in s)
+
+
+def cut_end(s: str, width: int) -> str:
+    """``s`` in at most ``width`` cells, "…" at the end when cut."""
+    if cells(s) <= width:
+        return s
+    out = ""
+    for ch in s:
+        if cells(out + ch) > width - 1:
+            break
+        out += ch
+    return out + "…"
+
+
+def cut_middle(name: str, width: int) -> str:
+    """A dotted name or path in at most ``width`` cells: "…" in the middle, the tail kept."""
+    if cells(name) <= width:
+        return name
+    if width <= 1:
+        return "…"[:max(0, width)]
+    tail = ""
+    for ch in reversed(name):
+        if cells(ch + tail) > width - 1:
+            break
+        tail = ch + tail
+    return "…" + tail
+
+
+def short_op(op: str | None) -> str | None:
+    """``aten.mm.default`` → ``aten.mm`` (the overload adds nothing to a verdict)."""
+    if not op:
+        return op
+    return op[:-len(".default")] if op.endswith(".default") else op
+
+
+def fitted(parts: list[tuple[str, bool]], width: int = VERDICT_WIDTH, names: dict[int, str] | None = None) -> str:
+    """Join ``parts`` (text, optional) into one line of at most ``width`` cells: optional parts
+    are dropped from the end, then the parts listed in ``names`` (index → the full name they
+    hold, as ``{}`` in their text) are shortened in the middle, then the line is cut."""
+    names = names or {}
+    keep = list(parts)
+
+    def text(widths: dict[int, int]) -> str:
+        out = []
+        for i, (p, _) in enumerate(keep):
+            out.append(p.replace("{}", cut_middle(names[i], widths[i]) if i in names else "{}") if i in names else p)
+        return "".join(out)
+
+    full = {i: cells(n) for i, n in names.items()}
+    while cells(text(full)) > width and any(opt for _, opt in keep):
+        j = max(i for i, (_, opt) in enumerate(keep) if opt)
+        keep[j] = ("", False)
+    line = text(full)
+    over = cells(line) - width
+    if over > 0 and names:
+        widths = dict(full)
+        for i in sorted(names, key=lambda i: -full[i]):  # the longest name gives first
+            give = min(over, max(0, widths[i] - 10))
+            widths[i] -= give
+            over -= give
+        line = text(widths)
+    return cut_end(line, width)
+
+
+def verdict(rep: Report, width: int = VERDICT_WIDTH) -> Verdict:
+    """The one-line answer, at most ``width`` cells (it never wraps at 80 columns): what was
+    found, where, and the cause code right after the mark so a grep finds it."""
     if rep.check is not None:
         return check_verdict([rep])
     if rep.bisect is not None:
-        b = rep.bisect
-        if b.over == "inputs" and b.failing_inputs is not None:
-            if not b.failing_inputs:
-                return Verdict(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", "ok")
-            return Verdict(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
-                           + ", ".join(f"#{i}" for i in b.failing_inputs), "warn")
-        if b.already_finite:
-            return Verdict(f"✔ the run in {b.dtype} is already finite: nothing needs to be kept in {b.keep_dtype}",
-                           "ok")
-        if b.finite_after:
-            err = f"max rel err {fmt(b.max_rel_err)}, " if b.max_rel_err is not None else ""
-            return Verdict(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: run in {b.dtype} becomes "
-                           f"finite ({err}{b.runs} runs)", "ok")
-        return Verdict("✘ no module set fixes it: the run is non-finite even with every candidate kept in "
-                       f"{b.keep_dtype}", "bad")
-    if rep.exit_code() == 0:
+        return _bisect_verdict(rep.bisect, width)
+    unchecked = len((rep.weights or {}).get("unchecked") or [])
+    not_checked = [(f" · {unchecked} tensor(s) not checked", False)] if unchecked else []
+    if rep.exit_code() == 0 and rep.diagnosis is None:  # any diagnosis is a fault, whatever its code
         msg = "✔ no NaN/Inf found" + (" in the weights (weights-only scan)" if rep.run is None else "")
+        if unchecked:
+            return Verdict(fitted([(msg, False), *not_checked], width), "warn")
         if rep.near_misses:
-            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)", "warn")
-        return Verdict(msg, "ok")
-    f = rep.first_nonfinite
+            return Verdict(fitted([(msg, False), (f" · {len(rep.near_misses)} near miss(es)", False)], width), "warn")
+        return Verdict(fitted([(msg, False)], width), "ok")
+    return Verdict(_fault_line(rep, width), "bad")
+
+
+def _fault_line(rep: Report, width: int) -> str:
+    """A failing scan: "✘ CAUSE: what, where" for any cause code (unknown codes read generically)."""
+    f, d = rep.first_nonfinite, rep.diagnosis
+    cause = d.cause if d is not None else None
+    head = f"✘ {cause}: " if cause else "✘ "
     if f is not None:
-        cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
+        kind = KIND_WORD.get(f.kind, f.kind)
+        where = module_name(f.module)
+        op = short_op(f.op)
+        if cause == "compile_divergence":
+            compiled_bad = not (rep.compile or {}).get("compiled_finite", True)
+            how = ", non-finite" if compiled_bad else ", outputs differ"
+            return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
+        if cause == "not_reproducible":
+            return fitted([(head + f"{kind} at " + "{}", False), (" did not reproduce on re-run", False),
+                           (": hardware fault or non-determinism?", True)], width, {0: where})
+        if f.role == "input" and f.phase != "backward":
+            return fitted([(head + f"{kind} in the input data, first reaching " + "{}", False),
+                           (f" (input #{f.input_index})", True)], width, {0: where})
+        if f.role == "input":
+            return fitted([(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width,
+                          {0: where})
+        if f.role == "weights":
+            name = f.param or where
+            return fitted([(head + f"{kind} in the weights of " + "{}", False), (f" at {op}" if op else "", True)],
+                          width, {0: name})
         phase = training_phrase(f)
-        return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{phase}{cause}", "bad")
-    n = len((rep.weights or {}).get("nonfinite") or [])
-    return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
+        if f.phase == "optimizer":
+            return fitted([(head + f"{kind} in optimizer.step() of " + "{}", False)], width,
+                          {0: f.param or where})
+        parts = [(head + f"{kind} first produced by " + "{}", False), (f" at {op}" if op else "", True),
+                 (phase, True)]
+        dt = (rep.run or {}).get("dtype")
+        if dt:
+            parts.append((f" ({dt})", True))
+        return fitted(parts, width, {0: where})
+    w = rep.weights or {}
+    bad = w.get("nonfinite") or []
+    if bad:
+        what = head + f"{len(bad)} checkpoint tensor(s) hold NaN/Inf, first " + "{}"
+        return fitted([(what, False)], width, {0: bad[0]["name"]})
+    if d is not None:
+        subject = d.module if d.module else None
+        if subject:
+            return fitted([(head + "{}", False), (f": {d.summary}", True)], width, {0: subject})
+        return fitted([(head + d.summary, False)], width)
+    return fitted([("✘ a non-finite value was found", False)], width)
+
+
+def _bisect_verdict(b: BisectResult, width: int) -> Verdict:
+    if b.over == "inputs" and b.failing_inputs is not None:
+        if not b.failing_inputs:
+            return Verdict(fitted([(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", False)], width), "ok")
+        return Verdict(cut_end(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
+                               + ", ".join(f"#{i}" for i in b.failing_inputs), width), "warn")
+    if b.already_finite:
+        return Verdict(cut_end(f"✔ the run in {b.dtype} is already finite: nothing to keep in {b.keep_dtype}", width),
+                       "ok")
+    if b.finite_after:
+        err = f", max rel err {fmt(b.max_rel_err)}" if b.max_rel_err is not None else ""
+        return Verdict(fitted([(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: the {b.dtype} run is "
+                                "finite", False), (err, True), (f" ({b.runs} runs)", True)], width), "ok")
+    return Verdict(cut_end(f"✘ no module set fixes it: non-finite even with every candidate in {b.keep_dtype}",
+                           width), "bad")
 
 
 def training_phrase(f: Any) -> str:
@@ -203,7 +330,10 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     if f.tensor:
         rows.append(("tensor", f.tensor))
     if f.source:
-        rows.append(("source", f.source))
+        path, line, code = split_source(f.source)
+        rows.append(("source", f"{path}:{line}" if line is not None else str(path)))
+        if code:
+            rows.append(("code", code))
     return rows
 
 

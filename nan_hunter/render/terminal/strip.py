@@ -11,7 +11,7 @@ from rich.text import Text
 from ...report import Report
 from ..escape import terminal as esc
 from ..headroom import STRIP_ROWS, StripCall, strip
-from .layout import SEP, Col, fit, shorten_end, shorten_middle
+from .layout import SEP, Col, fit, shorten_end, shorten_middle, wrap
 
 BAR_MIN, BAR_MID, BAR_MAX = 10, 20, 28
 NAME_MID = 36  # the module column grows to this before the bar does
@@ -53,7 +53,7 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
                 out += t + Text(" " * SEP) if i < len(cols) - 1 else t
         return out
 
-    lines = [Text(s.title, style="bold"), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
+    lines = [*(Text(part, style="bold") for part in wrap(s.title, width)), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
                                                      style="dim") for i, c in enumerate(cols)])]
     for it in s.items:
         if not isinstance(it, StripCall):

@@ -21,21 +21,31 @@ DESCRIPTION = HELP + (" Exit 0: every rule passed (warnings allowed); 1: a rule 
                       "annotations.")
 
 
+EXAMPLES = options.examples(
+    ("a pre-commit or CI check of changed checkpoints, JUnit for the CI",
+     "nanhunter check model.safetensors --arch model.py:build --inputs batch.safetensors --junit junit.xml"),
+    ("fp16 and bf16 forwards of a model directory on a prompt",
+     "nanhunter check ./my-model --prompt 'Hello' --dtypes fp16,bf16"),
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help=HELP, description=DESCRIPTION)
+    p = sub.add_parser("check", help=HELP, description=DESCRIPTION, epilog=EXAMPLES)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoints to check (files or model directories), e.g. the changed files a "
                         "pre-commit hook passes")
-    options.add_model_inputs(p)
-    p.add_argument("--dtypes", help="comma-separated precisions to check, e.g. fp16,bf16 "
-                                    "(default: dtypes: in configs/ci.yaml)")
-    options.add_json(p, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")
-    options.add_generate(p)
-    p.add_argument("--junit", metavar="PATH",
-                   help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")
-    options.add_config(p, "YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")
-    options.add_report(p)
-    options.add_quiet(p)
+    g = options.Groups(p)
+    options.add_model_inputs(p, g)
+    g.run.add_argument("--dtypes", metavar="DTYPE,DTYPE",
+                       help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")
+    options.add_generate(g.mode)
+    options.add_json(g.output, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of "
+                               "reports")
+    g.output.add_argument("--junit", metavar="PATH",
+                          help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")
+    options.add_report(g.output)
+    options.add_quiet(g.output)
+    options.add_config(g.output, "YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")
     p.set_defaults(command=run)
 
 

@@ -63,6 +63,18 @@ def split_source(source: str | None) -> tuple[str | None, int | None, str | None
 
 
 @dataclass
+class FixVerified:
+    """Contract v1.2 "Verified fixes": the proposed fix applied to a copy of the failing region or
+    model and re-run on the failing input. ``finite``: the fault is gone; ``max_rel_err``: max
+    |fixed − fp32| / max |fp32| over the outputs (None when it could not be compared)."""
+
+    change: str
+    finite: bool
+    max_rel_err: float | None
+    scope: str = "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
+
+
+@dataclass
 class Diagnosis:
     cause: str
     dtype: str | None
@@ -71,6 +83,7 @@ class Diagnosis:
     summary: str
     evidence: list[str]
     fix: str
+    fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
 
 
 @dataclass

@@ -439,6 +439,7 @@ def report_from_watch(rep: Report, wrep: WatchReport, model: Any, run: RunDtype,
     import dataclasses
 
     from ..capture.blocks import main_blocks
+    from ..explain import fix_check
     from ..explain.diagnose import Evidence, diagnose
 
     wr = wrep.run or {}
@@ -479,6 +480,8 @@ def report_from_watch(rep: Report, wrep: WatchReport, model: Any, run: RunDtype,
                    failed, len(labels), cfg.diagnosis, op_absmax=ev.exact_absmax if ev else None, phase=f.phase,
                    grad_fn=f.grad_fn, optimizer=facts)
     rep.diagnosis = diagnose(evd) or wrep.diagnosis
+    if f.phase == "forward" and f.role == "producer":
+        fix_check.check_call(rep.diagnosis, model, f.module, f.call_index, forward, run)
 
 
 def _replay(f: Any, model: Any, run: RunDtype, forward: Callable[[], Any], train: Callable[[], None] | None,

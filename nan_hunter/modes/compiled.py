@@ -302,6 +302,10 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
                 "module_compiled_finite": div.parting.compiled_finite}
     rep.diagnosis = diagnose(Evidence(None, per[idx].compiled_kind, div.module, div.module_type, None,
                                       dtype=p.run, config=p.cfg.diagnosis, compile=evidence))
+    if rep.diagnosis is not None:
+        from ..explain.fix_check import from_emulate_precision_casts, with_verdict
+
+        with_verdict(rep.diagnosis, from_emulate_precision_casts(block["emulate_precision_casts"], rtol))
 
 
 def _fmt(x: float | None) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config, as_config
 from ..errors import BadInput
+from ..explain import fix_check
 from ..explain.diagnose import Evidence, diagnose
 from ..load.checkpoint import open_checkpoint
 from ..load.weights import WeightsScan, scan_weights
@@ -198,6 +199,8 @@ def explain(p: Prepared, rep: Report, finding: Any, rerun: Callable[[], Any], in
                    call.module in set(main_blocks(p.model)), p.labels[input_index], failed, len(p.batches),
                    p.cfg.diagnosis, op_absmax=ev.exact_absmax if ev else None)
     rep.diagnosis = diagnose(evd)
+    whole = {"model": p.model, "batch": p.batches[input_index]} if step == 0 and finding.role == "producer" else {}
+    fix_check.check(rep.diagnosis, fix_check.Region(call.module, target, margs, mkw), p.run, **whole)
     return target, margs, mkw
 
 

@@ -64,6 +64,7 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .badge.fail { background: var(--red); } .badge.cause { background: #6a1b9a; }
 .diag { border-left: 5px solid var(--amber); }
 .fix { background: #e8f5e9; border: 1px solid #c8e6c9; border-radius: 8px; padding: 10px 14px; margin-top: 10px; }
+.check { margin-top: 6px; font-size: 13px; } .check.ok { color: #1b5e20; font-weight: 600; } .check.bad { color: #b71c1c; font-weight: 600; } .check.none { color: #666; }
 .fix b { color: var(--green); }
 ul.ev { margin: 6px 0 0; padding-left: 20px; } ul.ev li { margin: 2px 0; }
 img.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
@@ -131,7 +132,8 @@ def _diagnosis(rep: Report) -> list[str]:
             h.append(f"<p><b>where</b> <code>{esc(module)}</code> <code>{esc(op)}</code> ({esc(dtype)})</p>")
         if d.evidence:
             h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{esc(e)}</li>" for e in d.evidence) + "</ul>")
-        h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}</div>')
+        h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}'
+                 + (f'<div class="check {d.check_tone}">{esc(d.check)}</div>' if d.check else "") + "</div>")
     if rep.first_nonfinite is not None:
         h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep))}")
         rows, hit = lead_rows(rep)

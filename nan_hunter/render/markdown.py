@@ -72,7 +72,7 @@ def _diagnosis(rep: Report) -> list[str]:
         if d.where is not None:
             module, op, dtype = d.where
             md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
-        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""]
+        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""] + ([f"*{esc(d.check)}*", ""] if d.check else [])
     if rep.first_nonfinite is not None:
         md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
         rows, hit = lead_rows(rep)

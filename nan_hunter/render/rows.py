@@ -417,6 +417,30 @@ class DiagnosisView:
     where: tuple[str, str, str] | None  # module, op, dtype
     evidence: list[str]
     fix: str
+    check: str  # what re-running the fix on a copy showed (or why there is nothing to re-run)
+    check_tone: str  # ok | bad | none
+
+
+VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verified sentence to the fix
+
+
+def fix_check_line(rep: Report) -> tuple[str, str]:
+    """The verified fix as one line and its tone: ok (finite), bad (still non-finite), none."""
+    from ..explain.fix_check import no_mechanical_fix
+
+    d = rep.diagnosis
+    if d is None:
+        return "", "none"
+    fv = d.fix_verified
+    if fv is None:
+        why = no_mechanical_fix(d.cause)
+        return (f"no mechanical fix to verify: {why}" if why else "not verified (nothing could be re-run)"), "none"
+    where = "the whole model" if fv.scope == "model" else "the failing module"
+    if fv.finite:
+        err = f", max rel err {fmt(fv.max_rel_err)} vs fp32" if fv.max_rel_err is not None else \
+            " (the fp32 run is not finite to compare with)"
+        return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
+    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
 
 
 def diagnosis(rep: Report) -> DiagnosisView | None:
@@ -424,7 +448,8 @@ def diagnosis(rep: Report) -> DiagnosisView | None:
     if d is None:
         return None
     where = (module_name(d.module), d.op or "", str(d.dtype)) if d.module is not None or d.op else None
-    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix)
+    check, tone = fix_check_line(rep)
+    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix.split(VERIFIED)[0], check, tone)
 
 
 REPLAY_HEAD = ["dtype", "finite", "NaN", "+inf", "−inf", "absmax", "rel err vs fp64"]

@@ -18,6 +18,7 @@ from .layout import Col, hanging, shorten_middle, table
 
 KIND_STYLE = {"nan": "bold red", "posinf": "bold magenta", "neginf": "bold blue"}
 TONE_STYLE = {"ok": "bold green", "warn": "bold yellow", "bad": "bold red"}
+CHECK_STYLE = {"ok": "bold green", "bad": "bold red", "none": "dim"}
 PANEL_CHROME = 4  # border and padding cells a Panel takes from the width
 
 
@@ -127,6 +128,8 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
         lines.append((Text("where", style="dim"), t(f"{module}  {op}  ({dtype})")))
     lines += [(Text("  •", style="dim"), t(e)) for e in d.evidence]
     lines.append((Text("fix", style="bold green"), t(d.fix)))
+    if d.check:
+        lines.append((Text("check", style="dim"), t(d.check, CHECK_STYLE[d.check_tone])))
     inner = width - PANEL_CHROME
     parts: list[RenderableType] = [hanging([(t(d.cause, "bold yellow"), t(d.summary))], inner), hanging(lines, inner)]
     tab = replay_table(rep)

@@ -16,6 +16,7 @@ from typing import Any
 from .version import __version__
 
 SCHEMA = "nanhunter.report/v1"
+TEXT_CHARS = 500  # inputs[i].text: the first characters of a prompt or data line
 
 
 @dataclass
@@ -138,6 +139,16 @@ class Report:
         compile_parted = self.diagnosis is not None and self.diagnosis.cause == "compile_divergence"
         return 1 if self.nonfinite_found or compile_parted else 0
 
+    def add_context(self, command: list[str] | None = None, texts: list[str | None] | None = None) -> None:
+        """Contract v1.2: ``run.command`` (the argv as run) and ``inputs[i].text`` (the prompt or data
+        line, first ``TEXT_CHARS`` characters; null for a file)."""
+        if self.run is not None and command is not None:
+            self.run["command"] = list(command)
+        for row in self.inputs or []:
+            i = row.get("index")
+            if texts is not None and isinstance(i, int) and 0 <= i < len(texts):
+                row["text"] = texts[i][:TEXT_CHARS] if texts[i] is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         import torch  # the report states which torch produced it
 
@@ -158,6 +169,10 @@ class Report:
             "compile": self.compile,
             "mode": self.mode,
         }
+        if isinstance(d["run"], dict):
+            d["run"] = {**d["run"], "command": d["run"].get("command")}
+        if d["inputs"] is not None:
+            d["inputs"] = [{**row, "text": row.get("text")} for row in d["inputs"]]
         if self.first_nonfinite is not None:
             self.first_nonfinite.sync_source()
             d["first_nonfinite"] = asdict(self.first_nonfinite)

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if prog is not None:
             prog.close()
+    rep.add_context(command=getattr(args, "argv", None))
     write_json(rep, args.json)
     if not args.quiet:
         from ..render.terminal import render

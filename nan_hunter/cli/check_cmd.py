@@ -79,6 +79,8 @@ def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bo
     from ..render.ci import annotations, write_junit
     from .output import terminal_limits
 
+    for rep in reps:
+        rep.add_context(command=getattr(args, "argv", None))
     if args.json is not None:
         write_json_reports(reps, args.json)
     if args.junit is not None:

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             if prog is not None:
                 prog.close()
         code = rep.exit_code()
+        rep.add_context(command=getattr(args, "argv", None))
         if writes():  # rank 0 (or the one process) prints and writes
             write_json(rep, args.json)
             if not args.quiet:

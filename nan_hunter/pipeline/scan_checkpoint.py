@@ -143,6 +143,7 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
         from ..modes.compiled import compare_compiled
 
         compare_compiled(prepared, rep, compile, rtol)
+    rep.add_context(texts=prepared.texts)
     return rep
 
 

@@ -43,10 +43,11 @@ def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_l
     """Header, ``first`` (the verdict, stated up front), weights, headroom strip (``strip`` and
     module rows), producer and diagnosis panels, near misses and notes."""
     width = c.width
-    parts = [header(rep, width), first, *weights_tables(rep, width, weights_max_rows, weights_targets),
-             headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
-             diagnosis_panel(rep, width),
-             findings(rep, width, near_miss_max_listed)]
+    rest = [*weights_tables(rep, width, weights_max_rows, weights_targets),
+            headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
+            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed)]
+    # stated up front only when something comes between it and the verdict at the end
+    parts = [header(rep, width), first if any(p is not None for p in rest) else None, *rest]
     for part in parts:
         if part is not None:
             c.print(part)

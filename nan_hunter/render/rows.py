@@ -291,7 +291,8 @@ def title(reps: list[Report]) -> str:
 def meta_rows(rep: Report) -> list[tuple[str, str]]:
     ck = rep.checkpoint or {}
     rows = [("checkpoint", str(ck.get("path"))),
-            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}")]
+            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}"
+             if ck.get("n_tensors") is not None else str(ck.get("format")))]
     if rep.run:
         r = rep.run
         failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""

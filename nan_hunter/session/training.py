@@ -24,6 +24,7 @@ import torch
 
 from ..capture.blocks import main_blocks
 from ..capture.ops import OpEvent
+from ..explain import fix_check
 from ..explain.diagnose import Evidence, diagnose
 from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
@@ -31,7 +32,7 @@ from ..locate.producer import Finding, call_table, first_finding, to_first_nonfi
 from ..locate.training import first_bad_step, locate_backward, optimizer_facts
 from ..model.execute import weights_as, weights_copy
 from ..version import __version__
-from .watch_report import WatchReport
+from .watch_report import WatchReport, replay_region
 
 
 def _enabled(scaler: Any) -> bool:
@@ -313,11 +314,15 @@ class TrainingState:
         if fnf is None or rep.diagnosis is not None:
             return
         ev = rep.op_event
+        run_at = self._run_at(fnf.step, fnf.phase)
+        rep.replay = replay_region(rep.region, run_at)
         evd = Evidence(fnf.role, fnf.kind, fnf.module, fnf.module_type, fnf.op, ev.operands if ev else [],
-                       self._run_at(fnf.step, fnf.phase), None, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
+                       run_at, rep.replay, [], fnf.module in set(main_blocks(w.model)), fnf.tensor,
                        rep.failed_inputs, w.n_forwards, op_absmax=ev.exact_absmax if ev else None, phase=fnf.phase,
                        grad_fn=fnf.grad_fn, optimizer=getattr(rep, "_optimizer", None))
         rep.diagnosis = diagnose(evd)
+        if run_at is not None:
+            fix_check.check(rep.diagnosis, rep.region, run_at)
 
 
 def _run_of(model: torch.nn.Module) -> Any:

@@ -9,6 +9,7 @@ from .output import (
     check_command_outputs,
     planned_outputs,
     scan_progress,
+    stage_progress,
     write_json,
     write_report_file,
 )
@@ -62,22 +63,27 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
     from ..distributed.rank_split import finish, process_group, refuse_unsupported, writes
+    from ..pipeline.progress import using
     from ..pipeline.scan_checkpoint import scan
 
     refuse_unsupported(args)
     with process_group(args.device):  # under torchrun: the data set split across ranks
-        prog, cb = scan_progress() if writes() else (None, None)
+        prog, cb = scan_progress() if writes() and not args.quiet else (None, None)
+        stages = stage_progress(args.quiet) if writes() else None
         try:
-            rep = scan(args.checkpoint, arch=args.arch, inputs=args.inputs, prompts=args.prompt, data=args.data,
-                       dtype=args.dtype, device=args.device, stats=args.stats, config=cfg, attn=args.attn,
-                       progress=cb, replay=not args.no_replay,
-                       compile=args.compile_backend if args.compile else None, rtol=args.rtol,
-                       generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
-                       device_map=args.device_map,
-                       max_memory=args.max_memory)
+            with using(stages):
+                rep = scan(args.checkpoint, arch=args.arch, inputs=args.inputs, prompts=args.prompt, data=args.data,
+                           dtype=args.dtype, device=args.device, stats=args.stats, config=cfg, attn=args.attn,
+                           progress=cb, replay=not args.no_replay,
+                           compile=args.compile_backend if args.compile else None, rtol=args.rtol,
+                           generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
+                           device_map=args.device_map,
+                           max_memory=args.max_memory)
         finally:
             if prog is not None:
                 prog.close()
+            if stages is not None:
+                stages.done()
         code = rep.exit_code()
         rep.add_context(command=getattr(args, "argv", None))
         if writes():  # rank 0 (or the one process) prints and writes

@@ -14,6 +14,7 @@ from ..load.checkpoint import open_checkpoint
 from ..load.weights import WeightsScan, scan_weights
 from ..model.prepare import Prepared, parse_dtype, prepare
 from ..report import Report
+from .progress import stage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..dtypes import RunDtype
@@ -122,7 +123,8 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
         raise BadInput(f"--stats {stats!r}: use fast or full")
     ws = scan_weights(ck, exact=stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_block(ws, cfg))
-    prepared = prepare(ck, arch, inputs, prompts, data, dtype, device, cfg, attn, placement=placement)
+    with stage("load"):
+        prepared = prepare(ck, arch, inputs, prompts, data, dtype, device, cfg, attn, placement=placement)
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
@@ -142,7 +144,8 @@ def scan(checkpoint: str, arch: str | None = None, inputs: list[str] | None = No
     if compile is not None:
         from ..modes.compiled import compare_compiled
 
-        compare_compiled(prepared, rep, compile, rtol)
+        with stage("compile"):
+            compare_compiled(prepared, rep, compile, rtol)
     rep.add_context(texts=prepared.texts)
     return rep
 
@@ -158,7 +161,8 @@ def run_model(p: Prepared, rep: Report, replay: bool = True) -> None:
     from ..model.execute import capture_run, forward
 
     cfg = p.cfg
-    w = capture_run(p.model, p.batches, "modules", p.run)
+    with stage("capture"):
+        w = capture_run(p.model, p.batches, "modules", p.run)
     rows = w.sink.rows()
     finding = first_finding(w.calls, rows)
     failed = failed_inputs(w.calls, rows)
@@ -190,9 +194,11 @@ def explain(p: Prepared, rep: Report, finding: Any, rerun: Callable[[], Any], in
 
     call = finding.call
     with materialized(p.model, call.module):  # --device-map: offloaded weights in place for the re-runs
-        ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
+        with stage("locate"):
+            ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
         if replay and finding.role == "producer":
-            rep.replay = do_replay(target, margs, mkw, p.run)
+            with stage("replay"):
+                rep.replay = do_replay(target, margs, mkw, p.run)
     rep.first_nonfinite = to_first_nonfinite(finding, ev, step=step)
     rep.first_nonfinite.input_index = input_index
     evd = Evidence(finding.role, rep.first_nonfinite.kind, call.module, call.module_type, ev.op if ev else None,
@@ -201,7 +207,8 @@ def explain(p: Prepared, rep: Report, finding: Any, rerun: Callable[[], Any], in
                    p.cfg.diagnosis, op_absmax=ev.exact_absmax if ev else None)
     rep.diagnosis = diagnose(evd)
     whole = {"model": p.model, "batch": p.batches[input_index]} if step == 0 and finding.role == "producer" else {}
-    fix_check.check(rep.diagnosis, fix_check.Region(call.module, target, margs, mkw), p.run, **whole)
+    with stage("fix"):
+        fix_check.check(rep.diagnosis, fix_check.Region(call.module, target, margs, mkw), p.run, **whole)
     return target, margs, mkw
 
 
@@ -230,7 +237,8 @@ def run_generation(p: Prepared, rep: Report, max_new_tokens: int, batched: bool,
             raise BadInput(f"--generate: input #{i} ({p.labels[i]}) has no single row of input_ids; decoding needs "
                            "token ids (--prompt, --data, or --inputs files holding input_ids of shape [1, T])")
     groups = [list(range(len(p.batches)))] if batched else [[i] for i in range(len(p.batches))]
-    decoded = [decode(p, g, max_new_tokens, batched) for g in groups]
+    with stage("decode"):
+        decoded = [decode(p, g, max_new_tokens, batched) for g in groups]
     failed: list[int] = []
     first = None
     for d in decoded:

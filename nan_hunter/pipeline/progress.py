@@ -37,7 +37,8 @@ class NoProgress:
         pass
 
 
-_CURRENT: contextvars.ContextVar[Progress] = contextvars.ContextVar("nanhunter_progress", default=NoProgress())
+_NONE = NoProgress()
+_CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("nanhunter_progress", default=None)
 
 #: the stages the pipeline reports, in the words the display shows
 STAGES = {"load": "loading the model", "weights": "scanning weights", "capture": "running the model under capture",
@@ -47,7 +48,7 @@ STAGES = {"load": "loading the model", "weights": "scanning weights", "capture":
 
 
 def current() -> Progress:
-    return _CURRENT.get()
+    return _CURRENT.get() or _NONE
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ string goes through ``escape.html`` on its way into the page.
 from __future__ import annotations
 
 import base64
+from urllib.parse import quote
 
 from ..report import Report
 from .escape import html as esc
@@ -14,22 +15,28 @@ from .headroom import Strip, StripCall, strip
 from .plot import Plot
 from .rows import (
     CHECK_HEAD,
+    INPUTS_HEAD,
     LEAD_HEAD,
     MATRIX_HEAD,
     REPLAY_HEAD,
+    TENSORS_HEAD,
     WEIGHTS_HEAD,
     WEIGHTS_MAX_ROWS,
     Verdict,
     check_rows,
     check_verdict,
+    command_line,
     diagnosis,
+    input_rows,
     lead_rows,
     matrix_rows,
     meta_rows,
     near_miss_lines,
     replay_rows,
+    tensor_rows,
     title,
     verdict,
+    versions,
     weights_rows,
     where_rows,
 )
@@ -63,6 +70,7 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .badge.pass { background: var(--green); } .badge.warn { background: var(--amber); }
 .badge.fail { background: var(--red); } .badge.cause { background: #6a1b9a; }
 .diag { border-left: 5px solid var(--amber); }
+pre.cmd { white-space: pre-wrap; word-break: break-all; background: #f5f5f5; padding: 8px 10px; border-radius: 6px; }
 .fix { background: #e8f5e9; border: 1px solid #c8e6c9; border-radius: 8px; padding: 10px 14px; margin-top: 10px; }
 .check { margin-top: 6px; font-size: 13px; } .check.ok { color: #1b5e20; font-weight: 600; } .check.bad { color: #b71c1c; font-weight: 600; } .check.none { color: #666; }
 .fix b { color: var(--green); }
@@ -96,8 +104,45 @@ def _table(head: list[str], rows: list[list[str]], hit: int | None = None, numer
     return "".join(out)
 
 
-def _kv(rows: list[tuple[str, str]]) -> str:
-    return '<dl class="kv">' + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{esc(v)}</dd>' for k, v in rows) + "</dl>"
+def _kv(rows: list[tuple[str, str]], links: dict[str, str] | None = None) -> str:
+    """Label/value pairs; a value whose label is in ``links`` is a link to that (escaped) address."""
+    links = links or {}
+
+    def value(k: str, v: str) -> str:
+        return f'<a href="{esc(links[k])}">{esc(v)}</a>' if k in links else esc(v)
+    return '<dl class="kv">' + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{value(k, v)}</dd>'
+                                       for k, v in rows) + "</dl>"
+
+
+def _source_links(rep: Report) -> dict[str, str]:
+    """The source line as a link editors and browsers open (``file://``; VS Code: ``vscode://``)."""
+    f = rep.first_nonfinite
+    if f is None or not f.source:
+        return {}
+    f.sync_source()
+    if not f.source_file or not f.source_file.startswith("/"):
+        return {}
+    return {"source": "file://" + quote(f.source_file)}
+
+
+def _reproduce(rep: Report) -> str:
+    """Command line, versions, the data set's inputs with their text, every tensor of the checkpoint."""
+    h = ['<div class="card"><h2>Reproduce</h2>']
+    cmd = command_line(rep)
+    if cmd:
+        h.append(f'<h3>Command</h3><pre class="mono cmd">{esc(cmd)}</pre>')
+    h.append("<h3>Versions</h3>" + _kv(versions()))
+    rows = input_rows(rep)
+    if rows:
+        bad = next((i for i, r in enumerate(rows) if r[2] == "NO"), None)
+        h.append("<h3>Inputs</h3>" + _table(INPUTS_HEAD, rows, hit=bad))
+    trows, more = tensor_rows(rep)
+    if trows:
+        h.append("<h3>Weights: every tensor</h3>" + _table(TENSORS_HEAD, trows, numeric={3, 4, 5, 6}))
+        if more:
+            h.append(f'<p class="note">… {more} more (see the JSON report)</p>')
+    h.append("</div>")
+    return "".join(h)
 
 
 def _verdict(v: Verdict) -> str:
@@ -135,7 +180,7 @@ def _diagnosis(rep: Report) -> list[str]:
         h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}'
                  + (f'<div class="check {d.check_tone}">{esc(d.check)}</div>' if d.check else "") + "</div>")
     if rep.first_nonfinite is not None:
-        h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep))}")
+        h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep), _source_links(rep))}")
         rows, hit = lead_rows(rep)
         if rows:
             h.append("<h3>Calls leading to it (execution order)</h3>"
@@ -181,6 +226,7 @@ def _section(rep: Report, plot: Plot) -> str:
         n = (rep.weights or {}).get("n_tensors", 0)
         h.append(f'<p class="note">{n} tensors: none non-finite, none near a dtype limit.</p>')
     h.append("</div>")
+    h.append(_reproduce(rep))
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         h.append('<div class="card"><h2>Near misses and notes</h2><ul class="ev">')

@@ -536,3 +536,54 @@ def near_miss_lines(rep: Report, max_listed: int | None = None) -> tuple[list[st
     if max_listed is None:
         return msgs, 0
     return msgs[:max(0, max_listed)], max(0, len(msgs) - max(0, max_listed))
+
+
+# --- reproducing: command, versions, inputs, every tensor -----------------------------------------
+
+def versions() -> list[tuple[str, str]]:
+    """(package, version) of nanhunter, torch and transformers as installed (not imported)."""
+    from importlib import metadata
+
+    from ..version import __version__
+
+    out = [("nanhunter", __version__)]
+    for pkg in ("torch", "transformers"):
+        try:
+            out.append((pkg, metadata.version(pkg)))
+        except metadata.PackageNotFoundError:
+            out.append((pkg, "not installed"))
+    return out
+
+
+def command_line(rep: Report) -> str | None:
+    """``run.command`` as a shell line (each argument quoted where needed)."""
+    import shlex
+
+    cmd = (rep.run or {}).get("command")
+    return " ".join(shlex.quote(str(a)) for a in cmd) if cmd else None
+
+
+INPUTS_HEAD = ["input", "label", "finite", "text"]
+
+
+def input_rows(rep: Report) -> list[list[str]]:
+    """Per input of the data set: index, label, finite, its text (prompt or data line)."""
+    return [[f"#{r.get('index')}", str(r.get("label") or ""), "yes" if r.get("finite") else "NO",
+             r.get("text") or "—"] for r in rep.inputs or []]
+
+
+TENSORS_HEAD = ["tensor", "dtype", "shape", "absmax", "abs-min ≠ 0", "fp16 max / absmax", "→ 0 in fp16"]
+
+
+def tensor_rows(rep: Report, max_rows: int = 200) -> tuple[list[list[str]], int]:
+    """Every scanned tensor (at most ``max_rows``): range, smallest non-zero magnitude, fp16
+    headroom and the fraction of non-zero values that flush to zero in fp16; and how many more."""
+    ts = (rep.weights or {}).get("tensors") or []
+    rows = []
+    for t in ts[:max(0, max_rows)]:
+        room = (t.get("headroom") or {}).get("fp16")
+        zero = t.get("fp16_zero_frac")
+        rows.append([t["name"], t["dtype"], str(t["shape"]), fmt(t.get("absmax")), fmt(t.get("min_nonzero")),
+                     f"{room:.3g}x" if isinstance(room, float) else "—",
+                     "—" if zero is None else f"{zero:.2%}"])
+    return rows, max(0, len(ts) - len(rows))

@@ -151,17 +151,18 @@ def _verdict(v: Verdict) -> str:
 
 def _strip(s: Strip) -> str:
     out = ["<table><thead><tr><th></th><th>module</th><th>type</th>",
-           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>absmax</th><th class=num>headroom</th>",
+           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>abs-min</th><th class=num>absmax</th><th class=num>headroom</th>",
            "</tr></thead><tbody>"]
     for it in s.items:
         if not isinstance(it, StripCall):
-            out.append(f'<tr><td></td><td class="gap" colspan="5">{esc(it.text)}</td></tr>')
+            out.append(f'<tr><td></td><td class="gap" colspan="6">{esc(it.text)}</td></tr>')
             continue
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         bar = f'<div class="bar"><span class="{it.tone}" style="width:{it.fill * 100:.1f}%"></span></div>'
         out.append(f"<tr{' class=hit' if it.producer else ''}><td>{'▶' if it.producer else ''}</td>"
                    f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
-                   f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmax)}</td>"
+                   f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmin)}</td>"
+                   f"<td class=num>{esc(it.absmax)}</td>"
                    f"<td class=num>{esc(it.headroom)}</td></tr>")
     out.append("</tbody></table>")
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)

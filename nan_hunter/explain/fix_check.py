@@ -142,8 +142,13 @@ def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
                 out = out.masked_fill(masked, 0.0)
             return out
 
-    with SafeSoftmax():
-        yield
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention: the slow path, whose softmax this is
+    try:
+        with SafeSoftmax():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
 
 
 @contextlib.contextmanager

@@ -189,13 +189,15 @@ def explain(p: Prepared, rep: Report, finding: Any, rerun: Callable[[], Any], in
     from ..capture.blocks import main_blocks
     from ..explain.replay import replay as do_replay
     from ..locate.first_op import locate_op
+    from ..locate.mha_slow_path import through_slow_path
     from ..locate.producer import to_first_nonfinite
     from ..model.placement import materialized
 
     call = finding.call
     with materialized(p.model, call.module):  # --device-map: offloaded weights in place for the re-runs
         with stage("locate"):
-            ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
+            ev, target, margs, mkw = through_slow_path(locate_op(p.model, rerun, finding, p.run),
+                                                       lambda: locate_op(p.model, rerun, finding, p.run), rep.notes)
         if replay and finding.role == "producer":
             with stage("replay"):
                 rep.replay = do_replay(target, margs, mkw, p.run)

@@ -73,6 +73,7 @@ class FixVerified:
     finite: bool
     max_rel_err: float | None
     scope: str = "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
+    reference: str = "fp32"  # what max_rel_err is against: the all-fp32 run, or "eager" for a compiled run
 
 
 @dataclass

@@ -316,7 +316,7 @@ def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> F
     err = block.get("max_rel_err")
     err = err if isinstance(err, float) and math.isfinite(err) else None
     ok = bool(block.get("compiled_finite")) and err is not None and err <= rtol
-    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model")
+    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager")
 
 
 def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None) -> Diagnosis:
@@ -324,7 +324,7 @@ def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None) -> Diagnosis:
     failing input finite."""
     diagnosis.fix_verified = fv
     if fv is not None and fv.finite:
-        err = f", max rel err {fv.max_rel_err:.3g} vs fp32" if fv.max_rel_err is not None else ""
+        err = f", max rel err {fv.max_rel_err:.3g} vs {fv.reference}" if fv.max_rel_err is not None else ""
         diagnosis.fix += f" Verified: {fv.change} makes the failing input finite{err}."
     return diagnosis
 

@@ -189,14 +189,15 @@ def _fault_line(rep: Report, width: int) -> str:
     f, d = rep.first_nonfinite, rep.diagnosis
     cause = d.cause if d is not None else None
     head = f"✘ {cause}: " if cause else "✘ "
+    if cause == "compile_divergence":  # eager is finite: the fault (NaN, or a divergence) is the compiled run's
+        where = module_name(d.module) if d is not None else "?"
+        compiled_bad = not (rep.compile or {}).get("compiled_finite", True)
+        how = ", non-finite" if compiled_bad else ", outputs differ"
+        return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
     if f is not None:
         kind = KIND_WORD.get(f.kind, f.kind)
         where = module_name(f.module)
         op = short_op(f.op)
-        if cause == "compile_divergence":
-            compiled_bad = not (rep.compile or {}).get("compiled_finite", True)
-            how = ", non-finite" if compiled_bad else ", outputs differ"
-            return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
         if cause == "not_reproducible":
             return fitted([(head + f"{kind} at " + "{}", False), (" did not reproduce on re-run", False),
                            (": hardware fault or non-determinism?", True)], width, {0: where})
@@ -438,8 +439,8 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
         return (f"no mechanical fix to verify: {why}" if why else "not verified (nothing could be re-run)"), "none"
     where = "the whole model" if fv.scope == "model" else "the failing module"
     if fv.finite:
-        err = f", max rel err {fmt(fv.max_rel_err)} vs fp32" if fv.max_rel_err is not None else \
-            " (the fp32 run is not finite to compare with)"
+        err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
+            f" (the {fv.reference} run is not finite to compare with)"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
     return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
 

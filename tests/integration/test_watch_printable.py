@@ -36,7 +36,7 @@ def test_print_json_and_html(tmp_path, capsys):
     assert d["schema"] == "nanhunter.report/v1" and d["first_nonfinite"]["module"] == "2"
     assert d["replay"]["fp16"]["finite"] is False and d["replay"]["bf16"]["finite"] is True
     assert d["diagnosis"]["fix_verified"] == {"change": "keep 2 in fp32 (apply_policy)", "finite": True,
-                                              "max_rel_err": 0.0, "scope": "region"}
+                                              "max_rel_err": 0.0, "scope": "region", "reference": "fp32"}
     rep.to_html(str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
     assert "verified on a copy" in page and "replay" in page

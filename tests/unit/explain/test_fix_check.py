@@ -24,7 +24,7 @@ def test_causes_without_a_mechanical_fix_say_why(cause):
 
 def test_emulate_precision_casts_as_a_verified_fix():
     ok = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 1e-3}, rtol=1e-2)
-    assert ok == FixVerified("torch._inductor.config.emulate_precision_casts = True", True, 1e-3, "model")
+    assert ok == FixVerified("torch._inductor.config.emulate_precision_casts = True", True, 1e-3, "model", "eager")
     far = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 0.5}, rtol=1e-2)
     assert far is not None and not far.finite
     bad = from_emulate_precision_casts({"compiled_finite": False, "max_rel_err": math.inf}, rtol=1e-2)

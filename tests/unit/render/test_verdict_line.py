@@ -82,7 +82,9 @@ def test_compile_divergence_without_any_nan_is_not_a_weights_count():
     """The old verdict said "0 tensor(s) with NaN/Inf in the checkpoint" after scan --compile."""
     rep = _rep("compile_divergence", module="norm")
     rep.weights = {"n_tensors": 3, "nonfinite": []}
-    assert "tensor(s)" not in R.verdict(rep).text
+    rep.first_nonfinite = None  # eager is finite: only the compiled run parts
+    rep.compile = {"compiled_finite": True}
+    assert R.verdict(rep).text == "✘ compile_divergence: torch.compile parts from eager at norm, outputs differ"
 
 
 @pytest.mark.parametrize("width", [80, 120])

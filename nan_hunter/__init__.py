@@ -15,13 +15,49 @@ __all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "NonFiniteError"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
-
-
-def watch(model: Any, **options: Any):
-    """Context manager capturing every module's forward; see ``nan_hunter.session.watcher.Watch``."""
     from .session.watcher import Watch
 
-    w = Watch(model, **options)
+
+def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | None = None, device: Any = None,
+          dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
+          scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
+          **options: Any) -> Watch:
+    """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
+    captured (fused statistics per output tensor, no host sync per hook on GPU); ``w.report()``
+    then names the first module and aten op that produced NaN/Inf, replays it across dtypes,
+    diagnoses it and checks the fix. ``print(w.report())`` shows it as ``nanhunter scan`` does;
+    ``.to_html(path)`` / ``.to_json(path)`` write the same files.
+
+    Args:
+        model: the ``nn.Module`` to watch (also a ``torch.compile``d one, DDP or FSDP2).
+        level: ``"blocks"`` (transformer blocks and the root, cheapest; a fault is refined to the
+            leaf module on ``report()``) or ``"modules"`` (every module).
+        retain: how many recent forwards to keep in full (older ones fold into aggregates).
+        backend: statistics kernels, ``"triton"`` or ``"torch"`` (default: the best available).
+        device: where statistics are kept (default: the model's device).
+        dtype: the precision the model runs in (``fp16``, ``bf16``, ``fp8-e4m3``...; default: its
+            parameters' dtype, or the autocast dtype of each forward).
+        fp8: the fp8 emulation recipe (``dtypes.Fp8Recipe``) for fp8 dtypes.
+        backward: also capture the backward (gradients per module).
+        optimizer: the optimizer whose ``step()`` is captured (parameter updates).
+        scaler: a ``torch.amp.GradScaler``; its own skipped steps are notes, not faults.
+        capsule_dir: write ``DIR/step-<k>/`` (weights, batch, config) at the first fault, for
+            ``nanhunter scan DIR/step-<k>`` on another machine.
+        arch: ``"file.py:factory"`` recorded in the capsule for models that are not transformers.
+        on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2),
+            where this version of ``Watch`` supports it.
+        **options: further ``session.watcher.Watch`` options, passed on as they are.
+    """
+    import inspect
+
+    from .session.watcher import Watch
+
+    kw: dict[str, Any] = dict(level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
+                              backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
+                              arch=arch, **options)
+    if on_fault != "record" or "on_fault" in inspect.signature(Watch.__init__).parameters:
+        kw["on_fault"] = on_fault  # a Watch without on_fault refuses anything but the default, by its TypeError
+    w = Watch(model, **kw)
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
     return w
 

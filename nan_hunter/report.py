@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .version import __version__
 
 SCHEMA = "nanhunter.report/v1"
+TEXT_CHARS = 500  # inputs[i].text: the first characters of a prompt or data line
 
 
 @dataclass
@@ -38,6 +40,43 @@ class FirstNonfinite:
     # contract v1.2: the failing region re-run from its captured inputs and weights on the same device,
     # dtype and autocast faulted again (True), did not (False: cause not_reproducible), or was not re-run (None)
     reproducible: bool | None = None
+    # contract v1.2: ``source`` split so editors can link to it
+    source_file: str | None = None
+    source_line: int | None = None
+
+    def __post_init__(self) -> None:
+        self.sync_source()
+
+    def sync_source(self) -> None:
+        """``source_file``/``source_line`` from ``source`` (``"file.py:123  code"``), when it is set."""
+        if self.source is not None:
+            self.source_file, self.source_line, _ = split_source(self.source)
+
+
+_SOURCE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?:\s+(?P<code>.*))?$", re.S)
+
+
+def split_source(source: str | None) -> tuple[str | None, int | None, str | None]:
+    """``"path/file.py:123  code"`` → (path, 123, code); (source, None, None) when it has no line."""
+    if not source:
+        return None, None, None
+    m = _SOURCE.match(source)
+    if m is None:
+        return source, None, None
+    return m["file"], int(m["line"]), (m["code"] or None)
+
+
+@dataclass
+class FixVerified:
+    """Contract v1.2 "Verified fixes": the proposed fix applied to a copy of the failing region or
+    model and re-run on the failing input. ``finite``: the fault is gone; ``max_rel_err``: max
+    |fixed − fp32| / max |fp32| over the outputs (None when it could not be compared)."""
+
+    change: str
+    finite: bool
+    max_rel_err: float | None
+    scope: str = "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
+    reference: str = "fp32"  # what max_rel_err is against: the all-fp32 run, or "eager" for a compiled run
 
 
 @dataclass
@@ -49,6 +88,7 @@ class Diagnosis:
     summary: str
     evidence: list[str]
     fix: str
+    fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
 
 
 @dataclass
@@ -88,6 +128,8 @@ class RunInfo:
     capsule: str | None = None  # where the capsule of the first fault was written
     autocast: list[list[str]] | None = None  # [[device, dtype]] of the failing (or latest) step
     ranks: int | None = None  # under torchrun: how many ranks split the data set
+    command: list[str] | None = None  # contract v1.2: the command line as run (argv)
+    skipped_steps: list[int] | None = None  # watch(on_fault="skip"): the steps whose update was undone
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:
@@ -144,6 +186,16 @@ class Report:
         fault = self.diagnosis is not None and self.diagnosis.cause in ("compile_divergence", "bad_scale")
         return 1 if self.nonfinite_found or fault else 0
 
+    def add_context(self, command: list[str] | None = None, texts: list[str | None] | None = None) -> None:
+        """Contract v1.2: ``run.command`` (the argv as run) and ``inputs[i].text`` (the prompt or data
+        line, first ``TEXT_CHARS`` characters; null for a file)."""
+        if self.run is not None and command is not None:
+            self.run["command"] = list(command)
+        for row in self.inputs or []:
+            i = row.get("index")
+            if texts is not None and isinstance(i, int) and 0 <= i < len(texts):
+                row["text"] = texts[i][:TEXT_CHARS] if texts[i] is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         import torch  # the report states which torch produced it
 
@@ -164,7 +216,12 @@ class Report:
             "compile": self.compile,
             "mode": self.mode,
         }
+        if isinstance(d["run"], dict):
+            d["run"] = {**d["run"], "command": d["run"].get("command")}
+        if d["inputs"] is not None:
+            d["inputs"] = [{**row, "text": row.get("text")} for row in d["inputs"]]
         if self.first_nonfinite is not None:
+            self.first_nonfinite.sync_source()
             d["first_nonfinite"] = asdict(self.first_nonfinite)
         if self.bisect is not None:
             d["bisect"] = asdict(self.bisect)

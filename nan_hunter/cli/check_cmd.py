@@ -21,25 +21,35 @@ DESCRIPTION = HELP + (" Exit 0: every rule passed (warnings allowed); 1: a rule 
                       "annotations.")
 
 
+EXAMPLES = options.examples(
+    ("a pre-commit or CI check of changed checkpoints, JUnit for the CI",
+     "nanhunter check model.safetensors --arch model.py:build --inputs batch.safetensors --junit junit.xml"),
+    ("fp16 and bf16 forwards of a model directory on a prompt",
+     "nanhunter check ./my-model --prompt 'Hello' --dtypes fp16,bf16"),
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help=HELP, description=DESCRIPTION)
+    p = sub.add_parser("check", help=HELP, description=DESCRIPTION, epilog=EXAMPLES)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoints to check (files or model directories), e.g. the changed files a "
                         "pre-commit hook passes")
-    options.add_model_inputs(p)
-    p.add_argument("--dtypes", help="comma-separated precisions to check, e.g. fp16,bf16 "
-                                    "(default: dtypes: in configs/ci.yaml)")
-    p.add_argument("--baseline", metavar="OLD",
-                   help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and "
-                        "rule headroom_regression.<dtype> fails when one lost more than max_headroom_drop_db of "
-                        "headroom (configs/ci.yaml) or now overflows a dtype it fit")
-    options.add_json(p, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")
-    options.add_generate(p)
-    p.add_argument("--junit", metavar="PATH",
-                   help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")
-    options.add_config(p, "YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")
-    options.add_report(p)
-    options.add_quiet(p)
+    g = options.Groups(p)
+    options.add_model_inputs(p, g)
+    g.run.add_argument("--baseline", metavar="OLD",
+                       help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, "
+                            "and rule headroom_regression.<dtype> fails when one lost more than max_headroom_drop_db "
+                            "of headroom (configs/ci.yaml) or now overflows a dtype it fit")
+    g.run.add_argument("--dtypes", metavar="DTYPE,DTYPE",
+                       help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")
+    options.add_generate(g.mode)
+    options.add_json(g.output, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of "
+                               "reports")
+    g.output.add_argument("--junit", metavar="PATH",
+                          help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")
+    options.add_report(g.output)
+    options.add_quiet(g.output)
+    options.add_config(g.output, "YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")
     p.set_defaults(command=run)
 
 
@@ -73,6 +83,8 @@ def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bo
     from ..render.ci import annotations, write_junit
     from .output import terminal_limits
 
+    for rep in reps:
+        rep.add_context(command=getattr(args, "argv", None))
     if args.json is not None:
         write_json_reports(reps, args.json)
     if args.junit is not None:

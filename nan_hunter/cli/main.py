@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; returns its exit code (raises BadInput/KeyboardInterrupt)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = ["nanhunter", *(sys.argv[1:] if argv is None else argv)]  # run.command in the report
     command = getattr(args, "command", None)
     if command is None:
         parser.print_help(sys.stderr)

@@ -42,6 +42,16 @@ def scan_progress():
     return p, p.update
 
 
+def stage_progress(quiet: bool = False):
+    """The stage display on stderr (``render.progress.StageProgress``), or None when stderr is
+    not a terminal or with --quiet."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from ..render.progress import StageProgress
+
+    return StageProgress()
+
+
 def write_report_file(reps: Any, path: str | None) -> None:
     """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line."""
     if not path:

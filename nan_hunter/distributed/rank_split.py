@@ -161,7 +161,7 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
     contiguous block, so rank order is data-set order); what each found crosses ranks as JSON; the
     rank holding the first fault (the lowest data-set index) locates it and sends the result;
     every rank fills the same report as one process would."""
-    from ..explain.assemble import Located
+    from ..explain.assemble import Located, diagnose_located
     from ..modes.recording import Recording, fill
     from ..report import FirstNonfinite
 
@@ -176,14 +176,18 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
         sent: dict[str, Any] = {}
         if split.rank == holder:
             loc = mode.locate(p, rec, replay)
+            failed = sorted({i for g in got for i in g["failed"]})
+            # diagnosed (and its fix verified) here, where the failing region is
+            diagnose_located(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [])
             sent = {"first": asdict(loc.first), "replay": loc.replay, "is_block": loc.is_block,
+                    "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
                     "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts, "table": loc.table,
                     "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
         found = agree(sent)[holder]
         located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
                           found["replay"], is_block=found["is_block"], input_label=found["input_label"],
                           optimizer_facts=found["optimizer_facts"], table=found["table"], notes=found["notes"],
-                          extra=found["extra"])
+                          extra=found["extra"], diagnosis=_diagnosis_back(found["diagnosis"]))
     if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)
         table = got[min(firsts)[1]]["modules"] if firsts else next((g["modules"] for g in reversed(got)
                                                                     if g["modules"]), [])
@@ -199,6 +203,15 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
                      + ", ".join(f"rank {r} ran {_span(share(len(p.batches), r, split.world))}"
                                  for r in range(split.world)))
     fill(p, mode, rep, merged, located)
+
+
+def _diagnosis_back(d: dict[str, Any] | None) -> Any:
+    from ..report import Diagnosis, FixVerified
+
+    if d is None:
+        return None
+    fv = d.get("fix_verified")
+    return Diagnosis(**{**d, "fix_verified": FixVerified(**fv) if fv else None})
 
 
 def _event(ev: Any) -> dict[str, Any] | None:

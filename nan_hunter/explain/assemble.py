@@ -15,6 +15,7 @@ Every path that ends in a report comes through here — ``scan`` in each mode (f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,9 @@ class Located:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # mode fields for ``run`` (generate: the fault's token)
     region: tuple[Any, tuple, dict] | None = None  # (module, args, kwargs) of the failing call; this process only
+    #: applies the diagnosis's fix to a copy and re-runs the failing input (``fix_check``); this process only
+    verify_fix: Callable[[Diagnosis], None] | None = field(default=None, repr=False, compare=False)
+    diagnosis: Diagnosis | None = None  # made already (by the rank that located it, verified there)
 
 
 def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
@@ -145,13 +149,26 @@ def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = No
                              weights_nonfinite=bad, config=cfg.diagnosis, bad_scales=scales))
 
 
+def diagnose_located(loc: Located, cfg: Config, failed: list[int], n_inputs: int,
+                     weights_nonfinite: list[dict] | None = None) -> None:
+    """``loc.diagnosis`` from its evidence, with its fix verified on a copy where one applies."""
+    from ..pipeline.progress import stage
+
+    loc.diagnosis = diagnosis_of(loc, cfg, failed, n_inputs, weights_nonfinite)
+    if loc.diagnosis is not None and loc.verify_fix is not None:
+        with stage("fix"):
+            loc.verify_fix(loc.diagnosis)
+
+
 def assemble(rep: Report, loc: Located, cfg: Config) -> None:
     """``first_nonfinite``, ``replay``, ``diagnosis`` and the location's notes into ``rep``."""
     rep.first_nonfinite = loc.first
     rep.replay = loc.replay
-    failed = rep.run.failed_inputs if rep.run is not None else []
-    n = rep.run.n_inputs if rep.run is not None else 1
-    rep.diagnosis = diagnosis_of(loc, cfg, failed, n, (rep.weights or {}).get("nonfinite") or [])
+    if loc.diagnosis is None:
+        failed = rep.run.failed_inputs if rep.run is not None else []
+        n = rep.run.n_inputs if rep.run is not None else 1
+        diagnose_located(loc, cfg, failed, n, (rep.weights or {}).get("nonfinite") or [])
+    rep.diagnosis = loc.diagnosis
     if loc.table is not None:
         rep.modules = loc.table
     rep.notes += [n for n in loc.notes if n not in rep.notes]

@@ -17,6 +17,7 @@ and its gradient were finite before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,17 +172,26 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
     out = []
     rank = {p: i for i, p in enumerate(PHASES)}
     for c in sorted((c for c in calls if c.seq >= 0), key=lambda c: (c.input_index, rank[c.phase], c.seq)):
-        absmax = None
-        nan = pos = neg = 0
+        absmax = absmin = None
+        nan = pos = neg = numel = 0
+        subnormal: int | None = 0
         for _, r in c.outputs:
             st = rows[r]
             nan, pos, neg = nan + st.nan, pos + st.posinf, neg + st.neginf
             if st.absmax is not None:
                 absmax = st.absmax if absmax is None else max(absmax, st.absmax)
+            if st.min_nonzero is not None and math.isfinite(st.min_nonzero):  # inf: no non-zero value
+                absmin = st.min_nonzero if absmin is None else min(absmin, st.min_nonzero)
+            numel += st.numel
+            subnormal = None if subnormal is None or st.subnormal is None else subnormal + st.subnormal
         in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
         row = {"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
                "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
-               "nan": nan, "posinf": pos, "neginf": neg}
+               "nan": nan, "posinf": pos, "neginf": neg,
+               # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
+               # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
+               "min_nonzero": absmin,
+               "subnormal_frac": subnormal / numel if subnormal is not None and numel else None}
         if c.phase != "forward":
             row["phase"] = c.phase
             if c.param:

@@ -30,6 +30,7 @@ class Batch:
     label: str  # "inputs.safetensors", "prompt 0", "data.jsonl:3"
     kwargs: dict[str, Any]
     truncated_to: int | None = None  # tokens, when the text was longer than the model takes
+    text: str | None = None  # the prompt or data line, for text inputs
 
 
 def forward_params(model: Any) -> tuple[list[str], bool]:
@@ -161,5 +162,5 @@ def build_batches(model: Any, tokenizer: Any, inputs: list[str] | None, prompts:
         limit = max_tokens(tokenizer, model)
         for label, t in texts:
             kw, cut = tokenize(tokenizer, t, model, limit)
-            batches.append(Batch(label, kw, cut))
+            batches.append(Batch(label, kw, cut, t))
     return batches

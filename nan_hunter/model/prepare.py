@@ -33,6 +33,7 @@ class Prepared:
     device: Any
     cfg: Config
     notes: list[str] = field(default_factory=list)
+    texts: list[str | None] = field(default_factory=list)  # per input: its prompt or data line (None: a file)
 
     @property
     def dtype(self) -> str:
@@ -117,4 +118,5 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         model = model.eval()
         notes += placement_notes(model)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]
-    return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes)
+    return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes,
+                    [b.text for b in batches])

@@ -222,6 +222,10 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
     rep.diagnosis = diagnose(Evidence(role=None, kind=per[idx].compiled_kind, module=div.module,
                                       module_type=div.module_type, op=None, dtype=p.run, config=p.cfg.diagnosis,
                                       compile=evidence))
+    if rep.diagnosis is not None:
+        from ..explain.fix_check import from_emulate_precision_casts, with_verdict
+
+        with_verdict(rep.diagnosis, from_emulate_precision_casts(block["emulate_precision_casts"], rtol))
 
 
 def _fmt(x: float | None) -> str:

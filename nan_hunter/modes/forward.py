@@ -62,19 +62,32 @@ def locate_forward(p: Prepared, finding: Any, rerun: Any, input_index: int, repl
     (under ``FirstBadOp``, then in every dtype). The region (module, args, kwargs) is kept in
     ``Located.region`` for fix verification."""
     from ..capture.blocks import main_blocks
+    from ..explain import fix_check
     from ..explain.assemble import Located
     from ..explain.replay import replay as do_replay
     from ..locate.first_op import locate_op
+    from ..locate.mha_slow_path import through_slow_path
     from ..locate.producer import to_first_nonfinite
     from ..model.placement import materialized
+    from ..pipeline.progress import stage
 
     call = finding.call
     matrix = None
+    notes: list[str] = []
     with materialized(p.model, call.module):  # --device-map: offloaded weights in place for the re-runs
-        ev, target, margs, mkw = locate_op(p.model, rerun, finding, p.run)
+        with stage("locate"):
+            ev, target, margs, mkw = through_slow_path(locate_op(p.model, rerun, finding, p.run),
+                                                       lambda: locate_op(p.model, rerun, finding, p.run), notes)
         if replay and finding.role == "producer":
-            matrix = do_replay(target, margs, mkw, p.run)
+            with stage("replay"):
+                matrix = do_replay(target, margs, mkw, p.run)
     first = to_first_nonfinite(finding, ev, step=step)
     first.input_index = input_index
+    whole = {"model": p.model, "batch": p.batches[input_index]} if step == 0 and finding.role == "producer" else {}
+
+    def verify(d: Any) -> None:
+        with materialized(p.model, call.module):
+            fix_check.check(d, fix_check.Region(call.module, target, margs, mkw), p.run, **whole)
+
     return Located(first, p.run, ev, matrix, is_block=call.module in set(main_blocks(p.model)),
-                   input_label=p.labels[input_index], region=(target, margs, mkw))
+                   input_label=p.labels[input_index], notes=notes, region=(target, margs, mkw), verify_fix=verify)

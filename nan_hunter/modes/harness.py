@@ -39,6 +39,9 @@ def run_mode(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: R
 
         run_split(p, mode, rep, replay, split)
         return
-    rec = mode.record(p, list(range(len(p.batches))))
+    from ..pipeline.progress import stage
+
+    with stage("capture"):
+        rec = mode.record(p, list(range(len(p.batches))))
     located = mode.locate(p, rec, replay) if rec.finding is not None else None
     fill(p, mode, rep, rec, located)

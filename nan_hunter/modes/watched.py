@@ -55,8 +55,15 @@ def located_from_watch(wrep: WatchReport, model: Any, run: RunDtype, label: str,
         row["input_index"] = input_index if indices is None else indices[row["input_index"]]
     wr = wrep.run
     extra = {"optimizer_steps": wr.optimizer_steps, "scaler_skipped_steps": wr.scaler_skipped_steps} if wr else {}
+    verify = None
+    if f.phase == "forward" and f.role == "producer":
+        from ..explain import fix_check
+
+        def verify(d: Any) -> None:
+            fix_check.check_call(d, model, f.module, f.call_index, forward, run)
+
     return Located(f, run, ev, matrix, is_block=f.module in set(main_blocks(model)), input_label=label,
-                   optimizer_facts=facts, table=table, notes=notes, extra=extra)
+                   optimizer_facts=facts, table=table, notes=notes, extra=extra, verify_fix=verify)
 
 
 def _replay(f: Any, model: Any, run: RunDtype, forward: Callable[[], Any], train: Callable[[], None] | None,

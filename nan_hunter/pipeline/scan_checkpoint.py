@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Config, as_config
 from ..report import Report
 from .options import ScanOptions
+from .progress import stage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.rank_split import RankSplit
@@ -43,8 +44,9 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     ck = open_checkpoint(opts.checkpoint)
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg))
-    prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data, opts.dtype,
-                       opts.device, cfg, opts.attn, placement=opts.placement)
+    with stage("load"):
+        prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data,
+                           opts.dtype, opts.device, cfg, opts.attn, placement=opts.placement)
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
@@ -56,7 +58,9 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled
 
-        compare_compiled(prepared, rep, opts.compile, opts.rtol)
+        with stage("compile"):
+            compare_compiled(prepared, rep, opts.compile, opts.rtol)
+    rep.add_context(texts=prepared.texts)
     if rep.diagnosis is None:  # the run stayed finite: corrupt quantization scales are still a fault
         rep.diagnosis = weights_only_diagnosis(rep, cfg, ws) if not rep.weights["nonfinite"] else None
     return rep

@@ -27,6 +27,7 @@ class StripCall:
     headroom: str  # "328x", "∞", "—"
     fill: float  # 0..1: position of log10(absmax) between FLOOR and the max
     tone: str  # bad (non-finite) | tight (≥ 50% of max) | close (≥ 1%) | ok | empty (absmax 0)
+    absmin: str = "—"  # smallest non-zero |out|, "⚠" appended when it flushes to zero in the run's dtype
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,16 @@ def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool) -> StripC
         tone = "tight" if frac >= 0.5 else "close" if frac >= 0.01 else "ok"
         absmax, head = fmt(a), f"{1 / frac:.3g}x"
     return StripCall(call_name(row), row["module_type"], int(row.get("depth", 0)),
-                     row["input_index"] if multi else None, producer, absmax, head, fill, tone)
+                     row["input_index"] if multi else None, producer, absmax, head, fill, tone, absmin_text(row))
+
+
+def absmin_text(row: dict[str, Any], tiny: float | None = None) -> str:
+    """The smallest non-zero |out| (abs-min), with its share of subnormal values when any."""
+    m = row.get("min_nonzero")
+    if m is None:
+        return "—"
+    sub = row.get("subnormal_frac")
+    return fmt(m) + (f" ({sub:.0%} sub)" if sub else "")
 
 
 def strip(rep: Report, max_rows: int = STRIP_ROWS) -> Strip | None:

@@ -7,6 +7,7 @@ string goes through ``escape.html`` on its way into the page.
 from __future__ import annotations
 
 import base64
+from urllib.parse import quote
 
 from ..report import Report
 from .escape import html as esc
@@ -15,25 +16,31 @@ from .plot import Plot
 from .rows import (
     CAVEAT_HEAD,
     CHECK_HEAD,
+    INPUTS_HEAD,
     LEAD_HEAD,
     MATRIX_HEAD,
     QUANT_HEAD,
     REPLAY_HEAD,
+    TENSORS_HEAD,
     WEIGHTS_HEAD,
     WEIGHTS_MAX_ROWS,
     Verdict,
     caveat_rows,
     check_rows,
     check_verdict,
+    command_line,
     diagnosis,
+    input_rows,
     lead_rows,
     matrix_rows,
     meta_rows,
     near_miss_lines,
     quantized_rows,
     replay_rows,
+    tensor_rows,
     title,
     verdict,
+    versions,
     weights_rows,
     where_rows,
 )
@@ -67,7 +74,9 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .badge.pass { background: var(--green); } .badge.warn { background: var(--amber); }
 .badge.fail { background: var(--red); } .badge.cause { background: #6a1b9a; }
 .diag { border-left: 5px solid var(--amber); }
+pre.cmd { white-space: pre-wrap; word-break: break-all; background: #f5f5f5; padding: 8px 10px; border-radius: 6px; }
 .fix { background: #e8f5e9; border: 1px solid #c8e6c9; border-radius: 8px; padding: 10px 14px; margin-top: 10px; }
+.check { margin-top: 6px; font-size: 13px; } .check.ok { color: #1b5e20; font-weight: 600; } .check.bad { color: #b71c1c; font-weight: 600; } .check.none { color: #666; }
 .fix b { color: var(--green); }
 ul.ev { margin: 6px 0 0; padding-left: 20px; } ul.ev li { margin: 2px 0; }
 img.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
@@ -99,8 +108,45 @@ def _table(head: list[str], rows: list[list[str]], hit: int | None = None, numer
     return "".join(out)
 
 
-def _kv(rows: list[tuple[str, str]]) -> str:
-    return '<dl class="kv">' + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{esc(v)}</dd>' for k, v in rows) + "</dl>"
+def _kv(rows: list[tuple[str, str]], links: dict[str, str] | None = None) -> str:
+    """Label/value pairs; a value whose label is in ``links`` is a link to that (escaped) address."""
+    links = links or {}
+
+    def value(k: str, v: str) -> str:
+        return f'<a href="{esc(links[k])}">{esc(v)}</a>' if k in links else esc(v)
+    return '<dl class="kv">' + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{value(k, v)}</dd>'
+                                       for k, v in rows) + "</dl>"
+
+
+def _source_links(rep: Report) -> dict[str, str]:
+    """The source line as a link editors and browsers open (``file://``; VS Code: ``vscode://``)."""
+    f = rep.first_nonfinite
+    if f is None or not f.source:
+        return {}
+    f.sync_source()
+    if not f.source_file or not f.source_file.startswith("/"):
+        return {}
+    return {"source": "file://" + quote(f.source_file)}
+
+
+def _reproduce(rep: Report) -> str:
+    """Command line, versions, the data set's inputs with their text, every tensor of the checkpoint."""
+    h = ['<div class="card"><h2>Reproduce</h2>']
+    cmd = command_line(rep)
+    if cmd:
+        h.append(f'<h3>Command</h3><pre class="mono cmd">{esc(cmd)}</pre>')
+    h.append("<h3>Versions</h3>" + _kv(versions()))
+    rows = input_rows(rep)
+    if rows:
+        bad = next((i for i, r in enumerate(rows) if r[2] == "NO"), None)
+        h.append("<h3>Inputs</h3>" + _table(INPUTS_HEAD, rows, hit=bad))
+    trows, more = tensor_rows(rep)
+    if trows:
+        h.append("<h3>Weights: every tensor</h3>" + _table(TENSORS_HEAD, trows, numeric={3, 4, 5, 6}))
+        if more:
+            h.append(f'<p class="note">… {more} more (see the JSON report)</p>')
+    h.append("</div>")
+    return "".join(h)
 
 
 def _verdict(v: Verdict) -> str:
@@ -109,17 +155,18 @@ def _verdict(v: Verdict) -> str:
 
 def _strip(s: Strip) -> str:
     out = ["<table><thead><tr><th></th><th>module</th><th>type</th>",
-           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>absmax</th><th class=num>headroom</th>",
+           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>abs-min</th><th class=num>absmax</th><th class=num>headroom</th>",
            "</tr></thead><tbody>"]
     for it in s.items:
         if not isinstance(it, StripCall):
-            out.append(f'<tr><td></td><td class="gap" colspan="5">{esc(it.text)}</td></tr>')
+            out.append(f'<tr><td></td><td class="gap" colspan="6">{esc(it.text)}</td></tr>')
             continue
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         bar = f'<div class="bar"><span class="{it.tone}" style="width:{it.fill * 100:.1f}%"></span></div>'
         out.append(f"<tr{' class=hit' if it.producer else ''}><td>{'▶' if it.producer else ''}</td>"
                    f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
-                   f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmax)}</td>"
+                   f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmin)}</td>"
+                   f"<td class=num>{esc(it.absmax)}</td>"
                    f"<td class=num>{esc(it.headroom)}</td></tr>")
     out.append("</tbody></table>")
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)
@@ -135,9 +182,10 @@ def _diagnosis(rep: Report) -> list[str]:
             h.append(f"<p><b>where</b> <code>{esc(module)}</code> <code>{esc(op)}</code> ({esc(dtype)})</p>")
         if d.evidence:
             h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{esc(e)}</li>" for e in d.evidence) + "</ul>")
-        h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}</div>')
+        h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}'
+                 + (f'<div class="check {d.check_tone}">{esc(d.check)}</div>' if d.check else "") + "</div>")
     if rep.first_nonfinite is not None:
-        h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep))}")
+        h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep), _source_links(rep))}")
         rows, hit = lead_rows(rep)
         if rows:
             h.append("<h3>Calls leading to it (execution order)</h3>"
@@ -191,6 +239,7 @@ def _section(rep: Report, plot: Plot) -> str:
     if crows:
         h.append("<h3>Suspicious or not checked</h3>" + _table(CAVEAT_HEAD, crows))
     h.append("</div>")
+    h.append(_reproduce(rep))
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         h.append('<div class="card"><h2>Near misses and notes</h2><ul class="ev">')

@@ -58,14 +58,14 @@ def _strip(s: Strip) -> list[str]:
     rows = []
     for it in s.items:
         if not isinstance(it, StripCall):
-            rows.append(["", esc(it.text), "", "", "", ""])
+            rows.append(["", esc(it.text), "", "", "", "", ""])
             continue
         n = round(it.fill * BAR)
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         rows.append(["▶" if it.producer else "", "&nbsp;" * 2 * min(it.depth, 6) + code(name), esc(it.module_type),
-                     "█" * n + "·" * (BAR - n), esc(it.absmax), esc(it.headroom)])
+                     "█" * n + "·" * (BAR - n), esc(it.absmin), esc(it.absmax), esc(it.headroom)])
     return [f"**{esc(s.title)}**", ""] + _table(["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max",
-                                                 "absmax", "headroom"], rows)
+                                                 "abs-min", "absmax", "headroom"], rows)
 
 
 def _diagnosis(rep: Report) -> list[str]:
@@ -76,7 +76,7 @@ def _diagnosis(rep: Report) -> list[str]:
         if d.where is not None:
             module, op, dtype = d.where
             md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
-        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""]
+        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""] + ([f"*{esc(d.check)}*", ""] if d.check else [])
     if rep.first_nonfinite is not None:
         md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
         rows, hit = lead_rows(rep)

@@ -52,3 +52,63 @@ class BisectProgress:
 
     def close(self) -> None:
         self.status.stop()
+
+
+class StageProgress:
+    """``pipeline.progress.Progress`` on stderr: a spinner (and a count for counted stages) with
+    the stage's name and elapsed time, shown only once a stage has lasted ``delay`` seconds and
+    removed when it ends (transient), so fast runs print nothing extra."""
+
+    def __init__(self, delay: float = 1.0, console: Console | None = None) -> None:
+        import threading
+
+        self.delay = delay
+        self.console = console or Console(stderr=True)
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.status = None
+        self.name = ""
+        self.total: int | None = None
+        self.count = 0
+        self.started = 0.0
+
+    def _text(self) -> str:
+        from ..pipeline.progress import STAGES
+
+        what = STAGES.get(self.name, self.name)
+        count = f" {self.count}/{self.total}" if self.total else ""
+        return f"{what}{count} · {time.monotonic() - self.started:.0f} s"
+
+    def _show(self) -> None:
+        from rich.status import Status
+
+        with self.lock:
+            if self.status is None and self.name:
+                self.status = Status(self._text(), console=self.console)
+                self.status.start()
+
+    def start(self, stage: str, total: int | None = None) -> None:
+        import threading
+
+        self.done()
+        with self.lock:
+            self.name, self.total, self.count, self.started = stage, total, 0, time.monotonic()
+            self.timer = threading.Timer(self.delay, self._show)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def advance(self, n: int = 1) -> None:
+        with self.lock:
+            self.count += n
+            if self.status is not None:
+                self.status.update(self._text())
+
+    def done(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if self.status is not None:
+                self.status.stop()
+                self.status = None
+            self.name = ""

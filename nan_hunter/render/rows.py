@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report import Report
+from ..report import BisectResult, Report, split_source
 
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
 NEAR_MISS_MAX_LISTED = 10  # near_miss.max_listed
@@ -86,58 +86,182 @@ def check_verdict(reps: list[Report]) -> Verdict:
     bad = [check_label(r) for r in reps if not (r.check or {}).get("passed")]
     what = f"{len(reps)} checkpoint(s), {sum(c.values())} rules: {c['fail']} failed, {c['warn']} warning(s)"
     if bad:
-        return Verdict(f"✘ check failed: {what} (failing: {', '.join(bad)})", "bad")
-    return Verdict(f"✔ check passed: {what}", "warn" if c["warn"] else "ok")
+        return Verdict(cut_end(f"✘ check failed: {what} (failing: {', '.join(bad)})", VERDICT_WIDTH), "bad")
+    return Verdict(cut_end(f"✔ check passed: {what}", VERDICT_WIDTH), "warn" if c["warn"] else "ok")
 
 
-def verdict(rep: Report) -> Verdict:
+#: The verdict line's width: it never wraps on an 80-column terminal (or a pipe read as one).
+VERDICT_WIDTH = 79
+KIND_WORD = {"nan": "NaN", "posinf": "+inf", "neginf": "−inf"}
+
+
+def cells(s: str) -> int:
+    """Terminal cells ``s`` takes (East Asian wide characters count 2), without importing rich."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+               for ch in s)
+
+
+def cut_end(s: str, width: int) -> str:
+    """``s`` in at most ``width`` cells, "…" at the end when cut."""
+    if cells(s) <= width:
+        return s
+    out = ""
+    for ch in s:
+        if cells(out + ch) > width - 1:
+            break
+        out += ch
+    return out + "…"
+
+
+def cut_middle(name: str, width: int) -> str:
+    """A dotted name or path in at most ``width`` cells: "…" in the middle, the tail kept."""
+    if cells(name) <= width:
+        return name
+    if width <= 1:
+        return "…"[:max(0, width)]
+    tail = ""
+    for ch in reversed(name):
+        if cells(ch + tail) > width - 1:
+            break
+        tail = ch + tail
+    return "…" + tail
+
+
+def short_op(op: str | None) -> str | None:
+    """``aten.mm.default`` → ``aten.mm`` (the overload adds nothing to a verdict)."""
+    if not op:
+        return op
+    return op[:-len(".default")] if op.endswith(".default") else op
+
+
+def fitted(parts: list[tuple[str, bool]], width: int = VERDICT_WIDTH, names: dict[int, str] | None = None) -> str:
+    """Join ``parts`` (text, optional) into one line of at most ``width`` cells: optional parts
+    are dropped from the end, then the parts listed in ``names`` (index → the full name they
+    hold, as ``{}`` in their text) are shortened in the middle, then the line is cut."""
+    names = names or {}
+    keep = list(parts)
+
+    def text(widths: dict[int, int]) -> str:
+        out = []
+        for i, (p, _) in enumerate(keep):
+            out.append(p.replace("{}", cut_middle(names[i], widths[i]) if i in names else "{}") if i in names else p)
+        return "".join(out)
+
+    full = {i: cells(n) for i, n in names.items()}
+    while cells(text(full)) > width and any(opt for _, opt in keep):
+        j = max(i for i, (_, opt) in enumerate(keep) if opt)
+        keep[j] = ("", False)
+    line = text(full)
+    over = cells(line) - width
+    if over > 0 and names:
+        widths = dict(full)
+        for i in sorted(names, key=lambda i: -full[i]):  # the longest name gives first
+            give = min(over, max(0, widths[i] - 10))
+            widths[i] -= give
+            over -= give
+        line = text(widths)
+    return cut_end(line, width)
+
+
+def verdict(rep: Report, width: int = VERDICT_WIDTH) -> Verdict:
+    """The one-line answer, at most ``width`` cells (it never wraps at 80 columns): what was
+    found, where, and the cause code right after the mark so a grep finds it."""
     if rep.check is not None:
         return check_verdict([rep])
     if rep.bisect is not None:
-        b = rep.bisect
-        if b.over == "inputs" and b.failing_inputs is not None:
-            if not b.failing_inputs:
-                return Verdict(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", "ok")
-            return Verdict(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
-                           + ", ".join(f"#{i}" for i in b.failing_inputs), "warn")
-        if b.already_finite:
-            return Verdict(f"✔ the run in {b.dtype} is already finite: nothing needs to be kept in {b.keep_dtype}",
-                           "ok")
-        if b.finite_after:
-            err = f"max rel err {fmt(b.max_rel_err)}, " if b.max_rel_err is not None else ""
-            return Verdict(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: run in {b.dtype} becomes "
-                           f"finite ({err}{b.runs} runs)", "ok")
-        return Verdict("✘ no module set fixes it: the run is non-finite even with every candidate kept in "
-                       f"{b.keep_dtype}", "bad")
-    if rep.exit_code() == 0:
+        return _bisect_verdict(rep.bisect, width)
+    if rep.exit_code() == 0 and rep.diagnosis is None:  # any diagnosis is a fault, whatever its code
         msg = "✔ no NaN/Inf found" + (" in the weights (weights-only scan)" if rep.run is None else "")
-        extra = weights_caveats(rep)
+        caveats = [(c, False) for c in caveat_parts(rep)]
         if rep.near_misses:
-            return Verdict(msg + f" · {len(rep.near_misses)} near miss(es)" + extra, "warn")
-        return Verdict(msg + extra, "warn" if extra else "ok")
-    f = rep.first_nonfinite
+            caveats.append((f" · {len(rep.near_misses)} near miss(es)", False))
+        return Verdict(fitted([(msg, False), *caveats], width), "warn" if caveats else "ok")
+    return Verdict(_fault_line(rep, width), "bad")
+
+
+def _fault_line(rep: Report, width: int) -> str:
+    """A failing scan: "✘ CAUSE: what, where" for any cause code (unknown codes read generically)."""
+    f, d = rep.first_nonfinite, rep.diagnosis
+    cause = d.cause if d is not None else None
+    head = f"✘ {cause}: " if cause else "✘ "
+    if cause == "compile_divergence":  # eager is finite: the fault (NaN, or a divergence) is the compiled run's
+        where = module_name(d.module) if d is not None else "?"
+        compiled_bad = not (rep.compile or {}).get("compiled_finite", True)
+        how = ", non-finite" if compiled_bad else ", outputs differ"
+        return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
     if f is not None:
-        cause = f" — {rep.diagnosis.cause}" if rep.diagnosis else ""
+        kind = KIND_WORD.get(f.kind, f.kind)
+        where = module_name(f.module)
+        op = short_op(f.op)
+        if cause == "not_reproducible":
+            return fitted([(head + f"{kind} at " + "{}", False), (" did not reproduce on re-run", False),
+                           (": hardware fault or non-determinism?", True)], width, {0: where})
+        if f.role == "input" and f.phase != "backward":
+            return fitted([(head + f"{kind} in the input data, first reaching " + "{}", False),
+                           (f" (input #{f.input_index})", True)], width, {0: where})
+        if f.role == "input":
+            return fitted([(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width,
+                          {0: where})
+        if f.role == "weights":
+            name = f.param or where
+            return fitted([(head + f"{kind} in the weights of " + "{}", False), (f" at {op}" if op else "", True)],
+                          width, {0: name})
         phase = training_phrase(f)
-        return Verdict(f"✘ {f.kind} first produced by {module_name(f.module)} at {f.op or '?'}{phase}{cause}", "bad")
-    if rep.diagnosis is not None and rep.diagnosis.cause == "bad_scale":
-        q = sum(1 for x in (rep.weights or {}).get("quantized") or []
-                if any(b["problem"] != "negative" for b in x["bad_blocks"]))
-        return Verdict(f"✘ {q} quantized weight(s) with a NaN/Inf or zero scale — bad_scale", "bad")
-    n = len((rep.weights or {}).get("nonfinite") or [])
-    return Verdict(f"✘ {n} tensor(s) with NaN/Inf in the checkpoint", "bad")
-
-
-def weights_caveats(rep: Report) -> str:
-    """" · 3 tensors not checked · 1 suspicious": what a clean weights verdict must not hide."""
+        if f.phase == "optimizer":
+            return fitted([(head + f"{kind} in optimizer.step() of " + "{}", False)], width,
+                          {0: f.param or where})
+        parts = [(head + f"{kind} first produced by " + "{}", False), (f" at {op}" if op else "", True),
+                 (phase, True)]
+        dt = (rep.run or {}).get("dtype")
+        if dt:
+            parts.append((f" ({dt})", True))
+        return fitted(parts, width, {0: where})
     w = rep.weights or {}
-    out = ""
+    if cause == "bad_scale":
+        q = [x for x in w.get("quantized") or [] if any(b["problem"] != "negative" for b in x["bad_blocks"])]
+        what = head + f"{len(q)} quantized weight(s) with a NaN/Inf or zero scale, first " + "{}"
+        return fitted([(what, False)], width, {0: q[0]["name"] if q else "?"})
+    bad = w.get("nonfinite") or []
+    if bad:
+        what = head + f"{len(bad)} checkpoint tensor(s) hold NaN/Inf, first " + "{}"
+        return fitted([(what, False)], width, {0: bad[0]["name"]})
+    if d is not None:
+        subject = d.module if d.module else None
+        if subject:
+            return fitted([(head + "{}", False), (f": {d.summary}", True)], width, {0: subject})
+        return fitted([(head + d.summary, False)], width)
+    return fitted([("✘ a non-finite value was found", False)], width)
+
+
+def _bisect_verdict(b: BisectResult, width: int) -> Verdict:
+    if b.over == "inputs" and b.failing_inputs is not None:
+        if not b.failing_inputs:
+            return Verdict(fitted([(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", False)], width), "ok")
+        return Verdict(cut_end(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
+                               + ", ".join(f"#{i}" for i in b.failing_inputs), width), "warn")
+    if b.already_finite:
+        return Verdict(cut_end(f"✔ the run in {b.dtype} is already finite: nothing to keep in {b.keep_dtype}", width),
+                       "ok")
+    if b.finite_after:
+        err = f", max rel err {fmt(b.max_rel_err)}" if b.max_rel_err is not None else ""
+        return Verdict(fitted([(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: the {b.dtype} run is "
+                                "finite", False), (err, True), (f" ({b.runs} runs)", True)], width), "ok")
+    return Verdict(cut_end(f"✘ no module set fixes it: non-finite even with every candidate in {b.keep_dtype}",
+                           width), "bad")
+
+
+def caveat_parts(rep: Report) -> list[str]:
+    """[" · 3 tensors not checked", " · 1 suspicious"]: what a clean weights verdict must not hide."""
+    w = rep.weights or {}
+    out = []
     n = len(w.get("unchecked") or [])
     if n:
-        out += f" · {n} tensor{'s' if n != 1 else ''} not checked"
+        out.append(f" · {n} tensor{'s' if n != 1 else ''} not checked")
     m = len(w.get("suspicious") or [])
     if m:
-        out += f" · {m} suspicious"
+        out.append(f" · {m} suspicious")
     return out
 
 
@@ -182,7 +306,8 @@ def title(reps: list[Report]) -> str:
 def meta_rows(rep: Report) -> list[tuple[str, str]]:
     ck = rep.checkpoint or {}
     rows = [("checkpoint", str(ck.get("path"))),
-            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}")]
+            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}"
+             if ck.get("n_tensors") is not None else str(ck.get("format")))]
     if rep.run:
         r = rep.run
         failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
@@ -221,7 +346,10 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     if f.tensor:
         rows.append(("tensor", f.tensor))
     if f.source:
-        rows.append(("source", f.source))
+        path, line, code = split_source(f.source)
+        rows.append(("source", f"{path}:{line}" if line is not None else str(path)))
+        if code:
+            rows.append(("code", code))
     return rows
 
 
@@ -305,6 +433,30 @@ class DiagnosisView:
     where: tuple[str, str, str] | None  # module, op, dtype
     evidence: list[str]
     fix: str
+    check: str  # what re-running the fix on a copy showed (or why there is nothing to re-run)
+    check_tone: str  # ok | bad | none
+
+
+VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verified sentence to the fix
+
+
+def fix_check_line(rep: Report) -> tuple[str, str]:
+    """The verified fix as one line and its tone: ok (finite), bad (still non-finite), none."""
+    from ..explain.fix_check import no_mechanical_fix
+
+    d = rep.diagnosis
+    if d is None:
+        return "", "none"
+    fv = d.fix_verified
+    if fv is None:
+        why = no_mechanical_fix(d.cause)
+        return (f"no mechanical fix to verify: {why}" if why else "not verified (nothing could be re-run)"), "none"
+    where = "the whole model" if fv.scope == "model" else "the failing module"
+    if fv.finite:
+        err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
+            f" (the {fv.reference} run is not finite to compare with)"
+        return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
+    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
 
 
 def diagnosis(rep: Report) -> DiagnosisView | None:
@@ -312,7 +464,8 @@ def diagnosis(rep: Report) -> DiagnosisView | None:
     if d is None:
         return None
     where = (module_name(d.module), d.op or "", str(d.dtype)) if d.module is not None or d.op else None
-    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix)
+    check, tone = fix_check_line(rep)
+    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix.split(VERIFIED)[0], check, tone)
 
 
 REPLAY_HEAD = ["dtype", "finite", "NaN", "+inf", "−inf", "absmax", "rel err vs fp64"]
@@ -429,3 +582,54 @@ def caveat_rows(rep: Report) -> list[list[str]]:
             else f"|x| {fmt(s['absmax'])} (uninitialised memory?)"] for s in w.get("suspicious") or []]
     out += [[str(u["name"]), f"not checked: {u['reason']}"] for u in w.get("unchecked") or []]
     return out
+
+
+# --- reproducing: command, versions, inputs, every tensor -----------------------------------------
+
+def versions() -> list[tuple[str, str]]:
+    """(package, version) of nanhunter, torch and transformers as installed (not imported)."""
+    from importlib import metadata
+
+    from ..version import __version__
+
+    out = [("nanhunter", __version__)]
+    for pkg in ("torch", "transformers"):
+        try:
+            out.append((pkg, metadata.version(pkg)))
+        except metadata.PackageNotFoundError:
+            out.append((pkg, "not installed"))
+    return out
+
+
+def command_line(rep: Report) -> str | None:
+    """``run.command`` as a shell line (each argument quoted where needed)."""
+    import shlex
+
+    cmd = (rep.run or {}).get("command")
+    return " ".join(shlex.quote(str(a)) for a in cmd) if cmd else None
+
+
+INPUTS_HEAD = ["input", "label", "finite", "text"]
+
+
+def input_rows(rep: Report) -> list[list[str]]:
+    """Per input of the data set: index, label, finite, its text (prompt or data line)."""
+    return [[f"#{r.get('index')}", str(r.get("label") or ""), "yes" if r.get("finite") else "NO",
+             r.get("text") or "—"] for r in rep.inputs or []]
+
+
+TENSORS_HEAD = ["tensor", "dtype", "shape", "absmax", "abs-min ≠ 0", "fp16 max / absmax", "→ 0 in fp16"]
+
+
+def tensor_rows(rep: Report, max_rows: int = 200) -> tuple[list[list[str]], int]:
+    """Every scanned tensor (at most ``max_rows``): range, smallest non-zero magnitude, fp16
+    headroom and the fraction of non-zero values that flush to zero in fp16; and how many more."""
+    ts = (rep.weights or {}).get("tensors") or []
+    rows = []
+    for t in ts[:max(0, max_rows)]:
+        room = (t.get("headroom") or {}).get("fp16")
+        zero = t.get("fp16_zero_frac")
+        rows.append([t["name"], t["dtype"], str(t["shape"]), fmt(t.get("absmax")), fmt(t.get("min_nonzero")),
+                     f"{room:.3g}x" if isinstance(room, float) else "—",
+                     "—" if zero is None else f"{zero:.2%}"])
+    return rows, max(0, len(ts) - len(rows))

@@ -23,6 +23,7 @@ import torch
 
 from ..capture.blocks import main_blocks
 from ..capture.ops import OpEvent
+from ..explain import fix_check
 from ..explain.assemble import Located, diagnosis_of
 from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
@@ -37,7 +38,7 @@ from ..locate.training import (
 from ..model.execute import weights_as, weights_copy
 from ..report import RunInfo
 from ..version import __version__
-from .watch_report import WatchReport
+from .watch_report import WatchReport, replay_region
 
 
 def _enabled(scaler: Any) -> bool:
@@ -327,9 +328,13 @@ class TrainingState:
         if fnf is None or rep.diagnosis is not None:
             return
         ev = rep.op_event
-        loc = Located(fnf, self._run_at(fnf.step, fnf.phase), ev, is_block=fnf.module in set(main_blocks(w.model)),
+        run_at = self._run_at(fnf.step, fnf.phase)
+        rep.replay = replay_region(rep.region, run_at)
+        loc = Located(fnf, run_at, ev, rep.replay, is_block=fnf.module in set(main_blocks(w.model)),
                       input_label=fnf.tensor, optimizer_facts=rep.optimizer_facts)
         rep.diagnosis = diagnosis_of(loc, None, rep.failed_inputs, w.n_forwards)
+        if run_at is not None:
+            fix_check.check(rep.diagnosis, rep.region, run_at)
 
 
 def _run_of(model: torch.nn.Module) -> Any:

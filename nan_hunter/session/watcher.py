@@ -13,6 +13,7 @@ RNG is forked, and the watch's own hooks are paused while it re-runs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ..capture.recorder import Recorder
 from ..capture.snapshot import Snapshot
 from ..distributed.global_report import combine, local_reruns
 from ..dtypes import RunDtype
+from ..explain.fix_check import Region
 from ..locate.first_op import locate_op
 from ..locate.position import token_position
 from ..locate.producer import (
@@ -342,4 +344,8 @@ class Watch(Recorder):
                          f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "
                          f"train mode or when query, key and value differ: {ev.op} is an op of that path, not of "
                          "the fused torch._native_multi_head_attention")
-        return WatchReport(fnf, call_table(fine.calls, rows), failed_inputs(fine.calls, rows), notes, ev)
+        rep = WatchReport(fnf, call_table(fine.calls, rows), failed_inputs(fine.calls, rows), notes, ev)
+        if f.role == "producer":  # replayed per dtype and its fix checked when diagnosed (TrainingState.finish)
+            # a copy: the weights the fault ran with, whatever the training loop does to them next
+            rep.region = Region(f.call.module, copy.deepcopy(target), margs, mkw)
+        return rep

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.text import Text
 
 from ...report import Report
 from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
@@ -37,14 +38,16 @@ def console(stderr: bool = False) -> Console:
 
 
 def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
-                weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
-    """Header, weights, headroom strip (``strip`` and module rows), producer and diagnosis panels,
-    near misses and notes: everything but the verdict line."""
+                weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS,
+                first: Text | None = None) -> None:
+    """Header, ``first`` (the verdict, stated up front), weights, headroom strip (``strip`` and
+    module rows), producer and diagnosis panels, near misses and notes."""
     width = c.width
-    parts = [header(rep, width), *weights_tables(rep, width, weights_max_rows, weights_targets),
-             headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
-             diagnosis_panel(rep, width),
-             findings(rep, width, near_miss_max_listed)]
+    rest = [*weights_tables(rep, width, weights_max_rows, weights_targets),
+            headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
+            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed)]
+    # stated up front only when something comes between it and the verdict at the end
+    parts = [header(rep, width), first if any(p is not None for p in rest) else None, *rest]
     for part in parts:
         if part is not None:
             c.print(part)
@@ -56,12 +59,13 @@ def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr
     """The full terminal view of one report on ``c`` (default: ``console(stderr)``); ``strip``
     adds the per-module headroom strip."""
     c = c or console(stderr)
+    line = verdict(rep, c.width)
     render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
-                weights_targets=weights_targets)
+                weights_targets=weights_targets, first=line)
     found = bisect_view(rep, c.width)
     if found is not None:
         c.print(found)
-    c.print(verdict(rep))
+    c.print(line)
 
 
 def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,
@@ -70,6 +74,7 @@ def render_check(reps: list[Report], c: Console | None = None, strip: bool | Non
     """Per checkpoint: the scan panels (the strip by default only when it failed), its rule
     results; then one verdict line for the whole check."""
     c = c or console(stderr)
+    c.print(check_verdict(reps))
     for rep in reps:
         show = strip if strip is not None else not (rep.check or {}).get("passed", True)
         render_body(rep, c, strip=bool(show), near_miss_max_listed=near_miss_max_listed,

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 ELLIPSIS = "…"
+MARKER = re.compile(r"^(step|∇|#\d+) ")  # a row's kind before its name, kept when the name is shortened
 SEP = 1  # cells between columns
 
 
@@ -49,6 +50,9 @@ def shorten_middle(name: str, width: int, sep: str = ".") -> str:
         return name
     if width <= 1:
         return ELLIPSIS[:max(0, width)]
+    marker = MARKER.match(name)
+    if marker and width - cell_len(marker[0]) >= 8:  # "step lm_head.weight", "∇ fc1", "#3 mlp": the marker stays
+        return marker[0] + shorten_middle(name[marker.end():], width - cell_len(marker[0]), sep)
     room = width - 1
     bare = _aligned_tail(name, room, sep)
     first = name.split(sep, 1)[0] + sep

@@ -14,10 +14,11 @@ from rich.text import Text
 from ...report import Report
 from .. import rows as R
 from ..escape import terminal as esc
-from .layout import Col, hanging, table
+from .layout import Col, hanging, shorten_middle, table
 
 KIND_STYLE = {"nan": "bold red", "posinf": "bold magenta", "neginf": "bold blue"}
 TONE_STYLE = {"ok": "bold green", "warn": "bold yellow", "bad": "bold red"}
+CHECK_STYLE = {"ok": "bold green", "bad": "bold red", "none": "dim"}
 PANEL_CHROME = 4  # border and padding cells a Panel takes from the width
 
 
@@ -103,8 +104,12 @@ def producer_panel(rep: Report, width: int) -> Panel | None:
     if f is None:
         return None
     styles = {"module": "bold", "op": "bold", "value": KIND_STYLE.get(f.kind, ""), "source": "cyan", "when": "bold"}
+    where = R.where_rows(rep)
+    room = width - PANEL_CHROME - max(len(k) for k, _ in where) - 1
+    # a path is shortened in the middle on one line (its tail names the file), never broken mid-word
+    where = [(k, shorten_middle(esc(v), room, "/") if k == "source" else v) for k, v in where]
     parts: list[RenderableType] = [hanging([(Text(k, style="dim"), t(v, styles.get(k, "")))
-                                            for k, v in R.where_rows(rep)], width - PANEL_CHROME)]
+                                            for k, v in where], width - PANEL_CHROME)]
     lead = lead_table(rep, width - PANEL_CHROME)
     if lead is not None:
         parts += [Text(""), Text("last calls (execution order):", style="dim"), lead]
@@ -135,6 +140,8 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
         lines.append((Text("where", style="dim"), t(f"{module}  {op}  ({dtype})")))
     lines += [(Text("  •", style="dim"), t(e)) for e in d.evidence]
     lines.append((Text("fix", style="bold green"), t(d.fix)))
+    if d.check:
+        lines.append((Text("check", style="dim"), t(d.check, CHECK_STYLE[d.check_tone])))
     inner = width - PANEL_CHROME
     parts: list[RenderableType] = [hanging([(t(d.cause, "bold yellow"), t(d.summary))], inner), hanging(lines, inner)]
     tab = replay_table(rep)
@@ -153,9 +160,12 @@ def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED) 
     return hanging(lines, width) if lines else None
 
 
-def verdict(rep: Report) -> Text:
-    v = R.verdict(rep)
-    return t(v.text, TONE_STYLE[v.tone])
+def verdict(rep: Report, width: int = R.VERDICT_WIDTH) -> Text:
+    """The verdict line: at most 79 cells (less on a narrower console), never wrapped."""
+    v = R.verdict(rep, min(R.VERDICT_WIDTH, max(20, width - 1)))
+    line = t(v.text, TONE_STYLE[v.tone])
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
 
 
 def bisect_view(rep: Report, width: int) -> RenderableType | None:

@@ -11,7 +11,7 @@ from rich.text import Text
 from ...report import Report
 from ..escape import terminal as esc
 from ..headroom import STRIP_ROWS, StripCall, strip
-from .layout import SEP, Col, fit, shorten_end, shorten_middle
+from .layout import SEP, Col, fit, shorten_end, shorten_middle, wrap
 
 BAR_MIN, BAR_MID, BAR_MAX = 10, 20, 28
 NAME_MID = 36  # the module column grows to this before the bar does
@@ -40,6 +40,7 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
     cols = [Col("", [Text("▶")]), Col("module", [Text(_name(it, 2)) for it in calls], "name", low=24, cap=60),
             Col("type", [Text(esc(it.module_type)) for it in calls], "end", low=10, cap=22, optional=True),
             Col(head, [], "bar", low=BAR_MIN, cap=BAR_MAX),
+            Col("abs-min", [Text(it.absmin) for it in calls], justify="right"),
             Col("absmax", [Text(it.absmax) for it in calls], justify="right"),
             Col("headroom", [Text(it.headroom) for it in calls], justify="right")]
     w = fit(cols, width, order=[(1, NAME_MID), (3, BAR_MID), (2, 14), (1, None), (3, BAR_MAX)])
@@ -53,7 +54,7 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
                 out += t + Text(" " * SEP) if i < len(cols) - 1 else t
         return out
 
-    lines = [Text(s.title, style="bold"), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
+    lines = [*(Text(part, style="bold") for part in wrap(s.title, width)), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
                                                      style="dim") for i, c in enumerate(cols)])]
     for it in s.items:
         if not isinstance(it, StripCall):
@@ -65,6 +66,7 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
         lines.append(line([Text("▶" if it.producer else "", style="bold red"),
                            Text(" " * body + shorten_middle(name[body:], w[1] - body), style=style),
                            Text(shorten_end(esc(it.module_type), w[2])), _bar(it, w[3]),
+                           Text(it.absmin, style="dim"),
                            Text(it.absmax, style=TONE["bad"] if it.tone == "bad" else ""), Text(it.headroom)]))
     for t in lines:
         t.no_wrap, t.overflow = True, "crop"

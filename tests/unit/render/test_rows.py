@@ -80,7 +80,7 @@ def test_verdicts():
     assert R.verdict(Report(near_misses=[{"message": "x"}])).text == "✔ no NaN/Inf found in the weights " \
                                                                      "(weights-only scan) · 1 near miss(es)"
     rep = _failing(3, 1)
-    assert R.verdict(rep) == R.Verdict("✘ posinf first produced by layers.1 at aten.addmm.default", "bad")
+    assert R.verdict(rep) == R.Verdict("✘ +inf first produced by layers.1 at aten.addmm (fp16)", "bad")
     bis = Report(bisect=BisectResult("fp16", "fp32", ["a", "b"], 7, True, 0.01))
     assert R.verdict(bis).text.startswith("✔ keep 2 module(s) in fp32")
 

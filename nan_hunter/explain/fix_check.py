@@ -1,0 +1,352 @@
+"""Verified fixes (contract v1.2): the fix a diagnosis proposes, applied to a copy and re-run.
+
+``verify_fix(diagnosis, region, run, model=, batch=)`` picks the mechanical change for the
+diagnosis' cause, applies it to a deep copy of the failing region (the module with the inputs
+it was called with) — or, given the whole model and the failing input, to a copy of the model —
+re-runs it, and returns a ``FixVerified``: whether the output is finite and how far it is from
+the all-fp32 run. Neither the user's model nor the captured inputs are changed.
+
+Mechanical changes, by cause:
+
+- ``overflow``: keep the module in fp32 (``model.policy.apply_policy``); attention scores and
+  the residual stream: run in bf16; an fp8 run: keep the module in bf16.
+- ``division_by_zero``: an eps the dtype can hold (the module's ``eps``-like attribute raised to
+  the dtype's smallest normal), else keep the module in fp32.
+- ``scale_underflow``: compute the scale in fp32 (keep the module in fp32), else a clamped scale
+  (a divisor never smaller than 1 / the dtype's max).
+- ``masked_softmax``: a safe softmax (a fully masked row gives zeros, as SDPA's does).
+- ``compile_divergence``: ``emulate_precision_casts``, re-run by ``modes/compiled.py`` and
+  turned into a ``FixVerified`` by ``from_emulate_precision_casts``.
+
+Every other cause has no mechanical fix (``no_mechanical_fix`` says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..report import Diagnosis, FixVerified
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+    from ..dtypes import RunDtype
+
+__all__ = ["FixVerified", "Region", "from_emulate_precision_casts", "no_mechanical_fix", "verify_fix",
+           "with_verdict"]
+
+#: attributes holding an epsilon, as torch and transformers name them
+EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps", "rms_norm_eps")
+#: the largest model (parameter bytes) copied whole for a model-level check; bigger: the region only
+MODEL_COPY_LIMIT = 2 << 30
+
+NO_FIX = {
+    "nonfinite_input": "the input data is bad: nothing in the model to change",
+    "nonfinite_weights": "the checkpoint holds NaN/Inf: restore or re-export it",
+    "bad_scale": "a quantization scale in the checkpoint is bad: re-export it",
+    "domain_error": "the argument is outside the op's domain: the fix is upstream (a clamp changes the meaning)",
+    "not_reproducible": "the fault did not reproduce: there is nothing to re-run",
+    "unknown": "no rule explains the fault, so no change can be derived",
+}
+
+
+def no_mechanical_fix(cause: str) -> str | None:
+    """Why a cause has no fix that can be applied mechanically, or None when it has one."""
+    if cause in MECHANICAL:
+        return None
+    return NO_FIX.get(cause, f"no mechanical fix is known for {cause}")
+
+
+@dataclass
+class Region:
+    """The failing call: the module and the inputs it was called with (captured copies)."""
+
+    name: str
+    module: nn.Module
+    args: tuple
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One mechanical fix: what it says, and how it is applied to a copy (a context to run the
+    copy in, given the copy and the run's precision)."""
+
+    text: str
+    apply: Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]
+    whole_model: bool = True  # meaningful on a copy of the whole model (else: the region only)
+
+
+# --- the changes ---------------------------------------------------------------------------------
+
+
+def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+        from ..model.policy import apply_policy
+
+        handle = apply_policy(model, {"dtype": run.name, "keep_dtype": dtype, "modules": {name: dtype}})
+        try:
+            yield
+        finally:
+            handle.remove()
+    return apply
+
+
+def _run_in(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+        yield  # the copy and its inputs are cast to ``dtype`` by the caller (``Plan.dtype``)
+    apply.run_dtype = dtype  # type: ignore[attr-defined]
+    return apply
+
+
+@contextlib.contextmanager
+def _eps_it_holds(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+    """Every eps-like attribute of the module (and its children) that rounds to zero or to a
+    subnormal in the run's dtype raised to the dtype's smallest normal."""
+    target = model.get_submodule(name) if name else model
+    floor = run.range.smallest_normal
+    changed = 0
+    for m in target.modules():
+        for attr in EPS_NAMES:
+            v = getattr(m, attr, None)
+            if isinstance(v, float) and 0 < v < floor:
+                setattr(m, attr, floor)
+                changed += 1
+    if not changed:
+        raise _NotApplicable("no eps attribute below the dtype's smallest normal")
+    yield
+
+
+@contextlib.contextmanager
+def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+    """softmax/log_softmax of a fully masked row (all −inf) gives zeros instead of NaN."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = {torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default,
+           torch.ops.aten._safe_softmax.default}
+
+    class SafeSoftmax(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in ops:
+                x, dim = args[0], args[1]
+                masked = torch.isneginf(x).all(dim=dim, keepdim=True)
+                out = out.masked_fill(masked, 0.0)
+            return out
+
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention: the slow path, whose softmax this is
+    try:
+        with SafeSoftmax():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
+
+
+@contextlib.contextmanager
+def _clamped_scale(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+    """A divisor (reciprocal, div) never smaller in magnitude than 1 / the dtype's max, so the
+    inverted scale cannot overflow; zeros are left alone (that is a division by zero)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    lim = 1.0 / run.range.max
+
+    def clamp(d: torch.Tensor) -> torch.Tensor:
+        if not d.is_floating_point():
+            return d
+        floor = torch.tensor(lim, dtype=torch.float32).to(d.dtype).item()
+        floor = floor if floor >= lim else floor * (1 + 2 * run.range.eps)
+        small = (d != 0) & (d.abs() < floor)
+        return torch.where(small, torch.sign(d) * floor, d)
+
+    class ClampedScale(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.reciprocal.default:
+                args = (clamp(args[0]),)
+            elif func is torch.ops.aten.div.Tensor and isinstance(args[1], torch.Tensor):
+                args = (args[0], clamp(args[1]))
+            return func(*args, **(kwargs or {}))
+
+    with ClampedScale():
+        yield
+
+
+class _NotApplicable(Exception):
+    """The change does not apply to this module (e.g. it has no eps attribute)."""
+
+
+def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Change]:
+    name = d.module or "the root module"
+    keep32 = Change(f"keep {name} in fp32 (apply_policy)", _keep("fp32"))
+    if d.cause == "overflow":
+        if run.is_fp8:  # fp8 emulation covers every matmul of the run: keeping one module higher is not mechanical
+            return []
+        summary = d.summary.lower()
+        bf16 = Change("run in bf16", _run_in("bf16"))
+        if ("attention scores" in summary or "residual stream" in summary) and run.compute != "bf16":
+            return [bf16, keep32]
+        return [keep32, bf16] if run.compute != "fp32" else []
+    if d.cause == "division_by_zero":
+        return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds),
+                keep32]
+    if d.cause == "scale_underflow":
+        return [Change(f"compute the scale in fp32 (keep {name} in fp32, apply_policy)", _keep("fp32")),
+                Change(f"a clamped scale in {name} (|divisor| ≥ 1/{run.range.name} max)", _clamped_scale,
+                       whole_model=False)]
+    if d.cause == "masked_softmax":
+        return [Change(f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)", _safe_softmax,
+                       whole_model=False)]
+    return []
+
+
+MECHANICAL = ("overflow", "division_by_zero", "scale_underflow", "masked_softmax", "compile_divergence")
+
+
+# --- running a copy ------------------------------------------------------------------------------
+
+
+def _outputs(fn: Callable[[], Any]) -> list[Any]:
+    import torch
+
+    from .replay import float_outputs
+
+    with torch.no_grad():
+        return float_outputs(fn())
+
+
+def _finite(outs: list[Any]) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in outs)
+
+
+def _rel(outs: list[Any], ref: list[Any] | None) -> float | None:
+    from .replay import rel_err
+
+    if ref is None or not _finite(ref) or not _finite(outs):
+        return None
+    err = rel_err(outs, ref)
+    return err if math.isfinite(err) else None
+
+
+def _region_run(r: Region, run: RunDtype, change: Change | None) -> list[Any]:
+    """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
+    from ..dtypes import RunDtype as RD
+    from ..model.execute import run_context
+    from ..tree import cast_floats, detached_copy
+
+    dtype = getattr(change.apply, "run_dtype", None) if change else None
+    at = RD.of(dtype, run.recipe) if dtype else run
+    m = copy.deepcopy(r.module).to(at.torch_compute).eval()
+    a, kw = cast_floats(detached_copy((r.args, r.kwargs)), at.torch_compute)
+    ctx = change.apply(m, "", at) if change else contextlib.nullcontext()
+    with ctx, run_context(at):
+        return _outputs(lambda: m(*a, **kw))
+
+
+def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> list[Any]:
+    from ..dtypes import RunDtype as RD
+    from ..model.execute import run_context
+    from ..tree import cast_floats, detached_copy
+
+    dtype = getattr(change.apply, "run_dtype", None) if change else None
+    at = RD.of(dtype, run.recipe) if dtype else run
+    m = copy.deepcopy(model).to(at.torch_compute).eval()
+    kw = cast_floats(detached_copy(batch), at.torch_compute)
+    ctx = change.apply(m, name, at) if change else contextlib.nullcontext()
+    with ctx, run_context(at):
+        return _outputs(lambda: m(**kw))
+
+
+def _model_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
+               model: nn.Module | None = None, batch: dict[str, Any] | None = None,
+               module_type: str | None = None) -> FixVerified | None:
+    """The diagnosis' mechanical fix applied to a copy and re-run on the failing input: on the
+    whole ``model`` with ``batch`` when both are given (and the model is small enough to copy),
+    else on the ``region``. The first change that makes the run finite is reported, else the
+    first tried. None when the cause has no mechanical fix or nothing could run."""
+    if diagnosis is None or region is None:
+        return None
+    changes = _changes(diagnosis, run, module_type)
+    if not changes:
+        return None
+    whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
+    from ..dtypes import RunDtype as RD
+
+    fp32 = RD.of("fp32", run.recipe)
+    results: list[FixVerified] = []
+    ref_cache: dict[str, list[Any] | None] = {}
+    for ch in changes:
+        scope = "model" if whole and ch.whole_model else "region"
+        try:
+            if scope not in ref_cache:
+                ref_cache[scope] = (_model_run(model, batch, region.name, fp32, None) if scope == "model"
+                                    else _region_run(region, fp32, None))
+            outs = (_model_run(model, batch, region.name, run, ch) if scope == "model"
+                    else _region_run(region, run, ch))
+        except _NotApplicable:
+            continue
+        except Exception:  # a change the model's code cannot take (mixed dtypes downstream...)
+            continue
+        fv = FixVerified(ch.text, _finite(outs), _rel(outs, ref_cache[scope]), scope)
+        if fv.finite:
+            return fv
+        results.append(fv)
+    return results[0] if results else None
+
+
+def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> FixVerified | None:
+    """``scan --compile``'s re-run with ``emulate_precision_casts = True`` as a verified fix
+    (finite: the compiled run is finite and within ``rtol`` of eager)."""
+    if not block:
+        return None
+    err = block.get("max_rel_err")
+    err = err if isinstance(err, float) and math.isfinite(err) else None
+    ok = bool(block.get("compiled_finite")) and err is not None and err <= rtol
+    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager")
+
+
+def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None) -> Diagnosis:
+    """Record ``fv`` on the diagnosis; its fix text says "verified" only when the fix made the
+    failing input finite."""
+    diagnosis.fix_verified = fv
+    if fv is not None and fv.finite:
+        err = f", max rel err {fv.max_rel_err:.3g} vs {fv.reference}" if fv.max_rel_err is not None else ""
+        diagnosis.fix += f" Verified: {fv.change} makes the failing input finite{err}."
+    return diagnosis
+
+
+def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **kw: Any) -> None:
+    """``verify_fix`` then ``with_verdict``: the one call each diagnosis point makes."""
+    if diagnosis is None:
+        return
+    with_verdict(diagnosis, verify_fix(diagnosis, region, run, **kw))
+
+
+def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_index: int,
+               rerun: Callable[[], Any], run: RunDtype) -> None:
+    """``check`` for a forward fault known by module name and call index (under ``watch()`` and
+    capsule replays): the region's inputs are captured from ``rerun``, a forward of the model."""
+    if diagnosis is None or no_mechanical_fix(diagnosis.cause) or diagnosis.cause == "compile_divergence":
+        return
+    from ..capture.targeted import call_inputs
+
+    try:
+        args, kwargs = call_inputs(model, rerun, name, call_index)
+    except Exception:  # noqa: BLE001 - the diagnosis stands unverified
+        return
+    target = model.get_submodule(name) if name else model
+    check(diagnosis, Region(name, target, args, kwargs), run)

@@ -1,0 +1,80 @@
+"""Verified fixes on the shipped incidents (contract v1.2 "Verified fixes"): the proposed fix
+applied to a copy and re-run on the failing input; the fix text says "verified" only when it
+made the run finite; causes with no mechanical fix have none. In-process (``scan``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nan_hunter.pipeline.scan_checkpoint import scan
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = yaml.safe_load((ROOT / "examples/incidents/EXPECTED.yaml").read_text())["incidents"]
+
+#: incident → (the change re-run, its largest allowed max_rel_err vs fp32; None: fp32 itself is not finite)
+VERIFIED = {
+    "ffn_wo_overflow": ("keep ffn.wo in fp32", 1e-6),
+    "qk_overflow": ("run in bf16", 0.01),
+    "residual_overflow": ("run in bf16", 0.01),
+    "fp8_scale_reciprocal": ("keep quant in fp32", 1e-6),
+    "eps_underflow": ("an eps fp16 can hold", 0.01),
+    "masked_softmax": ("a safe softmax in attn", None),
+    "finfo_min_mask": ("a safe softmax in attn", 1.0),
+}
+NO_FIX = {"log_negative": "outside the op's domain", "nan_input": "input data is bad",
+          "nan_weight": "checkpoint holds NaN/Inf"}
+
+
+def _scan(name: str):
+    c = EXPECTED[name]
+    return scan(str(ROOT / c["checkpoint"]), arch=str(ROOT / c["arch"].split(":")[0]) + ":" + c["arch"].split(":")[1],
+                inputs=[str(ROOT / i) for i in c["inputs"]], dtype=c["dtype"], device="cpu")
+
+
+@pytest.mark.parametrize("name", sorted(VERIFIED))
+def test_mechanical_fix_is_verified(name):
+    rep = _scan(name)
+    fv = rep.diagnosis.fix_verified
+    change, bound = VERIFIED[name]
+    assert fv is not None and fv.finite and change in fv.change, fv
+    if bound is None:
+        assert fv.max_rel_err is None  # fp32 itself is non-finite: nothing to compare with
+    else:
+        assert fv.max_rel_err is not None and fv.max_rel_err <= bound
+    assert "Verified: " in rep.diagnosis.fix and change in rep.diagnosis.fix
+    assert rep.to_dict()["diagnosis"]["fix_verified"]["finite"] is True
+
+
+@pytest.mark.parametrize("name", sorted(NO_FIX))
+def test_no_mechanical_fix_says_so(name):
+    from nan_hunter.render.rows import fix_check_line
+
+    rep = _scan(name)
+    assert rep.diagnosis.fix_verified is None and "verified" not in rep.diagnosis.fix.lower()
+    assert rep.to_dict()["diagnosis"]["fix_verified"] is None
+    line, tone = fix_check_line(rep)
+    assert line.startswith("no mechanical fix to verify") and NO_FIX[name] in line and tone == "none"
+
+
+def test_the_users_model_is_not_changed():
+    """The fix is applied to copies: the incident's model weights are bitwise what they were."""
+    import torch
+
+    from nan_hunter.dtypes import RunDtype
+    from nan_hunter.explain.fix_check import Region, verify_fix
+    from nan_hunter.report import Diagnosis
+
+    lin = torch.nn.Linear(4, 8).half()
+    with torch.no_grad():
+        lin.weight.fill_(3000.0)
+    before = {k: v.clone() for k, v in lin.state_dict().items()}
+    x = torch.full((2, 4), 8.0, dtype=torch.float16)
+    d = Diagnosis("overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32")
+    fv = verify_fix(d, Region("", lin, (x,), {}), RunDtype.of("fp16"))
+    # kept in fp32, 96000 stays in fp32 (apply_policy casts an output down only where it fits)
+    assert fv is not None and fv.finite and fv.max_rel_err == 0.0 and fv.scope == "region"
+    assert all(torch.equal(before[k], v) for k, v in lin.state_dict().items()) and lin.weight.dtype == torch.float16
+    assert torch.equal(x, torch.full((2, 4), 8.0, dtype=torch.float16))

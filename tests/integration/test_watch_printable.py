@@ -1,0 +1,59 @@
+"""A watch report people can use: ``print(rep)`` shows the terminal view, ``to_html``/``to_json``
+write the CLI's reports, with the replay matrix and the verified fix; ``watch``'s signature."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import torch
+
+import nan_hunter
+from nan_hunter.render.rows import VERDICT_WIDTH, cells
+
+
+def _overflowing_report():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).half()
+    with torch.no_grad():
+        m[0].weight.fill_(1.0)
+        m[2].weight.fill_(30000.0)
+    with nan_hunter.watch(m) as w:
+        m(torch.full((2, 4), 3.0, dtype=torch.float16))
+    return w.report()
+
+
+def test_print_json_and_html(tmp_path, capsys):
+    rep = _overflowing_report()
+    print(rep)
+    out = capsys.readouterr().out
+    assert "✘ overflow: +inf first produced by 2 at aten.addmm (fp16)" in out
+    assert "replay of the failing region" in out and "✔ verified on a copy of the failing module" in out
+    text80 = rep.render(80)
+    assert all(cells(line) <= 80 for line in text80.splitlines())
+    rep.to_json(str(tmp_path / "r.json"))
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["schema"] == "nanhunter.report/v1" and d["first_nonfinite"]["module"] == "2"
+    assert d["replay"]["fp16"]["finite"] is False and d["replay"]["bf16"]["finite"] is True
+    assert d["diagnosis"]["fix_verified"] == {"change": "keep 2 in fp32 (apply_policy)", "finite": True,
+                                              "max_rel_err": 0.0, "scope": "region", "reference": "fp32"}
+    rep.to_html(str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "verified on a copy" in page and "replay" in page
+    assert rep["replay"]["fp16"]["posinf"] == 4  # keys, as the JSON report
+
+
+def test_clean_watch_prints_one_verdict():
+    m = torch.nn.Linear(3, 3)
+    with nan_hunter.watch(m) as w:
+        m(torch.ones(1, 3))
+    text = w.report().render(80)
+    assert text.strip().splitlines()[-1] == "✔ no NaN/Inf found" and cells("✔ no NaN/Inf found") <= VERDICT_WIDTH
+
+
+def test_watch_signature_is_typed_and_documented():
+    sig = inspect.signature(nan_hunter.watch)
+    for name in ("level", "retain", "dtype", "backward", "optimizer", "scaler", "capsule_dir", "arch", "on_fault"):
+        assert name in sig.parameters and name in nan_hunter.watch.__doc__
+    assert sig.parameters["on_fault"].default == "record"
+    assert any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())  # options still forwarded

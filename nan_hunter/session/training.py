@@ -143,8 +143,15 @@ class TrainingState:
 
     def on_first_fault(self, forward: int, phase: str) -> None:
         w = self.w
-        # the weights of the failing step, copied once, in every loop: a report explains the leaf and op
-        # after an optimizer step or an in-place update changed them (one copy of the state, once per run)
+        # the weights of the failing step, copied once, in every training loop (a forward run with grad
+        # on, parameters that require grad): a report explains the leaf and op after an optimizer step
+        # changed them (one copy of the state, once per run). Not for no-grad runs (the CLI's scans,
+        # generate()): their weights stay, and a copy of a big checkpoint would double its memory.
+        ctx = w.contexts.get(forward)
+        trains = ctx is not None and ctx.grad and not ctx.inference \
+            and any(p.requires_grad for p in w.model.parameters())
+        if not w.late_phases and not self.capsule_dir and not trains:
+            return
         if phase == "optimizer":
             pre = self.pre_step if self.pre_step and self.pre_step["step"] == forward else None
             state = pre["weights"] if pre else None

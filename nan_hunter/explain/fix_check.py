@@ -230,11 +230,11 @@ def _finite(outs: list[Any]) -> bool:
 
 
 def _rel(outs: list[Any], ref: list[Any] | None) -> float | None:
-    from .replay import rel_err
+    from .compare import compare
 
     if ref is None or not _finite(ref) or not _finite(outs):
         return None
-    err = rel_err(outs, ref)
+    err = compare(outs, ref).error
     return err if math.isfinite(err) else None
 
 

@@ -219,10 +219,6 @@ def _fault_line(rep: Report, width: int) -> str:
             parts.append((f" ({dt})", True))
         return fitted(parts, width, {0: where})
     w = rep.weights or {}
-    if cause == "bad_scale":
-        q = [x for x in w.get("quantized") or [] if any(b["problem"] != "negative" for b in x["bad_blocks"])]
-        what = head + f"{len(q)} quantized weight(s) with a NaN/Inf or zero scale, first " + "{}"
-        return fitted([(what, False)], width, {0: q[0]["name"] if q else "?"})
     bad = w.get("nonfinite") or []
     if bad:
         what = head + f"{len(bad)} checkpoint tensor(s) hold NaN/Inf, first " + "{}"

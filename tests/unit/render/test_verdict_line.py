@@ -74,7 +74,7 @@ def test_weights_only_bad_scale_and_clean_runs():
     v = R.verdict(rep)
     assert v.text.startswith("✘ bad_scale: model.layers.0.mlp.down_proj.weight_scale_inv") and v.tone == "bad"
     clean = Report(weights={"n_tensors": 2, "nonfinite": [], "unchecked": [{"name": "a", "dtype": "F4"}]})
-    assert R.verdict(clean).text == "✔ no NaN/Inf found in the weights (weights-only scan) · 1 tensor(s) not checked"
+    assert R.verdict(clean).text == "✔ no NaN/Inf found in the weights (weights-only scan) · 1 tensor not checked"
     assert R.verdict(Report()).text == "✔ no NaN/Inf found in the weights (weights-only scan)"
 
 

@@ -25,7 +25,7 @@ def test_keys_are_those_of_the_json_report():
     assert r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
     assert r.first_nonfinite.step == 2 and r.diagnosis.cause == "sqrt_at_zero"  # and attributes
     assert set(r.to_dict()) == {"first_nonfinite", "diagnosis", "run", "modules", "failed_inputs", "notes",
-                                "aggregates", "n_forwards", "ranks"}
+                                "aggregates", "n_forwards", "ranks", "replay"}
     json.dumps(r.to_dict(), allow_nan=False)  # plain JSON values only
 
 

@@ -130,6 +130,7 @@ class RunInfo:
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
     skipped_steps: list[int] | None = None  # watch(on_fault="skip"): the steps whose update was undone
+    on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -206,7 +206,7 @@ class Report:
             "torch_version": torch.__version__,
             "checkpoint": self.checkpoint,
             "weights": self.weights,
-            "run": self.run.to_dict() if self.run is not None else None,
+            "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
             "first_nonfinite": None,
             "replay": self.replay,
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,

@@ -70,9 +70,10 @@ def torchrun(tmp: Path, *args: object, nproc: int = 2, timeout: float = 240) -> 
 
 
 def normalized(rep: object) -> object:
-    """The report without what may differ between one process and K ranks: notes and the rank."""
+    """The report without what may differ between one process and K ranks: notes and the rank (and
+    ``run.command``, the command line as run: the two runs write their reports to different paths)."""
     if isinstance(rep, dict):
-        return {k: normalized(v) for k, v in rep.items() if k not in ("notes", "rank")}
+        return {k: normalized(v) for k, v in rep.items() if k not in ("notes", "rank", "command")}
     if isinstance(rep, list):
         return [normalized(v) for v in rep]
     return rep

@@ -83,7 +83,11 @@ def locate_forward(p: Prepared, finding: Any, rerun: Any, input_index: int, repl
                 matrix = do_replay(target, margs, mkw, p.run)
     first = to_first_nonfinite(finding, ev, step=step)
     first.input_index = input_index
-    whole = {"model": p.model, "batch": p.batches[input_index]} if step == 0 and finding.role == "producer" else {}
+    # the whole model is copied for the check only where it is in memory: a placed model (--device-map)
+    # keeps offloaded weights on meta between calls, so its failing module is checked alone
+    placed = getattr(p.model, "hf_device_map", None) is not None
+    whole = {"model": p.model, "batch": p.batches[input_index]} \
+        if step == 0 and finding.role == "producer" and not placed else {}
 
     def verify(d: Any) -> None:
         with materialized(p.model, call.module):

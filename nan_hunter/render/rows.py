@@ -212,8 +212,9 @@ def _fault_line(rep: Report, width: int) -> str:
         if f.phase == "optimizer":
             return fitted([(head + f"{kind} in optimizer.step() of " + "{}", False)], width,
                           {0: f.param or where})
+        # a training fault's phase is kept before the op: it says where to look (backward, optimizer)
         parts = [(head + f"{kind} first produced by " + "{}", False), (f" at {op}" if op else "", True),
-                 (phase, True)]
+                 (phase, not phase)]
         dt = (rep.run or {}).get("dtype")
         if dt:
             parts.append((f" ({dt})", True))

@@ -40,17 +40,15 @@ class WatchReport:
     def to_dict(self) -> dict[str, Any]:
         return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
                 "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
-                "run": self.run.to_dict() if self.run is not None else None,
+                "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
                 "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes,
                 "aggregates": self.aggregates, "n_forwards": self.n_forwards, "ranks": self.ranks,
                 "replay": self.replay}
 
     def as_report(self) -> Report:
         """This watch's findings as a report v1 (what ``nanhunter scan`` writes; no checkpoint)."""
-        run = dict(self.run or {})
-        run.setdefault("failed_inputs", list(self.failed_inputs))
-        run.setdefault("n_inputs", self.n_forwards)
-        run.setdefault("device", None)
+        run = self.run if self.run is not None else RunInfo(
+            dtype=None, device="", n_inputs=self.n_forwards, failed_inputs=list(self.failed_inputs))
         return Report(checkpoint={"path": "watch()", "format": "a live model under nan_hunter.watch()",
                                   "n_tensors": None, "bytes": None},
                       weights=None, run=run, first_nonfinite=self.first_nonfinite, replay=self.replay,

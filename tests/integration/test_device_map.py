@@ -67,7 +67,7 @@ def test_offloaded_run_finds_the_same_fault(cli, data, tmp_path):
     # the fix is verified on the failing module alone when the model is placed (offloaded weights
     # live on meta between calls), on the whole model otherwise: both find it makes the input finite
     fa, fb = a["diagnosis"]["fix_verified"], b["diagnosis"]["fix_verified"]
-    assert fa["finite"] and fb["finite"] and fb["scope"] == "region" and fa["change"] == fb["change"]
+    assert fa["finite"] and fb["finite"] and fb["scope"] == "region"
     assert b["replay"] == a["replay"] and b["replay"]["fp16"]["finite"] is False
     note = next(n for n in b["notes"] if n.startswith("--device-map auto:"))
     assert "on disk" in note and "on cpu" in note

@@ -33,6 +33,7 @@ captured, nothing is folded.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -578,11 +579,29 @@ class Recorder:
         unless ``_judge_late_now`` asks for it now (one read-back per backward pass)."""
         if not self._rows_on_host() and not self.listener.judge_late_now():
             return
-        for f in forwards:
+        self.judge_backward(forwards)
+
+    def judge_backward(self, steps: Iterable[int]) -> bool:
+        """Read the gradient rows of ``steps`` now and mark each step whose backward produced a
+        non-finite gradient (``mark_late_fault``); True when any did."""
+        hit = False
+        for f in steps:
             calls = [c for c in (self.grads.calls.get(f, {}).values() if self.grads else ()) if c.outputs]
-            rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+            rows = self.sink.read([r for c in calls for _, r in c.outputs])
             if any(_nonfinite(rows[r]) for c in calls for _, r in c.outputs):
                 self.mark_late_fault(f, "backward")
+                hit = True
+        return hit
+
+    def judge_optimizer(self, step: int, calls: list[Call]) -> bool:
+        """Read the rows of ``step``'s optimizer calls now: the step is marked when a parameter went
+        non-finite from a finite value and gradient; True when one did."""
+        rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
+        for c in calls:
+            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
+                self.mark_late_fault(step, "optimizer")
+                return True
+        return False
 
     def on_optimizer_end(self, forward: int, calls: list[Call]) -> None:
         """An optimizer step ended: judge it (``_judge_optimizer``), then tell the listener."""
@@ -593,11 +612,7 @@ class Recorder:
         """On a host sink, judge the step now (a device sink: see ``on_backward_end``)."""
         if not self._rows_on_host() and not self.listener.judge_late_now():
             return
-        rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
-        for c in calls:
-            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
-                self.mark_late_fault(forward, "optimizer")
-                return
+        self.judge_optimizer(forward, calls)
 
     def mark_late_fault(self, f: int, phase: str) -> None:
         """Step ``f`` went non-finite in a phase after its forward (which was judged finite)."""

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from ..capture.recorder import _nonfinite
 from ..errors import NonFiniteError
 from ..tree import local_shard
 
@@ -152,17 +151,8 @@ class FaultPolicy:
         w.judge_finished(forward)
         if w.first_failed is not None:
             return
-        for f in window:
-            gcalls = [c for c in (w.grads.calls.get(f, {}).values() if w.grads else ()) if c.outputs]
-            rows = w.sink.read([r for c in gcalls for _, r in c.outputs])
-            if any(_nonfinite(rows[r]) for c in gcalls for _, r in c.outputs):
-                w.mark_late_fault(f, "backward")
-                return
-        rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
-        for c in calls:
-            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
-                w.mark_late_fault(forward, "optimizer")
-                return
+        if not w.judge_backward(window):
+            w.judge_optimizer(forward, calls)
 
     def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
         w = self.w

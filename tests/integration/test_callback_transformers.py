@@ -23,6 +23,19 @@ FAULT = 2  # global_step whose batch is all token 0
 STEPS = 5
 
 
+@pytest.fixture(autouse=True)
+def _transformers_warnings():
+    """The verdict is logged at WARNING through transformers' logger: in-process CLI tests earlier in
+    the same worker leave transformers' verbosity at ERROR (nanhunter quiets it while it builds a
+    model), so it is set for each test here and put back after."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    yield
+    hf_logging.set_verbosity(level)
+
+
 def _model():
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,

@@ -44,20 +44,14 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
         capsule_dir: write ``DIR/step-<k>/`` (weights, batch, config) at the first fault, for
             ``nanhunter scan DIR/step-<k>`` on another machine.
         arch: ``"file.py:factory"`` recorded in the capsule for models that are not transformers.
-        on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2),
-            where this version of ``Watch`` supports it.
+        on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2).
         **options: further ``session.watcher.Watch`` options, passed on as they are.
     """
-    import inspect
-
     from .session.watcher import Watch
 
-    kw: dict[str, Any] = dict(level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
-                              backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
-                              arch=arch, **options)
-    if on_fault != "record" or "on_fault" in inspect.signature(Watch.__init__).parameters:
-        kw["on_fault"] = on_fault  # a Watch without on_fault refuses anything but the default, by its TypeError
-    w = Watch(model, **kw)
+    w = Watch(model, level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
+              backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir, arch=arch,
+              on_fault=on_fault, **options)
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
     return w
 

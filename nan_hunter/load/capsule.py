@@ -70,21 +70,14 @@ def write(root: str | os.PathLike, step: int, *, weights: dict[str, Any], args: 
     inputs: dict[str, Any] = {}
     other: dict[str, Any] = {}
     dropped: list[str] = []
-    for i, a in enumerate(args):
-        key = f"args.{i}"
-        if isinstance(a, torch.Tensor):
-            inputs[key] = a
-        elif _jsonable(a):
-            other[key] = a
+    named = [(f"args.{i}", a) for i, a in enumerate(args)] + list(kwargs.items())  # positional as args.<i>
+    for key, v in named:
+        if isinstance(v, torch.Tensor):
+            inputs[key] = v
+        elif _jsonable(v):
+            other[key] = v
         else:
             dropped.append(key)
-    for k, v in kwargs.items():
-        if isinstance(v, torch.Tensor):
-            inputs[k] = v
-        elif _jsonable(v):
-            other[k] = v
-        else:
-            dropped.append(k)
     # Everything is serialized before the directory exists (a tensor safetensors cannot store
     # leaves no half capsule), and capsule.json, which makes it a capsule, is written last.
     blobs = {"model.safetensors": _tensors_bytes(weights), "inputs.safetensors": _tensors_bytes(inputs)}

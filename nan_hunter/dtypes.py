@@ -91,6 +91,12 @@ class Limits:
     smallest_subnormal: float
     eps: float
 
+    @property
+    def flush(self) -> float:
+        """The largest |x| a cast to this dtype rounds to zero: half the smallest subnormal (round
+        to nearest even: exactly half ties to the even zero)."""
+        return self.smallest_subnormal / 2
+
 
 @cache
 def limits(name: str) -> Limits:

@@ -22,6 +22,10 @@ INT_FIELDS: tuple[str, ...] = (
     "over_bf16",
     "over_e4m3",        # finite and |x| > 448
     "over_e5m2",        # finite and |x| > 57344
+    "under_fp16",       # finite, 0 < |x| <= 2^-25: rounds to zero when cast to fp16
+    "under_bf16",       # finite, 0 < |x| <= 2^-134
+    "under_e4m3",       # finite, 0 < |x| <= 2^-10
+    "under_e5m2",       # finite, 0 < |x| <= 2^-17
     "first_nonfinite",  # flat (row-major) index of the first NaN/±Inf, -1 if none
 )
 FLOAT_FIELDS: tuple[str, ...] = (
@@ -32,6 +36,12 @@ FLOAT_FIELDS: tuple[str, ...] = (
 )
 N_INT = len(INT_FIELDS)
 N_FLOAT = len(FLOAT_FIELDS)
+
+#: one per ``dtypes.HEADROOM_DTYPES`` target, in that order: ``over_*`` counts finite values above
+#: the target's max, ``under_*`` non-zero values that round to zero when cast to it
+#: (``dtypes.Limits.flush``)
+OVER_FIELDS: tuple[str, ...] = ("over_fp16", "over_bf16", "over_e4m3", "over_e5m2")
+UNDER_FIELDS: tuple[str, ...] = ("under_fp16", "under_bf16", "under_e4m3", "under_e5m2")
 
 
 @dataclass
@@ -46,6 +56,10 @@ class TensorStats:
     over_bf16: int | None = None
     over_e4m3: int | None = None
     over_e5m2: int | None = None
+    under_fp16: int | None = None
+    under_bf16: int | None = None
+    under_e4m3: int | None = None
+    under_e5m2: int | None = None
     first_nonfinite: int | None = None
     absmax: float | None = None
     min_nonzero: float | None = None
@@ -73,6 +87,13 @@ class TensorStats:
             return None
         n = self.numel - self.nan - self.posinf - self.neginf
         return self.sum / n if n else None
+
+    def flushed(self, target: str) -> int | None:
+        """How many non-zero finite values become zero when cast to ``target`` (one of
+        ``dtypes.HEADROOM_DTYPES``), or None when the row did not count them."""
+        from .dtypes import HEADROOM_DTYPES, canonical
+
+        return getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
 
     @classmethod
     def from_row(cls, ints: list[int], floats: list[float]) -> TensorStats:

@@ -111,9 +111,11 @@ class Recorder:
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
                  backend: str | None = None, device: Any = None, backward: bool = False,
-                 optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None):
+                 optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None,
+                 underflow: bool = True):
         """``first_step``: the step number of the first root call (a re-run of step k records as
-        step k); ``listener``: who is told of root calls, faults and optimizer steps."""
+        step k); ``listener``: who is told of root calls, faults and optimizer steps; ``underflow``:
+        abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``)."""
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
         ddp = nn.parallel.DistributedDataParallel  # watch(DDP(m)): m's names (no "module."), no DDP re-runs
@@ -129,7 +131,7 @@ class Recorder:
             # a placed model (--device-map auto) keeps offloaded parameters on meta: not a device
             p = next((q for q in model.parameters() if q.device.type != "meta"), None)
             device = p.device if p is not None else torch.device("cpu")
-        self.sink = StatsSink(device, backend)
+        self.sink = StatsSink(device, backend, underflow=underflow)
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
         self.param_row_at: dict[str, tuple[int, int, int]] = {}  # dotted name -> (row, version, block)
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}

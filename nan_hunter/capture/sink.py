@@ -127,10 +127,11 @@ def _prime(device: torch.device) -> None:
 class StatsSink:
     """Rows of tensor statistics for one capture. ``launch``: "auto" (the pointer table, or
     per-tensor launches inside CUDA-graph capture), "table" or "each" (always per tensor).
-    Inside capture the per-tensor launcher is always used."""
+    Inside capture the per-tensor launcher is always used. ``underflow``: the CPU fast path also
+    measures abs-min and the ``under_*`` counts (the kernels always do)."""
 
     def __init__(self, device: torch.device | str | None = None, backend: str | None = None,
-                 launch: str = "auto"):
+                 launch: str = "auto", underflow: bool = True):
         if launch not in ("auto", "table", "each"):
             raise ValueError(f"launch must be 'auto', 'table' or 'each', got {launch!r}")
         dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -139,6 +140,9 @@ class StatsSink:
         self.device = dev
         self.backend = backend or select_backend(dev.type)
         self.launch = launch
+        # host rows of finite tensors also carry abs-min and the flush-to-zero counts (about 2-5x the
+        # cost of the one aminmax pass that tells finite from not); the kernels always compute them
+        self.underflow = underflow
         self.n = 0
         self.bytes_read = 0  # bytes of the distinct tensors measured (what the kernel reads)
         self.graph_rows = False  # some rows are written by a captured CUDA graph
@@ -322,7 +326,7 @@ class StatsSink:
         """A host row for ``t``; a tensor the reference cannot read gets an empty row and a note
         (a statistic never breaks the user's forward)."""
         try:
-            q = ref.quick_row(t)
+            q = ref.quick_row(t, underflow=self.underflow)
             if q is None:
                 ints, floats = ref.full_row(t)
                 q = (ints.tolist(), floats.tolist())

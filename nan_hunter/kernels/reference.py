@@ -17,9 +17,11 @@ import math
 
 import torch
 
-from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT
+from ..dtypes import HEADROOM_DTYPES, limits
+from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, OVER_FIELDS, UNDER_FIELDS
 
-_OVER_LIMITS = (65504.0, float(torch.finfo(torch.bfloat16).max), 448.0, 57344.0)
+_OVER_LIMITS = tuple(limits(d).max for d in HEADROOM_DTYPES)  # finite |x| above: overflows the target
+_FLUSH_LIMITS = tuple(limits(d).flush for d in HEADROOM_DTYPES)  # non-zero |x| at or below: cast to 0
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
@@ -112,11 +114,13 @@ def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ints, floats
     x = _as_float(t).reshape(-1)
     tiny = torch.finfo(t.dtype).smallest_normal
+    wide = x if x.element_size() >= 4 else x.float()  # fp16/bf16 widened exactly: the flush limits are fp32 values
     isnan = torch.isnan(x)
     isinf = torch.isinf(x)
     pos = isinf & (x > 0)
     finite = ~(isnan | isinf)
-    a = torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype, device=dev)).float()
+    a_wide = torch.where(finite, wide.abs(), torch.zeros((), dtype=wide.dtype, device=dev))
+    a = a_wide.float()
     nonfinite = ~finite
     idx = torch.argmax(nonfinite.to(torch.uint8))  # first True; 0 when none
     any_bad = nonfinite.any()
@@ -125,8 +129,9 @@ def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos.sum(),
         (isinf & ~pos).sum(),
         (x == 0).sum(),
-        (finite & (a > 0) & (a < tiny)).sum(),
+        (finite & (a_wide > 0) & (a_wide < tiny)).sum(),
         *[(a > lim).sum() for lim in _OVER_LIMITS],
+        *[((a_wide > 0) & (a_wide <= lim)).sum() for lim in _FLUSH_LIMITS],
         torch.where(any_bad, idx, torch.full_like(idx, -1)),
     ]
     ints[1:] = torch.stack([v.to(torch.int64) for v in vals])
@@ -136,8 +141,9 @@ def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ints, floats
 
 
-def quick_row(t: torch.Tensor) -> tuple[list[int], list[float]] | None:
-    """CPU fast path: if ``t`` is all-finite, its row with only numel/counts/absmax filled.
+def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list[float]] | None:
+    """CPU fast path: if ``t`` is all-finite, its row with only numel/counts/absmax filled (and,
+    with ``underflow``, min_nonzero and the ``under_*`` counts).
 
     Returns None when ``t`` holds a NaN or ±Inf (the caller then needs ``full_row``).
     """
@@ -146,16 +152,88 @@ def quick_row(t: torch.Tensor) -> tuple[list[int], list[float]] | None:
     if n == 0:
         return None
     x = _as_float(t)
-    lo, hi = torch.aminmax(x)
-    lo_f, hi_f = float(lo), float(hi)
-    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
-        return None
+    if underflow:
+        found = _magnitudes(x)
+        if found is None:
+            return None
+        absmax, min_bits, bits, width, shifted = found
+    else:
+        lo, hi = torch.aminmax(x)
+        lo_f, hi_f = float(lo), float(hi)
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+            return None
+        absmax = max(abs(lo_f), abs(hi_f))
     ints = [n, 0, 0, 0] + [-1] * (N_INT - 4)
-    absmax = max(abs(lo_f), abs(hi_f))
     floats = [absmax] + [math.nan] * (N_FLOAT - 1)
     # overflow counts are knowable from absmax alone when nothing overflows
-    for i, lim in enumerate(_OVER_LIMITS):
+    for name, lim in zip(OVER_FIELDS, _OVER_LIMITS):
         if absmax <= lim:
-            ints[INT_FIELDS.index("over_fp16") + i] = 0
+            ints[INT_FIELDS.index(name)] = 0
+    if underflow:
+        width_dtype = _BIT_VIEWS[width][0]
+        min_nz = math.inf if min_bits is None else float(torch.tensor(min_bits, dtype=width_dtype).view(x.dtype))
+        floats[FLOAT_FIELDS.index("min_nonzero")] = min_nz
+        # and underflow counts from min_nonzero alone when nothing flushes; else one compare per target
+        for name, lim_bits in zip(UNDER_FIELDS, _flush_bits(x.dtype)):
+            if min_bits is None or min_bits > lim_bits:
+                ints[INT_FIELDS.index(name)] = 0
+            else:  # 0 < |x| <= limit: in "|x| bits - 1" form (zeros wrapped to the top), < the limit
+                ints[INT_FIELDS.index(name)] = int(torch.count_nonzero(bits < lim_bits + (0 if shifted else 1)))
     ints[INT_FIELDS.index("first_nonfinite")] = -1
     return ints, floats
+
+
+#: per storage width: the signed int dtype of the same width, the mask of every bit but the sign
+_BIT_VIEWS = {
+    8: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF),
+    4: (torch.int32, 0x7FFF_FFFF),
+    2: (torch.int16, 0x7FFF),
+}
+
+
+def _inf_bits(dtype: torch.dtype) -> int:
+    return int(torch.tensor(math.inf, dtype=dtype).view(_BIT_VIEWS[dtype.itemsize][0]))
+
+
+def _flush_bits(dtype: torch.dtype) -> tuple[int, ...]:
+    """Per ``HEADROOM_DTYPES`` target: the bits of the largest |x| of ``dtype`` that the cast to the
+    target rounds to zero (0 when ``dtype`` holds no such non-zero value)."""
+    return _FLUSH_BITS.get(dtype) or _FLUSH_BITS.setdefault(dtype, tuple(_largest_at_most(lim, dtype)
+                                                                         for lim in _FLUSH_LIMITS))
+
+
+_FLUSH_BITS: dict[torch.dtype, tuple[int, ...]] = {}
+
+
+def _largest_at_most(lim: float, dtype: torch.dtype) -> int:
+    v = torch.tensor(lim, dtype=torch.float64).to(dtype)
+    if float(v) > lim:
+        v = torch.nextafter(v, torch.zeros_like(v))
+    return int(v.view(_BIT_VIEWS[dtype.itemsize][0]))
+
+
+def _magnitudes(x: torch.Tensor) -> tuple[float, int | None, torch.Tensor, int, bool] | None:
+    """(absmax, bits of the smallest non-zero |x| or None when every value is zero, the |x| bits,
+    storage width, whether those bits were shifted) of a finite float tensor; None when ``x``
+    holds a NaN or ±Inf. Shifted bits are |x| bits - 1 with zeros wrapped to the largest value.
+
+    Integer ops on the bit patterns (non-negative floats order like their bits): ``bits & mask``
+    is |x|; one ``aminmax`` gives absmax, finiteness and, when no value is zero, the abs-min.
+    Zeros (ReLU outputs, masked probabilities) need two in-place passes more: ``(|x| - 1) & mask``
+    sends 0 to the largest value and every other |x| one below itself, whose min is the abs-min.
+    """
+    width = x.element_size()
+    int_dtype, mask = _BIT_VIEWS[width]
+    bits = torch.bitwise_and(x.view(int_dtype), mask)
+    lo, hi = torch.aminmax(bits)
+    lo_i, hi_i = int(lo), int(hi)
+    if hi_i >= _inf_bits(x.dtype):
+        return None
+    absmax = float(hi.view(x.dtype))
+    if lo_i == 0:  # zeros present: min over the others
+        bits.sub_(1).bitwise_and_(mask)
+        lo_i = int(bits.amin()) + 1
+        if lo_i > mask:  # every value is zero (the wrap gives mask + 1)
+            return absmax, None, bits, width, True
+        return absmax, lo_i, bits, width, True
+    return absmax, lo_i, bits, width, False

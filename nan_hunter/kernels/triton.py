@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dtypes import limits
 from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT
 
 # 1024 elements per loop step: 8 per thread at 4 warps (two 16-byte loads for fp32). ptxas for
@@ -68,6 +69,12 @@ _LIM_FP16 = tl.constexpr(_f32_bits(torch.finfo(torch.float16).max))
 _LIM_BF16 = tl.constexpr(_f32_bits(torch.finfo(torch.bfloat16).max))
 _LIM_E4M3 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e4m3fn).max))
 _LIM_E5M2 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e5m2).max))
+# Non-zero |x| at or below these rounds to zero when cast to the named format (half its smallest
+# subnormal, an fp32 value: 2^-25, 2^-134, 2^-10, 2^-17).
+_FLUSH_FP16 = tl.constexpr(_f32_bits(limits("fp16").flush))
+_FLUSH_BF16 = tl.constexpr(_f32_bits(limits("bf16").flush))
+_FLUSH_E4M3 = tl.constexpr(_f32_bits(limits("fp8-e4m3").flush))
+_FLUSH_E5M2 = tl.constexpr(_f32_bits(limits("fp8-e5m2").flush))
 _INF_BITS = tl.constexpr(0x7F800000)
 _NAN_BITS = tl.constexpr(0x7FC00000)
 _ABS_MASK = tl.constexpr(0x7FFFFFFF)
@@ -90,6 +97,10 @@ _I_O16 = tl.constexpr(INT_FIELDS.index("over_fp16"))
 _I_OBF = tl.constexpr(INT_FIELDS.index("over_bf16"))
 _I_OE4 = tl.constexpr(INT_FIELDS.index("over_e4m3"))
 _I_OE5 = tl.constexpr(INT_FIELDS.index("over_e5m2"))
+_I_U16 = tl.constexpr(INT_FIELDS.index("under_fp16"))
+_I_UBF = tl.constexpr(INT_FIELDS.index("under_bf16"))
+_I_UE4 = tl.constexpr(INT_FIELDS.index("under_e4m3"))
+_I_UE5 = tl.constexpr(INT_FIELDS.index("under_e5m2"))
 _I_FIRST = tl.constexpr(INT_FIELDS.index("first_nonfinite"))
 _F_ABSMAX = tl.constexpr(FLOAT_FIELDS.index("absmax"))
 _F_MINNZ = tl.constexpr(FLOAT_FIELDS.index("min_nonzero"))
@@ -164,6 +175,20 @@ def _add_packed(irow, packed, I0: tl.constexpr, I1: tl.constexpr, I2: tl.constex
     tl.atomic_add(irow + I2, c, mask=c > 0, sem="relaxed")
 
 
+@triton.jit
+def _add_flushed(irow, flushed):
+    """Add the four 16-bit per-lane flush counts packed in ``flushed`` to their fields, each
+    summed over the lanes in int64 and skipped when 0."""
+    c = tl.sum(flushed & 0xFFFF)
+    tl.atomic_add(irow + _I_U16, c, mask=c > 0, sem="relaxed")
+    c = tl.sum((flushed >> 16) & 0xFFFF)
+    tl.atomic_add(irow + _I_UBF, c, mask=c > 0, sem="relaxed")
+    c = tl.sum((flushed >> 32) & 0xFFFF)
+    tl.atomic_add(irow + _I_UE4, c, mask=c > 0, sem="relaxed")
+    c = tl.sum(flushed >> 48)
+    tl.atomic_add(irow + _I_UE5, c, mask=c > 0, sem="relaxed")
+
+
 @triton.jit(do_not_specialize=["row0", "ints_stride", "floats_stride"])
 def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats_stride, FROM_TABLE: tl.constexpr):
     """Write a starting row per program: zero counts (numel too: the reduction's first program
@@ -232,6 +257,9 @@ def _stats_kernel(
     nan_pinf_ninf = tl.zeros([BLOCK], dtype=tl.int64)
     zero_sub_o16 = tl.zeros([BLOCK], dtype=tl.int64)
     obf_oe4_oe5 = tl.zeros([BLOCK], dtype=tl.int64)
+    # The four flush counts, 16 bits each, in one int64 per lane: a lane sees at most 2^15 steps
+    # (see _plan); they are unpacked per lane before the reduction, whose sums need 21 bits.
+    flushed = tl.zeros([BLOCK], dtype=tl.int64)
     amax = tl.zeros([BLOCK], dtype=tl.int32)  # max |x| bits over finite values: non-negative
     amin = tl.full([BLOCK], _INF_BITS, dtype=tl.int32)  # floats order like their bits as ints
     s = tl.zeros([BLOCK], dtype=tl.float32)
@@ -268,6 +296,14 @@ def _stats_kernel(
             | ((finite & (a > _LIM_E4M3)).to(tl.int64) << 21)
             | ((finite & (a > _LIM_E5M2)).to(tl.int64) << 42)
         )
+        # flushed to zero by a cast: 0 < |x| <= limit (masked lanes read +0.0, never counted)
+        nonzero = a > 0
+        flushed += (
+            (nonzero & (a <= _FLUSH_FP16)).to(tl.int64)
+            | ((nonzero & (a <= _FLUSH_BF16)).to(tl.int64) << 16)
+            | ((nonzero & (a <= _FLUSH_E4M3)).to(tl.int64) << 32)
+            | ((nonzero & (a <= _FLUSH_E5M2)).to(tl.int64) << 48)
+        )
         amax = tl.maximum(amax, tl.where(finite, a, 0))
         amin = tl.minimum(amin, tl.where(finite & (a > 0), a, _INF_BITS))
         x = tl.where(finite, u.to(tl.float32, bitcast=True), 0.0)
@@ -279,6 +315,7 @@ def _stats_kernel(
     _add_packed(irow, tl.sum(nan_pinf_ninf), _I_NAN, _I_POSINF, _I_NEGINF)
     _add_packed(irow, tl.sum(zero_sub_o16), _I_ZERO, _I_SUB, _I_O16)
     _add_packed(irow, tl.sum(obf_oe4_oe5), _I_OBF, _I_OE4, _I_OE5)
+    _add_flushed(irow, flushed)
     # first_nonfinite starts at -1, the largest uint64: an unsigned min keeps the smallest index
     f = tl.min(first)
     first_ptr = (irow + _I_FIRST).to(tl.pointer_type(tl.uint64))
@@ -347,8 +384,9 @@ def _plan(numels: list[int], block: int, max_programs: int) -> tuple[int, list[i
     if block & (block - 1) or not 16 <= block <= 2**16:
         raise ValueError(f"block_size must be a power of two in [16, 65536], got {block}")
     total = sum(triton.cdiv(n, block) for n in numels)
-    # packed per-program counts have 21 bits: a program reads at most 2^20 elements
-    iters = min(max(1, triton.cdiv(total, max_programs)), max(1, 2**20 // block))
+    # packed per-program counts have 21 bits: a program reads at most 2^20 elements; packed
+    # per-lane counts have 16 bits: a lane sees at most 2^15 steps
+    iters = min(max(1, triton.cdiv(total, max_programs)), max(1, 2**20 // block), 2**15)
     return iters, [triton.cdiv(n, block * iters) for n in numels]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture.records import PHASES, Call
+from ..dtypes import HEADROOM_DTYPES
 from ..report import FirstNonfinite
 from ..stats import TensorStats
 
@@ -175,6 +176,7 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
         absmax = absmin = None
         nan = pos = neg = numel = 0
         subnormal: int | None = 0
+        flushed: dict[str, int | None] = dict.fromkeys(HEADROOM_DTYPES, 0)
         for _, r in c.outputs:
             st = rows[r]
             nan, pos, neg = nan + st.nan, pos + st.posinf, neg + st.neginf
@@ -184,6 +186,9 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
                 absmin = st.min_nonzero if absmin is None else min(absmin, st.min_nonzero)
             numel += st.numel
             subnormal = None if subnormal is None or st.subnormal is None else subnormal + st.subnormal
+            for d, k in flushed.items():
+                n = st.flushed(d)
+                flushed[d] = None if k is None or n is None else k + n
         in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
         row = {"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
                "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
@@ -191,7 +196,9 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
                # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
                # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
                "min_nonzero": absmin,
-               "subnormal_frac": subnormal / numel if subnormal is not None and numel else None}
+               "subnormal_frac": subnormal / numel if subnormal is not None and numel else None,
+               # per target dtype, the share of outputs a cast to it rounds to zero (non-zero before)
+               "flush_frac": {d: k / numel if k is not None and numel else None for d, k in flushed.items()}}
         if c.phase != "forward":
             row["phase"] = c.phase
             if c.param:

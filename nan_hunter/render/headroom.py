@@ -27,7 +27,8 @@ class StripCall:
     headroom: str  # "328x", "∞", "—"
     fill: float  # 0..1: position of log10(absmax) between FLOOR and the max
     tone: str  # bad (non-finite) | tight (≥ 50% of max) | close (≥ 1%) | ok | empty (absmax 0)
-    absmin: str = "—"  # smallest non-zero |out|, "⚠" appended when it flushes to zero in the run's dtype
+    absmin: str = "—"  # smallest non-zero |out|, with its share of subnormals in its own dtype
+    flush: str = "—"  # share of outputs a cast to ``Strip.flush_dtype`` rounds to zero: "0", "<0.1%", "12%"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Strip:
     max: float  # its largest finite value: the bars climb to it
     calls: int
     items: list[StripCall | StripGap]
+    flush_dtype: str = "fp16"  # the dtype whose flush-to-zero ``StripCall.flush`` measures (``flush_dtype``)
 
     @property
     def title(self) -> str:
@@ -76,7 +78,27 @@ def pick_rows(rows: list[dict[str, Any]], mx: float, producer: int | None, max_r
     return sorted(keep)
 
 
-def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool) -> StripCall:
+def flush_dtype(compute: str) -> str:
+    """The dtype whose flush-to-zero the strip shows: what the run computes in (fp32 outputs under
+    autocast, norms and losses, are cast down to it), fp16 for an fp32 run (the 16-bit dtype with
+    the least range below 1)."""
+    from ..dtypes import HEADROOM_DTYPES
+
+    return compute if compute in HEADROOM_DTYPES else "fp16"
+
+
+def flush_text(row: dict[str, Any], dtype: str) -> str:
+    """The share of a call's outputs that a cast to ``dtype`` rounds to zero (non-zero before):
+    "—" when not measured, "0" when none."""
+    f = (row.get("flush_frac") or {}).get(dtype)
+    if f is None:
+        return "—"
+    if f == 0:
+        return "0"
+    return "<0.1%" if f < 0.001 else f"{f:.1%}" if f < 0.1 else f"{f:.0%}"
+
+
+def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool, flush: str) -> StripCall:
     kind = kind_of(row)
     a = row["absmax"]
     frac = fraction(row, mx)
@@ -90,10 +112,11 @@ def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool) -> StripC
         tone = "tight" if frac >= 0.5 else "close" if frac >= 0.01 else "ok"
         absmax, head = fmt(a), f"{1 / frac:.3g}x"
     return StripCall(call_name(row), row["module_type"], int(row.get("depth", 0)),
-                     row["input_index"] if multi else None, producer, absmax, head, fill, tone, absmin_text(row))
+                     row["input_index"] if multi else None, producer, absmax, head, fill, tone, absmin_text(row),
+                     flush_text(row, flush))
 
 
-def absmin_text(row: dict[str, Any], tiny: float | None = None) -> str:
+def absmin_text(row: dict[str, Any]) -> str:
     """The smallest non-zero |out| (abs-min), with its share of subnormal values when any."""
     m = row.get("min_nonzero")
     if m is None:
@@ -111,6 +134,7 @@ def strip(rep: Report, max_rows: int = STRIP_ROWS) -> Strip | None:
     run_dtype = (rep.run or {}).get("dtype") or "fp32"
     dt = (rep.run or {}).get("compute_dtype") or range_dtype(run_dtype)  # fp8.compute: fp32 is recorded
     mx = range_max(dt)
+    flush = flush_dtype(dt)
     prod = producer_index(rep)
     multi = len({r["input_index"] for r in rows}) > 1
     items: list[StripCall | StripGap] = []
@@ -118,8 +142,8 @@ def strip(rep: Report, max_rows: int = STRIP_ROWS) -> Strip | None:
     for i in pick_rows(rows, mx, prod, max_rows):
         if i - prev > 1:
             items.append(StripGap(i - prev - 1, max((r["absmax"] or 0.0 for r in rows[prev + 1:i]), default=0.0)))
-        items.append(_call(rows[i], mx, i == prod, multi))
+        items.append(_call(rows[i], mx, i == prod, multi, flush))
         prev = i
     if prev < len(rows) - 1:
         items.append(StripGap(len(rows) - 1 - prev, None))
-    return Strip(run_dtype, dt, mx, len(rows), items)
+    return Strip(run_dtype, dt, mx, len(rows), items, flush)

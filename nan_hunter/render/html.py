@@ -155,11 +155,12 @@ def _verdict(v: Verdict) -> str:
 
 def _strip(s: Strip) -> str:
     out = ["<table><thead><tr><th></th><th>module</th><th>type</th>",
-           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>abs-min</th><th class=num>absmax</th><th class=num>headroom</th>",
+           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>abs-min</th><th class=num>absmax</th><th class=num>headroom</th>"
+           f"<th class=num title=\"share of outputs a cast to {esc(s.flush_dtype)} rounds to zero\">→0 in {esc(s.flush_dtype)}</th>",
            "</tr></thead><tbody>"]
     for it in s.items:
         if not isinstance(it, StripCall):
-            out.append(f'<tr><td></td><td class="gap" colspan="6">{esc(it.text)}</td></tr>')
+            out.append(f'<tr><td></td><td class="gap" colspan="7">{esc(it.text)}</td></tr>')
             continue
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         bar = f'<div class="bar"><span class="{it.tone}" style="width:{it.fill * 100:.1f}%"></span></div>'
@@ -167,7 +168,7 @@ def _strip(s: Strip) -> str:
                    f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
                    f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmin)}</td>"
                    f"<td class=num>{esc(it.absmax)}</td>"
-                   f"<td class=num>{esc(it.headroom)}</td></tr>")
+                   f"<td class=num>{esc(it.headroom)}</td><td class=num>{esc(it.flush)}</td></tr>")
     out.append("</tbody></table>")
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)
 
@@ -201,8 +202,12 @@ def _section(rep: Report, plot: Plot) -> str:
     h = [f'<div class="card">{_kv(meta_rows(rep))}</div>', _verdict(verdict(rep))]
     if rep.check is not None:
         h.append(f'<div class="card"><h2>Check results</h2>{_table(CHECK_HEAD, check_rows(rep), status_col=0)}</div>')
-    if rep.diagnosis is not None or rep.first_nonfinite is not None:
+    diagnosed = rep.diagnosis is not None or rep.first_nonfinite is not None
+    if diagnosed:
         h += _diagnosis(rep)
+    s = strip(rep) if not (diagnosed and rep.exit_code() != 0) else None  # else inside the diagnosis
+    if s is not None:  # a clean run: how close each call came to the limits, both ends
+        h.append(f'<div class="card"><h2>Modules</h2>{_strip(s)}</div>')
     if rep.replay or (rep.check or {}).get("runs"):
         h.append('<div class="card"><h2>Dtype matrix</h2>')
         if (rep.check or {}).get("runs"):

@@ -58,14 +58,14 @@ def _strip(s: Strip) -> list[str]:
     rows = []
     for it in s.items:
         if not isinstance(it, StripCall):
-            rows.append(["", esc(it.text), "", "", "", "", ""])
+            rows.append(["", esc(it.text), "", "", "", "", "", ""])
             continue
         n = round(it.fill * BAR)
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         rows.append(["▶" if it.producer else "", "&nbsp;" * 2 * min(it.depth, 6) + code(name), esc(it.module_type),
-                     "█" * n + "·" * (BAR - n), esc(it.absmin), esc(it.absmax), esc(it.headroom)])
+                     "█" * n + "·" * (BAR - n), esc(it.absmin), esc(it.absmax), esc(it.headroom), esc(it.flush)])
     return [f"**{esc(s.title)}**", ""] + _table(["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max",
-                                                 "abs-min", "absmax", "headroom"], rows)
+                                                 "abs-min", "absmax", "headroom", f"→0 in {esc(s.flush_dtype)}"], rows)
 
 
 def _diagnosis(rep: Report) -> list[str]:

@@ -180,7 +180,8 @@ class Watch(Recorder):
                  optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None,
                  on_fault: str = "record"):
         super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
-                         optimizer=optimizer, listener=SessionListener(self))
+                         optimizer=optimizer, listener=SessionListener(self),
+                         underflow=False)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
         self.contexts: dict[int, ForwardContext] = {}
         self._report: WatchReport | None = None

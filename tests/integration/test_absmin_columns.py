@@ -52,3 +52,83 @@ def test_terminal_capture(rep, width):
 def test_html_strip_has_abs_min(rep):
     page = render_html([rep], [(None, "no plot")])
     assert "<th class=num>abs-min</th>" in page and "0.007282" in page
+
+
+TINY_ARCH = """
+from collections import OrderedDict
+import torch
+from torch import nn
+
+class Scale(nn.Module):
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+
+    def forward(self, x):
+        return x * self.s
+
+def build():
+    return nn.Sequential(OrderedDict(proj=nn.Linear(64, 64), shrink=Scale(1e-7), out=nn.Linear(64, 8)))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A real fp32 model whose ``shrink`` outputs straddle fp16's flush limit (2^-25 ≈ 3e-8): a
+    cast to fp16 would round part of them to zero, bf16 none of them."""
+    import torch
+    from safetensors.torch import save_file
+
+    tmp = tmp_path_factory.mktemp("tiny")
+    (tmp / "model.py").write_text(TINY_ARCH)
+    ns: dict = {}
+    exec(TINY_ARCH, ns)
+    torch.manual_seed(0)
+    m = ns["build"]()
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
+    x = torch.randn(16, 64)
+    save_file({"input": x}, str(tmp / "inputs.safetensors"))
+    with torch.no_grad():
+        shrunk = m.shrink(m.proj(x))
+    return {"dir": tmp, "shrunk": shrunk, "args": [str(tmp / "model.safetensors"), "--arch", f"{tmp / 'model.py'}:build",
+                                                  "--inputs", str(tmp / "inputs.safetensors")]}
+
+
+def test_flush_share_per_target_dtype_in_json(cli_main, tiny_model):
+    import torch
+
+    r = cli_main("scan", *tiny_model["args"], "--dtype", "fp32", "--strip")
+    assert r.code == 0, r.stderr
+    row = next(m for m in r.report["modules"] if m["module"] == "shrink")
+    x = tiny_model["shrunk"]
+    for d, td in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp8-e4m3", torch.float8_e4m3fn)):
+        want = int(((x.to(td).float() == 0) & (x != 0)).sum()) / x.numel()
+        assert row["flush_frac"][d] == pytest.approx(want, abs=0), d
+    assert 0.01 < row["flush_frac"]["fp16"] < 0.9 and row["flush_frac"]["bf16"] == 0.0
+    assert row["min_nonzero"] == pytest.approx(float(x.abs()[x != 0].min()), rel=1e-6)
+    proj = next(m for m in r.report["modules"] if m["module"] == "proj")
+    assert proj["flush_frac"]["fp16"] == 0.0
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_flush_column_in_terminal_and_html(cli_main, tiny_model, tmp_path, width):
+    html = tmp_path / "r.html"
+    r = cli_main("scan", *tiny_model["args"], "--dtype", "fp32", "--strip", "--report", str(html),
+                 env={"COLUMNS": str(width)})
+    assert r.code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(cells(line) <= width for line in lines)
+    share = f"{r.report['modules'][1]['flush_frac']['fp16']:.0%}"
+    if width >= 100:  # the optional column is shown where it fits
+        head = next(line for line in lines if "abs-min" in line)
+        assert head.rstrip().endswith("→0 fp16")
+        assert any("shrink" in line and line.rstrip().endswith(share) for line in lines)
+    page = html.read_text()
+    assert "→0 in fp16</th>" in page and f"<td class=num>{share}</td>" in page
+
+
+def test_no_flush_column_when_nothing_flushes(rep):
+    buf = io.StringIO()
+    render(rep, Console(file=buf, width=120, markup=False, emoji=False, highlight=False), strip=True)
+    assert "→0" not in buf.getvalue()  # an fp16 run's fp16 outputs: nothing can flush further
+    assert all(m["flush_frac"]["fp16"] in (0.0, None) for m in rep.modules)

@@ -30,6 +30,8 @@ from nan_hunter.stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT  # noqa: E
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 _BITS_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 _FORMAT_LIMITS = tuple(float(torch.finfo(d).max) for d in DTYPES[1:])  # the over_* thresholds
+# the under_* thresholds: half the smallest subnormal of each target (fp32 values)
+_FLUSH_LIMITS = tuple(float(torch.finfo(d).smallest_normal * torch.finfo(d).eps) / 2 for d in DTYPES[1:])
 _SEED = 20240613
 
 
@@ -102,6 +104,19 @@ def _limits(dtype):
     return from_bits(bits + [b | sign for b in bits], dtype)
 
 
+def _flush_limits(dtype):
+    """Every flush-to-zero limit this dtype can hold, with its bit neighbours (values at the
+    limit tie to zero, one step above round to the smallest subnormal), both signs; zeros."""
+    bits = []
+    for lim in _FLUSH_LIMITS:
+        v = torch.tensor([lim], dtype=torch.float64).to(torch.float32).to(dtype)
+        if float(v) == lim:
+            b = to_bits(v)[0]
+            bits += [b - 1, b, b + 1]
+    sign = 1 << (torch.finfo(dtype).bits - 1)
+    return from_bits(bits + [b | sign for b in bits] + [0, sign], dtype)
+
+
 def _inf_mix(dtype):
     x = torch.arange(1.0, 41.0)
     x[13], x[20], x[21], x[30], x[39] = math.inf, -math.inf, math.nan, math.inf, -math.inf
@@ -123,6 +138,7 @@ CASES = {
     "late-nonfinite": _late_nonfinite,
     "subnormals": _subnormals,
     "limits-at-and-above": _limits,
+    "flush-limits": _flush_limits,
     "signed-zeros": lambda dtype: torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0, -1.0]).to(dtype),
 }
 

@@ -241,3 +241,23 @@ def test_buffers_may_be_column_ranges_of_one_block(tk, kit):
     for t, r in zip(tensors, [4, 0, 3, 1]):
         kit.assert_row_matches(t, seg.ints[r], seg.floats[r])
     assert (seg.block[2] == -1).all()
+
+
+def test_flush_counts_over_many_steps_per_lane(tk, kit):
+    """One program, 2000 steps of 16 lanes, every value flushed in every target: each lane's
+    16-bit packed flush counts reach 2000, and the four fields sum without carrying into each other."""
+    n = 16 * 2000
+    x = torch.full((n,), 2.0**-140)  # an fp32 subnormal: at or below every flush limit
+    x[::7] = 2.0**-20  # flushes in fp8 only (e4m3 at 2^-10, e5m2 at 2^-17), not in fp16 or bf16
+    ints, floats = _one_row(tk, kit, x, block_size=16, max_programs=1)
+    kit.assert_row_matches(x, ints, floats)
+    from nan_hunter.stats import INT_FIELDS
+
+    row = dict(zip(INT_FIELDS, ints.tolist()))
+    few = n - len(range(0, n, 7))
+    assert (row["under_fp16"], row["under_bf16"], row["under_e4m3"], row["under_e5m2"]) == (few, few, n, n)
+
+
+def test_plan_keeps_per_lane_steps_under_2_to_15(tk):
+    iters, _ = tk._plan([1 << 22], 16, 1)
+    assert iters == 1 << 15

@@ -43,16 +43,21 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
             Col("abs-min", [Text(it.absmin) for it in calls], justify="right"),
             Col("absmax", [Text(it.absmax) for it in calls], justify="right"),
             Col("headroom", [Text(it.headroom) for it in calls], justify="right")]
-    w = fit(cols, width, order=[(1, NAME_MID), (3, BAR_MID), (2, 14), (1, None), (3, BAR_MAX)])
+    order = [(1, NAME_MID), (3, BAR_MID), (2, 14), (1, None), (3, BAR_MAX)]
+    flushes = any(it.flush not in ("0", "—") for it in calls)
+    if flushes:  # else nothing flushes to zero (or nothing was measured): the column is left out
+        cols.append(Col(f"→0 {s.flush_dtype}", [Text(it.flush) for it in calls], justify="right", optional=True))
+        order.insert(3, (len(cols) - 1, None))
+    w = fit(cols, width, order=order)
     indent = 2 if w[1] >= 44 else 1
 
     def line(cells: list[Text]) -> Text:
-        out = Text()
+        shown = []
         for i, (c, t) in enumerate(zip(cols, cells)):
             if w[i]:
                 t.align("right" if c.justify == "right" else "left", w[i])
-                out += t + Text(" " * SEP) if i < len(cols) - 1 else t
-        return out
+                shown.append(t)
+        return Text(" " * SEP).join(shown)
 
     lines = [*(Text(part, style="bold") for part in wrap(s.title, width)), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
                                                      style="dim") for i, c in enumerate(cols)])]
@@ -67,7 +72,9 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
                            Text(" " * body + shorten_middle(name[body:], w[1] - body), style=style),
                            Text(shorten_end(esc(it.module_type), w[2])), _bar(it, w[3]),
                            Text(it.absmin, style="dim"),
-                           Text(it.absmax, style=TONE["bad"] if it.tone == "bad" else ""), Text(it.headroom)]))
+                           Text(it.absmax, style=TONE["bad"] if it.tone == "bad" else ""), Text(it.headroom),
+                           *([Text(it.flush, style="yellow" if it.flush not in ("0", "—") else "dim")] if flushes
+                             else [])]))
     for t in lines:
         t.no_wrap, t.overflow = True, "crop"
     return Group(*lines)

@@ -124,9 +124,11 @@ def test_every_view_shows_the_same_rows():
     md = render_markdown([rep], [(None, "no plot")])
     shown = [it.absmax for it in strip(rep).items if isinstance(it, StripCall)]
     html_strip = page.split("headroom per module call")[1].split("</table>")[0]
-    assert re.findall(r"<td class=num>([^<]+)</td><td class=num>[^<]+</td></tr>", html_strip) == shown
-    assert [row.split(" | ")[-2] for row in md.splitlines() if "█" in row or "·" * 5 in row] == shown
-    assert [line.split()[-2] for line in term.splitlines() if "█" in line or "·" * 5 in line] == shown
+    # absmax, then headroom and the flush-to-zero share
+    assert re.findall(r"<td class=num>([^<]+)</td><td class=num>[^<]+</td><td class=num>[^<]+</td></tr>",
+                      html_strip) == shown
+    assert [row.split(" | ")[-3] for row in md.splitlines() if "█" in row or "·" * 5 in row] == shown
+    assert [line.split()[-3] for line in term.splitlines() if "█" in line or "·" * 5 in line] == shown
     verdict = R.verdict(rep).text
     assert verdict in term and verdict in page and verdict in md
 

@@ -1,0 +1,91 @@
+"""The torch reference's CPU fast path: ``quick_row(t, underflow=True)`` gives the abs-min and the
+flush-to-zero counts ``full_row`` gives, for every dtype, layout and edge case; a cast really
+rounds the counted values to zero."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nan_hunter.dtypes import HEADROOM_DTYPES, limits, torch_dtype
+from nan_hunter.kernels.reference import full_row, quick_row
+from nan_hunter.stats import UNDER_FIELDS, TensorStats
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
+EXACT = ("absmax", "min_nonzero", *UNDER_FIELDS)
+
+
+def _full(t: torch.Tensor) -> TensorStats:
+    return TensorStats.from_row(*(x.tolist() for x in full_row(t)))
+
+
+def _wide_range(n: int, zeros: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-140, 20, (n,), generator=g).float())
+    if zeros:
+        x[::3] = 0.0
+    return x
+
+
+def _edges() -> torch.Tensor:
+    """Every flush limit with its fp32 neighbours, both signs, and zeros of both signs."""
+    vals = [0.0, -0.0, 1.0]
+    for d in HEADROOM_DTYPES:
+        lim = torch.tensor(limits(d).flush, dtype=torch.float32)
+        for v in (torch.nextafter(lim, torch.tensor(0.0)), lim, torch.nextafter(lim, torch.tensor(1.0))):
+            vals += [float(v), -float(v)]
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+def _cases(dtype: torch.dtype) -> list[torch.Tensor]:
+    out = []
+    for i, n in enumerate((1, 7, 1000, 50_000)):
+        for zeros in (False, True):
+            top = min(float(torch.finfo(dtype).max), 1e30)
+            x = _wide_range(n, zeros, seed=10 * i + zeros).clamp(-top, top).to(dtype)
+            out += [x, x[::2]]
+            if n > 1:
+                out.append(x.reshape(-1, 1).expand(-1, 2).t())  # a transposed broadcast view
+    return [*out, _edges().to(dtype), torch.zeros(5, dtype=dtype)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_quick_row_underflow_matches_full_row(dtype):
+    for t in _cases(dtype):
+        got = TensorStats.from_row(*quick_row(t, underflow=True))
+        want = _full(t)
+        for k in EXACT:
+            g, w = getattr(got, k), getattr(want, k)
+            if dtype == torch.float64 and isinstance(g, float):
+                g = float(torch.tensor(g).float())  # full_row's floats are fp32
+            assert g == w, (dtype, k, g, w, t.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_finite_goes_to_full_row(dtype):
+    x = torch.tensor([1.0, math.nan, 2.0]).to(dtype)
+    assert quick_row(x, underflow=True) is None and quick_row(x) is None
+
+
+def test_counts_are_what_a_cast_rounds_to_zero():
+    x = torch.cat([_wide_range(20_000, True, seed=3), _edges().float()])
+    st = TensorStats.from_row(*quick_row(x, underflow=True))
+    for d in HEADROOM_DTYPES:
+        cast = x.to(torch_dtype(d)).float()
+        assert st.flushed(d) == int(((cast == 0) & (x != 0)).sum()), d
+
+
+def test_without_underflow_only_the_cheap_fields():
+    x = torch.randn(100)
+    st = TensorStats.from_row(*quick_row(x))
+    assert st.absmax == float(x.abs().max())
+    assert st.min_nonzero is None and all(getattr(st, k) is None for k in UNDER_FIELDS)
+
+
+def test_all_zero_tensor_has_no_abs_min():
+    st = TensorStats.from_row(*quick_row(torch.zeros(10), underflow=True))
+    assert st.absmax == 0.0 and st.min_nonzero == math.inf
+    assert all(getattr(st, k) == 0 for k in UNDER_FIELDS)
+    assert st.to_dict()["min_nonzero"] is None

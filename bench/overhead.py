@@ -30,6 +30,9 @@ mean time per forward within a round:
 * ``duo``                    transformers' ``DebugUnderflowOverflow(model)``, hooks registered once
                              per round (removed after it); if it crashes, the error is recorded and
                              ``duo_float_mask`` measures it with a float attention mask instead
+* ``capture_modules``, ``capture_modules_no_underflow``  (CPU) a fresh module-level ``Recorder``
+                             per forward, as ``nanhunter scan`` captures, with and without the CPU
+                             fast path's abs-min and flush-to-zero counts
 * ``naive``                  forward hooks on every module calling ``torch.isfinite(t).all().item()``
                              on every floating output tensor, registered once per round
 * ``graph_plain``, ``graph_watch_<level>``  (CUDA) ``CUDAGraph.replay()`` of the forward captured
@@ -225,6 +228,18 @@ def build_variants(model, inputs: dict, args) -> list[Variant]:
     if cuda and "blocks" in args.levels:
         vs.append(Variant("watch_blocks_report", "fresh blocks-level watch per forward, then report()",
                           per_forward("blocks", report=True)))
+    if "capture" in args.peers:
+        # the diagnostic capture ``nanhunter scan`` runs (``modes/forward.py``): a module-level
+        # Recorder, with and without the CPU fast path's abs-min and flush-to-zero counts
+        from nan_hunter.capture.recorder import Recorder
+
+        for underflow in (True, False):
+            def scan_capture(underflow=underflow):
+                with Recorder(model, level="modules", retain=1, underflow=underflow):
+                    return fwd()
+            vs.append(Variant("capture_modules" + ("" if underflow else "_no_underflow"),
+                              f"fresh Recorder(model, level='modules', underflow={underflow}) per forward "
+                              "(what scan captures)", scan_capture))
     if "duo" in args.peers:
         vs.append(Variant("duo", "transformers.debug_utils.DebugUnderflowOverflow(model), once per round", fwd,
                           session=lambda: duo_session(model)))
@@ -522,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     ap.add_argument("--levels", default="modules,blocks,ops")
-    ap.add_argument("--peers", default="duo,naive")
+    ap.add_argument("--peers", default="duo,naive,capture")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="(cuda) skip the CUDA-graph variants")
     ap.add_argument("--kernel-gib", type=float, default=1.0, help="(cuda) tensor size for the kernel bandwidth")
     ap.add_argument("--sweep", default="1024x4,1024x8,512x4,2048x8,4096x8",

@@ -47,8 +47,14 @@ class Parser(argparse.ArgumentParser):
         return sorted(set(names))
 
 
+#: options users reach for by another tool's name, and ours
+SYNONYMS = {"--html": "--report", "--md": "--report", "--markdown": "--report", "--output": "--json",
+            "--out": "--json", "--precision": "--dtype", "--junit-xml": "--junit", "--junitxml": "--junit"}
+
+
 def did_you_mean(message: str, names: list[str]) -> str:
-    """"; did you mean --dtype?" for an unrecognized ``--dtpye`` (difflib), else ""."""
+    """"; did you mean --dtype?" for an unrecognized ``--dtpye`` (difflib) or ``--precision``
+    (``SYNONYMS``), else ""."""
     import difflib
 
     if not message.startswith("unrecognized arguments:"):
@@ -57,7 +63,9 @@ def did_you_mean(message: str, names: list[str]) -> str:
     for word in message.split(":", 1)[1].split():
         flag = word.split("=", 1)[0]
         if flag.startswith("--"):
-            close = difflib.get_close_matches(flag, [n for n in names if n.startswith("--")], n=1, cutoff=0.6)
+            same = SYNONYMS.get(flag)
+            close = ([same] if same in names else
+                     difflib.get_close_matches(flag, [n for n in names if n.startswith("--")], n=1, cutoff=0.6))
             if close:
                 hints.append((flag, close[0]))
     if len(hints) == 1:

@@ -55,7 +55,8 @@ def test_bisect_keep_dtype_and_granularity_have_help():
 
 
 @pytest.mark.parametrize("typed, meant", [("--dtpye", "--dtype"), ("--promt", "--prompt"),
-                                          ("--compile-bakend", "--compile-backend")])
+                                          ("--compile-bakend", "--compile-backend"),
+                                          ("--html", "--report"), ("--precision", "--dtype")])
 def test_did_you_mean(typed, meant):
     names = build_parser().option_names()
     assert did_you_mean(f"unrecognized arguments: {typed} fp16", names) == f"; did you mean {meant}?"

@@ -8,13 +8,15 @@ the all-fp32 run. Neither the user's model nor the captured inputs are changed.
 
 Mechanical changes, by cause:
 
-- ``overflow``: keep the module in fp32 (``model.policy.apply_policy``); attention scores and
-  the residual stream: run in bf16; an fp8 run: keep the module in bf16.
+- ``overflow``: keep the module in fp32 (``model.policy.apply_policy``); attention scores: SDPA
+  instead of eager attention (a transformers model; the run's dtype kept), then run in bf16; the
+  residual stream: run in bf16; an fp8 run: no mechanical fix.
 - ``division_by_zero``: an eps the dtype can hold (the module's ``eps``-like attribute raised to
   the dtype's smallest normal), else keep the module in fp32.
 - ``scale_underflow``: compute the scale in fp32 (keep the module in fp32), else a clamped scale
   (a divisor never smaller than 1 / the dtype's max).
-- ``masked_softmax``: a safe softmax (a fully masked row gives zeros, as SDPA's does).
+- ``masked_softmax``: SDPA instead of eager attention (a transformers model), else a safe softmax
+  (a fully masked row gives zeros, as SDPA's does).
 - ``compile_divergence``: ``emulate_precision_casts``, re-run by ``modes/compiled.py`` and
   turned into a ``FixVerified`` by ``from_emulate_precision_casts``.
 
@@ -26,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +183,57 @@ def _clamped_scale(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]
         yield
 
 
+def _eager_configs(target: nn.Module) -> list[Any]:
+    """The transformers configs held by ``target`` and its submodules whose attention
+    implementation is "eager" (each once: the layers of a model share theirs)."""
+    found: dict[int, Any] = {}
+    for m in target.modules():
+        cfg = getattr(m, "config", None)
+        if getattr(cfg, "_attn_implementation", None) == "eager":
+            found[id(cfg)] = cfg
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _sdpa(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
+    """transformers' attention switched from "eager" to "sdpa" on the copy: the whole model by
+    ``set_attn_implementation`` (it checks the class supports SDPA and rebuilds its masks at the
+    next forward), a module of it (the region) by its config, which its attention modules read at
+    call time. Applies only where the copy's attention is eager, and holds only where SDPA then
+    really ran (a model whose attention classes do not dispatch on the config is not changed)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    configs = _eager_configs(model)
+    if not configs:
+        raise _NotApplicable("no transformers attention set to eager")
+    tf = sys.modules.get("transformers")  # a PreTrainedModel means transformers is imported already
+    if tf is not None and isinstance(model, tf.PreTrainedModel) and hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("sdpa")
+        except Exception as e:  # noqa: BLE001 - the class does not support SDPA
+            raise _NotApplicable(f"{type(model).__name__} cannot use sdpa: {e}") from None
+    else:
+        for cfg in configs:
+            cfg._attn_implementation = "sdpa"
+    if _eager_configs(model):
+        raise _NotApplicable("the attention implementation stayed eager")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = 0
+
+    class SeeSDPA(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            nonlocal calls
+            if func is sdpa:
+                calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with SeeSDPA():
+        yield
+    if not calls:
+        raise _NotApplicable("scaled_dot_product_attention never ran: the attention does not dispatch on the config")
+
+
 class _NotApplicable(Exception):
     """The change does not apply to this module (e.g. it has no eps attribute)."""
 
@@ -187,12 +241,17 @@ class _NotApplicable(Exception):
 def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Change]:
     name = d.module or "the root module"
     keep32 = Change(f"keep {name} in fp32 (apply_policy)", _keep("fp32"))
+    # a transformers model in eager attention (else not applicable): the smallest change a user can make,
+    # the run's dtype kept, so tried first where SDPA is the fix
+    sdpa = Change('attn_implementation="sdpa" instead of "eager"', _sdpa)
     if d.cause == "overflow":
         if run.is_fp8:  # fp8 emulation covers every matmul of the run: keeping one module higher is not mechanical
             return []
         summary = d.summary.lower()
         bf16 = Change("run in bf16", _run_in("bf16"))
-        if ("attention scores" in summary or "residual stream" in summary) and run.compute != "bf16":
+        if "attention scores" in summary:
+            return [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
+        if "residual stream" in summary and run.compute != "bf16":
             return [bf16, keep32]
         return [keep32, bf16] if run.compute != "fp32" else []
     if d.cause == "division_by_zero":
@@ -203,8 +262,8 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
                 Change(f"a clamped scale in {name} (|divisor| ≥ 1/{run.range.name} max)", _clamped_scale,
                        whole_model=False)]
     if d.cause == "masked_softmax":
-        return [Change(f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)", _safe_softmax,
-                       whole_model=False)]
+        return [sdpa, Change(f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)", _safe_softmax,
+                             whole_model=False)]
     return []
 
 
@@ -214,31 +273,38 @@ MECHANICAL = ("overflow", "division_by_zero", "scale_underflow", "masked_softmax
 # --- running a copy ------------------------------------------------------------------------------
 
 
-def _outputs(fn: Callable[[], Any]) -> list[Any]:
+def _outputs(fn: Callable[[], Any]) -> dict[str, Any]:
+    """The floating tensors of ``fn()``'s output by where they sit in it ("[0]", "logits"...)."""
     import torch
 
-    from .replay import float_outputs
+    from ..tree import float_tensors
 
     with torch.no_grad():
-        return float_outputs(fn())
+        return {k: t.detach() for k, t in float_tensors(fn())}
 
 
-def _finite(outs: list[Any]) -> bool:
+def _finite(tensors: Iterable[Any]) -> bool:
     import torch
 
-    return all(bool(torch.isfinite(t).all()) for t in outs)
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def _rel(outs: list[Any], ref: list[Any] | None) -> float | None:
+def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
+    """Max rel err of ``outs`` against ``ref`` over the outputs both runs give: a change may drop an
+    auxiliary one (SDPA never forms the attention probabilities eager attention returns)."""
     from .compare import compare
 
-    if ref is None or not _finite(ref) or not _finite(outs):
+    keys = [k for k in outs if ref is not None and k in ref]
+    if ref is None or not keys:
         return None
-    err = compare(outs, ref).error
+    got, want = [outs[k] for k in keys], [ref[k] for k in keys]
+    if not _finite(want) or not _finite(outs.values()):
+        return None
+    err = compare(got, want).error
     return err if math.isfinite(err) else None
 
 
-def _region_run(r: Region, run: RunDtype, change: Change | None) -> list[Any]:
+def _region_run(r: Region, run: RunDtype, change: Change | None) -> dict[str, Any]:
     """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
     from ..dtypes import RunDtype as RD
     from ..model.execute import run_context
@@ -253,7 +319,7 @@ def _region_run(r: Region, run: RunDtype, change: Change | None) -> list[Any]:
         return _outputs(lambda: m(*a, **kw))
 
 
-def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> list[Any]:
+def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> dict[str, Any]:
     from ..dtypes import RunDtype as RD
     from ..model.execute import run_context
     from ..tree import cast_floats, detached_copy
@@ -288,7 +354,7 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
 
     fp32 = RD.of("fp32", run.recipe)
     results: list[FixVerified] = []
-    ref_cache: dict[str, list[Any] | None] = {}
+    ref_cache: dict[str, dict[str, Any] | None] = {}
     for ch in changes:
         scope = "model" if whole and ch.whole_model else "region"
         try:
@@ -301,7 +367,7 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
             continue
         except Exception:  # a change the model's code cannot take (mixed dtypes downstream...)
             continue
-        fv = FixVerified(ch.text, _finite(outs), _rel(outs, ref_cache[scope]), scope)
+        fv = FixVerified(ch.text, _finite(outs.values()), _rel(outs, ref_cache[scope]), scope)
         if fv.finite:
             return fv
         results.append(fv)

@@ -78,3 +78,37 @@ def test_the_users_model_is_not_changed():
     assert fv is not None and fv.finite and fv.max_rel_err == 0.0 and fv.scope == "region"
     assert all(torch.equal(before[k], v) for k, v in lin.state_dict().items()) and lin.weight.dtype == torch.float16
     assert torch.equal(x, torch.full((2, 4), 8.0, dtype=torch.float16))
+
+
+def test_cli_verifies_sdpa_for_eager_fp16_attention_scores(tmp_path, cli_main):
+    """``nanhunter scan`` on a saved tiny Llama (q_proj, k_proj ×1000) run with ``--attn eager --dtype
+    fp16``: eager's q·kᵀ (~4e5) overflows fp16; the verified fix is SDPA, which keeps fp16 and is closer
+    to the fp32 run than bf16. transformers' default attention (sdpa) gives no fault at all."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=128, vocab_size=128)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        m.model.layers[0].self_attn.q_proj.weight.mul_(1000.0)
+        m.model.layers[0].self_attn.k_proj.weight.mul_(1000.0)
+    m.save_pretrained(tmp_path / "llama", safe_serialization=True)
+    inputs = tmp_path / "inputs.safetensors"
+    save_file({"input_ids": torch.randint(0, 128, (1, 16))}, str(inputs))
+
+    res = cli_main("scan", tmp_path / "llama", "--inputs", inputs, "--dtype", "fp16", "--attn", "eager",
+                   "--device", "cpu")
+    assert res.code == 1, res.stderr
+    d = res.report["diagnosis"]
+    assert d["cause"] == "overflow" and "attention scores" in d["summary"]
+    fv = d["fix_verified"]
+    assert fv["change"] == 'attn_implementation="sdpa" instead of "eager"' and fv["finite"] is True, fv
+    assert fv["scope"] == "model" and fv["max_rel_err"] is not None and fv["max_rel_err"] < 0.01
+    assert 'Verified: attn_implementation="sdpa" instead of "eager" makes the failing input finite' in d["fix"]
+    assert 'attn_implementation="sdpa"' in res.stdout + res.stderr  # the check line of the terminal report
+
+    clean = cli_main("scan", tmp_path / "llama", "--inputs", inputs, "--dtype", "fp16", "--device", "cpu")
+    assert clean.code == 0 and clean.report["diagnosis"] is None

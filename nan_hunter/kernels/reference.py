@@ -14,6 +14,7 @@ that, its plain inner data (``__tensor_flatten__``).
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -22,6 +23,7 @@ from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, OVER_FIELDS, UNDER
 
 _OVER_LIMITS = tuple(limits(d).max for d in HEADROOM_DTYPES)  # finite |x| above: overflows the target
 _FLUSH_LIMITS = tuple(limits(d).flush for d in HEADROOM_DTYPES)  # non-zero |x| at or below: cast to 0
+_COUNTED = tuple(limits(d).flush < 2.0**-24 for d in HEADROOM_DTYPES)  # quick_row counts fp16 and bf16 flushes
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
@@ -156,7 +158,7 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         found = _magnitudes(x)
         if found is None:
             return None
-        absmax, min_bits, bits, width, shifted = found
+        absmax, min_nz, flushed = found
     else:
         lo, hi = torch.aminmax(x)
         lo_f, hi_f = float(lo), float(hi)
@@ -170,15 +172,9 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         if absmax <= lim:
             ints[INT_FIELDS.index(name)] = 0
     if underflow:
-        width_dtype = _BIT_VIEWS[width][0]
-        min_nz = math.inf if min_bits is None else float(torch.tensor(min_bits, dtype=width_dtype).view(x.dtype))
         floats[FLOAT_FIELDS.index("min_nonzero")] = min_nz
-        # and underflow counts from min_nonzero alone when nothing flushes; else one compare per target
-        for name, lim_bits in zip(UNDER_FIELDS, _flush_bits(x.dtype)):
-            if min_bits is None or min_bits > lim_bits:
-                ints[INT_FIELDS.index(name)] = 0
-            else:  # 0 < |x| <= limit: in "|x| bits - 1" form (zeros wrapped to the top), < the limit
-                ints[INT_FIELDS.index(name)] = int(torch.count_nonzero(bits < lim_bits + (0 if shifted else 1)))
+        for name, k in zip(UNDER_FIELDS, flushed):
+            ints[INT_FIELDS.index(name)] = -1 if k is None else k
     ints[INT_FIELDS.index("first_nonfinite")] = -1
     return ints, floats
 
@@ -212,28 +208,63 @@ def _largest_at_most(lim: float, dtype: torch.dtype) -> int:
     return int(v.view(_BIT_VIEWS[dtype.itemsize][0]))
 
 
-def _magnitudes(x: torch.Tensor) -> tuple[float, int | None, torch.Tensor, int, bool] | None:
-    """(absmax, bits of the smallest non-zero |x| or None when every value is zero, the |x| bits,
-    storage width, whether those bits were shifted) of a finite float tensor; None when ``x``
-    holds a NaN or ±Inf. Shifted bits are |x| bits - 1 with zeros wrapped to the largest value.
+SCRATCH = 1 << 20  # elements per chunk of the abs-min pass: a reused buffer, no page faults per call
+_scratch = threading.local()
 
-    Integer ops on the bit patterns (non-negative floats order like their bits): ``bits & mask``
-    is |x|; one ``aminmax`` gives absmax, finiteness and, when no value is zero, the abs-min.
-    Zeros (ReLU outputs, masked probabilities) need two in-place passes more: ``(|x| - 1) & mask``
-    sends 0 to the largest value and every other |x| one below itself, whose min is the abs-min.
-    """
+
+def _buffer(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """This thread's reused scratch of ``dtype`` with at least ``n`` (<= SCRATCH) elements."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.dtype != dtype:
+        buf = torch.empty(SCRATCH, dtype=dtype)
+        _scratch.buf = buf
+    return buf[:n]
+
+
+def _magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None:
+    """(absmax, smallest non-zero |x| (inf when every value is zero), per ``HEADROOM_DTYPES``
+    target the values a cast rounds to zero, None where not counted) of a float tensor, or None
+    when it holds a NaN or ±Inf.
+
+    Integer ops on the bit patterns (non-negative floats order like their bits), ``SCRATCH``
+    elements at a time in a reused buffer (a fresh tensor-sized one costs more in page faults than
+    the passes themselves): ``bits & mask`` is |x|; one ``aminmax`` gives absmax, finiteness and,
+    when no value is zero, the abs-min. Zeros (ReLU outputs, masked probabilities) need two
+    in-place passes more: ``(|x| - 1) & mask`` sends 0 to the largest value and every other |x|
+    one below itself. A flush count is one compare pass over a chunk that holds a value at or
+    below the limit, for the 16-bit targets only (``_COUNTED``); fp8's limits (2^-10, 2^-17) fall
+    inside nearly every chunk's range, where a pass each would double the cost: left unmeasured
+    unless no value is that small (the kernel counts them)."""
     width = x.element_size()
     int_dtype, mask = _BIT_VIEWS[width]
-    bits = torch.bitwise_and(x.view(int_dtype), mask)
-    lo, hi = torch.aminmax(bits)
-    lo_i, hi_i = int(lo), int(hi)
-    if hi_i >= _inf_bits(x.dtype):
-        return None
-    absmax = float(hi.view(x.dtype))
-    if lo_i == 0:  # zeros present: min over the others
-        bits.sub_(1).bitwise_and_(mask)
-        lo_i = int(bits.amin()) + 1
-        if lo_i > mask:  # every value is zero (the wrap gives mask + 1)
-            return absmax, None, bits, width, True
-        return absmax, lo_i, bits, width, True
-    return absmax, lo_i, bits, width, False
+    inf_bits = _inf_bits(x.dtype)
+    lims = _flush_bits(x.dtype)
+    b = x.view(int_dtype)
+    if x.is_contiguous():
+        b = b.reshape(-1)
+        chunks = [b[s:s + SCRATCH] for s in range(0, b.numel(), SCRATCH)]
+    else:
+        chunks = [b]  # strided: one pass over the view, into a fresh buffer
+    top, lo_all = 0, mask + 1
+    flushed: list[int | None] = [0] * len(lims)
+    for c in chunks:
+        buf = _buffer(int_dtype, c.numel()) if c.dim() == 1 else torch.empty_like(c)
+        torch.bitwise_and(c, mask, out=buf)
+        lo, hi = torch.aminmax(buf)
+        lo_i, hi_i = int(lo), int(hi)
+        if hi_i >= inf_bits:
+            return None
+        top = max(top, hi_i)
+        shifted = lo_i == 0
+        if shifted:  # zeros present: the min over the others
+            buf.sub_(1).bitwise_and_(mask)
+            lo_i = int(buf.amin()) + 1  # mask + 1 when every value is zero
+        lo_all = min(lo_all, lo_i)
+        for i, (lim, counted) in enumerate(zip(lims, _COUNTED)):
+            if lo_i > lim or flushed[i] is None:
+                continue
+            # 0 < |x| <= limit: bits <= lim, or in the shifted form (zeros at the top) bits < lim
+            flushed[i] = flushed[i] + int(torch.count_nonzero(buf < lim + (0 if shifted else 1))) if counted else None
+    absmax = float(torch.tensor(top, dtype=int_dtype).view(x.dtype))
+    min_nz = math.inf if lo_all > mask else float(torch.tensor(lo_all, dtype=int_dtype).view(x.dtype))
+    return absmax, min_nz, flushed

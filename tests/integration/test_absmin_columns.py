@@ -101,10 +101,13 @@ def test_flush_share_per_target_dtype_in_json(cli_main, tiny_model):
     assert r.code == 0, r.stderr
     row = next(m for m in r.report["modules"] if m["module"] == "shrink")
     x = tiny_model["shrunk"]
-    for d, td in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp8-e4m3", torch.float8_e4m3fn)):
+    for d, td in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         want = int(((x.to(td).float() == 0) & (x != 0)).sum()) / x.numel()
         assert row["flush_frac"][d] == pytest.approx(want, abs=0), d
     assert 0.01 < row["flush_frac"]["fp16"] < 0.9 and row["flush_frac"]["bf16"] == 0.0
+    # fp8 flushes are counted by the GPU kernel; the CPU fast path leaves them unmeasured (null)
+    # where some value is small enough to flush
+    assert row["flush_frac"]["fp8-e4m3"] is None and row["flush_frac"]["fp8-e5m2"] is None
     assert row["min_nonzero"] == pytest.approx(float(x.abs()[x != 0].min()), rel=1e-6)
     proj = next(m for m in r.report["modules"] if m["module"] == "proj")
     assert proj["flush_frac"]["fp16"] == 0.0

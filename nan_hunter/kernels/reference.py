@@ -13,6 +13,7 @@ that, its plain inner data (``__tensor_flatten__``).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -187,6 +188,7 @@ _BIT_VIEWS = {
 }
 
 
+@functools.cache
 def _inf_bits(dtype: torch.dtype) -> int:
     return int(torch.tensor(math.inf, dtype=dtype).view(_BIT_VIEWS[dtype.itemsize][0]))
 
@@ -240,15 +242,16 @@ def _magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None
     inf_bits = _inf_bits(x.dtype)
     lims = _flush_bits(x.dtype)
     b = x.view(int_dtype)
-    if x.is_contiguous():
+    contiguous = x.is_contiguous()
+    if contiguous:
         b = b.reshape(-1)
         chunks = [b[s:s + SCRATCH] for s in range(0, b.numel(), SCRATCH)]
     else:
-        chunks = [b]  # strided: one pass over the view, into a fresh buffer
+        chunks = [b]  # strided (1-D views too): one pass over the view, into a fresh buffer
     top, lo_all = 0, mask + 1
     flushed: list[int | None] = [0] * len(lims)
     for c in chunks:
-        buf = _buffer(int_dtype, c.numel()) if c.dim() == 1 else torch.empty_like(c)
+        buf = _buffer(int_dtype, c.numel()) if contiguous else torch.empty_like(c)
         torch.bitwise_and(c, mask, out=buf)
         lo, hi = torch.aminmax(buf)
         lo_i, hi_i = int(lo), int(hi)

@@ -82,6 +82,17 @@ def test_chunks_of_the_scratch_buffer_give_the_same_row(dtype, monkeypatch):
     assert quick_row(x, underflow=True) is None
 
 
+def test_strided_view_longer_than_the_scratch_buffer(monkeypatch):
+    from nan_hunter.kernels import reference
+
+    monkeypatch.setattr(reference, "SCRATCH", 1000)
+    x = _wide_range(10_000, True, seed=6)[::3]  # 1-D, not contiguous, 3334 elements
+    got = TensorStats.from_row(*quick_row(x, underflow=True))
+    want = _full(x)
+    for k in ("absmax", "min_nonzero", "under_fp16", "under_bf16"):
+        assert getattr(got, k) == getattr(want, k), k
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_non_finite_goes_to_full_row(dtype):
     x = torch.tensor([1.0, math.nan, 2.0]).to(dtype)

@@ -85,11 +85,12 @@ from machine import cpu_name  # bench/machine.py (scripts run as `python bench/N
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the bitwise checks
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("plain", "watch_blocks", "watch_modules", "watch_skip", "callback", "detect_anomaly",
             "lightning_detect_anomaly", "hf_debug_underflow_overflow", "naive")
-SHAPES = {"minilm": (8, 128), "llama100m": (8, 128), "tiny": (2, 16)}
+SHAPES = {"minilm": (8, 128), "llama100m": (8, 128), "llama1b": (4, 512), "tiny": (2, 16)}
 
 
 @dataclass
@@ -115,9 +116,10 @@ class Workload:
     batch: dict
     loss: Callable[[Any], Any]  # model output -> scalar loss
     info: dict
+    extra_plain_reproducible: bool | None = None  # plain run twice from one state gave bitwise equal results
 
 
-def build(name: str, batch: int, seq: int) -> Workload:
+def build(name: str, batch: int, seq: int, device: str = "cpu") -> Workload:
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -136,7 +138,12 @@ def build(name: str, batch: int, seq: int) -> Workload:
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        if name == "llama100m":
+        if name == "llama1b":  # TinyLlama's shape, as bench/overhead.py --device cuda
+            cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                              num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
+                              rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                              pad_token_id=0)
+        elif name == "llama100m":
             cfg = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                               num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -145,7 +152,8 @@ def build(name: str, batch: int, seq: int) -> Workload:
                               num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
         torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
         ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=g)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
         desc = (f"LlamaForCausalLM(hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
@@ -155,7 +163,8 @@ def build(name: str, batch: int, seq: int) -> Workload:
 
         def loss(out):
             return out.loss
-    model = model.float().train()
+    model = model.float().train().to(device)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     info = {"model": desc, "params": sum(p.numel() for p in model.parameters()), "dtype": "float32",
             "batch": [batch, seq], "loss": loss_desc, "optimizer": "torch.optim.AdamW(lr=1e-4)",
             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
@@ -316,10 +325,16 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
 
 
 # -- measurement ----------------------------------------------------------------------------------
-def make_step(w: Workload, opt) -> Callable[[], Any]:
+def make_step(w: Workload, opt, autocast: str | None = None) -> Callable[[], Any]:
+    import torch
+
+    device = next(w.model.parameters()).device.type
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(autocast or "")
+
     def step():
-        out = w.model(**w.batch)
-        loss = w.loss(out)
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            out = w.model(**w.batch)
+            loss = w.loss(out)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -327,7 +342,15 @@ def make_step(w: Workload, opt) -> Callable[[], Any]:
     return step
 
 
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def run_round(v: Variant, step: Callable[[], Any], steps: int, settle: int) -> None:
+    _sync()
     t_enter = time.perf_counter()
     cm = v.session()
     cm.__enter__()
@@ -336,10 +359,12 @@ def run_round(v: Variant, step: Callable[[], Any], steps: int, settle: int) -> N
         for _ in range(settle):
             with v.per_step():
                 step()
+        _sync()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             with v.per_step():
                 step()
+        _sync()
         v.times.append((time.perf_counter() - t0) / steps)
         v.cpu.append((time.process_time() - c0) / steps)
     except BaseException:
@@ -347,6 +372,7 @@ def run_round(v: Variant, step: Callable[[], Any], steps: int, settle: int) -> N
         raise
     t_exit = time.perf_counter()
     cm.__exit__(None, None, None)
+    _sync()
     v.enter_exit.append(enter + time.perf_counter() - t_exit)
     v.loads.append(os.getloadavg()[0])
 
@@ -377,6 +403,15 @@ def check_variants(w: Workload, opt, variants: list[Variant], step: Callable[[],
             v.error = f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             v.extra["traceback_tail"] = traceback.format_exc().splitlines()[-6:]
             print(f"{v.name}: {v.error}", flush=True)
+    # Is plain itself bitwise reproducible here (CUDA kernels with atomics are not)? Without that, a
+    # watch variant's inequality says nothing about the watch.
+    w.model.load_state_dict(model_state)
+    opt.load_state_dict(copy.deepcopy(opt_state))
+    torch.manual_seed(1)
+    loss = step()
+    if ref is not None:
+        w.extra_plain_reproducible = bool(torch.equal(loss, ref[0]) and all(
+            torch.equal(a, b) for a, b in zip(w.model.parameters(), ref[1])))
     del ref, model_state, opt_state
     for v in variants:  # a watch left on for two steps reports no fault on this healthy model
         if v.error is None and v.name.startswith("watch_"):
@@ -397,10 +432,12 @@ def measure(w: Workload, args) -> dict:
     import torch
 
     opt = torch.optim.AdamW(w.model.parameters(), lr=1e-4)
-    step = make_step(w, opt)
+    step = make_step(w, opt, args.autocast)
     variants = build_variants(w.model, opt, args.variants)
     t0 = time.perf_counter()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the checks compare bitwise (CUDA: atomics)
     check_variants(w, opt, variants, step)
+    torch.use_deterministic_algorithms(False)
     check_s = time.perf_counter() - t0
     live = [v for v in variants if v.error is None]
     for r in range(args.rounds):
@@ -432,7 +469,7 @@ def measure(w: Workload, args) -> dict:
                         "enter_exit_ms": [t * 1e3 for t in v.enter_exit],
                         "load1_after_rounds": v.loads,
                         "bitwise_equal_to_plain": v.equal, "error": v.error, **v.extra}
-    return {"variants": rows, "check_s": check_s}
+    return {"variants": rows, "check_s": check_s, "plain_bitwise_reproducible": w.extra_plain_reproducible}
 
 
 def _paired(times: list[float], plain: list[float]) -> float | None:
@@ -459,7 +496,8 @@ def targets(rows: dict) -> dict:
 def print_summary(res: dict) -> None:
     info = res["workload"]
     print()
-    print(f"{info['model']}, {info['params'] / 1e6:.1f}M params, {info['dtype']}, batch "
+    print(f"{info['model']}, {info['params'] / 1e6:.1f}M params, {info['dtype']} on {info.get('device', 'cpu')} "
+          f"(autocast {info.get('autocast')}), batch "
           f"{info['batch'][0]}x{info['batch'][1]}, loss {info['loss']}, {info['optimizer']}; "
           f"{res['threads']} threads, {res['rounds']} rounds x {res['steps']} steps (+{res['settle']} untimed)")
     print(f"{'variant':<16} {'median ms':>10} {'min ms':>9} {'x plain':>8} {'cpu ms':>9} {'x plain':>8} "
@@ -491,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
     ap.add_argument("--settle", type=int, default=1, help="untimed steps at the start of each round")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--autocast", choices=["none", "bf16", "fp16"], default=None,
+                    help="autocast around forward + loss (default: bf16 on cuda, none on cpu)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--quick", action="store_true", help="smoke test: --model tiny --rounds 2 --steps 2")
     ap.add_argument("--json", default=None, help="default bench/_out/train_overhead_<model>.json")
@@ -502,14 +543,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or "plain" not in args.variants:
         ap.error(f"--variants: must include plain and name only {', '.join(VARIANTS)} (got {unknown or 'no plain'})")
     batch, seq = args.batch or SHAPES[args.model][0], args.seq or SHAPES[args.model][1]
+    if args.autocast is None:
+        args.autocast = "bf16" if args.device == "cuda" else "none"
+    args.autocast = None if args.autocast == "none" else args.autocast
 
     import torch
     import transformers
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: CUDA is not available on this machine; nothing measured", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
     t_start = time.perf_counter()
-    w = build(args.model, batch, seq)
+    w = build(args.model, batch, seq, args.device)
+    w.info.update(device=args.device, autocast=args.autocast)
+    if args.device == "cuda":
+        w.info["gpu"] = torch.cuda.get_device_name(0)
     res: dict[str, Any] = {"workload": w.info}
     res.update(measure(w, args))
     res["targets"] = targets(res["variants"])
@@ -523,12 +573,14 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["bench/train_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
     })
     print_summary(res)
-    out = Path(args.json or HERE / "_out" / f"train_overhead_{args.model}.json")
+    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    out = Path(args.json or HERE / "_out" / f"train_overhead_{args.model}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"wrote {out}")
+    unequal_counts = res["plain_bitwise_reproducible"] is not False  # plain itself differs run to run: no verdict
     failed = [k for k, x in res["variants"].items() if k.startswith("watch_")
-              and (x["error"] or x["bitwise_equal_to_plain"] is not True or x.get("report_clean") is not True
+              and (x["error"] or (unequal_counts and x["bitwise_equal_to_plain"] is not True) or x.get("report_clean") is not True
                    or x.get("whole_run_report_clean") is False)]
     if failed:  # a peer crashing is a result; nan_hunter crashing or changing the training is a bug
         print(f"FAILED: {', '.join(failed)} crashed, changed the step's result or reported a fault", file=sys.stderr)

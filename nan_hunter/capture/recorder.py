@@ -33,6 +33,7 @@ captured, nothing is folded.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +129,10 @@ class Recorder:
         self.retain = retain
         self.window = max(1, retain)  # forwards kept in full besides the first failing one
         if device is None:
-            # a placed model (--device-map auto) keeps offloaded parameters on meta: not a device
-            p = next((q for q in model.parameters() if q.device.type != "meta"), None)
+            # a placed model (--device-map auto) keeps offloaded parameters on meta: not a device;
+            # a model with buffers only (a quantizer's scale) is where its buffers are
+            p = next((q for q in itertools.chain(model.parameters(), model.buffers()) if q.device.type != "meta"),
+                     None)
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend, underflow=underflow)
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
@@ -263,6 +266,13 @@ class Recorder:
     def judge_finished(self, upto: int) -> None:
         """Judge every finished step up to ``upto`` now (one read-back on a device sink)."""
         self._judge([f for f in self._done if f <= upto])
+
+    def judge_flagged(self) -> None:
+        """Device sink: read the pending flags and judge every finished forward up to the first
+        flagged one (one read-back), so ``first_failed`` is set when a forward failed."""
+        self.poll_flags(wait=True)
+        if self.first_failed is None and self._early is not None:
+            self.judge_finished(self._early)
 
     def grads_needed(self, step: int) -> bool:
         """Whether the gradients that reached the root outputs in ``step`` must stay kept."""

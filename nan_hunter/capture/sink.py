@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from ..kernels import check_backend, select_backend
 from ..kernels import reference as ref
-from ..kernels import select_backend
 from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
 
 CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
@@ -43,7 +43,7 @@ _EMPTY_ROW = ([0] * (N_INT - 1) + [-1], [0.0, math.inf, 0.0, 0.0])  # what a fre
 _GRAPH_SEGMENTS: list[Segment] = []  # written by captured graphs, which may outlive their watch
 
 
-@dataclass
+@dataclass(eq=False)  # identity: fields hold tensors, and `seg in _GRAPH_SEGMENTS` must not compare them
 class Segment:
     """Rows ``start .. start + cap - 1`` of a device sink: ``ints``/``floats`` are column ranges
     of ``block`` (int64 [cap, ROW_WORDS]), the layout the kernel takes (unit stride along a row)."""
@@ -139,6 +139,7 @@ class StatsSink:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
         self.backend = backend or select_backend(dev.type)
+        check_backend(self.backend, dev.type)
         self.launch = launch
         # host rows of finite tensors also carry abs-min and the flush-to-zero counts (about 2-5x the
         # cost of the one aminmax pass that tells finite from not); the kernels always compute them

@@ -214,11 +214,13 @@ SCRATCH = 1 << 20  # elements per chunk of the abs-min pass: a reused buffer, no
 _scratch = threading.local()
 
 
-def _buffer(dtype: torch.dtype, n: int) -> torch.Tensor:
-    """This thread's reused scratch of ``dtype`` with at least ``n`` (<= SCRATCH) elements."""
+def _buffer(dtype: torch.dtype, n: int, device: torch.device) -> torch.Tensor:
+    """This thread's reused scratch of ``dtype`` on ``device`` with at least ``n`` (<= SCRATCH)
+    elements (a tensor on another device than the last one gets a scratch of its own: a CUDA
+    tensor measured by a host sink was once read into a CPU buffer, failed, and read as empty)."""
     buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.dtype != dtype:
-        buf = torch.empty(SCRATCH, dtype=dtype)
+    if buf is None or buf.dtype != dtype or buf.device != device:
+        buf = torch.empty(SCRATCH, dtype=dtype, device=device)
         _scratch.buf = buf
     return buf[:n]
 
@@ -251,7 +253,7 @@ def _magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None
     top, lo_all = 0, mask + 1
     flushed: list[int | None] = [0] * len(lims)
     for c in chunks:
-        buf = _buffer(int_dtype, c.numel()) if contiguous else torch.empty_like(c)
+        buf = _buffer(int_dtype, c.numel(), c.device) if contiguous else torch.empty_like(c)
         torch.bitwise_and(c, mask, out=buf)
         lo, hi = torch.aminmax(buf)
         lo_i, hi_i = int(lo), int(hi)

@@ -80,7 +80,10 @@ def rerun_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Gr
             if not roots:
                 return True, None
             params = leaves(model, roots)
-            with mode if mode is not None else contextlib.nullcontext():
+            # on the calling thread: CUDA backward runs on the engine's device threads otherwise,
+            # where the dispatch mode that names the op is not active (seen on the first GPU run)
+            with torch.autograd.set_multithreading_enabled(False), \
+                    mode if mode is not None else contextlib.nullcontext():
                 res = torch.autograd.grad(roots, params, gs, allow_unused=True)
     finite = all(bool(torch.isfinite(g).all()) for g in res if g is not None)
     return finite, (mode.result if mode is not None else None)

@@ -75,10 +75,13 @@ def stop_on_fault(watch: Any) -> Any:
     from transformers import StoppingCriteria
 
     class StopOnNonfinite(StoppingCriteria):
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            # ``scores`` is None unless generate() was asked for them (transformers 5): not read.
+            # On a GPU the rows are judged in batches; the device flags of the forwards so far are
+            # read here (decoding reads its stopping verdict on the host every step anyway).
+            if watch.first_failed is None and watch.sink._device_rows:
+                watch.judge_flagged()
             bad = watch.first_failed is not None
-            if not bad and watch.sink._device_rows:  # rows judged in batches on a GPU: look at the logits
-                bad = not bool(torch.isfinite(scores).all())
             return torch.full((input_ids.shape[0],), bad, dtype=torch.bool, device=input_ids.device)
 
     return StopOnNonfinite()
@@ -109,6 +112,8 @@ def decode(p: Prepared, indices: list[int], max_new_tokens: int, batched: bool) 
         msg = str(e).splitlines()[0] if str(e) else ""
         raise BadInput(f"--generate: the model raised {type(e).__name__} in generate(): {msg}") from None
     seqs = out.sequences if hasattr(out, "sequences") else out
+    if w.first_failed is None and w.sink._device_rows:
+        w.judge_flagged()  # the last step's flag may not have been read by the stopping criterion
     d.steps = w.n_forwards
     d.first_bad_step = w.first_failed
     good = d.steps if d.first_bad_step is None else d.first_bad_step

@@ -46,6 +46,23 @@ def _verdict_line(rep: Any) -> str:
     return f"nanhunter: first non-finite value ({f.kind}) at step {f.step}, {f.phase}: {where}{cause}"
 
 
+class _Event:
+    """A CUDA event recorded now; on other devices (the interpreted test path) one already done."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._e = None
+        if device.type == "cuda":
+            self._e = torch.cuda.Event()
+            self._e.record()
+
+    def query(self) -> bool:
+        return self._e is None or self._e.query()
+
+    def synchronize(self) -> None:
+        if self._e is not None:
+            self._e.synchronize()
+
+
 class FaultPolicy:
     """The ``on_fault`` half of a ``session.Watch``."""
 
@@ -59,7 +76,9 @@ class FaultPolicy:
         self.on_fault = on_fault
         self.should_stop = False
         self.skipped: list[int] = []  # host sink: forwards whose optimizer step was undone
-        self._device_skips: list[tuple[int, torch.Tensor]] = []  # device sink: (forward, flag), read at report()
+        # device sink: skip decisions not read yet, (forward, host flag, event, host-state restores)
+        # (the flag is copied to pinned memory without a sync; at most a few steps stay pending)
+        self._pending: list[tuple[int, torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor]]]] = []
         self._last_step_forward = -1  # the forward of the previous optimizer.step()
         self._stepped: set[int] = set()
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, buffer)
@@ -100,6 +119,7 @@ class FaultPolicy:
                 self._judge_now(window, [], w.current_step)
         if self.on_fault != "skip":
             return
+        self._settle()  # host-side state (AdamW's step counts) of an earlier skipped step, before this update
         opt = hooks.optimizer
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         with torch.no_grad():
@@ -179,9 +199,29 @@ class FaultPolicy:
         else:
             flag = self._device_flag(list(window), calls)
             if flag is not None:
-                self._restore(hooks.optimizer, flag)
-                self._device_skips.append((forward, flag))
+                host_restores = self._restore(hooks.optimizer, flag)
+                host = torch.empty((), dtype=torch.bool, pin_memory=flag.device.type == "cuda")
+                host.copy_(flag, non_blocking=True)
+                event = _Event(flag.device)
+                self._pending.append((forward, host, event, host_restores))
         self._saved = []
+
+    def _settle(self, wait: bool | None = None) -> None:
+        """Read the skip flags the device has computed: a skipped step is recorded and its host-side
+        optimizer state restored. ``wait`` (default: when some pending step has host-side state to
+        restore, which the next update must not see) waits for them; else only finished ones."""
+        if wait is None:
+            wait = any(r for *_, r in self._pending)
+        while self._pending:
+            forward, host, event, restores = self._pending[0]
+            if not wait and not event.query():
+                return
+            event.synchronize()
+            self._pending.pop(0)
+            if bool(host):
+                self.skipped.append(forward)
+                for cur, v in restores:
+                    cur.copy_(v)
 
     def _device_flag(self, forwards: list[int], step_calls: list[Any]) -> torch.Tensor | None:
         """A device bool: whether any call of ``forwards`` (forward, backward, optimizer) has a
@@ -194,7 +234,11 @@ class FaultPolicy:
             return None
         return w.sink.flag_nonfinite(outs, data)
 
-    def _restore(self, opt: Any, flag: torch.Tensor | None) -> None:
+    def _restore(self, opt: Any, flag: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Undo the step: now (``flag`` None), or on the device where ``flag`` is True (no host
+        sync). Returns the restores a device flag cannot select on the host without a sync: state
+        tensors in host memory (AdamW's step counts), as (tensor, saved value) for ``_settle``."""
+        deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             params = [p for p, _ in self._saved]  # local shards: views of the parameters
             saved = [b for _, b in self._saved]
@@ -202,7 +246,7 @@ class FaultPolicy:
                 torch._foreach_copy_(params, saved)
             else:
                 for p, b in self._saved:
-                    p.copy_(torch.where(flag, b, p))
+                    torch.where(flag, b, p, out=p)
             for p, kept in self._state:
                 if kept is None:
                     if flag is None:
@@ -216,16 +260,21 @@ class FaultPolicy:
                             st[k] = v.clone()
                         elif flag is None:
                             local_shard(cur).copy_(v)
+                        elif v.device != flag.device:  # reading the flag here would be a sync: later
+                            deferred.append((local_shard(cur), v.clone()))
                         else:
-                            local_shard(cur).copy_(torch.where(flag.to(v.device), v, local_shard(cur)))
+                            cur_l = local_shard(cur)
+                            torch.where(flag, v, cur_l, out=cur_l)
                     elif flag is None:
                         st[k] = copy.deepcopy(v) if isinstance(v, (list, dict, tuple)) else v
+        return deferred
 
     # -- the report ----------------------------------------------------------------------------
     def skipped_steps(self) -> list[int]:
         if self.on_fault != "skip":
             return []
-        out = set(self.skipped) | {f for f, flag in self._device_skips if bool(flag)}
+        self._settle(wait=True)
+        out = set(self.skipped)
         w = self.w
         if w.training.scaler is not None:  # a real fault the GradScaler kept from stepping: skipped too
             out |= {f for f in w.failed_forwards() if f not in self._stepped and f not in w.training.scaler_skipped}

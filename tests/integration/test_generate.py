@@ -126,3 +126,37 @@ def test_watch_around_generate_keeps_the_failing_step(tmp_path):
     assert f.position == 7
     assert out.past_key_values.get_seq_length() == cache_len
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+class _DoneEvent:
+    """A CUDA event that has always completed (the device path's flags, on a CPU)."""
+
+    def record(self):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+def test_generate_on_the_device_row_path(cli_main, monkeypatch):
+    """--generate with the device-row sink (as on a GPU; here the Triton kernels interpreted on the
+    CPU): decoding stops at the failing step from the device flags. Found on the first GPU run:
+    the stopping criterion read ``scores``, which transformers 5 passes as None."""
+    import os
+
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the interpreted device path (on a GPU, tests/integration/test_incidents.py's CUDA run)")
+    from nan_hunter.capture import recorder, sink
+
+    monkeypatch.setattr(sink, "select_backend", lambda device_type: "triton")
+    monkeypatch.setattr(recorder.Recorder, "_rows_on_host", lambda self: False)
+    monkeypatch.setattr(torch.cuda, "Event", _DoneEvent)
+    res = cli_main("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "fp16")
+    assert res.code == 1, res.stderr
+    f, g = res.report["first_nonfinite"], res.report["run"]["generate"]
+    assert (f["step"], f["module"], f["kind"]) == (3, "model.layers.0", "posinf")
+    assert g["steps"] == 4 and g["first_bad_step"] == 3

@@ -45,7 +45,7 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def _batches(n, fault=FAULT, micro=1):
+def _batches(n, fault=FAULT, micro=1, device="cpu"):
     g = torch.Generator().manual_seed(1)
     out = []
     for s in range(n):
@@ -54,7 +54,7 @@ def _batches(n, fault=FAULT, micro=1):
             x = torch.randn(4, 8, generator=g) * 0.1
             if s == fault and j == 0:
                 x = torch.full((4, 8), 400.0)  # lin output far past 88: exp overflows to inf
-            step.append(x)
+            step.append(x.to(device))
         out.append(step)
     return out
 
@@ -68,12 +68,13 @@ OPTIMIZERS = {
 }
 
 
-def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scaler=False, steps=5, check=None):
+def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scaler=False, steps=5, check=None,
+           device="cpu"):
     torch.manual_seed(0)
-    m = Net()
+    m = Net().to(device)
     opt = OPTIMIZERS[opt_name](m.parameters())
-    sc = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if scaler else None
-    data = _batches(steps, micro=micro)
+    sc = torch.amp.GradScaler(device, init_scale=2.0 ** 8) if scaler else None
+    data = _batches(steps, micro=micro, device=device)
     w = nan_hunter.watch(m, backward=True, optimizer=opt, scaler=sc, **watch_kw) if watch_kw is not None else None
     snaps = {}
     if w is not None:
@@ -85,7 +86,7 @@ def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scal
             snaps[s] = (copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict()))
             opt.zero_grad()
             for x in step:
-                with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+                with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
                     loss = m(x).float().pow(2).mean() / micro
                 (sc.scale(loss) if sc else loss).backward()
             if sc:
@@ -98,6 +99,13 @@ def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scal
         if w is not None:
             w.__exit__(None, None, None)
     return m, opt, rep, snaps
+
+
+def _triton_device() -> str:
+    """CPU tensors when the Triton kernels are interpreted (no GPU), CUDA ones otherwise."""
+    import os
+
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 def _same(a, b):
@@ -213,12 +221,13 @@ def test_skip_and_raise_on_the_device_row_sink():
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
-    m, opt, rep, _ = _train("adamw", {"on_fault": "skip", "backend": "triton"})
-    m2, opt2, _, _ = _train("adamw", None, leave_out=FAULT)
+    dev = _triton_device()
+    m, opt, rep, _ = _train("adamw", {"on_fault": "skip", "backend": "triton"}, device=dev)
+    m2, opt2, _, _ = _train("adamw", None, leave_out=FAULT, device=dev)
     assert rep.run["skipped_steps"] == [FAULT]
     assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
     with pytest.raises(NonFiniteError) as ei:
-        _train("sgd_momentum", {"on_fault": "raise", "backend": "triton"})
+        _train("sgd_momentum", {"on_fault": "raise", "backend": "triton"}, device=dev)
     assert ei.value.report.first_nonfinite.module == "layers.0.act"
 
 
@@ -231,6 +240,8 @@ def device_verdicts(monkeypatch):
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return  # a real GPU: the device path as it is, with its CUDA events
     from nan_hunter.session.watcher import Watch
 
     monkeypatch.setattr(Watch, "_rows_on_host", lambda self: False)
@@ -238,21 +249,22 @@ def device_verdicts(monkeypatch):
 
 
 def test_device_path_skip_is_bitwise(device_verdicts):
-    m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip", "backend": "triton"})
-    m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT)
+    dev = _triton_device()
+    m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip", "backend": "triton"}, device=dev)
+    m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT, device=dev)
     assert rep.run["skipped_steps"] == [FAULT]
     assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
 
 
 def test_device_path_raise_and_stop_by_the_end_of_the_step(device_verdicts):
     with pytest.raises(NonFiniteError) as ei:
-        _train("adamw", {"on_fault": "raise", "backend": "triton"})
+        _train("adamw", {"on_fault": "raise", "backend": "triton"}, device=_triton_device())
     assert (ei.value.report.first_nonfinite.step, ei.value.report.first_nonfinite.module) == (FAULT, "layers.0.act")
     torch.manual_seed(0)
-    m = Net()
+    m = Net().to(_triton_device())
     with torch.no_grad(), nan_hunter.watch(m, on_fault="stop", backend="triton") as w:
         ran = []
-        for s, (x,) in enumerate(_batches(5)):
+        for s, (x,) in enumerate(_batches(5, device=_triton_device())):
             m(x)
             ran.append(s)
             if w.should_stop:

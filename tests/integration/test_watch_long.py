@@ -3,6 +3,7 @@ a report() that changes nothing of the user's and re-runs under the forward's ow
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -213,19 +214,19 @@ def test_device_rows_are_folded_and_reused_under_triton(monkeypatch):
     in batches with one read-back, freed rows are reset to the kernel's starting row before they
     are reused, and the numbers agree with the torch reference's."""
     pytest.importorskip("triton")
-    import os
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py) or a GPU")
     from nan_hunter.capture import recorder
 
     monkeypatch.setattr(recorder, "FOLD_BATCH", 4)  # fold every 4 forwards: four folds in 18 forwards
-    model = Net().eval()
+    dev = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # where the kernels can read
+    model = Net().eval().to(dev)
     got, sizes = {}, {}
     for backend in ("triton", "reference"):
-        with torch.no_grad(), nan_hunter.watch(model, level="blocks", retain=2, backend=backend, device="cpu") as w:
+        with torch.no_grad(), nan_hunter.watch(model, level="blocks", retain=2, backend=backend, device=dev) as w:
             for i in range(18):
-                model(torch.full((2, 4), 3e38 if i == 5 else float(i % 7 + 1)))
+                model(torch.full((2, 4), 3e38 if i == 5 else float(i % 7 + 1), device=dev))
                 if i == 13:
                     sizes[backend] = w.sink.n
         assert w.sink.n == sizes[backend]  # rows of folded forwards were reused, not appended
@@ -247,7 +248,6 @@ def test_device_flags_keep_the_first_failing_inputs_when_the_device_lags(monkeyp
     only two forwards later, longer than retain=2 keeps inputs: the watch waits for that flag
     before dropping the inputs, so the failing forward's inputs survive and report() names the op."""
     pytest.importorskip("triton")
-    import os
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("simulates a lagging CUDA device with the interpreted kernels")

@@ -217,3 +217,71 @@ def test_graph_outlives_its_watch(tower):
         graph.replay()
         torch.cuda.synchronize()
     assert torch.isfinite(want).all()
+
+
+# host synchronisations a healthy step may add: record and skip none (skip decides on the device with
+# torch.where; AdamW's host-side step counts are restored from a flag read without a sync); raise and
+# stop read one flag before the update (a fault is explained with the weights it ran with, and stop
+# leaves the update unapplied) and one after it (the optimizer's own phase)
+_STEP_SYNCS = {"record": 0, "skip": 0, "raise": 2, "stop": 2}
+
+
+@pytest.mark.parametrize("policy", sorted(_STEP_SYNCS))
+def test_training_step_reads_back_at_most_once(policy):
+    """A healthy training step (forward, backward, AdamW) under watch(backward=True, optimizer=opt,
+    on_fault=policy) adds at most ``_STEP_SYNCS[policy]`` host synchronisations to the plain step's.
+    The first GPU run found 18 per step for skip (a flag read per AdamW state tensor)."""
+    torch.manual_seed(0)
+    model = Tower().to(CUDA).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = _x().float()
+
+    def step():
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()  # AdamW's state exists, kernels are compiled
+    base = _syncs(step)
+    with nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault=policy) as w:
+        for _ in range(2):
+            step()
+        watched = [_syncs(step) for _ in range(3)]
+    assert w.report().first_nonfinite is None
+    assert max(watched) - base <= _STEP_SYNCS[policy], (policy, base, watched)
+
+
+def test_skip_on_cuda_is_bitwise():
+    """on_fault="skip" on the GPU: the faulty step leaves parameters and AdamW state bitwise as a
+    run that never took that step."""
+    def run(watched: bool, leave_out: int | None):
+        torch.manual_seed(0)
+        model = Tower().to(CUDA).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        w = nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip") if watched \
+            else None
+        if w is not None:
+            w.__enter__()
+        try:
+            for s in range(5):
+                if s == leave_out:
+                    continue
+                g = torch.Generator().manual_seed(s)
+                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(CUDA)  # step 2: square > fp32 max
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            rep = w.report() if w is not None else None
+        finally:
+            if w is not None:
+                w.__exit__(None, None, None)
+        return model, opt, rep
+
+    m, opt, rep = run(True, None)
+    m2, opt2, _ = run(False, 2)
+    assert rep.run["skipped_steps"] == [2]
+    for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+    for sa, sb in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -16,6 +16,8 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 import nan_hunter  # noqa: E402
 from nan_hunter.capture.sink import StatsSink  # noqa: E402
 
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # where the kernels can read
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -30,10 +32,10 @@ class Net(nn.Module):
 
 def test_triton_sink_rows_match_reference():
     torch.manual_seed(0)
-    ts = [torch.randn(37), torch.tensor([1.0, float("nan"), -float("inf")]), torch.zeros(0),
-          torch.randn(5, 7).half()]
-    tri = StatsSink("cpu", backend="triton")
-    refs = StatsSink("cpu", backend="reference")
+    ts = [t.to(DEV) for t in (torch.randn(37), torch.tensor([1.0, float("nan"), -float("inf")]), torch.zeros(0),
+                              torch.randn(5, 7).half())]
+    tri = StatsSink(DEV, backend="triton")
+    refs = StatsSink(DEV, backend="reference")
     rows = tri.measure_many(ts)
     assert rows == [0, 1, 2, 3]
     assert tri.measure(ts[0]) == 0  # same tensor, unchanged: not read again
@@ -51,12 +53,12 @@ def test_triton_sink_rows_match_reference():
 
 def test_watch_with_triton_backend_locates_like_reference():
     torch.manual_seed(0)
-    m = Net().half().eval()
+    m = Net().half().eval().to(DEV)
     with torch.no_grad():
         m.a.weight.fill_(1.0)
         m.a.bias.zero_()
         m.b.weight.fill_(2000.0)  # 8 x 8 x 2000 = 128000 > 65504
-        x = torch.ones(2, 8).half()
+        x = torch.ones(2, 8, device=DEV).half()
         reports = {}
         for backend in ("triton", "reference"):
             with nan_hunter.watch(m, level="modules", backend=backend) as w:
@@ -72,17 +74,21 @@ class Gate(nn.Module):
 
 
 def test_backward_capture_with_triton_backend_locates_like_reference():
-    """Gradients go through the same sink and batched kernel as forward statistics."""
+    """Gradients go through the same sink and batched kernel as forward statistics. on_fault="stop":
+    on a GPU the rows are read once per step, before the update, so the weights the faulty step ran
+    with are kept for the backward re-run (with the default "record" and no read-back, a GPU run
+    says in a note that the backward was not re-run: found on the first GPU run)."""
     found = {}
     for backend in ("triton", "reference"):
         torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(8, 8), Gate(), nn.Linear(8, 1))
+        m = nn.Sequential(nn.Linear(8, 8), Gate(), nn.Linear(8, 1)).to(DEV)
         with torch.no_grad():
             m[0].weight.zero_()
             m[0].bias.zero_()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with nan_hunter.watch(m, level="modules", backend=backend, backward=True, optimizer=opt) as w:
-            m(torch.randn(4, 8)).pow(2).mean().backward()
+        with nan_hunter.watch(m, level="modules", backend=backend, backward=True, optimizer=opt,
+                              on_fault="stop") as w:
+            m(torch.randn(4, 8).to(DEV)).pow(2).mean().backward()
             opt.step()
             found[backend] = w.report().first_nonfinite
     assert found["triton"] == found["reference"]

@@ -17,6 +17,8 @@ from nan_hunter.capture import sink as sink_mod  # noqa: E402
 from nan_hunter.kernels.reference import full_row  # noqa: E402
 from nan_hunter.stats import TensorStats  # noqa: E402
 
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # where the kernels can read
+
 
 def _tensors(n: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(n)
@@ -27,7 +29,7 @@ def _tensors(n: int) -> list[torch.Tensor]:
             t[i % t.numel()] = math.nan
         if i % 5 == 2:
             t[-1] = -math.inf
-        out.append(t.to((torch.float32, torch.float16, torch.bfloat16)[i % 3]))
+        out.append(t.to((torch.float32, torch.float16, torch.bfloat16)[i % 3]).to(DEV))
     return out
 
 
@@ -45,7 +47,7 @@ def _same(got: TensorStats, want: TensorStats) -> None:
 @pytest.mark.parametrize("launch", ["table", "each"])
 def test_segments_grow_without_losing_rows(monkeypatch, launch):
     monkeypatch.setattr(sink_mod, "CHUNK", 4)  # segments of 4, 8, 16 rows
-    s = sink_mod.StatsSink("cpu", backend="triton", launch=launch)
+    s = sink_mod.StatsSink(DEV, backend="triton", launch=launch)
     ts = _tensors(23)
     rows = s.measure_many(ts[:3]) + s.measure_many(ts[3:10]) + s.measure_many(ts[10:])  # 3|7 straddles 4
     assert rows == list(range(23))
@@ -58,8 +60,8 @@ def test_segments_grow_without_losing_rows(monkeypatch, launch):
 
 
 def test_already_measured_tensor_is_not_read_again():
-    s = sink_mod.StatsSink("cpu", backend="triton")
-    a, b = torch.ones(8), torch.zeros(8)
+    s = sink_mod.StatsSink(DEV, backend="triton")
+    a, b = torch.ones(8, device=DEV), torch.zeros(8, device=DEV)
     assert s.measure_many([a, b, a]) == [0, 1, 0]
     assert s.measure(b) == 1
     assert s.bytes_read == 64
@@ -70,8 +72,8 @@ def test_already_measured_tensor_is_not_read_again():
 
 def test_launchers_agree():
     ts = _tensors(9)
-    a = sink_mod.StatsSink("cpu", backend="triton", launch="table")
-    b = sink_mod.StatsSink("cpu", backend="triton", launch="each")
+    a = sink_mod.StatsSink(DEV, backend="triton", launch="table")
+    b = sink_mod.StatsSink(DEV, backend="triton", launch="each")
     a.measure_many(ts)
     b.measure_many(ts)
     for x, y in zip(a.rows(), b.rows()):
@@ -81,17 +83,28 @@ def test_launchers_agree():
 
 def test_bad_launch_mode():
     with pytest.raises(ValueError, match="launch must be"):
-        sink_mod.StatsSink("cpu", backend="triton", launch="graph")
+        sink_mod.StatsSink(DEV, backend="triton", launch="graph")
+
+
+def test_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
+    """Compiled Triton kernels cannot read host memory (found on the first GPU run: CPU tensors
+    reached a compiled kernel); the sink refuses that with a clear message instead."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="reads CUDA tensors"):
+        sink_mod.StatsSink("cpu", backend="triton")
+    with pytest.raises(ValueError, match="backend must be"):
+        sink_mod.StatsSink("cpu", backend="cuda")
+    assert sink_mod.StatsSink("cpu").backend == "reference"
 
 
 def test_new_segment_rows_hold_the_starting_row():
     """What the table launcher with init=False relies on: a fresh segment's rows are exactly what
     the init kernel writes, so an empty tensor's row and a never-written row read the same."""
-    seg = sink_mod.Segment.new(0, 3, torch.device("cpu"))
+    seg = sink_mod.Segment.new(0, 3, torch.device(DEV))
     from nan_hunter.kernels import triton as tk
 
     ints, floats = seg.ints.clone(), seg.floats.clone()
-    tk.stats_each_into([torch.empty(0)] * 3, seg.ints, seg.floats, 0)
+    tk.stats_each_into([torch.empty(0, device=DEV)] * 3, seg.ints, seg.floats, 0)
     assert torch.equal(seg.ints, ints) and torch.equal(seg.floats, floats)
     s = TensorStats.from_row(seg.ints[0].tolist(), seg.floats[0].tolist())
     assert (s.numel, s.nan, s.first_nonfinite, s.absmax) == (0, 0, None, 0.0)
@@ -104,10 +117,10 @@ def test_tensors_the_kernel_cannot_read_go_to_the_reference():
     class Tagged(torch.Tensor):
         pass
 
-    s = sink_mod.StatsSink("cpu", backend="triton")
-    x64 = torch.tensor([1.0, float("nan"), -3.0], dtype=torch.float64)
-    sub = torch.tensor([2.0, float("inf")]).as_subclass(Tagged)
-    plain = torch.tensor([5.0, -7.0])
+    s = sink_mod.StatsSink(DEV, backend="triton")
+    x64 = torch.tensor([1.0, float("nan"), -3.0], dtype=torch.float64, device=DEV)
+    sub = torch.tensor([2.0, float("inf")], device=DEV).as_subclass(Tagged)
+    plain = torch.tensor([5.0, -7.0], device=DEV)
     assert s.measure_many([plain, x64, sub]) == [0, 1, 2]
     got = s.rows()
     for t, r in zip([plain, x64, sub], got):
@@ -120,8 +133,11 @@ def test_eager_and_graph_rows_never_share_a_segment(monkeypatch):
     real capture runs in tests/kernels/test_capture_gpu.py): rows measured while capturing go
     to a graph segment of their own, eager rows after it to a new eager segment, and the rows
     skipped in between read as empty tensors."""
+    if DEV == "cuda":
+        pytest.skip("a forced capture flag on a real GPU takes the spare-segment path; the real capture is "
+                    "tests/kernels/test_capture_gpu.py")
     monkeypatch.setattr(sink_mod, "CHUNK", 4)
-    s = sink_mod.StatsSink("cpu", backend="triton")
+    s = sink_mod.StatsSink(DEV, backend="triton")
     ts = _tensors(7)
     assert s.measure_many(ts[:2]) == [0, 1]
     monkeypatch.setattr(sink_mod, "_capturing", lambda device: True)

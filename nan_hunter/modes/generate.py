@@ -227,7 +227,10 @@ class GenerateMode:
         target, margs, mkw = loc.region
         with torch.no_grad(), run_context(p.run):
             out = target(*detached_copy(margs), **detached_copy(mkw))
-        row, pos = token_position(out, snap.kwargs)
+        tp = token_position(out, snap.kwargs)
+        row, pos = tp.row, tp.position
+        if tp.note:
+            loc.notes.append(tp.note)
         index = first.indices[min(row, len(first.indices) - 1)]
         loc.first.input_index = index
         loc.first.position = pos

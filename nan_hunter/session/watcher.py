@@ -338,8 +338,11 @@ class Watch(Recorder):
             if f.role != "input":  # which token row holds it (a decode step: its position in the sequence)
                 stack.enter_context(run_context(self.run))
                 stack.enter_context(torch.no_grad())
-                _, fnf.position = token_position(target(*detached_copy(margs), **detached_copy(mkw)), snap.kwargs)
+                tp = token_position(target(*detached_copy(margs), **detached_copy(mkw)), snap.kwargs)
+                fnf.position = tp.position
         notes = mask_notes(fine.calls, rows)
+        if f.role != "input" and tp.note:
+            notes.append(tp.note)
         if f.call.module_type == "MultiheadAttention" and ev is not None and "_native_multi_head_attention" not in ev.op:
             notes.append(f"{f.call.module} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "
                          f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "

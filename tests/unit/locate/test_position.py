@@ -6,7 +6,13 @@ import math
 
 import torch
 
-from nan_hunter.locate.position import first_fault, token_position
+from nan_hunter.locate.position import first_fault
+from nan_hunter.locate.position import token_position as _token_position
+
+
+def token_position(out, kwargs):
+    tp = _token_position(out, kwargs)
+    return tp.row, tp.position
 
 
 def with_bad(shape: tuple[int, ...], at: tuple[int, ...], value: float = math.nan) -> torch.Tensor:
@@ -56,13 +62,45 @@ def test_token_position_adds_the_cache_length_without_cache_position():
     assert token_position(with_bad((1, 2, 4), (0, 1, 0)), {"past_key_values": cache}) == (0, 6)
 
 
-def test_token_position_of_a_cache_this_code_does_not_know_has_no_offset():
+def test_a_cache_this_code_does_not_know_gives_no_position_and_says_why():
+    """Never a plausible wrong position (it used to count from 0 here): null, with a note naming
+    the library version."""
+
     class Odd:
         def get_seq_length(self):
             raise NotImplementedError
 
-    assert token_position(with_bad((1, 3, 2), (0, 2, 0)), {"past_key_values": Odd()}) == (0, 2)
-    assert token_position(with_bad((1, 3, 2), (0, 2, 0)), {"past_key_values": object()}) == (0, 2)
+    for cache in (Odd(), object()):
+        tp = _token_position(with_bad((1, 3, 2), (0, 2, 0)), {"past_key_values": cache})
+        assert (tp.row, tp.position) == (0, None)
+        assert "transformers" in tp.note and type(cache).__name__ in tp.note
+
+
+def test_position_ids_as_transformers_5_passes_them():
+    """transformers 5.24's generate() passes position_ids (left padding already counted out) and a
+    ``cache`` object, no cache_position: the README example read position 0 and token <s> there."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(2, 2, 6, 4), torch.zeros(2, 2, 6, 4), layer_idx=0)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]])
+    kw = {"position_ids": torch.tensor([[6], [3]]), "cache": cache, "attention_mask": mask}
+    assert token_position(with_bad((2, 1, 4), (1, 0, 0)), kw) == (1, 3)  # not 6 - 3 = 3 twice over
+    assert token_position(with_bad((2, 1, 4), (0, 0, 0)), kw) == (0, 6)
+    tp = _token_position(with_bad((2, 1, 4), (0, 0, 0)), kw)
+    assert tp.source == "position_ids" and tp.note is None
+    # the prompt's forward: one row of position ids shared by the batch
+    assert token_position(with_bad((1, 5, 2), (0, 4, 1)), {"position_ids": torch.arange(5)[None]}) == (0, 4)
+
+
+def test_the_cache_under_its_5x_name_and_the_legacy_tuple_format():
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), layer_idx=0)
+    assert token_position(with_bad((1, 1, 4), (0, 0, 0)), {"cache": cache}) == (0, 5)
+    legacy = ((torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)),)
+    assert token_position(with_bad((1, 1, 4), (0, 0, 0)), {"past_key_values": legacy}) == (0, 4)
 
 
 def test_token_position_subtracts_the_rows_left_padding():

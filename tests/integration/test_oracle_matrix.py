@@ -395,6 +395,7 @@ def test_generate(family, precision, mode, cli_main, tmp_path):
     # the failing prompt second in one order, first in the other, so the index is not a default
     prompts = (OTHER, LEAD) if family != "qwen2" else (LEAD, OTHER)
     index, truth = generate_truth(family, precision, batch, prompts)
+    assert (truth.step, truth.token_id) == (1, P.TRIGGER)  # the plant: decode step 1 reads the trigger
     if mode.startswith("watch"):
         base = build_generate(family, prec.compute).to(prec.params)
         encs = P.tokenize(list(prompts), batch, family)

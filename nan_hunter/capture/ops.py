@@ -328,13 +328,41 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
     return ev
 
 
+#: ops whose −inf comes from a zero (log 0), the way log-space masks are written
+_LOG_OPS = {"log", "log2", "log10", "log1p", "xlogy", "special_xlog1py", "logit"}
+
+
+def _sentinel(o: OperandStats, out_dtype: str | None) -> bool:
+    """An operand at a mask sentinel: a tensor within a factor 2 of its own dtype's max
+    (``finfo.min`` planes), or a Python scalar beyond half the output dtype's max (``* -1e9``)."""
+    if o.absmax is None:
+        return False
+    name = out_dtype if o.dtype == "scalar" else o.dtype
+    dt = getattr(torch, name or "", None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        return False
+    return o.absmax >= 0.5 * torch.finfo(dt).max
+
+
+def overflowed_to_neginf(ev: OpEvent) -> bool:
+    """−inf made from finite, ordinary operands (none at a mask sentinel, not a log of zero): an
+    overflow, such as a weight at −1e6 cast to fp16 by autocast — a fault, not how a mask is
+    written (``masked_fill(-inf)``, ``finfo.min + finfo.min``, ``mask * -1e9``)."""
+    if not ev.neginf or ev.nan or ev.posinf:
+        return False
+    if ev.op.split(".")[1 if ev.op.startswith("aten.") else 0] in _LOG_OPS:
+        return False
+    return all(o.finite for o in ev.operands) and not any(_sentinel(o, ev.out_dtype) for o in ev.operands)
+
+
 class FirstBadOp(TorchDispatchMode):
     """Finds the op that made the first non-finite value of a module call.
 
-    ``first``: the first op that introduced NaN or +inf (a class none of its operands held).
-    −inf alone is how masks are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an
-    op that only introduced −inf is kept aside (``first_neginf``) and reported only when nothing
-    later made a NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
+    ``first``: the first op that introduced NaN or +inf (a class none of its operands held), or
+    −inf out of ordinary finite operands (``overflowed_to_neginf``). Other −inf alone is how masks
+    are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an op that only introduced
+    such a −inf is kept aside (``first_neginf``) and reported only when nothing later made a
+    NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
     data), the first computing op whose output is non-finite. ``site``: where the re-run module
     was called from in the model's code, the source line when the op has none of its own."""
 
@@ -360,7 +388,7 @@ class FirstBadOp(TorchDispatchMode):
         a, kw = seen if seen is not None else (args, kwargs)
         ev = new_nonfinite(func, a, kw, out, self.site)
         if ev is not None:
-            if ev.nan or ev.posinf:
+            if ev.nan or ev.posinf or overflowed_to_neginf(ev):
                 self.first = ev
             elif self.first_neginf is None:
                 self.first_neginf = ev

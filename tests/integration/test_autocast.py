@@ -1,0 +1,100 @@
+"""A watch under ``torch.autocast`` (issue 31): the same answer whatever ``on_fault`` is (a report
+raised from inside the user's autocast block re-runs outside its weight cache), a −inf cast named
+like a +inf one, the run's dtype as the ops computed it, and the parameter that does not fit it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import nan_hunter
+from nan_hunter import NonFiniteError
+
+FAULT = 3  # the step before which a weight is scaled past fp16's max
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.act = nn.GELU()
+        self.down = nn.Linear(32, 16)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.down(self.act(self.up(x))))
+
+
+def _train_mlp(on_fault: str, cache_enabled: bool = True, steps: int = 5):
+    """Autocast fp16 on CPU; ``up.weight`` scaled ×1e6 (absmax ≈ 2.5e5 > 65504) before step FAULT."""
+    torch.manual_seed(0)
+    m = MLP()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    try:
+        with nan_hunter.watch(m, backward=True, optimizer=opt, on_fault=on_fault) as w:
+            for step in range(steps):
+                if step == FAULT:
+                    with torch.no_grad():
+                        m.up.weight.mul_(1e6)
+                with torch.autocast("cpu", dtype=torch.float16, cache_enabled=cache_enabled):
+                    loss = m(torch.randn(4, 16, generator=g)).float().pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if w.should_stop:
+                    break
+            return w.report()
+    except NonFiniteError as e:
+        assert on_fault == "raise"
+        return e.report
+
+
+@pytest.mark.parametrize(("on_fault", "cache_enabled"), [("record", True), ("stop", True), ("raise", True),
+                                                         ("raise", False)])
+def test_every_on_fault_names_the_cast_and_its_fix(on_fault, cache_enabled):
+    rep = _train_mlp(on_fault, cache_enabled)
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert (f.step, f.module, f.op, f.kind) == (FAULT, "up", "aten._to_copy.default", "posinf")
+    assert d.cause == "overflow"
+    # the replay ran outside the user's autocast: fp32 is fp32 there
+    assert rep.replay["fp32"]["finite"] and rep.replay["bf16"]["finite"] and not rep.replay["fp16"]["finite"]
+    assert d.fix_verified is not None and d.fix_verified.finite
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("on_fault", ["record", "raise"])
+def test_a_negative_weight_cast_to_neginf_is_named_not_the_matmul_after_it(on_fault):
+    """One weight at −1e6: its fp16 cast makes −inf alone (not a mask: no sentinel made it), and
+    the matmul then makes +inf; the cast is the first fault."""
+    m = _llama()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    try:
+        with nan_hunter.watch(m, backward=True, optimizer=opt, on_fault=on_fault) as w:
+            for step in range(FAULT + 1):
+                if step == FAULT:
+                    with torch.no_grad():
+                        m.model.layers[1].mlp.up_proj.weight[3, 5] = -1e6
+                ids = torch.randint(0, 64, (2, 8), generator=g)
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = m(input_ids=ids, labels=ids).loss
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            rep = w.report()
+    except NonFiniteError as e:
+        rep = e.report
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert (f.step, f.module, f.op, f.kind) == (FAULT, "model.layers.1.mlp.up_proj", "aten._to_copy.default", "neginf")
+    assert d.cause == "overflow"

@@ -308,7 +308,9 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
     if rep.run:
         r = rep.run
         failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
-        rows.append(("run", f"{r['dtype']} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        amp = r.get("autocast")
+        under = f" (torch.autocast {amp['device_type']})" if amp else ""
+        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {r['n_inputs']} input(s){failing}"))
         g = r.get("generate")
         if g:
             bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""

@@ -98,3 +98,34 @@ def test_a_negative_weight_cast_to_neginf_is_named_not_the_matmul_after_it(on_fa
     f, d = rep.first_nonfinite, rep.diagnosis
     assert (f.step, f.module, f.op, f.kind) == (FAULT, "model.layers.1.mlp.up_proj", "aten._to_copy.default", "neginf")
     assert d.cause == "overflow"
+
+
+def _watched_overflow(autocast: bool):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    with torch.no_grad():
+        m[0].weight.mul_(1e6)  # absmax ≈ 2.5e5: fits fp32, not fp16
+    with nan_hunter.watch(m, level="modules") as w:
+        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+            m(torch.randn(4, 16))
+        return w.report()
+
+
+def test_a_watch_under_autocast_is_an_fp16_run(tmp_path):
+    rep = _watched_overflow(autocast=True)
+    assert rep.run["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
+    assert rep.run["dtype"] == rep.diagnosis.dtype == "fp16"
+    text = rep.render(width=100)
+    assert "fp16 (torch.autocast cpu) on cpu" in text
+    assert "fp16 max 65504" in text and "fp32 max" not in text  # the headroom strip
+    rep.to_html(str(tmp_path / "r.html"))
+    assert "fp16 (torch.autocast cpu)" in (tmp_path / "r.html").read_text()
+    rep.to_json(str(tmp_path / "r.json"))
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["run"]["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
+
+
+def test_a_watch_without_autocast_has_no_autocast():
+    rep = _watched_overflow(autocast=False)
+    assert rep.run["autocast"] is None and rep.run["dtype"] == "fp32"

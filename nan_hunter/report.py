@@ -89,6 +89,7 @@ class Diagnosis:
     evidence: list[str]
     fix: str
     fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
+    param: str | None = None  # the parameter named as the cause (one that does not fit the run's dtype)
 
 
 @dataclass

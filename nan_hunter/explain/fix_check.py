@@ -250,10 +250,13 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
         summary = d.summary.lower()
         bf16 = Change("run in bf16", _run_in("bf16"))
         if "attention scores" in summary:
-            return [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
-        if "residual stream" in summary and run.compute != "bf16":
-            return [bf16, keep32]
-        return [keep32, bf16] if run.compute != "fp32" else []
+            changes = [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
+        elif "residual stream" in summary and run.compute != "bf16":
+            changes = [bf16, keep32]
+        else:
+            changes = [keep32, bf16] if run.compute != "fp32" else []
+        # never the dtype the run already computed in: no change at all
+        return [c for c in changes if not (c is keep32 and run.compute == "fp32" or c is bf16 and run.compute == "bf16")]
     if d.cause == "division_by_zero":
         return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds),
                 keep32]

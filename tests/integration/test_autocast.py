@@ -63,6 +63,20 @@ def test_every_on_fault_names_the_cast_and_its_fix(on_fault, cache_enabled):
     assert d.fix_verified is not None and d.fix_verified.finite
 
 
+def test_the_weight_that_does_not_fit_fp16_is_named_with_a_fix_that_applies():
+    """Contract v1.3: an overflow caused by a parameter that does not fit the run's dtype names it."""
+    rep = _train_mlp("record")
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert f.param == d.param == "up.weight"
+    assert d.summary.startswith("the cast of parameter up.weight (absmax ") and " to fp16 overflowed" in d.summary
+    assert "matmul" not in d.summary
+    assert any(e.startswith("parameter up.weight (float32[32, 16]): absmax ") for e in d.evidence)
+    # the fix proposed first is the one verified on a copy
+    assert d.fix_verified.finite and d.fix_verified.change == "run in bf16" and d.fix.startswith("Run in bf16")
+    # the first-non-finite panel names it on its own row
+    assert any(line.strip("│ ").split() == ["parameter", "up.weight"] for line in rep.render(width=100).splitlines())
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -97,7 +111,7 @@ def test_a_negative_weight_cast_to_neginf_is_named_not_the_matmul_after_it(on_fa
         rep = e.report
     f, d = rep.first_nonfinite, rep.diagnosis
     assert (f.step, f.module, f.op, f.kind) == (FAULT, "model.layers.1.mlp.up_proj", "aten._to_copy.default", "neginf")
-    assert d.cause == "overflow"
+    assert d.cause == "overflow" and f.param == "model.layers.1.mlp.up_proj.weight"
 
 
 def _watched_overflow(autocast: bool):

@@ -364,10 +364,21 @@ def domain_error(ev: Evidence) -> Diagnosis | None:
 
 
 def _holding_dtypes(ev: Evidence) -> list[str]:
-    """The dtypes a fix may propose to run in: bf16 and fp32, never the one the run computed in,
-    and, when the failing region was replayed, only those in which it was finite."""
+    """The dtypes an overflow's fix may propose to run in: bf16 and fp32, never the one the run
+    computed in; those in which the replayed failing region was finite, or, without a replay, those
+    with a wider range than the run's (fp16 → bf16, fp32; none for a bf16 or fp32 run)."""
     ran = ev.run.compute if ev.run is not None else None
-    return [d for d in ("bf16", "fp32") if d != ran and (not ev.replay or d in ev.finite_in())]
+    if ev.replay:
+        return [d for d in ("bf16", "fp32") if d != ran and d in ev.finite_in()]
+    lim = ev.range.max if ev.range is not None else None
+    return [d for d in ("bf16", "fp32") if d != ran and lim is not None and limits(d).max > 2 * lim]
+
+
+def _no_dtype(ev: Evidence) -> str:
+    """Why no dtype is proposed (``_holding_dtypes`` is empty)."""
+    if ev.replay:
+        return "the failing region overflows in every dtype it was replayed in"
+    return f"no dtype has a wider range than {ev.range.name if ev.range is not None else 'the run dtype'}"
 
 
 def _unfit_param(ev: Evidence) -> Any | None:
@@ -409,8 +420,7 @@ def _param_overflow(ev: Evidence, p: Any, lines: list[str], holds: list[str]) ->
         fix = ways[0][0].upper() + ways[0][1:] + "".join(f", or {w}" for w in ways[1:]) + "; and " + \
             why[0].lower() + why[1:]
     else:
-        fix = ("No dtype fixes it (the failing region overflows in every dtype it was replayed in): "
-               if ev.replay else f"No wider dtype than {dt} holds it: ") + why[0].lower() + why[1:]
+        fix = f"No dtype fixes it ({_no_dtype(ev)}): " + why[0].lower() + why[1:]
     d = _diag(ev, "overflow", summary, lines, fix)
     d.param = p.param
     return d
@@ -451,7 +461,7 @@ def overflow(ev: Evidence) -> Diagnosis | None:
         fix = ("Attention scores overflow: " + (f"run in {run_in}, " if run_in else "")
                + "use fused SDPA / flash attention (it scales before the matmul)"
                + (", or upcast q and k to fp32 for the q·kᵀ scores" if keep else "")
-               + ("; the replay overflows in every dtype: rescale q and k." if not holds else "."))
+               + (f"; {_no_dtype(ev)}: rescale q and k." if not holds else "."))
         what = "attention scores"
     elif ev.opname in {"add", "add_", "sub"} and (ev.is_block or "layer" in (ev.module_type or "").lower()
                                                    or "block" in (ev.module_type or "").lower()):
@@ -467,14 +477,14 @@ def overflow(ev: Evidence) -> Diagnosis | None:
         ways = [f"keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
                 "smallest such set; transformers' _keep_in_fp32_modules)"] if keep else []
         ways += ["run in bf16"] if "bf16" in holds else []
-        fix = (" or ".join(ways) + "." if ways else
-               "No dtype holds the result (the replay overflows in every dtype): rescale the values that feed it.")
+        fix = (", or ".join(ways) + "." if ways else
+               f"No dtype holds the result ({_no_dtype(ev)}): rescale the values that feed it.")
         fix = fix[0].upper() + fix[1:]
         what = "matmul"
     else:
         fix = ((f"Run in {run_in}" + (f", or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds "
                                       "the smallest set)" if keep else "") + "; rescale the values that feed it.")
-               if holds else "Rescale the values that feed it (the replay overflows in every dtype).")
+               if holds else f"Rescale the values that feed it ({_no_dtype(ev)}).")
         what = ev.opname or "op"
     return _diag(ev, "overflow", f"{what} overflow in {run} at {ev.where}", lines, fix)
 

@@ -63,6 +63,23 @@ def test_every_on_fault_names_the_cast_and_its_fix(on_fault, cache_enabled):
     assert d.fix_verified is not None and d.fix_verified.finite
 
 
+def test_raise_leaves_the_users_autocast_as_it_was():
+    """The report raised from inside the user's autocast block re-runs outside it; the block's
+    state (enabled, dtype, cache) is the user's again when the error arrives."""
+    torch.manual_seed(0)
+    m = MLP()
+    with torch.no_grad():
+        m.up.weight.mul_(1e6)
+    with nan_hunter.watch(m, on_fault="raise"):
+        with torch.autocast("cpu", dtype=torch.float16):
+            with pytest.raises(NonFiniteError) as ei:
+                m(torch.randn(4, 16))
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+            assert torch.is_autocast_cache_enabled()
+    assert ei.value.report.first_nonfinite.op == "aten._to_copy.default"
+    assert not torch.is_autocast_enabled("cpu")
+
+
 def test_the_weight_that_does_not_fit_fp16_is_named_with_a_fix_that_applies():
     """Contract v1.3: an overflow caused by a parameter that does not fit the run's dtype names it."""
     rep = _train_mlp("record")

@@ -455,7 +455,8 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
         err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
             f" (the {fv.reference} run is not finite to compare with)"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
-    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
+    at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
+    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
 
 def diagnosis(rep: Report) -> DiagnosisView | None:

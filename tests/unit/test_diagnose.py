@@ -73,6 +73,8 @@ def test_a_cast_of_a_parameter_that_does_not_fit_names_it():
     ("bf16 run, fp32 holds it", "bf16", {**ALL_FAIL, "fp32": {**ALL_FAIL["fp32"], "finite": True}}, ["keep m in fp32"],
      ["run in bf16"]),
     ("fp16 run, bf16 and fp32 hold it", "fp16", MATRIX_FP16_ONLY, ["run in bf16", "keep m in fp32"], []),
+    ("fp16 run, no replay: wider ranges", "fp16", None, ["run in bf16", "keep m in fp32"], []),
+    ("fp32 run, no replay: nothing wider", "fp32", None, ["no dtype has a wider range than fp32"], ["bf16"]),
 ])
 def test_a_fix_never_proposes_a_dtype_that_failed(name, dtype, replay, proposed, not_proposed):
     d = diagnose(ev(dtype=dtype, replay=replay, operands=[op(), _param(3e38 if dtype != "fp16" else 6e4)]))

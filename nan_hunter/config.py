@@ -44,6 +44,7 @@ class WeightsConfig:
 class DiagnosisConfig:
     tiny_scale: float
     rel_err_warn: float
+    param_fraction: float = 0.5  # a parameter past this fraction of the dtype's max does not fit it
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def _fp8_compute(v: Any) -> str:
 SCHEMA: dict[str, dict[str, Any]] = {
     "near_miss": {"overflow_fraction": _fraction, "absorbed_intermediates": _flag, "max_listed": _count},
     "weights": {"near_overflow_fraction": _fraction, "targets": _dtype_list, "max_rows": _count},
-    "diagnosis": {"tiny_scale": _positive, "rel_err_warn": _positive},
+    "diagnosis": {"tiny_scale": _positive, "rel_err_warn": _positive, "param_fraction": _fraction},
     "fp8": {"scaling": _choice(*FP8_SCALINGS), "amax_eps": _positive, "overflow": _choice(*FP8_OVERFLOWS),
             "compute": _fp8_compute},
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},

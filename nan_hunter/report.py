@@ -89,6 +89,7 @@ class Diagnosis:
     evidence: list[str]
     fix: str
     fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
+    param: str | None = None  # the parameter named as the cause (one that does not fit the run's dtype)
 
 
 @dataclass
@@ -126,7 +127,7 @@ class RunInfo:
     optimizer_steps: int | None = None  # watch(optimizer=...): steps seen
     scaler_skipped_steps: list[int] | None = None  # GradScaler skips that were not faults
     capsule: str | None = None  # where the capsule of the first fault was written
-    autocast: list[list[str]] | None = None  # [[device, dtype]] of the failing (or latest) step
+    autocast: dict[str, str] | None = None  # {device_type, dtype} of the failing (or latest) step's autocast
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
     skipped_steps: list[int] | None = None  # watch(on_fault="skip"): the steps whose update was undone

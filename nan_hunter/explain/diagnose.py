@@ -22,6 +22,7 @@ DOMAIN_OPS = {"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "acos", "
               "lgamma", "digamma", "erfinv"}
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm", "einsum",
               "convolution", "_convolution", "dot", "mv"}
+CAST_OPS = {"_to_copy", "to", "copy", "copy_", "_autocast_to_reduced_precision", "convert_element_type"}
 
 
 @dataclass(kw_only=True)
@@ -362,6 +363,69 @@ def domain_error(ev: Evidence) -> Diagnosis | None:
                  "sign error that made it negative.")
 
 
+def _holding_dtypes(ev: Evidence) -> list[str]:
+    """The dtypes an overflow's fix may propose to run in: bf16 and fp32, never the one the run
+    computed in; those in which the replayed failing region was finite, or, without a replay, those
+    with a wider range than the run's (fp16 → bf16, fp32; none for a bf16 or fp32 run)."""
+    ran = ev.run.compute if ev.run is not None else None
+    if ev.replay:
+        return [d for d in ("bf16", "fp32") if d != ran and d in ev.finite_in()]
+    lim = ev.range.max if ev.range is not None else None
+    return [d for d in ("bf16", "fp32") if d != ran and lim is not None and limits(d).max > 2 * lim]
+
+
+def _no_dtype(ev: Evidence) -> str:
+    """Why no dtype is proposed (``_holding_dtypes`` is empty)."""
+    if ev.replay:
+        return "the failing region overflows in every dtype it was replayed in"
+    return f"no dtype has a wider range than {ev.range.name if ev.range is not None else 'the run dtype'}"
+
+
+def _unfit_param(ev: Evidence) -> Any | None:
+    """The largest operand that is one of the model's parameters (or buffers) and does not fit the
+    dtype the op computed in: its absmax past ``param_fraction`` of the dtype's max (past the max
+    itself, its cast to the dtype overflows)."""
+    lim = ev.range.max if ev.range is not None else None
+    if not lim:
+        return None
+    unfit = [o for o in ev.tensor_operands() if getattr(o, "param", None) and o.absmax is not None
+             and o.absmax >= ev.config.param_fraction * lim]
+    return max(unfit, key=lambda o: o.absmax, default=None)
+
+
+def _param_overflow(ev: Evidence, p: Any, lines: list[str], holds: list[str]) -> Diagnosis:
+    """An overflow caused by a parameter that does not fit the run's dtype: named, with a fix that
+    applies (a dtype the replay showed to hold it, never the one that failed)."""
+    lim, dt = ev.range.max, ev.range.name
+    a = p.absmax
+    fit = (f"absmax {_g(a)} > {dt} max {lim:.6g}: it cannot be represented in {dt}" if a > lim else
+           f"absmax {_g(a)} is {a / lim:.0%} of {dt} max {lim:.6g}: a product with anything ≥ {lim / a:.3g} overflows")
+    lines = [f"parameter {p.param} ({p.dtype}{list(p.shape)}): {fit}"] + lines
+    if ev.opname in CAST_OPS:
+        summary = f"the cast of parameter {p.param} (absmax {_g(a)}) to {dt} overflowed at {ev.where}"
+    else:
+        summary = f"parameter {p.param} (absmax {_g(a)}) does not fit {dt}: {ev.opname or 'an op'} over it " \
+                  f"overflowed at {ev.where}"
+    module = ev.module or "this module"
+    ways = []
+    if "bf16" in holds:
+        ways.append("run in bf16, which has fp32's range (under torch.autocast: dtype=torch.bfloat16)")
+    if "fp32" in holds:
+        ways.append(f"keep {module} in fp32 (under torch.autocast: autocast disabled around it; else "
+                    "`nanhunter bisect` or transformers' _keep_in_fp32_modules)")
+    why = (f"{p.param} grew to {_g(a)}: find out why (a learning rate too high, a diverging update, a bad load "
+           "or an in-place write), restore it from a checkpoint, and clip gradients or lower the learning rate so "
+           "it does not grow again.")
+    if ways:
+        fix = ways[0][0].upper() + ways[0][1:] + "".join(f", or {w}" for w in ways[1:]) + "; and " + \
+            why[0].lower() + why[1:]
+    else:
+        fix = f"No dtype fixes it ({_no_dtype(ev)}): " + why[0].lower() + why[1:]
+    d = _diag(ev, "overflow", summary, lines, fix)
+    d.param = p.param
+    return d
+
+
 @rule("overflow")
 def overflow(ev: Evidence) -> Diagnosis | None:
     if ev.kind not in ("posinf", "neginf") or ev.role != "producer":
@@ -371,6 +435,7 @@ def overflow(ev: Evidence) -> Diagnosis | None:
     run = ev.dtype or "the run dtype"
     dt = ev.dtype if ev.dtype and ev.dtype != "fp32" else None
     lim = ev.range.max if ev.range is not None else None
+    holds = _holding_dtypes(ev)
     true = ev.true_absmax()
     if true is not None and lim and ev.range:
         head = f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}"
@@ -382,26 +447,44 @@ def overflow(ev: Evidence) -> Diagnosis | None:
     operand_line = "operands, all finite: " + ", ".join(
         f"#{o.index} {o.dtype}{list(o.shape)} absmax {_g(o.absmax)}" for o in ev.tensor_operands()[:3])
     lines = [head, operand_line]
+    unfit = _unfit_param(ev)
+    if unfit is not None:
+        return _param_overflow(ev, unfit, lines, holds)
+    # dtypes are proposed only where they help: never the run's own, never one the replay saw fail
+    run_in = " or ".join(holds)
+    keep = "fp32" in holds
     if ev.is_fp8_run():
         fix = ("In fp8, check the scaling recipe: scale by amax (rowwise for activations with outliers), compute "
                "amax/scale in fp32 and clamp amax with an eps; keep this module in bf16 if needed (`nanhunter bisect`).")
         what = "fp8"
     elif ev.is_attention() and ev.opname in MATMUL_OPS:
-        fix = ("Attention scores overflow: run in bf16 (or fp32), use fused SDPA / flash attention (it scales "
-               "before the matmul), or upcast q and k to fp32 for the q·kᵀ scores.")
+        fix = ("Attention scores overflow: " + (f"run in {run_in}, " if run_in else "")
+               + "use fused SDPA / flash attention (it scales before the matmul)"
+               + (", or upcast q and k to fp32 for the q·kᵀ scores" if keep else "")
+               + (f"; {_no_dtype(ev)}: rescale q and k." if not holds else "."))
         what = "attention scores"
     elif ev.opname in {"add", "add_", "sub"} and (ev.is_block or "layer" in (ev.module_type or "").lower()
                                                    or "block" in (ev.module_type or "").lower()):
-        fix = ("The residual stream passed the dtype's max: run in bf16 (or fp32); in fp16, clamp or rescale "
-               "activations (e.g. clamp to finfo.max − 1000 as T5 does) or keep the residual in fp32.")
+        fix = ("The residual stream passed the dtype's max: " + (f"run in {run_in}; " if run_in else "")
+               + "clamp or rescale activations (e.g. clamp to finfo.max − 1000 as T5 does)"
+               + (" or keep the residual in fp32." if keep else "."))
         what = "residual stream"
+    elif ev.opname in CAST_OPS:
+        fix = (f"A value past {ev.range.name if ev.range else run}'s max was cast down to it: "
+               + (f"run in {run_in}, or " if run_in else "") + "rescale the values before the cast.")
+        what = f"cast to {ev.range.name if ev.range else run}"
     elif ev.opname in MATMUL_OPS or "linear" in (ev.module_type or "").lower():
-        fix = (f"Keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
-               "smallest such set; transformers' _keep_in_fp32_modules), or run in bf16.")
+        ways = [f"keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
+                "smallest such set; transformers' _keep_in_fp32_modules)"] if keep else []
+        ways += ["run in bf16"] if "bf16" in holds else []
+        fix = (", or ".join(ways) + "." if ways else
+               f"No dtype holds the result ({_no_dtype(ev)}): rescale the values that feed it.")
+        fix = fix[0].upper() + fix[1:]
         what = "matmul"
     else:
-        fix = (f"Run in bf16 or fp32, or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds the "
-               "smallest set); rescale the values that feed it.")
+        fix = ((f"Run in {run_in}" + (f", or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds "
+                                      "the smallest set)" if keep else "") + "; rescale the values that feed it.")
+               if holds else f"Rescale the values that feed it ({_no_dtype(ev)}).")
         what = ev.opname or "op"
     return _diag(ev, "overflow", f"{what} overflow in {run} at {ev.where}", lines, fix)
 

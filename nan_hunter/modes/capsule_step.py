@@ -127,9 +127,13 @@ class CapsuleMode:
         return extras[0] if extras else {}
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
+        import torch
+
+        from ..dtypes import autocast_of
+
         cap = self.step.cap
         rep.run.backward = cap.phase == "backward"
-        rep.run.autocast = cap.meta.get("autocast") or None
+        rep.run.autocast = autocast_of(self.step.autocast, torch.device(p.device).type)
         if located is not None:
             rep.run.optimizer_steps = located.extra.get("optimizer_steps")
             rep.run.scaler_skipped_steps = located.extra.get("scaler_skipped_steps")

@@ -308,7 +308,9 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
     if rep.run:
         r = rep.run
         failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
-        rows.append(("run", f"{r['dtype']} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        amp = r.get("autocast")
+        under = f" (torch.autocast {amp['device_type']})" if amp else ""
+        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {r['n_inputs']} input(s){failing}"))
         g = r.get("generate")
         if g:
             bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
@@ -453,7 +455,8 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
         err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
             f" (the {fv.reference} run is not finite to compare with)"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
-    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
+    at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
+    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
 
 def diagnosis(rep: Report) -> DiagnosisView | None:

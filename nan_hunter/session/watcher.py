@@ -95,7 +95,9 @@ class ForwardContext:
         else:
             stack.enter_context(torch.set_grad_enabled(self.grad))
         for dev, dt in self.autocast:
-            stack.enter_context(torch.autocast(dev, dtype=dt))
+            # no cast cache: a re-run made while the user's autocast block is still open (on_fault="raise")
+            # would otherwise read the user's cached low-precision weight, and never run the cast itself
+            stack.enter_context(torch.autocast(dev, dtype=dt, cache_enabled=False))
 
     def seed(self) -> None:
         """The RNG as the forward started (inside a forked RNG: the user's is restored after)."""
@@ -103,6 +105,20 @@ class ForwardContext:
             torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state(self.cuda_rng)
+
+
+@contextlib.contextmanager
+def outside_users_autocast() -> Iterator[None]:
+    """A report made while the user's ``torch.autocast`` is active (``on_fault="raise"`` raises from a
+    hook inside the user's block; ``report()`` called inside it): autocast off and its weight cache
+    unused, so that re-runs compute under the autocast their forward recorded (``ForwardContext``)
+    and the replay's fp32 column is fp32. The user's flags come back on exit; nesting stays above
+    zero throughout, so the user's cache is not cleared."""
+    amp = _autocast_now()
+    with contextlib.ExitStack() as stack:
+        for dev, dt in amp:
+            stack.enter_context(torch.autocast(dev, dtype=dt, enabled=False, cache_enabled=False))
+        yield
 
 
 @contextlib.contextmanager
@@ -205,7 +221,7 @@ class Watch(Recorder):
             self.poll_flags(wait=True)
             self.paused = True
             try:
-                with users_state_kept(self.model), local_reruns(self):  # FSDP2: re-runs without collectives
+                with users_state_kept(self.model), outside_users_autocast(), local_reruns(self):  # FSDP2: re-runs without collectives
                     self._report = self._locate()
             finally:
                 self.paused = False

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from nan_hunter import NonFiniteError  # noqa: E402
 from nan_hunter.integrations.transformers import NanHunterCallback  # noqa: E402
@@ -128,3 +128,35 @@ def test_clean_run_is_untouched(tmp_path, monkeypatch):
              for h in t1.state.log_history]
     assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
                      for h in t2.state.log_history]
+
+
+class _HugeWeight(TrainerCallback):
+    """Before step FAULT, weights of layer 0's up_proj at 3e38: fp32 holds them, their products do not
+    (one per output feature, so each overflowing element is ±inf, never inf − inf)."""
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == FAULT:
+            with torch.no_grad():
+                w = model.model.layers[0].mlp.up_proj.weight
+                for r in range(w.shape[1]):
+                    w[r, r] = 3e38
+
+
+def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype(tmp_path, monkeypatch):
+    """Contract v1.3: a fix never proposes a dtype the run already used and failed in (the run is
+    fp32, and every dtype fails in the replay); the parameter that does not fit is named."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback()
+    model = _model()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
+                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             seed=0, data_seed=0, dataloader_num_workers=0)
+    Trainer(model=model, args=args, train_dataset=Data(False), callbacks=[_HugeWeight(), cb]).train()
+    rep = cb.report
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert (f.step, f.module, f.kind in ("posinf", "neginf")) == (FAULT, "model.layers.0.mlp.up_proj", True)
+    assert rep.run["dtype"] == "fp32" and not any(r["finite"] for k, r in rep.replay.items() if k != "fp64")
+    assert f.param == d.param == "model.layers.0.mlp.up_proj.weight" and d.cause == "overflow"
+    assert "model.layers.0.mlp.up_proj.weight" in d.summary
+    assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
+    assert d.fix_verified is None and "Verified" not in d.fix

@@ -90,6 +90,8 @@ class Diagnosis:
     fix: str
     fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
     param: str | None = None  # the parameter named as the cause (one that does not fit the run's dtype)
+    #: why ``fix_verified`` is null when the fix has a mechanical change (``explain.fix_check.UNVERIFIED``)
+    fix_unverified: str | None = None
 
 
 @dataclass

@@ -361,6 +361,16 @@ def _model_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+#: why a diagnosis with a fix has no ``fix_verified`` (``Diagnosis.fix_unverified``), as the reports say it
+UNVERIFIED = {
+    "no_change": "no change to try: the fix has no mechanical form for this fault at this precision",
+    "control_finite": "not verified: an unchanged copy re-run on the failing input is finite at the failing "
+                      "region too, so a re-run cannot show that the change helps",
+    "not_applicable": "not verified: none of the changes could be applied to a copy",
+    "not_rerun": "not verified: the failing region could not be re-run",
+}
+
+
 def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
                model: nn.Module | None = None, batch: dict[str, Any] | None = None,
                module_type: str | None = None) -> FixVerified | None:
@@ -369,12 +379,21 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
     else on the ``region``. A change holds when the failing region's outputs (and the copy's) are
     finite with it, while an unchanged control copy still fails there. The first change that holds
     is reported, else the first tried. None when the cause has no mechanical fix, the control does
-    not fail (nothing to verify against), or nothing could run."""
-    if diagnosis is None or region is None:
-        return None
+    not fail (nothing to verify against), or nothing could run (``verdict`` says which)."""
+    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type)[0]
+
+
+def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
+            model: nn.Module | None = None, batch: dict[str, Any] | None = None,
+            module_type: str | None = None) -> tuple[FixVerified | None, str | None]:
+    """``verify_fix``'s result and, when it is None, why (a key of ``UNVERIFIED``)."""
+    if diagnosis is None:
+        return None, None
+    if region is None:
+        return None, "not_rerun"
     changes = _changes(diagnosis, run, module_type)
     if not changes:
-        return None
+        return None, "no_change"
     whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
     from ..dtypes import RunDtype as RD
 
@@ -398,9 +417,11 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
 
     ref_cache: dict[str, dict[str, Any] | None] = {}
     results: list[FixVerified] = []
+    no_control = False
     for ch in changes:
         scope = "model" if whole and ch.whole_model and fails("model") else "region"
         if not fails(scope):
+            no_control = True
             continue
         try:
             if scope not in ref_cache:
@@ -413,9 +434,11 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
         fine = got.region_finite and _finite(got.outputs.values())
         fv = FixVerified(ch.text, fine, _rel(got.outputs, ref_cache[scope]), scope)
         if fv.finite:
-            return fv
+            return fv, None
         results.append(fv)
-    return results[0] if results else None
+    if results:
+        return results[0], None
+    return None, "control_finite" if no_control else "not_applicable"
 
 
 def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> FixVerified | None:
@@ -429,10 +452,11 @@ def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> F
     return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager")
 
 
-def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None) -> Diagnosis:
-    """Record ``fv`` on the diagnosis; its fix text says "verified" only when the fix made the
-    failing input finite."""
+def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None, why: str | None = None) -> Diagnosis:
+    """Record ``fv`` (or, when None, ``why``: a key of ``UNVERIFIED``) on the diagnosis; its fix
+    text says "verified" only when the fix made the failing input finite."""
     diagnosis.fix_verified = fv
+    diagnosis.fix_unverified = why if fv is None else None
     if fv is not None and fv.finite:
         err = f", max rel err {fv.max_rel_err:.3g} vs {fv.reference}" if fv.max_rel_err is not None else ""
         diagnosis.fix += f" Verified: {fv.change} makes the failing input finite{err}."
@@ -443,7 +467,7 @@ def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **k
     """``verify_fix`` then ``with_verdict``: the one call each diagnosis point makes."""
     if diagnosis is None:
         return
-    with_verdict(diagnosis, verify_fix(diagnosis, region, run, **kw))
+    with_verdict(diagnosis, *verdict(diagnosis, region, run, **kw))
 
 
 def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_index: int,
@@ -457,6 +481,7 @@ def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_in
     try:
         args, kwargs = call_inputs(model, rerun, name, call_index)
     except Exception:  # noqa: BLE001 - the diagnosis stands unverified
+        with_verdict(diagnosis, None, "not_rerun")
         return
     target = model.get_submodule(name) if name else model
     check(diagnosis, Region(name, target, args, kwargs), run)

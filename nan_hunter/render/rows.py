@@ -441,7 +441,7 @@ VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verif
 
 def fix_check_line(rep: Report) -> tuple[str, str]:
     """The verified fix as one line and its tone: ok (finite), bad (still non-finite), none."""
-    from ..explain.fix_check import no_mechanical_fix
+    from ..explain.fix_check import UNVERIFIED, no_mechanical_fix
 
     d = rep.diagnosis
     if d is None:
@@ -449,7 +449,9 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
     fv = d.fix_verified
     if fv is None:
         why = no_mechanical_fix(d.cause)
-        return (f"no mechanical fix to verify: {why}" if why else "not verified (nothing could be re-run)"), "none"
+        if why:
+            return f"no mechanical fix to verify: {why}", "none"
+        return UNVERIFIED.get(d.fix_unverified or "", "not verified (nothing was re-run)"), "none"
     where = "the whole model" if fv.scope == "model" else "the failing module"
     if fv.finite:
         err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \

@@ -152,3 +152,16 @@ def test_no_verification_without_a_failing_control():
     x = torch.ones(2, 4, dtype=torch.float16)  # finite in fp16: the unchanged copy does not fail
     d = Diagnosis("overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32")
     assert verify_fix(d, Region("", lin, (x,), {}), RunDtype.of("fp16")) is None
+    # the report says why, in a typed field, not "nothing could be re-run"
+    from nan_hunter.explain.fix_check import UNVERIFIED, check
+    from nan_hunter.render.rows import fix_check_line
+    from nan_hunter.report import Report, RunInfo
+
+    check(d, Region("", lin, (x,), {}), RunDtype.of("fp16"))
+    assert d.fix_verified is None and d.fix_unverified == "control_finite"
+    rep = Report(checkpoint={"path": "x", "format": "x", "n_tensors": None, "bytes": None}, weights=None,
+                 run=RunInfo(dtype="fp16", device="cpu", n_inputs=1, failed_inputs=[0]), first_nonfinite=None,
+                 replay=None, diagnosis=d, notes=[], modules=[])
+    assert fix_check_line(rep) == (UNVERIFIED["control_finite"], "none")
+    check(d, None, RunDtype.of("fp16"))
+    assert d.fix_unverified == "not_rerun"

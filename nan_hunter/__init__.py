@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | None = None, device: Any = None,
           dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
           scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
-          **options: Any) -> Watch:
+          trace: str | None = None, trace_level: str = "modules", **options: Any) -> Watch:
     """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
     captured (fused statistics per output tensor, no host sync per hook on GPU); ``w.report()``
     then names the first module and aten op that produced NaN/Inf, replays it across dtypes,
@@ -45,6 +45,10 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             ``nanhunter scan DIR/step-<k>`` on another machine.
         arch: ``"file.py:factory"`` recorded in the capsule for models that are not transformers.
         on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2).
+        trace: write a numerics trace (``nanhunter.trace/v1``, docs/trace-format.md) of every
+            forward while watched, one step per root call, for ``nanhunter diff``; written as the
+            steps end and closed when the watch ends.
+        trace_level: ``"modules"`` (one entry per module call) or ``"ops"`` (per aten op).
         **options: further ``session.watcher.Watch`` options, passed on as they are.
     """
     from .session.watcher import Watch
@@ -53,6 +57,11 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
               backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir, arch=arch,
               on_fault=on_fault, **options)
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
+    if trace is not None:
+        from .trace.recorder import TraceRecorder
+
+        w.add_companion(TraceRecorder(model, trace, trace_level, dtype=w.run.name if w.run is not None else None,
+                                      paused=lambda: w.paused))
     return w
 
 

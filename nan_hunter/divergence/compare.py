@@ -235,6 +235,12 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None) -> DiffResult:
     if ua or ub:
         notes.append(f"{ua} entr{'y' if ua == 1 else 'ies'} of A and {ub} of B have no counterpart (fused, hidden "
                      "in a compiled region, or present in one version only) and were not compared")
+    ca, cb = a.header.env.get("compile"), b.header.env.get("compile")
+    if ca != cb:
+        which = " and ".join(f"{s} ran under torch.compile ({c})" for s, c in (("A", ca), ("B", cb)) if c)
+        notes.append(f"{which}: module calls inside a compiled region are not seen, so the divergence is named at "
+                     "the nearest call outside it; `nanhunter scan --compile` searches the module where compiled and "
+                     "eager part (compile.first_divergent_module)")
     finite_errs = [v.rel_err for v in verdicts.values() if math.isfinite(v.rel_err)]
     return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), pairs, first,
                       first_nonfinite(a.entries), first_nonfinite(b.entries),

@@ -63,8 +63,7 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append(_cut(f"✔ no divergence: {res['compared']} entries agree within tolerance "
                         f"(max rel_err {_err(res['max_rel_err']) if res['max_rel_err'] is not None else '—'})",
                         WIDTH))
-    keys = ", ".join(esc(x["key"]) for x in env)
-    out.append(_cut(f"  environment differs: {keys}" if env else "  environment: the same", WIDTH))
+    out.append(_env_line([esc(x["key"]) for x in env]))
     out.append("")
     out.append(_cut(f"A  {esc(res['a']['path'])}", WIDTH))
     out.append(_cut(f"B  {esc(res['b']['path'])}", WIDTH))
@@ -78,9 +77,9 @@ def lines(res: dict[str, Any]) -> list[str]:
         src = _source(d)
         if src:
             out.append(_cut(f"  source  {src}", WIDTH))
-        rel = "non-finite classes differ" if d["classes_differ"] else f"rel_err {_err(d['rel_err'])}"
-        out.append(_cut(f"  {rel} > tolerance {d['tolerance']:.1e} · inputs "
-                        f"{'agree' if d['inputs_agree'] else 'differ too'}", WIDTH))
+        rel = (f"non-finite classes differ (tolerance {d['tolerance']:.1e})" if d["classes_differ"]
+               else f"rel_err {_err(d['rel_err'])} > tolerance {d['tolerance']:.1e}")
+        out.append(_cut(f"  {rel} · inputs {'agree' if d['inputs_agree'] else 'differ too'}", WIDTH))
         out.append(f"  {'':<3}{'absmax':>12}{'mean':>12}{'l2':>12}  {'nan/+inf/-inf':<15}{'hash':<8}")
         for side in ("a", "b"):
             s = d[side]
@@ -108,6 +107,25 @@ def lines(res: dict[str, Any]) -> list[str]:
     for n in res.get("notes") or []:
         out += _wrap(f"note: {esc(n)}")
     return out
+
+
+def _env_line(keys: list[str]) -> str:
+    """``  environment differs: a, b, c, +2 more`` in ``WIDTH`` columns (whole keys only)."""
+    if not keys:
+        return "  environment: the same"
+    head = "  environment differs: "
+    shown: list[str] = []
+    for i, k in enumerate(keys):
+        rest = len(keys) - i - 1
+        tail = f", +{rest} more" if rest else ""
+        line = head + ", ".join(shown + [k]) + tail
+        if len(line) > WIDTH:
+            if not shown:
+                return _cut(head + k, WIDTH - len(f", +{len(keys) - 1} more")) + (f", +{len(keys) - 1} more"
+                                                                                 if len(keys) > 1 else "")
+            return head + ", ".join(shown) + f", +{len(keys) - len(shown)} more"
+        shown.append(k)
+    return head + ", ".join(shown)
 
 
 def _wrap(text: str) -> list[str]:

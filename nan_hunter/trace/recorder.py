@@ -64,6 +64,8 @@ class _Where:
 
     def _classify(self, fn: str) -> int:
         k = self._kind.get(fn)
+        if k is None and fn.startswith("<"):  # <frozen runpy>, <string>: not the model's source
+            k = self._kind[fn] = 0
         if k is None:
             path = os.path.abspath(fn)
             # nanhunter's measuring code: 2; its driver code (modes, cli) is a library: 0

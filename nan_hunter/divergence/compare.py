@@ -40,10 +40,11 @@ class NotComparable(BadInput):
 
 @dataclass(frozen=True)
 class PairVerdict:
-    a: Entry
-    b: Entry
+    a: Any  # an Entry, or a recordings.Recorded
+    b: Any
     rel_err: float
     tolerance: float
+    comparison: Any = None  # explain.compare.Comparison, when both sides kept their tensors
 
     @property
     def agrees(self) -> bool:
@@ -158,12 +159,21 @@ def check_comparable(a: Trace, b: Trace) -> None:
 
 
 # -- 3.-5. judging --------------------------------------------------------------------------------
-def judge(a: Entry, b: Entry, rtol: float | None) -> PairVerdict:
-    err = rel_err(a.stats, b.stats, a.dtype)
-    return PairVerdict(a, b, err, tolerance(rtol, (a.dtype, b.dtype), (a.spread, b.spread)))
+def judge(a: Any, b: Any, rtol: float | None) -> PairVerdict:
+    """One pair by the one rule (``trace.rule``). Entries of in-memory recordings that kept their
+    tensors (``recordings.Recorded.values``: ``scan --compile``) are compared element by element
+    instead (``explain.compare``: ``error`` is inf where the non-finite classes differ)."""
+    tol = tolerance(rtol, (a.dtype, b.dtype), (a.spread, b.spread))
+    va, vb = getattr(a, "values", None), getattr(b, "values", None)
+    if va is not None and vb is not None:
+        from ..explain.compare import compare as one_comparison
+
+        c = one_comparison(list(va), list(vb))
+        return PairVerdict(a, b, c.error, tol, c)
+    return PairVerdict(a, b, rel_err(a.stats, b.stats, a.dtype), tol)
 
 
-def _inputs_agree_ops(e: Entry, verdicts: dict[int, PairVerdict], a_entries: list[Entry],
+def _inputs_agree_ops(e: Any, verdicts: dict[int, PairVerdict], a_entries: list[Any],
                       memo: dict[int, bool]) -> bool:
     """Every producer of ``e``'s operands agrees (an unmatched producer: its own producers)."""
     for p in e.producers or ():
@@ -181,7 +191,7 @@ def _inputs_agree_ops(e: Entry, verdicts: dict[int, PairVerdict], a_entries: lis
     return True
 
 
-def first_nonfinite(entries: list[Entry]) -> Entry | None:
+def first_nonfinite(entries: list[Any]) -> Any:
     first_neg = None
     for e in entries:
         if e.stats.nan or e.stats.posinf:
@@ -191,31 +201,51 @@ def first_nonfinite(entries: list[Entry]) -> Entry | None:
     return first_neg
 
 
-def compare_traces(a: Trace, b: Trace, rtol: float | None = None) -> DiffResult:
-    """A against B (B is the reference of ``rel_err``): see the module docstring."""
-    if rtol is not None and not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol > 0):
-        raise BadInput(f"--rtol {rtol!r}: give a positive number such as 1e-3")
-    check_comparable(a, b)
-    level = a.header.level
-    pairs = align(level, a.entries, b.entries)
-    notes: list[str] = []
-    verdicts: dict[int, PairVerdict] = {}
-    for ia, ib in pairs:
-        ea, eb = a.entries[ia], b.entries[ib]
-        if level == "modules" and ea.shape != eb.shape:
-            raise NotComparable(f"different inputs or models: {ea.module or '<root>'} (call {ea.call_index}, input "
-                                f"{ea.input_index}, step {ea.step}) returns shape {list(ea.shape)} in A and "
-                                f"{list(eb.shape)} in B")
-        verdicts[ia] = judge(ea, eb, rtol)
+@dataclass
+class RecordingsComparison:
+    """Two recordings judged pair by pair (steps 2-5 of the module docstring)."""
+
+    pairs: list[Pair]
+    verdicts: dict[int, PairVerdict]  # by A's index
+    first_divergence: Divergence | None
+    first_nonfinite_a: Any
+    first_nonfinite_b: Any
+    max_rel_err: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def verdict_for(self, key: tuple) -> PairVerdict | None:
+        return next((v for v in self.verdicts.values() if v.a.key == key), None)
+
+    @property
+    def same_first_fault(self) -> bool | None:
+        """Whether A holds B's first non-finite value again: the entry paired with B's first
+        non-finite entry has the same non-finite classes (None: B has none, or it is unpaired)."""
+        fb = self.first_nonfinite_b
+        if fb is None:
+            return None
+        v = next((v for v in self.verdicts.values() if v.b.index == fb.index), None)
+        if v is None:
+            return None
+        return bool(v.a.stats.kind) and (v.a.stats.nan > 0, v.a.stats.posinf > 0, v.a.stats.neginf > 0) == \
+            (fb.stats.nan > 0, fb.stats.posinf > 0, fb.stats.neginf > 0)
+
+
+def compare_recordings(a: list[Any], b: list[Any], level: str = "modules",
+                       rtol: float | None = None) -> RecordingsComparison:
+    """Align two recordings (trace entries or ``recordings.Recorded``; B is the reference), judge
+    every pair and find the first divergence and each side's first non-finite entry."""
+    pairs = align(level, a, b)
+    verdicts: dict[int, PairVerdict] = {ia: judge(a[ia], b[ib], rtol) for ia, ib in pairs}
     first: Divergence | None = None
     fallback: Divergence | None = None
     memo: dict[int, bool] = {}
     prev_agrees = True
+    notes: list[str] = []
     for ia, _ in pairs:
         v = verdicts[ia]
         e = v.a
         if level == "ops":
-            inputs_ok = _inputs_agree_ops(e, verdicts, a.entries, memo)
+            inputs_ok = _inputs_agree_ops(e, verdicts, a, memo)
         elif e.input is not None and v.b.input is not None:
             inputs_ok = rel_err(e.input, v.b.input, e.dtype) <= v.tolerance
         else:
@@ -231,7 +261,27 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None) -> DiffResult:
         first = fallback
         notes.append("every entry that differs has inputs that differ or were never compared (fused or extra on "
                      "one side): the first of them is shown, with inputs_agree false")
-    ua, ub = len(a.entries) - len(pairs), len(b.entries) - len(pairs)
+    finite_errs = [v.rel_err for v in verdicts.values() if math.isfinite(v.rel_err)]
+    return RecordingsComparison(pairs, verdicts, first, first_nonfinite(a), first_nonfinite(b),
+                                max(finite_errs) if finite_errs else None, notes)
+
+
+def compare_traces(a: Trace, b: Trace, rtol: float | None = None) -> DiffResult:
+    """A against B (B is the reference of ``rel_err``): see the module docstring."""
+    if rtol is not None and not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol > 0):
+        raise BadInput(f"--rtol {rtol!r}: give a positive number such as 1e-3")
+    check_comparable(a, b)
+    level = a.header.level
+    if level == "modules":
+        for ia, ib in align(level, a.entries, b.entries):
+            ea, eb = a.entries[ia], b.entries[ib]
+            if ea.shape != eb.shape:
+                raise NotComparable(f"different inputs or models: {ea.module or '<root>'} (call {ea.call_index}, "
+                                    f"input {ea.input_index}, step {ea.step}) returns shape {list(ea.shape)} in A and "
+                                    f"{list(eb.shape)} in B")
+    cmp = compare_recordings(a.entries, b.entries, level, rtol)
+    notes = list(cmp.notes)
+    ua, ub = len(a.entries) - len(cmp.pairs), len(b.entries) - len(cmp.pairs)
     if ua or ub:
         notes.append(f"{ua} entr{'y' if ua == 1 else 'ies'} of A and {ub} of B have no counterpart (fused, hidden "
                      "in a compiled region, or present in one version only) and were not compared")
@@ -241,10 +291,8 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None) -> DiffResult:
         notes.append(f"{which}: module calls inside a compiled region are not seen, so the divergence is named at "
                      "the nearest call outside it; `nanhunter scan --compile` searches the module where compiled and "
                      "eager part (compile.first_divergent_module)")
-    finite_errs = [v.rel_err for v in verdicts.values() if math.isfinite(v.rel_err)]
-    return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), pairs, first,
-                      first_nonfinite(a.entries), first_nonfinite(b.entries),
-                      max(finite_errs) if finite_errs else None, notes)
+    return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), cmp.pairs, cmp.first_divergence,
+                      cmp.first_nonfinite_a, cmp.first_nonfinite_b, cmp.max_rel_err, notes)
 
 
 def plot_series(res: DiffResult) -> dict[str, Any]:

@@ -135,4 +135,4 @@ def _wrap(text: str) -> list[str]:
 
 
 def render(res: dict[str, Any]) -> str:
-    return "\n".join(lines(res)) + "\n"
+    return "\n".join(line.rstrip() for line in lines(res)) + "\n"

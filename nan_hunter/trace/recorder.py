@@ -236,14 +236,17 @@ class TraceRecorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.paused() or compiling():
                 return
-            with _disable_current_modes():
-                if not self._stack:
+            if not self._stack:
+                with _disable_current_modes():
                     self._root_call(args, kwargs)
-                idx = self._count.get(name, 0)
-                self._count[name] = idx + 1
+            idx = self._count.get(name, 0)
+            self._count[name] = idx + 1
+            source, inputs = None, None
+            if self.level == "modules":  # level ops: entries carry their op's own source line
                 source, _ = self._where.site()
-                inputs = self._digest_all((args, kwargs)) if self.level == "modules" else None
-                self._stack.append(_Call(name, type(module).__name__, idx, source, inputs))
+                with _disable_current_modes():
+                    inputs = self._digest_all((args, kwargs))
+            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs))
         return hook
 
     def _post(self, name: str):

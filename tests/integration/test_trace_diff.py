@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, cli_env, run_cli
 from models import trace_nets
 

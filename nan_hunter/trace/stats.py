@@ -100,11 +100,13 @@ def _sums(f: torch.Tensor, absmax: float) -> tuple[float, float]:
     return total, norm * norm
 
 
-def digest(t: torch.Tensor) -> Digest:
-    """The statistics of floating tensor ``t`` (a subclass through its plain values)."""
+def digest(t: torch.Tensor, hash: bool = True) -> Digest:
+    """The statistics of floating tensor ``t`` (a subclass through its plain values); with
+    ``hash=False`` no bytes are read for the hash (``crc`` 0: in-memory recordings keep the
+    tensors themselves, and a CUDA tensor would be copied to the host for it)."""
     x = plain(t)
     shape, dtype, n = tuple(x.shape), dtype_name(x.dtype), x.numel()
-    crc = tensor_crc(x)
+    crc = tensor_crc(x) if hash else 0
     if n == 0:
         return Digest(shape, dtype, 0, 0, 0, 0, None, None, 0.0, 0.0, 0, crc)
     w = _wide(x)

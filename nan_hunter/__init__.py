@@ -1,7 +1,7 @@
 """nanhunter: find the first module and aten op that turned finite values into NaN/Inf.
 
 Public API (torch is imported only when these are called):
-``watch(model)``, ``scan(...)``, ``apply_policy(model, policy)``, ``Report``.
+``watch(model)``, ``scan(...)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import NonFiniteError
 from .version import __version__
 
-__all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "NonFiniteError", "__version__"]
+__all__ = ["watch", "scan", "bisect", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -70,6 +70,17 @@ def scan(checkpoint: str, **options: Any) -> Report:
     from .pipeline.scan_checkpoint import scan as _scan
 
     return _scan(checkpoint, **options)
+
+
+def diff(a: str, b: str, *, rtol: float | None = None) -> Any:
+    """``nanhunter diff A B`` as a function: where two traces (``scan(..., trace=PATH)``,
+    ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
+    (``.first_divergence``, ``.exit_code``, ``.to_dict()`` is ``nanhunter.diff/v1``); raises
+    ``BadInput`` for files that cannot be compared."""
+    from .divergence.compare import compare_traces
+    from .trace.reader import read_trace
+
+    return compare_traces(read_trace(a), read_trace(b), rtol)
 
 
 def bisect(checkpoint: str, **options: Any) -> Report:

@@ -155,3 +155,12 @@ def test_json_has_the_contract_keys(tmp_path):
               "a", "b", "rel_err", "tolerance", "inputs_agree"):
         assert k in fd
     assert fd["rel_err"] == pytest.approx(1 / 3)
+
+
+def test_python_api_takes_the_flags_names(tmp_path):
+    import nan_hunter
+
+    a = write(tmp_path / "a.jsonl", [entry("m", "aten.exp.default", absmax=2.0, producers=[None])])
+    b = write(tmp_path / "b.jsonl", [entry("m", "aten.exp.default", absmax=2.001, producers=[None])])
+    assert nan_hunter.diff(str(a), str(b)).exit_code == 0
+    assert nan_hunter.diff(str(a), str(b), rtol=1e-4).exit_code == 1

@@ -16,7 +16,10 @@ forward within a round:
                            capture's statistics, to set against capture; ``trace − trace_bare``
                            is what the extra statistics (absmin, mean, l2, hash) cost
 
-Outputs are checked bitwise against plain (``torch.equal``). ``--long N`` also runs
+Each variant is timed two ways: wall time, and this process's CPU time (``time.process_time``,
+user + system of every thread). On a shared machine the wall time moves with the other sessions'
+load; with one torch thread (``--threads 1``, no OpenMP worker spinning) the CPU time is the work
+done and holds still. Outputs are checked bitwise against plain (``torch.equal``). ``--long N`` also runs
 ``watch(model, trace=PATH)`` over N forwards of a small model and records the process RSS and
 the file size every N/10 forwards: memory stays flat while the file grows.
 
@@ -146,16 +149,18 @@ def measure(name: str, model: Any, inputs: dict, levels: list[str], rounds: int,
     steps = variants(model, inputs, levels, tmp)
     names = list(steps)
     per: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     loads = []
     with torch.no_grad():
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
                 k = ops_iters if "ops" in n else iters
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 for _ in range(k):
                     steps[n]()
                 per[n].append((time.perf_counter() - t0) / k * 1e3)
+                cpu[n].append((time.process_time() - c0) / k * 1e3)
             loads.append(os.getloadavg()[0])
     entries = {}
     from nan_hunter.trace.reader import read_trace
@@ -164,13 +169,17 @@ def measure(name: str, model: Any, inputs: dict, levels: list[str], rounds: int,
         entries[level] = len(read_trace(tmp / f"trace-{level}.jsonl").entries)
         entries[f"{level}_bytes"] = (tmp / f"trace-{level}.jsonl").stat().st_size
     med = {n: statistics.median(v) for n, v in per.items()}
+    cmed = {n: statistics.median(v) for n, v in cpu.items()}
     res = {"model": name, "median_ms": med, "min_ms": {n: min(v) for n, v in per.items()},
-           "x_plain": {n: med[n] / med["plain"] for n in names}, "entries_per_forward": entries,
+           "x_plain": {n: med[n] / med["plain"] for n in names},
+           "cpu_median_ms": cmed, "cpu_min_ms": {n: min(v) for n, v in cpu.items()},
+           "cpu_x_plain": {n: cmed[n] / cmed["plain"] for n in names}, "entries_per_forward": entries,
            "load": [min(loads), max(loads)], "rounds": rounds, "iters": iters, "ops_iters": ops_iters}
     for level in levels:
-        cap, tr, bare = med[f"capture_{level}"] - med["plain"], med[f"trace_{level}"] - med["plain"], \
-            med[f"trace_{level}_bare"] - med["plain"]
-        res[f"{level}_overhead_ms"] = {"capture": cap, "trace": tr, "trace_bare": bare, "extra_statistics": tr - bare}
+        for key, m in (("overhead_ms", med), ("cpu_overhead_ms", cmed)):
+            cap, tr, bare = (m[f"capture_{level}"] - m["plain"], m[f"trace_{level}"] - m["plain"],
+                             m[f"trace_{level}_bare"] - m["plain"])
+            res[f"{level}_{key}"] = {"capture": cap, "trace": tr, "trace_bare": bare, "extra_statistics": tr - bare}
     return res
 
 

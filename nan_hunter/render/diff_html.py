@@ -48,7 +48,8 @@ def _plot(a: list[float | None], b: list[float | None], mark: int | None, bad_a:
 
     svg = [f'<svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="absmax per entry" '
            'xmlns="http://www.w3.org/2000/svg" style="background:#fff;border:1px solid #dfe3ea;border-radius:6px">']
-    for k in range(lo, hi + 1):
+    every = max(1, math.ceil((hi - lo) / 10))  # at most ~10 labelled decades
+    for k in range(lo, hi + 1, every):
         svg.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(k):.1f}" y2="{y(k):.1f}" stroke="#eef1f5"/>'
                    f'<text x="{PAD_L - 6}" y="{y(k) + 4:.1f}" font-size="11" text-anchor="end" fill="#5f6b7a">'
                    f"1e{k}</text>")

@@ -404,6 +404,7 @@ class TraceRecorder:
             dtype = dtype_name(dt) if dt is not None else None
         env = environment(device, dtype, self.compile_backend)
         inputs = self.inputs if self.inputs is not None else [{"index": 0, "hash": inputs_hash(args, kwargs)}]
+        env["inputs"] = [i["hash"] for i in inputs]  # the contract's env holds the inputs' hashes too
         names = [n for n, _ in eager_named_modules(self.model)]
         self.writer.header(self.level, env, model_identity(self.model, names), inputs, self.repeat,
                            **self.header_extra)

@@ -33,7 +33,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         from ..modes.capsule_step import scan_capsule
 
         return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
-                            progress=progress, replay=opts.replay)
+                            progress=progress, replay=opts.replay, trace=opts.tracing)
     from ..explain.assemble import weights_only_diagnosis, weights_section
     from ..load.checkpoint import open_checkpoint
     from ..load.weights import scan_weights
@@ -54,6 +54,12 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         return rep
     rep.notes += prepared.notes
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
+    if opts.tracing is not None:  # before the capture: the trace holds what the model computed
+        from ..modes.trace_pass import write_trace
+
+        mode.check(prepared)
+        with stage("trace"):
+            rep.notes.append(write_trace(prepared, mode, opts.tracing))
     run_mode(prepared, mode, rep, replay=opts.replay, split=split)
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled

@@ -43,7 +43,7 @@ from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from ..tree import detached_copy
 from .fault_policy import FaultPolicy
-from .reproduce import reproducible_verdict
+from .reproduce import faulted_again, reproducible_verdict
 from .training import TrainingState
 from .watch_report import WatchReport
 
@@ -345,8 +345,8 @@ class Watch(Recorder):
             rerun()
         rows = fine.sink.rows()
         f = first_finding(fine.calls, rows)
-        if f is None:
-            return None
+        if f is None or not faulted_again(self.calls_of(input_index) or [], self.sink.rows(), fine.calls, rows):
+            return None  # the re-run did not fault again: not reproducible (session.reproduce)
         with contextlib.ExitStack() as stack:
             ctx.enter(stack)
             ev, target, margs, mkw = locate_op(self.model, rerun, f, self.run, grad=None)

@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_model_inputs(p, g)
     g.run.add_argument("--baseline", metavar="OLD",
                        help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, "
-                            "and rule headroom_regression.<dtype> fails when one lost more than max_headroom_drop_db "
-                            "of headroom (configs/ci.yaml) or now overflows a dtype it fit")
+                            "and rule headroom_regression.<dtype> fails when one now overflows a dtype it fit or "
+                            "its headroom fell below min_headroom_db (configs/ci.yaml, 20 dB)")
     g.run.add_argument("--dtypes", metavar="DTYPE,DTYPE",
                        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")
     options.add_generate(g.mode)

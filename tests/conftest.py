@@ -56,10 +56,17 @@ def cli_command(*args: object) -> list[str]:
     return [sys.executable, "-m", "nan_hunter", *map(str, args)]
 
 
+#: variables of the calling shell that change what the command prints: the CI flag, and the ones
+#: that make rich colour a pipe (``FORCE_COLOR``, ``TTY_COMPATIBLE``...), so that no capture depends
+#: on the terminal the suite was started from
+OUTSIDE_ENV = ("GITHUB_ACTIONS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE", "LINES")
+
+
 def cli_env(env: dict | None = None) -> dict[str, str]:
-    """Offline, a wide terminal, and GITHUB_ACTIONS cleared (set it in ``env`` to test annotations),
-    so the suite behaves the same inside and outside Actions. A value of None removes a variable."""
-    e = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}
+    """Offline, a wide terminal, and ``OUTSIDE_ENV`` cleared (set GITHUB_ACTIONS in ``env`` to test
+    annotations), so the suite behaves the same inside and outside Actions and whatever the calling
+    terminal. A value of None removes a variable."""
+    e = {k: v for k, v in os.environ.items() if k not in OUTSIDE_ENV}
     e.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="160", PYTHONDONTWRITEBYTECODE="1")
     for k, v in (env or {}).items():
         if v is None:

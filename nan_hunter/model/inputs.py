@@ -49,7 +49,8 @@ def one_or_many(value: Any, option: str) -> tuple[str, ...]:
 
 
 def one_path(value: Any, option: str) -> str | None:
-    """An option that names one file (``data``, ``arch``): a string or path, or None."""
+    """An option that names one file (``data``): a string or path, or None; a list is refused (one
+    ``--data`` file per run)."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):

@@ -124,4 +124,4 @@ def baseline_rules(ck: str, new: list[Any], old: list[Any], old_path: str, dtype
 
 def _db(headroom: float) -> str:
     """"72.0 dB"; an all-zero tensor's headroom is unbounded."""
-    return f"{headroom:.1f} dB" if math.isfinite(headroom) else "unbounded headroom (all zero)"
+    return f"{headroom:.1f} dB" if math.isfinite(headroom) else "∞ dB (all zero)"

@@ -270,48 +270,27 @@ def test_ctrl_c_exits_130_within_a_second(run_cli, model, tmp_path, command, fac
 
 
 # --- a reader of stdout that goes away (`nanhunter scan X | head -1`) ------------------------------
-def run_cli_reader_gone(*args: object, read_lines: int, env: dict | None = None) -> tuple[int, str]:
-    """The real CLI with stdout a pipe whose reader closes early: at once (before the command
-    writes anything: every write to stdout fails) or, like ``head -1``, after ``read_lines`` lines.
-    Returns (exit code, stderr)."""
-    import subprocess
-
-    from conftest import ROOT, cli_command, cli_env
-
-    proc = subprocess.Popen(cli_command(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli_env(env), cwd=ROOT)
-    try:
-        for _ in range(read_lines):
-            proc.stdout.readline()
-        proc.stdout.close()  # the reader is gone
-        err = proc.stderr.read().decode("utf-8", "replace")
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, err
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _ok(code: int, err: str, want: int) -> None:
+def _ok(res, want: int) -> None:
     """The verdict's exit code (never 1 or 2 for the closed pipe itself), no traceback, no error line."""
-    assert code == want, (code, err)
-    assert "Traceback" not in err and "nanhunter: error" not in err and "internal error" not in err, err
+    assert res.code == want, (res.code, res.stderr)
+    for bad in ("Traceback", "nanhunter: error", "internal error"):
+        assert bad not in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("read_lines", [0, 1], ids=["closed-at-once", "head-1"])
-def test_closed_stdout_keeps_the_verdicts_exit_code_scan(model, tmp_path, read_lines):
+def test_closed_stdout_keeps_the_verdicts_exit_code_scan(run_cli, model, tmp_path, read_lines):
     """issue 31 (6): rich ended the process with exit 1 ("non-finite found") when stdout closed."""
-    from conftest import EXAMPLES
-
-    code, err = run_cli_reader_gone("scan", EXAMPLES / "clean.safetensors", read_lines=read_lines)
-    _ok(code, err, 0)
-    assert err == ""
+    res = run_cli("scan", EXAMPLES / "clean.safetensors", reader_leaves_after=read_lines)
+    _ok(res, 0)
+    assert res.stderr == ""
     # a real finding keeps its exit 1, and the outputs that are files are still written
     js = tmp_path / "r.json"
-    code, err = run_cli_reader_gone("scan", model["ck"], "--arch", f"{model['arch_file']}:build", "--inputs",
-                                    model["inputs"], "--dtype", "fp16", "--json", js, read_lines=read_lines)
-    _ok(code, err, 1)
+    res = run_cli("scan", model["ck"], "--arch", f"{model['arch_file']}:build", "--inputs", model["inputs"],
+                  "--dtype", "fp16", "--json", js, reader_leaves_after=read_lines)
+    _ok(res, 1)
     assert js.exists() and '"first_nonfinite"' in js.read_text()
 
 
@@ -323,23 +302,15 @@ def test_closed_stdout_keeps_the_verdicts_exit_code_scan(model, tmp_path, read_l
     (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--policy-out", "-"], 0),
     (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--json", "-"], 0),
 ], ids=["scan-json", "check", "check-junit", "bisect", "bisect-policy", "bisect-json"])
-def test_closed_stdout_keeps_the_verdicts_exit_code(model, args, want):
-    from conftest import EXAMPLES
-
+def test_closed_stdout_keeps_the_verdicts_exit_code(run_cli, model, args, want):
     fill = {"clean": EXAMPLES / "clean.safetensors", "ck": model["ck"], "arch": f"{model['arch_file']}:build",
             "inputs": model["inputs"]}
-    code, err = run_cli_reader_gone(*[str(a).format(**fill) for a in args], read_lines=0)
-    _ok(code, err, want)
+    _ok(run_cli(*[str(a).format(**fill) for a in args], reader_leaves_after=0), want)
 
 
-def test_closed_stdout_check_with_annotations_fails_only_on_its_rule(tmp_path):
+def test_closed_stdout_check_with_annotations_fails_only_on_its_rule(run_cli):
     """A failing check is exit 1 because a rule failed; its GitHub annotations to a closed stdout
     change nothing."""
-    from conftest import EXAMPLES
-
-    code, err = run_cli_reader_gone("check", EXAMPLES / "corrupt.safetensors", read_lines=0,
-                                    env={"GITHUB_ACTIONS": "true"})
-    _ok(code, err, 1)
-    code, err = run_cli_reader_gone("check", EXAMPLES / "clean.safetensors", read_lines=0,
-                                    env={"GITHUB_ACTIONS": "true"})
-    _ok(code, err, 0)
+    env = {"GITHUB_ACTIONS": "true"}
+    _ok(run_cli("check", EXAMPLES / "corrupt.safetensors", reader_leaves_after=0, env=env), 1)
+    _ok(run_cli("check", EXAMPLES / "clean.safetensors", reader_leaves_after=0, env=env), 0)

@@ -74,6 +74,7 @@ def test_baseline_regression_fails_with_both_headrooms(tmp_path):
     ("fp16", 10000.0, 20000.0, "pass"),  # 16.3 -> 10.3 dB: already under the floor (weights.headroom's)
     ("fp16", 60000.0, 70000.0, "fail"),  # fit, now overflows
     ("bf16", 3e37, 4e37, "fail"),  # 21.1 dB -> 18.6 dB: crossed the floor, in bf16 too
+    ("fp16", 0.0, 10000.0, "fail"),  # all zero (unbounded headroom) -> 16.3 dB
 ])
 def test_baseline_fails_only_below_the_floor_or_on_overflow(tmp_path, dtype, old_absmax, new_absmax, status):
     old = _save(tmp_path / "old.safetensors", w=torch.full((2, 2), old_absmax))

@@ -66,7 +66,9 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
 
 
 def scan(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter scan`` pipeline as a function; returns the Report."""
+    """The ``nanhunter scan`` pipeline as a function; returns the Report. Options take the flags'
+    names; a repeatable one (``prompts``, ``inputs``, ``max_memory``) takes a list, or one string
+    as one item: ``prompts="hello"`` is one prompt."""
     from .pipeline.scan_checkpoint import scan as _scan
 
     return _scan(checkpoint, **options)
@@ -84,7 +86,8 @@ def diff(a: str, b: str, *, rtol: float | None = None) -> Any:
 
 
 def bisect(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter bisect`` pipeline as a function; returns the Report."""
+    """The ``nanhunter bisect`` pipeline as a function; returns the Report (``prompts="hello"`` is
+    one prompt, as in ``scan``)."""
     from .bisection.runner import bisect as _bisect
 
     return _bisect(checkpoint, **options)

@@ -84,7 +84,9 @@ class CheckConfig:
     fail_on_nonfinite_weights: bool
     fail_on_nonfinite_forward: bool
     warn_on_absorbed: bool
-    max_headroom_drop_db: float  # check --baseline: rule headroom_regression
+    # check --baseline, rule headroom_regression: the floor in dB (20*log10(dtype max / absmax))
+    # a tensor may not fall below; a fall that stays above it passes
+    min_headroom_db: float
     headroom: HeadroomConfig
 
 
@@ -118,6 +120,10 @@ def _number(v: Any, lo: float = 0.0, lo_open: bool = True, hi: float = math.inf)
 
 def _positive(v: Any) -> float:
     return _number(v)
+
+
+def _non_negative(v: Any) -> float:
+    return _number(v, lo_open=False)
 
 
 def _fraction(v: Any) -> float:
@@ -184,7 +190,11 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},
 }
 CHECK_KEYS = {"dtypes": _dtype_list, "fail_on_nonfinite_weights": _flag, "fail_on_nonfinite_forward": _flag,
-              "warn_on_absorbed": _flag, "max_headroom_drop_db": _positive}
+              "warn_on_absorbed": _flag, "min_headroom_db": _non_negative}
+#: keys a past version read, with what replaced them: refused with the way to migrate
+RETIRED_KEYS = {"max_headroom_drop_db": "headroom_regression no longer fails on a fall in dB that stays far "
+                                        "inside the dtype's range; set min_headroom_db, the floor in dB a "
+                                        "tensor's headroom may not fall below (default 20)"}
 _SECTIONS = {"near_miss": NearMissConfig, "weights": WeightsConfig, "diagnosis": DiagnosisConfig,
              "fp8": Fp8Config, "bisect": BisectConfig}
 
@@ -245,6 +255,8 @@ def _mapping(v: Any, where: str, key: str) -> dict:
 def _build(data: dict, where: str) -> Config:
     known = set(SCHEMA) | set(CHECK_KEYS) | {"headroom"}
     for k in data:
+        if k in RETIRED_KEYS:
+            raise BadInput(f"{where}: {k} was replaced by min_headroom_db: {RETIRED_KEYS[k]}")
         if k not in known:
             raise BadInput(f"{where}: unknown key {k!r}; known keys: {', '.join(sorted(known, key=str))}")
     sections: dict[str, Any] = {}

@@ -132,7 +132,7 @@ class RunInfo:
     autocast: dict[str, str] | None = None  # {device_type, dtype} of the failing (or latest) step's autocast
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
-    skipped_steps: list[int] | None = None  # watch(on_fault="skip"): the steps whose update was undone
+    skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
 
     def __getitem__(self, key: str) -> Any:

@@ -56,10 +56,17 @@ def cli_command(*args: object) -> list[str]:
     return [sys.executable, "-m", "nan_hunter", *map(str, args)]
 
 
+#: variables of the calling shell that change what the command prints: the CI flag, and the ones
+#: that make rich colour a pipe (``FORCE_COLOR``, ``TTY_COMPATIBLE``...), so that no capture depends
+#: on the terminal the suite was started from
+OUTSIDE_ENV = ("GITHUB_ACTIONS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE", "LINES")
+
+
 def cli_env(env: dict | None = None) -> dict[str, str]:
-    """Offline, a wide terminal, and GITHUB_ACTIONS cleared (set it in ``env`` to test annotations),
-    so the suite behaves the same inside and outside Actions. A value of None removes a variable."""
-    e = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}
+    """Offline, a wide terminal, and ``OUTSIDE_ENV`` cleared (set GITHUB_ACTIONS in ``env`` to test
+    annotations), so the suite behaves the same inside and outside Actions and whatever the calling
+    terminal. A value of None removes a variable."""
+    e = {k: v for k, v in os.environ.items() if k not in OUTSIDE_ENV}
     e.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="160", PYTHONDONTWRITEBYTECODE="1")
     for k, v in (env or {}).items():
         if v is None:
@@ -70,12 +77,18 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
 
 
 def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, timeout: float = 300,
-            cwd: str | os.PathLike | None = None, preexec_fn=None, interrupt_when: Path | None = None) -> CLIRun:
+            cwd: str | os.PathLike | None = None, preexec_fn=None, interrupt_when: Path | None = None,
+            reader_leaves_after: int | None = None) -> CLIRun:
     """The one way tests run ``nanhunter``: a real subprocess; returns (code, stdout, stderr).
 
     ``interrupt_when``: once that file exists, send SIGINT and time how long the process takes
     to exit (``CLIRun.interrupt_s``). ``preexec_fn`` runs in the child before exec (resource limits).
+    ``reader_leaves_after``: stdout is a pipe whose reader closes it after that many lines (0: at
+    once, before the command writes anything), as ``nanhunter ... | head -1`` does; stdout is then
+    what was read.
     """
+    if reader_leaves_after is not None:
+        return _run_cli_reader_leaves(args, reader_leaves_after, env, timeout, cwd)
     proc = subprocess.Popen(cli_command(*args), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env),
                             cwd=cwd or ROOT, preexec_fn=preexec_fn)
@@ -99,6 +112,22 @@ def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, ti
             proc.kill()
             proc.communicate()
     return CLIRun(proc.returncode, out, err, took)
+
+
+def _run_cli_reader_leaves(args: tuple, lines: int, env: dict | None, timeout: float,
+                          cwd: str | os.PathLike | None) -> CLIRun:
+    proc = subprocess.Popen(cli_command(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli_env(env), cwd=cwd or ROOT)
+    try:
+        read = b"".join(proc.stdout.readline() for _ in range(lines))
+        proc.stdout.close()  # the reader is gone: every later write to the pipe fails
+        err = proc.stderr.read()
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return CLIRun(proc.returncode, read.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
 @pytest.fixture(name="run_cli", scope="session")

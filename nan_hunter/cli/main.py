@@ -98,11 +98,9 @@ def _flush_or_discard() -> None:
     try:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        from ..outputs import stdout_closed
+
+        stdout_closed()
 
 
 if __name__ == "__main__":  # pragma: no cover

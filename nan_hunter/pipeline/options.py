@@ -64,13 +64,15 @@ class ScanOptions:
     def __post_init__(self) -> None:
         from ..dtypes import RunDtype
         from ..load.capsule import is_capsule
+        from ..model.inputs import one_or_many, one_path
         from ..model.placement import parse as parse_placement
         from ..model.prepare import parse_dtype
 
         set_ = object.__setattr__
-        set_(self, "inputs", tuple(self.inputs or ()))
-        set_(self, "prompts", tuple(self.prompts or ()))
-        set_(self, "max_memory", tuple(self.max_memory or ()))
+        set_(self, "inputs", one_or_many(self.inputs, "inputs"))
+        set_(self, "prompts", one_or_many(self.prompts, "prompts"))  # a string is one prompt
+        set_(self, "max_memory", one_or_many(self.max_memory, "max_memory"))
+        set_(self, "data", one_path(self.data, "data"))
         set_(self, "capsule", is_capsule(self.checkpoint))
         if self.capsule:
             given = {k: getattr(self, k) for k in NOT_WITH_CAPSULE}

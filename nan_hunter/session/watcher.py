@@ -167,14 +167,14 @@ class SessionListener(CaptureListener):
 
     def on_optimizer_start(self, step: int, hooks: Any) -> None:
         self.w.training.before_optimizer_step(step, hooks)
-        self.w.policy.before_step(hooks)  # on_fault="skip": the pre-step copy
+        self.w.policy.before_step(hooks)  # on_fault="skip" (and "stop"): the pre-step copy
 
     def on_forward_end(self, step: int) -> None:
         self.w.policy.after_forward(step)  # device sink, on_fault raise/stop: the forward's verdict now
 
     def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
         if self.w.optimizer is not None:
-            self.w.policy.after_step(step, self.w.optimizer, calls)  # on_fault="skip": undo a faulty step
+            self.w.policy.after_step(step, self.w.optimizer, calls)  # skip, stop: undo a faulty step
 
     def judge_late_now(self) -> bool:
         t = self.w.training
@@ -207,7 +207,8 @@ class Watch(Recorder):
 
     @property
     def should_stop(self) -> bool:
-        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it)."""
+        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it). With
+        ``optimizer=`` that step's update was not applied: saving now saves the last good state."""
         return self.policy.should_stop
 
     def report(self) -> WatchReport:

@@ -71,10 +71,10 @@ def _data(fault):
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=4, shuffle=False)
 
 
-def _train(fault, callback=None):
+def _train(fault, callback=None, steps=STEPS):
     torch.manual_seed(0)
     model = Tiny()
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, deterministic=True,
                         callbacks=[callback] if callback else [])
     trainer.fit(model, _data(fault))
@@ -98,6 +98,27 @@ def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path):
     assert proc.returncode == 1, proc.stderr
     rf = json.loads(out.read_text())["first_nonfinite"]
     assert (rf["module"], rf["op"], rf["step"]) == ("layers.0.act", "aten.exp.default", FAULT)
+
+
+def test_stop_saves_the_last_good_state(tmp_path):
+    """issue 31 (8), contract v1.3: the failing step's update is not applied, so after stopping the
+    parameters and optimizer state are bitwise those of a run that never took that step, and the
+    checkpoint the user saves holds finite weights."""
+    cb = NanHunterCallback(on_fault="stop")
+    trainer, model = _train(True, cb)
+    control, model2 = _train(True, None, steps=FAULT)
+    assert trainer.global_step == FAULT + 1 and control.global_step == FAULT
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = trainer.optimizers[0].state_dict(), control.optimizers[0].state_dict()
+    assert s1["state"].keys() == s2["state"].keys()
+    for k in s1["state"]:
+        for name, v in s1["state"][k].items():
+            assert torch.equal(v, s2["state"][k][name]), (k, name)
+    trainer.save_checkpoint(str(tmp_path / "last.ckpt"))
+    saved = torch.load(str(tmp_path / "last.ckpt"), weights_only=False)["state_dict"]
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
 
 
 def test_skip_goes_on_and_matches_the_run_without_that_batch():

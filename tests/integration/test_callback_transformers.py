@@ -61,11 +61,12 @@ class Data(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def _train(tmp_path, fault, callback=None):
+def _train(tmp_path, fault, callback=None, **args_kw):
     model = _model()
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
+    kw = {"max_steps": STEPS, **args_kw}
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
                              learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0)
+                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0, **kw)
     trainer = Trainer(model=model, args=args, train_dataset=Data(fault), callbacks=[callback] if callback else [])
     trainer.train()
     return trainer, model
@@ -98,6 +99,33 @@ def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path, monkeypatch,
     assert proc.returncode == 1, proc.stderr
     rf = json.loads(out.read_text())["first_nonfinite"]
     assert (rf["module"], rf["op"], rf["step"], rf["phase"]) == (f.module, f.op, FAULT, "forward")
+
+
+def test_stop_saves_the_last_good_state(tmp_path, monkeypatch):
+    """issue 31 (8), contract v1.3: the failing step's update is not applied, so after stopping the
+    parameters and optimizer state are bitwise those of a run that never took that step, and
+    ``save_model()`` writes finite weights. (A constant learning rate: a decaying schedule depends
+    on max_steps, which differs between the two runs.)"""
+    from safetensors.torch import load_file
+
+    from nan_hunter.integrations.callback_core import torch_optimizer
+
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(on_fault="stop")
+    trainer, model = _train(tmp_path / "a", True, cb, lr_scheduler_type="constant")
+    control, model2 = _train(tmp_path / "b", True, None, lr_scheduler_type="constant", max_steps=FAULT)
+    assert trainer.state.global_step == FAULT + 1 and control.state.global_step == FAULT
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = torch_optimizer(trainer.optimizer).state_dict(), torch_optimizer(control.optimizer).state_dict()
+    assert s1["state"].keys() == s2["state"].keys()
+    for k in s1["state"]:
+        for name, v in s1["state"][k].items():
+            assert torch.equal(v, s2["state"][k][name]), (k, name)
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
 
 
 def test_skip_goes_on_with_finite_weights(tmp_path, monkeypatch):

@@ -739,7 +739,7 @@ def quant_child(path: str) -> None:
     import torch  # noqa: F401  (start-up, not scan time)
 
     from nan_hunter.load.checkpoint import open_checkpoint
-    from nan_hunter.load.quantized import scan_quantized
+    from nan_hunter.load.quant.registry import scan_quantized
     from nan_hunter.load.safetensors_file import WINDOW
     from nan_hunter.load.weights import scan_item
 

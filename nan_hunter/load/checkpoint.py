@@ -179,6 +179,24 @@ class Checkpoint:
         e = self.entries[name]
         yield from self._files[e.file].byte_stripes(e, stripe_bytes)
 
+    def read_bytes(self, name: str, offset: int, nbytes: int) -> torch.Tensor:
+        """Bytes ``offset .. offset + nbytes`` of tensor ``name`` as an owned uint8 tensor (bounded read)."""
+        if self._torch_sd is not None:
+            import torch
+
+            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
+            return raw[offset: offset + nbytes].clone()
+        e = self.entries[name]
+        return self._files[e.file].read_bytes(e, offset, nbytes)
+
+    def nbytes_of(self, name: str) -> int:
+        """Bytes tensor ``name`` occupies."""
+        e = self.entry(name)
+        if e is not None:
+            return e.nbytes
+        t = self.tensor(name)
+        return t.numel() * t.element_size()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
 

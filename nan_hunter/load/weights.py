@@ -70,8 +70,9 @@ class WeightsScan:
     n_tensors: int
     n_skipped: int
     bytes: int
-    quantized: list[Any] = field(default_factory=list)  # quantized.QuantizedScan, one per quantized weight
+    quantized: list[Any] = field(default_factory=list)  # quant.base.QuantizedScan, one per quantized weight
     quantized_unchecked: list[dict] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
+    claimed: set[str] = field(default_factory=set)  # tensors a quantized format read (data, scales, zeros, states)
 
     @property
     def nonfinite(self) -> list[TensorScan]:
@@ -80,8 +81,8 @@ class WeightsScan:
     @property
     def unchecked(self) -> list[dict]:
         """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
-        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors if t.unchecked] \
-            + self.quantized_unchecked
+        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors
+                if t.unchecked and t.name not in self.claimed] + self.quantized_unchecked
 
     def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
         """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
@@ -339,7 +340,7 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
         out.append(ts)
         if progress is not None:
             progress(item.name, item.nbytes)
-    from .quantized import scan_quantized
+    from .quant.registry import scan_quantized_claims
 
-    quantized, q_unchecked = scan_quantized(ck)
-    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked)
+    quantized, q_unchecked, claimed = scan_quantized_claims(ck)
+    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked, claimed)

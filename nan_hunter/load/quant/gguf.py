@@ -1,0 +1,6 @@
+"""placeholder"""
+class Gguf:
+    name = "gguf"
+
+    def detect(self, ctx):
+        return []

@@ -16,6 +16,7 @@ the other is loaded one step off in every group: ``bad_zero_point``.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -157,8 +158,9 @@ class Gptq:
         lay: GptqLayout = q.layout
         stored = self._zeros(ck, lay)
         extra, faults = self._convention(stored, lay, ck.tensor(q.scale))
-        zero = stored + 1 if lay.convention == "gptq" else stored  # what a loader computes
         maxq = (1 << lay.bits) - 1
+        # what gptqmodel loads: v1 zeros shifted up by one, field by field, modulo 2**bits
+        zero = (stored + 1) & maxq if lay.convention == "gptq" else stored
         bound = torch.maximum(zero, maxq - zero).clamp(min=0).to(torch.float32).reshape(-1)
         n = lay.groups * lay.n_out
         if lay.group_size is None:
@@ -198,7 +200,7 @@ class Gptq:
 
         lay: GptqLayout = q.layout
         stored = self._zeros(ck, lay)
-        zero = stored + 1 if lay.convention == "gptq" else stored
+        zero = (stored + 1) & ((1 << lay.bits) - 1) if lay.convention == "gptq" else stored
         row_bytes = lay.n_out * 4
         if lay.group_size is None:  # act-order: the whole tensor, in chunks of 32-input word rows
             yield torch.arange(lay.groups * lay.n_out, dtype=torch.int64), self._scattered(ck, q, zero)
@@ -246,7 +248,9 @@ class Gptq:
                 break
             gi = g_idx[i0: i0 + n]
             diff = (codes[:n] - zero[gi]).abs()
-            out.index_reduce_(0, gi, diff, "amax")
+            with warnings.catch_warnings():  # "index_reduce() is in beta": its amax is what is needed here
+                warnings.simplefilter("ignore", UserWarning)
+                out.index_reduce_(0, gi, diff, "amax")
         return out.to(torch.float32).reshape(-1)
 
 

@@ -134,7 +134,7 @@ def _absmax_candidates(r: _Reader, mag_s, finite, b: Blocks, limit: int) -> None
 
     bound = b.bound if isinstance(b.bound, (int, float)) else b.bound.reshape(-1).to(torch.float32)
     upper = torch.where(finite, mag_s * bound, -1.0)
-    k = 16
+    k = 1
     while True:
         known = r.mags >= 0
         best = float((r.mags * mag_s).masked_fill(~(known & finite), -1.0).max()) if r.mags.numel() else -1.0

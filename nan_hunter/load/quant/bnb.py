@@ -143,7 +143,8 @@ class Bnb4bit:
             extra.append({"index": [], "scale": "nan", "problem": "nan", "tensor": lay.quant_map})
         faults = sum(1 for e in extra if e["problem"] != "negative")
         g = self._grid(lay)
-        return Blocks(values, [values.numel()], bound, g.stripe_of(), g.n_stripes, g.row_bytes * 2, extra_bad=extra,
+        stripe_of = g.stripe_of()[: -(-lay.n_values // lay.blocksize)]  # the last row of blocks may be short
+        return Blocks(values, [values.numel()], bound, stripe_of, g.n_stripes, g.row_bytes * 2, extra_bad=extra,
                       extra_faults=faults)
 
     @staticmethod

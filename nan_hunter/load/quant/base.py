@@ -75,7 +75,11 @@ class Blocks:
     #: the dequantized absmax is an upper bound only (formats whose codes are not decoded): None in the
     #: report, and fp16/bf16 overflow is said only where the bound rules it out
     bound_only: bool = False
-    note: str | None = None
+    #: ``window`` gives each block's largest |dequantized value| itself (not divided by its scale) and
+    #: ``bound`` is an upper bound of it (GGUF: a block's values depend on d and dmin)
+    absolute: bool = False
+    #: blocks excluded from the absmax besides those with a non-finite scale (a NaN dmin)
+    exclude: torch.Tensor | None = None
 
 
 @dataclass
@@ -167,7 +171,8 @@ class QuantFormat(Protocol):
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Stripes ``first .. first + count`` dequantized: ``(block indices int64, largest |code - zero|
-        float32)`` for every block they hold (several pairs may come, none overlapping)."""
+        float32)`` for every block they hold (several pairs may come, none overlapping); a third item,
+        when given, says which blocks hold data (else: a magnitude above 0)."""
 
 
 def rows_cols(shape: list[int] | tuple[int, ...]) -> tuple[int, int]:

@@ -40,6 +40,7 @@ class _Reader:
 
         self.ck, self.q, self.b = ck, q, b
         self.mags = b.known.clone() if b.known is not None else torch.full((b.values.numel(),), -1.0)
+        self.holds: torch.Tensor | None = None  # blocks holding data, where the format says it apart
         self.read = torch.zeros(max(1, b.n_stripes), dtype=torch.bool)
         self.per_window = max(1, PIECE // max(1, b.stripe_bytes))
         self.n_read = 0
@@ -69,8 +70,15 @@ class _Reader:
         self.stripes(torch.arange(self.b.n_stripes))
 
     def _window(self, first: int, count: int) -> None:
-        for idx, m in self.q.handler.window(self.ck, self.q, first, count):
+        import torch
+
+        for got in self.q.handler.window(self.ck, self.q, first, count):
+            idx, m = got[0], got[1]
             self.mags[idx] = m.to(self.mags.dtype)
+            if len(got) > 2:
+                if self.holds is None:
+                    self.holds = torch.zeros(self.mags.numel(), dtype=torch.bool)
+                self.holds[idx] = got[2]
         self.read[first: first + count] = True
         self.n_read += count
 
@@ -89,6 +97,7 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     nan, inf = torch.isnan(s), torch.isinf(s)
     zero, neg = s == 0, s < 0
     finite = ~(nan | inf)
+    usable = finite & ~b.exclude if b.exclude is not None else finite
     r = _Reader(ck, q, b)
     reads = b.stripe_of is not None and b.n_stripes > 0
     limit = max(1, b.n_stripes // FULL_PASS_FRACTION)
@@ -99,9 +108,10 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
         else:
             r.stripes(wanted)
     if reads:
-        _absmax_candidates(r, s.abs(), finite, b, limit)
+        _absmax_candidates(r, torch.ones_like(s) if b.absolute else s.abs(), usable, b, limit)
+    holds = r.holds if r.holds is not None else r.mags > 0
     bad = nan | inf | neg if b.negative_listed else nan | inf
-    bad = bad | (zero if b.zero_is_fault else zero & (r.mags > 0))
+    bad = bad | (zero if b.zero_is_fault else zero & holds)
     fault = nan | inf | (neg if b.negative_is_fault else torch.zeros_like(neg)) | (bad & zero)
     out.n_bad = int(bad.sum()) + len(b.extra_bad)
     out.n_faults = int(fault.sum()) + b.extra_faults
@@ -112,9 +122,10 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
         out.bad_blocks.append({"index": unravel(i, b.shape), "scale": "nan" if v != v else (
             "inf" if math.isinf(v) else v), "problem": problem})
     gm = abs(b.multiplier)
-    known = finite & (r.mags >= 0)
+    known = usable & (r.mags >= 0)
     if bool(known.any()) and math.isfinite(gm):
-        out.dequant_absmax = float((r.mags[known] * s[known].abs()).max()) * gm
+        scaled = r.mags[known] if b.absolute else r.mags[known] * s[known].abs()
+        out.dequant_absmax = float(scaled.max()) * gm
     if b.bound_only:
         bound = out.dequant_absmax
         out.dequant_absmax = None

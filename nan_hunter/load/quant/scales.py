@@ -36,7 +36,7 @@ class StandaloneScales:
         import torch
 
         v = scale_values(ck, q.scale)
-        return Blocks(v, q.layout or [v.numel()], 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
+        return Blocks(v, list(q.layout), 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
                       known=torch.ones(v.numel()))
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):

@@ -114,7 +114,7 @@ class Awq:
         import torch
 
         lay: AwqLayout = q.layout
-        z = self._zeros(ck, lay)
+        z = q.cache["zero"] = self._zeros(ck, lay)
         bound = torch.maximum(z, 15 - z).to(torch.float32)
         scales = ck.tensor(q.scale).to(torch.float32)
         known = None
@@ -140,7 +140,7 @@ class Awq:
         from ..safetensors_file import PIECE
 
         lay: AwqLayout = q.layout
-        z = self._zeros(ck, lay)
+        z = q.cache["zero"]
         if lay.gemv:  # [out, in/8]: a chunk of output rows at a time, all groups of each
             row_bytes = lay.n_in // 2
             step = max(1, PIECE // 64 // row_bytes)

@@ -50,6 +50,7 @@ class QuantizedWeight:
     scale: str  # the tensor holding the scales
     handler: QuantFormat
     layout: Any = None
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # what blocks() read, for window()
 
 
 @dataclass

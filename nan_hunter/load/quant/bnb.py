@@ -144,7 +144,8 @@ class Bnb4bit:
         faults = sum(1 for e in extra if e["problem"] != "negative")
         g = self._grid(lay)
         stripe_of = g.stripe_of()[: -(-lay.n_values // lay.blocksize)]  # the last row of blocks may be short
-        return Blocks(values, [values.numel()], bound, stripe_of, g.n_stripes, g.row_bytes * 2, extra_bad=extra,
+        # a window's bytes become int64 indices and float32 magnitudes: budget 12 bytes per stored byte
+        return Blocks(values, [values.numel()], bound, stripe_of, g.n_stripes, g.row_bytes * 12, extra_bad=extra,
                       extra_faults=faults)
 
     @staticmethod

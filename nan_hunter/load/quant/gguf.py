@@ -189,35 +189,70 @@ def _mxfp4(b, d, _m):
 class Kind:
     d: tuple[int, str]  # (byte offset, "f16" | "e8m0_half")
     m: int | None  # byte offset of an fp16 dmin / m, if any
-    bound: Callable  # (|d|, |m|) -> upper bound of a block's max |value|
+    bound: Callable  # (blocks, |d|, |m|) -> upper bound of each block's max |value| (its sub-scales read)
     dequant: Callable | None  # None: d judged, absmax by the bound only
     zero_is_code: bool = True  # "holds data" from the codes (dequant with d=1, m=0); else any non-d byte
 
 
+def _k_bound(qmax: int):
+    def bound(b, d, m):
+        sc, mn = _scale_min_k4(b[:, 4:16])
+        return (d[:, None] * sc * qmax + m[:, None] * mn).amax(dim=1)
+    return bound
+
+
+def _q2_k_bound(b, d, m):
+    import torch
+
+    sc = b[:, :16].to(torch.float32)
+    return (d[:, None] * (sc.remainder(16)) * 3 + m[:, None] * torch.floor(sc / 16)).amax(dim=1)
+
+
+def _q3_k_bound(b, d, _m):
+    import torch
+
+    n = b.shape[0]
+    scales = b[:, 96:108]
+    lo = (scales[:, :8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)).reshape(n, 16)
+    hi = (scales[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 4, 1)).reshape(n, 16)
+    sc = (((lo & 15) | ((hi & 3) << 4)).to(torch.int32) - 32).abs().amax(dim=1).to(torch.float32)
+    return d * sc * 4
+
+
+def _q6_k_bound(b, d, _m):
+    import torch
+
+    return d * b[:, 192:208].contiguous().view(torch.int8).to(torch.int32).abs().amax(dim=1).to(torch.float32) * 32
+
+
+def _const(k: float):
+    return lambda b, d, m: d * k
+
+
 KINDS: dict[str, Kind] = {
-    "Q4_0": Kind((0, "f16"), None, lambda d, m: d * 8, _q4_0),
-    "Q4_1": Kind((0, "f16"), 2, lambda d, m: d * 15 + m, _q4_1),
-    "Q5_0": Kind((0, "f16"), None, lambda d, m: d * 16, _q5_0),
-    "Q5_1": Kind((0, "f16"), 2, lambda d, m: d * 31 + m, _q5_1),
-    "Q8_0": Kind((0, "f16"), None, lambda d, m: d * 128, _q8_0),
-    "Q2_K": Kind((80, "f16"), 82, lambda d, m: d * 15 * 3 + m * 15, _q2_k),
-    "Q3_K": Kind((108, "f16"), None, lambda d, m: d * 32 * 4, _q3_k),
-    "Q4_K": Kind((0, "f16"), 2, lambda d, m: d * 63 * 15 + m * 63, _q4_k),
-    "Q5_K": Kind((0, "f16"), 2, lambda d, m: d * 63 * 31 + m * 63, _q5_k),
-    "Q6_K": Kind((208, "f16"), None, lambda d, m: d * 128 * 32, _q6_k),
-    "IQ4_NL": Kind((0, "f16"), None, lambda d, m: d * 127, _iq4_nl),
-    "IQ4_XS": Kind((0, "f16"), None, lambda d, m: d * 32 * 127, _iq4_xs),
-    "TQ2_0": Kind((64, "f16"), None, lambda d, m: d * 2, _tq2_0),
-    "MXFP4": Kind((0, "e8m0_half"), None, lambda d, m: d * 12, _mxfp4),
+    "Q4_0": Kind((0, "f16"), None, _const(8), _q4_0),
+    "Q4_1": Kind((0, "f16"), 2, lambda b, d, m: d * 15 + m, _q4_1),
+    "Q5_0": Kind((0, "f16"), None, _const(16), _q5_0),
+    "Q5_1": Kind((0, "f16"), 2, lambda b, d, m: d * 31 + m, _q5_1),
+    "Q8_0": Kind((0, "f16"), None, _const(128), _q8_0),
+    "Q2_K": Kind((80, "f16"), 82, _q2_k_bound, _q2_k),
+    "Q3_K": Kind((108, "f16"), None, _q3_k_bound, _q3_k),
+    "Q4_K": Kind((0, "f16"), 2, _k_bound(15), _q4_k),
+    "Q5_K": Kind((0, "f16"), 2, _k_bound(31), _q5_k),
+    "Q6_K": Kind((208, "f16"), None, _q6_k_bound, _q6_k),
+    "IQ4_NL": Kind((0, "f16"), None, _const(127), _iq4_nl),
+    "IQ4_XS": Kind((0, "f16"), None, _const(32 * 127), _iq4_xs),
+    "TQ2_0": Kind((64, "f16"), None, _const(2), _tq2_0),
+    "MXFP4": Kind((0, "e8m0_half"), None, _const(12), _mxfp4),
     # d judged; generous upper bounds (sub-scale x grid value) only rule overflow out
-    "IQ2_XXS": Kind((0, "f16"), None, lambda d, m: d * 16 * 64, None, False),
-    "IQ2_XS": Kind((0, "f16"), None, lambda d, m: d * 16 * 64, None, False),
-    "IQ2_S": Kind((0, "f16"), None, lambda d, m: d * 16 * 64, None, False),
-    "IQ3_XXS": Kind((0, "f16"), None, lambda d, m: d * 32 * 64, None, False),
-    "IQ3_S": Kind((0, "f16"), None, lambda d, m: d * 32 * 64, None, False),
-    "IQ1_S": Kind((0, "f16"), None, lambda d, m: d * 16 * 2, None, False),
-    "TQ1_0": Kind((52, "f16"), None, lambda d, m: d * 2, None, False),
-    "Q1_0": Kind((0, "f16"), None, lambda d, m: d * 2, None, False),
+    "IQ2_XXS": Kind((0, "f16"), None, _const(16 * 64), None, False),
+    "IQ2_XS": Kind((0, "f16"), None, _const(16 * 64), None, False),
+    "IQ2_S": Kind((0, "f16"), None, _const(16 * 64), None, False),
+    "IQ3_XXS": Kind((0, "f16"), None, _const(32 * 64), None, False),
+    "IQ3_S": Kind((0, "f16"), None, _const(32 * 64), None, False),
+    "IQ1_S": Kind((0, "f16"), None, _const(16 * 2), None, False),
+    "TQ1_0": Kind((52, "f16"), None, _const(2), None, False),
+    "Q1_0": Kind((0, "f16"), None, _const(2), None, False),
 }
 NOT_CHECKED = {"IQ1_M": "its block scale is split across the sub-block scales, not an fp16 field",
                "NVFP4": "its scales are fp8 per 16 values (not read yet)",
@@ -264,20 +299,20 @@ class Gguf:
 
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
-        ds, ms = [], []
-        for _first, piece in ck.byte_stripes(q.name, lay.size):
+        d = torch.zeros(lay.n_blocks)  # holes of a sparse file stay zero bytes: d = 0
+        m = torch.zeros(lay.n_blocks)
+        bound = torch.zeros(lay.n_blocks)
+        for first, piece in ck.byte_stripes(q.name, lay.size):
             if piece is None:
                 continue
             b = piece.reshape(-1, lay.size)
-            ds.append(_d(b, kind))
+            i0, i1 = first // lay.size, first // lay.size + b.shape[0]
+            d[i0:i1] = _d(b, kind)
             if kind.m is not None:
-                ms.append(_f16(b, kind.m))
+                m[i0:i1] = _f16(b, kind.m)
+            bound[i0:i1] = kind.bound(b, d[i0:i1].abs(), m[i0:i1].abs().nan_to_num(0.0, posinf=0.0))
             del piece, b
-        d = torch.cat(ds) if ds else torch.zeros(0)
-        if d.numel() < lay.n_blocks:  # holes of a sparse file: zero bytes, d = 0
-            d = torch.cat([d, torch.zeros(lay.n_blocks - d.numel())])
-        m = torch.cat(ms) if ms else torch.zeros(lay.n_blocks)
-        return d, torch.cat([m, torch.zeros(lay.n_blocks - m.numel())]) if m.numel() < lay.n_blocks else m
+        return d, m, bound
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         import torch
@@ -286,14 +321,13 @@ class Gguf:
 
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
-        d, m = self._fields(ck, q)
+        d, m, bound = self._fields(ck, q)
         bad_m = ~torch.isfinite(m)
         extra = []
         for i in bad_m.nonzero().reshape(-1)[:100].tolist():
             v = float(m[i])
             extra.append({"index": unravel(i, list(lay.shape)), "scale": "nan" if v != v else "inf",
                           "problem": "nan" if v != v else "inf", "field": "dmin"})
-        bound = kind.bound(d.abs(), m.abs().nan_to_num(0.0, posinf=0.0))
         stripe_of = torch.arange(lay.n_blocks, dtype=torch.int64) // STRIPE_BLOCKS
         n_stripes = -(-lay.n_blocks // STRIPE_BLOCKS)
         return Blocks(d, list(lay.shape), bound, stripe_of, n_stripes, STRIPE_BLOCKS * lay.size * 8,
@@ -315,7 +349,7 @@ class Gguf:
                 keep = torch.ones(lay.size, dtype=torch.bool)
                 keep[kind.d[0]: kind.d[0] + 2] = False
                 holds = (b[:, keep] != 0).any(dim=1)
-                yield idx, kind.bound(d.abs(), m.abs()), holds
+                yield idx, kind.bound(b, d.abs(), m.abs()), holds
                 continue
             w = kind.dequant(b, d, m)
             holds = (kind.dequant(b, torch.ones_like(d), torch.zeros_like(m)) != 0).any(dim=1)

@@ -157,10 +157,12 @@ class Gptq:
 
         lay: GptqLayout = q.layout
         stored = self._zeros(ck, lay)
-        extra, faults = self._convention(stored, lay, ck.tensor(q.scale))
+        scales = ck.tensor(q.scale)
+        extra, faults = self._convention(stored, lay, scales)
         maxq = (1 << lay.bits) - 1
         # what gptqmodel loads: v1 zeros shifted up by one, field by field, modulo 2**bits
         zero = (stored + 1) & maxq if lay.convention == "gptq" else stored
+        q.cache["zero"] = zero
         bound = torch.maximum(zero, maxq - zero).clamp(min=0).to(torch.float32).reshape(-1)
         n = lay.groups * lay.n_out
         if lay.group_size is None:
@@ -170,7 +172,7 @@ class Gptq:
             stripe_of = (torch.arange(n, dtype=torch.int64) // lay.n_out) // g
             n_stripes = -(-lay.groups // g)
             per = g * lay.group_size * lay.n_out * 4 * 2  # int32 codes, twice (max and min)
-        return Blocks(ck.tensor(q.scale).to(torch.float32).reshape(-1), [lay.groups, lay.n_out], bound, stripe_of,
+        return Blocks(scales.to(torch.float32).reshape(-1), [lay.groups, lay.n_out], bound, stripe_of,
                       n_stripes, per, extra_bad=extra, extra_faults=faults)
 
     @staticmethod
@@ -199,8 +201,7 @@ class Gptq:
         import torch
 
         lay: GptqLayout = q.layout
-        stored = self._zeros(ck, lay)
-        zero = (stored + 1) & ((1 << lay.bits) - 1) if lay.convention == "gptq" else stored
+        zero = q.cache["zero"]
         row_bytes = lay.n_out * 4
         if lay.group_size is None:  # act-order: the whole tensor, in chunks of 32-input word rows
             yield torch.arange(lay.groups * lay.n_out, dtype=torch.int64), self._scattered(ck, q, zero)

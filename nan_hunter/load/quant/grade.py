@@ -31,19 +31,23 @@ FULL_PASS_FRACTION = 4  # read everything once the stripes needed pass 1/4 of al
 
 
 class _Reader:
-    """Stripes read so far, and the magnitudes they gave."""
+    """Stripes read so far; the magnitudes they gave, kept only where they are needed (the blocks with a
+    zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
 
-    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks):
+    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight, usable_exc, zero_idx):
         import torch
 
         from ..safetensors_file import PIECE
 
         self.ck, self.q, self.b = ck, q, b
-        self.mags = b.known.clone() if b.known is not None else torch.full((b.values.numel(),), -1.0)
-        self.holds: torch.Tensor | None = None  # blocks holding data, where the format says it apart
+        self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)
+        self.unusable = usable_exc  # sorted int64: blocks left out of the absmax
+        self.zero_idx = zero_idx  # sorted int64: blocks with a zero scale (their "holds data" is wanted)
+        self.zero_holds = torch.zeros(zero_idx.numel(), dtype=torch.bool)
         self.read = torch.zeros(max(1, b.n_stripes), dtype=torch.bool)
         self.per_window = max(1, PIECE // max(1, b.stripe_bytes))
         self.n_read = 0
+        self.best = -1.0
 
     def stripes(self, wanted) -> None:
         """Read the stripes in ``wanted`` (int64 tensor) not read yet, runs of consecutive ones
@@ -73,18 +77,28 @@ class _Reader:
         import torch
 
         for got in self.q.handler.window(self.ck, self.q, first, count):
-            idx, m = got[0], got[1]
-            self.mags[idx] = m.to(self.mags.dtype)
-            if len(got) > 2:
-                if self.holds is None:
-                    self.holds = torch.zeros(self.mags.numel(), dtype=torch.bool)
-                self.holds[idx] = got[2]
+            idx, m = got[0], got[1].to(torch.float32)
+            holds = got[2] if len(got) > 2 else m > 0
+            if self.zero_idx.numel():
+                pos = torch.searchsorted(self.zero_idx, idx).clamp(max=self.zero_idx.numel() - 1)
+                hit = self.zero_idx[pos] == idx
+                self.zero_holds[pos[hit]] = holds[hit]
+            contrib = m * self.weight[idx]
+            if self.unusable.numel():
+                pos = torch.searchsorted(self.unusable, idx).clamp(max=self.unusable.numel() - 1)
+                contrib = contrib.masked_fill(self.unusable[pos] == idx, -1.0)
+            if contrib.numel():
+                self.best = max(self.best, float(contrib.max()))
         self.read[first: first + count] = True
         self.n_read += count
 
 
 def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
-    """Bad blocks, dequantized absmax and fp16/bf16 overflow of one quantized weight."""
+    """Bad blocks, dequantized absmax and fp16/bf16 overflow of one quantized weight.
+
+    Few passes over the scales (they can be an eighth of the data's size, GGUF's d): one for the
+    positive finite ones, then only the exceptions are looked at one by one; the upper bounds once, and
+    ``topk`` over them a few times."""
     import torch
 
     b = q.handler.blocks(ck, q)
@@ -94,38 +108,51 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     if b.stripe_of is not None and b.stripe_of.numel() != n:
         out.skipped = f"scale {q.scale} has {n} values for {b.stripe_of.numel()} blocks"
         return out
-    nan, inf = torch.isnan(s), torch.isinf(s)
-    zero, neg = s == 0, s < 0
-    finite = ~(nan | inf)
-    usable = finite & ~b.exclude if b.exclude is not None else finite
-    r = _Reader(ck, q, b)
+    normal = (s > 0) & (s < math.inf)
+    exc = (~normal).nonzero().reshape(-1)  # NaN, Inf, zero, negative: usually none
+    ev = s[exc]
+    nonfinite = exc[~torch.isfinite(ev)]
+    zero_idx = exc[ev == 0]
+    neg_idx = exc[ev < 0]
+    unusable = nonfinite if b.exclude is None else torch.unique(torch.cat([nonfinite, b.exclude.nonzero().reshape(-1)]))
+    weight = torch.ones_like(s) if b.absolute else s.abs()
+    r = _Reader(ck, q, b, weight, unusable, zero_idx)
+    known = b.known
     reads = b.stripe_of is not None and b.n_stripes > 0
     limit = max(1, b.n_stripes // FULL_PASS_FRACTION)
-    if reads and not b.zero_is_fault and bool(zero.any()):
-        wanted = torch.unique(b.stripe_of[zero])
+    if known is not None:  # magnitudes known without reading (padding, activation scales)
+        k = known.reshape(-1)
+        got = (k >= 0).nonzero().reshape(-1)
+        if got.numel():
+            contrib = k[got] * weight[got]
+            contrib[torch.isin(got, unusable)] = -1.0
+            r.best = max(r.best, float(contrib.max()))
+            if zero_idx.numel():
+                hit = torch.isin(zero_idx, got)
+                r.zero_holds[hit] = k[zero_idx[hit]] > 0
+    if reads and not b.zero_is_fault and zero_idx.numel():
+        wanted = torch.unique(b.stripe_of[zero_idx])
         if wanted.numel() > limit:
             r.everything()
         else:
             r.stripes(wanted)
     if reads:
-        _absmax_candidates(r, torch.ones_like(s) if b.absolute else s.abs(), usable, b, limit)
-    holds = r.holds if r.holds is not None else r.mags > 0
-    bad = nan | inf | neg if b.negative_listed else nan | inf
-    bad = bad | (zero if b.zero_is_fault else zero & holds)
-    fault = nan | inf | (neg if b.negative_is_fault else torch.zeros_like(neg)) | (bad & zero)
-    out.n_bad = int(bad.sum()) + len(b.extra_bad)
-    out.n_faults = int(fault.sum()) + b.extra_faults
+        _absmax_candidates(r, weight, unusable, b, limit, known)
+    zero_bad = zero_idx if b.zero_is_fault else zero_idx[r.zero_holds]
+    listed = [nonfinite, zero_bad] + ([neg_idx] if b.negative_listed else [])
+    bad = torch.sort(torch.cat(listed)).values
+    out.n_bad = int(bad.numel()) + len(b.extra_bad)
+    out.n_faults = int(nonfinite.numel() + zero_bad.numel() + (neg_idx.numel() if b.negative_is_fault else 0)) \
+        + b.extra_faults
     out.bad_blocks = list(b.extra_bad)
-    for i in bad.nonzero().reshape(-1)[:MAX_BAD_BLOCKS].tolist():
+    for i in bad[:MAX_BAD_BLOCKS].tolist():
         v = float(s[i])
         problem = "nan" if v != v else "inf" if math.isinf(v) else "zero" if v == 0 else "negative"
         out.bad_blocks.append({"index": unravel(i, b.shape), "scale": "nan" if v != v else (
             "inf" if math.isinf(v) else v), "problem": problem})
     gm = abs(b.multiplier)
-    known = usable & (r.mags >= 0)
-    if bool(known.any()) and math.isfinite(gm):
-        scaled = r.mags[known] if b.absolute else r.mags[known] * s[known].abs()
-        out.dequant_absmax = float(scaled.max()) * gm
+    if r.best >= 0 and math.isfinite(gm):
+        out.dequant_absmax = r.best * gm
     if b.bound_only:
         bound = out.dequant_absmax
         out.dequant_absmax = None
@@ -138,29 +165,30 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     return out
 
 
-def _absmax_candidates(r: _Reader, mag_s, finite, b: Blocks, limit: int) -> None:
+def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, known) -> None:
     """Read stripes, largest possible contribution first, until no unread block can beat the
-    largest known ``m * |scale|`` (or read them all when that is cheaper)."""
+    largest known ``m * |scale|`` (or read them all when that is cheaper). The bound of every block
+    outside the ``k`` largest is at most the ``k + 1``-th largest, so ``topk`` answers it."""
     import torch
 
     bound = b.bound if isinstance(b.bound, (int, float)) else b.bound.reshape(-1).to(torch.float32)
-    upper = torch.where(finite, mag_s * bound, -1.0)
+    upper = weight * bound
+    if unusable.numel():
+        upper[unusable] = -1.0
+    if known is not None:  # already counted in ``best``
+        upper = upper.masked_fill(known.reshape(-1) >= 0, -1.0)
+    n = upper.numel()
     k = 1
     while True:
-        known = r.mags >= 0
-        best = float((r.mags * mag_s).masked_fill(~(known & finite), -1.0).max()) if r.mags.numel() else -1.0
-        open_ = upper.masked_fill(known, -1.0)
-        top = float(open_.max()) if open_.numel() else -1.0
-        if top < 0 or top <= best:
+        vals, idx = torch.topk(upper, min(n, k + 1))
+        if float(vals[0]) < 0 or float(vals[0]) <= r.best:
             return
-        n_open = int((open_ > best).sum())
-        cand = torch.topk(open_, min(k, n_open)).indices
-        wanted = torch.unique(b.stripe_of[cand])
-        before = r.n_read
-        if before + wanted.numel() > limit:
+        wanted = torch.unique(b.stripe_of[idx[:k]])
+        wanted = wanted[~r.read[wanted]]
+        if r.n_read + wanted.numel() > limit:
             r.everything()
             return
         r.stripes(wanted)
-        if r.n_read == before:  # nothing new to read (a window that left blocks out): stop
+        if k >= n or float(vals[-1]) <= r.best:
             return
-        k *= 4
+        k *= 8

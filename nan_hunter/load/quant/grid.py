@@ -81,7 +81,7 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
             red = reduce_blocks(codes(m, r0), g.br, g.bu)
         else:  # one stripe bigger than a piece: its rows in chunks, maxima combined
             red = None
-            step = max(1, PIECE // max(1, g.row_bytes))
+            step = max(1, PIECE // 8 // max(1, g.row_bytes))  # codes may be 4-8x the bytes: smaller reads
             for c0 in range(r0, r1, step):
                 c1 = min(r1, c0 + step)
                 m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(c1 - c0, g.row_bytes)

@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                          "timed in-process after a warm read, with peak RSS")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="with --quantized: which checkpoints, interleaved (fp8_block, gptq, gguf_q4k, gguf_q8_0)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="with --quantized: torch threads in the measured child (default: torch's own)")
     ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_quant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -802,16 +804,21 @@ def quant_child(path: str) -> None:
     """The plain pass and the quantized pass of ``scan_weights``, timed apart, with peak RSS."""
     import resource
 
-    import torch  # noqa: F401  (start-up, not scan time)
+    import torch  # start-up, not scan time
 
     from nan_hunter.load.checkpoint import open_checkpoint
     from nan_hunter.load.quant.registry import scan_quantized
     from nan_hunter.load.safetensors_file import WINDOW
     from nan_hunter.load.weights import scan_item
 
+    if os.environ.get("NH_BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["NH_BENCH_THREADS"]))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     ck = open_checkpoint(path)
     largest = max(e.nbytes for e in ck.entries.values())
+    te = time.perf_counter()
+    for item in ck.scan_items():  # the code histogram of every byte (what the plain pass did before issue 34)
+        scan_item(item, exact=True)
     t0 = time.perf_counter()
     for item in ck.scan_items():
         scan_item(item)
@@ -819,6 +826,7 @@ def quant_child(path: str) -> None:
     quantized, unchecked = scan_quantized(ck)
     t2 = time.perf_counter()
     print(json.dumps({"bytes": ck.nbytes, "largest_tensor": largest, "plain_s": t1 - t0, "quantized_s": t2 - t1,
+                      "plain_histogram_s": t0 - te,
                       "window": WINDOW, "rss_after_import": rss0,
                       "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "stripes_read": sum(q.stripes_read for q in quantized),
@@ -848,11 +856,13 @@ def quantized_mode(args: argparse.Namespace) -> int:
                 target = str(shards[0]) if k.startswith("gguf") else str(root)
                 proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_quant", target],
                                       capture_output=True, text=True, cwd=str(HERE.parent),
-                                      env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                                      env={**os.environ, "PYTHONPATH": str(HERE.parent),
+                                           **({"NH_BENCH_THREADS": str(args.threads)} if args.threads else {})})
                 if proc.returncode != 0:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     return 1
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
+                r["threads"] = args.threads
                 r["load"] = [load0, os.getloadavg()]
                 r["planted_found"] = all(idx in r["bad"].get(name, []) for name, idx in planted.values())
                 runs[k].append(r)
@@ -863,16 +873,18 @@ def quantized_mode(args: argparse.Namespace) -> int:
             out["kinds"][k] = {
                 "bytes": rs[0]["bytes"], "largest_tensor": rs[0]["largest_tensor"], "runs": rs,
                 "plain_GBps": statistics.median(gb / r["plain_s"] for r in rs),
+                "plain_histogram_GBps": statistics.median(gb / r["plain_histogram_s"] for r in rs),
                 "quantized_pass_GBps": statistics.median(gb / r["quantized_s"] for r in rs),
                 "scan_with_dequant_GBps": statistics.median(gb / (r["plain_s"] + r["quantized_s"]) for r in rs),
                 "peak_over_import_MB": max((r["peak_rss"] - r["rss_after_import"]) / MB for r in rs),
                 "planted_found": all(r["planted_found"] for r in rs),
                 "loads": [r["load"] for r in rs]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        qout = Path(args.out).with_name("scan_throughput_quantized.json")
+        qout = Path(args.out).with_name(f"scan_throughput_quantized{'_t' + str(args.threads) if args.threads else ''}.json")
         qout.write_text(json.dumps(out, indent=1))
         for k, v in out["kinds"].items():
-            print(f"{k:10s} {v['bytes'] / GB:.2f} GB  plain {v['plain_GBps']:.2f} GB/s  quantized pass "
+            print(f"{k:10s} {v['bytes'] / GB:.2f} GB  plain {v['plain_GBps']:.2f} GB/s (histogram "
+                  f"{v['plain_histogram_GBps']:.2f})  quantized pass "
                   f"{v['quantized_pass_GBps']:.2f} GB/s  with dequant checks {v['scan_with_dequant_GBps']:.2f} GB/s  "
                   f"peak +{v['peak_over_import_MB']:.0f} MB (largest tensor {v['largest_tensor'] / MB:.0f} MB)  "
                   f"planted found: {v['planted_found']}  loads {v['loads']}")

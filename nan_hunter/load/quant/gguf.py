@@ -189,15 +189,23 @@ def _mxfp4(b, d, _m):
 class Kind:
     d: tuple[int, str]  # (byte offset, "f16" | "e8m0_half")
     m: int | None  # byte offset of an fp16 dmin / m, if any
-    bound: Callable  # (blocks, |d|, |m|) -> upper bound of each block's max |value| (its sub-scales read)
+    bound: Callable  # (blocks, d, m) -> upper bound of each block's max |value| (its sub-scales read)
     dequant: Callable | None  # None: d judged, absmax by the bound only
     zero_is_code: bool = True  # "holds data" from the codes (dequant with d=1, m=0); else any non-d byte
 
 
+def _ends(lo, hi):
+    """Largest |value| of a sub-block whose values run linearly from ``lo`` (code 0) to ``hi`` (top code)."""
+    import torch
+
+    return torch.maximum(lo.abs(), hi.abs()).amax(dim=1)
+
+
 def _k_bound(qmax: int):
-    def bound(b, d, m):
+    def bound(b, d, m):  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
         sc, mn = _scale_min_k4(b[:, 4:16])
-        return (d[:, None] * sc * qmax + m[:, None] * mn).amax(dim=1)
+        low = -(m[:, None] * mn)
+        return _ends(low, d[:, None] * sc * qmax + low)
     return bound
 
 
@@ -205,7 +213,8 @@ def _q2_k_bound(b, d, m):
     import torch
 
     sc = b[:, :16].to(torch.float32)
-    return (d[:, None] * (sc.remainder(16)) * 3 + m[:, None] * torch.floor(sc / 16)).amax(dim=1)
+    low = -(m[:, None] * torch.floor(sc / 16))
+    return _ends(low, d[:, None] * sc.remainder(16) * 3 + low)
 
 
 def _q3_k_bound(b, d, _m):
@@ -216,24 +225,30 @@ def _q3_k_bound(b, d, _m):
     lo = (scales[:, :8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)).reshape(n, 16)
     hi = (scales[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 4, 1)).reshape(n, 16)
     sc = (((lo & 15) | ((hi & 3) << 4)).to(torch.int32) - 32).abs().amax(dim=1).to(torch.float32)
-    return d * sc * 4
+    return d.abs() * sc * 4
 
 
 def _q6_k_bound(b, d, _m):
     import torch
 
-    return d * b[:, 192:208].contiguous().view(torch.int8).to(torch.int32).abs().amax(dim=1).to(torch.float32) * 32
+    return d.abs() * b[:, 192:208].contiguous().view(torch.int8).to(torch.int32).abs().amax(dim=1).to(torch.float32) * 32
 
 
 def _const(k: float):
-    return lambda b, d, m: d * k
+    return lambda b, d, m: d.abs() * k
+
+
+def torch_max_abs(a, b):
+    import torch
+
+    return torch.maximum(a.abs(), b.abs())
 
 
 KINDS: dict[str, Kind] = {
     "Q4_0": Kind((0, "f16"), None, _const(8), _q4_0),
-    "Q4_1": Kind((0, "f16"), 2, lambda b, d, m: d * 15 + m, _q4_1),
+    "Q4_1": Kind((0, "f16"), 2, lambda b, d, m: torch_max_abs(m, d * 15 + m), _q4_1),
     "Q5_0": Kind((0, "f16"), None, _const(16), _q5_0),
-    "Q5_1": Kind((0, "f16"), 2, lambda b, d, m: d * 31 + m, _q5_1),
+    "Q5_1": Kind((0, "f16"), 2, lambda b, d, m: torch_max_abs(m, d * 31 + m), _q5_1),
     "Q8_0": Kind((0, "f16"), None, _const(128), _q8_0),
     "Q2_K": Kind((80, "f16"), 82, _q2_k_bound, _q2_k),
     "Q3_K": Kind((108, "f16"), None, _q3_k_bound, _q3_k),
@@ -310,7 +325,7 @@ class Gguf:
             d[i0:i1] = _d(b, kind)
             if kind.m is not None:
                 m[i0:i1] = _f16(b, kind.m)
-            bound[i0:i1] = kind.bound(b, d[i0:i1].abs(), m[i0:i1].abs().nan_to_num(0.0, posinf=0.0))
+            bound[i0:i1] = kind.bound(b, d[i0:i1], m[i0:i1].nan_to_num(0.0, posinf=0.0, neginf=0.0))
             del piece, b
         return d, m, bound
 
@@ -349,10 +364,14 @@ class Gguf:
                 keep = torch.ones(lay.size, dtype=torch.bool)
                 keep[kind.d[0]: kind.d[0] + 2] = False
                 holds = (b[:, keep] != 0).any(dim=1)
-                yield idx, kind.bound(b, d.abs(), m.abs()), holds
+                yield idx, kind.bound(b, d, m), holds
                 continue
             w = kind.dequant(b, d, m)
-            holds = (kind.dequant(b, torch.ones_like(d), torch.zeros_like(m)) != 0).any(dim=1)
+            holds = torch.ones(b.shape[0], dtype=torch.bool)  # only a zero d's block needs the answer
+            z = (d == 0).nonzero().reshape(-1)
+            if z.numel():  # its codes against the zero point: dequantized with d = 1 and no min
+                bz = b[z]
+                holds[z] = (kind.dequant(bz, torch.ones(z.numel()), torch.zeros(z.numel())) != 0).any(dim=1)
             yield idx, w.abs().nan_to_num(0.0).amax(dim=1), holds
 
 

@@ -203,9 +203,15 @@ def _ends(lo, hi):
 
 def _k_bound(qmax: int):
     def bound(b, d, m):  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
-        sc, mn = _scale_min_k4(b[:, 4:16])
-        low = -(m[:, None] * mn)
-        return _ends(low, d[:, None] * sc * qmax + low)
+        import torch
+
+        s = b[:, 4:16]  # the 6-bit scales and mins decoded in uint8 (no int32 copies, no concatenation)
+        lo, mi, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+        sc = torch.stack([lo & 63, (hi & 15) | ((lo >> 2) & 48)], dim=1).reshape(-1, 8).to(torch.float32)
+        mn = torch.stack([mi & 63, (hi >> 4) | ((mi >> 2) & 48)], dim=1).reshape(-1, 8).to(torch.float32)
+        low = mn.mul_(m[:, None])  # = m * mn, the magnitude at q = 0
+        top = sc.mul_(d[:, None] * qmax).sub_(low).abs_()
+        return torch.maximum(top, low.abs_()).amax(dim=1)
     return bound
 
 

@@ -97,7 +97,7 @@ class Gptq:
             bits = bits_cfg or (zs[1] * 32 // n_out if n_out else 0)
             why = None
             if tags[0] != "I32" or tags[1] != "I32":
-                why = f"GPTQ packed in {tags[0]} words (only int32 packing is read)"
+                why = f"GPTQ qweight/qzeros stored as {tags[0]}/{tags[1]} (only int32 words are read)"
             elif tags[2] not in ("F16", "BF16", "F32"):
                 why = f"scales {sc} are {tags[2]}"
             elif bits not in (2, 3, 4, 8):

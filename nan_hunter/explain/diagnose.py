@@ -229,20 +229,23 @@ def _block_words(q: dict, b: dict) -> str:
         return f"element {idx} of {b['tensor']}" if idx else f"{b['tensor']}"
     if not idx:
         return f"the global scale of {q['name']}"
-    unit = ("group [group, out]" if fmt in ("gptq", "awq") else "absmax block" if fmt in ("bnb_nf4", "bnb_fp4")
-            else "row (SCB)" if fmt == "bnb_int8" else "block [row, block]" if fmt.startswith("gguf:")
+    if fmt in ("gptq", "awq"):
+        return f"group {idx} of {q['scale']}"
+    if fmt.startswith("gguf:"):
+        return f"block {idx} ([row, block]) of {q['name']}" + (f" ({b['field']})" if b.get("field") else " (d)")
+    unit = ("absmax block" if fmt in ("bnb_nf4", "bnb_fp4") else "row (SCB)" if fmt == "bnb_int8"
             else "element" if fmt == "scale" else "block")
     return f"{unit} {idx} of {q['scale']}"
 
 
 #: what to do about a bad scale, by format family
 _SCALE_FIX = {
-    "gguf": "re-convert the model (convert_hf_to_gguf.py, then llama-quantize) from the unquantized weights, or "
-            "re-download the file",
+    "gguf": "Re-convert the model (convert_hf_to_gguf.py, then llama-quantize) from the unquantized weights, or "
+            "re-download the file.",
     "bnb": "bitsandbytes quantizes when the model is loaded: load the unquantized checkpoint with "
-           "BitsAndBytesConfig again (or re-download the shard holding the absmax/SCB tensors)",
-    "scale": "re-run the calibration that produced the activation/KV scales (or set the bad ones to 1.0 and "
-             "accept the range error), then re-export",
+           "BitsAndBytesConfig again (or re-download the shard holding the absmax/SCB tensors).",
+    "scale": "Re-run the calibration that produced the activation/KV scales (or set the bad ones to 1.0 and "
+             "accept the range error), then re-export.",
 }
 
 

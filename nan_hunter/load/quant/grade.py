@@ -130,8 +130,9 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
             if zero_idx.numel():
                 hit = torch.isin(zero_idx, got)
                 r.zero_holds[hit] = k[zero_idx[hit]] > 0
-    if reads and not b.zero_is_fault and zero_idx.numel():
-        wanted = torch.unique(b.stripe_of[zero_idx])
+    need = zero_idx if known is None else zero_idx[known.reshape(-1)[zero_idx] < 0]  # padding is known empty
+    if reads and not b.zero_is_fault and need.numel():
+        wanted = torch.unique(b.stripe_of[need])
         if wanted.numel() > limit:
             r.everything()
         else:

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from clirun import run_cli
 
 from nan_hunter.errors import BadInput
 from nan_hunter.load.checkpoint import open_checkpoint

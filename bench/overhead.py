@@ -375,7 +375,7 @@ def measure_cuda_extras(model, inputs: dict, variants: list[Variant], sync: Call
                 fn()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        return sum("synchroniz" in str(w.message) for w in caught)
+        return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
 
     import nan_hunter
 

@@ -1,7 +1,7 @@
 """nanhunter: find the first module and aten op that turned finite values into NaN/Inf.
 
 Public API (torch is imported only when these are called):
-``watch(model)``, ``scan(...)``, ``apply_policy(model, policy)``, ``Report``.
+``watch(model)``, ``scan(...)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import NonFiniteError
 from .version import __version__
 
-__all__ = ["watch", "scan", "bisect", "apply_policy", "Report", "NonFiniteError", "__version__"]
+__all__ = ["watch", "scan", "bisect", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | None = None, device: Any = None,
           dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
           scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
-          **options: Any) -> Watch:
+          trace: str | None = None, trace_level: str = "modules", **options: Any) -> Watch:
     """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
     captured (fused statistics per output tensor, no host sync per hook on GPU); ``w.report()``
     then names the first module and aten op that produced NaN/Inf, replays it across dtypes,
@@ -45,6 +45,10 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             ``nanhunter scan DIR/step-<k>`` on another machine.
         arch: ``"file.py:factory"`` recorded in the capsule for models that are not transformers.
         on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2).
+        trace: write a numerics trace (``nanhunter.trace/v1``, docs/trace-format.md) of every
+            forward while watched, one step per root call, for ``nanhunter diff``; written as the
+            steps end and closed when the watch ends.
+        trace_level: ``"modules"`` (one entry per module call) or ``"ops"`` (per aten op).
         **options: further ``session.watcher.Watch`` options, passed on as they are.
     """
     from .session.watcher import Watch
@@ -53,18 +57,37 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
               backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir, arch=arch,
               on_fault=on_fault, **options)
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
+    if trace is not None:
+        from .trace.recorder import TraceRecorder
+
+        w.add_companion(TraceRecorder(model, trace, trace_level, dtype=w.run.name if w.run is not None else None,
+                                      paused=lambda: w.paused))
     return w
 
 
 def scan(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter scan`` pipeline as a function; returns the Report."""
+    """The ``nanhunter scan`` pipeline as a function; returns the Report. Options take the flags'
+    names; a repeatable one (``prompts``, ``inputs``, ``max_memory``) takes a list, or one string
+    as one item: ``prompts="hello"`` is one prompt."""
     from .pipeline.scan_checkpoint import scan as _scan
 
     return _scan(checkpoint, **options)
 
 
+def diff(a: str, b: str, *, rtol: float | None = None) -> Any:
+    """``nanhunter diff A B`` as a function: where two traces (``scan(..., trace=PATH)``,
+    ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
+    (``.first_divergence``, ``.exit_code``, ``.to_dict()`` is ``nanhunter.diff/v1``); raises
+    ``BadInput`` for files that cannot be compared."""
+    from .divergence.compare import compare_traces
+    from .trace.reader import read_trace
+
+    return compare_traces(read_trace(a), read_trace(b), rtol)
+
+
 def bisect(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter bisect`` pipeline as a function; returns the Report."""
+    """The ``nanhunter bisect`` pipeline as a function; returns the Report (``prompts="hello"`` is
+    one prompt, as in ``scan``)."""
     from .bisection.runner import bisect as _bisect
 
     return _bisect(checkpoint, **options)

@@ -44,6 +44,7 @@ class WeightsConfig:
 class DiagnosisConfig:
     tiny_scale: float
     rel_err_warn: float
+    param_fraction: float = 0.5  # a parameter past this fraction of the dtype's max does not fit it
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,9 @@ class CheckConfig:
     fail_on_nonfinite_weights: bool
     fail_on_nonfinite_forward: bool
     warn_on_absorbed: bool
-    max_headroom_drop_db: float  # check --baseline: rule headroom_regression
+    # check --baseline, rule headroom_regression: the floor in dB (20*log10(dtype max / absmax))
+    # a tensor may not fall below; a fall that stays above it passes
+    min_headroom_db: float
     headroom: HeadroomConfig
 
 
@@ -117,6 +120,10 @@ def _number(v: Any, lo: float = 0.0, lo_open: bool = True, hi: float = math.inf)
 
 def _positive(v: Any) -> float:
     return _number(v)
+
+
+def _non_negative(v: Any) -> float:
+    return _number(v, lo_open=False)
 
 
 def _fraction(v: Any) -> float:
@@ -177,13 +184,17 @@ def _fp8_compute(v: Any) -> str:
 SCHEMA: dict[str, dict[str, Any]] = {
     "near_miss": {"overflow_fraction": _fraction, "absorbed_intermediates": _flag, "max_listed": _count},
     "weights": {"near_overflow_fraction": _fraction, "targets": _dtype_list, "max_rows": _count},
-    "diagnosis": {"tiny_scale": _positive, "rel_err_warn": _positive},
+    "diagnosis": {"tiny_scale": _positive, "rel_err_warn": _positive, "param_fraction": _fraction},
     "fp8": {"scaling": _choice(*FP8_SCALINGS), "amax_eps": _positive, "overflow": _choice(*FP8_OVERFLOWS),
             "compute": _fp8_compute},
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},
 }
 CHECK_KEYS = {"dtypes": _dtype_list, "fail_on_nonfinite_weights": _flag, "fail_on_nonfinite_forward": _flag,
-              "warn_on_absorbed": _flag, "max_headroom_drop_db": _positive}
+              "warn_on_absorbed": _flag, "min_headroom_db": _non_negative}
+#: keys a past version read, with what replaced them: refused with the way to migrate
+RETIRED_KEYS = {"max_headroom_drop_db": "headroom_regression no longer fails on a fall in dB that stays far "
+                                        "inside the dtype's range; set min_headroom_db, the floor in dB a "
+                                        "tensor's headroom may not fall below (default 20)"}
 _SECTIONS = {"near_miss": NearMissConfig, "weights": WeightsConfig, "diagnosis": DiagnosisConfig,
              "fp8": Fp8Config, "bisect": BisectConfig}
 
@@ -244,6 +255,8 @@ def _mapping(v: Any, where: str, key: str) -> dict:
 def _build(data: dict, where: str) -> Config:
     known = set(SCHEMA) | set(CHECK_KEYS) | {"headroom"}
     for k in data:
+        if k in RETIRED_KEYS:
+            raise BadInput(f"{where}: {k} was replaced by min_headroom_db: {RETIRED_KEYS[k]}")
         if k not in known:
             raise BadInput(f"{where}: unknown key {k!r}; known keys: {', '.join(sorted(known, key=str))}")
     sections: dict[str, Any] = {}

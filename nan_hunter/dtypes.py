@@ -206,3 +206,14 @@ def step_precision(run: RunDtype | None, autocast: Sequence[tuple[str, torch.dty
             return RunDtype.of(name)
     name = name_of(param_dtype) if param_dtype is not None else None
     return RunDtype.of(name) if name else None
+
+
+def autocast_of(autocast: Sequence[tuple[str, torch.dtype | str]], device_type: str | None = None) -> dict[str, str] | None:
+    """The report's ``run.autocast``: ``{device_type, dtype}`` of the autocast the ops of
+    ``device_type`` ran under (else the first active one), None when none was active."""
+    if not autocast:
+        return None
+    dev, dt = next(((d, t) for d, t in autocast if d == device_type), autocast[0])
+    name = name_of(dt) or canonical(str(dt))  # a torch dtype, or a name (a capsule's)
+    return {"device_type": dev, "dtype": name}
+

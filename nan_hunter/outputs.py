@@ -8,6 +8,10 @@ does any work: an output may not be an input (the checkpoint, its shards or inde
 ``-`` is stdout, for one text output at most. Writes go to a temporary file in the target's
 directory, are flushed and fsynced, then renamed over the target: a failure (a full disk, a
 file-size limit, Ctrl-C) leaves the temporary removed and nothing new at the target.
+
+A reader of stdout that goes away (``nanhunter scan X | head -1``) ends what goes to stdout, not
+the command: the rest of that output is dropped (``stdout_closed``), the other outputs are still
+written, and the exit code stays the verdict's (exit 1 only means a non-finite value was found).
 """
 
 from __future__ import annotations
@@ -228,6 +232,8 @@ def write_bytes(flag: str, path: str, data: bytes) -> None:
             else:
                 sys.stdout.write(data.decode("utf-8"))
             sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_closed()  # the reader went away: not the user's input, not a finding
         except OSError as e:
             raise BadInput(f"{flag} -: cannot write to stdout ({e.strerror or e})") from None
         return
@@ -289,3 +295,19 @@ def remove_temporaries() -> None:
     for tmp in list(_temporaries):
         _remove(tmp)
         _temporaries.discard(tmp)
+
+
+def stdout_closed() -> None:
+    """The reader of stdout has gone (``| head``): point file descriptor 1 at the null device, so
+    that every later write to stdout (the rest of the terminal view, a buffered line, the
+    interpreter's final flush) is dropped instead of raising ``BrokenPipeError`` again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind sys.stdout (a test's capture)
+        pass
+    finally:
+        os.close(devnull)

@@ -89,6 +89,9 @@ class Diagnosis:
     evidence: list[str]
     fix: str
     fix_verified: FixVerified | None = None  # contract v1.2; None: no mechanical fix, or nothing ran
+    param: str | None = None  # the parameter named as the cause (one that does not fit the run's dtype)
+    #: why ``fix_verified`` is null when the fix has a mechanical change (``explain.fix_check.UNVERIFIED``)
+    fix_unverified: str | None = None
 
 
 @dataclass
@@ -126,10 +129,10 @@ class RunInfo:
     optimizer_steps: int | None = None  # watch(optimizer=...): steps seen
     scaler_skipped_steps: list[int] | None = None  # GradScaler skips that were not faults
     capsule: str | None = None  # where the capsule of the first fault was written
-    autocast: list[list[str]] | None = None  # [[device, dtype]] of the failing (or latest) step
+    autocast: dict[str, str] | None = None  # {device_type, dtype} of the failing (or latest) step's autocast
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
-    skipped_steps: list[int] | None = None  # watch(on_fault="skip"): the steps whose update was undone
+    skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
 
     def __getitem__(self, key: str) -> Any:
@@ -184,7 +187,8 @@ class Report:
             return 0 if self.bisect.finite_after else 1
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
-        fault = self.diagnosis is not None and self.diagnosis.cause in ("compile_divergence", "bad_scale")
+        fault = self.diagnosis is not None and self.diagnosis.cause in (
+            "compile_divergence", "bad_scale", "bad_zero_point")
         return 1 if self.nonfinite_found or fault else 0
 
     def add_context(self, command: list[str] | None = None, texts: list[str | None] | None = None) -> None:

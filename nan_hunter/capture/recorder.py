@@ -170,6 +170,7 @@ class Recorder:
         self.paused = False  # a report's own re-runs are not recorded
         self.grads: GradientHooks | None = GradientHooks(self) if backward else None
         self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
+        self.companions: list[Any] = []  # attached and detached with this recorder (a trace.TraceRecorder)
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -209,8 +210,19 @@ class Recorder:
 
             self._ops = OpWatch(self)
             self._ops.__enter__()
+        for c in self.companions:
+            c.attach()
+
+    def add_companion(self, companion: Any) -> None:
+        """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
+        recorder does (``watch(trace=PATH)``'s trace); attached now if this recorder is."""
+        self.companions.append(companion)
+        if self._handles:
+            companion.attach()
 
     def detach(self) -> None:
+        for c in self.companions:
+            c.detach()
         if self._ops is not None:
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)

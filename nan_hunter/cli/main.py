@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from ..errors import BadInput
 from ..version import __version__
-from . import bisect_cmd, check_cmd, interrupts, scan_cmd
+from . import bisect_cmd, check_cmd, diff_cmd, interrupts, scan_cmd
 from .options import Parser
 
 DESCRIPTION = "Find the first module and aten op that produced NaN/Inf, and how to fix it."
@@ -19,7 +19,7 @@ def build_parser() -> Parser:
     p = Parser(prog="nanhunter", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"nanhunter {__version__}", help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    for cmd in (scan_cmd, bisect_cmd, check_cmd):
+    for cmd in (scan_cmd, bisect_cmd, check_cmd, diff_cmd):
         cmd.add_parser(sub)
     return p
 
@@ -98,11 +98,9 @@ def _flush_or_discard() -> None:
     try:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        from ..outputs import stdout_closed
+
+        stdout_closed()
 
 
 if __name__ == "__main__":  # pragma: no cover

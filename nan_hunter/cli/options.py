@@ -151,3 +151,21 @@ def add_backward(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", metavar="FILE.py:FN",
                    help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, "
                         "labels = input_ids)")
+
+
+def add_trace(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="PATH",
+                   help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for "
+                        "`nanhunter diff`")
+    p.add_argument("--trace-level", default="modules", metavar="modules|ops",
+                   help="--trace: one entry per module call, or per aten op (with producer links)")
+    p.add_argument("--repeat", type=int, default=None, metavar="N",
+                   help="--trace: run each input N times (N >= 2) and store each entry's run-to-run spread")
+
+
+def trace_output(args: argparse.Namespace) -> list:
+    """``--trace PATH`` as an output (checked with the others before any work; never stdout)."""
+    from ..outputs import Output
+
+    return [Output("--trace", args.trace, text=False)] if getattr(args, "trace", None) else []
+

@@ -26,6 +26,8 @@ EXAMPLES = options.examples(
     ("a data set, decoding 32 tokens per line", "nanhunter scan ./my-model --data prompts.jsonl --generate 32"),
     ("eager against torch.compile", "nanhunter scan ./my-model --prompt hi --compile --compile-backend inductor"),
     ("a training step's capsule written by watch(capsule_dir=...)", "nanhunter scan capsules/step-41"),
+    ("a numerics trace to compare with another environment's (nanhunter diff)",
+     "nanhunter scan ./my-model --prompt hi --trace run.jsonl --trace-level ops --repeat 2"),
 )
 
 
@@ -48,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "exceeds this")
     options.add_generate(g.mode)
     options.add_backward(g.mode)
+    options.add_trace(g.output)
     options.add_json(g.output)
     options.add_report(g.output)
     options.add_quiet(g.output)
@@ -56,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    outs = planned_outputs(args, [("json", "--json")])
+    outs = planned_outputs(args, [("json", "--json")]) + options.trace_output(args)
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
     from ..config import load_config
     from .output import terminal_limits
@@ -72,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                        stats=args.stats, attn=args.attn, replay=not args.no_replay,
                        compile=args.compile_backend if args.compile else None, rtol=args.rtol,
                        generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
-                       device_map=args.device_map, max_memory=tuple(args.max_memory or ()))
+                       device_map=args.device_map, max_memory=tuple(args.max_memory or ()),
+                       trace=args.trace, trace_level=args.trace_level, repeat=args.repeat)
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() and not args.quiet else (None, None)
         stages = stage_progress(args.quiet) if writes() else None

@@ -122,17 +122,21 @@ class Located:
 
 def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
                  weights_nonfinite: list[dict] | None = None, replay: dict | None = None) -> Diagnosis | None:
-    """The one place a located fault becomes a diagnosis (the rules of ``diagnose``)."""
+    """The one place a located fault becomes a diagnosis (the rules of ``diagnose``); a parameter the
+    diagnosis names as the cause becomes ``first_nonfinite.param``."""
     from .diagnose import Evidence, diagnose
 
     f, ev = loc.first, loc.event
-    return diagnose(Evidence(
+    d = diagnose(Evidence(
         role=f.role, kind=f.kind, module=f.module, module_type=f.module_type, op=f.op,
         operands=ev.operands if ev is not None else [], dtype=loc.run,
         replay=replay if replay is not None else loc.replay, weights_nonfinite=weights_nonfinite or [],
         is_block=loc.is_block, input_label=loc.input_label, failed_inputs=list(failed), n_inputs=n_inputs,
         config=cfg.diagnosis if cfg is not None else None, op_absmax=ev.exact_absmax if ev is not None else None,
         phase=f.phase, grad_fn=f.grad_fn, optimizer=loc.optimizer_facts))
+    if d is not None and d.param and f.param is None:
+        f.param = d.param  # the parameter that does not fit the run's dtype (contract v1.3)
+    return d
 
 
 def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = None) -> Diagnosis | None:

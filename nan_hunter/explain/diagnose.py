@@ -22,6 +22,7 @@ DOMAIN_OPS = {"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "acos", "
               "lgamma", "digamma", "erfinv"}
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm", "einsum",
               "convolution", "_convolution", "dot", "mv"}
+CAST_OPS = {"_to_copy", "to", "copy", "copy_", "_autocast_to_reduced_precision", "convert_element_type"}
 
 
 @dataclass(kw_only=True)
@@ -215,27 +216,100 @@ def backward_incoming(ev: Evidence) -> Diagnosis | None:
                  "optimizer.step() directly.")
 
 
+def _scale_faults(q: dict) -> list[dict]:
+    """The bad blocks of a ``weights.quantized`` entry that are faults, zero points apart."""
+    from ..load.quant.base import is_fault
+
+    return [b for b in q["bad_blocks"] if is_fault(q, b) and b["problem"] != "zero_point"]
+
+
+def _block_words(q: dict, b: dict) -> str:
+    """Where a bad block is, in the format's own terms."""
+    fmt, idx = q["format"], b["index"]
+    if b.get("tensor"):
+        return f"element {idx} of {b['tensor']}" if idx else f"{b['tensor']}"
+    if not idx:
+        return f"the global scale of {q['name']}"
+    if fmt in ("gptq", "awq"):
+        return f"group {idx} of {q['scale']}"
+    if fmt.startswith("gguf:"):
+        return f"block {idx} ([row, block]) of {q['name']}" + (f" ({b['field']})" if b.get("field") else " (d)")
+    unit = ("absmax block" if fmt in ("bnb_nf4", "bnb_fp4") else "row (SCB)" if fmt == "bnb_int8"
+            else "element" if fmt == "scale" else "block")
+    return f"{unit} {idx} of {q['scale']}"
+
+
+#: what to do about a bad scale, by format family
+_SCALE_FIX = {
+    "gguf": "Re-convert the model (convert_hf_to_gguf.py, then llama-quantize) from the unquantized weights, or "
+            "re-download the file.",
+    "bnb": "bitsandbytes quantizes when the model is loaded: load the unquantized checkpoint with "
+           "BitsAndBytesConfig again (or re-download the shard holding the absmax/SCB tensors).",
+    "scale": "Re-run the calibration that produced the activation/KV scales (or set the bad ones to 1.0 and "
+             "accept the range error), then re-export.",
+}
+
+
 @rule("bad_scale")
 def bad_scale(ev: Evidence) -> Diagnosis | None:
-    """A quantized weight whose scale is NaN/Inf, or zero on a block holding data (weights scan)."""
-    if not ev.bad_scales or ev.role not in (None, "weights"):
+    """A quantized weight whose scale is NaN/Inf, or zero on a block holding data; an activation/KV/global
+    scale that is NaN, Inf, zero or negative (weights scan)."""
+    qs = [q for q in ev.bad_scales if _scale_faults(q)]
+    if not qs or ev.role not in (None, "weights"):
         return None
     lines = []
-    for q in ev.bad_scales[:5]:
-        b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
-        n = sum(1 for b in q["bad_blocks"] if b["problem"] != "negative")
-        lines.append(f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
-                     f"({b['problem']}); {n} of {q['n_blocks']} blocks bad")
-    if len(ev.bad_scales) > 5:
-        lines.append(f"... and {len(ev.bad_scales) - 5} more quantized weights")
-    q = ev.bad_scales[0]
-    b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
-    what = {"nan": "NaN", "inf": "Inf", "zero": "zero on a block holding data"}[b["problem"]]
-    return _diag(ev, "bad_scale", f"quantized weight {q['name']} has a {what} scale at block {b['index']} of "
-                 f"{q['scale']}: its dequantized values are {'0' if b['problem'] == 'zero' else 'NaN/Inf'}",
-                 lines, "The quantization scales are corrupt (a bad shard, or a calibration that saw an empty or "
-                        "non-finite block): re-run the quantization from the unquantized checkpoint, or "
-                        "re-download the shard holding the scale tensor.")
+    for q in qs[:5]:
+        bad = _scale_faults(q)
+        lines.append(f"{q['name']} ({q['format']}): {_block_words(q, bad[0])} is {bad[0]['scale']} "
+                     f"({bad[0]['problem']}); {q.get('n_bad', len(bad))} of {q['n_blocks']} blocks bad")
+    if len(qs) > 5:
+        lines.append(f"... and {len(qs) - 5} more quantized weights")
+    q = qs[0]
+    b = _scale_faults(q)[0]
+    what = {"nan": "NaN", "inf": "Inf", "zero": "zero on a block holding data", "negative": "negative"}[b["problem"]]
+    if q["format"] == "scale":
+        what = {"zero": "zero", "negative": "negative"}.get(b["problem"], what)
+        became = "every value it scales is lost (NaN, Inf or 0)"
+    else:
+        became = f"its dequantized values are {'0' if b['problem'] == 'zero' else 'NaN/Inf'}"
+    family = "gguf" if q["format"].startswith("gguf:") else "bnb" if q["format"].startswith("bnb_") else q["format"]
+    if b["problem"] == "zero" and q["format"] != "scale":
+        fix = ("A calibration or quantizer divided by a zero absmax: re-quantize that group with an eps on the scale "
+               "(scale = max(amax / qmax, 1e-12), as torchao clamps it) from the unquantized checkpoint. ")
+    else:
+        fix = ("The quantization scales are corrupt (a bad shard, or a calibration that saw an empty or non-finite "
+               "block). ")
+    fix += _SCALE_FIX.get(family, "Re-run the quantization from the unquantized checkpoint, or re-download the "
+                                  "shard holding the scale tensor.")
+    return _diag(ev, "bad_scale", f"quantized weight {q['name']} has a {what} scale at {_block_words(q, b)}: {became}",
+                 lines, fix)
+
+
+@rule("bad_zero_point")
+def bad_zero_point(ev: Evidence) -> Diagnosis | None:
+    """A symmetric GPTQ checkpoint whose zero points follow the other ``checkpoint_format`` convention:
+    every weight is dequantized one scale step off (weights scan)."""
+    qs = [q for q in ev.bad_scales if any(b["problem"] == "zero_point" for b in q["bad_blocks"])]
+    if not qs or ev.role not in (None, "weights"):
+        return None
+    q = qs[0]
+    b = next(b for b in q["bad_blocks"] if b["problem"] == "zero_point")
+    declared, found = b.get("declared"), b.get("found")
+    stores = {"gptq": "zero - 1 (v1)", "gptq_v2": "zero (v2)"}
+    how = (f"its zero points follow {found!r} (stored {b.get('zero_point')}, {stores.get(found, '?')})"
+           if found else f"its zero points are neither convention (group {b['index']} stores {b.get('zero_point')})")
+    lines = [f"{x['name']} ({x['format']}): {y.get('n_groups', '?')} of {x['n_blocks']} groups store a zero point "
+             f"other than {y.get('expected')}, first group {y['index']} ({y.get('zero_point')})"
+             for x in qs[:5] for y in x["bad_blocks"] if y["problem"] == "zero_point"]
+    if len(qs) > 5:
+        lines.append(f"... and {len(qs) - 5} more quantized weights")
+    lines.append(f"checkpoint_format {declared!r} declares: stored zero = {stores.get(declared, '?')}; "
+                 f"sym: true puts every zero at the midpoint")
+    fix = (f"Declare the convention the zeros follow: set quantization_config.checkpoint_format to {found!r} "
+           f"in config.json (or re-export with gptqmodel as checkpoint_format={declared!r}, which rewrites the zeros)."
+           if found else "Re-export the checkpoint with gptqmodel (the zero points are not one convention).")
+    return _diag(ev, "bad_zero_point", f"GPTQ weight {q['name']} is declared {declared!r} but {how}: every weight "
+                 "is dequantized one scale step off", lines, fix)
 
 
 @rule("nonfinite_weights")
@@ -362,6 +436,69 @@ def domain_error(ev: Evidence) -> Diagnosis | None:
                  "sign error that made it negative.")
 
 
+def _holding_dtypes(ev: Evidence) -> list[str]:
+    """The dtypes an overflow's fix may propose to run in: bf16 and fp32, never the one the run
+    computed in; those in which the replayed failing region was finite, or, without a replay, those
+    with a wider range than the run's (fp16 → bf16, fp32; none for a bf16 or fp32 run)."""
+    ran = ev.run.compute if ev.run is not None else None
+    if ev.replay:
+        return [d for d in ("bf16", "fp32") if d != ran and d in ev.finite_in()]
+    lim = ev.range.max if ev.range is not None else None
+    return [d for d in ("bf16", "fp32") if d != ran and lim is not None and limits(d).max > 2 * lim]
+
+
+def _no_dtype(ev: Evidence) -> str:
+    """Why no dtype is proposed (``_holding_dtypes`` is empty)."""
+    if ev.replay:
+        return "the failing region overflows in every dtype it was replayed in"
+    return f"no dtype has a wider range than {ev.range.name if ev.range is not None else 'the run dtype'}"
+
+
+def _unfit_param(ev: Evidence) -> Any | None:
+    """The largest operand that is one of the model's parameters (or buffers) and does not fit the
+    dtype the op computed in: its absmax past ``param_fraction`` of the dtype's max (past the max
+    itself, its cast to the dtype overflows)."""
+    lim = ev.range.max if ev.range is not None else None
+    if not lim:
+        return None
+    unfit = [o for o in ev.tensor_operands() if getattr(o, "param", None) and o.absmax is not None
+             and o.absmax >= ev.config.param_fraction * lim]
+    return max(unfit, key=lambda o: o.absmax, default=None)
+
+
+def _param_overflow(ev: Evidence, p: Any, lines: list[str], holds: list[str]) -> Diagnosis:
+    """An overflow caused by a parameter that does not fit the run's dtype: named, with a fix that
+    applies (a dtype the replay showed to hold it, never the one that failed)."""
+    lim, dt = ev.range.max, ev.range.name
+    a = p.absmax
+    fit = (f"absmax {_g(a)} > {dt} max {lim:.6g}: it cannot be represented in {dt}" if a > lim else
+           f"absmax {_g(a)} is {a / lim:.0%} of {dt} max {lim:.6g}: a product with anything ≥ {lim / a:.3g} overflows")
+    lines = [f"parameter {p.param} ({p.dtype}{list(p.shape)}): {fit}"] + lines
+    if ev.opname in CAST_OPS:
+        summary = f"the cast of parameter {p.param} (absmax {_g(a)}) to {dt} overflowed at {ev.where}"
+    else:
+        summary = f"parameter {p.param} (absmax {_g(a)}) does not fit {dt}: {ev.opname or 'an op'} over it " \
+                  f"overflowed at {ev.where}"
+    module = ev.module or "this module"
+    ways = []
+    if "bf16" in holds:
+        ways.append("run in bf16, which has fp32's range (under torch.autocast: dtype=torch.bfloat16)")
+    if "fp32" in holds:
+        ways.append(f"keep {module} in fp32 (under torch.autocast: autocast disabled around it; else "
+                    "`nanhunter bisect` or transformers' _keep_in_fp32_modules)")
+    why = (f"{p.param} grew to {_g(a)}: find out why (a learning rate too high, a diverging update, a bad load "
+           "or an in-place write), restore it from a checkpoint, and clip gradients or lower the learning rate so "
+           "it does not grow again.")
+    if ways:
+        fix = ways[0][0].upper() + ways[0][1:] + "".join(f", or {w}" for w in ways[1:]) + "; and " + \
+            why[0].lower() + why[1:]
+    else:
+        fix = f"No dtype fixes it ({_no_dtype(ev)}): " + why[0].lower() + why[1:]
+    d = _diag(ev, "overflow", summary, lines, fix)
+    d.param = p.param
+    return d
+
+
 @rule("overflow")
 def overflow(ev: Evidence) -> Diagnosis | None:
     if ev.kind not in ("posinf", "neginf") or ev.role != "producer":
@@ -371,6 +508,7 @@ def overflow(ev: Evidence) -> Diagnosis | None:
     run = ev.dtype or "the run dtype"
     dt = ev.dtype if ev.dtype and ev.dtype != "fp32" else None
     lim = ev.range.max if ev.range is not None else None
+    holds = _holding_dtypes(ev)
     true = ev.true_absmax()
     if true is not None and lim and ev.range:
         head = f"absmax {_g(true)} > {ev.range.name} max {lim:.6g} at {ev.where}"
@@ -382,26 +520,44 @@ def overflow(ev: Evidence) -> Diagnosis | None:
     operand_line = "operands, all finite: " + ", ".join(
         f"#{o.index} {o.dtype}{list(o.shape)} absmax {_g(o.absmax)}" for o in ev.tensor_operands()[:3])
     lines = [head, operand_line]
+    unfit = _unfit_param(ev)
+    if unfit is not None:
+        return _param_overflow(ev, unfit, lines, holds)
+    # dtypes are proposed only where they help: never the run's own, never one the replay saw fail
+    run_in = " or ".join(holds)
+    keep = "fp32" in holds
     if ev.is_fp8_run():
         fix = ("In fp8, check the scaling recipe: scale by amax (rowwise for activations with outliers), compute "
                "amax/scale in fp32 and clamp amax with an eps; keep this module in bf16 if needed (`nanhunter bisect`).")
         what = "fp8"
     elif ev.is_attention() and ev.opname in MATMUL_OPS:
-        fix = ("Attention scores overflow: run in bf16 (or fp32), use fused SDPA / flash attention (it scales "
-               "before the matmul), or upcast q and k to fp32 for the q·kᵀ scores.")
+        fix = ("Attention scores overflow: " + (f"run in {run_in}, " if run_in else "")
+               + "use fused SDPA / flash attention (it scales before the matmul)"
+               + (", or upcast q and k to fp32 for the q·kᵀ scores" if keep else "")
+               + (f"; {_no_dtype(ev)}: rescale q and k." if not holds else "."))
         what = "attention scores"
     elif ev.opname in {"add", "add_", "sub"} and (ev.is_block or "layer" in (ev.module_type or "").lower()
                                                    or "block" in (ev.module_type or "").lower()):
-        fix = ("The residual stream passed the dtype's max: run in bf16 (or fp32); in fp16, clamp or rescale "
-               "activations (e.g. clamp to finfo.max − 1000 as T5 does) or keep the residual in fp32.")
+        fix = ("The residual stream passed the dtype's max: " + (f"run in {run_in}; " if run_in else "")
+               + "clamp or rescale activations (e.g. clamp to finfo.max − 1000 as T5 does)"
+               + (" or keep the residual in fp32." if keep else "."))
         what = "residual stream"
+    elif ev.opname in CAST_OPS:
+        fix = (f"A value past {ev.range.name if ev.range else run}'s max was cast down to it: "
+               + (f"run in {run_in}, or " if run_in else "") + "rescale the values before the cast.")
+        what = f"cast to {ev.range.name if ev.range else run}"
     elif ev.opname in MATMUL_OPS or "linear" in (ev.module_type or "").lower():
-        fix = (f"Keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
-               "smallest such set; transformers' _keep_in_fp32_modules), or run in bf16.")
+        ways = [f"keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
+                "smallest such set; transformers' _keep_in_fp32_modules)"] if keep else []
+        ways += ["run in bf16"] if "bf16" in holds else []
+        fix = (", or ".join(ways) + "." if ways else
+               f"No dtype holds the result ({_no_dtype(ev)}): rescale the values that feed it.")
+        fix = fix[0].upper() + fix[1:]
         what = "matmul"
     else:
-        fix = (f"Run in bf16 or fp32, or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds the "
-               "smallest set); rescale the values that feed it.")
+        fix = ((f"Run in {run_in}" + (f", or keep {ev.module or 'this module'} in fp32 (`nanhunter bisect` finds "
+                                      "the smallest set)" if keep else "") + "; rescale the values that feed it.")
+               if holds else f"Rescale the values that feed it ({_no_dtype(ev)}).")
         what = ev.opname or "op"
     return _diag(ev, "overflow", f"{what} overflow in {run} at {ev.where}", lines, fix)
 

@@ -250,10 +250,13 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
         summary = d.summary.lower()
         bf16 = Change("run in bf16", _run_in("bf16"))
         if "attention scores" in summary:
-            return [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
-        if "residual stream" in summary and run.compute != "bf16":
-            return [bf16, keep32]
-        return [keep32, bf16] if run.compute != "fp32" else []
+            changes = [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
+        elif "residual stream" in summary and run.compute != "bf16":
+            changes = [bf16, keep32]
+        else:
+            changes = [keep32, bf16] if run.compute != "fp32" else []
+        # never the dtype the run already computed in: no change at all
+        return [c for c in changes if not (c is keep32 and run.compute == "fp32" or c is bf16 and run.compute == "bf16")]
     if d.cause == "division_by_zero":
         return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds),
                 keep32]
@@ -304,7 +307,17 @@ def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     return err if math.isfinite(err) else None
 
 
-def _region_run(r: Region, run: RunDtype, change: Change | None) -> dict[str, Any]:
+@dataclass
+class Outcome:
+    """One run of a copy: its floating outputs, and whether the failing region's own outputs (every
+    call of that module) stayed finite — where a verification is judged: a fault absorbed before
+    the model's output (a later mask or softmax) leaves the outputs finite with or without a fix."""
+
+    outputs: dict[str, Any]
+    region_finite: bool
+
+
+def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
     """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
     from ..dtypes import RunDtype as RD
     from ..model.execute import run_context
@@ -316,25 +329,46 @@ def _region_run(r: Region, run: RunDtype, change: Change | None) -> dict[str, An
     a, kw = cast_floats(detached_copy((r.args, r.kwargs)), at.torch_compute)
     ctx = change.apply(m, "", at) if change else contextlib.nullcontext()
     with ctx, run_context(at):
-        return _outputs(lambda: m(*a, **kw))
+        outs = _outputs(lambda: m(*a, **kw))
+    return Outcome(outs, _finite(outs.values()))
 
 
-def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> dict[str, Any]:
+def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> Outcome:
     from ..dtypes import RunDtype as RD
     from ..model.execute import run_context
-    from ..tree import cast_floats, detached_copy
+    from ..tree import cast_floats, detached_copy, float_tensors
 
     dtype = getattr(change.apply, "run_dtype", None) if change else None
     at = RD.of(dtype, run.recipe) if dtype else run
     m = copy.deepcopy(model).to(at.torch_compute).eval()
     kw = cast_floats(detached_copy(batch), at.torch_compute)
+    seen = {"finite": True}
+
+    def watch_region(mod: nn.Module, args: Any, out: Any) -> None:
+        seen["finite"] = seen["finite"] and _finite(t for _, t in float_tensors(out))
+
+    h = (m.get_submodule(name) if name else m).register_forward_hook(watch_region)
     ctx = change.apply(m, name, at) if change else contextlib.nullcontext()
-    with ctx, run_context(at):
-        return _outputs(lambda: m(**kw))
+    try:
+        with ctx, run_context(at):
+            outs = _outputs(lambda: m(**kw))
+    finally:
+        h.remove()
+    return Outcome(outs, seen["finite"])
 
 
 def _model_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+#: why a diagnosis with a fix has no ``fix_verified`` (``Diagnosis.fix_unverified``), as the reports say it
+UNVERIFIED = {
+    "no_change": "no change to try: the fix has no mechanical form for this fault at this precision",
+    "control_finite": "not verified: an unchanged copy re-run on the failing input is finite at the failing "
+                      "region too, so a re-run cannot show that the change helps",
+    "not_applicable": "not verified: none of the changes could be applied to a copy",
+    "not_rerun": "not verified: the failing region could not be re-run",
+}
 
 
 def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
@@ -342,36 +376,69 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
                module_type: str | None = None) -> FixVerified | None:
     """The diagnosis' mechanical fix applied to a copy and re-run on the failing input: on the
     whole ``model`` with ``batch`` when both are given (and the model is small enough to copy),
-    else on the ``region``. The first change that makes the run finite is reported, else the
-    first tried. None when the cause has no mechanical fix or nothing could run."""
-    if diagnosis is None or region is None:
-        return None
+    else on the ``region``. A change holds when the failing region's outputs (and the copy's) are
+    finite with it, while an unchanged control copy still fails there. The first change that holds
+    is reported, else the first tried. None when the cause has no mechanical fix, the control does
+    not fail (nothing to verify against), or nothing could run (``verdict`` says which)."""
+    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type)[0]
+
+
+def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
+            model: nn.Module | None = None, batch: dict[str, Any] | None = None,
+            module_type: str | None = None) -> tuple[FixVerified | None, str | None]:
+    """``verify_fix``'s result and, when it is None, why (a key of ``UNVERIFIED``)."""
+    if diagnosis is None:
+        return None, None
+    if region is None:
+        return None, "not_rerun"
     changes = _changes(diagnosis, run, module_type)
     if not changes:
-        return None
+        return None, "no_change"
     whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
     from ..dtypes import RunDtype as RD
 
     fp32 = RD.of("fp32", run.recipe)
-    results: list[FixVerified] = []
+
+    def run_copy(scope: str, at: RunDtype, change: Change | None) -> Outcome:
+        return (_model_run(model, batch, region.name, at, change) if scope == "model"
+                else _region_run(region, at, change))
+
+    # a verification needs a failing control: the unchanged copy, at the run's precision, must
+    # still fail at the failing region (else a finite result proves nothing about the change)
+    control: dict[str, bool] = {}
+
+    def fails(scope: str) -> bool:
+        if scope not in control:
+            try:
+                control[scope] = not run_copy(scope, run, None).region_finite
+            except Exception:  # noqa: BLE001 - the copy cannot run at all: no control in this scope
+                control[scope] = False
+        return control[scope]
+
     ref_cache: dict[str, dict[str, Any] | None] = {}
+    results: list[FixVerified] = []
+    no_control = False
     for ch in changes:
-        scope = "model" if whole and ch.whole_model else "region"
+        scope = "model" if whole and ch.whole_model and fails("model") else "region"
+        if not fails(scope):
+            no_control = True
+            continue
         try:
             if scope not in ref_cache:
-                ref_cache[scope] = (_model_run(model, batch, region.name, fp32, None) if scope == "model"
-                                    else _region_run(region, fp32, None))
-            outs = (_model_run(model, batch, region.name, run, ch) if scope == "model"
-                    else _region_run(region, run, ch))
+                ref_cache[scope] = run_copy(scope, fp32, None).outputs
+            got = run_copy(scope, run, ch)
         except _NotApplicable:
             continue
         except Exception:  # a change the model's code cannot take (mixed dtypes downstream...)
             continue
-        fv = FixVerified(ch.text, _finite(outs.values()), _rel(outs, ref_cache[scope]), scope)
+        fine = got.region_finite and _finite(got.outputs.values())
+        fv = FixVerified(ch.text, fine, _rel(got.outputs, ref_cache[scope]), scope)
         if fv.finite:
-            return fv
+            return fv, None
         results.append(fv)
-    return results[0] if results else None
+    if results:
+        return results[0], None
+    return None, "control_finite" if no_control else "not_applicable"
 
 
 def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> FixVerified | None:
@@ -385,10 +452,11 @@ def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> F
     return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager")
 
 
-def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None) -> Diagnosis:
-    """Record ``fv`` on the diagnosis; its fix text says "verified" only when the fix made the
-    failing input finite."""
+def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None, why: str | None = None) -> Diagnosis:
+    """Record ``fv`` (or, when None, ``why``: a key of ``UNVERIFIED``) on the diagnosis; its fix
+    text says "verified" only when the fix made the failing input finite."""
     diagnosis.fix_verified = fv
+    diagnosis.fix_unverified = why if fv is None else None
     if fv is not None and fv.finite:
         err = f", max rel err {fv.max_rel_err:.3g} vs {fv.reference}" if fv.max_rel_err is not None else ""
         diagnosis.fix += f" Verified: {fv.change} makes the failing input finite{err}."
@@ -399,7 +467,7 @@ def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **k
     """``verify_fix`` then ``with_verdict``: the one call each diagnosis point makes."""
     if diagnosis is None:
         return
-    with_verdict(diagnosis, verify_fix(diagnosis, region, run, **kw))
+    with_verdict(diagnosis, *verdict(diagnosis, region, run, **kw))
 
 
 def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_index: int,
@@ -413,6 +481,7 @@ def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_in
     try:
         args, kwargs = call_inputs(model, rerun, name, call_index)
     except Exception:  # noqa: BLE001 - the diagnosis stands unverified
+        with_verdict(diagnosis, None, "not_rerun")
         return
     target = model.get_submodule(name) if name else model
     check(diagnosis, Region(name, target, args, kwargs), run)

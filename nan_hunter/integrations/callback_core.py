@@ -8,7 +8,9 @@ counts them: the step a forward belongs to is the framework's global step when t
 kept (``report``), written as JSON report v1 to ``report_path``, its verdict line logged to the
 framework's logger; then ``"stop"`` asks the framework to stop, ``"raise"`` removes the hooks and
 raises ``NonFiniteError``, ``"skip"`` has already undone that step's update and training goes on
-(the report is read again at the end of training, with every skipped step). A clean run writes
+(the report is read again at the end of training, with every skipped step). ``"stop"`` and
+``"raise"`` undo that step's update too (the watch runs as ``"stop"`` with the framework's
+optimizer): the model the user saves after training ends is the last good one. A clean run writes
 nothing and changes nothing.
 
 Under torch.distributed the report kept is each rank's own (``report()`` is a collective that

@@ -63,61 +63,74 @@ def _f32_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
+class _Constant(tl.constexpr):
+    """A ``tl.constexpr`` whose ``!=`` is a plain comparison of values. Before every launch Triton
+    checks, with ``!=``, that each global a kernel reads is unchanged since compilation, and
+    ``tl.constexpr``'s own operator builds new constexpr objects to answer: with the ~40 globals
+    below that was a large share of the host time per launch (368 µs per hook on an H100, with
+    Triton 3.6, BENCHMARKS.md "GPU")."""
+
+    def __ne__(self, other: object) -> bool:
+        return not (isinstance(other, tl.constexpr) and other.value == self.value)
+
+    __hash__ = tl.constexpr.__hash__
+
+
 # Finite |x| above these overflows the named format; compared as fp32 bits (exact: all four
 # limits are fp32 values).
-_LIM_FP16 = tl.constexpr(_f32_bits(torch.finfo(torch.float16).max))
-_LIM_BF16 = tl.constexpr(_f32_bits(torch.finfo(torch.bfloat16).max))
-_LIM_E4M3 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e4m3fn).max))
-_LIM_E5M2 = tl.constexpr(_f32_bits(torch.finfo(torch.float8_e5m2).max))
+_LIM_FP16 = _Constant(_f32_bits(torch.finfo(torch.float16).max))
+_LIM_BF16 = _Constant(_f32_bits(torch.finfo(torch.bfloat16).max))
+_LIM_E4M3 = _Constant(_f32_bits(torch.finfo(torch.float8_e4m3fn).max))
+_LIM_E5M2 = _Constant(_f32_bits(torch.finfo(torch.float8_e5m2).max))
 # Non-zero |x| at or below these rounds to zero when cast to the named format (half its smallest
 # subnormal, an fp32 value: 2^-25, 2^-134, 2^-10, 2^-17).
-_FLUSH_FP16 = tl.constexpr(_f32_bits(limits("fp16").flush))
-_FLUSH_BF16 = tl.constexpr(_f32_bits(limits("bf16").flush))
-_FLUSH_E4M3 = tl.constexpr(_f32_bits(limits("fp8-e4m3").flush))
-_FLUSH_E5M2 = tl.constexpr(_f32_bits(limits("fp8-e5m2").flush))
-_INF_BITS = tl.constexpr(0x7F800000)
-_NAN_BITS = tl.constexpr(0x7FC00000)
-_ABS_MASK = tl.constexpr(0x7FFFFFFF)
-_INT32_MAX = tl.constexpr(2**31 - 1)
-_MASK21 = tl.constexpr(2**21 - 1)
-_TWO_M24 = tl.constexpr(2.0**-24)  # fp16 subnormal step
-_TWO_M9 = tl.constexpr(2.0**-9)  # e4m3 subnormal step
-_INF = tl.constexpr(float("inf"))
+_FLUSH_FP16 = _Constant(_f32_bits(limits("fp16").flush))
+_FLUSH_BF16 = _Constant(_f32_bits(limits("bf16").flush))
+_FLUSH_E4M3 = _Constant(_f32_bits(limits("fp8-e4m3").flush))
+_FLUSH_E5M2 = _Constant(_f32_bits(limits("fp8-e5m2").flush))
+_INF_BITS = _Constant(0x7F800000)
+_NAN_BITS = _Constant(0x7FC00000)
+_ABS_MASK = _Constant(0x7FFFFFFF)
+_INT32_MAX = _Constant(2**31 - 1)
+_MASK21 = _Constant(2**21 - 1)
+_TWO_M24 = _Constant(2.0**-24)  # fp16 subnormal step
+_TWO_M9 = _Constant(2.0**-9)  # e4m3 subnormal step
+_INF = _Constant(float("inf"))
 
 # Row layout.
-_N_INT = tl.constexpr(N_INT)
-_N_FLOAT = tl.constexpr(N_FLOAT)
-_I_NUMEL = tl.constexpr(INT_FIELDS.index("numel"))
-_I_NAN = tl.constexpr(INT_FIELDS.index("nan"))
-_I_POSINF = tl.constexpr(INT_FIELDS.index("posinf"))
-_I_NEGINF = tl.constexpr(INT_FIELDS.index("neginf"))
-_I_ZERO = tl.constexpr(INT_FIELDS.index("zero"))
-_I_SUB = tl.constexpr(INT_FIELDS.index("subnormal"))
-_I_O16 = tl.constexpr(INT_FIELDS.index("over_fp16"))
-_I_OBF = tl.constexpr(INT_FIELDS.index("over_bf16"))
-_I_OE4 = tl.constexpr(INT_FIELDS.index("over_e4m3"))
-_I_OE5 = tl.constexpr(INT_FIELDS.index("over_e5m2"))
-_I_U16 = tl.constexpr(INT_FIELDS.index("under_fp16"))
-_I_UBF = tl.constexpr(INT_FIELDS.index("under_bf16"))
-_I_UE4 = tl.constexpr(INT_FIELDS.index("under_e4m3"))
-_I_UE5 = tl.constexpr(INT_FIELDS.index("under_e5m2"))
-_I_FIRST = tl.constexpr(INT_FIELDS.index("first_nonfinite"))
-_F_ABSMAX = tl.constexpr(FLOAT_FIELDS.index("absmax"))
-_F_MINNZ = tl.constexpr(FLOAT_FIELDS.index("min_nonzero"))
-_F_SUM = tl.constexpr(FLOAT_FIELDS.index("sum"))
-_F_SUMSQ = tl.constexpr(FLOAT_FIELDS.index("sumsq"))
+_N_INT = _Constant(N_INT)
+_N_FLOAT = _Constant(N_FLOAT)
+_I_NUMEL = _Constant(INT_FIELDS.index("numel"))
+_I_NAN = _Constant(INT_FIELDS.index("nan"))
+_I_POSINF = _Constant(INT_FIELDS.index("posinf"))
+_I_NEGINF = _Constant(INT_FIELDS.index("neginf"))
+_I_ZERO = _Constant(INT_FIELDS.index("zero"))
+_I_SUB = _Constant(INT_FIELDS.index("subnormal"))
+_I_O16 = _Constant(INT_FIELDS.index("over_fp16"))
+_I_OBF = _Constant(INT_FIELDS.index("over_bf16"))
+_I_OE4 = _Constant(INT_FIELDS.index("over_e4m3"))
+_I_OE5 = _Constant(INT_FIELDS.index("over_e5m2"))
+_I_U16 = _Constant(INT_FIELDS.index("under_fp16"))
+_I_UBF = _Constant(INT_FIELDS.index("under_bf16"))
+_I_UE4 = _Constant(INT_FIELDS.index("under_e4m3"))
+_I_UE5 = _Constant(INT_FIELDS.index("under_e5m2"))
+_I_FIRST = _Constant(INT_FIELDS.index("first_nonfinite"))
+_F_ABSMAX = _Constant(FLOAT_FIELDS.index("absmax"))
+_F_MINNZ = _Constant(FLOAT_FIELDS.index("min_nonzero"))
+_F_SUM = _Constant(FLOAT_FIELDS.index("sum"))
+_F_SUMSQ = _Constant(FLOAT_FIELDS.index("sumsq"))
 
 # Pointer-table columns (int64).
 _C_ADDR, _C_NUMEL, _C_NCOLS, _C_STRIDE, _C_ROW, _C_FMT, _C_TINY, _C_PSTART = range(8)
-_W = tl.constexpr(8)
-_TC_ADDR = tl.constexpr(_C_ADDR)
-_TC_NUMEL = tl.constexpr(_C_NUMEL)
-_TC_NCOLS = tl.constexpr(_C_NCOLS)
-_TC_STRIDE = tl.constexpr(_C_STRIDE)
-_TC_ROW = tl.constexpr(_C_ROW)
-_TC_FMT = tl.constexpr(_C_FMT)
-_TC_TINY = tl.constexpr(_C_TINY)
-_TC_PSTART = tl.constexpr(_C_PSTART)
+_W = _Constant(8)
+_TC_ADDR = _Constant(_C_ADDR)
+_TC_NUMEL = _Constant(_C_NUMEL)
+_TC_NCOLS = _Constant(_C_NCOLS)
+_TC_STRIDE = _Constant(_C_STRIDE)
+_TC_ROW = _Constant(_C_ROW)
+_TC_FMT = _Constant(_C_FMT)
+_TC_TINY = _Constant(_C_TINY)
+_TC_PSTART = _Constant(_C_PSTART)
 
 
 @triton.jit
@@ -514,10 +527,12 @@ def stats_many_into(
         group_programs.append(pstart)
     if not init and not any(group_programs):
         return  # only empty tensors, whose initialised rows are already final
-    table = torch.tensor(aligned + unaligned + empty, dtype=torch.int64)
-    if device.type == "cuda":
-        # pinned + non_blocking: an async copy (a pageable one would synchronise the stream)
-        table = table.pin_memory().to(device, non_blocking=True)
+    cuda = device.type == "cuda"
+    # made in pinned memory (one allocation, not two), copied with non_blocking: an async copy (a
+    # pageable one would synchronise the stream)
+    table = torch.tensor(aligned + unaligned + empty, dtype=torch.int64, pin_memory=cuda)
+    if cuda:
+        table = table.to(device, non_blocking=True)
     si, sf = ints.stride(0), floats.stride(0)
     with _on(device):
         if init:

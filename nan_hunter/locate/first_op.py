@@ -31,5 +31,5 @@ def locate_op(model: nn.Module, rerun: Callable[[], Any], finding: Finding,
     site = sites[c.call_index] if len(sites) > c.call_index else None
     a, kw = detached_copy((args, kwargs))  # the module may change its inputs (a KV cache grows)
     with run_context(run):
-        ev, _ = first_bad_op(target, a, kw, grad=grad, site=site)
+        ev, _ = first_bad_op(target, a, kw, grad=grad, site=site, prefix=f"{c.module}." if c.module else "")
     return ev, target, args, kwargs

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 import io
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,37 @@ from ..load.regular_file import open_regular, require_regular
 MAX_LINE_BYTES = 16 << 20  # one --data line; longer text than any model takes is truncated anyway
 FALLBACK_MAX_TOKENS = 8192  # when neither the tokenizer nor the config states a maximum length
 _CHARS_PER_TOKEN = 32  # text kept before tokenizing: far more than max length tokens need
+
+
+def one_or_many(value: Any, option: str) -> tuple[str, ...]:
+    """A repeatable option as the Python API takes it (``prompts``, ``inputs``, ``max_memory``,
+    ``checkpoints``): a list of strings or paths, or a single one, which is one item as one flag is
+    on the command line. ``prompts="hello"`` is one prompt, never five one-character ones (a
+    string is iterable); bytes and anything that is not text are refused naming the option."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    elif isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise BadInput(f"{option}: expected a string or a list of strings, got {type(value).__name__}")
+    items = []
+    for x in value:
+        x = os.fspath(x) if isinstance(x, os.PathLike) else x
+        if not isinstance(x, str):
+            raise BadInput(f"{option}: expected a string or a list of strings, got an item of type "
+                           f"{type(x).__name__}")
+        items.append(x)
+    return tuple(items)
+
+
+def one_path(value: Any, option: str) -> str | None:
+    """An option that names one file (``data``): a string or path, or None; a list is refused (one
+    ``--data`` file per run)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+        return os.fspath(value)
+    raise BadInput(f"{option}: expected one file name (a string or path), got {type(value).__name__}")
 
 
 @dataclass

@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats: str = "fast",
                  config: Config | None = None, progress: Callable[[str, int], None] | None = None,
-                 replay: bool = True) -> Report:
+                 replay: bool = True, trace: Any = None) -> Report:
     """The scan report of capsule ``path`` (a ``step-<k>`` directory): rebuilt, then its step run
     behind the harness like any mode (options the capsule fixes are refused by ``ScanOptions``)."""
     from ..config import as_config
@@ -73,6 +73,10 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     step = CapsuleStep(cap, model, dev)
     rep.notes += step.notes
     p = Prepared(ck, model, None, how, [step.kwargs], [f"capsule step-{cap.step}"], step.run_dtype, dev, cfg)
+    if trace is not None:  # ``scan --trace``: the step's forward, traced (modes.trace_pass)
+        from .trace_pass import write_trace
+
+        rep.notes.append(write_trace(p, CapsuleMode(step), trace))
     run_mode(p, CapsuleMode(step), rep, replay)
     if rep.first_nonfinite is None:
         rep.notes.append(f"the capsule's step {cap.step} re-ran without a non-finite value on this machine "
@@ -127,9 +131,13 @@ class CapsuleMode:
         return extras[0] if extras else {}
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
+        import torch
+
+        from ..dtypes import autocast_of
+
         cap = self.step.cap
         rep.run.backward = cap.phase == "backward"
-        rep.run.autocast = cap.meta.get("autocast") or None
+        rep.run.autocast = autocast_of(self.step.autocast, torch.device(p.device).type)
         if located is not None:
             rep.run.optimizer_steps = located.extra.get("optimizer_steps")
             rep.run.scaler_skipped_steps = located.extra.get("scaler_skipped_steps")

@@ -60,11 +60,24 @@ class Parting:
 
 
 def compare(eager: Any, compiled: Any) -> Parting:
-    """The compiled outputs against eager's, by the one comparison (``explain.compare``: float64,
-    ``rel_err`` over the elements finite on both sides, inf for a different structure)."""
-    from ..explain.compare import compare as one_comparison
+    """The compiled outputs against eager's: two one-entry recordings through the one comparison
+    of recordings (``divergence.compare``), which judges entries that kept their tensors element
+    by element (``explain.compare``: float64, ``rel_err`` over the elements finite on both sides,
+    inf for a different structure)."""
+    return compare_runs([eager], [compiled])[0]
 
-    c = one_comparison(compiled, eager)
+
+def compare_runs(eager: list[Any], compiled: list[Any]) -> list[Parting]:
+    """Per input, the compiled run's outputs against eager's: the two runs as recordings (one
+    entry per input, tensors kept) compared the way ``nanhunter diff`` compares two traces."""
+    from ..divergence.compare import compare_recordings
+    from ..divergence.recordings import from_outputs
+
+    cmp = compare_recordings(from_outputs(compiled), from_outputs(eager))
+    return [_parting(cmp.verdicts[i].comparison) for i in sorted(cmp.verdicts)]
+
+
+def _parting(c: Any) -> Parting:
     return Parting(c.ref_finite, c.finite, c.rel_err, c.kind, c.ref_kind)
 
 
@@ -172,8 +185,7 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
     """The compiled model on every input against eager's outputs: (over all, per input, seconds)."""
     t0 = time.perf_counter()
     fn = compile_module(model, backend)
-    per = [compare(e, _call(fn, (), kw, run, f"torch.compile (backend {backend})"))
-           for kw, e in zip(batches, eager_outs)]
+    per = compare_runs(eager_outs, [_call(fn, (), kw, run, f"torch.compile (backend {backend})") for kw in batches])
     total = per[0]
     for p in per[1:]:
         total = total.merge(p)

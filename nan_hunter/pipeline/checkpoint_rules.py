@@ -2,12 +2,13 @@
 baseline checkpoint. Each rule is returned as the fields of a ``ci_check.RuleResult``.
 
 Rules (ids are JUnit testcase names and never change meaning):
-``weights.quantized`` (fail: a NaN/Inf scale, or a zero scale on a block holding data; given only
+``weights.quantized`` (fail: a NaN/Inf scale, a zero scale on a block holding data, a bad activation/KV
+scale or a zero point of the wrong convention; given only
 when the checkpoint has quantized weights), ``weights.suspicious`` (warn: |x| > 1e30 or an all-zero
 weight matrix; given only when there is one), ``weights.unchecked`` (warn: tensors that could hold
 NaN/Inf but were not checked; given only when there is one), ``headroom_regression.<dtype>``
-(``--baseline OLD``: fail when a tensor that fit ``<dtype>`` in OLD overflows it now, or lost more
-than ``max_headroom_drop_db`` of headroom).
+(``--baseline OLD``: fail when a tensor that fit ``<dtype>`` in OLD overflows it now, or when its
+headroom fell below the ``min_headroom_db`` floor; a fall that stays above the floor passes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..config import Config
 from ..dtypes import HEADROOM_DTYPES, limits
+from ..load.quant.base import is_fault
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -32,17 +34,22 @@ def weights_extra_rules(ck: str, weights: dict[str, Any]) -> list[dict[str, Any]
     out = []
     quantized = weights.get("quantized") or []
     if quantized:
-        faulty = [q for q in quantized if any(b["problem"] != "negative" for b in q["bad_blocks"])]
+        faulty = [q for q in quantized if any(is_fault(q, b) for b in q["bad_blocks"])]
         if faulty:
             q = faulty[0]
-            b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
+            b = next(b for b in q["bad_blocks"] if is_fault(q, b))
+            if b["problem"] == "zero_point":
+                fix = (f"fix: the zero points follow {b.get('found')!r}, the config declares {b.get('declared')!r}: "
+                       "set quantization_config.checkpoint_format to the convention stored, or re-export")
+            else:
+                fix = ("fix: re-run the quantization from the unquantized checkpoint (an eps on zero scales), or "
+                       "re-download the shard holding the scales")
             more = f" and {len(faulty) - 1} more quantized weights" if len(faulty) > 1 else ""
             out.append(_rule("weights.quantized", ck, FAIL,
                              f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
                              f"({b['problem']}), {q['n_bad']} of {q['n_blocks']} blocks bad{more}",
                              value=float(len(faulty)),
-                             details=["fix: re-run the quantization from the unquantized checkpoint, or re-download "
-                                      "the shard holding the scales"]))
+                             details=[fix]))
         else:
             over = [q for q in quantized if q["overflows"].get("fp16")]
             msg = f"{len(quantized)} quantized weights, every scale finite and non-zero where the block holds data"
@@ -82,7 +89,7 @@ def baseline_rules(ck: str, new: list[Any], old: list[Any], old_path: str, dtype
                    cfg: Config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """headroom_regression.<dtype> for each checked dtype with a headroom (fp16, bf16, fp8), and
     the report's ``baseline`` block. ``new``/``old``: the two scans' ``TensorScan`` rows."""
-    drop = cfg.check.max_headroom_drop_db
+    floor = cfg.check.min_headroom_db
     before = {t.name: t for t in old if not t.skipped and t.finite and t.absmax is not None}
     pairs = [(t, before[t.name]) for t in new
              if t.name in before and not t.skipped and t.finite and t.absmax is not None]
@@ -96,7 +103,10 @@ def baseline_rules(ck: str, new: list[Any], old: list[Any], old_path: str, dtype
         for t, o in pairs:
             oh, nh = headroom_db(o.absmax, dt), headroom_db(t.absmax, dt)
             newly_over = o.absmax <= mx < t.absmax
-            if newly_over or (math.isfinite(oh) and oh - nh > drop):
+            # only a crossing counts: a tensor already under the floor in OLD is weights.headroom's
+            # business, and a fall of any size that ends above the floor leaves it far inside the range
+            crossed_floor = oh >= floor > nh
+            if newly_over or crossed_floor:
                 found.append({"name": t.name, "dtype": dt, "old_absmax": o.absmax, "new_absmax": t.absmax,
                               "old_headroom": oh, "new_headroom": nh})
         found.sort(key=lambda r: r["new_headroom"] - r["old_headroom"])
@@ -104,16 +114,21 @@ def baseline_rules(ck: str, new: list[Any], old: list[Any], old_path: str, dtype
         rule = f"headroom_regression.{dt}"
         if found:
             r = found[0]
-            over = " and now overflows it" if r["new_absmax"] > mx else ""
+            why = "and now overflows it" if r["new_absmax"] > mx else f"below the {floor:g} dB floor"
             more = f"; {len(found) - 1} more tensor(s)" if len(found) > 1 else ""
             out.append(_rule(rule, ck, FAIL,
-                             f"{r['name']}: {dt} headroom fell from {r['old_headroom']:.1f} dB to "
-                             f"{r['new_headroom']:.1f} dB (absmax {r['old_absmax']:.4g} -> {r['new_absmax']:.4g})"
-                             f"{over}, more than {drop:g} dB, against {old_path}{more}",
+                             f"{r['name']}: {dt} headroom fell from {_db(r['old_headroom'])} to "
+                             f"{_db(r['new_headroom'])} (absmax {r['old_absmax']:.4g} -> {r['new_absmax']:.4g}) "
+                             f"{why}, against {old_path}{more}",
                              dt, float(len(found)),
-                             [f"{x['name']}: {x['old_headroom']:.1f} dB -> {x['new_headroom']:.1f} dB" for x in found[:10]]
+                             [f"{x['name']}: {_db(x['old_headroom'])} -> {_db(x['new_headroom'])}" for x in found[:10]]
                              + [f"fix: find the training step that grew {r['name']}, or keep its module in fp32"]))
         else:
-            out.append(_rule(rule, ck, PASS, f"{len(pairs)} tensors compared with {old_path}: none lost more than "
-                                             f"{drop:g} dB of {dt} headroom", dt, 0.0))
+            out.append(_rule(rule, ck, PASS, f"{len(pairs)} tensors compared with {old_path}: none overflows {dt} "
+                                             f"or fell below the {floor:g} dB headroom floor", dt, 0.0))
     return out, {"path": old_path, "compared": len(pairs), "regressions": regressions}
+
+
+def _db(headroom: float) -> str:
+    """"72.0 dB"; an all-zero tensor's headroom is unbounded."""
+    return f"{headroom:.1f} dB" if math.isfinite(headroom) else "∞ dB (all zero)"

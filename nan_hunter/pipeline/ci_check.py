@@ -50,6 +50,13 @@ class CheckOptions:
     batch: bool = False
     split: Any = None  # distributed.rank_split.RankSplit: the data set split across torchrun ranks
 
+    def __post_init__(self) -> None:
+        from ..model.inputs import one_or_many, one_path
+
+        self.inputs = list(one_or_many(self.inputs, "inputs")) or None
+        self.prompts = list(one_or_many(self.prompts, "prompts")) or None  # a string is one prompt
+        self.data = one_path(self.data, "data")
+
     @property
     def has_inputs(self) -> bool:
         return bool(self.inputs or self.prompts or self.data)
@@ -221,6 +228,7 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
     run_mode(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)
+    run.add_context(texts=p.texts)  # inputs[i].text, as scan gives it
     return run
 
 
@@ -271,7 +279,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
     return rep
 
 
-def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
+def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
           progress: Callable[[str, int], None] | None = None, baseline: str | None = None,
           **options: Any) -> list[Report]:
     """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
@@ -280,6 +288,9 @@ def check(checkpoints: list[str], dtypes: str | list[str] | None = None, config:
 
     All checkpoints are opened first, so a bad path fails (exit 2) before anything runs.
     """
+    from ..model.inputs import one_or_many
+
+    checkpoints = list(one_or_many(checkpoints, "checkpoints"))  # a string is one checkpoint
     if not checkpoints:
         raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
     cfg = as_config(config)

@@ -54,19 +54,25 @@ class ScanOptions:
     max_memory: tuple[str, ...] = ()  # (--max-memory DEV=SIZE) caps per device for --device-map
     backward: bool = False  # (--backward) forward then backward of a loss
     loss: str | None = None  # (--loss file.py:fn) the loss --backward differentiates
+    trace: str | None = None  # (--trace PATH) write a numerics trace of the run (docs/trace-format.md)
+    trace_level: str = "modules"  # (--trace-level) modules: one entry per module call; ops: per aten op
+    repeat: int | None = None  # (--repeat N) --trace: run each input N times; per-entry spread
     capsule: bool = field(default=False, init=False)  # the checkpoint is a capsule directory
     placement: Any = field(default=None, init=False, compare=False)  # model.placement.Placement, or None
+    tracing: Any = field(default=None, init=False, compare=False)  # modes.trace_pass.TraceOptions, or None
 
     def __post_init__(self) -> None:
         from ..dtypes import RunDtype
         from ..load.capsule import is_capsule
+        from ..model.inputs import one_or_many, one_path
         from ..model.placement import parse as parse_placement
         from ..model.prepare import parse_dtype
 
         set_ = object.__setattr__
-        set_(self, "inputs", tuple(self.inputs or ()))
-        set_(self, "prompts", tuple(self.prompts or ()))
-        set_(self, "max_memory", tuple(self.max_memory or ()))
+        set_(self, "inputs", one_or_many(self.inputs, "inputs"))
+        set_(self, "prompts", one_or_many(self.prompts, "prompts"))  # a string is one prompt
+        set_(self, "max_memory", one_or_many(self.max_memory, "max_memory"))
+        set_(self, "data", one_path(self.data, "data"))
         set_(self, "capsule", is_capsule(self.checkpoint))
         if self.capsule:
             given = {k: getattr(self, k) for k in NOT_WITH_CAPSULE}
@@ -90,6 +96,7 @@ class ScanOptions:
                            "decoding has no backward; run --backward on the prompts, and --generate separately")
         placement = parse_placement(self.device_map, list(self.max_memory) or None)
         set_(self, "placement", placement)
+        set_(self, "tracing", self._tracing())
         if self.compile is not None:
             if self.compile not in COMPILE_BACKENDS:
                 raise BadInput(f"--compile-backend {self.compile!r}: use one of {', '.join(COMPILE_BACKENDS)}")
@@ -109,3 +116,18 @@ class ScanOptions:
                 raise BadInput("--device-map auto under torchrun: accelerate's dispatch_model places one model across "
                                "every device of this machine, while torchrun gives each rank a device of its own; "
                                "run --device-map in one process, or torchrun without it")
+
+    def _tracing(self) -> Any:
+        """``--trace``'s options (``modes.trace_pass.TraceOptions``), or None without ``--trace``."""
+        if self.trace is None:
+            if self.repeat is not None or self.trace_level != "modules":
+                flag = "--repeat" if self.repeat is not None else "--trace-level"
+                raise BadInput(f"{flag} shapes the trace: add --trace PATH")
+            return None
+        from ..distributed.rank_split import launched
+        from ..modes.trace_pass import TraceOptions
+
+        if launched():
+            raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "
+                           "process (without torchrun)")
+        return TraceOptions(self.trace, self.trace_level, self.repeat, self.compile)

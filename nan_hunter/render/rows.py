@@ -308,7 +308,9 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
     if rep.run:
         r = rep.run
         failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
-        rows.append(("run", f"{r['dtype']} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        amp = r.get("autocast")
+        under = f" (torch.autocast {amp['device_type']})" if amp else ""
+        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {r['n_inputs']} input(s){failing}"))
         g = r.get("generate")
         if g:
             bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
@@ -439,7 +441,7 @@ VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verif
 
 def fix_check_line(rep: Report) -> tuple[str, str]:
     """The verified fix as one line and its tone: ok (finite), bad (still non-finite), none."""
-    from ..explain.fix_check import no_mechanical_fix
+    from ..explain.fix_check import UNVERIFIED, no_mechanical_fix
 
     d = rep.diagnosis
     if d is None:
@@ -447,13 +449,16 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
     fv = d.fix_verified
     if fv is None:
         why = no_mechanical_fix(d.cause)
-        return (f"no mechanical fix to verify: {why}" if why else "not verified (nothing could be re-run)"), "none"
+        if why:
+            return f"no mechanical fix to verify: {why}", "none"
+        return UNVERIFIED.get(d.fix_unverified or "", "not verified (nothing was re-run)"), "none"
     where = "the whole model" if fv.scope == "model" else "the failing module"
     if fv.finite:
         err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
             f" (the {fv.reference} run is not finite to compare with)"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
-    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite", "bad"
+    at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
+    return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
 
 def diagnosis(rep: Report) -> DiagnosisView | None:
@@ -563,13 +568,24 @@ def quantized_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS) -> tuple[list[
         for b in q["bad_blocks"]:
             total += 1
             if len(rows) < max_rows:
-                rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), str(b["index"]), str(b["scale"]),
-                             str(b["problem"])])
+                where = str(b.get("tensor") or q["scale"]) + (f" ({b['field']})" if b.get("field") else "")
+                rows.append([str(q["name"]), str(q["format"]), where, str(b["index"]), str(b["scale"]),
+                             _problem_words(b)])
         if q["overflows"].get("fp16") and len(rows) < max_rows:
             total += 1
             rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), "all",
                          f"dequantized absmax {fmt(q['dequant_absmax'])}", "overflows fp16"])
     return rows, total - len(rows)
+
+
+def _problem_words(b: dict) -> str:
+    """A bad block's problem; a zero point of the wrong convention says which was found and declared."""
+    if b.get("problem") != "zero_point":
+        return str(b["problem"])
+    found = b.get("found")
+    how = f"stored as {found}" if found else "neither convention"
+    return (f"zero point {b.get('zero_point')} ({how}, declared {b.get('declared')}; "
+            f"{b.get('n_groups', '?')} groups)")
 
 
 def caveat_rows(rep: Report) -> list[list[str]]:

@@ -5,13 +5,16 @@
   saw the fault (the root forward's end, the end of the backward pass, ``optimizer.step()``).
   Under torch.distributed the report carried is this rank's (a global report is a collective the
   other ranks would not join).
-- ``"stop"``: ``should_stop`` becomes true; nothing is raised (loops and callbacks poll it).
+- ``"stop"``: ``should_stop`` becomes true; nothing is raised (loops and callbacks poll it). With
+  ``optimizer=`` (contract v1.3) the failing step is also undone as ``"skip"`` undoes it, so what
+  the user saves after stopping is the last good state, and the step is in ``skipped_steps``.
 - ``"skip"`` (needs ``optimizer=``): before every ``optimizer.step()`` the parameters the step
   will update and their optimizer state are copied into buffers allocated once (memory: one more
   copy of those parameters and of their state, flat over the run); after the step, when any
   forward since the previous step (gradient accumulation: every micro-batch of the step), its
   gradients or the update itself was non-finite, they are copied back, bitwise. The step's
-  forward index is listed in ``run["skipped_steps"]``.
+  forward index is listed in ``run["skipped_steps"]``. (What the optimizer does not hold is not
+  restored: an LR scheduler stepped after the update has still counted that step.)
 
 On a host sink (CPU) the verdict of a step is known when ``optimizer.step()`` returns (forwards
 are judged when they end, backward passes at their end, the update in the step's post-hook). On
@@ -88,6 +91,12 @@ class FaultPolicy:
         self._raised = False
         self.step_label: dict[int, int] = {}  # forward -> the framework's step when it began (callbacks)
 
+    @property
+    def undoes_faulty_steps(self) -> bool:
+        """``skip``, and ``stop`` with ``optimizer=``: a step that saw a fault is not applied (the
+        save/restore below), so parameters and optimizer state stay the last good ones."""
+        return self.on_fault == "skip" or (self.on_fault == "stop" and self.w.optimizer is not None)
+
     # -- the first fault -----------------------------------------------------------------------
     def on_first_fault(self, forward: int, phase: str) -> None:
         if self.on_fault in ("stop", "skip", "raise"):
@@ -107,7 +116,7 @@ class FaultPolicy:
         finally:
             w.collective = was
 
-    # -- skip: around optimizer.step() -----------------------------------------------------------
+    # -- skip (and stop with optimizer=): around optimizer.step() ---------------------------------
     def before_step(self, hooks: Any) -> None:
         w = self.w
         if self.on_fault in ("raise", "stop") and not w.rows_on_host() and w.first_failed is None:
@@ -117,7 +126,7 @@ class FaultPolicy:
             flag = self._device_flag(window, [])
             if flag is not None and bool(flag):
                 self._judge_now(window, [], w.current_step)
-        if self.on_fault != "skip":
+        if not self.undoes_faulty_steps:
             return
         self._settle()  # host-side state (AdamW's step counts) of an earlier skipped step, before this update
         opt = hooks.optimizer
@@ -184,7 +193,7 @@ class FaultPolicy:
             flag = self._device_flag(list(window), calls)  # one read-back per step, none per hook
             if flag is not None and bool(flag):
                 self._judge_now(list(window), calls, forward)
-        if self.on_fault != "skip" or not self._saved:
+        if not self.undoes_faulty_steps or not self._saved:
             return
         if w.rows_on_host():
             failed = set(w.failed_forwards()) | set(w.training.pending)
@@ -271,7 +280,7 @@ class FaultPolicy:
 
     # -- the report ----------------------------------------------------------------------------
     def skipped_steps(self) -> list[int]:
-        if self.on_fault != "skip":
+        if not self.undoes_faulty_steps:
             return []
         self._settle(wait=True)
         out = set(self.skipped)

@@ -248,14 +248,13 @@ class TrainingState:
         p = next(iter(w.model.parameters()), None)
         return step_precision(w.run, amp, w.sink.device.type, p.dtype if p is not None else None)
 
-    def _autocast(self) -> list[list[str]] | None:
-        """The autocast of the latest kept step, as [device, dtype] pairs (None: not under autocast)."""
-        from ..dtypes import name_of
+    def _autocast(self, step: int) -> dict[str, str] | None:
+        """``run.autocast``: ``{device_type, dtype}`` of the autocast ``step``'s forward ran under
+        (None: not under autocast)."""
+        from ..dtypes import autocast_of
 
-        ctx = self.w.contexts.get(self.w.n_forwards - 1)
-        if ctx is None or not ctx.autocast:
-            return None
-        return [[dev, name_of(dt) or str(dt).removeprefix("torch.")] for dev, dt in ctx.autocast]
+        ctx = self.w.contexts.get(step)
+        return autocast_of(ctx.autocast if ctx is not None else (), self.w.sink.device.type)
 
     # -- the report ----------------------------------------------------------------------------
     def locate(self, finding: Finding, calls: list[Any], rows: Any, notes: list[str], failed: list[int]) -> WatchReport:
@@ -324,14 +323,17 @@ class TrainingState:
         if self.capsule:
             rep.notes.append(f"capsule of the failing step written to {self.capsule} "
                              "(replay it with: nanhunter scan <that directory>)")
-        run = w.run or _run_of(w.model)
+        fnf = rep.first_nonfinite
+        # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
+        # parameters'): the failing step's, else the latest kept step's
+        step = fnf.step if fnf is not None else w.n_forwards - 1
+        run = self._run_at(step, "forward") if step in w.contexts else w.run or _run_of(w.model)
         rep.run = RunInfo(dtype=run.name if run is not None else None,
                           compute_dtype=run.compute if run is not None else None,
                           device=str(w.sink.device), n_inputs=w.n_forwards, failed_inputs=list(rep.failed_inputs),
                           backward=w.grads is not None, optimizer_steps=w.optimizer.steps if w.optimizer else None,
                           scaler_skipped_steps=sorted(self.scaler_skipped) if self.scaler is not None else None,
-                          capsule=self.capsule, autocast=self._autocast())
-        fnf = rep.first_nonfinite
+                          capsule=self.capsule, autocast=self._autocast(step))
         if fnf is None or rep.diagnosis is not None:
             return
         ev = rep.op_event

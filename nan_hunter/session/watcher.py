@@ -43,7 +43,7 @@ from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from ..tree import detached_copy
 from .fault_policy import FaultPolicy
-from .reproduce import reproducible_verdict
+from .reproduce import faulted_again, reproducible_verdict
 from .training import TrainingState
 from .watch_report import WatchReport
 
@@ -95,7 +95,9 @@ class ForwardContext:
         else:
             stack.enter_context(torch.set_grad_enabled(self.grad))
         for dev, dt in self.autocast:
-            stack.enter_context(torch.autocast(dev, dtype=dt))
+            # no cast cache: a re-run made while the user's autocast block is still open (on_fault="raise")
+            # would otherwise read the user's cached low-precision weight, and never run the cast itself
+            stack.enter_context(torch.autocast(dev, dtype=dt, cache_enabled=False))
 
     def seed(self) -> None:
         """The RNG as the forward started (inside a forked RNG: the user's is restored after)."""
@@ -103,6 +105,20 @@ class ForwardContext:
             torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state(self.cuda_rng)
+
+
+@contextlib.contextmanager
+def outside_users_autocast() -> Iterator[None]:
+    """A report made while the user's ``torch.autocast`` is active (``on_fault="raise"`` raises from a
+    hook inside the user's block; ``report()`` called inside it): autocast off and its weight cache
+    unused, so that re-runs compute under the autocast their forward recorded (``ForwardContext``)
+    and the replay's fp32 column is fp32. The user's flags come back on exit; nesting stays above
+    zero throughout, so the user's cache is not cleared."""
+    amp = _autocast_now()
+    with contextlib.ExitStack() as stack:
+        for dev, dt in amp:
+            stack.enter_context(torch.autocast(dev, dtype=dt, enabled=False, cache_enabled=False))
+        yield
 
 
 @contextlib.contextmanager
@@ -151,14 +167,14 @@ class SessionListener(CaptureListener):
 
     def on_optimizer_start(self, step: int, hooks: Any) -> None:
         self.w.training.before_optimizer_step(step, hooks)
-        self.w.policy.before_step(hooks)  # on_fault="skip": the pre-step copy
+        self.w.policy.before_step(hooks)  # on_fault="skip" (and "stop"): the pre-step copy
 
     def on_forward_end(self, step: int) -> None:
         self.w.policy.after_forward(step)  # device sink, on_fault raise/stop: the forward's verdict now
 
     def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
         if self.w.optimizer is not None:
-            self.w.policy.after_step(step, self.w.optimizer, calls)  # on_fault="skip": undo a faulty step
+            self.w.policy.after_step(step, self.w.optimizer, calls)  # skip, stop: undo a faulty step
 
     def judge_late_now(self) -> bool:
         t = self.w.training
@@ -191,7 +207,8 @@ class Watch(Recorder):
 
     @property
     def should_stop(self) -> bool:
-        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it)."""
+        """True once a fault was seen under ``on_fault="stop"`` (loops and callbacks poll it). With
+        ``optimizer=`` that step's update was not applied: saving now saves the last good state."""
         return self.policy.should_stop
 
     def report(self) -> WatchReport:
@@ -205,7 +222,7 @@ class Watch(Recorder):
             self.poll_flags(wait=True)
             self.paused = True
             try:
-                with users_state_kept(self.model), local_reruns(self):  # FSDP2: re-runs without collectives
+                with users_state_kept(self.model), outside_users_autocast(), local_reruns(self):  # FSDP2: re-runs without collectives
                     self._report = self._locate()
             finally:
                 self.paused = False
@@ -329,8 +346,8 @@ class Watch(Recorder):
             rerun()
         rows = fine.sink.rows()
         f = first_finding(fine.calls, rows)
-        if f is None:
-            return None
+        if f is None or not faulted_again(self.calls_of(input_index) or [], self.sink.rows(), fine.calls, rows):
+            return None  # the re-run did not fault again: not reproducible (session.reproduce)
         with contextlib.ExitStack() as stack:
             ctx.enter(stack)
             ev, target, margs, mkw = locate_op(self.model, rerun, f, self.run, grad=None)

@@ -15,13 +15,28 @@ from nan_hunter.render.rows import cells, verdict
 from nan_hunter.render.terminal import render
 
 ROOT = Path(__file__).resolve().parents[2]
-INC = ROOT / "examples/incidents/eps_underflow"
+INC = "examples/incidents/eps_underflow"  # relative to ROOT, as a user in the checkout types it
 
 
 @pytest.fixture(scope="module")
 def rep():
-    return scan(str(INC / "model.safetensors"), arch=f"{INC / 'model.py'}:build",
-                inputs=[str(INC / "inputs.safetensors")], dtype="fp16", device="cpu")
+    """The incident scanned from the repository root with relative paths: the header names the
+    checkpoint as given, so an absolute path made the capture depend on where the checkout lives
+    (a root longer than 19 characters wraps the path at 80 columns and pushes the verdict to the
+    fifth line)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        return scan(f"{INC}/model.safetensors", arch=f"{INC}/model.py:build", inputs=[f"{INC}/inputs.safetensors"],
+                    dtype="fp16", device="cpu")
+
+
+def _capture(rep, width: int) -> str:
+    """The terminal view into a file at ``width`` columns, plain text whatever the environment says
+    (FORCE_COLOR or TTY_COMPATIBLE would make rich colour a file too)."""
+    buf = io.StringIO()
+    render(rep, Console(file=buf, width=width, markup=False, emoji=False, highlight=False, color_system=None),
+           strip=True)
+    return buf.getvalue()
 
 
 def test_rows_carry_abs_min(rep):
@@ -33,10 +48,7 @@ def test_rows_carry_abs_min(rep):
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_terminal_capture(rep, width):
-    buf = io.StringIO()
-    render(rep, Console(file=buf, width=width, markup=False, emoji=False, highlight=False), strip=True)
-    text = buf.getvalue()
-    lines = text.splitlines()
+    lines = _capture(rep, width).splitlines()
     v = verdict(rep).text
     assert v == "✘ division_by_zero: NaN first produced by norm at aten.div.Tensor (fp16)"
     assert lines[3] == v and lines[-1] == v  # after the 3 header lines, and at the end
@@ -131,7 +143,5 @@ def test_flush_column_in_terminal_and_html(cli_main, tiny_model, tmp_path, width
 
 
 def test_no_flush_column_when_nothing_flushes(rep):
-    buf = io.StringIO()
-    render(rep, Console(file=buf, width=120, markup=False, emoji=False, highlight=False), strip=True)
-    assert "→0" not in buf.getvalue()  # an fp16 run's fp16 outputs: nothing can flush further
+    assert "→0" not in _capture(rep, 120)  # an fp16 run's fp16 outputs: nothing can flush further
     assert all(m["flush_frac"]["fp16"] in (0.0, None) for m in rep.modules)

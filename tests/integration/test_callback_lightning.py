@@ -71,10 +71,10 @@ def _data(fault):
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=4, shuffle=False)
 
 
-def _train(fault, callback=None):
+def _train(fault, callback=None, steps=STEPS):
     torch.manual_seed(0)
     model = Tiny()
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, deterministic=True,
                         callbacks=[callback] if callback else [])
     trainer.fit(model, _data(fault))
@@ -100,6 +100,27 @@ def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path):
     assert (rf["module"], rf["op"], rf["step"]) == ("layers.0.act", "aten.exp.default", FAULT)
 
 
+def test_stop_saves_the_last_good_state(tmp_path):
+    """issue 31 (8), contract v1.3: the failing step's update is not applied, so after stopping the
+    parameters and optimizer state are bitwise those of a run that never took that step, and the
+    checkpoint the user saves holds finite weights."""
+    cb = NanHunterCallback(on_fault="stop")
+    trainer, model = _train(True, cb)
+    control, model2 = _train(True, None, steps=FAULT)
+    assert trainer.global_step == FAULT + 1 and control.global_step == FAULT
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = trainer.optimizers[0].state_dict(), control.optimizers[0].state_dict()
+    assert s1["state"].keys() == s2["state"].keys()
+    for k in s1["state"]:
+        for name, v in s1["state"][k].items():
+            assert torch.equal(v, s2["state"][k][name]), (k, name)
+    trainer.save_checkpoint(str(tmp_path / "last.ckpt"))
+    saved = torch.load(str(tmp_path / "last.ckpt"), weights_only=False)["state_dict"]
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
+
+
 def test_skip_goes_on_and_matches_the_run_without_that_batch():
     cb = NanHunterCallback(on_fault="skip")
     trainer, model = _train(True, cb)
@@ -122,3 +143,53 @@ def test_clean_run_is_untouched(tmp_path):
     for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), n
     assert {k: float(v) for k, v in t1.logged_metrics.items()} == {k: float(v) for k, v in t2.logged_metrics.items()}
+
+
+class Mlp(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.act(self.up(x)))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class HugeWeight(L.Callback):
+    """Before step FAULT, weights of ``up`` at 3e38: fp32 holds them, their products do not (one per
+    output feature, so each overflowing element is ±inf, never inf − inf)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == FAULT:
+            with torch.no_grad():
+                for r in range(8):
+                    pl_module.up.weight[r, r] = 3e38
+
+
+def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype():
+    """Contract v1.3: a fix never proposes a dtype the run already used and failed in (the run is
+    fp32, and every dtype fails in the replay); the parameter that does not fit is named."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * STEPS, 8, generator=g) * 2),
+                                       batch_size=4, shuffle=False)
+    cb = NanHunterCallback()
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, deterministic=True,
+                        callbacks=[HugeWeight(), cb])
+    trainer.fit(Mlp(), data)
+    rep = cb.report
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert (f.step, f.module, f.kind in ("posinf", "neginf")) == (FAULT, "up", True)
+    assert rep.run["dtype"] == "fp32" and not any(r["finite"] for k, r in rep.replay.items() if k != "fp64")
+    assert f.param == d.param == "up.weight" and d.cause == "overflow" and "up.weight" in d.summary
+    assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
+    assert d.fix_verified is None and "Verified" not in d.fix

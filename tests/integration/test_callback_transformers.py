@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from nan_hunter import NonFiniteError  # noqa: E402
 from nan_hunter.integrations.transformers import NanHunterCallback  # noqa: E402
@@ -61,11 +61,12 @@ class Data(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def _train(tmp_path, fault, callback=None):
+def _train(tmp_path, fault, callback=None, **args_kw):
     model = _model()
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
+    kw = {"max_steps": STEPS, **args_kw}
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
                              learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0)
+                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0, **kw)
     trainer = Trainer(model=model, args=args, train_dataset=Data(fault), callbacks=[callback] if callback else [])
     trainer.train()
     return trainer, model
@@ -100,6 +101,33 @@ def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path, monkeypatch,
     assert (rf["module"], rf["op"], rf["step"], rf["phase"]) == (f.module, f.op, FAULT, "forward")
 
 
+def test_stop_saves_the_last_good_state(tmp_path, monkeypatch):
+    """issue 31 (8), contract v1.3: the failing step's update is not applied, so after stopping the
+    parameters and optimizer state are bitwise those of a run that never took that step, and
+    ``save_model()`` writes finite weights. (A constant learning rate: a decaying schedule depends
+    on max_steps, which differs between the two runs.)"""
+    from safetensors.torch import load_file
+
+    from nan_hunter.integrations.callback_core import torch_optimizer
+
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(on_fault="stop")
+    trainer, model = _train(tmp_path / "a", True, cb, lr_scheduler_type="constant")
+    control, model2 = _train(tmp_path / "b", True, None, lr_scheduler_type="constant", max_steps=FAULT)
+    assert trainer.state.global_step == FAULT + 1 and control.state.global_step == FAULT
+    assert cb.report.run["skipped_steps"] == [FAULT] and cb.report.first_nonfinite.step == FAULT
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = torch_optimizer(trainer.optimizer).state_dict(), torch_optimizer(control.optimizer).state_dict()
+    assert s1["state"].keys() == s2["state"].keys()
+    for k in s1["state"]:
+        for name, v in s1["state"][k].items():
+            assert torch.equal(v, s2["state"][k][name]), (k, name)
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
+
+
 def test_skip_goes_on_with_finite_weights(tmp_path, monkeypatch):
     _sequential(monkeypatch)
     cb = NanHunterCallback(on_fault="skip")
@@ -128,3 +156,35 @@ def test_clean_run_is_untouched(tmp_path, monkeypatch):
              for h in t1.state.log_history]
     assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
                      for h in t2.state.log_history]
+
+
+class _HugeWeight(TrainerCallback):
+    """Before step FAULT, weights of layer 0's up_proj at 3e38: fp32 holds them, their products do not
+    (one per output feature, so each overflowing element is ±inf, never inf − inf)."""
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == FAULT:
+            with torch.no_grad():
+                w = model.model.layers[0].mlp.up_proj.weight
+                for r in range(w.shape[1]):
+                    w[r, r] = 3e38
+
+
+def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype(tmp_path, monkeypatch):
+    """Contract v1.3: a fix never proposes a dtype the run already used and failed in (the run is
+    fp32, and every dtype fails in the replay); the parameter that does not fit is named."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback()
+    model = _model()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
+                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             seed=0, data_seed=0, dataloader_num_workers=0)
+    Trainer(model=model, args=args, train_dataset=Data(False), callbacks=[_HugeWeight(), cb]).train()
+    rep = cb.report
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert (f.step, f.module, f.kind in ("posinf", "neginf")) == (FAULT, "model.layers.0.mlp.up_proj", True)
+    assert rep.run["dtype"] == "fp32" and not any(r["finite"] for k, r in rep.replay.items() if k != "fp64")
+    assert f.param == d.param == "model.layers.0.mlp.up_proj.weight" and d.cause == "overflow"
+    assert "model.layers.0.mlp.up_proj.weight" in d.summary
+    assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
+    assert d.fix_verified is None and "Verified" not in d.fix

@@ -259,7 +259,7 @@ def test_autocast_capsule_replays_under_its_autocast(capsules, cli):
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == 2
     d = rep["diagnosis"]
     assert d["cause"] == seen["cause"] == "overflow" and d["dtype"] == "fp16" and "65504" in " ".join(d["evidence"])
-    assert rep["run"]["autocast"] == [["cpu", "float16"]]
+    assert rep["run"]["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
     assert rep["replay"]["fp32"]["finite"] and not rep["replay"]["fp16"]["finite"]
 
 

@@ -112,3 +112,56 @@ def test_cli_verifies_sdpa_for_eager_fp16_attention_scores(tmp_path, cli_main):
 
     clean = cli_main("scan", tmp_path / "llama", "--inputs", inputs, "--dtype", "fp16", "--device", "cpu")
     assert clean.code == 0 and clean.report["diagnosis"] is None
+
+
+def test_a_fault_absorbed_before_the_output_is_not_verified_by_a_finite_output(tmp_path, cli):
+    """A verification needs a failing control: the fp32 overflow is masked away before the model's
+    output, so the output is finite with or without bf16; judged at the failing region (where bf16
+    overflows too), run in bf16 is no fix."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    try:
+        from absorbed_scores import build, failing_input
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "models"))
+    save_file(build().state_dict(), str(tmp_path / "model.safetensors"))
+    save_file({"x": failing_input()}, str(tmp_path / "inputs.safetensors"))
+    res = cli("scan", tmp_path / "model.safetensors", "--arch", ROOT / "tests/models/absorbed_scores.py:build",
+              "--inputs", tmp_path / "inputs.safetensors")
+    assert res.code == 1, res.stderr
+    rep = res.report
+    assert rep["first_nonfinite"]["module"] == "attn_scores" and rep["diagnosis"]["cause"] == "overflow"
+    assert rep["run"]["dtype"] == "fp32"
+    fv = rep["diagnosis"]["fix_verified"]
+    assert fv is None or not fv["finite"], fv
+    assert "Verified" not in rep["diagnosis"]["fix"] and "verified" not in res.stdout + res.stderr
+
+
+def test_no_verification_without_a_failing_control():
+    """A region that does not fail unchanged cannot verify a change: nothing is reported."""
+    import torch
+
+    from nan_hunter.dtypes import RunDtype
+    from nan_hunter.explain.fix_check import Region, verify_fix
+    from nan_hunter.report import Diagnosis
+
+    lin = torch.nn.Linear(4, 8).half()
+    x = torch.ones(2, 4, dtype=torch.float16)  # finite in fp16: the unchanged copy does not fail
+    d = Diagnosis("overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32")
+    assert verify_fix(d, Region("", lin, (x,), {}), RunDtype.of("fp16")) is None
+    # the report says why, in a typed field, not "nothing could be re-run"
+    from nan_hunter.explain.fix_check import UNVERIFIED, check
+    from nan_hunter.render.rows import fix_check_line
+    from nan_hunter.report import Report, RunInfo
+
+    check(d, Region("", lin, (x,), {}), RunDtype.of("fp16"))
+    assert d.fix_verified is None and d.fix_unverified == "control_finite"
+    rep = Report(checkpoint={"path": "x", "format": "x", "n_tensors": None, "bytes": None}, weights=None,
+                 run=RunInfo(dtype="fp16", device="cpu", n_inputs=1, failed_inputs=[0]), first_nonfinite=None,
+                 replay=None, diagnosis=d, notes=[], modules=[])
+    assert fix_check_line(rep) == (UNVERIFIED["control_finite"], "none")
+    check(d, None, RunDtype.of("fp16"))
+    assert d.fix_unverified == "not_rerun"

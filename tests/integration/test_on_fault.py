@@ -1,5 +1,5 @@
 """``watch(..., on_fault=...)``: raise, stop, skip (bitwise: parameters and optimizer state as before
-the faulty step, against a control run that never ran it), with AdamW, SGD with momentum, the
+the faulty step, against a control run that never ran it; stop with optimizer= likewise), with AdamW, SGD with momentum, the
 foreach and fused variants, GradScaler and CPU autocast, and gradient accumulation; and the leaf
 module and op named by a plain watch(model) in a loop whose weights change after the fault."""
 
@@ -69,7 +69,8 @@ OPTIMIZERS = {
 
 
 def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scaler=False, steps=5, check=None,
-           device="cpu"):
+           device="cpu", stop=False):
+    """``stop``: leave the loop once ``w.should_stop`` is set (after that step), as a loop polling it does."""
     torch.manual_seed(0)
     m = Net().to(device)
     opt = OPTIMIZERS[opt_name](m.parameters())
@@ -94,6 +95,8 @@ def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scal
                 sc.update()
             else:
                 opt.step()
+            if stop and w.should_stop:
+                break
         rep = w.report() if w is not None else None
     finally:
         if w is not None:
@@ -186,6 +189,41 @@ def test_stop_sets_should_stop_and_raises_nothing():
     assert ran == [0, 1, FAULT] and w.report().first_nonfinite.step == FAULT
 
 
+@pytest.mark.parametrize("opt_name", ["adamw", "adamw_fused", "sgd_momentum_foreach"])
+def test_stop_leaves_the_last_good_state_to_save(opt_name, tmp_path):
+    """issue 31 (8), contract v1.3: with optimizer=, the failing step's update is not applied, so
+    what the user saves after stopping is bitwise the run that never took that step, and finite."""
+    from safetensors.torch import load_file, save_file
+
+    m, opt, rep, snaps = _train(opt_name, {"on_fault": "stop"}, stop=True)
+    m2, opt2, _, _ = _train(opt_name, None, steps=FAULT)  # the control: the steps before the fault only
+    assert sorted(snaps) == list(range(FAULT + 1))  # it ran the failing step, then stopped
+    assert rep.run["skipped_steps"] == [FAULT] and rep.run["on_fault"] == "stop"
+    assert _same(m.state_dict(), m2.state_dict()) and _same(m.state_dict(), snaps[FAULT][0])
+    assert _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(opt.state_dict()["state"], snaps[FAULT][1]["state"])
+    save_file(m.state_dict(), str(tmp_path / "saved.safetensors"))
+    assert all(torch.isfinite(t).all() for t in load_file(str(tmp_path / "saved.safetensors")).values())
+    f = rep.first_nonfinite
+    assert (f.step, f.module, f.op) == (FAULT, "layers.0.act", "aten.exp.default") and f.reproducible is True
+
+
+def test_stop_without_optimizer_changes_nothing():
+    """Without optimizer= the watch sees no step to undo: v1.2, should_stop only."""
+    torch.manual_seed(0)
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    with nan_hunter.watch(m, on_fault="stop") as w:
+        for (x,) in _batches(5):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+            if w.should_stop:
+                break
+    assert not all(torch.isfinite(p).all() for p in m.parameters())  # the update ran, as the user's loop did
+    assert w.report().run["skipped_steps"] == []
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="on_fault"):
         nan_hunter.watch(Net(), on_fault="ignore")
@@ -253,6 +291,16 @@ def test_device_path_skip_is_bitwise(device_verdicts):
     m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip", "backend": "triton"}, device=dev)
     m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT, device=dev)
     assert rep.run["skipped_steps"] == [FAULT]
+    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+
+
+def test_device_path_stop_is_bitwise_the_last_good_state(device_verdicts):
+    """stop with optimizer= on the device path: restored by torch.where on the device, the host-side
+    state (AdamW's step counts) through ``_settle``, as skip does."""
+    dev = _triton_device()
+    m, opt, rep, snaps = _train("adamw_foreach", {"on_fault": "stop", "backend": "triton"}, device=dev, stop=True)
+    m2, opt2, _, _ = _train("adamw_foreach", None, steps=FAULT, device=dev)
+    assert sorted(snaps) == list(range(FAULT + 1)) and rep.run["skipped_steps"] == [FAULT]
     assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
 
 

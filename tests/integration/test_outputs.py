@@ -267,3 +267,50 @@ def test_ctrl_c_exits_130_within_a_second(run_cli, model, tmp_path, command, fac
     assert res.stderr.strip().splitlines()[-1] == "nanhunter: interrupted"
     assert "Traceback" not in res.stderr
     assert not out.exists() and not (tmp_path / "p.yaml").exists() and leftovers(tmp_path) == []
+
+
+# --- a reader of stdout that goes away (`nanhunter scan X | head -1`) ------------------------------
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _ok(res, want: int) -> None:
+    """The verdict's exit code (never 1 or 2 for the closed pipe itself), no traceback, no error line."""
+    assert res.code == want, (res.code, res.stderr)
+    for bad in ("Traceback", "nanhunter: error", "internal error"):
+        assert bad not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("read_lines", [0, 1], ids=["closed-at-once", "head-1"])
+def test_closed_stdout_keeps_the_verdicts_exit_code_scan(run_cli, model, tmp_path, read_lines):
+    """issue 31 (6): rich ended the process with exit 1 ("non-finite found") when stdout closed."""
+    res = run_cli("scan", EXAMPLES / "clean.safetensors", reader_leaves_after=read_lines)
+    _ok(res, 0)
+    assert res.stderr == ""
+    # a real finding keeps its exit 1, and the outputs that are files are still written
+    js = tmp_path / "r.json"
+    res = run_cli("scan", model["ck"], "--arch", f"{model['arch_file']}:build", "--inputs", model["inputs"],
+                  "--dtype", "fp16", "--json", js, reader_leaves_after=read_lines)
+    _ok(res, 1)
+    assert js.exists() and '"first_nonfinite"' in js.read_text()
+
+
+@pytest.mark.parametrize("args, want", [
+    (["scan", "{clean}", "--json", "-"], 0),  # the report to stdout, the view to stderr
+    (["check", "{clean}"], 0),
+    (["check", "{clean}", "--junit", "-"], 0),
+    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16"], 0),
+    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--policy-out", "-"], 0),
+    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--json", "-"], 0),
+], ids=["scan-json", "check", "check-junit", "bisect", "bisect-policy", "bisect-json"])
+def test_closed_stdout_keeps_the_verdicts_exit_code(run_cli, model, args, want):
+    fill = {"clean": EXAMPLES / "clean.safetensors", "ck": model["ck"], "arch": f"{model['arch_file']}:build",
+            "inputs": model["inputs"]}
+    _ok(run_cli(*[str(a).format(**fill) for a in args], reader_leaves_after=0), want)
+
+
+def test_closed_stdout_check_with_annotations_fails_only_on_its_rule(run_cli):
+    """A failing check is exit 1 because a rule failed; its GitHub annotations to a closed stdout
+    change nothing."""
+    env = {"GITHUB_ACTIONS": "true"}
+    _ok(run_cli("check", EXAMPLES / "corrupt.safetensors", reader_leaves_after=0, env=env), 1)
+    _ok(run_cli("check", EXAMPLES / "clean.safetensors", reader_leaves_after=0, env=env), 0)

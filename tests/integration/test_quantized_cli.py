@@ -6,7 +6,7 @@ import json
 import math
 
 import torch
-from conftest import run_cli
+from clirun import run_cli
 from safetensors.torch import save_file
 
 
@@ -20,7 +20,7 @@ def test_scan_bad_scale_exit_1_and_check_baseline(tmp_path):
     assert rep["diagnosis"]["cause"] == "bad_scale"
     assert rep["weights"]["quantized"][0]["bad_blocks"] == [{"index": [1, 0], "scale": "inf", "problem": "inf"}]
     save_file({"w": torch.full((2, 2), 1.0)}, str(tmp_path / "old.safetensors"))
-    save_file({"w": torch.full((2, 2), 1000.0)}, str(tmp_path / "new.safetensors"))
+    save_file({"w": torch.full((2, 2), 10000.0)}, str(tmp_path / "new.safetensors"))  # under the 20 dB floor
     r = run_cli("check", tmp_path / "new.safetensors", "--baseline", tmp_path / "old.safetensors", "--dtypes", "fp16",
                 "--junit", tmp_path / "j.xml", env={"GITHUB_ACTIONS": "true"})
     assert r.code == 1, r.stderr

@@ -132,7 +132,7 @@ def test_autocast_overflow_found_and_replayed_under_autocast():
     assert (f.phase, f.module, f.role, f.kind) == ("forward", "up", "producer", "posinf")
     assert f.op in ("aten.addmm.default", "aten.mm.default", "aten.linear.default")
     assert rep.diagnosis.cause == "overflow"
-    assert rep.run["autocast"] == [["cpu", "fp16"]]
+    assert rep.run["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
 
 
 def _scaled_training(sqrt_fault_at=None, steps=10):

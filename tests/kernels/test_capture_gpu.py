@@ -72,7 +72,7 @@ def _syncs(fn) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
 
 
 def test_backend_is_triton_on_cuda(tower):
@@ -281,6 +281,39 @@ def test_skip_on_cuda_is_bitwise():
     m, opt, rep = run(True, None)
     m2, opt2, _ = run(False, 2)
     assert rep.run["skipped_steps"] == [2]
+    for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+    for sa, sb in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_stop_on_cuda_leaves_the_last_good_state():
+    """on_fault="stop" with optimizer= on the GPU (contract v1.3): the failing step's update is undone
+    as skip undoes it (torch.where on the device, AdamW's host-side step counts through ``_settle``),
+    so after stopping, parameters and AdamW state are bitwise a run of the steps before it."""
+    def run(watched: bool, steps: int):
+        torch.manual_seed(0)
+        model = Tower().to(CUDA).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        w = nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="stop") if watched \
+            else None
+        ran = 0
+        with w if w is not None else warnings.catch_warnings():
+            for s in range(steps):
+                g = torch.Generator().manual_seed(s)
+                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(CUDA)  # step 2: square > fp32 max
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                ran += 1
+                if w is not None and w.should_stop:
+                    break
+            rep = w.report() if w is not None else None
+        return model, opt, rep, ran
+
+    m, opt, rep, ran = run(True, 5)
+    m2, opt2, _, _ = run(False, 2)
+    assert ran == 3 and rep.run["skipped_steps"] == [2]
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         assert torch.equal(a, b), k
     for sa, sb in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):

@@ -261,3 +261,19 @@ def test_flush_counts_over_many_steps_per_lane(tk, kit):
 def test_plan_keeps_per_lane_steps_under_2_to_15(tk):
     iters, _ = tk._plan([1 << 22], 16, 1)
     assert iters == 1 << 15
+
+
+def test_kernel_constants_compare_by_value_without_building_constexprs():
+    """Triton compares every global a kernel reads with ``!=`` before each launch; the module's
+    constants answer with a plain bool (tl.constexpr's operator built new objects: host time per
+    launch on the first GPU run)."""
+    pytest.importorskip("triton")
+    import triton.language as tl
+
+    from nan_hunter.kernels.triton import _Constant
+
+    a = _Constant(3)
+    assert isinstance(a, tl.constexpr) and a.value == 3
+    assert (a != _Constant(3)) is False and (a != tl.constexpr(3)) is False
+    assert (a != _Constant(4)) is True and (a != 3) is True
+    assert hash(a) == hash(tl.constexpr(3))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nan_hunter.capture.ops import OperandStats
 from nan_hunter.config import DiagnosisConfig
 from nan_hunter.explain.diagnose import RULES, Evidence, diagnose
@@ -46,6 +48,47 @@ def test_overflow_attention_fix_mentions_sdpa():
 def test_overflow_residual_fix():
     d = diagnose(ev(module="layers.3", module_type="DecoderLayer", op="aten.add.Tensor", is_block=True))
     assert d.cause == "overflow" and "residual" in d.fix.lower() and "bf16" in d.fix
+
+
+def _param(absmax, name="up.weight", dtype="float32"):
+    o = op(1, absmax=absmax, mn=-absmax, mx=absmax)
+    o.dtype, o.param = dtype, name
+    return o
+
+
+ALL_FAIL = {d: {**r, "finite": d == "fp64"} for d, r in MATRIX_FP16_ONLY.items()}
+
+
+def test_a_cast_of_a_parameter_that_does_not_fit_names_it():
+    """Autocast's cast of an fp32 weight at 2.5e5 to fp16: a cast, not a matmul, of that parameter."""
+    d = diagnose(ev(op="aten._to_copy.default", operands=[_param(2.5e5)], op_absmax=2.5e5))
+    assert d.cause == "overflow" and d.param == "up.weight"
+    assert d.summary.startswith("the cast of parameter up.weight (absmax 2.5e+05) to fp16") and "matmul" not in d.summary
+    assert "2.5e+05 > fp16 max 65504" in d.evidence[0]
+    assert d.fix.startswith("Run in bf16") and "keep m in fp32" in d.fix
+
+
+@pytest.mark.parametrize(("name", "dtype", "replay", "proposed", "not_proposed"), [
+    ("fp32 run, every dtype fails", "fp32", ALL_FAIL, [], ["fp32", "bf16"]),
+    ("bf16 run, fp32 holds it", "bf16", {**ALL_FAIL, "fp32": {**ALL_FAIL["fp32"], "finite": True}}, ["keep m in fp32"],
+     ["run in bf16"]),
+    ("fp16 run, bf16 and fp32 hold it", "fp16", MATRIX_FP16_ONLY, ["run in bf16", "keep m in fp32"], []),
+    ("fp16 run, no replay: wider ranges", "fp16", None, ["run in bf16", "keep m in fp32"], []),
+    ("fp32 run, no replay: nothing wider", "fp32", None, ["no dtype has a wider range than fp32"], ["bf16"]),
+])
+def test_a_fix_never_proposes_a_dtype_that_failed(name, dtype, replay, proposed, not_proposed):
+    d = diagnose(ev(dtype=dtype, replay=replay, operands=[op(), _param(3e38 if dtype != "fp16" else 6e4)]))
+    assert d.cause == "overflow" and d.param == "up.weight", name
+    assert all(p in d.fix.lower() for p in proposed) and not any(p in d.fix for p in not_proposed), (name, d.fix)
+
+
+@pytest.mark.parametrize("module_type, opname", [("Attention", "aten.bmm.default"), ("DecoderLayer", "aten.add.Tensor"),
+                                                 ("Linear", "aten.addmm.default"), ("Exp", "aten.exp.default")])
+def test_an_fp32_overflow_without_a_parameter_proposes_no_dtype(module_type, opname):
+    d = diagnose(ev(dtype="fp32", replay=ALL_FAIL, module="layers.0", module_type=module_type, op=opname,
+                    is_block=module_type == "DecoderLayer"))
+    assert d.cause == "overflow" and d.param is None
+    assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
 
 
 def test_overflow_in_fp8_points_at_scaling():

@@ -31,10 +31,23 @@ from .strip import headroom_strip
 __all__ = ["console", "render", "render_body", "render_check"]
 
 
+class ReportConsole(Console):
+    """rich's console, except when the reader of stdout goes away (``nanhunter scan X | head -1``):
+    rich's default ends the process with exit 1, which means "a non-finite value was found". Here
+    the rest of the view is dropped and the command goes on to its other outputs and its own exit
+    code."""
+
+    def on_broken_pipe(self) -> None:
+        from ...outputs import stdout_closed
+
+        self.quiet = True
+        stdout_closed()
+
+
 def console(stderr: bool = False) -> Console:
     """A console for reports: stdout, or stderr when stdout carries JSON. Markup, emoji codes and
     highlighting are off, so nothing in a printed string is interpreted."""
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+    return ReportConsole(stderr=stderr, markup=False, emoji=False, highlight=False)
 
 
 def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,

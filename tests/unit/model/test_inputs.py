@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -78,3 +80,37 @@ def test_prompts_are_tokenized_and_truncated_with_a_note(minilm_dir):
     (note,) = batch_notes([short, long])
     assert "1 input(s)" in note and "truncated to 512 tokens: prompt 1" in note
     assert batch_notes([Batch("x", {})]) == []
+
+
+@pytest.mark.parametrize("given, items", [
+    ("hello", ("hello",)),  # a string is one item, not five characters
+    (Path("in.safetensors"), ("in.safetensors",)),
+    (["a", "b"], ("a", "b")),
+    (("a", Path("b")), ("a", "b")),
+    ((x for x in ["a"]), ("a",)),  # any iterable of strings
+    (None, ()),
+    ([], ()),
+])
+def test_one_or_many_takes_a_string_as_one_item(given, items):
+    from nan_hunter.model.inputs import one_or_many
+
+    assert one_or_many(given, "prompts") == items
+
+
+@pytest.mark.parametrize("given, word", [
+    (b"hello", "bytes"), (42, "int"), ({"a": 1}, "dict"), ([1, 2], "item of type int"), (["a", None], "NoneType"),
+])
+def test_one_or_many_refuses_what_is_not_text(given, word):
+    from nan_hunter.model.inputs import one_or_many
+
+    with pytest.raises(BadInput, match=f"prompts: .*{word}"):
+        one_or_many(given, "prompts")
+
+
+def test_one_path_is_one_file():
+    from nan_hunter.model.inputs import one_path
+
+    assert one_path("d.jsonl", "data") == "d.jsonl" and one_path(Path("d.jsonl"), "data") == "d.jsonl"
+    assert one_path(None, "data") is None
+    with pytest.raises(BadInput, match="data: expected one file name"):
+        one_path(["a.jsonl", "b.jsonl"], "data")

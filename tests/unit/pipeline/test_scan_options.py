@@ -78,3 +78,13 @@ def test_a_capsule_refuses_what_it_brings_itself(one_process, tmp_path):
                      ({"generate": 2}, "--generate"), ({"device_map": "auto"}, "--device-map")):
         with pytest.raises(BadInput, match=f"{flag} does not apply to a capsule"):
             ScanOptions(str(step), **kw)
+
+
+def test_a_string_is_one_prompt_one_input_one_memory_cap(one_process):
+    """issue 31 (7): ``prompts="hello"`` ran five one-character prompts."""
+    o = ScanOptions("m.safetensors", prompts="hello", inputs="x.safetensors")
+    assert o.prompts == ("hello",) and o.inputs == ("x.safetensors",)
+    with pytest.raises(BadInput, match="max_memory"):
+        ScanOptions("m.safetensors", max_memory=b"cpu=1GB")
+    with pytest.raises(BadInput, match="data: expected one file name"):
+        ScanOptions("m.safetensors", data=["a.jsonl"])

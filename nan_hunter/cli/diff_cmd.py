@@ -1,0 +1,68 @@
+"""``nanhunter diff A B``: where two traces of the same model and inputs part."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+
+HELP = "Compare two traces (scan --trace) and name the first op or module where the runs part."
+
+EXAMPLES = options.examples(
+    ("a trace in each environment, then the comparison (exit 1 when they part)",
+     "nanhunter scan ./model --prompt hi --trace old.jsonl      # torch 2.13\n"
+     "  nanhunter scan ./model --prompt hi --trace new.jsonl      # torch 2.14\n"
+     "  nanhunter diff old.jsonl new.jsonl --json diff.json --report diff.html"),
+    ("op level, with each run repeated 3 times so nondeterministic ops set their own tolerance",
+     "nanhunter scan ./model --prompt hi --trace a.jsonl.gz --trace-level ops --repeat 3"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diff", help=HELP, description=HELP + " Exit 0: no divergence; 1: a divergence, or one side "
+                       "non-finite where the other is not; 2: the traces cannot be compared.", epilog=EXAMPLES)
+    p.add_argument("a", metavar="A", help="a trace (nanhunter.trace/v1; .gz read as gzip)")
+    p.add_argument("b", metavar="B", help="the trace to compare it with (the reference of rel_err)")
+    p.add_argument("--rtol", type=float, default=None, metavar="FLOAT",
+                   help="relative tolerance of every entry (default: 1e-3 for fp32/fp64 entries, 1e-2 for "
+                        "bf16/fp16/fp8; never below 4 x the entry's --repeat spread)")
+    options.add_json(p, help="write the comparison as JSON (nanhunter.diff/v1) here ('-' for stdout)")
+    p.add_argument("--report", metavar="PATH.html", help="also write a self-contained HTML page")
+    options.add_quiet(p)
+    p.set_defaults(command=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import BadInput
+    from ..outputs import Output, check_outputs
+
+    outs = [Output(flag, path) for flag, path in (("--json", args.json), ("--report", args.report)) if path]
+    if args.report and not args.report.lower().endswith((".html", ".htm")):
+        raise BadInput(f"--report {args.report}: diff writes HTML; give a path ending in .html")
+    check_outputs(outs, [args.a, args.b])
+    from ..divergence.compare import compare_traces, plot_series
+    from ..trace.reader import read_trace
+
+    a, b = read_trace(args.a), read_trace(args.b)
+    res = compare_traces(a, b, args.rtol)
+    data = res.to_dict()
+    to_stdout = args.json == "-"
+    if args.json:
+        import json
+
+        from ..outputs import write_text
+        from ..report import _clean
+
+        write_text("--json", args.json, json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
+    if args.report:
+        from ..outputs import write_text
+        from ..render.diff_html import page
+
+        write_text("--report", args.report, page(data, plot_series(res)))
+    if not args.quiet:
+        import sys
+
+        from ..render.diff_view import render
+
+        (sys.stderr if to_stdout else sys.stdout).write(render(data))
+    return res.exit_code

@@ -1,0 +1,138 @@
+"""``nanhunter diff`` in the terminal: the verdict and the environment keys that differ first,
+then the details; every line at most ``WIDTH`` columns (80), every string from a trace escaped
+(``escape.terminal``) and shortened with an ellipsis where it would not fit."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from .escape import terminal as esc
+
+WIDTH = 80
+
+
+def _cut(s: str, n: int) -> str:
+    """``s`` in at most ``n`` columns: the middle replaced by an ellipsis (names keep both ends)."""
+    if len(s) <= n:
+        return s
+    if n <= 1:
+        return s[:n]
+    head = (n - 1) // 2
+    return s[:head] + "…" + s[len(s) - (n - 1 - head):]
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3e}" if x != 0 else "0"
+
+
+def _err(x: float | None) -> str:
+    return "inf" if x is None or math.isinf(x) else "0" if x == 0 else f"{x:.2e}"
+
+
+def _where(d: dict[str, Any]) -> str:
+    name = esc(d["module"]) or "<root>"
+    return f"{name} ({esc(d['module_type'])})"
+
+
+def _source(d: dict[str, Any]) -> str | None:
+    if not d.get("source_file"):
+        return None
+    return f"{esc(os.path.basename(d['source_file']))}:{d.get('source_line')}"
+
+
+def _value(v: Any) -> str:
+    return esc("null" if v is None else v)
+
+
+def lines(res: dict[str, Any]) -> list[str]:
+    """The terminal view of a ``nanhunter.diff/v1`` dict (``DiffResult.to_dict()``)."""
+    out: list[str] = []
+    d = res["first_divergence"]
+    fa, fb = res["first_nonfinite"]["a"], res["first_nonfinite"]["b"]
+    env = res["env_diff"]
+    if d is not None:
+        what = _where(d) + (f" · {esc(d['op'])}" if d.get("op") else "")
+        out.append(_cut(f"✘ runs part at {what}", WIDTH))
+    elif (fa is None) != (fb is None):
+        side, e = ("A", fa) if fa is not None else ("B", fb)
+        out.append(_cut(f"✘ only {side} is non-finite: {esc(e['kind'])} first at {esc(e['module']) or '<root>'}"
+                        + (f" · {esc(e['op'])}" if e.get("op") else ""), WIDTH))
+    else:
+        out.append(_cut(f"✔ no divergence: {res['compared']} entries agree within tolerance "
+                        f"(max rel_err {_err(res['max_rel_err']) if res['max_rel_err'] is not None else '—'})",
+                        WIDTH))
+    out.append(_env_line([esc(x["key"]) for x in env]))
+    out.append("")
+    out.append(_cut(f"A  {esc(res['a']['path'])}", WIDTH))
+    out.append(_cut(f"B  {esc(res['b']['path'])}", WIDTH))
+    if d is not None:
+        out.append("")
+        out.append(_cut(f"first divergence  {_where(d)}", WIDTH))
+        out.append(_cut(f"  call {d['call_index']} · input {d['input_index']} · step {d['step']} · {esc(d['phase'])}",
+                        WIDTH))
+        if d.get("op"):
+            out.append(_cut(f"  op      {esc(d['op'])}", WIDTH))
+        src = _source(d)
+        if src:
+            out.append(_cut(f"  source  {src}", WIDTH))
+        rel = (f"non-finite classes differ (tolerance {d['tolerance']:.1e})" if d["classes_differ"]
+               else f"rel_err {_err(d['rel_err'])} > tolerance {d['tolerance']:.1e}")
+        out.append(_cut(f"  {rel} · inputs {'agree' if d['inputs_agree'] else 'differ too'}", WIDTH))
+        out.append(f"  {'':<3}{'absmax':>12}{'mean':>12}{'l2':>12}  {'nan/+inf/-inf':<15}{'hash':<8}")
+        for side in ("a", "b"):
+            s = d[side]
+            counts = f"{s['nan']}/{s['posinf']}/{s['neginf']}"
+            out.append(_cut(f"  {side.upper():<3}{_num(s['absmax']):>12}{_num(s['mean']):>12}{_num(s['l2']):>12}  "
+                            f"{_cut(counts, 14):<15}{esc(s['hash'] or '—')}", WIDTH))
+    if env:
+        out.append("")
+        out.append("environment           A | B")
+        for x in env[:12]:
+            out.append(_cut(f"  {esc(x['key'])}  {_value(x['a'])} | {_value(x['b'])}", WIDTH))
+        if len(env) > 12:
+            out.append(f"  … {len(env) - 12} more (see --json)")
+    out.append("")
+
+    def nf(e: dict[str, Any] | None) -> str:
+        if e is None:
+            return "none"
+        return f"{esc(e['kind'])} at {esc(e['module']) or '<root>'}" + (f" {esc(e['op'])}" if e.get("op") else "") \
+            + f" (#{e['index']})"
+    out.append(_cut(f"first non-finite  A: {nf(fa)}", WIDTH))
+    out.append(_cut(f"                  B: {nf(fb)}", WIDTH))
+    ua, ub = res["unmatched"]["a"], res["unmatched"]["b"]
+    out.append(_cut(f"compared {res['compared']} {res['level']}-level entries · unmatched A {ua} · B {ub}", WIDTH))
+    for n in res.get("notes") or []:
+        out += _wrap(f"note: {esc(n)}")
+    return out
+
+
+def _env_line(keys: list[str]) -> str:
+    """``  environment differs: a, b, c, +2 more`` in ``WIDTH`` columns (whole keys only)."""
+    if not keys:
+        return "  environment: the same"
+    head = "  environment differs: "
+    shown: list[str] = []
+    for i, k in enumerate(keys):
+        rest = len(keys) - i - 1
+        tail = f", +{rest} more" if rest else ""
+        line = head + ", ".join(shown + [k]) + tail
+        if len(line) > WIDTH:
+            if not shown:
+                return _cut(head + k, WIDTH - len(f", +{len(keys) - 1} more")) + (f", +{len(keys) - 1} more"
+                                                                                 if len(keys) > 1 else "")
+            return head + ", ".join(shown) + f", +{len(keys) - len(shown)} more"
+        shown.append(k)
+    return head + ", ".join(shown)
+
+
+def _wrap(text: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_long_words=True) or [""]
+
+
+def render(res: dict[str, Any]) -> str:
+    return "\n".join(line.rstrip() for line in lines(res)) + "\n"

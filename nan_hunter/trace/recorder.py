@@ -1,0 +1,410 @@
+"""``TraceRecorder``: writes a ``nanhunter.trace/v1`` file while the model runs.
+
+Level ``"modules"``: forward hooks on every module; one entry per module call, in completion
+order (innermost first, so a call's children come before it), with the statistics of its
+floating outputs and, under ``input``, of its floating inputs. Level ``"ops"``: the module hooks
+only keep the stack of running calls, and a ``TorchDispatchMode`` makes one entry per aten op
+run inside the model's forward that returns a floating tensor, with ``producers``: the entry that
+made each tensor operand (None for weights, inputs and values made outside the trace). Ops that
+only move or alias data (views, ``clone``, ``detach``...) pass their operand's producer on
+without an entry; ops that allocate without writing (``empty``) make none.
+
+Nothing is changed: hooks and the mode only read, and outputs are bitwise those of a run
+without them. Statistics of a tensor already measured in this root call (a parent returning its
+last child's output) are reused. Entries are written when a root call ends (``--repeat``: when
+the input's last re-run ends), so memory holds one root call's entries at most.
+
+A compiled region is opaque, as for capture (``capture.compiled_regions``): hooks inside it do
+nothing while dynamo traces, so a compiled model's trace holds the calls that run outside
+compiled code (the root, and the wrappers of compiled submodules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+from ..capture.compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
+from ..capture.ops import _is_model_code
+from ..tree import float_tensors
+from .env import environment, inputs_hash, model_identity
+from .format import LEVELS, TraceWriter, entry_line
+from .rule import spread_of
+from .stats import Digest, combine, digest, dtype_name
+
+#: ops that move, alias or copy data without computing: their output is their operand's value
+PASS_THROUGH = frozenset((
+    "view", "_unsafe_view", "reshape", "t", "permute", "transpose", "expand", "expand_as", "unsqueeze", "squeeze",
+    "slice", "select", "as_strided", "alias", "detach", "clone", "contiguous", "lift_fresh", "lift_fresh_copy",
+    "unfold", "view_as", "_reshape_alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "flatten",
+    "movedim", "diagonal", "_to_copy_same_dtype", "view_as_real", "view_as_complex", "unflatten"))
+#: ops whose output holds whatever memory held: no entry, no producer
+UNWRITTEN = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"))
+#: nanhunter's own measuring code (another capture's hooks): ops it runs are not the model's
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_OWN_DIRS = tuple(_PKG + d + os.sep for d in ("capture", "kernels", "session", "trace", "locate", "explain"))
+_MAX_FRAMES = 64
+
+
+class _Where:
+    """Where the running code sits: the innermost frame of the model's own code, and whether
+    nanhunter's measuring code is running (cached per file name: a dict lookup per frame)."""
+
+    def __init__(self) -> None:
+        self._kind: dict[str, int] = {}  # 0: library (torch, stdlib), 1: model code, 2: nanhunter's own
+
+    def _classify(self, fn: str) -> int:
+        k = self._kind.get(fn)
+        if k is None and fn.startswith("<"):  # <frozen runpy>, <string>: not the model's source
+            k = self._kind[fn] = 0
+        if k is None:
+            path = os.path.abspath(fn)
+            # nanhunter's measuring code: 2; its driver code (modes, cli) is a library: 0
+            k = 2 if path.startswith(_OWN_DIRS) else 0 if path.startswith(_PKG) else 1 if _is_model_code(path) else 0
+            self._kind[fn] = k
+        return k
+
+    def site(self, skip: int = 2) -> tuple[tuple[str, int] | None, bool]:
+        """(file, line) of the innermost model-code frame, and True when nanhunter's measuring code
+        runs below it (an op of another capture's statistics)."""
+        f = sys._getframe(skip)
+        for _ in range(_MAX_FRAMES):
+            if f is None:
+                break
+            k = self._classify(f.f_code.co_filename)
+            if k == 1:
+                return (f.f_code.co_filename, f.f_lineno), False
+            if k == 2:
+                return None, True
+            f = f.f_back
+        return None, False
+
+
+class _Call:
+    __slots__ = ("name", "module_type", "call_index", "source", "inputs")
+
+    def __init__(self, name: str, module_type: str, call_index: int, source: tuple[str, int] | None,
+                 inputs: Digest | None) -> None:
+        self.name, self.module_type, self.call_index = name, module_type, call_index
+        self.source, self.inputs = source, inputs
+
+
+class _OpTrace(TorchDispatchMode):
+    """Level "ops": one entry per aten op run inside a module call (see the module docstring)."""
+
+    def __init__(self, rec: TraceRecorder) -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        rec = self.rec
+        if not rec.recording():
+            return out
+        try:
+            rec.on_op(func, args, kwargs, out)
+        except Exception as e:  # noqa: BLE001 - a statistic never breaks the user's forward
+            rec.failures.append(f"{func}: {type(e).__name__}: {e}")
+        return out
+
+
+class TraceRecorder:
+    """Writes a trace of ``model``'s runs to ``path`` (module docstring).
+
+    ``repeat``: with N ≥ 2, each input (``input(i)``) is run N times by the caller (``runs()``)
+    and every entry stores the largest run-to-run spread. ``paused``: a callable; while it says
+    True nothing is recorded (a report's own re-runs). ``dtype``/``compile_backend``: recorded in
+    the environment. Without ``input(i)``, every root call is one step of input 0 (a watch)."""
+
+    def __init__(self, model: nn.Module, path: str | os.PathLike, level: str = "modules", repeat: int | None = None,
+                 dtype: str | None = None, compile_backend: str | None = None,
+                 paused: Callable[[], bool] | None = None, inputs: list[dict[str, Any]] | None = None,
+                 **header: Any) -> None:
+        if level not in LEVELS:
+            raise ValueError(f"trace level must be one of {LEVELS}, got {level!r}")
+        if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 2):
+            raise ValueError(f"repeat must be an integer of at least 2, got {repeat!r}")
+        ddp = nn.parallel.DistributedDataParallel
+        model = model.module if isinstance(model, ddp) else model
+        self._wrapper = model if is_wrapper(model) else None
+        self.model = unwrap(model)
+        self.path = os.fspath(path)
+        self.level = level
+        self.repeat = repeat
+        self.dtype = dtype
+        self.compile_backend = compile_backend
+        self.paused = paused or (lambda: False)
+        self.inputs = inputs
+        self.header_extra = header
+        self.failures: list[str] = []
+        self.first_failed: int | None = None  # the first step with a non-finite entry (generate stops there)
+        self.writer: TraceWriter | None = None
+        self._where = _Where()
+        self._handles: list[Any] = []
+        self._mode: _OpTrace | None = None
+        self._stack: list[_Call] = []
+        self._count: dict[str, int] = {}
+        self._cache: dict[int, tuple[weakref.ref, int, Digest]] = {}
+        self._made: dict[int, tuple[weakref.ref, int]] = {}
+        self._input_index: int | None = None
+        self._step = -1
+        self._run = 0
+        self._base = 0  # the index of the first entry of the current input (or root call)
+        self._pending: list[dict[str, Any]] = []  # entries not yet written (run 0)
+        self._stats: list[list[Any]] = []  # per run after the first: (key, Digest) per entry
+        self._digests: list[tuple[Any, Digest]] = []  # run 0: (key, Digest) per pending entry
+        self.repeat_mismatch = 0
+
+    # -- attaching ----------------------------------------------------------------------------
+    def __enter__(self) -> TraceRecorder:
+        self.attach()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    def attach(self) -> None:
+        if self._handles:
+            return
+        self.writer = TraceWriter(self.path)
+        for name, m in eager_named_modules(self.model):
+            pre, post = self._pre(name), self._post(name)
+            if name == "":
+                m = self._wrapper if self._wrapper is not None else m
+                pre, post = outside_compile(pre), outside_compile(post)
+            self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if self.level == "ops":
+            self._mode = _OpTrace(self)
+            self._mode.__enter__()
+
+    def detach(self) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._stack.clear()
+        if self.writer is not None and not self.writer.closed:
+            self._flush()
+            if self.writer.entries == 0 and not self._header_written:
+                self._write_header((), {})
+            self.writer.close(repeat_mismatch=self.repeat_mismatch, unmeasured=len(self.failures))
+
+    _header_written = False
+
+    # -- inputs and repeats (driven by the caller) ---------------------------------------------
+    @contextlib.contextmanager
+    def input(self, index: int) -> Iterator[None]:
+        """Root calls inside are the steps of data-set input ``index``."""
+        self._input_index, self._step = index, -1
+        self._base = self.writer.entries if self.writer else 0
+        try:
+            yield
+        finally:
+            self._flush()
+            self._input_index = None
+
+    @contextlib.contextmanager
+    def run(self, r: int) -> Iterator[None]:
+        """Re-run ``r`` (0 first) of the current input: runs after the first are compared with it."""
+        self._run, self._step = r, -1
+        self._made.clear()
+        if r > 0:
+            self._stats.append([])
+        try:
+            yield
+        finally:
+            self._run = 0
+
+    def recording(self) -> bool:
+        return bool(self._stack) and not self.paused() and not compiling()
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _pre(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.paused() or compiling():
+                return
+            if not self._stack:
+                with _disable_current_modes():
+                    self._root_call(args, kwargs)
+            idx = self._count.get(name, 0)
+            self._count[name] = idx + 1
+            source, inputs = None, None
+            if self.level == "modules":  # level ops: entries carry their op's own source line
+                source, _ = self._where.site()
+                with _disable_current_modes():
+                    inputs = self._digest_all((args, kwargs))
+            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs))
+        return hook
+
+    def _post(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._stack or self.paused() or compiling():
+                return
+            while self._stack[-1].name != name and any(c.name == name for c in self._stack):
+                self._stack.pop()  # calls whose post-hook a compiled region swallowed
+            if self._stack[-1].name != name:
+                return
+            call = self._stack.pop()
+            if self.level == "modules":
+                with _disable_current_modes():
+                    d = self._digest_all(output)
+                if d is not None:
+                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs)
+            if not self._stack:
+                self._root_done()
+        return hook
+
+    def _root_call(self, args: tuple, kwargs: dict) -> None:
+        self._step += 1
+        self._count.clear()
+        self._cache.clear()
+        if self._input_index is None:  # a watch: every root call is written when it ends
+            self._base = self.writer.entries if self.writer else 0
+        if not self._header_written:
+            self._write_header(args, kwargs)
+
+    def _root_done(self) -> None:
+        if self._input_index is None:
+            self._flush()
+        self._cache.clear()
+        if self._made:
+            self._made = {k: v for k, v in self._made.items() if v[0]() is not None}
+
+    # -- measuring ----------------------------------------------------------------------------
+    def _digest_one(self, t: torch.Tensor) -> Digest:
+        cacheable = not t.is_inference()
+        if cacheable:
+            hit = self._cache.get(id(t))
+            if hit is not None and hit[0]() is t and hit[1] == t._version:
+                return hit[2]
+        d = digest(t)
+        if cacheable:
+            try:
+                self._cache[id(t)] = (weakref.ref(t), t._version, d)
+            except TypeError:  # pragma: no cover - tensors without weakref support
+                pass
+        return d
+
+    def _digest_all(self, obj: Any) -> Digest | None:
+        parts = []
+        for _, t in float_tensors(obj):
+            if t.is_meta:
+                continue
+            try:
+                parts.append(self._digest_one(t))
+            except Exception as e:  # noqa: BLE001 - never break the user's forward over a statistic
+                self.failures.append(f"{type(t).__name__} {t.dtype}: {type(e).__name__}: {e}")
+        return combine(parts)
+
+    def producer(self, t: torch.Tensor) -> int | None:
+        hit = self._made.get(id(t))
+        return hit[1] if hit is not None and hit[0]() is t else None
+
+    def _made_by(self, outs: list[torch.Tensor], index: int | None) -> None:
+        for o in outs:
+            if index is None:
+                self._made.pop(id(o), None)
+                continue
+            try:
+                self._made[id(o)] = (weakref.ref(o), index)
+            except TypeError:  # pragma: no cover
+                pass
+
+    def on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """One aten op (level "ops"): an entry, or its operand's producer passed on."""
+        name = func._opname if hasattr(func, "_opname") else str(func)
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if not outs:
+            return
+        if name in UNWRITTEN:
+            self._made_by(outs, None)
+            return
+        ins = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        if name in PASS_THROUGH or (name == "_to_copy" and ins and all(o.dtype == ins[0].dtype for o in outs)):
+            self._made_by(outs, self.producer(ins[0]) if ins else None)
+            return
+        floats = [o for o in outs if o.is_floating_point() and not o.is_meta]
+        if not floats:
+            self._made_by(outs, None)
+            return
+        source, own = self._where.site(3)
+        if own:  # another capture's statistics, run from its hooks: not the model's op
+            return
+        d = combine([digest(o) for o in floats])
+        call = self._stack[-1]
+        index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,
+                          [self.producer(x) for x in ins], None)
+        self._made_by(outs, index)
+
+    # -- entries ------------------------------------------------------------------------------
+    def _add(self, module: str, module_type: str, op: str | None, call_index: int, source: tuple[str, int] | None,
+             d: Digest, producers: list[int | None] | None, inputs: Digest | None) -> int:
+        """Append an entry of the current run; returns its index (run 0: the index it is written
+        at; later runs: the same numbering, for their producers)."""
+        if d.nan or d.posinf:
+            if self.first_failed is None:
+                self.first_failed = self._step
+        key = (module, op, call_index, self._step)
+        if self._run > 0:
+            runs = self._stats[-1]
+            runs.append((key, d))
+            return self._base + len(runs) - 1
+        index = self._base + len(self._pending)
+        input_index = self._input_index if self._input_index is not None else self._step
+        self._pending.append(entry_line(index, module, module_type, op, call_index, input_index, self._step,
+                                        "forward", source, d, None, producers, inputs))
+        self._digests.append((key, d))
+        return index
+
+    def _flush(self) -> None:
+        """Write the pending entries of run 0, with their spread over the re-runs."""
+        if not self._pending:
+            self._stats.clear()
+            return
+        if self.repeat is not None:
+            spreads: list[float | None] = [0.0] * len(self._pending)
+            for runs in self._stats:
+                for i, (key, d0) in enumerate(self._digests):
+                    if i >= len(runs) or runs[i][0] != key:  # the re-run took another path here
+                        self.repeat_mismatch += 1
+                        spreads[i] = None
+                        continue
+                    if spreads[i] is not None:
+                        spreads[i] = max(spreads[i], spread_of(runs[i][1], d0, d0.dtype))
+            for rec, s in zip(self._pending, spreads):
+                rec["spread"] = s
+        assert self.writer is not None
+        for rec in self._pending:
+            self.writer.entry(rec)
+        self._pending.clear()
+        self._digests.clear()
+        self._stats.clear()
+        self._base = self.writer.entries
+
+    def _write_header(self, args: tuple, kwargs: dict) -> None:
+        assert self.writer is not None
+        self._header_written = True
+        device = next((p.device for p in self.model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+        dtype = self.dtype
+        if dtype is None:
+            dt = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+            dtype = dtype_name(dt) if dt is not None else None
+        env = environment(device, dtype, self.compile_backend)
+        inputs = self.inputs if self.inputs is not None else [{"index": 0, "hash": inputs_hash(args, kwargs)}]
+        env["inputs"] = [i["hash"] for i in inputs]  # the contract's env holds the inputs' hashes too
+        names = [n for n, _ in eager_named_modules(self.model)]
+        self.writer.header(self.level, env, model_identity(self.model, names), inputs, self.repeat,
+                           **self.header_extra)

@@ -23,6 +23,7 @@ Faults (each planted in place, the way a bad update or a bad checkpoint would le
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import shutil
 import tempfile
@@ -249,10 +250,15 @@ def tokenizer(family: str):
 def tokenize(texts: list[str], batch: bool, family: str) -> list[dict[str, torch.Tensor]]:
     """The prompts as the CLI tokenizes them: one input each, or one left-padded batch."""
     tok = tokenizer(family)
+    # only what the model's forward takes (transformers 4.x tokenizers add token_type_ids, which
+    # Llama's generate() refuses)
+    takes = inspect.signature(config(family)[1].forward).parameters
     if batch:
         tok.padding_side = "left"
-        return [dict(tok(texts, return_tensors="pt", padding=True))]
-    return [dict(tok(t, return_tensors="pt")) for t in texts]
+        encs = [tok(texts, return_tensors="pt", padding=True)]
+    else:
+        encs = [tok(t, return_tensors="pt") for t in texts]
+    return [{k: v for k, v in e.items() if k in takes} for e in encs]
 
 
 def token_ids(text: str, family: str) -> list[int]:

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config, as_config
+from ..progress import stage
 from ..report import Report
 from .options import ScanOptions
-from .progress import stage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..distributed.rank_split import RankSplit
+    from ..modes.rank_split import RankSplit
 
 
 def scan(checkpoint: str, config: str | Config | None = None,
@@ -28,7 +28,7 @@ def scan(checkpoint: str, config: str | Config | None = None,
 def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None] | None = None,
              split: RankSplit | None = None) -> Report:
     """A validated scan (``ScanOptions``) under configuration ``cfg``; ``split``: the data set
-    split across torchrun ranks (``distributed.rank_split.process_group``)."""
+    split across torchrun ranks (``modes.rank_split.process_group``)."""
     if opts.capsule:
         from ..modes.capsule_step import scan_capsule
 
@@ -40,7 +40,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales
     from ..model.prepare import prepare
-    from ..modes.harness import run_mode
+    from ..modes.rank_split import run_mode_on_ranks
     from ..modes.registry import mode_for
 
     ck = open_checkpoint(opts.checkpoint)
@@ -74,7 +74,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         mode.check(prepared)
         with stage("trace"):
             rep.notes.append(write_trace(prepared, mode, opts.tracing))
-    run_mode(prepared, mode, rep, replay=opts.replay, split=split)
+    run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split)
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled
 

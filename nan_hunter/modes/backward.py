@@ -158,6 +158,7 @@ class BackwardMode:
         from ..session.watcher import Watch
 
         w = Watch(p.model, level="modules", backward=True, dtype=p.run)
+        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
         with w:
             for i in indices:
                 with run_context(p.run), torch.enable_grad():

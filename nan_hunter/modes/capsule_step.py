@@ -340,6 +340,7 @@ class CapsuleStep:
         phase = self.cap.phase
         opt = self._optimizer() if phase == "optimizer" else None
         w = Watch(self.model, level="modules", backward=phase == "backward", optimizer=opt, dtype=self.watch_dtype)
+        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
         with w:
             try:
                 if phase == "backward":

@@ -60,14 +60,26 @@ def pad_token_id(p: Prepared) -> int:
 
 
 def left_pad(batches: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Any], list[int], list[int]]:
-    """The inputs as one left-padded batch, as servers decode them: (kwargs, prompt lengths, pads)."""
+    """The inputs as one left-padded batch, as servers decode them: (kwargs, prompt lengths, pads).
+    Every other per-token input the prompts carry (``token_type_ids``, which transformers 4.x
+    tokenizers return and GPT-2 embeds) is padded with 0 as the tokenizer pads it, so a row decodes
+    with the same inputs as its prompt alone."""
     ids = [b["input_ids"][0] for b in batches]
     masks = [b.get("attention_mask", torch.ones_like(b["input_ids"]))[0] for b in batches]
     width = max(int(x.shape[0]) for x in ids)
     pads = [width - int(x.shape[0]) for x in ids]
     input_ids = torch.stack([torch.cat([x.new_full((p,), pad_id), x]) for x, p in zip(ids, pads)])
     mask = torch.stack([torch.cat([m.new_zeros((p,)), m]) for m, p in zip(masks, pads)])
-    return {"input_ids": input_ids, "attention_mask": mask}, [int(x.shape[0]) for x in ids], pads
+    out = {"input_ids": input_ids, "attention_mask": mask}
+    for key in batches[0]:
+        if key in out or not all(_per_token(b.get(key), b["input_ids"]) for b in batches):
+            continue
+        out[key] = torch.stack([torch.cat([b[key][0].new_zeros((p,)), b[key][0]]) for b, p in zip(batches, pads)])
+    return out, [int(x.shape[0]) for x in ids], pads
+
+
+def _per_token(value: Any, input_ids: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.shape == input_ids.shape
 
 
 def stop_on_fault(watch: Any) -> Any:

@@ -51,6 +51,18 @@ def test_left_pad_uses_the_given_pad_id_and_never_writes_the_inputs():
     assert a["input_ids"].tolist() == [[3]]
 
 
+def test_left_pad_keeps_the_prompts_other_per_token_inputs_padded_with_zero():
+    """transformers 4.x tokenizers return token_type_ids and GPT-2 embeds them: a row of the batch
+    decodes with what its prompt alone would have (the oracle matrix found --batch dropping them)."""
+    kw, _, pads = left_pad([{"input_ids": ids(5, 6), "token_type_ids": torch.tensor([[1, 1]])},
+                            {"input_ids": ids(8), "token_type_ids": torch.tensor([[1]])}], pad_id=0)
+    assert pads == [0, 1]
+    assert kw["token_type_ids"].tolist() == [[1, 1], [0, 1]]
+    # an input that is not one value per token, or that a prompt lacks, is not batched
+    kw, _, _ = left_pad([{"input_ids": ids(5, 6), "extra": torch.ones(3)}, {"input_ids": ids(8)}], pad_id=0)
+    assert set(kw) == {"input_ids", "attention_mask"}
+
+
 # --- generate_block / _per_input ----------------------------------------------------------------
 
 DECODINGS = [

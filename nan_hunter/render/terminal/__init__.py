@@ -28,7 +28,7 @@ from .scan_view import (
 )
 from .strip import headroom_strip
 
-__all__ = ["console", "render", "render_body", "render_check"]
+__all__ = ["console", "render", "render_body", "render_check", "render_text"]
 
 
 class ReportConsole(Console):
@@ -79,6 +79,19 @@ def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr
     if found is not None:
         c.print(found)
     c.print(line)
+
+
+def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -> str:
+    """``render`` as plain text (no colour), ``width`` columns (default: the terminal's): what
+    ``print(report)`` shows."""
+    import io
+    import shutil
+
+    buf = io.StringIO()
+    c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
+                highlight=False, color_system=None)
+    render(rep, c, strip=strip)
+    return buf.getvalue()
 
 
 def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,

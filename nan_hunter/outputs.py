@@ -16,7 +16,6 @@ written, and the exit code stays the verdict's (exit 1 only means a non-finite v
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -61,16 +60,24 @@ def arch_file(spec: str | None) -> Path | None:
 
 
 def _index_shards(index: Path) -> list[Path]:
-    """Shard files an index names (best effort: a broken index is the loader's to refuse)."""
+    """Shard files a sharded index names, read by the loader's own parser (``load.checkpoint.
+    read_index``): a malformed ``*.safetensors.index.json`` is refused here as the loader would
+    refuse it (exit 2, one line). Another ``*.index.json`` in a model directory (a
+    ``pytorch_model.bin.index.json``) is not the loader's to read: its shards are protected when it
+    parses, and it is otherwise left alone."""
+    from .load.checkpoint import read_index
+
     try:
-        if not index.is_file() or index.stat().st_size > 64 * 2**20:
+        if not index.is_file():
             return []
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        shards = read_index(index)
+    except BadInput:
+        if index.name.endswith(".safetensors.index.json"):
+            raise
         return []
-    if not isinstance(weight_map, dict):
+    except OSError:
         return []
-    return [index.parent / str(f) for f in set(weight_map.values())]
+    return [index.parent / f for f in shards]
 
 
 def checkpoint_files(path: str | os.PathLike) -> list[Path]:

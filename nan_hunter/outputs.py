@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,17 @@ _TMP_SUFFIX = ".nanhunter-tmp"
 
 # Temporary files being written right now; an interrupt handler removes them (``remove_temporaries``).
 _temporaries: set[str] = set()
+
+#: Told of each file written, as ``(flag, path)``, once it is in place (``on_written``): the CLI
+#: announces every file it wrote; a library caller hears nothing unless it asks.
+_written_listener: Callable[[str, str], None] | None = None
+
+
+def on_written(listener: Callable[[str, str], None] | None) -> None:
+    """Call ``listener(flag, path)`` for each file written from now on (None: nobody). Capsule files
+    are not told one by one: a capsule is announced whole by the watch that writes it."""
+    global _written_listener
+    _written_listener = listener
 
 
 @dataclass(frozen=True)
@@ -269,6 +280,8 @@ def write_bytes(flag: str, path: str, data: bytes) -> None:
     finally:
         _temporaries.discard(tmp)
     _sync_dir(target.parent)
+    if _written_listener is not None and flag != "capsule":
+        _written_listener(flag, path)
 
 
 def write_text(flag: str, path: str, text: str) -> None:

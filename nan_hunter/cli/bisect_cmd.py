@@ -86,4 +86,21 @@ def run(args: Any) -> int:
         from ..render.terminal import render
 
         render(rep, stderr=stdout_taken, **terminal_limits(cfg))
+    _no_policy(rep, args)
     return rep.exit_code()
+
+
+def _no_policy(rep: Any, args: Any) -> None:
+    """``--policy-out`` given but no policy written: say why (nothing is left unsaid)."""
+    from .output import say, was_written
+
+    if not args.policy_out or args.policy_out == "-" or args.quiet or was_written("--policy-out"):
+        return
+    b = rep.bisect
+    if b is not None and b.over == "inputs":
+        why = "--over inputs lists the failing inputs; a policy comes from --over modules"
+    elif b is not None and b.already_finite:
+        why = f"the run in {b.dtype} is already finite: there is nothing to keep in {b.keep_dtype}"
+    else:
+        why = f"no set of modules kept in {args.keep_dtype} makes the run finite"
+    say(f"--policy-out {args.policy_out}: not written: {why}")

@@ -34,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     options.STARTED = False
     try:
         with cmd.make_context(PROG, args) as ctx:
-            code = cmd.invoke(ctx)
+            try:
+                code = cmd.invoke(ctx)
+            finally:
+                from .output import announce_written
+
+                announce_written()  # every file written, also when a later step failed
     except typer.Exit as e:  # --help, --version
         return int(getattr(e, "exit_code", 0) or 0)
     except exc.UsageError as e:

@@ -140,8 +140,11 @@ def namespace(values: dict[str, Any]) -> Any:
     ``args.argv`` the command line — what the commands' ``run(args)`` read."""
     from types import SimpleNamespace
 
+    from .output import collect_written
+
     global STARTED
     STARTED = True
+    collect_written(bool(values.get("quiet")))
     args = {k: (list(v) or None if isinstance(v, (list, tuple)) else v) for k, v in values.items()}
     return SimpleNamespace(**args, argv=COMMAND_LINE)
 

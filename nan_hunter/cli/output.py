@@ -15,6 +15,41 @@ def say(msg: str) -> None:
     sys.stderr.write(f"nanhunter: {msg}\n")
 
 
+#: the files this command wrote, as (flag, path), said on stderr when it ends (``announce_written``)
+WRITTEN: list[tuple[str, str]] = []
+
+
+def collect_written(quiet: bool) -> None:
+    """From now on, remember every file written (``outputs.on_written``) to announce it when the
+    command ends — after its terminal view, so the view is not cut by them; ``--quiet``: no."""
+    from .. import outputs
+
+    WRITTEN.clear()
+    outputs.on_written(None if quiet else lambda flag, path: WRITTEN.append((flag, path)))
+
+
+def wrote(flag: str, path: str) -> None:
+    """A file written other than through ``outputs`` (the ``--trace`` stream), announced with the rest."""
+    from .. import outputs
+
+    if outputs._written_listener is not None:
+        outputs._written_listener(flag, path)
+
+
+def was_written(flag: str) -> bool:
+    return any(f == flag for f, _ in WRITTEN)
+
+
+def announce_written() -> None:
+    """``nanhunter: wrote r.html (--report)``, one line per file written, then forget them."""
+    from .. import outputs
+
+    outputs.on_written(None)
+    for flag, path in WRITTEN:
+        say(f"wrote {path} ({flag})")
+    WRITTEN.clear()
+
+
 def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int = 1) -> list[Output]:
     """The outputs a command's flags ask for: ``flags`` maps attribute names to flags
     (``("json", "--json")``); ``--report`` adds its page and PNGs."""

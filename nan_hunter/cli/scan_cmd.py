@@ -106,6 +106,10 @@ def run(args: Any) -> int:
                 stages.done()
         code = rep.exit_code()
         rep.add_context(command=getattr(args, "argv", None))
+        if args.trace and writes():
+            from .output import wrote
+
+            wrote("--trace", args.trace)
         if writes():  # rank 0 (or the one process) prints and writes
             write_json(rep, args.json)
             if not args.quiet:

@@ -200,7 +200,7 @@ def _fault_line(rep: Report, width: int) -> str:
                            (": hardware fault or non-determinism?", True)], width, {0: where})
         if f.role == "input" and f.phase != "backward":
             return fitted([(head + f"{kind} in the input data, first reaching " + "{}", False),
-                           (f" (input #{f.input_index})", True)], width, {0: where})
+                           (f" ({which_input(rep)})", True)], width, {0: where})
         if f.role == "input":
             return fitted([(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width,
                           {0: where})
@@ -307,10 +307,18 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
              if ck.get("n_tensors") is not None else str(ck.get("format")))]
     if rep.run:
         r = rep.run
-        failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
+        # a watch counts forwards (its steps), a scan the inputs of its data set
+        unit = "step" if rep.mode == "watch" else "input"
+        failing = f" · failing {unit}s {r['failed_inputs']}" if r.get("failed_inputs") else ""
         amp = r.get("autocast")
         under = f" (torch.autocast {amp['device_type']})" if amp else ""
-        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        n = r["n_inputs"]
+        count = f"{n} forward(s)" if rep.mode == "watch" else f"{n} input(s)"
+        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {count}{failing}"))
+        skipped = r.get("skipped_steps")
+        if skipped:
+            rows.append(("skipped", f"step(s) {', '.join(map(str, skipped))}: non-finite, their updates undone "
+                                    f"(on_fault={r.get('on_fault')!r})"))
         g = r.get("generate")
         if g:
             bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
@@ -332,11 +340,11 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     if f is None:
         return []
     rows = [("module", f"{module_name(f.module)} ({f.module_type}, call {f.call_index})"), ("op", f.op or "—"),
-            ("value", f"{f.kind} · role {f.role} · input #{f.input_index}")]
+            ("value", f"{f.kind} · role {f.role} · {which_input(rep)}")]
     when = when_row(rep)
     if when:
         rows.append(("when", when))
-    if f.phase != "forward":
+    if f.phase != "forward" and rep.mode != "watch":  # a watch names step and phase in the value row
         rows.append(("phase", f"{f.phase} · step {f.step}"))
     if f.grad_fn:
         rows.append(("autograd node", f.grad_fn))
@@ -350,6 +358,15 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
         if code:
             rows.append(("code", code))
     return rows
+
+
+def which_input(rep: Report) -> str:
+    """Where the first non-finite value was met: "input #2" of a scan's data set, "step 3 ·
+    forward" of a watched (training) run, whose forwards are its steps."""
+    f = rep.first_nonfinite
+    if rep.mode == "watch":
+        return f"step {f.step} · {f.phase}"
+    return f"input #{f.input_index}"
 
 
 def when_row(rep: Report) -> str | None:

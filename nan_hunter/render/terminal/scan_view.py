@@ -33,7 +33,7 @@ def header(rep: Report, width: int) -> RenderableType:
     if rep.run:
         failing = bool(rep.run.get("failed_inputs"))
         lines.append((Text("run", style="dim"), t(meta["run"], "red" if failing else "")))
-    for key in ("decoding", "capsule"):
+    for key in ("decoding", "capsule", "skipped"):
         if key in meta:
             lines.append((Text(key, style="dim"), t(meta[key])))
     return hanging(lines, width)

@@ -69,7 +69,8 @@ def command(
 
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
-    stdout_taken = check_command_outputs(outs, args, args.checkpoints)
+    # the baseline is read too: no output may overwrite it
+    stdout_taken = check_command_outputs(outs, args, args.checkpoints + ([args.baseline] if args.baseline else []))
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
@@ -115,4 +116,4 @@ def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
             sys.stderr.flush()
         else:  # a reader of stdout that went away drops them, as it drops the terminal view
             write_text("GitHub annotations", STDOUT, text)
-    write_report_file(reps, args.report)
+    write_report_file(reps, args.report, args.quiet)

@@ -87,14 +87,16 @@ def stage_progress(quiet: bool = False):
     return StageProgress()
 
 
-def write_report_file(reps: Any, path: str | None) -> None:
-    """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line."""
+def write_report_file(reps: Any, path: str | None, quiet: bool = False) -> None:
+    """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line
+    (none with ``--quiet``: the report itself says it)."""
     if not path:
         return
     from ..render.report_file import write_report
 
     for note in write_report(reps, path):
-        say(note)
+        if not quiet:
+            say(note)
 
 
 def write_json(reps: Any, path: str | None) -> None:

@@ -117,5 +117,5 @@ def run(args: Any) -> int:
 
                 render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
                        **terminal_limits(cfg))
-            write_report_file(rep, args.report)
+            write_report_file(rep, args.report, args.quiet)
         return finish(code)

@@ -100,11 +100,11 @@ def render_check(reps: list[Report], c: Console | None = None, strip: bool | Non
     """Per checkpoint: the scan panels (the strip by default only when it failed), its rule
     results; then one verdict line for the whole check."""
     c = c or console(stderr)
-    c.print(check_verdict(reps))
+    c.print(check_verdict(reps, c.width))
     for rep in reps:
         show = strip if strip is not None else not (rep.check or {}).get("passed", True)
         render_body(rep, c, strip=bool(show), near_miss_max_listed=near_miss_max_listed,
                     weights_max_rows=weights_max_rows, weights_targets=weights_targets)
         c.print(results_table(rep, c.width))
         c.print()
-    c.print(check_verdict(reps))
+    c.print(check_verdict(reps, c.width))

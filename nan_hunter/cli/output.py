@@ -61,7 +61,8 @@ def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int 
 
 def check_command_outputs(outs: list[Output], args: Any, checkpoints: list[str]) -> bool:
     """Refuse bad outputs before any work (exit 2); True when one of them takes stdout."""
-    from ..outputs import check_outputs, input_files
+    from ..load.command_inputs import input_files
+    from ..outputs import check_outputs
 
     check_outputs(outs, input_files(checkpoints, args.inputs, args.data, args.config, args.arch))
     return any(o.to_stdout for o in outs)

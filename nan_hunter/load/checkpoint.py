@@ -242,8 +242,8 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
 def read_index(index: Path, real: Path | None = None) -> dict[str, set[str]]:
     """The index's weight_map as shard name → tensor names; every shard name confined to the
     directory (``member``). The one parser of a sharded index: the loader and the output check
-    (``outputs.checkpoint_files``, which must know the shards before any work) both read it here,
-    so a malformed index is refused once, in one line (BadInput), wherever it is met first.
+    (``command_inputs.checkpoint_files``, which must know the shards before any work) both read it
+    here, so a malformed index is refused once, in one line (BadInput), wherever it is met first.
     ``real``: the index's resolved path (default: ``index`` itself)."""
     raw = read_regular(real if real is not None else index, "index", MAX_INDEX_BYTES)
     data = bounded_json.loads(raw, str(index), unique_keys=True)

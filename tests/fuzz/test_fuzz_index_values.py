@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 import nan_hunter
 from nan_hunter import outputs
 from nan_hunter.errors import BadInput
+from nan_hunter.load import command_inputs
 
 SEED = 2525
 N_RANDOM = 60
@@ -90,7 +91,7 @@ def test_random_index_values(tmp_path):
 def _guard_outcome(path) -> object:
     """What the output check (run before any work) makes of the checkpoint: its files, or exit 2."""
     try:
-        outputs.check_outputs([outputs.Output("--json", str(path.parent / "out.json"))], outputs.input_files([str(path)]))
+        outputs.check_outputs([outputs.Output("--json", str(path.parent / "out.json"))], command_inputs.input_files([str(path)]))
         return 0
     except BadInput as e:
         msg = str(e)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+import shutil
+import subprocess
 
 import pytest
 from rich.console import Console
@@ -177,3 +179,27 @@ def test_a_report_without_min_nonzero_is_a_generate_like_strip():
     from nan_hunter.render.headroom import strip
 
     assert strip(rep2).has_absmin and not strip(rep).has_absmin
+
+
+@pytest.mark.chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_chromium_screenshot_of_the_fixed_page(tmp_path):
+    """The page as a browser draws it: the cause badge sits in the Diagnosis heading (purple,
+    #6a1b9a), the code spans are drawn as code, and no empty Plot card is left at the end."""
+    from PIL import Image
+
+    page = tmp_path / "r.html"
+    page.write_text(render_html([_scan_rep()], [(None, "nothing to plot")]), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
+           page.resolve().as_uri()]
+    subprocess.run(cmd, capture_output=True, timeout=60)
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1200, 1600)
+    colors = img.getcolors(maxcolors=1 << 20)
+    assert colors is None or len(colors) > 50  # a drawn page, not a blank one
+    purple = [(x, y) for y in range(0, 1600, 2) for x in range(0, 1200, 2)
+              if (lambda p: abs(p[0] - 0x6a) < 12 and abs(p[1] - 0x1b) < 12 and abs(p[2] - 0x9a) < 12)(img.getpixel((x, y)))]
+    assert purple, "the cause badge is not drawn"

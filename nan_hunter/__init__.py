@@ -1,12 +1,19 @@
 """nanhunter: find the first module and aten op that turned finite values into NaN/Inf.
 
-Public API (torch is imported only when these are called):
-``watch(model)``, ``scan(...)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``.
+Public API (torch is imported only when these are called): ``watch(model)``, ``scan(checkpoint)``,
+``bisect(checkpoint)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``. Keywords take
+the names of the command line's flags (``--keep-dtype`` → ``keep_dtype=``; a repeatable flag's
+keyword is plural: ``--prompt`` → ``prompts=``); a mistyped one is a ``TypeError`` naming the one
+meant, as the CLI does for a flag.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import inspect
+from collections.abc import Callable
+from os import PathLike
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import NonFiniteError
 from .version import __version__
@@ -14,14 +21,54 @@ from .version import __version__
 __all__ = ["watch", "scan", "bisect", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .config import Config
     from .report import Report
+    from .report_view import PrintableReport
     from .session.watcher import Watch
 
+F = TypeVar("F", bound=Callable[..., Any])
 
+#: command-line outputs that are a report's methods in Python
+_OUTPUT_KEYWORDS = {"json": "report.to_json(path)", "report": "report.to_html(path)",
+                    "html": "report.to_html(path)", "md": "report.to_html('report.md')",
+                    "quiet": "print(report) when you want the terminal view",
+                    "strip": "print(report) (the strip is shown for a failing run)"}
+
+
+def _keywords_checked(fn: F) -> F:
+    """A mistyped keyword is a ``TypeError`` that names the keyword meant (``prompt=`` → did you
+    mean ``prompts=``?), with the CLI's suggestions (``pipeline.options.closest``); an output flag
+    (``json=``) names the report method that writes it."""
+    params = inspect.signature(fn).parameters
+    names = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            from .pipeline.options import KEYWORD_SYNONYMS, closest
+
+            k = unknown[0]
+            meant = closest(k, names, KEYWORD_SYNONYMS)
+            if k.startswith("no_") and k[3:] in names:  # --no-replay
+                hint = f"; use {k[3:]}=False"
+            elif meant is not None:
+                hint = f"; did you mean {meant}=?"
+            elif k in _OUTPUT_KEYWORDS:
+                hint = f"; {fn.__name__}() returns the report: write it with {_OUTPUT_KEYWORDS[k]}"
+            else:
+                hint = f"; its keywords are {', '.join(names[1:] if names[0] in ('model', 'checkpoint') else names)}"
+            raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {k!r}{hint}")
+        return fn(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
+
+
+@_keywords_checked
 def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | None = None, device: Any = None,
           dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
           scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
-          trace: str | None = None, trace_level: str = "modules", **options: Any) -> Watch:
+          trace: str | None = None, trace_level: str = "modules") -> Watch:
     """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
     captured (fused statistics per output tensor, no host sync per hook on GPU); ``w.report()``
     then names the first module and aten op that produced NaN/Inf, replays it across dtypes,
@@ -30,32 +77,46 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
 
     Args:
         model: the ``nn.Module`` to watch (also a ``torch.compile``d one, DDP or FSDP2).
-        level: ``"blocks"`` (transformer blocks and the root, cheapest; a fault is refined to the
-            leaf module on ``report()``) or ``"modules"`` (every module).
-        retain: how many recent forwards to keep in full (older ones fold into aggregates).
-        backend: statistics kernels, ``"triton"`` or ``"torch"`` (default: the best available).
+        level: what is hooked while the model runs:
+            ``"blocks"`` (default, cheapest): the transformer blocks and the root; a fault is
+            refined to the leaf module and the aten op on ``report()`` by re-running the failing
+            forward. ``"modules"``: every module. ``"ops"``: every aten op as well (a dispatch
+            mode reads each op's result on the host: slowest, and not under CUDA-graph capture;
+            names the op at once, with no re-run).
+        retain: how many recent forwards to keep in full (inputs and per-call statistics); older
+            ones fold into per-module aggregates.
+        backend: statistics kernels, ``"triton"`` or ``"torch"`` (default: Triton on a GPU when
+            installed, else torch).
         device: where statistics are kept (default: the model's device).
-        dtype: the precision the model runs in (``fp16``, ``bf16``, ``fp8-e4m3``...; default: its
-            parameters' dtype, or the autocast dtype of each forward).
-        fp8: the fp8 emulation recipe (``dtypes.Fp8Recipe``) for fp8 dtypes.
-        backward: also capture the backward (gradients per module).
-        optimizer: the optimizer whose ``step()`` is captured (parameter updates).
-        scaler: a ``torch.amp.GradScaler``; its own skipped steps are notes, not faults.
-        capsule_dir: write ``DIR/step-<k>/`` (weights, batch, config) at the first fault, for
-            ``nanhunter scan DIR/step-<k>`` on another machine.
-        arch: ``"file.py:factory"`` recorded in the capsule for models that are not transformers.
-        on_fault: ``"record"`` (run on), ``"raise"``, ``"skip"`` or ``"stop"`` (contract v1.2).
+        dtype: the precision the model runs in (``"fp32"``, ``"bf16"``, ``"fp16"``,
+            ``"fp8-e4m3"``, ``"fp8-e5m2"``), against which headroom and faults are judged (default:
+            the parameters' dtype, or the autocast dtype each forward ran under).
+        fp8: the fp8 emulation recipe (``dtypes.Fp8Recipe``) for the fp8 dtypes.
+        backward: also capture the backward pass (gradients per module; the op and autograd node
+            that first produced a non-finite gradient).
+        optimizer: the optimizer whose ``step()`` is captured (the first parameter an update made
+            non-finite); needed by ``on_fault="skip"``.
+        scaler: the ``torch.amp.GradScaler`` in use; the steps it skips while the unscaled
+            gradients are finite are notes (``run.scaler_skipped_steps``), not faults.
+        capsule_dir: at the first fault, write ``DIR/step-<k>/`` (weights as the step began, its
+            batch, how to rebuild the model) for ``nanhunter scan DIR/step-<k>`` on any machine.
+        arch: ``"file.py:factory"`` recorded in the capsule for a model transformers cannot
+            rebuild from its config.
+        on_fault: what to do at the first fault: ``"record"`` (default: note it, run on),
+            ``"raise"`` (``NonFiniteError`` carrying the report), ``"stop"`` (``w.should_stop``
+            becomes true; with ``optimizer=`` that step's update is undone) or ``"skip"``
+            (needs ``optimizer=``: every faulty step's update is undone and training goes on;
+            ``run.skipped_steps`` lists them).
         trace: write a numerics trace (``nanhunter.trace/v1``, docs/trace-format.md) of every
             forward while watched, one step per root call, for ``nanhunter diff``; written as the
             steps end and closed when the watch ends.
-        trace_level: ``"modules"`` (one entry per module call) or ``"ops"`` (per aten op).
-        **options: further ``session.watcher.Watch`` options, passed on as they are.
+        trace_level: ``"modules"`` (one trace entry per module call) or ``"ops"`` (per aten op).
     """
     from .session.watcher import Watch
 
     w = Watch(model, level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
               backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir, arch=arch,
-              on_fault=on_fault, **options)
+              on_fault=on_fault)
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
     if trace is not None:
         from .trace.recorder import TraceRecorder
@@ -65,16 +126,71 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
     return w
 
 
-def scan(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter scan`` pipeline as a function; returns the Report. Options take the flags'
-    names; a repeatable one (``prompts``, ``inputs``, ``max_memory``) takes a list, or one string
-    as one item: ``prompts="hello"`` is one prompt."""
+@_keywords_checked
+def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | None = None,
+         inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None,
+         dtype: str | None = None, device: str = "auto", device_map: str | None = None, max_memory: Any = None,
+         stats: str = "fast", replay: bool = True, compile: bool | str = False, compile_backend: str = "inductor",
+         rtol: float = 1e-2, generate: int | None = None, batch: bool = False, backward: bool = False,
+         loss: str | None = None, trace: str | None = None, trace_level: str = "modules", repeat: int | None = None,
+         config: str | Config | None = None, progress: Callable[[str, int], None] | None = None) -> PrintableReport:
+    """``nanhunter scan CHECKPOINT`` as a function: scan the weights, run the model under hooks,
+    locate the first NaN/Inf, replay and diagnose it. Returns the ``Report``: ``print(report)``
+    shows the terminal view, ``report.to_html(path)`` / ``report.to_json(path)`` write what
+    ``--report`` / ``--json`` write, ``report.exit_code()`` is the command's exit code. Bad input
+    raises ``nan_hunter.errors.BadInput`` with the command's one-line message.
+
+    Args:
+        checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, a model directory
+            (``config.json`` + safetensors), a ``.gguf`` file or a capsule ``DIR/step-<k>``.
+        arch: ``"file.py:factory"`` or ``"package.module:factory"`` building the model the weights
+            load into (``--arch``; default: the directory's ``config.json``).
+        attn: transformers ``attn_implementation``, ``"eager"`` or ``"sdpa"`` (``--attn``).
+        inputs: ``.safetensors`` files of ``forward()`` keyword arguments, one input each; a
+            single path is one file (``--inputs``, repeatable).
+        prompts: texts for the checkpoint's tokenizer; a single string is one prompt (``--prompt``,
+            repeatable).
+        data: a ``.jsonl`` file of ``{"text": ...}`` lines, one input each (``--data``).
+        dtype: the run's precision, ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8-e4m3"`` or
+            ``"fp8-e5m2"`` (``--dtype``; default: the checkpoint's own).
+        device: ``"auto"`` (cuda when available), ``"cpu"`` or ``"cuda"`` (``--device``).
+        device_map: ``"auto"``: place a model bigger than one device with accelerate
+            (``--device-map``).
+        max_memory: with ``device_map``, caps per device such as ``"cpu=200MB"`` (``--max-memory``).
+        stats: ``"fast"`` (sampled underflow statistics) or ``"full"`` (exact) (``--stats``).
+        replay: re-run the failing region in every dtype (``replay=False`` is ``--no-replay``).
+        compile: also run under ``torch.compile`` and compare with eager (``--compile``); a
+            backend name (``"aot_eager"``) is ``compile=True, compile_backend=...``.
+        compile_backend: ``"inductor"``, ``"aot_eager"`` or ``"eager"`` (``--compile-backend``).
+        rtol: with ``compile``, the compiled run parts from eager above this relative error
+            (``--rtol``).
+        generate: greedy decoding of up to N new tokens per input, every step captured
+            (``--generate N``).
+        batch: with ``generate``, decode the inputs together, left-padded (``--batch``).
+        backward: forward then backward of a loss per input, the backward captured too
+            (``--backward``).
+        loss: with ``backward``, ``"file.py:fn"`` computing ``fn(outputs, batch) -> scalar``
+            (``--loss``; default: a causal LM's own loss).
+        trace: write a numerics trace of the run for ``nan_hunter.diff`` (``--trace PATH``).
+        trace_level: ``"modules"`` or ``"ops"`` (``--trace-level``).
+        repeat: with ``trace``, run each input N times and store the run-to-run spread
+            (``--repeat N``).
+        config: a YAML file merged over configs/default.yaml, or a ``config.Config``
+            (``--config``).
+        progress: called as ``progress(tensor_name, bytes_done)`` while the weights are scanned.
+    """
     from .pipeline.scan_checkpoint import scan as _scan
+    from .report_view import printable
 
-    return _scan(checkpoint, **options)
+    backend = compile if isinstance(compile, str) else compile_backend if compile else None
+    return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
+                 prompts=prompts, data=data, dtype=dtype, device=device, device_map=device_map,
+                 max_memory=max_memory, stats=stats, replay=replay, compile=backend, rtol=rtol, generate=generate,
+                 batch=batch, backward=backward, loss=loss, trace=trace, trace_level=trace_level, repeat=repeat))
 
 
-def diff(a: str, b: str, *, rtol: float | None = None) -> Any:
+@_keywords_checked
+def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None) -> Any:
     """``nanhunter diff A B`` as a function: where two traces (``scan(..., trace=PATH)``,
     ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
     (``.first_divergence``, ``.exit_code``, ``.to_dict()`` is ``nanhunter.diff/v1``); raises
@@ -85,12 +201,40 @@ def diff(a: str, b: str, *, rtol: float | None = None) -> Any:
     return compare_traces(read_trace(a), read_trace(b), rtol)
 
 
-def bisect(checkpoint: str, **options: Any) -> Report:
-    """The ``nanhunter bisect`` pipeline as a function; returns the Report (``prompts="hello"`` is
-    one prompt, as in ``scan``)."""
-    from .bisection.runner import bisect as _bisect
+@_keywords_checked
+def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str = "fp32", arch: str | None = None,
+           attn: str | None = None, inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None,
+           device: str = "auto", granularity: str | None = None, over: str = "modules", rtol: float | None = None,
+           generate: int | None = None, backward: bool = False, loss: str | None = None,
+           policy_out: str | None = None, config: str | Config | None = None,
+           progress: Callable[[int, str], None] | None = None) -> PrintableReport:
+    """``nanhunter bisect CHECKPOINT`` as a function: a 1-minimal set of modules to keep in
+    ``keep_dtype`` so that the run in ``dtype`` is finite and within ``rtol`` of the run all in
+    ``keep_dtype``. Returns the ``Report`` (``report.bisect.keep_modules``; ``print(report)``,
+    ``report.to_html(path)`` and ``report.to_json(path)`` as for ``scan``).
 
-    return _bisect(checkpoint, **options)
+    Args:
+        checkpoint, arch, attn, inputs, prompts, data, device, generate, backward, loss, config:
+            as for ``scan``.
+        dtype: the low precision that fails (``--dtype``): ``"fp16"``, ``"bf16"``, ``"fp8-e4m3"``
+            or ``"fp8-e5m2"``.
+        keep_dtype: the precision kept modules run in, ``"fp32"`` or ``"bf16"`` (``--keep-dtype``).
+        granularity: candidates are ``"leaf"`` modules or whole transformer ``"block"``s
+            (``--granularity``; default: ``bisect.granularity`` in the config).
+        over: ``"modules"`` (a minimal keep set) or ``"inputs"`` (which inputs of the data set
+            fail) (``--over``).
+        rtol: a run passes when its outputs are within this relative error of the run all in
+            ``keep_dtype`` (``--rtol``; default: ``bisect.rtol`` in the config).
+        generate: judge each run by greedy decoding of N tokens per input instead of one forward.
+        policy_out: write the policy YAML here, for ``apply_policy`` (``--policy-out``).
+        progress: called as ``progress(runs_done, what)`` after each trial run.
+    """
+    from .bisection.runner import bisect as _bisect
+    from .report_view import printable
+
+    return printable(_bisect(checkpoint, dtype=dtype, keep_dtype=keep_dtype, arch=arch, inputs=inputs, prompts=prompts,
+                   data=data, device=device, config=config, attn=attn, granularity=granularity, over=over, rtol=rtol,
+                   policy_out=policy_out, progress=progress, generate=generate, backward=backward, loss=loss))
 
 
 def apply_policy(model: Any, policy: Any) -> Any:

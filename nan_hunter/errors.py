@@ -11,6 +11,13 @@ def _one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
+def install_hint(extra: str) -> str:
+    """How to add one of nanhunter's extras (``hf``, ``plot``, ``accelerate``, ``lightning``, ``gpu``):
+    from the clone it was installed from — nanhunter is not on PyPI, so ``pip install
+    'nan-hunter[hf]'`` would find nothing (or someone else's package)."""
+    return f"pip install -e '.[{extra}]' in the nanhunter clone"
+
+
 class BadInput(Exception):
     """What is wrong and how to fix it, in one line: control characters that came in with a
     name (a shard called ``"a\\nb"``) are escaped, so the message stays one line."""

@@ -16,11 +16,10 @@ written, and the exit code stays the verdict's (exit 1 only means a non-finite v
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,17 @@ _TMP_SUFFIX = ".nanhunter-tmp"
 
 # Temporary files being written right now; an interrupt handler removes them (``remove_temporaries``).
 _temporaries: set[str] = set()
+
+#: Told of each file written, as ``(flag, path)``, once it is in place (``on_written``): the CLI
+#: announces every file it wrote; a library caller hears nothing unless it asks.
+_written_listener: Callable[[str, str], None] | None = None
+
+
+def on_written(listener: Callable[[str, str], None] | None) -> None:
+    """Call ``listener(flag, path)`` for each file written from now on (None: nobody). Capsule files
+    are not told one by one: a capsule is announced whole by the watch that writes it."""
+    global _written_listener
+    _written_listener = listener
 
 
 @dataclass(frozen=True)
@@ -47,67 +57,6 @@ class Output:
     @property
     def to_stdout(self) -> bool:
         return self.path == STDOUT
-
-
-# --- what must never be written: the inputs ------------------------------------------------------
-def arch_file(spec: str | None) -> Path | None:
-    """The file of ``--arch path/to/file.py:factory`` (None for ``package.module:factory``)."""
-    if not spec or ":" not in spec:
-        return None
-    target = spec.rpartition(":")[0]
-    if target.endswith(".py") or os.sep in target or "/" in target:
-        return Path(target)
-    return None
-
-
-def _index_shards(index: Path) -> list[Path]:
-    """Shard files an index names (best effort: a broken index is the loader's to refuse)."""
-    try:
-        if not index.is_file() or index.stat().st_size > 64 * 2**20:
-            return []
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return []
-    if not isinstance(weight_map, dict):
-        return []
-    return [index.parent / str(f) for f in set(weight_map.values())]
-
-
-def checkpoint_files(path: str | os.PathLike) -> list[Path]:
-    """Every file nanhunter may read for this checkpoint: the file itself; an index and its shards;
-    for a directory, every file in it (weights, index, config, tokenizer, ...) and the shards its
-    indexes name."""
-    p = Path(path)
-    files: list[Path] = []
-    if p.is_dir():
-        try:
-            children = list(p.iterdir())
-        except OSError:
-            children = []
-        for c in children:
-            files.append(c)
-            if c.name.endswith(".index.json"):
-                files += _index_shards(c)
-    else:
-        files.append(p)
-        if p.name.endswith(".index.json"):
-            files += _index_shards(p)
-    return files
-
-
-def input_files(checkpoints: Iterable[str] = (), inputs: Iterable[str] | None = None, data: str | None = None,
-                config: str | None = None, arch: str | None = None) -> list[Path]:
-    """All files a command reads, for ``check_outputs``: the user's and the packaged defaults
-    (``nan_hunter/configs/*.yaml``)."""
-    files: list[Path] = sorted((Path(__file__).resolve().parent / "configs").glob("*.yaml"))
-    for ck in checkpoints:
-        files += checkpoint_files(ck)
-    files += [Path(f) for f in (inputs or [])]
-    files += [Path(f) for f in (data, config) if f]
-    a = arch_file(arch)
-    if a is not None:
-        files.append(a)
-    return files
 
 
 # --- checking ------------------------------------------------------------------------------------
@@ -262,6 +211,8 @@ def write_bytes(flag: str, path: str, data: bytes) -> None:
     finally:
         _temporaries.discard(tmp)
     _sync_dir(target.parent)
+    if _written_listener is not None and flag != "capsule":
+        _written_listener(flag, path)
 
 
 def write_text(flag: str, path: str, text: str) -> None:

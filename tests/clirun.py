@@ -53,6 +53,10 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
     for k, v in (env or {}).items():
         if v is None:
             e.pop(k, None)
+        elif k == "PYTHONPATH" and os.environ.get("PYTHONPATH"):
+            # a test's path (a shim that hides a package) goes first; the caller's stays after it,
+            # so the child imports the nanhunter under test, not another install of it
+            e[k] = os.pathsep.join([str(v), os.environ["PYTHONPATH"]])
         else:
             e[k] = str(v)
     return e

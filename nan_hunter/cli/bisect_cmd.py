@@ -2,51 +2,61 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated, Any
 
-from . import options
+from . import options as o
 from .output import check_command_outputs, planned_outputs, write_json
 
 HELP = "Find a 1-minimal set of modules to keep in --keep-dtype so the --dtype run is finite and accurate."
 
 
-EXAMPLES = options.examples(
+EXAMPLES = o.examples(
     ("which modules must stay in fp32 for an fp16 run; write the policy",
      "nanhunter bisect ./my-model --prompt 'Hello' --dtype fp16 --policy-out keep.yaml"),
     ("by transformer block instead of by leaf module, keeping bf16",
      "nanhunter bisect model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
-     "      --dtype fp8-e4m3 --keep-dtype bf16 --granularity block"),
+     "    --dtype fp8-e4m3 --keep-dtype bf16 --granularity block"),
     ("which inputs of a data set fail in fp16", "nanhunter bisect ./my-model --data prompts.jsonl --over inputs"),
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bisect", help=HELP, description=HELP, epilog=EXAMPLES)
-    options.add_checkpoint(p)
-    g = options.Groups(p)
-    options.add_model_inputs(p, g)
-    g.run.add_argument("--dtype", default="fp16", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2",
-                       help="the low precision that fails")
-    g.run.add_argument("--keep-dtype", default="fp32", metavar="fp32|bf16", help="the precision kept modules run in")
-    g.mode.add_argument("--granularity", metavar="leaf|block",
-                        help="candidates: leaf modules, or whole transformer blocks (default: leaf)")
-    g.mode.add_argument("--over", default="modules", metavar="modules|inputs",
-                        help="modules: a minimal keep set; inputs: which inputs of the data set fail")
-    g.mode.add_argument("--rtol", type=float, metavar="FLOAT",
-                        help="a run passes when its outputs are within this of the all---keep-dtype run "
-                             "(default: bisect.rtol in the config)")
-    g.mode.add_argument("--generate", type=int, metavar="N", default=None,
-                        help="judge each run by greedy decoding of N tokens per input instead of one forward")
-    options.add_backward(g.mode)
-    options.add_json(g.output)
-    g.output.add_argument("--policy-out", metavar="PATH.yaml",
-                          help="write the policy YAML here ('-' for stdout); apply it with nan_hunter.apply_policy")
-    options.add_quiet(g.output)
-    options.add_config(g.output)
-    p.set_defaults(command=run)
+def command(
+    checkpoint: o.Checkpoint,
+    arch: o.Arch = None,
+    attn: o.Attn = None,
+    inputs: o.Inputs = None,
+    prompt: o.Prompt = None,
+    data: o.Data = None,
+    dtype: Annotated[str, o.opt("--dtype", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2", panel=o.RUN, default="fp16",
+                                help="the low precision that fails")] = "fp16",
+    keep_dtype: Annotated[str, o.opt("--keep-dtype", metavar="fp32|bf16", panel=o.RUN, default="fp32",
+                                     help="the precision kept modules run in")] = "fp32",
+    device: o.Device = "auto",
+    granularity: Annotated[str | None, o.opt(
+        "--granularity", metavar="leaf|block", panel=o.MODE,
+        help="candidates: leaf modules, or whole transformer blocks (default: leaf)")] = None,
+    over: Annotated[str, o.opt("--over", metavar="modules|inputs", panel=o.MODE, default="modules",
+                               help="modules: a minimal keep set; inputs: which inputs of the data set fail")] = "modules",
+    rtol: Annotated[str | None, o.opt(
+        "--rtol", metavar="FLOAT", panel=o.MODE, callback=o.number(float, "--rtol"),
+        help="a run passes when its outputs are within this of the run all in --keep-dtype "
+             "(default: bisect.rtol in the config)")] = None,
+    generate: Annotated[str | None, o.opt(
+        "--generate", metavar="N", panel=o.MODE, callback=o.number(int, "--generate"),
+        help="judge each run by greedy decoding of N tokens per input instead of one forward")] = None,
+    backward: o.Backward = False,
+    loss: o.Loss = None,
+    json: o.Json = None,
+    policy_out: Annotated[str | None, o.opt(
+        "--policy-out", metavar="PATH.yaml", panel=o.OUTPUT,
+        help="write the policy YAML here ('-' for stdout); apply it with nan_hunter.apply_policy")] = None,
+    quiet: o.Quiet = False,
+    config: o.Config = None,
+) -> int:
+    return run(o.namespace(locals()))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("policy_out", "--policy-out")])
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
     from ..config import load_config
@@ -76,4 +86,21 @@ def run(args: argparse.Namespace) -> int:
         from ..render.terminal import render
 
         render(rep, stderr=stdout_taken, **terminal_limits(cfg))
+    _no_policy(rep, args)
     return rep.exit_code()
+
+
+def _no_policy(rep: Any, args: Any) -> None:
+    """``--policy-out`` given but no policy written: say why (nothing is left unsaid)."""
+    from .output import say, was_written
+
+    if not args.policy_out or args.policy_out == "-" or args.quiet or was_written("--policy-out"):
+        return
+    b = rep.bisect
+    if b is not None and b.over == "inputs":
+        why = "--over inputs lists the failing inputs; a policy comes from --over modules"
+    elif b is not None and b.already_finite:
+        why = f"the run in {b.dtype} is already finite: there is nothing to keep in {b.keep_dtype}"
+    else:
+        why = f"no set of modules kept in {args.keep_dtype} makes the run finite"
+    say(f"--policy-out {args.policy_out}: not written: {why}")

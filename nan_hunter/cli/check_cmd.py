@@ -3,11 +3,13 @@ configs/ci.yaml), with JUnit XML, JSON, GitHub annotations and ``--report`` file
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from typing import Annotated, Any
 
-from . import options
+import typer
+
+from . import options as o
 from .output import (
     check_command_outputs,
     planned_outputs,
@@ -21,7 +23,7 @@ DESCRIPTION = HELP + (" Exit 0: every rule passed (warnings allowed); 1: a rule 
                       "annotations.")
 
 
-EXAMPLES = options.examples(
+EXAMPLES = o.examples(
     ("a pre-commit or CI check of changed checkpoints, JUnit for the CI",
      "nanhunter check model.safetensors --arch model.py:build --inputs batch.safetensors --junit junit.xml"),
     ("fp16 and bf16 forwards of a model directory on a prompt",
@@ -29,33 +31,46 @@ EXAMPLES = options.examples(
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help=HELP, description=DESCRIPTION, epilog=EXAMPLES)
-    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help="checkpoints to check (files or model directories), e.g. the changed files a "
-                        "pre-commit hook passes")
-    g = options.Groups(p)
-    options.add_model_inputs(p, g)
-    g.run.add_argument("--baseline", metavar="OLD",
-                       help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, "
-                            "and rule headroom_regression.<dtype> fails when one now overflows a dtype it fit or "
-                            "its headroom fell below min_headroom_db (configs/ci.yaml, 20 dB)")
-    g.run.add_argument("--dtypes", metavar="DTYPE,DTYPE",
-                       help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")
-    options.add_generate(g.mode)
-    options.add_json(g.output, "write the report v1 here ('-' for stdout); several checkpoints: a JSON array of "
-                               "reports")
-    g.output.add_argument("--junit", metavar="PATH",
-                          help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")
-    options.add_report(g.output)
-    options.add_quiet(g.output)
-    options.add_config(g.output, "YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")
-    p.set_defaults(command=run)
+def command(
+    checkpoints: Annotated[list[str], typer.Argument(
+        metavar="CHECKPOINT", show_default=False,
+        help="checkpoints to check (files or model directories), e.g. the changed files a pre-commit hook passes")],
+    arch: o.Arch = None,
+    attn: o.Attn = None,
+    inputs: o.Inputs = None,
+    prompt: o.Prompt = None,
+    data: o.Data = None,
+    dtypes: Annotated[str | None, o.opt(
+        "--dtypes", metavar="DTYPE,DTYPE", panel=o.RUN,
+        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")] = None,
+    device: o.Device = "auto",
+    baseline: Annotated[str | None, o.opt(
+        "--baseline", metavar="OLD", panel=o.RUN,
+        help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and rule "
+             "headroom_regression.<dtype> fails when one now overflows a dtype it fit or its headroom fell below "
+             "min_headroom_db (configs/ci.yaml, 20 dB)")] = None,
+    generate: o.Generate = None,
+    batch: o.Batch = False,
+    json: Annotated[str | None, o.opt(
+        "--json", metavar="PATH", panel=o.OUTPUT,
+        help="write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")] = None,
+    junit: Annotated[str | None, o.opt(
+        "--junit", metavar="PATH", panel=o.OUTPUT,
+        help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")] = None,
+    report: o.Report = None,
+    strip: o.Strip = None,
+    quiet: o.Quiet = False,
+    config: Annotated[str | None, o.opt(
+        "--config", metavar="FILE", panel=o.OUTPUT,
+        help="YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")] = None,
+) -> int:
+    return run(o.namespace(locals()))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
-    stdout_taken = check_command_outputs(outs, args, args.checkpoints)
+    # the baseline is read too: no output may overwrite it
+    stdout_taken = check_command_outputs(outs, args, args.checkpoints + ([args.baseline] if args.baseline else []))
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
@@ -78,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return finish(code)
 
 
-def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bool) -> None:
+def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
     from ..outputs import STDOUT, write_text
     from ..pipeline.ci_check import write_json_reports
     from ..render.ci import annotations, write_junit
@@ -101,4 +116,4 @@ def _outputs(reps: list, args: argparse.Namespace, cfg: object, stdout_taken: bo
             sys.stderr.flush()
         else:  # a reader of stdout that went away drops them, as it drops the terminal view
             write_text("GitHub annotations", STDOUT, text)
-    write_report_file(reps, args.report)
+    write_report_file(reps, args.report, args.quiet)

@@ -2,37 +2,46 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated, Any
 
-from . import options
+import typer
+
+from . import options as o
 
 HELP = "Compare two traces (scan --trace) and name the first op or module where the runs part."
+DESCRIPTION = HELP + (" Exit 0: no divergence; 1: a divergence, or one side non-finite where the other is not; "
+                      "2: the traces cannot be compared.")
 
-EXAMPLES = options.examples(
+EXAMPLES = o.examples(
     ("a trace in each environment, then the comparison (exit 1 when they part)",
      "nanhunter scan ./model --prompt hi --trace old.jsonl      # torch 2.13\n"
-     "  nanhunter scan ./model --prompt hi --trace new.jsonl      # torch 2.14\n"
-     "  nanhunter diff old.jsonl new.jsonl --json diff.json --report diff.html"),
+     "nanhunter scan ./model --prompt hi --trace new.jsonl      # torch 2.14\n"
+     "nanhunter diff old.jsonl new.jsonl --json diff.json --report diff.html"),
     ("op level, with each run repeated 3 times so nondeterministic ops set their own tolerance",
      "nanhunter scan ./model --prompt hi --trace a.jsonl.gz --trace-level ops --repeat 3"),
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diff", help=HELP, description=HELP + " Exit 0: no divergence; 1: a divergence, or one side "
-                       "non-finite where the other is not; 2: the traces cannot be compared.", epilog=EXAMPLES)
-    p.add_argument("a", metavar="A", help="a trace (nanhunter.trace/v1; .gz read as gzip)")
-    p.add_argument("b", metavar="B", help="the trace to compare it with (the reference of rel_err)")
-    p.add_argument("--rtol", type=float, default=None, metavar="FLOAT",
-                   help="relative tolerance of every entry (default: 1e-3 for fp32/fp64 entries, 1e-2 for "
-                        "bf16/fp16/fp8; never below 4 x the entry's --repeat spread)")
-    options.add_json(p, help="write the comparison as JSON (nanhunter.diff/v1) here ('-' for stdout)")
-    p.add_argument("--report", metavar="PATH.html", help="also write a self-contained HTML page")
-    options.add_quiet(p)
-    p.set_defaults(command=run)
+def command(
+    a: Annotated[str, typer.Argument(metavar="A", show_default=False,
+                                     help="a trace (nanhunter.trace/v1; .gz read as gzip)")],
+    b: Annotated[str, typer.Argument(metavar="B", show_default=False,
+                                     help="the trace to compare it with (the reference of rel_err)")],
+    rtol: Annotated[str | None, o.opt(
+        "--rtol", metavar="FLOAT", panel=o.MODE, callback=o.number(float, "--rtol"),
+        help="relative tolerance of every entry (default: 1e-3 for fp32/fp64 entries, 1e-2 for bf16/fp16/fp8; "
+             "never below 4 x the entry's --repeat spread)")] = None,
+    json: Annotated[str | None, o.opt(
+        "--json", metavar="PATH", panel=o.OUTPUT,
+        help="write the comparison as JSON (nanhunter.diff/v1) here ('-' for stdout)")] = None,
+    report: Annotated[str | None, o.opt("--report", metavar="PATH.html", panel=o.OUTPUT,
+                                           help="also write a self-contained HTML page")] = None,
+    quiet: o.Quiet = False,
+) -> int:
+    return run(o.namespace(locals()))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Any) -> int:
     from ..errors import BadInput
     from ..outputs import Output, check_outputs
 

@@ -1,5 +1,6 @@
-"""``nanhunter``: the entry point. Builds the parser, runs one command, and turns what ends it
-into an exit code: bad input → one line and 2; Ctrl-C → 130; an internal error → one line and 3."""
+"""``nanhunter``: the entry point. Runs one command of the typer application (``app``) and turns
+what ends it into an exit code: bad usage or bad input → one line and 2; Ctrl-C → 130; an
+internal error → one line and 3."""
 
 from __future__ import annotations
 
@@ -8,35 +9,76 @@ import sys
 from typing import NoReturn
 
 from ..errors import BadInput
-from ..version import __version__
-from . import bisect_cmd, check_cmd, diff_cmd, interrupts, scan_cmd
-from .options import Parser
-
-DESCRIPTION = "Find the first module and aten op that produced NaN/Inf, and how to fix it."
-
-
-def build_parser() -> Parser:
-    p = Parser(prog="nanhunter", description=DESCRIPTION)
-    p.add_argument("--version", action="version", version=f"nanhunter {__version__}", help="print the version and exit")
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    for cmd in (scan_cmd, bisect_cmd, check_cmd, diff_cmd):
-        cmd.add_parser(sub)
-    return p
+from . import interrupts
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the command; returns its exit code (raises BadInput/KeyboardInterrupt)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = ["nanhunter", *(sys.argv[1:] if argv is None else argv)]  # run.command in the report
-    command = getattr(args, "command", None)
-    if command is None:
-        parser.print_help(sys.stderr)
-        return 2
+    """Parse ``argv`` and run the command; returns its exit code (raises BadInput/KeyboardInterrupt).
+    Usage errors are one line on stderr and 2; no command at all prints the help on stderr and 2."""
+    import typer
+
+    from . import options
+    from .app import COMPLETE_VAR, PROG, build_command
+    from .usage import click_exceptions, usage_line
+
+    args = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    options.COMMAND_LINE = ["nanhunter", *args]  # run.command in the report
+    cmd = build_command()
+    cmd._main_shell_completion({}, PROG, COMPLETE_VAR)  # exits when the shell asks for completions
+    if not args:
+        return _help_on_stderr(cmd)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     quiet_libraries()
-    return command(args)
+    exc = click_exceptions()
+    options.STARTED = False
+    try:
+        with cmd.make_context(PROG, args) as ctx:
+            try:
+                code = cmd.invoke(ctx)
+            finally:
+                from .output import announce_written
+
+                announce_written()  # every file written, also when a later step failed
+    except typer.Exit as e:  # --help, --version
+        return int(getattr(e, "exit_code", 0) or 0)
+    except exc.UsageError as e:
+        if str(getattr(e, "message", "")).startswith("Missing command"):
+            return _help_on_stderr(cmd)
+        sys.stderr.write(usage_line(e, args) + "\n")
+        return 2
+    except BrokenPipeError:
+        if options.STARTED:  # a command's own output: its writers handle a closed stdout
+            raise
+        from ..outputs import stdout_closed
+
+        stdout_closed()  # `nanhunter --help | head -1`
+        return 0
+    except SystemExit as e:
+        if options.STARTED or e.code != 1 or not _stdout_is_devnull():
+            raise
+        return 0  # rich met the closed pipe while printing the help, pointed stdout at /dev/null and exited 1
+    return int(code or 0)
+
+
+def _stdout_is_devnull() -> bool:
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _help_on_stderr(cmd: object) -> int:
+    import contextlib
+
+    import typer
+
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            cmd.make_context("nanhunter", ["--help"])
+        except typer.Exit:
+            pass
+    return 2
 
 
 #: Loggers of libraries the model code imports, whose import-time warnings are not the user's

@@ -15,6 +15,41 @@ def say(msg: str) -> None:
     sys.stderr.write(f"nanhunter: {msg}\n")
 
 
+#: the files this command wrote, as (flag, path), said on stderr when it ends (``announce_written``)
+WRITTEN: list[tuple[str, str]] = []
+
+
+def collect_written(quiet: bool) -> None:
+    """From now on, remember every file written (``outputs.on_written``) to announce it when the
+    command ends — after its terminal view, so the view is not cut by them; ``--quiet``: no."""
+    from .. import outputs
+
+    WRITTEN.clear()
+    outputs.on_written(None if quiet else lambda flag, path: WRITTEN.append((flag, path)))
+
+
+def wrote(flag: str, path: str) -> None:
+    """A file written other than through ``outputs`` (the ``--trace`` stream), announced with the rest."""
+    from .. import outputs
+
+    if outputs._written_listener is not None:
+        outputs._written_listener(flag, path)
+
+
+def was_written(flag: str) -> bool:
+    return any(f == flag for f, _ in WRITTEN)
+
+
+def announce_written() -> None:
+    """``nanhunter: wrote r.html (--report)``, one line per file written, then forget them."""
+    from .. import outputs
+
+    outputs.on_written(None)
+    for flag, path in WRITTEN:
+        say(f"wrote {path} ({flag})")
+    WRITTEN.clear()
+
+
 def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int = 1) -> list[Output]:
     """The outputs a command's flags ask for: ``flags`` maps attribute names to flags
     (``("json", "--json")``); ``--report`` adds its page and PNGs."""
@@ -26,7 +61,8 @@ def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int 
 
 def check_command_outputs(outs: list[Output], args: Any, checkpoints: list[str]) -> bool:
     """Refuse bad outputs before any work (exit 2); True when one of them takes stdout."""
-    from ..outputs import check_outputs, input_files
+    from ..load.command_inputs import input_files
+    from ..outputs import check_outputs
 
     check_outputs(outs, input_files(checkpoints, args.inputs, args.data, args.config, args.arch))
     return any(o.to_stdout for o in outs)
@@ -52,14 +88,16 @@ def stage_progress(quiet: bool = False):
     return StageProgress()
 
 
-def write_report_file(reps: Any, path: str | None) -> None:
-    """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line."""
+def write_report_file(reps: Any, path: str | None, quiet: bool = False) -> None:
+    """``--report``: HTML or Markdown by suffix; a missing matplotlib costs the plot and one line
+    (none with ``--quiet``: the report itself says it)."""
     if not path:
         return
     from ..render.report_file import write_report
 
     for note in write_report(reps, path):
-        say(note)
+        if not quiet:
+            say(note)
 
 
 def write_json(reps: Any, path: str | None) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated, Any
 
-from . import options
+from . import options as o
 from .output import (
     check_command_outputs,
     planned_outputs,
@@ -17,12 +17,12 @@ from .output import (
 HELP = "Scan weights, run the model under hooks, locate the first NaN/Inf, replay and diagnose it."
 
 
-EXAMPLES = options.examples(
+EXAMPLES = o.examples(
     ("a model directory (config.json + safetensors) on a prompt, in fp16",
      "nanhunter scan ./my-model --prompt 'The capital of France is' --dtype fp16"),
     ("your own architecture on a batch saved as safetensors; JSON and an HTML report",
      "nanhunter scan model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
-     "      --json report.json --report report.html"),
+     "    --json report.json --report report.html"),
     ("a data set, decoding 32 tokens per line", "nanhunter scan ./my-model --data prompts.jsonl --generate 32"),
     ("eager against torch.compile", "nanhunter scan ./my-model --prompt hi --compile --compile-backend inductor"),
     ("a training step's capsule written by watch(capsule_dir=...)", "nanhunter scan capsules/step-41"),
@@ -31,35 +31,51 @@ EXAMPLES = options.examples(
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scan", help=HELP, description=HELP, epilog=EXAMPLES)
-    options.add_checkpoint(p)
-    g = options.Groups(p)
-    options.add_model_inputs(p, g)
-    g.run.add_argument("--dtype", metavar=options.DTYPES_HELP,
-                       help="precision of the run (default: the checkpoint's own dtype)")
-    options.add_device_map(g.run)
-    g.mode.add_argument("--stats", default="fast", metavar="fast|full",
-                        help="fast: sampled underflow statistics; full: exact, slower")
-    g.mode.add_argument("--no-replay", action="store_true", help="skip the replay of the failing region per dtype")
-    g.mode.add_argument("--compile", action="store_true", help="also run under torch.compile and compare with eager")
-    g.mode.add_argument("--compile-backend", default="inductor", metavar="inductor|aot_eager|eager",
-                        help="--compile: the torch.compile backend")
-    g.mode.add_argument("--rtol", type=float, default=1e-2, metavar="FLOAT",
-                        help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| "
-                             "exceeds this")
-    options.add_generate(g.mode)
-    options.add_backward(g.mode)
-    options.add_trace(g.output)
-    options.add_json(g.output)
-    options.add_report(g.output)
-    options.add_quiet(g.output)
-    options.add_config(g.output)
-    p.set_defaults(command=run)
+def command(
+    checkpoint: o.Checkpoint,
+    arch: o.Arch = None,
+    attn: o.Attn = None,
+    inputs: o.Inputs = None,
+    prompt: o.Prompt = None,
+    data: o.Data = None,
+    dtype: Annotated[str | None, o.opt("--dtype", metavar=o.DTYPES_HELP, panel=o.RUN,
+                                          help="precision of the run (default: the checkpoint's own dtype)")] = None,
+    device: o.Device = "auto",
+    device_map: o.DeviceMap = None,
+    max_memory: o.MaxMemory = None,
+    stats: Annotated[str, o.opt("--stats", metavar="fast|full", panel=o.MODE, default="fast",
+                                help="fast: sampled underflow statistics; full: exact, slower")] = "fast",
+    no_replay: Annotated[bool, o.flag("--no-replay", panel=o.MODE,
+                                     help="skip the replay of the failing region per dtype")] = False,
+    compile: Annotated[bool, o.flag("--compile", panel=o.MODE,
+                                   help="also run under torch.compile and compare with eager")] = False,
+    compile_backend: Annotated[str, o.opt("--compile-backend", metavar="inductor|aot_eager|eager", panel=o.MODE,
+                                          default="inductor", help="--compile: the torch.compile backend")] = "inductor",
+    rtol: Annotated[str | None, o.opt(
+        "--rtol", metavar="FLOAT", panel=o.MODE, default=0.01, callback=o.number(float, "--rtol"),
+        help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| exceeds "
+             "this")] = None,
+    generate: o.Generate = None,
+    batch: o.Batch = False,
+    backward: o.Backward = False,
+    loss: o.Loss = None,
+    trace: o.Trace = None,
+    trace_level: o.TraceLevel = "modules",
+    repeat: o.Repeat = None,
+    json: o.Json = None,
+    report: o.Report = None,
+    strip: o.Strip = None,
+    quiet: o.Quiet = False,
+    config: o.Config = None,
+) -> int:
+    args = o.namespace(locals())
+    if args.rtol is None:
+        args.rtol = 1e-2
+    return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    outs = planned_outputs(args, [("json", "--json")]) + options.trace_output(args)
+def run(args: Any) -> int:
+    outs = planned_outputs(args, [("json", "--json")]) + o.trace_output(args)
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
     from ..config import load_config
     from .output import terminal_limits
@@ -90,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
                 stages.done()
         code = rep.exit_code()
         rep.add_context(command=getattr(args, "argv", None))
+        if args.trace and writes():
+            from .output import wrote
+
+            wrote("--trace", args.trace)
         if writes():  # rank 0 (or the one process) prints and writes
             write_json(rep, args.json)
             if not args.quiet:
@@ -97,5 +117,5 @@ def run(args: argparse.Namespace) -> int:
 
                 render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
                        **terminal_limits(cfg))
-            write_report_file(rep, args.report)
+            write_report_file(rep, args.report, args.quiet)
         return finish(code)

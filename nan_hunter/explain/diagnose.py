@@ -142,8 +142,9 @@ def _inaccurate_line(ev: Evidence) -> str | None:
            if d != "fp64" and r.get("finite") and r.get("rel_err") is not None and r["rel_err"] > warn]
     if not off:
         return None
+    limit = f"{warn:.0%}" if warn >= 0.01 else f"{warn:g}"
     return ("replay: finite but inaccurate in " + ", ".join(f"{d} (rel_err {e:.3g})" for d, e in off)
-            + f" — above diagnosis.rel_err_warn {warn:g}")
+            + f" — more than {limit} off the float64 result")
 
 
 def _diag(ev: Evidence, cause: str, summary: str, evidence: list[str | None], fix: str) -> Diagnosis:

@@ -13,6 +13,11 @@ raises ``NonFiniteError``, ``"skip"`` has already undone that step's update and 
 optimizer): the model the user saves after training ends is the last good one. A clean run writes
 nothing and changes nothing.
 
+The log line names the report's path and the capsule's, with the command that replays it. A
+framework that hides a non-finite loss (transformers' ``logging_nan_inf_filter``, a GradScaler
+that skips the step without a word) is named with the steps it hid (``LossFlags``,
+``hidden_losses``).
+
 Under torch.distributed the report kept is each rank's own (``report()`` is a collective that
 the other ranks would not join at that moment); ``report_path`` is written by every rank that saw
 a fault.
@@ -21,6 +26,7 @@ a fault.
 from __future__ import annotations
 
 import logging
+import shlex
 from typing import Any
 
 from ..errors import NonFiniteError
@@ -45,6 +51,43 @@ def as_report_v1(rep: Any) -> Report:
                   modules=rep.calls, mode="watch")
 
 
+class LossFlags:
+    """Which framework steps computed a non-finite loss. Each loss becomes a device flag (no host
+    synchronisation per step); the flags are read when the framework logs, which reads the loss
+    then anyway (``new_bad_steps``)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, Any]] = []
+        self._said: set[int] = set()
+
+    def add(self, step: int, loss: Any) -> None:
+        import torch
+
+        if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.numel():
+            self._pending.append((step, torch.isfinite(loss.detach()).all().logical_not()))
+
+    def new_bad_steps(self) -> list[int]:
+        """Steps whose loss was non-finite, not yet returned by an earlier call."""
+        bad = sorted({step for step, flag in self._pending if bool(flag)} - self._said)
+        self._pending.clear()
+        self._said.update(bad)
+        return bad
+
+
+def loss_of(output: Any) -> Any:
+    """The loss in a model's output: ``output.loss`` (transformers' ``ModelOutput``), ``output["loss"]``
+    (a dict, Lightning's ``training_step`` result) or the output itself when it is a tensor; None
+    when there is none."""
+    if isinstance(output, dict):
+        return output.get("loss")
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    import torch
+
+    return output if isinstance(output, torch.Tensor) and output.dim() == 0 else None
+
+
 class CallbackCore:
     def __init__(self, level: str, on_fault: str, capsule_dir: str | None, report_path: str | None,
                  arch: str | None, logger: logging.Logger) -> None:
@@ -54,6 +97,8 @@ class CallbackCore:
         self.logger = logger
         self.watch: Any = None
         self.report: Any = None
+        self.scaler: Any = None
+        self.losses = LossFlags()
 
     def start(self, model: Any, optimizer: Any, scaler: Any = None) -> None:
         import nan_hunter
@@ -64,6 +109,7 @@ class CallbackCore:
         mode = OnFault.STOP if self.kind.raises else self.kind  # raised here, outside the framework's hooks
         if mode.needs_optimizer and opt is None:
             raise ValueError("NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found")
+        self.scaler = scaler
         self.watch = nan_hunter.watch(model, level=self.level, backward=True, optimizer=opt, scaler=scaler,
                                       capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode.value)
         self.watch.__enter__()
@@ -79,12 +125,40 @@ class CallbackCore:
             return False
         if self.report is None:
             self.report = w.policy.local_report()
-            self.logger.warning(_verdict_line(self.report))
             self._write()
+            self.logger.warning(self.log_line())
             if self.kind.raises:
                 self.end()
                 raise NonFiniteError(self.report, _verdict_line(self.report))
         return self.kind.stops
+
+    def log_line(self) -> str:
+        """The verdict line, then where the report and the capsule were written (and how to replay
+        the capsule)."""
+        parts = [_verdict_line(self.report)]
+        if self.report_path:
+            parts.append(f"report: {self.report_path}")
+        run = self.report.run
+        capsule = run.get("capsule") if run is not None else None
+        if capsule:
+            parts.append(f"capsule: {capsule} (replay it with: nanhunter scan {shlex.quote(str(capsule))})")
+        return " · ".join(parts)
+
+    def hidden_losses(self, hidden_by: list[str]) -> None:
+        """Say which steps' non-finite loss the framework hid, and how (``hidden_by``: the
+        framework's mechanisms that hid it, as phrases), once per step; nothing when none did."""
+        steps = self.losses.new_bad_steps()
+        if steps and hidden_by:
+            which = ", ".join(map(str, steps))
+            self.logger.warning(f"nanhunter: the loss of step{'s' if len(steps) > 1 else ''} {which} was non-finite, "
+                                f"and {'; and '.join(hidden_by)}")
+
+    def scaler_phrase(self) -> list[str]:
+        """The GradScaler's part in hiding a non-finite loss, when there is one."""
+        if self.scaler is None:
+            return []
+        return ["the GradScaler skipped the optimizer step without a word (it only lowered its scale), so "
+                "training went on as if nothing happened"]
 
     def _write(self) -> None:
         if self.report_path and self.report is not None:

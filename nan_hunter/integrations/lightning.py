@@ -2,7 +2,12 @@
 LightningModule with the optimizer (and GradScaler) the Trainer creates; stop
 (``trainer.should_stop``), skip or raise at the first fault (``integrations.callback_core``).
 ``first_nonfinite.step`` is ``trainer.global_step`` when the failing batch began. The watch's root
-is the LightningModule: its ``training_step`` calls ``self(...)`` (its ``forward``)."""
+is the LightningModule: its ``training_step`` calls ``self(...)`` (its ``forward``).
+
+What hides a non-finite loss under Lightning: mixed precision (``precision="16-mixed"``) steps
+through a GradScaler, which skips the optimizer step of a NaN/Inf loss without a word and goes
+on; and ``ModelCheckpoint(monitor=...)`` ranks a NaN monitored value as ±inf. The callback reads
+each ``training_step`` loss (as a device flag, read when Lightning logs) and names the steps."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
-from .callback_core import CallbackCore
+from .callback_core import CallbackCore, loss_of
 
 
 def _scaler(trainer: Any) -> Any:
@@ -37,13 +42,28 @@ class NanHunterCallback(Callback):
         self.core.start(pl_module, opts[0] if opts else None, _scaler(trainer))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._current = trainer.global_step
         self.core.step_begin(trainer.global_step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.core.losses.add(getattr(self, "_current", trainer.global_step), loss_of(outputs))
         if self.core.step_end():
             trainer.should_stop = True
+        every = getattr(trainer, "log_every_n_steps", 50) or 50
+        if (batch_idx + 1) % every == 0:  # Lightning reads the loss to log it now anyway
+            self.core.hidden_losses(self._hiders(trainer))
+
+    def _hiders(self, trainer: Any) -> list[str]:
+        why = self.core.scaler_phrase()
+        for cb in getattr(trainer, "callbacks", []) or []:
+            monitor = getattr(cb, "monitor", None)
+            if type(cb).__name__ == "ModelCheckpoint" and monitor and "loss" in monitor:
+                why.append(f"ModelCheckpoint(monitor={monitor!r}) ranks a NaN {monitor} as ±inf: the checkpoints "
+                           "it keeps do not show it")
+        return why
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.core.hidden_losses(self._hiders(trainer))  # the steps after the last log
         self.core.end()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:

@@ -1,7 +1,12 @@
 """``transformers.Trainer(..., callbacks=[NanHunterCallback()])``: watch the Trainer's model with
 the optimizer (and GradScaler) the Trainer creates; stop, skip or raise at the first fault
 (``integrations.callback_core``). ``first_nonfinite.step`` is ``state.global_step`` when the failing
-step began."""
+step began.
+
+The Trainer's own trap: with ``logging_nan_inf_filter=True`` (its default) a step whose loss is
+NaN or Inf is left out of the logged ``loss``, which then averages the finite steps — the curve
+looks healthy. The callback reads the loss of each training forward (``output.loss``, as a device
+flag) and, when the Trainer logs, names the steps the filter hid."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
 
-from .callback_core import CallbackCore
+from .callback_core import CallbackCore, loss_of
 
 
 class NanHunterCallback(TrainerCallback):
@@ -27,13 +32,38 @@ class NanHunterCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
         self.core.start(model, optimizer, getattr(optimizer, "scaler", None))  # accelerate's GradScaler
+        self._step = state.global_step
+        self._loss_hook = model.register_forward_hook(self._loss_seen) if model is not None else None
+
+    def _loss_seen(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if module.training and torch.is_grad_enabled():  # training forwards, not evaluation
+            self.core.losses.add(self._step, loss_of(output))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step = state.global_step
         self.core.step_begin(state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.core.hidden_losses(self._hiders(args))
+
+    def _hiders(self, args: Any) -> list[str]:
+        why = []
+        if getattr(args, "logging_nan_inf_filter", False):
+            why.append("transformers' logging_nan_inf_filter (True by default) left it out of the logged 'loss', "
+                       "which averages the finite steps instead: the logs look healthy; "
+                       "TrainingArguments(logging_nan_inf_filter=False) logs it as it is")
+        return why + self.core.scaler_phrase()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.core.step_end():
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        hook, self._loss_hook = getattr(self, "_loss_hook", None), None
+        if hook is not None:
+            hook.remove()
+        self.core.hidden_losses(self._hiders(args))  # the steps after the last log
         self.core.end()

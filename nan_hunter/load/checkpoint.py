@@ -239,9 +239,13 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
     return st
 
 
-def _read_index(index: Path, real: Path) -> dict[str, set[str]]:
-    """The index's weight_map as shard name → tensor names; every shard name confined to the directory."""
-    raw = read_regular(real, "index", MAX_INDEX_BYTES)
+def read_index(index: Path, real: Path | None = None) -> dict[str, set[str]]:
+    """The index's weight_map as shard name → tensor names; every shard name confined to the
+    directory (``member``). The one parser of a sharded index: the loader and the output check
+    (``command_inputs.checkpoint_files``, which must know the shards before any work) both read it
+    here, so a malformed index is refused once, in one line (BadInput), wherever it is met first.
+    ``real``: the index's resolved path (default: ``index`` itself)."""
+    raw = read_regular(real if real is not None else index, "index", MAX_INDEX_BYTES)
     data = bounded_json.loads(raw, str(index), unique_keys=True)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -258,7 +262,7 @@ def _read_index(index: Path, real: Path) -> dict[str, set[str]]:
 
 
 def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
-    shards = _read_index(index, real)
+    shards = read_index(index, real)
     root = index.parent
     ck = Checkpoint(index, fmt, [root / f for f in sorted(shards)])
     for fname in sorted(shards):
@@ -315,7 +319,7 @@ def _open_directory(p: Path) -> Checkpoint:
     has_config = config.exists()
     indexes = sorted(p.glob("*.safetensors.index.json"))
     for idx in indexes:  # transformers may read any of them: every one must stay inside
-        _read_index(idx, member(p, idx.name, f"checkpoint {p}")[1])
+        read_index(idx, member(p, idx.name, f"checkpoint {p}")[1])
     if indexes:
         preferred = [i for i in indexes if i.name == "model.safetensors.index.json"] or indexes
         ck = _open_index(preferred[0], member(p, preferred[0].name, f"checkpoint {p}")[1], "hf" if has_config else "sharded")

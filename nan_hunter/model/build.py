@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInput
+from ..errors import BadInput, install_hint
 from ..load import bounded_json
 from ..load.checkpoint import Checkpoint, member
 from ..load.regular_file import read_regular, require_regular
@@ -256,7 +256,7 @@ def _build_from_hf(ck: Checkpoint, attn: str | None, placed: dict[str, Any] | No
     try:
         import transformers
     except ImportError:
-        raise BadInput("building a Hugging Face model needs transformers: pip install 'nan-hunter[hf]' "
+        raise BadInput(f"building a Hugging Face model needs transformers: {install_hint('hf')} "
                        "(or pass --arch)") from None
     d = str(ck.path)
     transformers.utils.logging.set_verbosity_error()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..errors import BadInput
+from ..errors import BadInput, install_hint
 from ..load.capsule import Capsule, read
 from ..load.safetensors_header import show
 from .recording import Recording
@@ -186,7 +186,7 @@ def _from_config(cap: Capsule) -> Any:
     try:
         import transformers
     except ImportError:
-        raise BadInput("rebuilding this capsule's model needs transformers: pip install 'nan-hunter[hf]' "
+        raise BadInput(f"rebuilding this capsule's model needs transformers: {install_hint('hf')} "
                        "(or pass --arch)") from None
     cls = getattr(transformers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):

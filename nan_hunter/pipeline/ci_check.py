@@ -99,6 +99,8 @@ def _share(frac: float, dtype: str, mx: float) -> str:
         return f"is 0 (any {dtype} holds it)"
     if frac < 1e-4:
         return f"is far below {dtype} max {mx:.3g} ({1 / frac:.2g}x headroom)"
+    if frac >= 10:  # far past the max: a factor, not a percentage of 28 digits
+        return f"is {frac:.3g}x {dtype} max {mx:.6g}"
     pct = f"{frac:.0%}" if frac >= 0.01 else f"{frac * 100:.2g}%"
     return f"is {pct} of {dtype} max {mx:.6g}"
 
@@ -304,7 +306,10 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
     if baseline is not None:
         from ..load.weights import scan_weights
 
-        base = (baseline, scan_weights(open_checkpoint(baseline)))
+        try:
+            base = (baseline, scan_weights(open_checkpoint(baseline)))
+        except BadInput as e:  # named as the baseline: the user gave two checkpoints
+            raise BadInput(f"--baseline {baseline}: {e}") from None
     return [check_checkpoint(ck, path, dts, opts, cfg, progress, base) for path, ck in cks]
 
 

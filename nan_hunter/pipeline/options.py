@@ -26,6 +26,32 @@ from typing import Any
 from ..errors import BadInput
 from ..stats import parse_stats_level
 
+#: options users reach for by another tool's name (or the flag's own), and ours: ``--html`` →
+#: ``--report``. The CLI suggests the flag, ``nan_hunter.scan``/``bisect`` the keyword
+#: (``prompt=`` → ``prompts=``), through ``closest``.
+SYNONYMS = {"--html": "--report", "--md": "--report", "--markdown": "--report", "--output": "--json",
+            "--out": "--json", "--precision": "--dtype", "--junit-xml": "--junit", "--junitxml": "--junit",
+            "--prompts": "--prompt", "--input": "--inputs"}
+#: keywords of the Python API spelled otherwise than a user may guess: a repeatable flag's
+#: keyword is plural (``--prompt`` → ``prompts=``), ``--no-replay`` is ``replay=False``
+KEYWORD_SYNONYMS = {"prompt": "prompts", "input": "inputs", "precision": "dtype", "no_replay": "replay"}
+
+
+def closest(name: str, names: list[str] | tuple[str, ...], synonyms: dict[str, str] | None = None) -> str | None:
+    """The option meant by a mistyped ``name`` among ``names``: a known synonym first (``--html`` →
+    ``--report``), else the closest spelling (difflib ratio ≥ 0.6, leading dashes ignored: every
+    flag shares them), else None. Shared by the CLI (flags) and the Python API (keywords), so both
+    suggest the same thing."""
+    import difflib
+
+    same = (synonyms if synonyms is not None else SYNONYMS).get(name)
+    if same in names:
+        return same
+    bare = {n.lstrip("-"): n for n in names}
+    close = difflib.get_close_matches(name.lstrip("-"), list(bare), n=1, cutoff=0.6)
+    return bare[close[0]] if close else None
+
+
 COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "eager")
 #: scan options a capsule brings along itself (its inputs, its dtype, its phase), by their flags.
 NOT_WITH_CAPSULE = {"inputs": "--inputs", "prompts": "--prompt", "data": "--data", "dtype": "--dtype",

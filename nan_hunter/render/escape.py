@@ -90,3 +90,18 @@ def plot(s: object) -> str:
     """A matplotlib label: every ``$`` escaped, so no part of the label is parsed as mathtext (an
     unbalanced ``$x_`` would make drawing the figure raise); control characters shown."""
     return visible(s).replace("$", "\\$")
+
+
+def html_prose(s: object) -> str:
+    """A sentence for HTML (a diagnosis, a fix, a note): escaped as ``html``, and each
+    ```code span``` (a command, a setting) set as ``<code>`` instead of showing its backticks."""
+    import re
+
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html(s))
+
+
+def markdown_prose(s: object) -> str:
+    """A sentence for Markdown, escaped as ``markdown``, each ```code span``` as ``<code>``."""
+    import re
+
+    return re.sub(r"\\`((?:(?!\\`).)+?)\\`", r"<code>\1</code>", markdown(s))

@@ -53,6 +53,12 @@ class Strip:
     flush_dtype: str = "fp16"  # the dtype whose flush-to-zero ``StripCall.flush`` measures (``flush_dtype``)
 
     @property
+    def has_absmin(self) -> bool:
+        """Whether any call's abs-min was measured (a --generate run measures none): the views
+        leave the column out rather than show a dash on every row."""
+        return any(isinstance(it, StripCall) and it.absmin != "—" for it in self.items)
+
+    @property
     def title(self) -> str:
         where = self.dtype if self.dtype == self.run_dtype else f"{self.run_dtype} run, activations in {self.dtype}"
         return f"headroom per module call ({self.calls} calls, {where} max {self.max:.6g}; bar from {FLOOR:g} to the max)"

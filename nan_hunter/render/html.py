@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from ..report import Report
 from .escape import html as esc
+from .escape import html_prose as prose
 from .headroom import Strip, StripCall, strip
 from .plot import Plot
 from .rows import (
@@ -154,20 +155,23 @@ def _verdict(v: Verdict) -> str:
 
 
 def _strip(s: Strip) -> str:
+    absmin = s.has_absmin  # not measured (a --generate run): no column of dashes
     out = ["<table><thead><tr><th></th><th>module</th><th>type</th>",
-           f"<th>log10 |out| → {esc(s.dtype)} max</th><th class=num>abs-min</th><th class=num>absmax</th><th class=num>headroom</th>"
+           f"<th>log10 |out| → {esc(s.dtype)} max</th>" + ("<th class=num>abs-min</th>" if absmin else "")
+           + "<th class=num>absmax</th><th class=num>headroom</th>"
            f"<th class=num title=\"share of outputs a cast to {esc(s.flush_dtype)} rounds to zero\">→0 in {esc(s.flush_dtype)}</th>",
            "</tr></thead><tbody>"]
     for it in s.items:
         if not isinstance(it, StripCall):
-            out.append(f'<tr><td></td><td class="gap" colspan="7">{esc(it.text)}</td></tr>')
+            out.append(f'<tr><td></td><td class="gap" colspan="{7 if absmin else 6}">{esc(it.text)}</td></tr>')
             continue
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         bar = f'<div class="bar"><span class="{it.tone}" style="width:{it.fill * 100:.1f}%"></span></div>'
         out.append(f"<tr{' class=hit' if it.producer else ''}><td>{'▶' if it.producer else ''}</td>"
                    f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
-                   f"<td>{esc(it.module_type)}</td><td>{bar}</td><td class=num>{esc(it.absmin)}</td>"
-                   f"<td class=num>{esc(it.absmax)}</td>"
+                   f"<td>{esc(it.module_type)}</td><td>{bar}</td>"
+                   + (f"<td class=num>{esc(it.absmin)}</td>" if absmin else "")
+                   + f"<td class=num>{esc(it.absmax)}</td>"
                    f"<td class=num>{esc(it.headroom)}</td><td class=num>{esc(it.flush)}</td></tr>")
     out.append("</tbody></table>")
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)
@@ -177,14 +181,15 @@ def _diagnosis(rep: Report) -> list[str]:
     d = diagnosis(rep)
     h = ['<div class="card diag"><h2>Diagnosis</h2>']
     if d is not None:
-        h.append(f'<p><span class="badge cause">{esc(d.cause)}</span> {esc(d.summary)}</p>')
+        h[0] = f'<div class="card diag"><h2>Diagnosis <span class="badge cause">{esc(d.cause)}</span></h2>'
+        h.append(f"<p>{prose(d.summary)}</p>")
         if d.where is not None:
             module, op, dtype = d.where
             h.append(f"<p><b>where</b> <code>{esc(module)}</code> <code>{esc(op)}</code> ({esc(dtype)})</p>")
         if d.evidence:
-            h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{esc(e)}</li>" for e in d.evidence) + "</ul>")
-        h.append(f'<div class="fix"><b>Fix</b> {esc(d.fix)}'
-                 + (f'<div class="check {d.check_tone}">{esc(d.check)}</div>' if d.check else "") + "</div>")
+            h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{prose(e)}</li>" for e in d.evidence) + "</ul>")
+        h.append(f'<div class="fix"><b>Fix</b> {prose(d.fix)}'
+                 + (f'<div class="check {d.check_tone}">{prose(d.check)}</div>' if d.check else "") + "</div>")
     if rep.first_nonfinite is not None:
         h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep), _source_links(rep))}")
         rows, hit = lead_rows(rep)
@@ -219,13 +224,12 @@ def _section(rep: Report, plot: Plot) -> str:
                               numeric={2, 3, 4, 5, 6}))
         h.append("</div>")
     png, why = plot
-    h.append('<div class="card"><h2>Plot</h2>')
     if png:
         alt = "output absmax per module call" if rep.modules else "weights absmax per tensor"
-        h.append(f'<img class="plot" alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">')
-    else:
-        h.append(f'<p class="note">{esc(why or "")}</p>')
-    h.append("</div>")
+        h.append(f'<div class="card"><h2>Plot</h2><img class="plot" alt="{alt}" '
+                 f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>')
+    elif why and "matplotlib" in why:  # what to install for it; with nothing to plot there is no card
+        h.append(f'<div class="card"><h2>Plot</h2><p class="note">{prose(why)}</p></div>')
     w = weights_rows(rep, max_rows=WEIGHTS_MAX_ROWS)
     h.append('<div class="card"><h2>Weights</h2>')
     if w.rows:
@@ -248,8 +252,8 @@ def _section(rep: Report, plot: Plot) -> str:
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         h.append('<div class="card"><h2>Near misses and notes</h2><ul class="ev">')
-        h += [f'<li class="nm">near miss: {esc(m)}</li>' for m in near]
-        h += [f'<li class="note">{esc(n)}</li>' for n in rep.notes]
+        h += [f'<li class="nm">near miss: {prose(m)}</li>' for m in near]
+        h += [f'<li class="note">{prose(n)}</li>' for n in rep.notes]
         h.append("</ul></div>")
     return "\n".join(h)
 
@@ -259,7 +263,7 @@ def render_html(reps: list[Report], plots: list[Plot]) -> str:
     from ..version import __version__
 
     name = esc(title(reps))
-    body = [_verdict(check_verdict(reps))] if len(reps) > 1 else []
+    body = [_verdict(check_verdict(reps, 10_000))] if len(reps) > 1 else []
     for i, (rep, plot) in enumerate(zip(reps, plots)):
         if len(reps) > 1:
             body.append(f'{"<hr class=sep>" if i else ""}<h2>{esc((rep.checkpoint or {}).get("path"))}</h2>')

@@ -12,6 +12,7 @@ from urllib.parse import quote
 from ..report import Report
 from .escape import markdown as esc
 from .escape import markdown_code as code
+from .escape import markdown_prose as prose
 from .headroom import Strip, StripCall, strip
 from .rows import (
     CAVEAT_HEAD,
@@ -64,19 +65,23 @@ def _strip(s: Strip) -> list[str]:
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         rows.append(["▶" if it.producer else "", "&nbsp;" * 2 * min(it.depth, 6) + code(name), esc(it.module_type),
                      "█" * n + "·" * (BAR - n), esc(it.absmin), esc(it.absmax), esc(it.headroom), esc(it.flush)])
-    return [f"**{esc(s.title)}**", ""] + _table(["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max",
-                                                 "abs-min", "absmax", "headroom", f"→0 in {esc(s.flush_dtype)}"], rows)
+    head = ["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max", "abs-min", "absmax", "headroom",
+            f"→0 in {esc(s.flush_dtype)}"]
+    if not s.has_absmin:  # not measured (a --generate run): no column of dashes
+        head, rows = head[:4] + head[5:], [r[:4] + r[5:] for r in rows]
+    return [f"**{esc(s.title)}**", ""] + _table(head, rows)
 
 
 def _diagnosis(rep: Report) -> list[str]:
     md = ["### Diagnosis", ""]
     d = diagnosis(rep)
     if d is not None:
-        md += [f"**{code(d.cause)}** — {esc(d.summary)}", ""]
+        md[0] = f"### Diagnosis: {code(d.cause)}"
+        md += [prose(d.summary), ""]
         if d.where is not None:
             module, op, dtype = d.where
             md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
-        md += [f"- {esc(e)}" for e in d.evidence] + ["", f"**Fix**: {esc(d.fix)}", ""] + ([f"*{esc(d.check)}*", ""] if d.check else [])
+        md += [f"- {prose(e)}" for e in d.evidence] + ["", f"**Fix**: {prose(d.fix)}", ""] + ([f"*{prose(d.check)}*", ""] if d.check else [])
     if rep.first_nonfinite is not None:
         md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
         rows, hit = lead_rows(rep)
@@ -99,9 +104,11 @@ def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
         md += ["### Forward per dtype", ""] + _table(MATRIX_HEAD, _plain(matrix_rows(rep)))
     if rep.replay:
         md += ["### Replay of the failing region (vs float64)", ""] + _table(REPLAY_HEAD, _plain(replay_rows(rep)))
-    md += ["### Plot", ""]
     alt = "output absmax per module call" if rep.modules else "weights absmax per tensor"
-    md += [f"![{alt}]({quote(png_name)})", ""] if png_name else [f"_{esc(why or '')}_", ""]
+    if png_name:
+        md += ["### Plot", "", f"![{alt}]({quote(png_name)})", ""]
+    elif why and "matplotlib" in why:  # what to install for it; with nothing to plot there is no section
+        md += ["### Plot", "", f"_{esc(why)}_", ""]
     w = weights_rows(rep, max_rows=WEIGHTS_MAX_ROWS)
     md += ["### Weights", ""]
     if w.rows:
@@ -120,7 +127,7 @@ def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         md += ["### Near misses and notes", ""]
-        md += [f"- near miss: {esc(m)}" for m in near] + [f"- note: {esc(n)}" for n in rep.notes] + [""]
+        md += [f"- near miss: {prose(m)}" for m in near] + [f"- note: {prose(n)}" for n in rep.notes] + [""]
     return md
 
 
@@ -129,7 +136,7 @@ def render_markdown(reps: list[Report], plots: list[tuple[str | None, str | None
     Markdown file) or why there is no plot."""
     md = [f"# {esc(title(reps))}", ""]
     if len(reps) > 1:
-        md += [f"> **{esc(check_verdict(reps).text)}**", ""]
+        md += [f"> **{esc(check_verdict(reps, 10_000).text)}**", ""]
     for rep, (png_name, why) in zip(reps, plots):
         if len(reps) > 1:
             md += [f"## {code((rep.checkpoint or {}).get('path'))}", ""]

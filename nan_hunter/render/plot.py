@@ -8,11 +8,12 @@ import io
 import warnings
 from typing import Any
 
+from ..errors import install_hint
 from ..report import Report
 from . import escape
 from .rows import module_name, producer_index
 
-MISSING = "plot omitted: matplotlib is not installed (pip install 'nan-hunter[plot]')"
+MISSING = f"plot omitted: matplotlib is not installed ({install_hint('plot')})"
 # Limits drawn on every plot (values from torch.finfo via dtypes.limits).
 LIMIT_LINES = (("fp16", "tab:red"), ("fp8-e5m2", "tab:purple"), ("fp8-e4m3", "tab:orange"))
 KIND_MARK = {"nan": ("X", "crimson", "NaN"), "posinf": ("^", "darkmagenta", "+inf"),

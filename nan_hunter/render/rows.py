@@ -35,6 +35,16 @@ def fmt(x: Any) -> str:
     return str(x)
 
 
+def share_of_max(share: float) -> str:
+    """A value's share of a dtype's max: "12.50%", "2.1e-06" for a tiny one, and "6.26e+25x" for
+    one past the max by far (a percentage of 28 digits says nothing)."""
+    if math.isnan(share):
+        return "—"
+    if math.isinf(share) or share >= 10:
+        return "inf" if math.isinf(share) else f"{share:.3g}x"
+    return f"{share:.2%}" if share >= 1e-4 or share == 0 else f"{share:.1e}"
+
+
 def size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
 
@@ -80,14 +90,31 @@ def counts(reps: list[Report]) -> dict[str, int]:
     return c
 
 
-def check_verdict(reps: list[Report]) -> Verdict:
-    """One line for a whole ``check`` run."""
+def check_verdict(reps: list[Report], width: int = 0) -> Verdict:
+    """One line for a whole ``check`` run: the failing rules by name first (per checkpoint when
+    there are several), then the counts; at most ``width`` cells (default ``VERDICT_WIDTH``, the
+    80-column limit; a wider console gives more), rules that do not fit counted as "+N more"."""
+    width = width or VERDICT_WIDTH
     c = counts(reps)
-    bad = [check_label(r) for r in reps if not (r.check or {}).get("passed")]
-    what = f"{len(reps)} checkpoint(s), {sum(c.values())} rules: {c['fail']} failed, {c['warn']} warning(s)"
-    if bad:
-        return Verdict(cut_end(f"✘ check failed: {what} (failing: {', '.join(bad)})", VERDICT_WIDTH), "bad")
-    return Verdict(cut_end(f"✔ check passed: {what}", VERDICT_WIDTH), "warn" if c["warn"] else "ok")
+    total = sum(c.values())
+    failing = [(check_label(r), [x["rule"] for x in results(r) if x["status"] == "fail"])
+               for r in reps if not (r.check or {}).get("passed")]
+    warns = f", {c['warn']} warning(s)" if c["warn"] else ""
+    if not failing:
+        return Verdict(cut_end(f"✔ check passed: {len(reps)} checkpoint(s), {total} rules{warns}", width),
+                       "warn" if c["warn"] else "ok")
+    tail = f" ({c['fail']} of {total} rules failed{warns}; {len(reps)} checkpoint(s))"
+    names = [(f"{label}: " if len(reps) > 1 else "", rules or ["(no rule result)"]) for label, rules in failing]
+    flat = [(who if j == 0 else "", rule) for who, rules in names for j, rule in enumerate(rules)]
+    for shown in range(len(flat), 0, -1):
+        listed = "".join(("; " if i and who else ", " if i else "") + who + rule
+                         for i, (who, rule) in enumerate(flat[:shown]))
+        more = f" +{len(flat) - shown} more" if shown < len(flat) else ""
+        for end in (tail, ""):
+            line = f"✘ check failed: {listed}{more}{end}"
+            if cells(line) <= width:
+                return Verdict(line, "bad")
+    return Verdict(cut_end(f"✘ check failed: {flat[0][0]}{flat[0][1]}", width), "bad")
 
 
 #: The verdict line's width: it never wraps on an 80-column terminal (or a pipe read as one).
@@ -115,18 +142,78 @@ def cut_end(s: str, width: int) -> str:
     return out + "…"
 
 
-def cut_middle(name: str, width: int) -> str:
-    """A dotted name or path in at most ``width`` cells: "…" in the middle, the tail kept."""
+def cut_middle(name: str, width: int, sep: str = ".") -> str:
+    """A dotted name (or a path, ``sep="/"``) in at most ``width`` cells, "…" in the middle: whole
+    components go from the middle while the layer index (the last all-digit component, with the
+    component holding it) and the leaf stay (``model.layers.11.…output_projection_layer``,
+    ``model.…layers.17.mlp.down_proj``); only a leaf wider than ``width`` is cut inside a word.
+    The one style of every view (terminal, HTML, Markdown, verdict lines)."""
     if cells(name) <= width:
         return name
     if width <= 1:
         return "…"[:max(0, width)]
+    for cand in middle_candidates(name, sep):
+        if cells(cand) <= width:
+            return cand
     tail = ""
     for ch in reversed(name):
         if cells(ch + tail) > width - 1:
             break
         tail = ch + tail
     return "…" + tail
+
+
+#: a parameter's own name: shortened, ``mlp.down_proj.weight`` keeps ``down_proj.weight``
+PARAMETER_LEAVES = ("weight", "bias")
+
+
+def middle_candidates(name: str, sep: str = ".") -> list[str]:
+    """Shortened forms of ``name``, best first, that replace runs of whole components by "…" —
+    never the leaf, nor the layer index; forms that keep the index's parent (``layers.11``) first,
+    then those with one "…" rather than two, then the longest; the leaf alone (``…dense``) last."""
+    parts = name.split(sep)
+    n = len(parts)
+    if n < 2:
+        return []
+    # the leaf: the last component, with its module for a parameter (``down_proj.weight``)
+    leaf = 2 if n >= 3 and parts[-1] in PARAMETER_LEAVES else 1
+    idx = max((i for i, p in enumerate(parts[:-leaf]) if p.isdigit()), default=None)
+    protected = set(range(n - leaf, n)) | ({idx} if idx is not None else set())
+    segments: list[list[int]] = [[]]
+    for i in range(n):
+        if i in protected:
+            segments.append([])
+        else:
+            segments[-1].append(i)
+    choices: list[list[set[int]]] = []
+    for seg in (s for s in segments if s):
+        runs = [set(seg[a:b]) for a in range(len(seg)) for b in range(a + 1, len(seg) + 1)]
+        choices.append([set(), *runs])
+
+    def shown(dropped: set[int]) -> str:
+        tokens = [None if i in dropped else p for i, p in enumerate(parts) if not (i in dropped and i - 1 in dropped)]
+        text = ""
+        for k, tok in enumerate(tokens):
+            if tok is None:
+                text += (sep if k else "") + "…"
+            else:
+                text += (sep if k and tokens[k - 1] is not None else "") + tok
+        return text
+
+    scored = []
+    combos: list[set[int]] = [set()]
+    for options in choices:
+        combos = [c | o for c in combos for o in options]
+    for dropped in combos:
+        if not dropped:
+            continue
+        runs = sum(1 for i in dropped if i - 1 not in dropped)
+        parent_kept = idx is None or idx == 0 or idx - 1 not in dropped
+        text = shown(dropped)
+        scored.append(((not parent_kept, runs, -cells(text)), text))
+    out = [text for _, text in sorted(scored)]
+    out.append("…" + sep.join(parts[n - leaf:]))
+    return [c for c in dict.fromkeys(out) if cells(c) < cells(name)]
 
 
 def short_op(op: str | None) -> str | None:
@@ -169,7 +256,7 @@ def verdict(rep: Report, width: int = VERDICT_WIDTH) -> Verdict:
     """The one-line answer, at most ``width`` cells (it never wraps at 80 columns): what was
     found, where, and the cause code right after the mark so a grep finds it."""
     if rep.check is not None:
-        return check_verdict([rep])
+        return check_verdict([rep], width)
     if rep.bisect is not None:
         return _bisect_verdict(rep.bisect, width)
     if rep.exit_code() == 0 and rep.diagnosis is None:  # any diagnosis is a fault, whatever its code
@@ -200,7 +287,7 @@ def _fault_line(rep: Report, width: int) -> str:
                            (": hardware fault or non-determinism?", True)], width, {0: where})
         if f.role == "input" and f.phase != "backward":
             return fitted([(head + f"{kind} in the input data, first reaching " + "{}", False),
-                           (f" (input #{f.input_index})", True)], width, {0: where})
+                           (f" ({which_input(rep)})", True)], width, {0: where})
         if f.role == "input":
             return fitted([(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width,
                           {0: where})
@@ -307,10 +394,18 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
              if ck.get("n_tensors") is not None else str(ck.get("format")))]
     if rep.run:
         r = rep.run
-        failing = f" · failing inputs {r['failed_inputs']}" if r.get("failed_inputs") else ""
+        # a watch counts forwards (its steps), a scan the inputs of its data set
+        unit = "step" if rep.mode == "watch" else "input"
+        failing = f" · failing {unit}s {r['failed_inputs']}" if r.get("failed_inputs") else ""
         amp = r.get("autocast")
         under = f" (torch.autocast {amp['device_type']})" if amp else ""
-        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {r['n_inputs']} input(s){failing}"))
+        n = r["n_inputs"]
+        count = f"{n} forward(s)" if rep.mode == "watch" else f"{n} input(s)"
+        rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {count}{failing}"))
+        skipped = r.get("skipped_steps")
+        if skipped:
+            rows.append(("skipped", f"step(s) {', '.join(map(str, skipped))}: non-finite, their updates undone "
+                                    f"(on_fault={r.get('on_fault')!r})"))
         g = r.get("generate")
         if g:
             bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
@@ -332,11 +427,11 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     if f is None:
         return []
     rows = [("module", f"{module_name(f.module)} ({f.module_type}, call {f.call_index})"), ("op", f.op or "—"),
-            ("value", f"{f.kind} · role {f.role} · input #{f.input_index}")]
+            ("value", f"{f.kind} · role {f.role} · {which_input(rep)}")]
     when = when_row(rep)
     if when:
         rows.append(("when", when))
-    if f.phase != "forward":
+    if f.phase != "forward" and rep.mode != "watch":  # a watch names step and phase in the value row
         rows.append(("phase", f"{f.phase} · step {f.step}"))
     if f.grad_fn:
         rows.append(("autograd node", f.grad_fn))
@@ -350,6 +445,15 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
         if code:
             rows.append(("code", code))
     return rows
+
+
+def which_input(rep: Report) -> str:
+    """Where the first non-finite value was met: "input #2" of a scan's data set, "step 3 ·
+    forward" of a watched (training) run, whose forwards are its steps."""
+    f = rep.first_nonfinite
+    if rep.mode == "watch":
+        return f"step {f.step} · {f.phase}"
+    return f"input #{f.input_index}"
 
 
 def when_row(rep: Report) -> str | None:
@@ -504,7 +608,7 @@ def matrix_rows(rep: Report) -> list[list[str]]:
         where = f"{module_name(f['module'])} @ {f['op'] or '?'} ({f['kind']})" if f else "—"
         big = f"{fmt(r['absmax'])} at {module_name(r['absmax_module'])}" if r.get("absmax") is not None else "—"
         share = r["absmax"] / range_max(d) if r.get("absmax") is not None else None
-        frac = "—" if share is None else f"{share:.2%}" if share >= 1e-4 or share == 0 else f"{share:.1e}"
+        frac = "—" if share is None else share_of_max(share)
         rows.append([d, "yes" if r["finite"] else "NO", fmt(r["failed_inputs"] or "—"), where,
                      r.get("cause") or "—", big, frac])
     return rows

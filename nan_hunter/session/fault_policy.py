@@ -254,7 +254,7 @@ class FaultPolicy:
                        for refs in (c.inputs, c.outputs) for _, r in refs)
             if seen or any(f in failed for f in window):
                 self._restore(hooks.optimizer, None)
-                self.skipped.append(forward)
+                self._skipped(forward)
         else:
             flag = self._device_flag(list(window), calls)
             if flag is not None:
@@ -278,7 +278,7 @@ class FaultPolicy:
             event.synchronize()
             self._pending.pop(0)
             if bool(host):
-                self.skipped.append(forward)
+                self._skipped(forward)
                 for cur, v in restores:
                     cur.copy_(v)
 
@@ -327,6 +327,16 @@ class FaultPolicy:
                     elif flag is None:
                         st[k] = copy.deepcopy(v) if isinstance(v, (list, dict, tuple)) else v
         return deferred
+
+    def _skipped(self, forward: int) -> None:
+        """Record a step whose update was undone, and say so as it happens (the ``nan_hunter``
+        logger: a training log shows each skipped step, not only the report at the end)."""
+        import logging
+
+        self.skipped.append(forward)
+        logging.getLogger("nan_hunter").warning(
+            "nanhunter: step %s went non-finite; its optimizer update was undone (on_fault=%r)",
+            self.label(forward), self.on_fault)
 
     # -- the report ----------------------------------------------------------------------------
     def skipped_steps(self) -> list[int]:

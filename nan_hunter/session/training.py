@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import platform
+import shlex
 from typing import Any
 
 import torch
@@ -236,6 +237,10 @@ class TrainingState:
         path = write_capsule(self.capsule_dir, w.policy.label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
+        import logging
+
+        logging.getLogger("nan_hunter").warning("nanhunter: wrote the capsule of step %s to %s (replay it with: "
+                                                "nanhunter scan %s)", w.policy.label(f), path, shlex.quote(str(path)))
 
     def _run_at(self, step: int, phase: str) -> Any:
         """The precision ops ran in at ``step``: the watch's dtype, else the autocast dtype of that
@@ -322,7 +327,7 @@ class TrainingState:
                              "backing off, not a fault")
         if self.capsule:
             rep.notes.append(f"capsule of the failing step written to {self.capsule} "
-                             "(replay it with: nanhunter scan <that directory>)")
+                             f"(replay it with: nanhunter scan {shlex.quote(self.capsule)})")
         fnf = rep.first_nonfinite
         # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
         # parameters'): the failing step's, else the latest kept step's

@@ -193,3 +193,38 @@ def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype():
     assert f.param == d.param == "up.weight" and d.cause == "overflow" and "up.weight" in d.summary
     assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
     assert d.fix_verified is None and "Verified" not in d.fix
+
+
+def test_log_line_names_the_report_and_the_capsule(tmp_path, caplog):
+    """issue 32 (4): the verdict line says where the report and the capsule went, with the command
+    that replays the capsule."""
+    import logging
+
+    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"),
+                           arch=f"{Path(__file__).resolve()}:factory")
+    with caplog.at_level(logging.WARNING):
+        _train(True, cb)
+    cap = tmp_path / "caps" / f"step-{FAULT}"
+    line = next(r.getMessage() for r in caplog.records if "first non-finite value" in r.getMessage())
+    assert f"report: {tmp_path / 'r.json'}" in line and f"capsule: {cap} (replay it with: nanhunter scan {cap})" in line
+
+
+def test_model_checkpoint_ranking_a_nan_loss_is_named(tmp_path, caplog):
+    """issue 32 (8): ModelCheckpoint(monitor="loss") ranks a NaN loss as inf, so the checkpoints it
+    keeps never show it: the callback names the step whose loss was non-finite (training goes on
+    with on_fault="skip")."""
+    import logging
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    cb = NanHunterCallback(on_fault="skip")
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ck"), monitor="loss", every_n_train_steps=1, save_top_k=1)
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, deterministic=True, callbacks=[cb, ckpt], log_every_n_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.fit(Tiny(), _data(True))
+    said = [r.getMessage() for r in caplog.records if "ModelCheckpoint" in r.getMessage()]
+    assert said and said[0].startswith(f"nanhunter: the loss of step {FAULT} was non-finite, and ModelCheckpoint("
+                                       "monitor='loss') ranks a NaN loss as ±inf"), said
+    assert len(said) == 1  # each step is named once

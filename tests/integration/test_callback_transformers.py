@@ -188,3 +188,41 @@ def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype(tmp_path, monke
     assert "model.layers.0.mlp.up_proj.weight" in d.summary
     assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
     assert d.fix_verified is None and "Verified" not in d.fix
+
+
+def test_log_line_names_the_report_and_the_capsule(tmp_path, monkeypatch, caplog):
+    """issue 32 (4): nothing hidden — the verdict line says where the report and the capsule went,
+    with the command that replays the capsule; each skipped step is logged as it is skipped."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(on_fault="skip", capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"))
+    with caplog.at_level(logging.WARNING):
+        _train(tmp_path, True, cb)
+    cap = tmp_path / "caps" / f"step-{FAULT}"
+    line = next(r.getMessage() for r in caplog.records if "first non-finite value" in r.getMessage())
+    assert f"report: {tmp_path / 'r.json'}" in line
+    assert f"capsule: {cap} (replay it with: nanhunter scan {cap})" in line
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"nanhunter: step {FAULT} went non-finite; its optimizer update was undone (on_fault='skip')" in messages
+    assert any(f"(replay it with: nanhunter scan {cap})" in n for n in cb.report.notes)
+    assert not any("<that directory>" in n for n in cb.report.notes)
+
+
+@pytest.mark.parametrize("nan_inf_filter", [True, False])
+def test_logging_nan_inf_filter_hiding_the_loss_is_named(tmp_path, monkeypatch, caplog, nan_inf_filter):
+    """issue 32 (8): with logging_nan_inf_filter=True (the Trainer's default) the logged loss of
+    the failing step is the average of the finite ones — the callback says so and names the step;
+    with the filter off the logged loss is NaN itself, and nothing more is said."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(on_fault="skip")
+    with caplog.at_level(logging.WARNING):
+        trainer, _ = _train(tmp_path, True, cb, logging_nan_inf_filter=nan_inf_filter)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    said = [r.getMessage() for r in caplog.records if "logging_nan_inf_filter" in r.getMessage()]
+    if nan_inf_filter:
+        assert all(torch.isfinite(torch.tensor(x)) for x in logged)  # what the user sees: a clean curve
+        assert said == [f"nanhunter: the loss of step {FAULT} was non-finite, and transformers' "
+                        "logging_nan_inf_filter (True by default) left it out of the logged 'loss', which averages "
+                        "the finite steps instead: the logs look healthy; "
+                        "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"]
+    else:
+        assert not all(torch.isfinite(torch.tensor(x)) for x in logged) and said == []

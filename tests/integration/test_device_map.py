@@ -141,4 +141,4 @@ def test_without_accelerate_names_the_install_command(run_cli, tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('accelerate hidden by the test')\n")
     res = run_cli("scan", EXAMPLE, "--device-map", "auto", env={"PYTHONPATH": tmp_path / "site"})
     assert res.code == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert "pip install 'nan-hunter[accelerate]'" in res.stderr
+    assert "pip install -e '.[accelerate]' in the nanhunter clone" in res.stderr

@@ -28,3 +28,14 @@ def test_scan_bad_scale_exit_1_and_check_baseline(tmp_path):
     assert "::error" in r.stdout + r.stderr and "96.3 dB" in r.stdout + r.stderr
     r = run_cli("check", tmp_path / "new.safetensors", "--baseline", tmp_path / "missing.safetensors")
     assert r.code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--baseline {tmp_path / 'missing.safetensors'}: checkpoint not found" in r.stderr  # named as the baseline
+
+
+def test_no_output_overwrites_the_baseline(tmp_path):
+    save_file({"w": torch.full((2, 2), 1.0)}, str(tmp_path / "old.safetensors"))
+    save_file({"w": torch.full((2, 2), 2.0)}, str(tmp_path / "new.safetensors"))
+    before = (tmp_path / "old.safetensors").read_bytes()
+    r = run_cli("check", tmp_path / "new.safetensors", "--baseline", tmp_path / "old.safetensors",
+                "--json", tmp_path / "old.safetensors")
+    assert r.code == 2 and len(r.stderr.strip().splitlines()) == 1 and "is an input of this command" in r.stderr
+    assert (tmp_path / "old.safetensors").read_bytes() == before

@@ -56,4 +56,40 @@ def test_watch_signature_is_typed_and_documented():
     for name in ("level", "retain", "dtype", "backward", "optimizer", "scaler", "capsule_dir", "arch", "on_fault"):
         assert name in sig.parameters and name in nan_hunter.watch.__doc__
     assert sig.parameters["on_fault"].default == "record"
-    assert any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())  # options still forwarded
+    assert not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())  # every option named, none swallowed
+
+
+def _skipping_run(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with nan_hunter.watch(m, backward=True, optimizer=opt, on_fault="skip", capsule_dir=str(tmp_path / "caps")) as w:
+        for step in range(6):
+            x = torch.ones(2, 4)
+            if step in (3, 5):
+                x[0, 0] = float("inf")
+            opt.zero_grad()
+            m(x).sum().backward()
+            opt.step()
+    return w.report()
+
+
+def test_training_report_names_steps_and_shows_skipped_ones(tmp_path, caplog):
+    """issue 32 (4): a watched training run counts steps, not inputs ("step 3 · forward"); the steps
+    on_fault="skip" undid are logged as they happen and shown by print(report); the capsule note
+    gives the command that replays it."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="nan_hunter"):
+        rep = _skipping_run(tmp_path)
+    text = rep.render(80)
+    assert "input #" not in text
+    assert "value  posinf · role input · step 3 · forward" in text
+    assert "skipped   step(s) 3, 5: non-finite, their updates undone (on_fault='skip')" in text
+    assert text.splitlines()[-1] == "✘ nonfinite_input: +inf in the input data, first reaching 0 (step 3 · forward)"
+    said = [r.getMessage() for r in caplog.records]
+    cap = tmp_path / "caps" / "step-3"
+    assert said == [f"nanhunter: wrote the capsule of step 3 to {cap} (replay it with: nanhunter scan {cap})",
+                    "nanhunter: step 3 went non-finite; its optimizer update was undone (on_fault='skip')",
+                    "nanhunter: step 5 went non-finite; its optimizer update was undone (on_fault='skip')"]
+    assert f"capsule of the failing step written to {cap} (replay it with: nanhunter scan {cap})" in rep.notes

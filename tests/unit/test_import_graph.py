@@ -155,6 +155,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace", "locate"),  # records → a numerics trace; records → where
     ("divergence", "distributed", "explain"),  # two runs → where they part; ranks; replay, diagnosis
     ("render",),  # every view of a report
+    ("report_view",),  # the report nan_hunter.scan and bisect return: a Report that renders itself
     ("session",),  # nan_hunter.watch and what training adds
     ("modes",),  # the harness and the modes behind it, its torchrun split
     ("bisection",),

@@ -28,7 +28,7 @@ from .scan_view import (
 )
 from .strip import headroom_strip
 
-__all__ = ["console", "render", "render_body", "render_check"]
+__all__ = ["console", "render", "render_body", "render_check", "render_text"]
 
 
 class ReportConsole(Console):
@@ -81,17 +81,30 @@ def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr
     c.print(line)
 
 
+def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -> str:
+    """``render`` as plain text (no colour), ``width`` columns (default: the terminal's): what
+    ``print(report)`` shows."""
+    import io
+    import shutil
+
+    buf = io.StringIO()
+    c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
+                highlight=False, color_system=None)
+    render(rep, c, strip=strip)
+    return buf.getvalue()
+
+
 def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,
                  near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
                  weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
     """Per checkpoint: the scan panels (the strip by default only when it failed), its rule
     results; then one verdict line for the whole check."""
     c = c or console(stderr)
-    c.print(check_verdict(reps))
+    c.print(check_verdict(reps, c.width))
     for rep in reps:
         show = strip if strip is not None else not (rep.check or {}).get("passed", True)
         render_body(rep, c, strip=bool(show), near_miss_max_listed=near_miss_max_listed,
                     weights_max_rows=weights_max_rows, weights_targets=weights_targets)
         c.print(results_table(rep, c.width))
         c.print()
-    c.print(check_verdict(reps))
+    c.print(check_verdict(reps, c.width))

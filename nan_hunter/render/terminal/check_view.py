@@ -22,6 +22,10 @@ def results_table(rep: Report, width: int) -> Table:
     return table(cols, width, order=[(1, 32), (2, None)], title="check")
 
 
-def check_verdict(reps: list[Report]) -> Text:
-    v = R.check_verdict(reps)
-    return t(v.text, TONE_STYLE[v.tone])
+def check_verdict(reps: list[Report], width: int = R.VERDICT_WIDTH + 1) -> Text:
+    """The check's verdict in one line of the console (79 cells on an 80-column terminal, more on a
+    wider one: the failing rules' names are what it is for)."""
+    v = R.check_verdict(reps, max(20, width - 1))
+    line = t(v.text, TONE_STYLE[v.tone])
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line

@@ -27,25 +27,13 @@ def _head(s: str, cells: int) -> str:
     return "".join(out)
 
 
-def _tail(s: str, cells: int) -> str:
-    return _head(s[::-1], cells)[::-1]
-
-
-def _aligned_tail(name: str, cells: int, sep: str) -> str:
-    """The longest suffix of ``name`` within ``cells``, moved to start on a component boundary
-    unless that would lose more than half of it."""
-    tail = _tail(name, cells)
-    if len(tail) == len(name) or name[len(name) - len(tail) - 1] == sep:
-        return tail
-    k = tail.find(sep)
-    return tail[k + 1:] if 0 <= k and len(tail) - k - 1 >= len(tail) / 2 else tail
-
-
 def shorten_middle(name: str, width: int, sep: str = ".") -> str:
-    """``name`` in at most ``width`` cells: "…" in the middle and as long a tail as fits, starting
-    on a component (``encoder.layer.11.attention.output.dense`` → ``…11.attention.output.dense``);
-    the first component stays in front when that costs none of the tail
-    (``model.language_model.layers.17.mlp.down_proj`` → ``model.…layers.17.mlp.down_proj``)."""
+    """``name`` in at most ``width`` cells, shortened in the middle as every view shortens it
+    (``rows.cut_middle``: whole components go, the layer index and the leaf stay:
+    ``model.layers.11.…output_projection_layer``); a row's marker (``step``, ``∇``, ``#3``) stays
+    in front."""
+    from ..rows import cut_middle
+
     if cell_len(name) <= width:
         return name
     if width <= 1:
@@ -53,14 +41,7 @@ def shorten_middle(name: str, width: int, sep: str = ".") -> str:
     marker = MARKER.match(name)
     if marker and width - cell_len(marker[0]) >= 8:  # "step lm_head.weight", "∇ fc1", "#3 mlp": the marker stays
         return marker[0] + shorten_middle(name[marker.end():], width - cell_len(marker[0]), sep)
-    room = width - 1
-    bare = _aligned_tail(name, room, sep)
-    first = name.split(sep, 1)[0] + sep
-    if sep in name and cell_len(first) <= room // 3:
-        tail = _aligned_tail(name, room - cell_len(first), sep)
-        if len(tail) >= len(bare):
-            return first + ELLIPSIS + tail
-    return ELLIPSIS + bare
+    return cut_middle(name, width, sep)
 
 
 def shorten_end(s: str, width: int) -> str:
@@ -89,8 +70,8 @@ def _words(para: str) -> list[tuple[str, str]]:
 
 def wrap(s: str, width: int) -> list[str]:
     """``s`` as lines of at most ``width`` cells, broken at spaces (kept as they are inside a
-    line) but never inside a number or a bracketed index; only a word wider than the whole line
-    is cut."""
+    line) but never inside a number or a bracketed index; a dotted name or path wider than the
+    whole line is shortened in the middle (``shorten_middle``), any other such word is cut."""
     lines: list[str] = []
     for para in s.split("\n"):
         line, gap = "", ""
@@ -98,6 +79,9 @@ def wrap(s: str, width: int) -> list[str]:
             if line and cell_len(line + gap + word) > width:
                 lines.append(line)
                 line, gap = "", ""
+            sep = "/" if "/" in word else "." if "." in word.strip(".,;:") else None
+            if cell_len(word) > width > 0 and sep:  # a module name or path: shortened in the middle, not cut
+                word = shorten_middle(word, width, sep)
             while cell_len(word) > width > 0:
                 lines.append(_head(word, width))
                 word = word[len(lines[-1]):]

@@ -33,7 +33,7 @@ def header(rep: Report, width: int) -> RenderableType:
     if rep.run:
         failing = bool(rep.run.get("failed_inputs"))
         lines.append((Text("run", style="dim"), t(meta["run"], "red" if failing else "")))
-    for key in ("decoding", "capsule"):
+    for key in ("decoding", "capsule", "skipped"):
         if key in meta:
             lines.append((Text(key, style="dim"), t(meta[key])))
     return hanging(lines, width)
@@ -134,7 +134,9 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
     d = R.diagnosis(rep)
     if d is None:
         return None
-    lines: list[tuple[Text, Text]] = []
+    # the cause code is the panel's title: the summary then reads on its own ("matmul overflow in
+    # fp16 ..."), never "overflow matmul overflow"
+    lines: list[tuple[Text, Text]] = [(Text("what", style="dim"), t(d.summary))]
     if d.where is not None:
         module, op, dtype = d.where
         lines.append((Text("where", style="dim"), t(f"{module}  {op}  ({dtype})")))
@@ -143,11 +145,12 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
     if d.check:
         lines.append((Text("check", style="dim"), t(d.check, CHECK_STYLE[d.check_tone])))
     inner = width - PANEL_CHROME
-    parts: list[RenderableType] = [hanging([(t(d.cause, "bold yellow"), t(d.summary))], inner), hanging(lines, inner)]
+    parts: list[RenderableType] = [hanging(lines, inner)]
     tab = replay_table(rep)
     if tab is not None:
         parts += [Text(""), tab]
-    return Panel(Group(*parts), title=Text("diagnosis", style="bold"), title_align="left", border_style="yellow")
+    title = Text("diagnosis · ", style="bold") + t(d.cause, "bold yellow")
+    return Panel(Group(*parts), title=title, title_align="left", border_style="yellow")
 
 
 def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED) -> Table | None:

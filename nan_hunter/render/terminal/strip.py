@@ -40,7 +40,7 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
     cols = [Col("", [Text("▶")]), Col("module", [Text(_name(it, 2)) for it in calls], "name", low=24, cap=60),
             Col("type", [Text(esc(it.module_type)) for it in calls], "end", low=10, cap=22, optional=True),
             Col(head, [], "bar", low=BAR_MIN, cap=BAR_MAX),
-            Col("abs-min", [Text(it.absmin) for it in calls], justify="right"),
+            Col("abs-min", [Text(it.absmin) for it in calls], justify="right", optional=not s.has_absmin),
             Col("absmax", [Text(it.absmax) for it in calls], justify="right"),
             Col("headroom", [Text(it.headroom) for it in calls], justify="right")]
     order = [(1, NAME_MID), (3, BAR_MID), (2, 14), (1, None), (3, BAR_MAX)]

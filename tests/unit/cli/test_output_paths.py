@@ -12,7 +12,9 @@ import pytest
 
 from nan_hunter import outputs
 from nan_hunter.errors import BadInput
-from nan_hunter.outputs import Output, check_outputs, input_files
+from nan_hunter.load import command_inputs
+from nan_hunter.load.command_inputs import input_files
+from nan_hunter.outputs import Output, check_outputs
 
 
 @pytest.fixture
@@ -96,9 +98,9 @@ def test_report_outputs_include_markdown_pngs_and_refuse_stdout(tmp_path):
 
 
 def test_arch_file_of_a_spec():
-    assert outputs.arch_file("models/m.py:build") == Path("models/m.py")
-    assert outputs.arch_file("pkg.module:build") is None
-    assert outputs.arch_file(None) is None
+    assert command_inputs.arch_file("models/m.py:build") == Path("models/m.py")
+    assert command_inputs.arch_file("pkg.module:build") is None
+    assert command_inputs.arch_file(None) is None
 
 
 def test_write_replaces_atomically_and_keeps_mode(tmp_path):

@@ -17,5 +17,5 @@ def test_backward_and_input_markers_are_kept():
     assert shorten_middle("#3 encoder.layer.11.attention.output.dense", 20).startswith("#3 ")
 
 
-def test_plain_names_unchanged():
-    assert shorten_middle("encoder.layer.11.attention.output.dense", 26) == "…11.attention.output.dense"
+def test_plain_names_keep_their_layer_index():
+    assert shorten_middle("encoder.layer.11.attention.output.dense", 26) == "encoder.layer.11.…dense"

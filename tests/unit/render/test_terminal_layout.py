@@ -4,6 +4,7 @@ every line within the console's width."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from rich.cells import cell_len
@@ -22,11 +23,18 @@ LONG = "model.language_model.layers.17.mlp.down_proj"
     (LONG, 30, "model.…layers.17.mlp.down_proj"),
     (LONG, 24, "…layers.17.mlp.down_proj"),
     (LONG, 20, "…17.mlp.down_proj"),
-    ("encoder.layer.11.attention.output.dense", 30, "…11.attention.output.dense"),
+    # issue 32 (6): the layer index stays, whole components go from the middle (once:
+    # "…eed_forward_network.output_projection_layer", the index lost and a word cut)
+    ("model.layers.11.feed_forward_network.output_projection_layer", 45, "model.layers.11.…output_projection_layer"),
+    ("model.layers.11.feed_forward_network.output_projection_layer", 36, "…layers.11.…output_projection_layer"),
+    ("encoder.layer.11.attention.output.dense", 30, "encoder.layer.11.…output.dense"),
+    ("encoder.layer.11.attention.output.dense", 20, "…layer.11.…dense"),
+    ("model.layers.3.mlp.down_proj.weight", 28, "…layers.3.…down_proj.weight"),
+    ("model.layers.3.mlp.down_proj.weight", 24, "…3.mlp.down_proj.weight"),
     ("model.this_is_an_extremely_long_leaf_module_name", 20, "…ng_leaf_module_name"),
     ("层.权重.很长的名字", 11, "…很长的名字"),  # two cells per character
 ])
-def test_shorten_middle_keeps_the_tail(name, width, shown):
+def test_shorten_middle_keeps_the_layer_index_and_the_leaf(name, width, shown):
     out = shorten_middle(name, width)
     assert out == shown and cell_len(out) <= width
 
@@ -110,3 +118,19 @@ def test_wrapped_bullets_and_notes_indent_under_their_text():
     assert cont[:col].strip("│ ") == "" and cont[col] != " "  # continuation starts under the text
     j = next(i for i, x in enumerate(lines) if x.startswith("note"))
     assert lines[j + 1].startswith(" " * lines[j].index("a note")) and lines[j + 1].strip()
+
+
+def test_one_shortening_style_in_a_strip():
+    """issue 32 (6): every shortened name of a strip has the same shape — the layer index as a whole
+    component, "…" for whole components only, the leaf whole — never the front cut off at one row
+    and the middle at the next."""
+    names = [f"model.layers.{i}.{leaf}" for i in (1, 11) for leaf in
+             ("self_attn.q_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.down_proj")]
+    for width in (28, 30, 32, 36):
+        for n in names:
+            s = shorten_middle(n, width)
+            i, leaf = n.split(".")[2], n.split(".")[-1]
+            assert cell_len(s) <= width and re.search(rf"[.…]{leaf}$", s), (n, width, s)  # the leaf, whole
+            assert re.search(rf"(^|[.…]){i}\.", s), (n, width, s)  # the index, whole
+            pieces = [p for p in re.split(r"[.…]", s) if p]
+            assert all(p in n.split(".") for p in pieces), (n, width, s)  # no component cut inside

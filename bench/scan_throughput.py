@@ -19,7 +19,7 @@ across sizes with the same largest tensor. Both tools must find every planted fa
     python bench/scan_throughput.py                     # 2 GB and 4 GB, 3 interleaved rounds
     python bench/scan_throughput.py --gb 8 --repeat 1 --keep --dir /data/ckpt
     python bench/scan_throughput.py --whole-process --repeat 7   # only `nanhunter scan` as a process
-    python bench/scan_throughput.py --quantized --gb 1.1  # fp8 block-scaled: plain + quantized pass
+    python bench/scan_throughput.py --quantized --gb 1.1  # fp8 block, GPTQ, GGUF Q4_K/Q8_0: plain + quantized
 
 ``--whole-process`` measures the large checkpoint only: torch start-up, the CLI on a one-tensor
 file, ``nanhunter scan --stats fast`` and the in-process scan, interleaved; it reuses a
@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a DeepSeek-V3-style fp8 checkpoint (128x128 weight_scale_inv blocks, --gb of fp8 "
                          "weights): the plain pass and the quantized pass (bad blocks, dequantized absmax), "
                          "timed in-process after a warm read, with peak RSS")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="with --quantized: which checkpoints, interleaved (fp8_block, gptq, gguf_q4k, gguf_q8_0)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="with --quantized: torch threads in the measured child (default: torch's own)")
     ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_quant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -693,8 +697,9 @@ def print_table(results: dict) -> None:
     print("targets:", json.dumps(results["targets"]))
 
 
-# -- quantized checkpoint (issue 25) ----------------------------------------------------------------
+# -- quantized checkpoints (issues 25, 34) ------------------------------------------------------------
 QROWS, QCOLS, QBLOCK = 7168, 18432, 128  # DeepSeek-V3's MoE up-projection shape, 128x128 scale blocks
+KINDS = ("fp8_block", "gptq", "gguf_q4k", "gguf_q8_0")
 
 
 def write_quantized(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
@@ -732,66 +737,162 @@ def write_quantized(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
     return shards, planted
 
 
+def write_gptq(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
+    """4-bit GPTQ (gptq_v2, sym, group 128) ``[8192 in, 8192 out]`` weights: 32 MB of qweight each, random
+    codes, fp16 scales; planted: a NaN scale and a zero scale on a group holding data."""
+    import torch
+    from safetensors.torch import save_file
+
+    n = max(1, math.ceil(total_bytes / (8192 * 8192 // 2)))
+    gen = torch.Generator().manual_seed(1)
+    planted = {"nan": ("model.layers.0.mlp.down_proj.qweight", [3, 7]),
+               "zero": (f"model.layers.{n - 1}.mlp.down_proj.qweight", [60, 8000])}
+    tensors = {}
+    for i in range(n):
+        x = f"model.layers.{i}.mlp.down_proj"
+        sc = (torch.rand(64, 8192, generator=gen) * 1e-3 + 1e-4).half()
+        for kind, (tname, idx) in planted.items():
+            if tname == x + ".qweight":
+                sc[idx[0], idx[1]] = math.nan if kind == "nan" else 0.0
+        tensors[x + ".qweight"] = torch.randint(-(2**31), 2**31 - 1, (1024, 8192), dtype=torch.int32, generator=gen)
+        tensors[x + ".qzeros"] = torch.full((64, 1024), 0x88888888 - 2**32, dtype=torch.int32)
+        tensors[x + ".scales"] = sc
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
+        "checkpoint_format": "gptq_v2"}}))
+    return [root / "model.safetensors"], planted
+
+
+def write_gguf(root: Path, total_bytes: float, tname: str) -> tuple[list[Path], dict]:
+    """A GGUF file written by gguf-py: ``[4096, 14336]`` tensors of ``tname`` (Q4_K or Q8_0) with random
+    codes and small fp16 d (and dmin); planted: a NaN d and a zero d on a block holding data."""
+    import gguf
+    import numpy as np
+
+    qt = gguf.GGMLQuantizationType[tname]
+    blck, size = gguf.GGML_QUANT_SIZES[qt]
+    rows, cols = 4096, 14336
+    per = rows * cols // blck * size
+    n = max(1, math.ceil(total_bytes / per))
+    rng = np.random.default_rng(2)
+    planted = {"nan": ("blk.0.ffn_up.weight", [3, 7]), "zero": (f"blk.{n - 1}.ffn_up.weight", [4000, 50])}
+    path = root / "model.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for i in range(n):
+        name = f"blk.{i}.ffn_up.weight"
+        raw = rng.integers(0, 256, (rows, cols // blck, size), dtype=np.uint8)
+        d_off, m_off = (0, 2) if tname == "Q4_K" else (0, None)
+        raw[..., d_off: d_off + 2] = (rng.random((rows, cols // blck)) * 1e-3 + 1e-4).astype(np.float16).view(
+            np.uint8).reshape(rows, cols // blck, 2)
+        if m_off is not None:
+            raw[..., m_off: m_off + 2] = (rng.random((rows, cols // blck)) * 1e-3).astype(np.float16).view(
+                np.uint8).reshape(rows, cols // blck, 2)
+        for kind, (tn, idx) in planted.items():
+            if tn == name:
+                raw[idx[0], idx[1], d_off: d_off + 2] = np.array([np.nan if kind == "nan" else 0.0],
+                                                                 np.float16).view(np.uint8)
+        w.add_tensor(name, raw.reshape(rows, -1), raw_shape=(rows, cols // blck * size), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return [path], planted
+
+
 def quant_child(path: str) -> None:
     """The plain pass and the quantized pass of ``scan_weights``, timed apart, with peak RSS."""
     import resource
 
-    import torch  # noqa: F401  (start-up, not scan time)
+    import torch  # start-up, not scan time
 
     from nan_hunter.load.checkpoint import open_checkpoint
-    from nan_hunter.load.quantized import scan_quantized
+    from nan_hunter.load.quant.registry import scan_quantized
     from nan_hunter.load.safetensors_file import WINDOW
     from nan_hunter.load.weights import scan_item
 
+    if os.environ.get("NH_BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["NH_BENCH_THREADS"]))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     ck = open_checkpoint(path)
+    largest = max(e.nbytes for e in ck.entries.values())
+    te = time.perf_counter()
+    for item in ck.scan_items():  # the code histogram of every byte (what the plain pass did before issue 34)
+        scan_item(item, exact=True)
     t0 = time.perf_counter()
     for item in ck.scan_items():
         scan_item(item)
     t1 = time.perf_counter()
     quantized, unchecked = scan_quantized(ck)
     t2 = time.perf_counter()
-    print(json.dumps({"bytes": ck.nbytes, "plain_s": t1 - t0, "quantized_s": t2 - t1, "window": WINDOW,
-                      "rss_after_import": rss0, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    print(json.dumps({"bytes": ck.nbytes, "largest_tensor": largest, "plain_s": t1 - t0, "quantized_s": t2 - t1,
+                      "plain_histogram_s": t0 - te,
+                      "window": WINDOW, "rss_after_import": rss0,
+                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "stripes_read": sum(q.stripes_read for q in quantized),
                       "bad": {q.name: [b["index"] for b in q.bad_blocks] for q in quantized if q.bad_blocks},
                       "n_quantized": len(quantized), "unchecked": unchecked}))
 
 
 def quantized_mode(args: argparse.Namespace) -> int:
-    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_qbench_"))
-    root.mkdir(parents=True, exist_ok=True)
+    """Each kind's checkpoint written once; then ``--repeat`` rounds, the kinds interleaved in each round,
+    each measured in a fresh child after a warm read; median throughput, max peak RSS."""
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_qbench_"))
+    kinds = [k for k in args.kinds.split(",") if k]
+    writers = {"fp8_block": write_quantized, "gptq": write_gptq,
+               "gguf_q4k": lambda r, b: write_gguf(r, b, "Q4_K"), "gguf_q8_0": lambda r, b: write_gguf(r, b, "Q8_0")}
     try:
-        t = time.perf_counter()
-        shards, planted = write_quantized(root, args.gb * GB)
-        write_s = time.perf_counter() - t
-        load0 = os.getloadavg()
-        warm_info = warm(shards)
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_quant", str(root)],
-                              capture_output=True, text=True, cwd=str(HERE.parent),
-                              env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            return 1
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        found = all(idx in r["bad"].get(name, []) for name, idx in planted.values())
-        total = r["plain_s"] + r["quantized_s"]
-        out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram": _ram(), "python": platform.python_version(),
-                           "torch": _version("torch")},
-               "load_before": load0, "load_after": os.getloadavg(), "write_s": write_s, "warm": warm_info, **r,
-               "plain_GBps": r["bytes"] / GB / r["plain_s"], "quantized_pass_GBps": r["bytes"] / GB / r["quantized_s"],
-               "scan_with_dequant_GBps": r["bytes"] / GB / total, "planted_found": found,
-               "peak_over_import_MB": (r["peak_rss"] - r["rss_after_import"]) / MB}
+        made = {}
+        for k in kinds:
+            root = base / k
+            root.mkdir(parents=True, exist_ok=True)
+            made[k] = (root, *writers[k](root, args.gb * GB))
+        runs: dict[str, list] = {k: [] for k in kinds}
+        for _ in range(args.repeat):
+            for k in kinds:
+                root, shards, planted = made[k]
+                load0 = os.getloadavg()
+                warm(shards)
+                target = str(shards[0]) if k.startswith("gguf") else str(root)
+                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_quant", target],
+                                      capture_output=True, text=True, cwd=str(HERE.parent),
+                                      env={**os.environ, "PYTHONPATH": str(HERE.parent),
+                                           **({"NH_BENCH_THREADS": str(args.threads)} if args.threads else {})})
+                if proc.returncode != 0:
+                    print(proc.stderr[-3000:], file=sys.stderr)
+                    return 1
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                r["threads"] = args.threads
+                r["load"] = [load0, os.getloadavg()]
+                r["planted_found"] = all(idx in r["bad"].get(name, []) for name, idx in planted.values())
+                runs[k].append(r)
+        out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram": _ram(),
+                           "python": platform.python_version(), "torch": _version("torch")}, "kinds": {}}
+        for k, rs in runs.items():
+            gb = rs[0]["bytes"] / GB
+            out["kinds"][k] = {
+                "bytes": rs[0]["bytes"], "largest_tensor": rs[0]["largest_tensor"], "runs": rs,
+                "plain_GBps": statistics.median(gb / r["plain_s"] for r in rs),
+                "plain_histogram_GBps": statistics.median(gb / r["plain_histogram_s"] for r in rs),
+                "quantized_pass_GBps": statistics.median(gb / r["quantized_s"] for r in rs),
+                "scan_with_dequant_GBps": statistics.median(gb / (r["plain_s"] + r["quantized_s"]) for r in rs),
+                "peak_over_import_MB": max((r["peak_rss"] - r["rss_after_import"]) / MB for r in rs),
+                "planted_found": all(r["planted_found"] for r in rs),
+                "loads": [r["load"] for r in rs]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        qout = Path(args.out).with_name("scan_throughput_quantized.json")
+        qout = Path(args.out).with_name(f"scan_throughput_quantized{'_t' + str(args.threads) if args.threads else ''}.json")
         qout.write_text(json.dumps(out, indent=1))
-        print(json.dumps({k: out[k] for k in ("bytes", "plain_GBps", "quantized_pass_GBps", "scan_with_dequant_GBps",
-                                              "peak_over_import_MB", "planted_found", "load_before", "load_after")},
-                         indent=1))
+        for k, v in out["kinds"].items():
+            print(f"{k:10s} {v['bytes'] / GB:.2f} GB  plain {v['plain_GBps']:.2f} GB/s (histogram "
+                  f"{v['plain_histogram_GBps']:.2f})  quantized pass "
+                  f"{v['quantized_pass_GBps']:.2f} GB/s  with dequant checks {v['scan_with_dequant_GBps']:.2f} GB/s  "
+                  f"peak +{v['peak_over_import_MB']:.0f} MB (largest tensor {v['largest_tensor'] / MB:.0f} MB)  "
+                  f"planted found: {v['planted_found']}  loads {v['loads']}")
         print(f"written: {qout}")
-        return 0 if found else 1
+        return 0 if all(v["planted_found"] for v in out["kinds"].values()) else 1
     finally:
         if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _version(dist: str) -> str | None:

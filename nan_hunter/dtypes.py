@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
+from .errors import BadInput
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -217,3 +219,15 @@ def autocast_of(autocast: Sequence[tuple[str, torch.dtype | str]], device_type: 
     name = name_of(dt) or canonical(str(dt))  # a torch dtype, or a name (a capsule's)
     return {"device_type": dev, "dtype": name}
 
+
+def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None:
+    """A user's dtype name → its canonical run dtype name; exit 2 (BadInput) for anything else."""
+    if dtype is None:
+        return None
+    try:
+        d = canonical(dtype)
+    except UnknownDtype as e:
+        raise BadInput(f"{flag}: {e}") from None
+    if d not in RUN_DTYPES:
+        raise BadInput(f"{flag}: {dtype!r} cannot be run; use one of {', '.join(RUN_DTYPES)}")
+    return d

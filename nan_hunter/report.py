@@ -187,7 +187,8 @@ class Report:
             return 0 if self.bisect.finite_after else 1
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
-        fault = self.diagnosis is not None and self.diagnosis.cause in ("compile_divergence", "bad_scale")
+        fault = self.diagnosis is not None and self.diagnosis.cause in (
+            "compile_divergence", "bad_scale", "bad_zero_point")
         return 1 if self.nonfinite_found or fault else 0
 
     def add_context(self, command: list[str] | None = None, texts: list[str | None] | None = None) -> None:

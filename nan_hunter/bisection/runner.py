@@ -13,17 +13,18 @@ from torch import nn
 
 from ..capture.blocks import main_blocks
 from ..capture.targeted import first_call_order
+from ..compare import compare
 from ..config import Config, as_config
-from ..dtypes import RunDtype
+from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
-from ..explain.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..model.execute import cast_batch, run_context
 from ..model.inputs import one_or_many, one_path
 from ..model.policy import install_hooks, set_precision
-from ..model.prepare import parse_dtype, prepare, run_dtype
+from ..model.prepare import prepare, run_dtype
+from ..modes.failing_prefix import shortest_failing_prefix
 from ..report import BisectResult, Report, RunInfo
-from .search import minimal_keep_set, shortest_failing_prefix
+from .search import minimal_keep_set
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..modes.harness import Mode

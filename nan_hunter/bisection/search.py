@@ -104,7 +104,6 @@ __all__ = [
     "SearchResult",
     "minimal_keep_set",
     "run_bound",
-    "shortest_failing_prefix",
 ]
 
 #: One evaluated keep set, as (names in candidate order, passed).
@@ -433,25 +432,3 @@ def minimal_keep_set(
         history=search.history,
         bound=search.bound(),
     )
-
-
-def shortest_failing_prefix(length: int, fails: Callable[[int], bool]) -> int | None:
-    """The smallest ``L`` in ``1..length`` with ``fails(L)``, or None if ``fails(length)`` is false.
-
-    For bisecting inputs: ``fails(L)`` runs the first ``L`` inputs and says whether any of them
-    fails; it is assumed monotone (if a prefix fails, every longer one does). Evaluates the full
-    length first, then bisects: at most ``1 + ceil(log2 length)`` calls, never the same length
-    twice, and none when ``length == 0``.
-    """
-    if length < 0:
-        raise ValueError(f"length must be >= 0, got {length}")
-    if length == 0 or not fails(length):
-        return None
-    lo, hi = 1, length  # the answer is in [lo, hi]; hi is known to fail
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fails(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.rank_split import finish, process_group, writes
+    from ..modes.rank_split import finish, process_group, writes
     from ..pipeline.ci_check import check, passed
 
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks

@@ -65,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from .output import terminal_limits
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.rank_split import finish, process_group, writes
+    from ..modes.rank_split import finish, process_group, writes
     from ..pipeline.options import ScanOptions
-    from ..pipeline.progress import using
     from ..pipeline.scan_checkpoint import run_scan
+    from ..progress import using
 
     opts = ScanOptions(args.checkpoint, arch=args.arch, inputs=tuple(args.inputs or ()),
                        prompts=tuple(args.prompt or ()), data=args.data, dtype=args.dtype, device=args.device,

@@ -44,7 +44,7 @@ class PairVerdict:
     b: Any
     rel_err: float
     tolerance: float
-    comparison: Any = None  # explain.compare.Comparison, when both sides kept their tensors
+    comparison: Any = None  # compare.Comparison, when both sides kept their tensors
 
     @property
     def agrees(self) -> bool:
@@ -162,11 +162,11 @@ def check_comparable(a: Trace, b: Trace) -> None:
 def judge(a: Any, b: Any, rtol: float | None) -> PairVerdict:
     """One pair by the one rule (``trace.rule``). Entries of in-memory recordings that kept their
     tensors (``recordings.Recorded.values``: ``scan --compile``) are compared element by element
-    instead (``explain.compare``: ``error`` is inf where the non-finite classes differ)."""
+    instead (``nan_hunter.compare``: ``error`` is inf where the non-finite classes differ)."""
     tol = tolerance(rtol, (a.dtype, b.dtype), (a.spread, b.spread))
     va, vb = getattr(a, "values", None), getattr(b, "values", None)
     if va is not None and vb is not None:
-        from ..explain.compare import compare as one_comparison
+        from ..compare import compare as one_comparison
 
         c = one_comparison(list(va), list(vb))
         return PairVerdict(a, b, c.error, tol, c)

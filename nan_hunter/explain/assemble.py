@@ -156,7 +156,7 @@ def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = No
 def diagnose_located(loc: Located, cfg: Config, failed: list[int], n_inputs: int,
                      weights_nonfinite: list[dict] | None = None) -> None:
     """``loc.diagnosis`` from its evidence, with its fix verified on a copy where one applies."""
-    from ..pipeline.progress import stage
+    from ..progress import stage
 
     loc.diagnosis = diagnosis_of(loc, cfg, failed, n_inputs, weights_nonfinite)
     if loc.diagnosis is not None and loc.verify_fix is not None:

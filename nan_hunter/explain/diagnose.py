@@ -216,27 +216,100 @@ def backward_incoming(ev: Evidence) -> Diagnosis | None:
                  "optimizer.step() directly.")
 
 
+def _scale_faults(q: dict) -> list[dict]:
+    """The bad blocks of a ``weights.quantized`` entry that are faults, zero points apart."""
+    from ..load.quant.base import is_fault
+
+    return [b for b in q["bad_blocks"] if is_fault(q, b) and b["problem"] != "zero_point"]
+
+
+def _block_words(q: dict, b: dict) -> str:
+    """Where a bad block is, in the format's own terms."""
+    fmt, idx = q["format"], b["index"]
+    if b.get("tensor"):
+        return f"element {idx} of {b['tensor']}" if idx else f"{b['tensor']}"
+    if not idx:
+        return f"the global scale of {q['name']}"
+    if fmt in ("gptq", "awq"):
+        return f"group {idx} of {q['scale']}"
+    if fmt.startswith("gguf:"):
+        return f"block {idx} ([row, block]) of {q['name']}" + (f" ({b['field']})" if b.get("field") else " (d)")
+    unit = ("absmax block" if fmt in ("bnb_nf4", "bnb_fp4") else "row (SCB)" if fmt == "bnb_int8"
+            else "element" if fmt == "scale" else "block")
+    return f"{unit} {idx} of {q['scale']}"
+
+
+#: what to do about a bad scale, by format family
+_SCALE_FIX = {
+    "gguf": "Re-convert the model (convert_hf_to_gguf.py, then llama-quantize) from the unquantized weights, or "
+            "re-download the file.",
+    "bnb": "bitsandbytes quantizes when the model is loaded: load the unquantized checkpoint with "
+           "BitsAndBytesConfig again (or re-download the shard holding the absmax/SCB tensors).",
+    "scale": "Re-run the calibration that produced the activation/KV scales (or set the bad ones to 1.0 and "
+             "accept the range error), then re-export.",
+}
+
+
 @rule("bad_scale")
 def bad_scale(ev: Evidence) -> Diagnosis | None:
-    """A quantized weight whose scale is NaN/Inf, or zero on a block holding data (weights scan)."""
-    if not ev.bad_scales or ev.role not in (None, "weights"):
+    """A quantized weight whose scale is NaN/Inf, or zero on a block holding data; an activation/KV/global
+    scale that is NaN, Inf, zero or negative (weights scan)."""
+    qs = [q for q in ev.bad_scales if _scale_faults(q)]
+    if not qs or ev.role not in (None, "weights"):
         return None
     lines = []
-    for q in ev.bad_scales[:5]:
-        b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
-        n = sum(1 for b in q["bad_blocks"] if b["problem"] != "negative")
-        lines.append(f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
-                     f"({b['problem']}); {n} of {q['n_blocks']} blocks bad")
-    if len(ev.bad_scales) > 5:
-        lines.append(f"... and {len(ev.bad_scales) - 5} more quantized weights")
-    q = ev.bad_scales[0]
-    b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
-    what = {"nan": "NaN", "inf": "Inf", "zero": "zero on a block holding data"}[b["problem"]]
-    return _diag(ev, "bad_scale", f"quantized weight {q['name']} has a {what} scale at block {b['index']} of "
-                 f"{q['scale']}: its dequantized values are {'0' if b['problem'] == 'zero' else 'NaN/Inf'}",
-                 lines, "The quantization scales are corrupt (a bad shard, or a calibration that saw an empty or "
-                        "non-finite block): re-run the quantization from the unquantized checkpoint, or "
-                        "re-download the shard holding the scale tensor.")
+    for q in qs[:5]:
+        bad = _scale_faults(q)
+        lines.append(f"{q['name']} ({q['format']}): {_block_words(q, bad[0])} is {bad[0]['scale']} "
+                     f"({bad[0]['problem']}); {q.get('n_bad', len(bad))} of {q['n_blocks']} blocks bad")
+    if len(qs) > 5:
+        lines.append(f"... and {len(qs) - 5} more quantized weights")
+    q = qs[0]
+    b = _scale_faults(q)[0]
+    what = {"nan": "NaN", "inf": "Inf", "zero": "zero on a block holding data", "negative": "negative"}[b["problem"]]
+    if q["format"] == "scale":
+        what = {"zero": "zero", "negative": "negative"}.get(b["problem"], what)
+        became = "every value it scales is lost (NaN, Inf or 0)"
+    else:
+        became = f"its dequantized values are {'0' if b['problem'] == 'zero' else 'NaN/Inf'}"
+    family = "gguf" if q["format"].startswith("gguf:") else "bnb" if q["format"].startswith("bnb_") else q["format"]
+    if b["problem"] == "zero" and q["format"] != "scale":
+        fix = ("A calibration or quantizer divided by a zero absmax: re-quantize that group with an eps on the scale "
+               "(scale = max(amax / qmax, 1e-12), as torchao clamps it) from the unquantized checkpoint. ")
+    else:
+        fix = ("The quantization scales are corrupt (a bad shard, or a calibration that saw an empty or non-finite "
+               "block). ")
+    fix += _SCALE_FIX.get(family, "Re-run the quantization from the unquantized checkpoint, or re-download the "
+                                  "shard holding the scale tensor.")
+    return _diag(ev, "bad_scale", f"quantized weight {q['name']} has a {what} scale at {_block_words(q, b)}: {became}",
+                 lines, fix)
+
+
+@rule("bad_zero_point")
+def bad_zero_point(ev: Evidence) -> Diagnosis | None:
+    """A symmetric GPTQ checkpoint whose zero points follow the other ``checkpoint_format`` convention:
+    every weight is dequantized one scale step off (weights scan)."""
+    qs = [q for q in ev.bad_scales if any(b["problem"] == "zero_point" for b in q["bad_blocks"])]
+    if not qs or ev.role not in (None, "weights"):
+        return None
+    q = qs[0]
+    b = next(b for b in q["bad_blocks"] if b["problem"] == "zero_point")
+    declared, found = b.get("declared"), b.get("found")
+    stores = {"gptq": "zero - 1 (v1)", "gptq_v2": "zero (v2)"}
+    how = (f"its zero points follow {found!r} (stored {b.get('zero_point')}, {stores.get(found, '?')})"
+           if found else f"its zero points are neither convention (group {b['index']} stores {b.get('zero_point')})")
+    lines = [f"{x['name']} ({x['format']}): {y.get('n_groups', '?')} of {x['n_blocks']} groups store a zero point "
+             f"other than {y.get('expected')}, first group {y['index']} ({y.get('zero_point')})"
+             for x in qs[:5] for y in x["bad_blocks"] if y["problem"] == "zero_point"]
+    if len(qs) > 5:
+        lines.append(f"... and {len(qs) - 5} more quantized weights")
+    lines.append(f"checkpoint_format {declared!r} declares: stored zero = {stores.get(declared, '?')}; "
+                 f"sym: true puts every zero at the midpoint")
+    fix = (f"Declare the convention the zeros follow: set quantization_config.checkpoint_format to {found!r} "
+           f"in config.json (or re-export with gptqmodel as checkpoint_format={declared!r}, which rewrites the zeros)."
+           if found else "Re-export the checkpoint with gptqmodel (the zero points are not one convention).")
+    return _diag(ev, "bad_zero_point", f"GPTQ weight {q['name']} is declared {declared!r} but {how}: every weight "
+                 "is dequantized one scale step off", lines, fix)
 
 
 @rule("nonfinite_weights")

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compare import compare, flat
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..model.execute import run_context
 from ..tree import cast_floats, detached_copy, float_tensors
-from .compare import compare, flat
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:

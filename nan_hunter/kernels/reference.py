@@ -37,25 +37,34 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+#: a subclass's own way back to its values, tried in this order: torchao's quantized tensors
+#: (``dequantize``), its float8 training tensors (``to_original_precision``: ``_data / _scale``, which
+#: the data × scale guess below would get wrong by scale²)
+_DEQUANTIZE = ("dequantize", "to_original_precision")
+
+
 class Unreadable(ValueError):
     """A tensor subclass whose values cannot be read as a plain tensor."""
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
-    """A detached plain tensor with ``t``'s values: the tensor itself, a subclass's ``dequantize()``,
-    or its plain inner floating tensors (data × scale when there are two that broadcast, else all
-    of them flattened side by side: quantised data and scales hold every NaN/Inf the values can
-    have). Raises ``Unreadable`` when there is nothing plain inside."""
+    """A detached plain tensor with ``t``'s values: the tensor itself, a subclass's own way back
+    (``_DEQUANTIZE``), or its plain inner floating tensors (data × scale when there are two that
+    broadcast, else all of them flattened side by side: quantised data and scales hold every NaN/Inf
+    the values can have). Raises ``Unreadable`` when there is nothing plain inside."""
     if type(t) in _PLAIN_TYPES:
         return t.detach()
     if getattr(type(t), "__torch_dispatch__", None) is torch.Tensor.__torch_dispatch__:
         # a subclass with its own storage (only __torch_function__ overridden): its data is plain
         with torch._C.DisableTorchFunctionSubclass():
             return t.detach().as_subclass(torch.Tensor)
-    deq = getattr(t, "dequantize", None)
-    if callable(deq):
+    for name in _DEQUANTIZE:
+        deq = getattr(t, name, None)
+        if not callable(deq):
+            continue
         try:
-            v = deq()
+            with torch.no_grad():
+                v = deq()
             if type(v) in _PLAIN_TYPES and v.shape == t.shape:
                 return v.detach()
         except Exception:  # noqa: BLE001 - fall back to the inner data

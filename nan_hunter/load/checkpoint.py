@@ -103,7 +103,7 @@ class Checkpoint:
     """A checkpoint opened lazily: names, dtypes and shapes now, tensor data on demand."""
 
     path: Path
-    format: str  # "safetensors" | "sharded" | "hf" | "torch"
+    format: str  # "safetensors" | "sharded" | "hf" | "torch" | "gguf"
     files: list[Path]
     entries: dict[str, TensorEntry] = field(default_factory=dict)
     config_path: Path | None = None
@@ -178,6 +178,24 @@ class Checkpoint:
             return
         e = self.entries[name]
         yield from self._files[e.file].byte_stripes(e, stripe_bytes)
+
+    def read_bytes(self, name: str, offset: int, nbytes: int) -> torch.Tensor:
+        """Bytes ``offset .. offset + nbytes`` of tensor ``name`` as an owned uint8 tensor (bounded read)."""
+        if self._torch_sd is not None:
+            import torch
+
+            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
+            return raw[offset: offset + nbytes].clone()
+        e = self.entries[name]
+        return self._files[e.file].read_bytes(e, offset, nbytes)
+
+    def nbytes_of(self, name: str) -> int:
+        """Bytes tensor ``name`` occupies."""
+        e = self.entry(name)
+        if e is not None:
+            return e.nbytes
+        t = self.tensor(name)
+        return t.numel() * t.element_size()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
@@ -329,6 +347,27 @@ def open_safetensors(path: str | os.PathLike, what: str = "checkpoint") -> Check
     return ck
 
 
+def open_gguf(p: Path) -> Checkpoint:
+    """A GGUF file (llama.cpp) through the strict parser (``gguf_file``): scanned weights-only."""
+    from .gguf_file import GgufFile
+
+    ck = Checkpoint(p, "gguf", [p])
+    st = GgufFile(p, p)
+    ck._files[p] = st
+    ck.entries.update(st.entries)
+    return ck
+
+
+def _has_gguf_magic(p: Path) -> bool:
+    from .regular_file import open_regular
+
+    try:
+        with open_regular(p, "checkpoint") as f:
+            return f.read(4) == b"GGUF"
+    except (BadInput, OSError):
+        return False
+
+
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Open any supported checkpoint layout; raises BadInput with a one-line fix otherwise."""
     p = Path(path)
@@ -347,13 +386,15 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
         return _open_index(p, p, "sharded")
     if name.endswith(_TORCH_SUFFIXES):
         return _open_torch(p, p)
+    if name.endswith(".gguf") or _has_gguf_magic(p):
+        return open_gguf(p)
     if not name.endswith(".safetensors"):
         try:
             return open_safetensors(p)
         except BadInput:
             raise BadInput(
                 f"{p}: not a recognised checkpoint; expected .safetensors, *.safetensors.index.json, "
-                ".pt/.bin or a model directory"
+                ".gguf, .pt/.bin or a model directory"
             ) from None
     return open_safetensors(p)
 

@@ -70,8 +70,9 @@ class WeightsScan:
     n_tensors: int
     n_skipped: int
     bytes: int
-    quantized: list[Any] = field(default_factory=list)  # quantized.QuantizedScan, one per quantized weight
+    quantized: list[Any] = field(default_factory=list)  # quant.base.QuantizedScan, one per quantized weight
     quantized_unchecked: list[dict] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
+    claimed: set[str] = field(default_factory=set)  # tensors a quantized format read (data, scales, zeros, states)
 
     @property
     def nonfinite(self) -> list[TensorScan]:
@@ -80,8 +81,8 @@ class WeightsScan:
     @property
     def unchecked(self) -> list[dict]:
         """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
-        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors if t.unchecked] \
-            + self.quantized_unchecked
+        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors
+                if t.unchecked and t.name not in self.claimed] + self.quantized_unchecked
 
     def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
         """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
@@ -264,14 +265,76 @@ def _finish_limits(ts: TensorScan) -> None:
         ts.headroom[target] = (mx / ts.absmax) if ts.absmax else math.inf
 
 
-def scan_bits(item: ScanItem) -> TensorScan:
-    """A tensor of a dtype checked from its bits (``bit_dtypes``): counts from a code histogram."""
+#: 1-byte float tags scanned by two read-only reductions per piece (``_fp8_fast``)
+FAST_FP8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+
+
+def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
+    """fp8 from its bits at memory speed: sign-magnitude codes order like their magnitudes, so the
+    largest positive magnitude is the int8 max of the bytes and the largest negative one the uint8 max
+    minus 0x80 (two read-only reductions, no temporary). NaN/Inf codes are the largest magnitudes
+    (e4m3fn: 0x7F; e5m2: 0x7C and up; E8M0: 0xFF) or int8's minimum (FNUZ: 0x80), so a piece whose
+    maxima stay below them holds none. A piece that holds one is counted exactly with the code
+    histogram; fp16 underflow comes from a fixed strided sample (``SAMPLE`` bytes, marked sampled), as
+    for float tensors."""
+    import torch
+
+    from .bit_dtypes import CodeHistogram, code_values
+
+    tag = item.bits or ""
+    vals = code_values(tag)
+    bad_mag = {"F8_E4M3": 0x7F, "F8_E5M2": 0x7C}.get(tag)
+    hist = CodeHistogram(tag)  # pieces holding NaN/Inf
+    sample = CodeHistogram(tag)
+    step = max(1, item.numel // SAMPLE)
+    best = -1  # largest finite magnitude code (E8M0: largest code)
+    for first, count, piece in item.pieces:
+        if piece is None:
+            sample.add_zeros(len(range(-first % step, count, step)))
+            best = max(best, 0)
+            continue
+        if tag == "F8_E8M0":
+            lo, hi = (int(x) for x in torch.aminmax(piece))
+            bad, top = hi == 0xFF, hi
+        else:
+            lo, hi = (int(x) for x in torch.aminmax(piece.view(torch.int8)))
+            neg = int(piece.amax())
+            top = max(hi if hi >= 0 else 0, neg - 0x80 if neg >= 0x80 else 0)
+            bad = (lo == -128) if tag.endswith("FNUZ") else (top >= bad_mag)
+        if bad:
+            hist.add(first, piece)
+        else:
+            best = max(best, top)
+        sample.add(first, piece[-first % step:: step][: SAMPLE])
+        del piece
+    nan, absmax, _, _, _, _ = hist.stats()
+    ts.nan = nan
+    ts.posinf, ts.neginf = hist.infs()
+    if best >= 0:
+        a = abs(vals[best])
+        absmax = a if absmax is None else max(absmax, a)
+    ts.absmax = absmax
+    if not ts.finite and hist.first_nan is not None:
+        ts.first_index = _unravel(hist.first_nan, item.shape)
+    _finish_limits(ts)
+    _, _, finite, flush, sub, mn = sample.stats()
+    n = max(1, finite)
+    ts.fp16_zero_frac, ts.fp16_subnormal_frac, ts.min_nonzero = flush / n, sub / n, mn
+    ts.sampled = True
+    return ts
+
+
+def scan_bits(item: ScanItem, exact: bool = False) -> TensorScan:
+    """A tensor of a dtype checked from its bits (``bit_dtypes``): counts from a code histogram (or, for
+    1-byte floats when not ``exact``, two reductions per piece: ``_fp8_fast``)."""
     from .bit_dtypes import BIT_TAGS, CodeHistogram
 
     ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
     if item.numel == 0 or item.pieces is None:
         _mark(ts, "empty" if item.numel == 0 else f"dtype {item.dtype} is not scanned")
         return ts
+    if not exact and item.bits in FAST_FP8:
+        return _fp8_fast(item, ts)
     hist = CodeHistogram(item.bits or "")
     for first, count, piece in item.pieces:
         if piece is None:
@@ -299,7 +362,7 @@ def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
 
     dtype = str(t.dtype).removeprefix("torch.")
     if dtype in TORCH_TO_TAG:
-        return scan_bits(next(_torch_items({name: t})))
+        return scan_bits(next(_torch_items({name: t})), exact)
     ts = TensorScan(name, dtype, list(t.shape), t.numel())
     _mark(ts, _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None))
     if ts.skipped:
@@ -312,7 +375,7 @@ def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
 def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
     """Scan one streamed tensor of a checkpoint, piece by piece (flat memory whatever its size)."""
     if item.bits is not None:
-        return scan_bits(item)
+        return scan_bits(item, exact)
     ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
     _mark(ts, _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None))
     if ts.skipped or item.pieces is None:
@@ -339,7 +402,7 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
         out.append(ts)
         if progress is not None:
             progress(item.name, item.nbytes)
-    from .quantized import scan_quantized
+    from .quant.registry import scan_quantized_claims
 
-    quantized, q_unchecked = scan_quantized(ck)
-    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked)
+    quantized, q_unchecked, claimed = scan_quantized_claims(ck)
+    return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked, claimed)

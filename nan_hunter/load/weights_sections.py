@@ -17,7 +17,8 @@ def suspicious(ws: WeightsScan) -> list[dict[str, Any]]:
     that are entirely zero (not quantization scales: those are judged block by block). Both
     follow from the absmax the scan already has."""
     out = []
-    scales = {q.scale for q in ws.quantized}  # a zero scale is judged per block (``quantized``)
+    # scales, zero points and quant states are judged per block (``quant``), not as weight matrices
+    scales = {q.scale for q in ws.quantized} | ws.claimed
     for t in ws.tensors:
         if t.skipped or t.absmax is None or t.name in scales:
             continue

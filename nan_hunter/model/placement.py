@@ -262,6 +262,30 @@ def cast_buffers(model: Any, dtype: Any) -> None:
                 mod._buffers[name] = buf.to(dtype)
 
 
+def dtype_keyword() -> str:
+    """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56 on, ``torch_dtype``
+    before (4.5x takes an unknown ``dtype`` as a config attribute and fails to serialise it)."""
+    import transformers
+    from packaging.version import Version  # a dependency of transformers
+
+    return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+
+
+def _whole_model_on_disk(e: BadInput) -> BadInput | None:
+    """transformers 4.x cannot load a model that ``device_map="auto"`` put entirely on disk: its
+    loader opens the checkpoint with ``safe_open(device="disk")``, which safetensors refuses. That
+    failure (the ``SafetensorError`` behind ``e``), said with its fix; None for any other."""
+    import transformers
+    from packaging.version import Version  # a dependency of transformers
+
+    cause = e.__context__  # build_model's BadInput is raised ``from None`` in its except clause
+    if type(cause).__name__ != "SafetensorError" or Version(transformers.__version__).release >= (5,):
+        return None
+    return BadInput(f"--device-map auto: transformers {transformers.__version__} cannot load a model placed "
+                    "entirely on disk (the --max-memory limits leave no module in memory); raise --max-memory "
+                    "cpu=SIZE to hold at least one module, or upgrade to transformers>=5.0")
+
+
 def build_placed(ck: Any, arch: str | None, attn: str | None, placement: Placement, torch_dtype: Any):
     """(model, tokenizer, how) with the model placed by accelerate in ``torch_dtype`` (a placed
     model cannot be cast or moved afterwards)."""
@@ -270,12 +294,15 @@ def build_placed(ck: Any, arch: str | None, attn: str | None, placement: Placeme
     from .build import build_model
 
     path = offload_dir(ck.path)
-    kw: dict[str, Any] = {"device_map": placement.device_map, "offload_folder": path, "dtype": torch_dtype}
+    kw: dict[str, Any] = {"device_map": placement.device_map, "offload_folder": path, dtype_keyword(): torch_dtype}
     limits = max_memory(placement)
     if limits:
         kw["max_memory"] = limits
     try:
         model, tok, how = build_model(ck, arch, attn, placed=kw)
+    except BadInput as e:
+        shutil.rmtree(path, True)
+        raise _whole_model_on_disk(e) or e from None
     except BaseException:
         shutil.rmtree(path, True)
         raise

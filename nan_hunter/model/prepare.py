@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..dtypes import RUN_DTYPES, RunDtype, UnknownDtype, canonical, name_of
+from ..dtypes import RunDtype, name_of, parse_dtype
 from ..errors import BadInput
 from ..load.checkpoint import Checkpoint
 
@@ -51,19 +51,6 @@ def checkpoint_dtype(ck: Checkpoint) -> str | None:
         if m in ("fp32", "fp16", "bf16"):
             counts[m] += e.numel if e else 1
     return counts.most_common(1)[0][0] if counts else None
-
-
-def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None:
-    """A user's dtype name → its canonical run dtype name; exit 2 (BadInput) for anything else."""
-    if dtype is None:
-        return None
-    try:
-        d = canonical(dtype)
-    except UnknownDtype as e:
-        raise BadInput(f"{flag}: {e}") from None
-    if d not in RUN_DTYPES:
-        raise BadInput(f"{flag}: {dtype!r} cannot be run; use one of {', '.join(RUN_DTYPES)}")
-    return d
 
 
 def run_dtype(name: str, cfg: Config) -> RunDtype:

@@ -101,7 +101,7 @@ class CapsuleMode:
         return None
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..explain.compare import flat
+        from ..compare import flat
 
         return flat(self.step.forward_fn())
 

@@ -62,7 +62,7 @@ class Parting:
 def compare(eager: Any, compiled: Any) -> Parting:
     """The compiled outputs against eager's: two one-entry recordings through the one comparison
     of recordings (``divergence.compare``), which judges entries that kept their tensors element
-    by element (``explain.compare``: float64, ``rel_err`` over the elements finite on both sides,
+    by element (``nan_hunter.compare``: float64, ``rel_err`` over the elements finite on both sides,
     inf for a different structure)."""
     return compare_runs([eager], [compiled])[0]
 
@@ -195,8 +195,8 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
 def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL) -> None:
     """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
     ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note)."""
+    from ..capture.run import forward
     from ..explain.diagnose import Evidence, diagnose
-    from ..model.execute import forward
 
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():

@@ -20,14 +20,14 @@ class ForwardMode:
         return None
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..explain.compare import flat
+        from ..compare import flat
 
         return flat(model(**kwargs))
 
     def record(self, p: Prepared, indices: list[int]) -> Recording:
+        from ..capture.run import capture_run
         from ..explain.assemble import near_misses
         from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
-        from ..model.execute import capture_run
 
         rec = capture_run(p.model, [p.batches[i] for i in indices], "modules", p.run, self.run_input)
         rec.renumber_steps(indices)  # local forward number → data-set index
@@ -42,7 +42,7 @@ class ForwardMode:
                          call_table(rec.calls, rows), mask_notes(rec.calls, rows), absorbed)
 
     def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
-        from ..model.execute import forward
+        from ..capture.run import forward
 
         kw = p.batches[rec.first_input]
         return locate_forward(p, rec.finding, lambda: forward(p.model, kw, p.run, lambda: self.run_input(p.model, kw, None)),
@@ -69,7 +69,7 @@ def locate_forward(p: Prepared, finding: Any, rerun: Any, input_index: int, repl
     from ..locate.mha_slow_path import through_slow_path
     from ..locate.producer import to_first_nonfinite
     from ..model.placement import materialized
-    from ..pipeline.progress import stage
+    from ..progress import stage
 
     call = finding.call
     matrix = None

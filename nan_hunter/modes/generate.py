@@ -282,7 +282,7 @@ def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int) -> d
     non-finite within ``max_new_tokens`` (the search of ``bisect --over inputs``)."""
     from dataclasses import replace
 
-    from ..bisection.search import shortest_failing_prefix
+    from .failing_prefix import shortest_failing_prefix
 
     out: dict[str, int] = {}
     for i in failed:

@@ -13,7 +13,7 @@ A ``Mode`` (``forward``, ``generate``, ``backward``, a capsule's step) says thre
 
 ``run_mode`` then fills the report the same way for every mode (run block, module table, inputs,
 mask notes, near misses, the located fault through the one assembler). Under torchrun the data
-set is split across ranks by a layer around the same protocol (``distributed.rank_split``):
+set is split across ranks by a layer around the same protocol (``modes.rank_split``):
 each rank records its share, the rank holding the first fault locates it, and every rank merges
 the same report.
 """
@@ -25,21 +25,15 @@ from typing import TYPE_CHECKING
 from .recording import Mode, fill
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..distributed.rank_split import RankSplit
     from ..model.prepare import Prepared
     from ..report import Report
 
 
-def run_mode(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: RankSplit | None = None) -> None:
-    """Run ``mode`` over every input of ``p`` and fill ``rep``; with ``split`` (the CLI under
-    torchrun) each rank runs its share of the data set and every rank gets the same report."""
+def run_mode(p: Prepared, mode: Mode, rep: Report, replay: bool = True) -> None:
+    """Run ``mode`` over every input of ``p`` and fill ``rep`` (under torchrun the layer above,
+    ``modes.rank_split.run_mode_on_ranks``, splits the data set across ranks)."""
     mode.check(p)
-    if split is not None and split.world > 1:
-        from ..distributed.rank_split import run_split
-
-        run_split(p, mode, rep, replay, split)
-        return
-    from ..pipeline.progress import stage
+    from ..progress import stage
 
     with stage("capture"):
         rec = mode.record(p, list(range(len(p.batches))))

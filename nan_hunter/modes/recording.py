@@ -1,6 +1,6 @@
 """The harness's protocol: what a mode is (``Mode``), what its run leaves (``Recording``) and how
 that becomes the report (``fill``), the same for every mode and for the ranks of a split run
-(``distributed.rank_split``). ``harness.run_mode`` drives it."""
+(``modes.rank_split``). ``harness.run_mode`` drives it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 baseline checkpoint. Each rule is returned as the fields of a ``ci_check.RuleResult``.
 
 Rules (ids are JUnit testcase names and never change meaning):
-``weights.quantized`` (fail: a NaN/Inf scale, or a zero scale on a block holding data; given only
+``weights.quantized`` (fail: a NaN/Inf scale, a zero scale on a block holding data, a bad activation/KV
+scale or a zero point of the wrong convention; given only
 when the checkpoint has quantized weights), ``weights.suspicious`` (warn: |x| > 1e30 or an all-zero
 weight matrix; given only when there is one), ``weights.unchecked`` (warn: tensors that could hold
 NaN/Inf but were not checked; given only when there is one), ``headroom_regression.<dtype>``
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..config import Config
 from ..dtypes import HEADROOM_DTYPES, limits
+from ..load.quant.base import is_fault
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -32,17 +34,22 @@ def weights_extra_rules(ck: str, weights: dict[str, Any]) -> list[dict[str, Any]
     out = []
     quantized = weights.get("quantized") or []
     if quantized:
-        faulty = [q for q in quantized if any(b["problem"] != "negative" for b in q["bad_blocks"])]
+        faulty = [q for q in quantized if any(is_fault(q, b) for b in q["bad_blocks"])]
         if faulty:
             q = faulty[0]
-            b = next(b for b in q["bad_blocks"] if b["problem"] != "negative")
+            b = next(b for b in q["bad_blocks"] if is_fault(q, b))
+            if b["problem"] == "zero_point":
+                fix = (f"fix: the zero points follow {b.get('found')!r}, the config declares {b.get('declared')!r}: "
+                       "set quantization_config.checkpoint_format to the convention stored, or re-export")
+            else:
+                fix = ("fix: re-run the quantization from the unquantized checkpoint (an eps on zero scales), or "
+                       "re-download the shard holding the scales")
             more = f" and {len(faulty) - 1} more quantized weights" if len(faulty) > 1 else ""
             out.append(_rule("weights.quantized", ck, FAIL,
                              f"{q['name']} ({q['format']}): scale {q['scale']} block {b['index']} is {b['scale']} "
                              f"({b['problem']}), {q['n_bad']} of {q['n_blocks']} blocks bad{more}",
                              value=float(len(faulty)),
-                             details=["fix: re-run the quantization from the unquantized checkpoint, or re-download "
-                                      "the shard holding the scales"]))
+                             details=[fix]))
         else:
             over = [q for q in quantized if q["overflows"].get("fp16")]
             msg = f"{len(quantized)} quantized weights, every scale finite and non-zero where the block holds data"

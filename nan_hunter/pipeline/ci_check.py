@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import Config, Thresholds, as_config
-from ..dtypes import RunDtype
+from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
 from ..load.checkpoint import Checkpoint, open_checkpoint
-from ..model.prepare import parse_dtype
 from ..report import Report
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -217,7 +216,7 @@ def run_summary(run: Report) -> dict[str, Any]:
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
     from ..model.prepare import prepare
-    from ..modes.harness import run_mode
+    from ..modes.rank_split import run_mode_on_ranks
     from ..modes.registry import mode_for
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
@@ -227,7 +226,7 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
         return p.notes[0]
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
-    run_mode(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)
+    run_mode_on_ranks(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)
     run.add_context(texts=p.texts)  # inputs[i].text, as scan gives it
     return run
 

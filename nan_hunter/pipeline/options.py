@@ -62,11 +62,10 @@ class ScanOptions:
     tracing: Any = field(default=None, init=False, compare=False)  # modes.trace_pass.TraceOptions, or None
 
     def __post_init__(self) -> None:
-        from ..dtypes import RunDtype
+        from ..dtypes import RunDtype, parse_dtype
         from ..load.capsule import is_capsule
         from ..model.inputs import one_or_many, one_path
         from ..model.placement import parse as parse_placement
-        from ..model.prepare import parse_dtype
 
         set_ = object.__setattr__
         set_(self, "inputs", one_or_many(self.inputs, "inputs"))
@@ -110,7 +109,7 @@ class ScanOptions:
                 raise BadInput("--compile with --device-map auto: dynamo does not trace accelerate's offload hooks "
                                "(AlignDevicesHook moves weights in Python hooks around each forward); drop one of them")
         if placement is not None:
-            from ..distributed.rank_split import launched
+            from ..modes.rank_split import launched
 
             if launched():
                 raise BadInput("--device-map auto under torchrun: accelerate's dispatch_model places one model across "
@@ -124,7 +123,7 @@ class ScanOptions:
                 flag = "--repeat" if self.repeat is not None else "--trace-level"
                 raise BadInput(f"{flag} shapes the trace: add --trace PATH")
             return None
-        from ..distributed.rank_split import launched
+        from ..modes.rank_split import launched
         from ..modes.trace_pass import TraceOptions
 
         if launched():

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config, as_config
+from ..progress import stage
 from ..report import Report
 from .options import ScanOptions
-from .progress import stage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..distributed.rank_split import RankSplit
+    from ..modes.rank_split import RankSplit
 
 
 def scan(checkpoint: str, config: str | Config | None = None,
@@ -28,25 +28,39 @@ def scan(checkpoint: str, config: str | Config | None = None,
 def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None] | None = None,
              split: RankSplit | None = None) -> Report:
     """A validated scan (``ScanOptions``) under configuration ``cfg``; ``split``: the data set
-    split across torchrun ranks (``distributed.rank_split.process_group``)."""
+    split across torchrun ranks (``modes.rank_split.process_group``)."""
     if opts.capsule:
         from ..modes.capsule_step import scan_capsule
 
         return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
                             progress=progress, replay=opts.replay, trace=opts.tracing)
+    from ..errors import BadInput
     from ..explain.assemble import weights_only_diagnosis, weights_section
     from ..load.checkpoint import open_checkpoint
     from ..load.weights import scan_weights
+    from ..load.weights_sections import bad_scales
     from ..model.prepare import prepare
-    from ..modes.harness import run_mode
+    from ..modes.rank_split import run_mode_on_ranks
     from ..modes.registry import mode_for
 
     ck = open_checkpoint(opts.checkpoint)
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg))
-    with stage("load"):
-        prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data,
-                           opts.dtype, opts.device, cfg, opts.attn, placement=opts.placement)
+    if ck.format == "gguf" and (opts.arch or opts.inputs or opts.prompts or opts.data):
+        raise BadInput(f"{ck.path}: a GGUF file is scanned weights-only (nanhunter does not build llama.cpp "
+                       "models); drop --arch/--inputs/--prompt/--data")
+    try:
+        with stage("load"):
+            prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data,
+                               opts.dtype, opts.device, cfg, opts.attn, placement=opts.placement)
+    except BadInput as e:
+        if not (ws.nonfinite or bad_scales(ws)):
+            raise
+        # the weights already hold the answer (a quantized model transformers cannot build here, e.g. GPTQ
+        # without optimum): report it rather than exit 2
+        rep.notes.append(f"weights-only scan: the model was not built ({e})")
+        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
+        return rep
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
@@ -60,7 +74,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         mode.check(prepared)
         with stage("trace"):
             rep.notes.append(write_trace(prepared, mode, opts.tracing))
-    run_mode(prepared, mode, rep, replay=opts.replay, split=split)
+    run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split)
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled
 

@@ -55,7 +55,7 @@ class BisectProgress:
 
 
 class StageProgress:
-    """``pipeline.progress.Progress`` on stderr: a spinner (and a count for counted stages) with
+    """``progress.Progress`` on stderr: a spinner (and a count for counted stages) with
     the stage's name and elapsed time, shown only once a stage has lasted ``delay`` seconds and
     removed when it ends (transient), so fast runs print nothing extra."""
 
@@ -73,7 +73,7 @@ class StageProgress:
         self.started = 0.0
 
     def _text(self) -> str:
-        from ..pipeline.progress import STAGES
+        from ..progress import STAGES
 
         what = STAGES.get(self.name, self.name)
         count = f" {self.count}/{self.total}" if self.total else ""

@@ -568,13 +568,24 @@ def quantized_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS) -> tuple[list[
         for b in q["bad_blocks"]:
             total += 1
             if len(rows) < max_rows:
-                rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), str(b["index"]), str(b["scale"]),
-                             str(b["problem"])])
+                where = str(b.get("tensor") or q["scale"]) + (f" ({b['field']})" if b.get("field") else "")
+                rows.append([str(q["name"]), str(q["format"]), where, str(b["index"]), str(b["scale"]),
+                             _problem_words(b)])
         if q["overflows"].get("fp16") and len(rows) < max_rows:
             total += 1
             rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), "all",
                          f"dequantized absmax {fmt(q['dequant_absmax'])}", "overflows fp16"])
     return rows, total - len(rows)
+
+
+def _problem_words(b: dict) -> str:
+    """A bad block's problem; a zero point of the wrong convention says which was found and declared."""
+    if b.get("problem") != "zero_point":
+        return str(b["problem"])
+    found = b.get("found")
+    how = f"stored as {found}" if found else "neither convention"
+    return (f"zero point {b.get('zero_point')} ({how}, declared {b.get('declared')}; "
+            f"{b.get('n_groups', '?')} groups)")
 
 
 def caveat_rows(rep: Report) -> list[list[str]]:

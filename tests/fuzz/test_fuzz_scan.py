@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT, cli_env
+from clirun import ROOT, cli_env
 from safetensors.torch import save_file
 from safetensors_mutations import mutated_file, mutated_index
 

@@ -112,8 +112,11 @@ def test_watch_around_generate_keeps_the_failing_step(tmp_path):
     import nan_hunter
 
     tok = AutoTokenizer.from_pretrained(str(EXAMPLE))
-    model = AutoModelForCausalLM.from_pretrained(str(EXAMPLE), dtype=torch.float16).eval()
+    from nan_hunter.model.placement import dtype_keyword
+
+    model = AutoModelForCausalLM.from_pretrained(str(EXAMPLE), **{dtype_keyword(): torch.float16}).eval()
     enc = tok(FAILING, return_tensors="pt")
+    enc.pop("token_type_ids", None)  # transformers 4.5x's tokenizer returns them, its Llama refuses them
     with nan_hunter.watch(model) as w, torch.no_grad():
         out = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=2,
                              return_dict_in_generate=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, cli_env
+from clirun import ROOT, cli_env
 from safetensors.torch import save_file
 
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from clirun import run_cli
 from test_torchrun_split import DATA, EXAMPLE, normalized, torchrun
 
 pytestmark = pytest.mark.slow  # real torchrun ranks and accelerate placements

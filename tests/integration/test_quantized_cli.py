@@ -6,7 +6,7 @@ import json
 import math
 
 import torch
-from conftest import run_cli
+from clirun import run_cli
 from safetensors.torch import save_file
 
 

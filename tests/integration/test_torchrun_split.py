@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, run_cli
+from clirun import cli_env, run_cli
 from safetensors.torch import save_file
 
 pytestmark = pytest.mark.slow  # each test starts two ranks (and often one single process): ~20 s apiece

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, run_cli
+from clirun import ROOT, cli_env, run_cli
 from models import trace_nets
 
 LLAMA = ROOT / "examples/tiny-llama-fp16"

@@ -103,6 +103,12 @@ def _tiny_llama():
     return model
 
 
+def _cached_keys(cache):
+    """Each layer's keys: ``cache.layers[i].keys`` (transformers >= 4.56), ``cache.key_cache[i]`` before."""
+    layers = getattr(cache, "layers", None)
+    return [layer.keys for layer in layers] if layers is not None else list(cache.key_cache)
+
+
 def test_report_after_generate_names_leaf_and_op_and_leaves_the_cache_alone():
     model = _tiny_llama()
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
@@ -111,11 +117,11 @@ def test_report_after_generate_names_leaf_and_op_and_leaves_the_cache_alone():
                              pad_token_id=0)
     cache = out.past_key_values
     length = cache.get_seq_length()
-    keys = [layer.keys.clone() for layer in cache.layers]
+    keys = [k.clone() for k in _cached_keys(cache)]
     rng = torch.get_rng_state()
     r = w.report()
     assert cache.get_seq_length() == length
-    assert all(torch.allclose(a, b.keys, rtol=0, atol=0, equal_nan=True) for a, b in zip(keys, cache.layers))
+    assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(keys, _cached_keys(cache)))
     assert torch.equal(rng, torch.get_rng_state())
     f = r.first_nonfinite
     assert (f.input_index, f.module, f.role) == (0, "model.layers.0.mlp.down_proj", "producer")

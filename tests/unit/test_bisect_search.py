@@ -18,7 +18,6 @@ from nan_hunter.bisection.search import (
     SearchResult,
     minimal_keep_set,
     run_bound,
-    shortest_failing_prefix,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,32 +377,3 @@ def test_run_bound():
 def test_no_torch_import():
     code = "import sys, nan_hunter.bisection.search; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-
-
-# ---------------------------------------------------------------- shortest_failing_prefix
-
-
-def test_shortest_failing_prefix_every_threshold():
-    for length in range(1, 70):
-        for t in range(1, length + 2):  # t == length + 1: nothing fails
-            calls: list[int] = []
-
-            def fails(m: int, t=t, calls=calls, length=length) -> bool:
-                assert 1 <= m <= length
-                calls.append(m)
-                return m >= t
-
-            got = shortest_failing_prefix(length, fails)
-            assert got == (t if t <= length else None)
-            assert calls[0] == length
-            assert len(calls) == len(set(calls))
-            assert len(calls) <= 1 + math.ceil(math.log2(length))
-
-
-def test_shortest_failing_prefix_edges():
-    assert shortest_failing_prefix(0, lambda m: pytest.fail("must not be called")) is None
-    assert shortest_failing_prefix(1, lambda m: True) == 1
-    assert shortest_failing_prefix(1, lambda m: False) is None
-    assert shortest_failing_prefix(5, lambda m: True) == 1
-    with pytest.raises(ValueError):
-        shortest_failing_prefix(-1, lambda m: True)

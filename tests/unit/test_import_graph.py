@@ -1,5 +1,5 @@
-"""The package's layout: no import cycle in ``nan_hunter/``, and no submodule that shadows the
-public ``nan_hunter.scan``, ``watch`` or ``bisect``.
+"""The package's layout: no import cycle in ``nan_hunter/``, every import going down the layers
+(``LAYERS``), and no submodule that shadows the public ``nan_hunter.scan``, ``watch`` or ``bisect``.
 
 The graph is built from the source with ``ast``: every ``import``/``from ... import`` anywhere
 in a module (inside functions too: a lazy import is still a dependency), relative imports
@@ -138,6 +138,51 @@ def cycle_path(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     return sorted(comp)  # pragma: no cover - a component always has a cycle
 
 
+# --- layers ------------------------------------------------------------------------------------------
+#: The package's units (a folder, or a module at the top of ``nan_hunter/``) from the bottom up: the
+#: pipeline (load → model → capture → locate → explain → render) with the ways it is driven above
+#: it (a watch, the modes behind the harness, bisect, the commands, the CLI and the public API). A
+#: unit imports only units of a lower layer (its own modules aside), inside functions too: a lazy
+#: import is still a dependency. A new folder or top-level module gets a layer here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("version", "errors", "progress", "tree"),  # leaves: nothing of the package below them
+    ("dtypes", "outputs", "compare"),  # the one dtype rule, the one writer, the one comparison
+    ("config", "stats", "report"),
+    ("kernels",),  # statistics: the Triton kernel and the torch reference
+    ("load",),  # checkpoints, headers, weights scans, quantized formats, capsules
+    ("model",),  # building, inputs, placement, casting, fp8 emulation
+    ("capture",),  # hooks → records
+    ("trace", "locate"),  # records → a numerics trace; records → where
+    ("divergence", "distributed", "explain"),  # two runs → where they part; ranks; replay, diagnosis
+    ("render",),  # every view of a report
+    ("session",),  # nan_hunter.watch and what training adds
+    ("modes",),  # the harness and the modes behind it, its torchrun split
+    ("bisection",),
+    ("pipeline",),  # the commands as functions
+    ("cli", "__init__"),  # the command line; the public API
+    ("__main__", "integrations"),  # python -m nan_hunter; the Trainer and Lightning callbacks
+)
+
+
+def unit_of(module: str) -> str:
+    """``nan_hunter.capture.ops`` → ``capture``; ``nan_hunter.errors`` → ``errors``; the package → ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every import of a unit from its own layer or above, as 'module -> module (unit L -> unit L)'."""
+    rank = {u: i for i, layer in enumerate(layers) for u in layer}
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        a = unit_of(mod)
+        for dep in sorted(deps):
+            b = unit_of(dep)
+            if a != b and rank[b] >= rank[a]:
+                bad.append(f"{mod} -> {dep}  ({a}, layer {rank[a]} -> {b}, layer {rank[b]})")
+    return bad
+
+
 # --- the checker itself, on small graphs -----------------------------------------------------------
 def test_checker_finds_cycles_and_accepts_a_dag():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
@@ -173,6 +218,30 @@ def test_no_import_cycle():
     assert not found, "import cycles in nan_hunter/:\n" + "\n".join(
         f"{' -> '.join(cycle_path(graph, set(c)))}  (all {len(c)} modules of this cycle: {', '.join(c)})"
         for c in found)
+
+
+def test_every_unit_has_a_layer():
+    units = {unit_of(m) for m in modules()}
+    ranked = [u for layer in LAYERS for u in layer]
+    assert len(ranked) == len(set(ranked)), "a unit is in two layers"
+    assert units == set(ranked), (f"not in LAYERS: {sorted(units - set(ranked))}; "
+                                  f"in LAYERS but gone: {sorted(set(ranked) - units)}")
+
+
+def test_imports_go_down_the_layers():
+    found = upward_imports(import_graph(), LAYERS)
+    order = "\n".join(f"  {i}: {', '.join(layer)}" for i, layer in enumerate(LAYERS))
+    assert not found, "imports up (or across) the layers:\n" + "\n".join(found) + f"\nthe layers:\n{order}"
+
+
+def test_the_layer_checker_flags_upward_and_sideways_imports():
+    graph = {"nan_hunter.load.a": {"nan_hunter.errors"}, "nan_hunter.errors": set(),
+             "nan_hunter.capture.b": {"nan_hunter.load.a", "nan_hunter.explain.c"},
+             "nan_hunter.explain.c": {"nan_hunter.locate.d"}, "nan_hunter.locate.d": set()}
+    layers = (("errors",), ("load",), ("capture",), ("locate", "explain"))
+    assert upward_imports(graph, layers) == [
+        "nan_hunter.capture.b -> nan_hunter.explain.c  (capture, layer 2 -> explain, layer 3)",
+        "nan_hunter.explain.c -> nan_hunter.locate.d  (explain, layer 3 -> locate, layer 3)"]
 
 
 def test_no_submodule_shadows_the_public_api():

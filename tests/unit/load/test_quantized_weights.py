@@ -190,14 +190,27 @@ def test_small_windows_give_the_same_answer(tmp_path, monkeypatch):
 
 
 def test_moe_fp8_block_experts(tmp_path):
-    """[E, out, in] with scales [E, out/128, in/128]: blocks per expert; an expert whose rows are
-    not whole blocks is listed as not checked instead of mixing two experts."""
+    """[E, out, in] with scales [E, out/128, in/128]: blocks per expert. An expert whose rows are not
+    whole blocks (200 rows: a block of 128 and a partial one of 72) is checked block by block on its
+    own rows (contract v1.3), never mixed with the next expert's."""
     w = torch.ones(2, 256, 128).to(torch.float8_e4m3fn)
     s = torch.ones(2, 2, 1)
     s[1, 0, 0] = math.nan
     ws, q = _quantized(_save_dir(tmp_path, {"e.weight": w, "e.weight_scale_inv": s}))
     assert q["e.weight"].bad_blocks == [{"index": [1, 0, 0], "scale": "nan", "problem": "nan"}]
-    w2 = torch.ones(2, 200, 128).to(torch.float8_e4m3fn)
-    save_file({"e.weight": w2, "e.weight_scale_inv": torch.ones(2, 2, 1)}, str(tmp_path / "ck" / "model.safetensors"))
+    w2 = torch.ones(2, 200, 128)
+    w2[1, 128:] = 0  # expert 1's partial block holds no data
+    w2[0, 150, 3] = 400.0
+    s2 = torch.tensor([[[1.0], [0.0]], [[2.0], [0.0]]])  # expert 0's partial block holds data: zero is bad
+    save_file({"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
+              str(tmp_path / "ck" / "model.safetensors"))
     ws, q = _quantized(tmp_path / "ck")
-    assert not q and [u["name"] for u in ws.unchecked] == ["e.weight"]
+    r = q["e.weight"]
+    assert r.format == "fp8_block" and r.n_blocks == 4 and not ws.unchecked
+    assert r.bad_blocks == [{"index": [0, 1, 0], "scale": 0.0, "problem": "zero"}]
+    assert r.dequant_absmax == 2.0  # expert 0's 400 sits in the zero-scale block; expert 1: 1 x 2
+    s2[0, 1, 0] = 3.0
+    save_file({"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
+              str(tmp_path / "ck" / "model.safetensors"))
+    _, q = _quantized(tmp_path / "ck")
+    assert q["e.weight"].bad_blocks == [] and q["e.weight"].dequant_absmax == 384.0 * 3  # 400 is 384 in e4m3

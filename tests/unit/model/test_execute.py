@@ -1,4 +1,4 @@
-"""nan_hunter/model/execute.py: casting by the run dtype, forwards, targeted re-runs, weights rebinding."""
+"""nan_hunter/model/execute.py: casting by the run dtype, targeted re-runs, weights rebinding."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from nan_hunter.capture.targeted import call_inputs
 from nan_hunter.dtypes import RunDtype
 from nan_hunter.errors import BadInput
 from nan_hunter.model.execute import (
-    capture_run,
     cast_batch,
     cast_model,
-    forward,
     resolve_device,
     weights_as,
     weights_copy,
@@ -45,22 +43,6 @@ def test_cast_model_and_batch_follow_the_run_dtype_and_keep_integers():
     assert kw["x"].dtype == torch.float16 and kw["ids"].dtype == torch.int64 and kw["flag"] is True
     kw = cast_batch({"x": torch.ones(2)}, None, torch.device("cpu"))
     assert kw["x"].dtype == torch.float32
-
-
-def test_forward_runs_without_grad_and_a_model_error_is_bad_input():
-    m = Kw()
-    out = forward(m, {"x": torch.ones(1, 2)})
-    assert out.shape == (1, 2) and not out.requires_grad
-    with pytest.raises(BadInput, match=r"the model raised RuntimeError in Kw.forward\(\)"):
-        forward(m, {"x": torch.ones(1, 3)})  # wrong width
-
-
-def test_capture_run_records_every_batch():
-    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    rec = capture_run(m, [{"input": torch.ones(1, 2)}, {"input": torch.zeros(1, 2)}])
-    assert rec.n_forwards == 2
-    assert {c.input_index for c in rec.calls} == {0, 1}
-    assert not m._forward_hooks and not m[0]._forward_pre_hooks  # detached afterwards
 
 
 def test_call_inputs_copies_one_call_and_stops_the_forward_there():

@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import save_file
 
 from nan_hunter.config import default_config
+from nan_hunter.dtypes import parse_dtype
 from nan_hunter.errors import BadInput
 from nan_hunter.load.checkpoint import open_checkpoint
-from nan_hunter.model.prepare import checkpoint_dtype, parse_dtype, prepare
+from nan_hunter.model.prepare import checkpoint_dtype, prepare
 
 ARCH = """
 from torch import nn

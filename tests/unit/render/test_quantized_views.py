@@ -47,3 +47,23 @@ def test_clean_weights_with_unchecked_never_bare_clean():
     rep.weights["quantized"], rep.diagnosis = [], None
     v = verdict(rep)
     assert "1 tensor not checked" in v.text and v.tone == "warn"
+
+
+def test_zero_point_and_gguf_rows():
+    rep = _report()
+    rep.weights["quantized"] = [
+        {"name": "l.qweight", "format": "gptq", "scale": "l.scales", "n_blocks": 8, "n_bad": 1,
+         "bad_blocks": [{"index": [0, 0], "scale": 0.01, "problem": "zero_point", "zero_point": 8, "expected": 7,
+                         "declared": "gptq", "found": "gptq_v2", "n_groups": 8}],
+         "dequant_absmax": 1.0, "overflows": {"fp16": False, "bf16": False}},
+        {"name": "blk.0", "format": "gguf:Q4_K", "scale": "blk.0", "n_blocks": 4, "n_bad": 1,
+         "bad_blocks": [{"index": [1, 2], "scale": "inf", "problem": "inf", "field": "dmin"}],
+         "dequant_absmax": 1.0, "overflows": {"fp16": False, "bf16": None}}]
+    rep.diagnosis = Diagnosis("bad_zero_point", None, None, None, "GPTQ weight l.qweight is declared 'gptq'", [],
+                              "fix")
+    rows, _ = quantized_rows(rep)
+    assert rows[0][5] == "zero point 8 (stored as gptq_v2, declared gptq; 8 groups)"
+    assert rows[1][2] == "blk.0 (dmin)" and rows[1][3] == "[1, 2]"
+    assert "bad_zero_point" in verdict(rep).text and rep.exit_code() == 1
+    page = render_html([rep], [(None, "no plot")])
+    assert "stored as gptq_v2" in page and "blk.0 (dmin)" in page

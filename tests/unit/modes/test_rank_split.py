@@ -1,6 +1,6 @@
-"""nan_hunter/distributed/rank_split.py, what crosses ranks: ``RankSplit.share``, op events with
+"""nan_hunter/modes/rank_split.py, what crosses ranks: ``RankSplit.share``, op events with
 their operand statistics and diagnoses with a verified fix, as JSON and back.
-(The split itself, torchrun detection and agreement: tests/unit/test_rank_split.py.)"""
+(The split itself, torchrun detection and agreement: tests/unit/modes/test_rank_split_process.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import torch
 
 from nan_hunter.capture.ops import OpEvent, operand_stats
-from nan_hunter.distributed.rank_split import RankSplit, _diagnosis_back, _event, _event_back, _span, share
+from nan_hunter.modes.rank_split import RankSplit, _diagnosis_back, _event, _event_back, _span, share
 from nan_hunter.report import Diagnosis, FixVerified
 
 

@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from nan_hunter.cli.output import stage_progress
-from nan_hunter.pipeline.progress import NoProgress, advance, current, stage, using
+from nan_hunter.progress import NoProgress, advance, current, stage, using
 from nan_hunter.render.progress import StageProgress
 
 

@@ -26,13 +26,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..distributed import collectives as dist
 from ..errors import BadInput
-from . import collectives as dist
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
-    from ..modes.recording import Mode
     from ..report import Report
+    from .recording import Mode
 
 #: What torchrun sets in every worker's environment.
 TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")
@@ -156,14 +156,27 @@ def finish(code: int) -> int:
 # --- the split run --------------------------------------------------------------------------------
 
 
+def run_mode_on_ranks(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: RankSplit | None = None
+                      ) -> None:
+    """The harness (``modes.harness.run_mode``), or with ``split`` (the CLI under torchrun, more than
+    one rank) the harness with the data set split across ranks (``run_split``)."""
+    from .harness import run_mode
+
+    if split is None or split.world <= 1:
+        run_mode(p, mode, rep, replay)
+        return
+    mode.check(p)
+    run_split(p, mode, rep, replay, split)
+
+
 def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSplit) -> None:
     """The harness with the data set split across ranks: each rank records its share (a
     contiguous block, so rank order is data-set order); what each found crosses ranks as JSON; the
     rank holding the first fault (the lowest data-set index) locates it and sends the result;
     every rank fills the same report as one process would."""
     from ..explain.assemble import Located, diagnose_located
-    from ..modes.recording import Recording, fill
     from ..report import FirstNonfinite
+    from .recording import Recording, fill
 
     mine = split.share(len(p.batches))
     rec = mode.record(p, mine) if mine else Recording(None, None, [], [])

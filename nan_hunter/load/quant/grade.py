@@ -1,0 +1,195 @@
+"""Judging one quantized weight from its scales, reading only the data the answer depends on.
+
+Per block (a group, an absmax block, an SCB row, a GGUF block): a NaN or Inf scale is bad whatever
+the block holds; a zero scale is bad when the block holds data (some code differs from its zero
+point: the block dequantizes to 0 instead of its values); a negative scale is listed (a fault only
+where the format says a sign is wrong). The dequantized absmax is ``max(|code - zero| * |scale|)``
+over the blocks with a finite scale, times the global scale.
+
+Which data is read. A block's magnitude ``m = max |code - zero|`` is at most the format's ``bound``
+(448 for e4m3, 8 for symmetric int4, 127 for int8, ...), so a block whose ``bound * |scale|`` is
+below the largest ``m * |scale|`` already known cannot be the absmax. The blocks are visited by
+that upper bound, largest first, a growing batch at a time, until no unread block can beat the
+answer; zero-scale blocks are read to see whether they hold data. Real weights use their codes'
+full range in nearly every block, so a few stripes answer exactly. When the candidates would cover
+more than a quarter of the stripes (an adversarial or degenerate file), every stripe is read in
+windows of about ``PIECE`` bytes instead. Either way the answer is exact and memory stays one window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .base import BF16_MAX, FP16_MAX, MAX_BAD_BLOCKS, Blocks, QuantizedScan, QuantizedWeight, unravel
+
+if TYPE_CHECKING:  # pragma: no cover
+
+    from ..checkpoint import Checkpoint
+
+FULL_PASS_FRACTION = 4  # read everything once the stripes needed pass 1/4 of all stripes
+
+
+class _Reader:
+    """Stripes read so far; the magnitudes they gave, kept only where they are needed (the blocks with a
+    zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
+
+    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight, usable_exc, zero_idx):
+        import torch
+
+        from ..safetensors_file import PIECE
+
+        self.ck, self.q, self.b = ck, q, b
+        self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)
+        self.unusable = usable_exc  # sorted int64: blocks left out of the absmax
+        self.zero_idx = zero_idx  # sorted int64: blocks with a zero scale (their "holds data" is wanted)
+        self.zero_holds = torch.zeros(zero_idx.numel(), dtype=torch.bool)
+        self.read = torch.zeros(max(1, b.n_stripes), dtype=torch.bool)
+        self.per_window = max(1, PIECE // max(1, b.stripe_bytes))
+        self.n_read = 0
+        self.best = -1.0
+
+    def stripes(self, wanted) -> None:
+        """Read the stripes in ``wanted`` (int64 tensor) not read yet, runs of consecutive ones
+        together, at most ``per_window`` stripes per window."""
+        import torch
+
+        s = torch.unique(wanted)
+        s = s[~self.read[s]]
+        if not s.numel():
+            return
+        ids = s.tolist()
+        start = prev = ids[0]
+        for x in ids[1:] + [None]:
+            if x is not None and x == prev + 1 and x - start < self.per_window:
+                prev = x
+                continue
+            self._window(start, prev - start + 1)
+            if x is not None:
+                start = prev = x
+
+    def everything(self) -> None:
+        import torch
+
+        self.stripes(torch.arange(self.b.n_stripes))
+
+    def _window(self, first: int, count: int) -> None:
+        import torch
+
+        for got in self.q.handler.window(self.ck, self.q, first, count):
+            idx, m = got[0], got[1].to(torch.float32)
+            holds = got[2] if len(got) > 2 else m > 0
+            if self.zero_idx.numel():
+                pos = torch.searchsorted(self.zero_idx, idx).clamp(max=self.zero_idx.numel() - 1)
+                hit = self.zero_idx[pos] == idx
+                self.zero_holds[pos[hit]] = holds[hit]
+            contrib = m * self.weight[idx]
+            if self.unusable.numel():
+                pos = torch.searchsorted(self.unusable, idx).clamp(max=self.unusable.numel() - 1)
+                contrib = contrib.masked_fill(self.unusable[pos] == idx, -1.0)
+            if contrib.numel():
+                self.best = max(self.best, float(contrib.max()))
+        self.read[first: first + count] = True
+        self.n_read += count
+
+
+def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
+    """Bad blocks, dequantized absmax and fp16/bf16 overflow of one quantized weight.
+
+    Few passes over the scales (they can be an eighth of the data's size, GGUF's d): one for the
+    positive finite ones, then only the exceptions are looked at one by one; the upper bounds once, and
+    ``topk`` over them a few times."""
+    import torch
+
+    b = q.handler.blocks(ck, q)
+    s = b.values.reshape(-1).to(torch.float32)
+    n = s.numel()
+    out = QuantizedScan(q.name, q.format, q.scale, n)
+    if b.stripe_of is not None and b.stripe_of.numel() != n:
+        out.skipped = f"scale {q.scale} has {n} values for {b.stripe_of.numel()} blocks"
+        return out
+    normal = (s > 0) & (s < math.inf)
+    exc = (~normal).nonzero().reshape(-1)  # NaN, Inf, zero, negative: usually none
+    ev = s[exc]
+    nonfinite = exc[~torch.isfinite(ev)]
+    zero_idx = exc[ev == 0]
+    neg_idx = exc[ev < 0]
+    unusable = nonfinite if b.exclude is None else torch.unique(torch.cat([nonfinite, b.exclude.nonzero().reshape(-1)]))
+    weight = torch.ones_like(s) if b.absolute else s.abs()
+    r = _Reader(ck, q, b, weight, unusable, zero_idx)
+    known = b.known
+    reads = b.stripe_of is not None and b.n_stripes > 0
+    limit = max(1, b.n_stripes // FULL_PASS_FRACTION)
+    if known is not None:  # magnitudes known without reading (padding, activation scales)
+        k = known.reshape(-1)
+        got = (k >= 0).nonzero().reshape(-1)
+        if got.numel():
+            contrib = k[got] * weight[got]
+            contrib[torch.isin(got, unusable)] = -1.0
+            r.best = max(r.best, float(contrib.max()))
+            if zero_idx.numel():
+                hit = torch.isin(zero_idx, got)
+                r.zero_holds[hit] = k[zero_idx[hit]] > 0
+    need = zero_idx if known is None else zero_idx[known.reshape(-1)[zero_idx] < 0]  # padding is known empty
+    if reads and not b.zero_is_fault and need.numel():
+        wanted = torch.unique(b.stripe_of[need])
+        if wanted.numel() > limit:
+            r.everything()
+        else:
+            r.stripes(wanted)
+    if reads:
+        _absmax_candidates(r, weight, unusable, b, limit, known)
+    zero_bad = zero_idx if b.zero_is_fault else zero_idx[r.zero_holds]
+    listed = [nonfinite, zero_bad] + ([neg_idx] if b.negative_listed else [])
+    bad = torch.sort(torch.cat(listed)).values
+    out.n_bad = int(bad.numel()) + len(b.extra_bad)
+    out.n_faults = int(nonfinite.numel() + zero_bad.numel() + (neg_idx.numel() if b.negative_is_fault else 0)) \
+        + b.extra_faults
+    out.bad_blocks = list(b.extra_bad)
+    for i in bad[:MAX_BAD_BLOCKS].tolist():
+        v = float(s[i])
+        problem = "nan" if v != v else "inf" if math.isinf(v) else "zero" if v == 0 else "negative"
+        out.bad_blocks.append({"index": unravel(i, b.shape), "scale": "nan" if v != v else (
+            "inf" if math.isinf(v) else v), "problem": problem})
+    gm = abs(b.multiplier)
+    if r.best >= 0 and math.isfinite(gm):
+        out.dequant_absmax = r.best * gm
+    if b.bound_only:
+        bound = out.dequant_absmax
+        out.dequant_absmax = None
+        out.overflows = {"fp16": False if bound is not None and bound <= FP16_MAX else None,
+                         "bf16": False if bound is not None and bound <= BF16_MAX else None}
+    else:
+        a = out.dequant_absmax
+        out.overflows = {"fp16": bool(a is not None and a > FP16_MAX), "bf16": bool(a is not None and a > BF16_MAX)}
+    out.stripes_read = r.n_read
+    return out
+
+
+def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, known) -> None:
+    """Read stripes, largest possible contribution first, until no unread block can beat the
+    largest known ``m * |scale|`` (or read them all when that is cheaper). The bound of every block
+    outside the ``k`` largest is at most the ``k + 1``-th largest, so ``topk`` answers it."""
+    import torch
+
+    bound = b.bound if isinstance(b.bound, (int, float)) else b.bound.reshape(-1).to(torch.float32)
+    upper = weight * bound
+    if unusable.numel():
+        upper[unusable] = -1.0
+    if known is not None:  # already counted in ``best``
+        upper = upper.masked_fill(known.reshape(-1) >= 0, -1.0)
+    n = upper.numel()
+    k = 1
+    while True:
+        vals, idx = torch.topk(upper, min(n, k + 1))
+        if float(vals[0]) < 0 or float(vals[0]) <= r.best:
+            return
+        wanted = torch.unique(b.stripe_of[idx[:k]])
+        wanted = wanted[~r.read[wanted]]
+        if r.n_read + wanted.numel() > limit:
+            r.everything()
+            return
+        r.stripes(wanted)
+        if k >= n or float(vals[-1]) <= r.best:
+            return
+        k *= 8

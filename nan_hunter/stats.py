@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .errors import BadInput
+
 INT_FIELDS: tuple[str, ...] = (
     "numel",
     "nan",
@@ -114,3 +116,14 @@ class TensorStats:
             if v is not None and math.isinf(v):
                 out[k] = None
         return out
+
+
+#: ``--stats``: fast (underflow statistics from a sample of each large tensor) or full (exact)
+STATS_LEVELS = ("fast", "full")
+
+
+def parse_stats_level(value: str) -> str:
+    """``--stats`` / ``stats=`` checked, for scan and check alike: exit 2 (BadInput) naming the choices."""
+    if value not in STATS_LEVELS:
+        raise BadInput(f"--stats {value!r}: use fast or full")
+    return value

@@ -52,6 +52,8 @@ NO_FIX = {
     "nonfinite_input": "the input data is bad: nothing in the model to change",
     "nonfinite_weights": "the checkpoint holds NaN/Inf: restore or re-export it",
     "bad_scale": "a quantization scale in the checkpoint is bad: re-export it",
+    "bad_zero_point": "the zero points follow another convention than the checkpoint declares: re-export it "
+                      "with the right checkpoint_format",
     "domain_error": "the argument is outside the op's domain: the fix is upstream (a clamp changes the meaning)",
     "not_reproducible": "the fault did not reproduce: there is nothing to re-run",
     "unknown": "no rule explains the fault, so no change can be derived",

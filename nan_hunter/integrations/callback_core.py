@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import NonFiniteError
 from ..report import Report, write_json
-from ..session.fault_policy import ON_FAULT, _verdict_line
+from ..session.fault_policy import OnFault, _verdict_line
 
 
 def torch_optimizer(opt: Any) -> Any:
@@ -48,9 +48,8 @@ def as_report_v1(rep: Any) -> Report:
 class CallbackCore:
     def __init__(self, level: str, on_fault: str, capsule_dir: str | None, report_path: str | None,
                  arch: str | None, logger: logging.Logger) -> None:
-        if on_fault not in ON_FAULT:
-            raise ValueError(f"on_fault must be one of {ON_FAULT}, got {on_fault!r}")
-        self.level, self.on_fault = level, on_fault
+        self.kind = OnFault.parse(on_fault, has_optimizer=True)  # the framework's optimizer: checked at start
+        self.level, self.on_fault = level, self.kind.value
         self.capsule_dir, self.report_path, self.arch = capsule_dir, report_path, arch
         self.logger = logger
         self.watch: Any = None
@@ -62,11 +61,11 @@ class CallbackCore:
         if self.watch is not None:
             return
         opt = torch_optimizer(optimizer)
-        mode = {"raise": "stop"}.get(self.on_fault, self.on_fault)  # raised here, outside the framework's hooks
-        if mode == "skip" and opt is None:
+        mode = OnFault.STOP if self.kind.raises else self.kind  # raised here, outside the framework's hooks
+        if mode.needs_optimizer and opt is None:
             raise ValueError("NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found")
         self.watch = nan_hunter.watch(model, level=self.level, backward=True, optimizer=opt, scaler=scaler,
-                                      capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode)
+                                      capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode.value)
         self.watch.__enter__()
 
     def step_begin(self, global_step: int) -> None:
@@ -82,10 +81,10 @@ class CallbackCore:
             self.report = w.policy.local_report()
             self.logger.warning(_verdict_line(self.report))
             self._write()
-            if self.on_fault == "raise":
+            if self.kind.raises:
                 self.end()
                 raise NonFiniteError(self.report, _verdict_line(self.report))
-        return self.on_fault == "stop"
+        return self.kind.stops
 
     def _write(self) -> None:
         if self.report_path and self.report is not None:
@@ -96,6 +95,6 @@ class CallbackCore:
         if w is None:
             return
         w.__exit__(None, None, None)
-        if self.report is not None and self.on_fault == "skip":
+        if self.report is not None and self.kind is OnFault.SKIP:
             self.report = w.policy.local_report()  # every skipped step, not only the first
             self._write()

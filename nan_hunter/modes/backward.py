@@ -127,6 +127,14 @@ class BackwardMode:
         self.loss_spec = loss_spec
         self.loss: Loss | None = None  # known once a model is given (``check``)
 
+    @classmethod
+    def wanted(cls, request: Any) -> bool:
+        return request.backward
+
+    @classmethod
+    def from_request(cls, request: Any) -> BackwardMode:
+        return cls(request.loss)
+
     def check(self, p: Prepared) -> None:
         self.loss = load_loss(p.model, self.loss_spec)
         for q in p.model.parameters():
@@ -150,6 +158,7 @@ class BackwardMode:
         from ..session.watcher import Watch
 
         w = Watch(p.model, level="modules", backward=True, dtype=p.run)
+        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
         with w:
             for i in indices:
                 with run_context(p.run), torch.enable_grad():

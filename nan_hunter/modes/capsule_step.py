@@ -54,9 +54,7 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     from ..report import Report
     from .harness import run_mode
 
-    if stats not in ("fast", "full"):
-        raise BadInput(f"--stats {stats!r}: use fast or full")
-    cfg = as_config(config)
+    cfg = as_config(config)  # (stats: checked by ScanOptions)
     cap = read(path, arch_given=bool(arch))
     for name in {"capsule.json", "model.safetensors", "inputs.safetensors", *cap.files}:
         member(cap.path, name, f"capsule {cap.path}")  # symlinks must stay inside the capsule
@@ -342,6 +340,7 @@ class CapsuleStep:
         phase = self.cap.phase
         opt = self._optimizer() if phase == "optimizer" else None
         w = Watch(self.model, level="modules", backward=phase == "backward", optimizer=opt, dtype=self.watch_dtype)
+        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
         with w:
             try:
                 if phase == "backward":

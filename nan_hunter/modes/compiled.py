@@ -47,16 +47,19 @@ class Parting:
     rel_err: float | None = None  # over elements finite in both; None when there are none
     compiled_kind: str | None = None  # nan | posinf | neginf: what the compiled outputs hold
     eager_kind: str | None = None
+    #: the one comparison's ``error``: inf where a non-finite class differs element by element (a NaN
+    #: against an inf, or at other elements) or the structure differs, else ``rel_err``
+    error: float = 0.0
 
     def parts(self, rtol: float) -> bool:
-        return (self.eager_finite != self.compiled_finite
+        return (self.eager_finite != self.compiled_finite or self.error > rtol
                 or (self.rel_err is not None and self.rel_err > rtol))
 
     def merge(self, other: Parting) -> Parting:
         errs = [e for e in (self.rel_err, other.rel_err) if e is not None]
         return Parting(self.eager_finite and other.eager_finite, self.compiled_finite and other.compiled_finite,
                        max(errs) if errs else None, self.compiled_kind or other.compiled_kind,
-                       self.eager_kind or other.eager_kind)
+                       self.eager_kind or other.eager_kind, max(self.error, other.error))
 
 
 def compare(eager: Any, compiled: Any) -> Parting:
@@ -78,7 +81,7 @@ def compare_runs(eager: list[Any], compiled: list[Any]) -> list[Parting]:
 
 
 def _parting(c: Any) -> Parting:
-    return Parting(c.ref_finite, c.finite, c.rel_err, c.kind, c.ref_kind)
+    return Parting(c.ref_finite, c.finite, c.rel_err, c.kind, c.ref_kind, c.error)
 
 
 # -- compiling ----------------------------------------------------------------------------------

@@ -16,6 +16,14 @@ class ForwardMode:
     name = "forward"
     one_step_table = False
 
+    @classmethod
+    def wanted(cls, request: Any) -> bool:
+        return True  # one forward per input: what any other request falls back to
+
+    @classmethod
+    def from_request(cls, request: Any) -> ForwardMode:
+        return cls()
+
     def check(self, p: Prepared) -> None:
         return None
 

@@ -153,6 +153,14 @@ class GenerateMode:
         self.batched = batched
         self.pad_id: int | None = None  # the tokenizer's, known once a model is given (``check``)
 
+    @classmethod
+    def wanted(cls, request: Any) -> bool:
+        return request.generate is not None
+
+    @classmethod
+    def from_request(cls, request: Any) -> GenerateMode:
+        return cls(request.generate, request.batch)
+
     def check(self, p: Prepared) -> None:
         check_can_generate(p.model)
         self.pad_id = pad_token_id(p)

@@ -19,6 +19,7 @@ from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
 from ..load.checkpoint import Checkpoint, open_checkpoint
 from ..report import Report
+from ..stats import parse_stats_level
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -34,9 +35,10 @@ class RuleResult:
     details: list[str] = field(default_factory=list)  # evidence and fix, for failure bodies
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckOptions:
-    """The loading/input options of ``scan``, shared by every checkpoint of one check."""
+    """The loading/input options of ``scan``, shared by every checkpoint of one check: frozen, each
+    option validated once, here."""
 
     arch: str | None = None
     inputs: list[str] | None = None
@@ -47,14 +49,16 @@ class CheckOptions:
     stats: str = "fast"
     generate: int | None = None  # greedy decoding of this many tokens instead of one forward
     batch: bool = False
-    split: Any = None  # distributed.rank_split.RankSplit: the data set split across torchrun ranks
+    split: Any = None  # modes.rank_split.RankSplit: the data set split across torchrun ranks
 
     def __post_init__(self) -> None:
         from ..model.inputs import one_or_many, one_path
 
-        self.inputs = list(one_or_many(self.inputs, "inputs")) or None
-        self.prompts = list(one_or_many(self.prompts, "prompts")) or None  # a string is one prompt
-        self.data = one_path(self.data, "data")
+        set_ = object.__setattr__
+        set_(self, "inputs", list(one_or_many(self.inputs, "inputs")) or None)
+        set_(self, "prompts", list(one_or_many(self.prompts, "prompts")) or None)  # a string is one prompt
+        set_(self, "data", one_path(self.data, "data"))
+        parse_stats_level(self.stats)
 
     @property
     def has_inputs(self) -> bool:
@@ -295,8 +299,6 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
     cfg = as_config(config)
     dts = parse_dtypes(dtypes, cfg)
     opts = CheckOptions(**options)
-    if opts.stats not in ("fast", "full"):
-        raise BadInput(f"--stats {opts.stats!r}: use fast or full")
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
     base = None
     if baseline is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadInput
+from ..stats import parse_stats_level
 
 COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "eager")
 #: scan options a capsule brings along itself (its inputs, its dtype, its phase), by their flags.
@@ -81,8 +82,7 @@ class ScanOptions:
                                "failing step's own inputs, dtype and phase; drop the flag (or scan the model's "
                                "checkpoint instead)")
         set_(self, "dtype", parse_dtype(self.dtype))
-        if self.stats not in ("fast", "full"):
-            raise BadInput(f"--stats {self.stats!r}: use fast or full")
+        parse_stats_level(self.stats)
         if self.loss is not None and not self.backward:
             raise BadInput("--loss is the loss --backward differentiates: add --backward")
         if self.generate is not None and (isinstance(self.generate, bool) or not isinstance(self.generate, int)

@@ -30,6 +30,7 @@ yet on a GPU.)
 from __future__ import annotations
 
 import copy
+import enum
 from typing import Any
 
 import torch
@@ -37,7 +38,60 @@ import torch
 from ..errors import NonFiniteError
 from ..tree import local_shard
 
-ON_FAULT = ("record", "raise", "skip", "stop")
+
+class OnFault(enum.Enum):
+    """The four policies, and what each asks of the watch: the one place ``on_fault`` is parsed
+    and the one place its behaviour is decided (the watch and the callbacks ask these properties,
+    never the string)."""
+
+    RECORD = "record"
+    RAISE = "raise"
+    SKIP = "skip"
+    STOP = "stop"
+
+    @classmethod
+    def parse(cls, value: Any, has_optimizer: bool, who: str = "on_fault") -> OnFault:
+        """``value`` (a policy's name, or an ``OnFault``) checked: ``ValueError`` naming the choices,
+        or ``skip`` without an optimizer to undo the step with."""
+        if isinstance(value, cls):
+            policy = value
+        else:
+            try:
+                policy = cls(value)
+            except ValueError:
+                raise ValueError(f"on_fault must be one of {ON_FAULT}, got {value!r}") from None
+        if policy.needs_optimizer and not has_optimizer:
+            raise ValueError(f"{who}='skip' needs optimizer=: the watch restores the parameters and the "
+                             "optimizer state the faulty step changed")
+        return policy
+
+    @property
+    def needs_optimizer(self) -> bool:
+        """``skip`` undoes the faulty step's update: it needs the optimizer."""
+        return self is OnFault.SKIP
+
+    @property
+    def stops(self) -> bool:
+        """``should_stop`` is what the loop polls."""
+        return self is OnFault.STOP
+
+    @property
+    def raises(self) -> bool:
+        return self is OnFault.RAISE
+
+    @property
+    def reads_each_step(self) -> bool:
+        """The loop must learn of a fault before it goes on (``raise``, ``stop``): a device sink reads
+        one flag per step (or per root forward without ``optimizer=``)."""
+        return self in (OnFault.RAISE, OnFault.STOP)
+
+    def undoes_faulty_steps(self, has_optimizer: bool) -> bool:
+        """``skip``, and ``stop`` with ``optimizer=``: a step that saw a fault is not applied."""
+        return self is OnFault.SKIP or (self is OnFault.STOP and has_optimizer)
+
+
+#: the policies' names, as ``watch(on_fault=...)`` and the callbacks take them
+ON_FAULT = tuple(p.value for p in OnFault)
 
 
 def _verdict_line(rep: Any) -> str:
@@ -70,13 +124,9 @@ class FaultPolicy:
     """The ``on_fault`` half of a ``session.Watch``."""
 
     def __init__(self, watch: Any, on_fault: str) -> None:
-        if on_fault not in ON_FAULT:
-            raise ValueError(f"on_fault must be one of {ON_FAULT}, got {on_fault!r}")
-        if on_fault == "skip" and watch.optimizer is None:
-            raise ValueError("on_fault='skip' needs optimizer=: the watch restores the parameters and the "
-                             "optimizer state the faulty step changed")
+        self.kind = OnFault.parse(on_fault, watch.optimizer is not None)
         self.w = watch
-        self.on_fault = on_fault
+        self.on_fault = self.kind.value  # the name, as reports give it (run["on_fault"])
         self.should_stop = False
         self.skipped: list[int] = []  # host sink: forwards whose optimizer step was undone
         # device sink: skip decisions not read yet, (forward, host flag, event, host-state restores)
@@ -95,13 +145,13 @@ class FaultPolicy:
     def undoes_faulty_steps(self) -> bool:
         """``skip``, and ``stop`` with ``optimizer=``: a step that saw a fault is not applied (the
         save/restore below), so parameters and optimizer state stay the last good ones."""
-        return self.on_fault == "skip" or (self.on_fault == "stop" and self.w.optimizer is not None)
+        return self.kind.undoes_faulty_steps(self.w.optimizer is not None)
 
     # -- the first fault -----------------------------------------------------------------------
     def on_first_fault(self, forward: int, phase: str) -> None:
-        if self.on_fault in ("stop", "skip", "raise"):
-            self.should_stop = self.should_stop or self.on_fault == "stop"
-        if self.on_fault == "raise" and not self._raised:
+        if self.kind.stops:
+            self.should_stop = True
+        if self.kind.raises and not self._raised:
             self._raised = True
             rep = self.local_report()
             raise NonFiniteError(rep, _verdict_line(rep))
@@ -119,7 +169,7 @@ class FaultPolicy:
     # -- skip (and stop with optimizer=): around optimizer.step() ---------------------------------
     def before_step(self, hooks: Any) -> None:
         w = self.w
-        if self.on_fault in ("raise", "stop") and not w.rows_on_host() and w.first_failed is None:
+        if self.kind.reads_each_step and not w.rows_on_host() and w.first_failed is None:
             # device sink: the step's forwards and gradients, read back once before the update, so
             # a fault is explained with the weights it ran with
             window = list(range(self._last_step_forward + 1, w.current_step + 1))
@@ -167,7 +217,7 @@ class FaultPolicy:
         """A root forward ended. A device sink with ``raise`` or ``stop`` and no ``optimizer=``: its
         flag is read now (one read-back per forward; a host sink judged it already)."""
         w = self.w
-        if self.on_fault in ("raise", "stop") and w.optimizer is None and not w.rows_on_host() \
+        if self.kind.reads_each_step and w.optimizer is None and not w.rows_on_host() \
                 and w.first_failed is None:
             flag = self._device_flag([forward], [])
             if flag is not None and bool(flag):
@@ -189,7 +239,7 @@ class FaultPolicy:
         # every forward since the previous step: micro-batches, and a closure's re-evaluations (LBFGS)
         window = range(self._last_step_forward + 1, max(forward, w.current_step) + 1)
         self._last_step_forward = max(forward, w.current_step)
-        if self.on_fault in ("raise", "stop") and not w.rows_on_host() and w.first_failed is None:
+        if self.kind.reads_each_step and not w.rows_on_host() and w.first_failed is None:
             flag = self._device_flag(list(window), calls)  # one read-back per step, none per hook
             if flag is not None and bool(flag):
                 self._judge_now(list(window), calls, forward)

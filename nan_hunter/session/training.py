@@ -334,7 +334,7 @@ class TrainingState:
                           backward=w.grads is not None, optimizer_steps=w.optimizer.steps if w.optimizer else None,
                           scaler_skipped_steps=sorted(self.scaler_skipped) if self.scaler is not None else None,
                           capsule=self.capsule, autocast=self._autocast(step))
-        if fnf is None or rep.diagnosis is not None:
+        if fnf is None or rep.diagnosis is not None or not w.explains:
             return
         ev = rep.op_event
         run_at = self._run_at(fnf.step, fnf.phase)

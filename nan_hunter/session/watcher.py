@@ -206,6 +206,10 @@ class Watch(Recorder):
         self._report_at: tuple = ()
         self.training = TrainingState(self, scaler, capsule_dir, arch)
         self.policy = FaultPolicy(self, on_fault)  # on_fault: raise, skip, stop (session.fault_policy)
+        #: report() replays the failing region, diagnoses it and checks the fix; a mode that records
+        #: through a watch and locates the fault itself (``modes.watched``) turns this off, so the
+        #: fault is replayed and fix-checked once, by the harness's assembler
+        self.explains: bool = True
 
     @property
     def should_stop(self) -> bool:

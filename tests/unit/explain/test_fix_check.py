@@ -22,6 +22,10 @@ def test_causes_without_a_mechanical_fix_say_why(cause):
     assert no_mechanical_fix(cause)
 
 
+def test_a_zero_point_convention_is_fixed_by_a_re_export():
+    assert "checkpoint_format" in no_mechanical_fix("bad_zero_point")
+
+
 def test_emulate_precision_casts_as_a_verified_fix():
     ok = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 1e-3}, rtol=1e-2)
     assert ok == FixVerified("torch._inductor.config.emulate_precision_casts = True", True, 1e-3, "model", "eager")

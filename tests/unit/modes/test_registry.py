@@ -34,3 +34,32 @@ def test_backward_is_chosen_before_generate():
 
 def test_each_call_gives_a_fresh_mode():
     assert mode_for(generate=2) is not mode_for(generate=2)
+
+
+def test_every_registered_mode_is_a_mode_and_the_last_takes_any_request():
+    from nan_hunter.modes.registry import MODES, ModeRequest
+
+    for cls in MODES:
+        for attr in ("wanted", "from_request", "check", "run_input", "record", "locate", "name"):
+            assert hasattr(cls, attr), f"{cls.__name__} lacks {attr}"
+    assert MODES[-1].wanted(ModeRequest(generate=3, backward=True, batch=True))
+
+
+def test_a_new_mode_is_one_class_and_one_registration(monkeypatch):
+    """Options select a new mode through the registry alone: no caller changes."""
+    from nan_hunter.modes import registry
+
+    class Sampled(ForwardMode):
+        name = "sampled"
+
+        @classmethod
+        def wanted(cls, request):
+            return request.generate == 0
+
+        @classmethod
+        def from_request(cls, request):
+            return cls()
+
+    monkeypatch.setattr(registry, "MODES", (Sampled, *registry.MODES))
+    assert isinstance(mode_for(generate=0), Sampled)
+    assert isinstance(mode_for(generate=2), GenerateMode)

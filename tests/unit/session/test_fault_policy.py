@@ -10,7 +10,7 @@ from torch import nn
 
 from nan_hunter.errors import NonFiniteError
 from nan_hunter.report import Diagnosis, FirstNonfinite, Report, RunInfo
-from nan_hunter.session.fault_policy import ON_FAULT, FaultPolicy, _verdict_line
+from nan_hunter.session.fault_policy import ON_FAULT, FaultPolicy, OnFault, _verdict_line
 from nan_hunter.session.watcher import Watch
 
 
@@ -39,6 +39,24 @@ def test_options_are_checked_before_anything_is_hooked():
         FaultPolicy(w, "skip")
     assert ON_FAULT == ("record", "raise", "skip", "stop")
     assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_each_policy_says_what_it_asks_of_the_watch():
+    """The one place a policy's behaviour is decided (the watch and the callbacks ask, never compare names)."""
+    table = {p: (p.needs_optimizer, p.stops, p.raises, p.reads_each_step,
+                 p.undoes_faulty_steps(False), p.undoes_faulty_steps(True)) for p in OnFault}
+    assert table == {
+        OnFault.RECORD: (False, False, False, False, False, False),
+        OnFault.RAISE: (False, False, True, True, False, False),
+        OnFault.SKIP: (True, False, False, False, True, True),
+        OnFault.STOP: (False, True, False, True, False, True),  # stop with optimizer= undoes the step too
+    }
+    assert OnFault.parse("skip", has_optimizer=True) is OnFault.SKIP
+    assert OnFault.parse(OnFault.STOP, has_optimizer=False) is OnFault.STOP
+    with pytest.raises(ValueError, match=r"on_fault must be one of .* got 'Raise'"):
+        OnFault.parse("Raise", has_optimizer=True)
+    with pytest.raises(ValueError, match="needs optimizer="):
+        OnFault.parse("skip", has_optimizer=False)
 
 
 @pytest.mark.parametrize("on_fault, stops", [("record", False), ("stop", True)])

@@ -20,7 +20,7 @@ from nan_hunter.bisection.search import (
     run_bound,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def names(n: int) -> list[str]:

@@ -40,6 +40,19 @@ def test_parts_at_rtol(p, parts):
     assert p.parts(1e-2) is parts
 
 
+@pytest.mark.parametrize("eager, compiled", [
+    ([math.nan, 1.0], [math.inf, 1.0]),  # both non-finite, another class
+    ([math.nan, 1.0], [1.0, math.nan]),  # both non-finite, at other elements
+    ([-math.inf, 2.0], [math.inf, 2.0]),
+])
+def test_runs_that_are_both_non_finite_part_where_the_classes_differ(eager, compiled):
+    """As the one comparison counts them (``Comparison.error`` is inf), not only by finiteness."""
+    p = compare({"out": torch.tensor(eager)}, {"out": torch.tensor(compiled)})
+    assert not p.eager_finite and not p.compiled_finite
+    assert p.error == math.inf and p.parts(1e-2)
+    assert not compare({"out": torch.tensor(eager)}, {"out": torch.tensor(eager)}).parts(1e-2)
+
+
 def test_emulate_flag_is_restored_even_on_error():
     import torch._inductor.config as cfg
 

@@ -22,6 +22,9 @@ _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch
            torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def is_float_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta
 
@@ -29,6 +32,8 @@ def is_float_tensor(x: Any) -> bool:
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A ``DTensor``'s local shard (``to_local()``: no collective), any other tensor itself. Reading
     a DTensor's values as a whole (``isnan().any()``, ``float(t.max())``) would be a collective."""
+    if type(t) in _PLAIN:  # most tensors: no module lookup (this runs for every tensor a hook sees)
+        return t
     mod = sys.modules.get("torch.distributed.tensor")  # loaded whenever a DTensor exists
     cls = getattr(mod, "DTensor", None) if mod is not None else None
     return t.to_local() if cls is not None and isinstance(t, cls) else t

@@ -63,9 +63,9 @@ def outside_compile(hook: Callable[..., Any]) -> Callable[..., Any]:
     return dynamo.disable(hook) if dynamo is not None else hook
 
 
-def compiling() -> bool:
-    """True while dynamo traces (a hook then must not measure: see the module docstring)."""
-    return torch.compiler.is_compiling()
+#: True while dynamo traces (a hook then must not measure: see the module docstring). The torch
+#: function itself, not a wrapper around it: every hook asks, on every call.
+compiling = torch.compiler.is_compiling
 
 
 @contextlib.contextmanager

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from ..tree import float_tensors
 from .records import Call
 
 
@@ -98,21 +97,24 @@ class GradientHooks:
             h.remove()
 
     # -- forward side ------------------------------------------------------------------------
-    def on_inputs(self, call: Call, args: tuple, kwargs: dict, module: torch.nn.Module | None = None) -> None:
+    def on_inputs(self, call: Call, items: list[tuple[str, torch.Tensor]], module: torch.nn.Module | None = None) -> None:
+        """A call started; ``items``: the floating tensors of its arguments, labelled as capture
+        labels them (``capture.floats.float_items``)."""
         self.last_call[call.module] = call
         if not torch.is_grad_enabled():
             return
         if self._lazy and module is not None:
             for pname, p in self._own(call.module, module):
                 self._hook_param(call.module, pname, p)
-        for label, t in float_tensors(args, "args") + float_tensors(kwargs, ""):
+        for label, t in items:
             if _needs_grad(t):
                 self._hook(call, t, f"grad of input {label}", incoming=False)
 
-    def on_outputs(self, call: Call, output: Any) -> None:
+    def on_outputs(self, call: Call, items: list[tuple[str, torch.Tensor]]) -> None:
+        """A call ended; ``items``: the floating tensors of its output."""
         if not torch.is_grad_enabled():
             return
-        for label, t in float_tensors(output):
+        for label, t in items:
             if _needs_grad(t):
                 self._hook(call, t, label, incoming=True)
 

@@ -34,6 +34,7 @@ captured, nothing is folded.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +43,10 @@ import torch
 from torch import nn
 
 from ..stats import TensorStats
-from ..tree import float_tensors, local_shard
+from ..tree import local_shard
 from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
+from .floats import call_items, float_items
 from .gradients import GradientHooks
 from .listener import CaptureListener
 from .optimizer_step import OptimizerHooks
@@ -54,6 +56,7 @@ from .snapshot import Snapshot
 
 LEVELS = ("blocks", "modules", "ops")
 FOLD_BATCH = 32  # device sinks: forwards folded per read-back (one transfer for all of them)
+_VERSION = operator.attrgetter("_version")
 
 
 @dataclass
@@ -79,11 +82,6 @@ def _nonfinite(raw: tuple[list[int], list[float]]) -> bool:
     return bool(i[1] or i[2] or i[3])  # nan, posinf, neginf counts (stats.INT_FIELDS)
 
 
-def _absmax(raw: tuple[list[int], list[float]]) -> float | None:
-    a = raw[1][0]  # stats.FLOAT_FIELDS[0]; NaN when not computed
-    return None if a != a else a
-
-
 def _failed(calls: list[Call], rows: Raw) -> bool:
     """A forward failed when a module output is non-finite or its data held NaN/+inf (the rule of
     ``locate.producer.failed_inputs``, which capture does not import)."""
@@ -101,10 +99,6 @@ def _phase_of(calls: list[Call], rows: Raw) -> str:
         if any(c.phase == phase and c.seq >= 0 and any(_nonfinite(rows[r]) for _, r in c.outputs) for c in calls):
             return phase
     return "forward"
-
-
-def _mx(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else max(a, b)
 
 
 class Recorder:
@@ -139,6 +133,7 @@ class Recorder:
         self.param_row_at: dict[str, tuple[int, int, int]] = {}  # dotted name -> (row, version, block)
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
         self._param_versions: dict[str, tuple[int, ...]] = {}
+        self._versioned: dict[str, list[torch.Tensor]] = {}  # the tensors of _own with a version counter
         self._handles: list[Any] = []
         self._n_hooked = 0
         self._stack: list[Call] = []
@@ -153,6 +148,8 @@ class Recorder:
         self._weights_at: dict[int, int] = {}  # forward -> weights_version() when it started
         # per forward, while it is kept in full
         self._detail: dict[int, list[Call]] = {}
+        self._current: list[Call] = []  # the calls of the latest root call (its list in _detail)
+        self._dirty: set[int] = set()  # host sink: steps that were given a non-finite row
         self._owned: dict[int, list[int]] = {}  # rows allocated for its calls' inputs and outputs
         self._param_use: dict[int, set[int]] = {}  # modules whose param rows its calls reference
         self._done: list[int] = []  # finished forwards, oldest first, not yet judged for folding
@@ -305,7 +302,9 @@ class Recorder:
 
     def _measure_all(self, *parts: tuple[Any, str]) -> Refs:
         """Measure the float tensors inside each (object, label prefix) in one batch."""
-        items = [item for obj, prefix in parts for item in float_tensors(obj, prefix)]
+        return self._measure_items([item for obj, prefix in parts for item in float_items(obj, prefix)])
+
+    def _measure_items(self, items: list[tuple[str, torch.Tensor]]) -> Refs:
         if self._ops is not None:  # the stats' own ops must not be seen by the op-level mode
             from torch.utils._python_dispatch import _disable_current_modes
 
@@ -317,46 +316,62 @@ class Recorder:
                       forward: int | None = None) -> Refs:
         if not items:
             return []
-        rows = self.sink.measure_many([t for _, t in items], cache=owned)
-        first, n = self.sink.last_new
-        if owned and n:
-            self._owned.setdefault(self._forward if forward is None else forward, []).extend(range(first, first + n))
-        return [(label, r) for (label, _), r in zip(items, rows)]
+        sink = self.sink
+        refs = sink.measure_labelled(items, cache=owned)
+        f = self._forward if forward is None else forward
+        if owned:
+            first, n = sink.last_new
+            if n:
+                mine = self._owned.get(f)
+                if mine is None:
+                    self._owned[f] = list(range(first, first + n))
+                else:
+                    mine.extend(range(first, first + n))
+        bad = sink.bad_rows
+        if bad and any(r in bad for _, r in refs):
+            self._dirty.add(f)  # a non-finite row: this step is judged by reading its rows
+        return refs
 
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.paused or compiling():  # inside a compiled region: see capture.compiled_regions
                 return
-            if not self._stack:  # a root call: one input of the data set
-                if self._ops is not None and self.sink.device.type == "cuda" \
-                        and torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(
-                        "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
-                        "run inside CUDA-graph capture; capture with level='blocks' or 'modules' "
-                        "(report() re-runs the failing input at op level, outside the graph)")
-                if self._flags and not (self.sink.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-                    self.poll_flags()
-                self._forward += 1
-                self._count.clear()
-                self.sink.forget_tensors()
-                self._weights_at[self._forward] = self.weights_version()
-                self._detail[self._forward] = []
-                if self.listener.keeps_inputs():
-                    self._inputs[self._forward] = Snapshot.of(args, kwargs)
-                    self._drop_old_inputs()
-                self.listener.on_root_call(self._forward)
-            idx = self._count.get(name, 0)
-            self._count[name] = idx + 1
-            parent = self._stack[-1].start if self._stack else None
-            call = Call(self._starts, name, type(module).__name__, idx, len(self._stack), parent, self._forward)
+            stack = self._stack
+            if not stack:  # a root call: one input of the data set
+                self._root_starts(args, kwargs)
+            count = self._count
+            idx = count.get(name, 0)
+            count[name] = idx + 1
+            items = call_items(args, kwargs)
+            call = Call(self._starts, name, type(module).__name__, idx, len(stack),
+                        stack[-1].start if stack else None, self._forward,
+                        self._measure_items(items) if items else [], [], self._params(name, module))
             self._starts += 1
-            call.inputs = self._measure_all((args, "args"), (kwargs, ""))
-            call.params = self._params(name, module)
-            self._detail[self._forward].append(call)
-            self._stack.append(call)
+            self._current.append(call)
+            stack.append(call)
             if self.grads is not None:
-                self.grads.on_inputs(call, args, kwargs, module)
+                self.grads.on_inputs(call, items, module)
         return hook
+
+    def _root_starts(self, args: tuple, kwargs: dict) -> None:
+        """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept."""
+        capturing = self.sink.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if self._ops is not None and capturing:
+            raise RuntimeError(
+                "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
+                "run inside CUDA-graph capture; capture with level='blocks' or 'modules' "
+                "(report() re-runs the failing input at op level, outside the graph)")
+        if self._flags and not capturing:
+            self.poll_flags()
+        self._forward = f = self._forward + 1
+        self._count.clear()
+        self.sink.forget_tensors()
+        self._weights_at[f] = self.weights_version()
+        self._current = self._detail[f] = []
+        if self.listener.keeps_inputs():
+            self._inputs[f] = Snapshot.of(args, kwargs)
+            self._drop_old_inputs()
+        self.listener.on_root_call(f)
 
     def _param_tensors(self, name: str, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
         """The floating parameters and buffers a call is judged against: the module's own, or at
@@ -383,8 +398,9 @@ class Recorder:
         own = self._own.get(name)
         if own is None:
             own = self._own[name] = self._param_tensors(name, module)
-        versions = tuple(p._version for _, p in own if not p.is_inference())
-        if name not in self.param_rows or versions != self._param_versions.get(name):
+            self._versioned[name] = [p for _, p in own if not p.is_inference()]
+        versions = tuple(map(_VERSION, self._versioned[name]))
+        if versions != self._param_versions.get(name):
             old = self._param_block_of.get(name)
             if old is not None:
                 rows, users, _ = self._param_blocks[old]
@@ -400,8 +416,15 @@ class Recorder:
             for (pn, t), (_, r) in zip(own, self.param_rows[name]):
                 self.param_row_at[f"{name}.{pn}" if name else pn] = (r, t._version, bid)
         bid = self._param_block_of[name]
-        self._param_blocks[bid][1].add(self._forward)
-        self._param_use.setdefault(self._forward, set()).add(bid)
+        f = self._forward
+        users = self._param_blocks[bid][1]
+        if f not in users:
+            users.add(f)
+            use = self._param_use.get(f)
+            if use is None:
+                self._param_use[f] = {bid}
+            else:
+                use.add(bid)
         return self.param_rows[name]
 
     def param_row(self, name: str, p: torch.Tensor, forward: int) -> int | None:
@@ -436,28 +459,34 @@ class Recorder:
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self._stack or self.paused or compiling():
+            stack = self._stack
+            if not stack or self.paused or compiling():
                 return
-            while self._stack[-1].module != name and any(c.module == name for c in self._stack):
-                self._stack.pop()  # calls whose post-hook a compiled region swallowed: left unfinished
-            if self._stack[-1].module != name:
-                return
-            call = self._stack.pop()
+            if stack[-1].module != name:
+                if not any(c.module == name for c in stack):
+                    return
+                while stack[-1].module != name:
+                    stack.pop()  # calls whose post-hook a compiled region swallowed: left unfinished
+            call = stack.pop()
             call.seq = self._seq
             self._seq += 1
-            call.outputs = self._measure_all((output, ""))
+            items = float_items(output)
+            if items:
+                call.outputs = self._measure_items(items)
             if self.grads is not None:
-                self.grads.on_outputs(call, output)
+                self.grads.on_outputs(call, items)
             if self._ops is not None:
                 from torch.utils._python_dispatch import _disable_current_modes
 
                 with _disable_current_modes():
                     self._ops.module_done(call, module, args, kwargs, output)
-            if not self._stack:
-                if self._n_hooked > 1 and len(self._detail.get(call.input_index, ())) == 1:
-                    self.opaque_forwards.add(call.input_index)  # ran compiled: nothing inside was seen
-                self._finish(call.input_index)
-                self.opaque_forwards.intersection_update(self._detail)  # only forwards still kept
+            if not stack:
+                f = call.input_index
+                if self._n_hooked > 1 and len(self._detail.get(f, ())) == 1:
+                    self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
+                self._finish(f)
+                if self.opaque_forwards:
+                    self.opaque_forwards.intersection_update(self._detail)  # only forwards still kept
         return hook
 
     # -- folding ----------------------------------------------------------------------------
@@ -513,17 +542,18 @@ class Recorder:
         """A root forward ended: judge it now when its rows are in host memory (cheap), else start
         a flag that is read once the device has computed it; fold the forwards that left the
         window (in batches on a device sink: one read-back for all of them)."""
-        self._done.append(forward)
-        if self._foldable() and self._rows_on_host():
+        done = self._done
+        done.append(forward)
+        foldable = not self.sink.graph_rows
+        if foldable and self._rows_on_host():
             self._judge([forward])
             if self.first_failed != forward and not self.late_phases:
                 self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
-        elif self._foldable() and self.first_failed is None and self._early is None and forward in self._inputs:
+        elif foldable and self.first_failed is None and self._early is None and forward in self._inputs:
             self._flag(forward)
-        batch = 1 if not self.sink._device_rows else FOLD_BATCH
-        if len(self._done) >= self.window + batch and self._foldable():
-            old = self._done[:len(self._done) - self.window]
-            self._done = self._done[len(old):]
+        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows else 1):
+            old = done[:len(done) - self.window]
+            self._done = done[len(old):]
             self._fold(old)
         self.listener.on_forward_end(forward)
 
@@ -531,14 +561,28 @@ class Recorder:
         return [r for f in forwards for c in self._detail.get(f, ()) for refs in (c.inputs, c.outputs, c.params)
                 for _, r in refs]
 
-    def _judge(self, forwards: list[int], rows: Raw | None = None) -> None:
+    def _rows_of(self, forwards: list[int]) -> Raw | list:
+        """The rows of ``forwards``, indexable by row: a host sink's own table (nothing copied),
+        else one read-back of just those rows."""
+        table = self.sink.host_table()
+        return table if table is not None else self.sink.read(self._row_refs(forwards))
+
+    def _clean(self, forwards: list[int]) -> bool:
+        """A host sink knows which rows count a NaN or ±inf as it writes them: forwards none of
+        whose steps was given such a row are finite, judged without reading a row."""
+        return not self.sink._device_rows and not any(f in self._dirty for f in forwards)
+
+    def _judge(self, forwards: list[int], rows: Raw | list | None = None) -> None:
         """Whether each forward failed (a non-finite module output, or NaN/+inf data), recording the
         first failing one, whose calls, rows and inputs are then kept whatever comes after.
         Forwards are judged once, in order."""
         forwards = [f for f in forwards if f > self._judged_upto]
         if not forwards:
             return
-        rows = rows if rows is not None else self.sink.read(self._row_refs(forwards))
+        if self._clean(forwards):
+            self._judged_upto = forwards[-1]
+            return
+        rows = rows if rows is not None else self._rows_of(forwards)
         for f in forwards:
             self._judged_upto = f
             if not _failed(self._detail.get(f, []), rows):
@@ -560,11 +604,13 @@ class Recorder:
     def _fold(self, forwards: list[int]) -> None:
         """Fold forwards into the per-module aggregates and give their rows back, except the first
         failing forward, kept in full."""
-        rows = self.sink.read(self._row_refs(forwards))
+        rows = self._rows_of(forwards)
         self._judge(forwards, rows)
-        self._flags = [x for x in self._flags if x[0] > self._judged_upto]
+        if self._flags:
+            self._flags = [x for x in self._flags if x[0] > self._judged_upto]
         if self._early is not None and self._early != self.first_failed and self._early <= self._judged_upto:
             self._early = None
+        aggregates = self.aggregates
         for f in forwards:
             if f == self.first_failed:
                 continue
@@ -574,25 +620,32 @@ class Recorder:
             for c in calls:
                 if c.phase != "forward":
                     continue
-                agg = self.aggregates.get(c.module)
+                agg = aggregates.get(c.module)
                 if agg is None:
-                    agg = self.aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
+                    agg = aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
                 agg.calls += 1
                 bad = False
                 for _, r in c.outputs:
-                    agg.absmax = _mx(agg.absmax, _absmax(rows[r]))
-                    bad |= _nonfinite(rows[r])
+                    ints, floats = rows[r]
+                    a = floats[0]  # absmax (stats.FLOAT_FIELDS[0]); NaN when not computed
+                    if a == a and (agg.absmax is None or a > agg.absmax):
+                        agg.absmax = a
+                    if ints[1] or ints[2] or ints[3]:  # nan, posinf, neginf
+                        bad = True
                 for _, r in c.inputs:
-                    agg.in_absmax = _mx(agg.in_absmax, _absmax(rows[r]))
+                    a = rows[r][1][0]
+                    if a == a and (agg.in_absmax is None or a > agg.in_absmax):
+                        agg.in_absmax = a
                 agg.nonfinite_calls += bad
             self.sink.free(self._owned.pop(f, []))
-            for bid in self._param_use.pop(f, set()):
+            for bid in self._param_use.pop(f, ()):
                 block = self._param_blocks.get(bid)
                 if block is not None:
                     block[1].discard(f)
                     self._release_params(bid)
             self._inputs.pop(f, None)
             self._weights_at.pop(f, None)
+            self._dirty.discard(f)
             self.forwards_folded += 1
             self.listener.on_forget(f)
 
@@ -610,6 +663,8 @@ class Recorder:
         non-finite gradient (``mark_late_fault``); True when any did."""
         hit = False
         for f in steps:
+            if self._clean([f]):
+                continue
             calls = [c for c in (self.grads.calls.get(f, {}).values() if self.grads else ()) if c.outputs]
             rows = self.sink.read([r for c in calls for _, r in c.outputs])
             if any(_nonfinite(rows[r]) for c in calls for _, r in c.outputs):
@@ -620,6 +675,8 @@ class Recorder:
     def judge_optimizer(self, step: int, calls: list[Call]) -> bool:
         """Read the rows of ``step``'s optimizer calls now: the step is marked when a parameter went
         non-finite from a finite value and gradient; True when one did."""
+        if self._clean([step]):
+            return False
         rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
         for c in calls:
             if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
@@ -665,7 +722,7 @@ class Recorder:
         """Sum of the parameters' version counters: it grows whenever any parameter is changed
         in place (an optimizer step), so a re-run can tell whether it still sees the weights
         a forward used."""
-        return sum(p._version for p in self._params_all)
+        return sum(map(_VERSION, self._params_all))
 
     def weights_changed_since(self, forward: int) -> bool:
         return forward in self._weights_at and self._weights_at[forward] != self.weights_version()

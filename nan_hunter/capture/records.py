@@ -23,7 +23,7 @@ Refs = list[tuple[str, int]]  # (label, row index) per measured tensor
 PHASES = ("forward", "backward", "optimizer")  # the order of phases within one step
 
 
-@dataclass
+@dataclass(slots=True)  # one per module call: no per-instance __dict__
 class Call:
     """One module call: where it sits, and the stats rows of what went in and came out."""
 

@@ -141,6 +141,7 @@ class StatsSink:
         self.backend = backend or select_backend(dev.type)
         check_backend(self.backend, dev.type)
         self.launch = launch
+        self._device_rows = self.backend == "triton" or dev.type != "cpu"  # rows in device segments
         # host rows of finite tensors also carry abs-min and the flush-to-zero counts (about 2-5x the
         # cost of the one aminmax pass that tells finite from not); the kernels always compute them
         self.underflow = underflow
@@ -149,6 +150,9 @@ class StatsSink:
         self.graph_rows = False  # some rows are written by a captured CUDA graph
         self.unmeasured: list[tuple[int, str]] = []  # (row, why) of tensors that could not be read
         self._host: list[tuple[list[int], list[float]]] = []
+        # host rows that count a NaN or ±inf (a host sink knows as it writes them: a step none of
+        # whose rows is here is finite without reading its rows)
+        self.bad_rows: set[int] = set()
         self._host_rows: dict[int, tuple[list[int], list[float]]] = {}  # device sink: rows computed on the host
         self._padding: list[range] = []  # rows skipped when switching between eager and graph segments
         self._segments: list[Segment] = []
@@ -166,10 +170,6 @@ class StatsSink:
                 _prime(dev)
 
     # -- device segments ------------------------------------------------------------------
-    @property
-    def _device_rows(self) -> bool:
-        return self.backend == "triton" or self.device.type != "cpu"
-
     def _end(self) -> int:
         return self._segments[-1].start + self._segments[-1].cap if self._segments else 0
 
@@ -218,10 +218,10 @@ class StatsSink:
         when some base address is not 16-byte aligned), so a hook costs one launch whatever the
         number of tensors it sees. New rows are consecutive (``last_new``), taken from rows given
         back by ``free`` when a range is large enough, else appended."""
-        capturing = False
-        if self._device_rows:
-            capturing = _capturing(self.device)
-            self._switch(capturing)
+        if not self._device_rows:
+            return [r for _, r in self._measure_host([("", t) for t in tensors], cache)]
+        capturing = _capturing(self.device)
+        self._switch(capturing)
         rows: list[int] = []
         new: list[torch.Tensor] = []
         pos: dict[int, int] = {}  # id -> index in new, for a tensor given twice in one call
@@ -253,14 +253,6 @@ class StatsSink:
                 except TypeError:  # pragma: no cover - tensors without weakref support
                     pass
         self._rows_cache = None
-        if not self._device_rows:
-            for i, t in enumerate(new):
-                q = self._host_row(t, first + i)
-                if first + i < len(self._host):
-                    self._host[first + i] = q
-                else:
-                    self._host.append(q)
-            return rows
         self._ensure(self.n, capturing)
         self.graph_rows |= capturing
         done = 0
@@ -271,6 +263,64 @@ class StatsSink:
                 seg.order_after_init()
             self._write(seg, local, part, capturing)
         return rows
+
+    def measure_labelled(self, items: list[tuple[str, torch.Tensor]], cache: bool = True) -> list[tuple[str, int]]:
+        """``measure_many`` of (label, tensor) pairs, as (label, row) pairs."""
+        if not self._device_rows:
+            return self._measure_host(items, cache)
+        rows = self.measure_many([t for _, t in items], cache)
+        return [(label, r) for (label, _), r in zip(items, rows)]
+
+    def _measure_host(self, items: list, cache: bool) -> list:
+        """``measure_labelled`` on a host sink: the same rows, computed here and now (nothing to
+        wait for), with the bookkeeping of the device path cut to what a host row needs. Rows of
+        new tensors are numbered -1 - k until they are allocated."""
+        seen = self._seen
+        refs: list[tuple[str, int]] = []
+        new: list[torch.Tensor] = []
+        remember: list[tuple[int, Any, int, int]] | None = None  # (id, weakref, version, k) of new tensors
+        for label, t in items:
+            if cache:
+                try:
+                    version = t._version
+                except RuntimeError:  # an inference tensor has no version counter: never reused
+                    version = None
+                if version is not None:
+                    hit = seen.get(id(t))
+                    if hit is not None and hit[1] == version and hit[0]() is t:
+                        refs.append((label, hit[2]))  # measured earlier (or earlier in this call)
+                        continue
+                    try:
+                        ref_t = weakref.ref(t)
+                    except TypeError:  # pragma: no cover - tensors without weakref support
+                        ref_t = None
+                    if ref_t is not None:
+                        seen[id(t)] = (ref_t, version, -1 - len(new))
+                        if remember is None:
+                            remember = []
+                        remember.append((id(t), ref_t, version, len(new)))
+            refs.append((label, -1 - len(new)))
+            new.append(t)
+        if not new:
+            self.last_new = (self.n, 0)
+            return refs
+        count = len(new)
+        first = self._alloc(count, False)
+        self.last_new = (first, count)
+        self._rows_cache = None
+        host = self._host
+        for k, t in enumerate(new):
+            row = first + k
+            self.bytes_read += t.nbytes
+            q = self._host_row(t, row)
+            if row < len(host):
+                host[row] = q
+            else:
+                host.append(q)
+        if remember is not None:
+            for key, ref_t, version, k in remember:
+                seen[key] = (ref_t, version, first + k)
+        return [(label, r) if r >= 0 else (label, first - 1 - r) for label, r in refs]
 
     def _alloc(self, count: int, capturing: bool) -> int:
         """First row of ``count`` consecutive rows: from a freed eager range (first fit), else at the end."""
@@ -299,9 +349,12 @@ class StatsSink:
             else:
                 spans.append((r, r + 1))
         gone = set(rows)
+        if self.bad_rows:
+            self.bad_rows -= gone
         for lo, hi in spans:
-            for r in range(lo, hi):
-                self._host_rows.pop(r, None)
+            if self._host_rows:
+                for r in range(lo, hi):
+                    self._host_rows.pop(r, None)
             if self._device_rows:
                 for seg, local, count in self._pieces(lo, hi - lo):
                     if seg.graph:
@@ -331,6 +384,8 @@ class StatsSink:
             if q is None:
                 ints, floats = ref.full_row(t)
                 q = (ints.tolist(), floats.tolist())
+                if q[0][1] or q[0][2] or q[0][3]:  # nan, posinf, neginf
+                    self.bad_rows.add(row)
             return q
         except Exception as e:  # noqa: BLE001 - never break the user's forward over a statistic
             self.unmeasured.append((row, f"{type(t).__name__} {t.dtype} on {t.device}: {e}"))
@@ -419,6 +474,11 @@ class StatsSink:
         ints = host[:, :N_INT].tolist()
         floats = host[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
         return {r: self._host_rows.get(r, (i, f)) for r, i, f in zip(order, ints, floats)}
+
+    def host_table(self) -> list[tuple[list[int], list[float]]] | None:
+        """A host sink's rows, indexable by row as ``read`` gives them (the live table: read, never
+        changed; rows given back by ``free`` are rewritten when reused); None on a device sink."""
+        return None if self._device_rows else self._host
 
     def flag_nonfinite(self, any_rows: list[int], data_rows: list[int]) -> torch.Tensor:
         """A 0-dim bool tensor on the sink's device, computed without a host synchronisation: True

@@ -12,10 +12,13 @@ turns the references into copies once the forward is known to be the one a repor
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from ..tree import map_tensors
+
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, torch.dtype, torch.device})
 
 
 def _clone(t: torch.Tensor) -> torch.Tensor:
@@ -35,13 +38,29 @@ class Snapshot:
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> Snapshot:
         vs: list[tuple[torch.Tensor, int]] = []
+        kept: set[int] = set()
 
         def keep(t: torch.Tensor) -> torch.Tensor:
-            if not t.is_inference():  # inference tensors have no version counter
-                vs.append((t, t._version))
+            if id(t) not in kept:
+                kept.add(id(t))
+                if not t.is_inference():  # inference tensors have no version counter
+                    vs.append((t, t._version))
             return t
 
-        a, k = map_tensors((args, kwargs), keep)
+        # plain tensors and scalars are kept as they are (every root call: kept cheap); anything
+        # else (a KV cache, nested containers) goes through one map_tensors walk, so objects
+        # shared among them stay shared
+        odd = [v for v in (*args, *kwargs.values()) if type(v) not in _PLAIN]
+        mapped = iter(map_tensors(odd, keep)) if odd else None
+
+        def put(v: Any) -> Any:
+            tp = type(v)
+            if tp is torch.Tensor or tp is torch.nn.Parameter:
+                return keep(v)
+            return v if tp in _PLAIN else next(mapped)
+
+        a = tuple(put(v) for v in args)
+        k = {key: put(v) for key, v in kwargs.items()}
         return cls(a, k, vs)
 
     def pin(self) -> None:

@@ -29,7 +29,7 @@ _COUNTED = tuple(limits(d).flush < 2.0**-24 for d in HEADROOM_DTYPES)  # quick_r
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
     """A float view fit for arithmetic: fp8 is widened (its ops are not implemented)."""
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or t.dtype.itemsize == 1:
+    if t.dtype.itemsize == 1:  # every fp8 format
         return t.to(torch.float32)
     return t
 
@@ -153,13 +153,41 @@ def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ints, floats
 
 
+_F_MIN_NZ = FLOAT_FIELDS.index("min_nonzero")
+_UNDER_AT = tuple(INT_FIELDS.index(name) for name in UNDER_FIELDS)
+_F_NAN = [math.nan] * (N_FLOAT - 1)  # the float fields after absmax a quick row does not compute
+
+
+def _quick_ints() -> tuple[tuple[float, ...], list[list[int]]]:
+    """The ascending overflow limits, and per number of them an absmax exceeds the int fields of a
+    finite quick row (numel 0, set per row): no NaN/±inf; an overflow count is 0 where absmax is
+    within the limit (knowable from absmax alone) and unknown (-1) past it, like every other count."""
+    order = sorted(zip(OVER_FIELDS, _OVER_LIMITS), key=lambda x: x[1])
+    rows = []
+    for exceeded in range(len(order) + 1):
+        ints = [0, 0, 0, 0] + [-1] * (N_INT - 4)
+        for name, _ in order[exceeded:]:
+            ints[INT_FIELDS.index(name)] = 0
+        rows.append(ints)
+    return tuple(lim for _, lim in order), rows
+
+
+_OVER_ASCENDING, _QUICK_INTS = _quick_ints()
+
+
 def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list[float]] | None:
     """CPU fast path: if ``t`` is all-finite, its row with only numel/counts/absmax filled (and,
     with ``underflow``, min_nonzero and the ``under_*`` counts).
 
     Returns None when ``t`` holds a NaN or ±Inf (the caller then needs ``full_row``).
     """
-    t = plain(t)
+    # plain(t) without its cost for a plain tensor: detached only when part of a graph (a reduction
+    # of a requires_grad tensor would record one)
+    if type(t) in _PLAIN_TYPES:
+        if t.requires_grad:
+            t = t.detach()
+    else:
+        t = plain(t)
     n = t.numel()
     if n == 0:
         return None
@@ -171,21 +199,22 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         absmax, min_nz, flushed = found
     else:
         lo, hi = torch.aminmax(x)
-        lo_f, hi_f = float(lo), float(hi)
-        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+        lo_f, hi_f = lo.item(), hi.item()
+        if not -math.inf < lo_f <= hi_f < math.inf:  # a NaN fails every comparison
             return None
         absmax = max(abs(lo_f), abs(hi_f))
-    ints = [n, 0, 0, 0] + [-1] * (N_INT - 4)
-    floats = [absmax] + [math.nan] * (N_FLOAT - 1)
-    # overflow counts are knowable from absmax alone when nothing overflows
-    for name, lim in zip(OVER_FIELDS, _OVER_LIMITS):
+    exceeded = 0
+    for lim in _OVER_ASCENDING:
         if absmax <= lim:
-            ints[INT_FIELDS.index(name)] = 0
+            break
+        exceeded += 1
+    ints = _QUICK_INTS[exceeded][:]
+    ints[0] = n
+    floats = [absmax, *_F_NAN]
     if underflow:
-        floats[FLOAT_FIELDS.index("min_nonzero")] = min_nz
-        for name, k in zip(UNDER_FIELDS, flushed):
-            ints[INT_FIELDS.index(name)] = -1 if k is None else k
-    ints[INT_FIELDS.index("first_nonfinite")] = -1
+        floats[_F_MIN_NZ] = min_nz
+        for i, k in zip(_UNDER_AT, flushed):
+            ints[i] = -1 if k is None else k
     return ints, floats
 
 

@@ -47,22 +47,24 @@ from .reproduce import faulted_again, reproducible_verdict
 from .training import TrainingState
 from .watch_report import WatchReport
 
+_AMP_DEVICES = ("cpu", "cuda")
+
 
 def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
-    amp = []
-    for dev in ("cpu", "cuda"):
+    amp = ()
+    for dev in _AMP_DEVICES:
         try:
             if torch.is_autocast_enabled(dev):
-                amp.append((dev, torch.get_autocast_dtype(dev)))
+                amp += ((dev, torch.get_autocast_dtype(dev)),)
         except (RuntimeError, TypeError):  # a device type this build does not know
             continue
-    return tuple(amp)
+    return amp
 
 
 def _rng_now() -> tuple[torch.Tensor | None, torch.Tensor | None]:
     cpu = torch.get_rng_state()
     cuda = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # no CUDA RNG before CUDA is initialised (and none without CUDA)
         try:
             cuda = torch.cuda.get_rng_state()
         except RuntimeError:  # inside CUDA-graph capture

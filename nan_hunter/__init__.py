@@ -22,8 +22,8 @@ __all__ = ["watch", "scan", "bisect", "diff", "apply_policy", "Report", "NonFini
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
+    from .render.report_view import PrintableReport
     from .report import Report
-    from .report_view import PrintableReport
     from .session.watcher import Watch
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -180,7 +180,7 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
         progress: called as ``progress(tensor_name, bytes_done)`` while the weights are scanned.
     """
     from .pipeline.scan_checkpoint import scan as _scan
-    from .report_view import printable
+    from .render.report_view import printable
 
     backend = compile if isinstance(compile, str) else compile_backend if compile else None
     return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
@@ -230,7 +230,7 @@ def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str =
         progress: called as ``progress(runs_done, what)`` after each trial run.
     """
     from .bisection.runner import bisect as _bisect
-    from .report_view import printable
+    from .render.report_view import printable
 
     return printable(_bisect(checkpoint, dtype=dtype, keep_dtype=keep_dtype, arch=arch, inputs=inputs, prompts=prompts,
                    data=data, device=device, config=config, attn=attn, granularity=granularity, over=over, rtol=rtol,

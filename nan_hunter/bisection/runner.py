@@ -13,10 +13,10 @@ from torch import nn
 
 from ..capture.blocks import main_blocks
 from ..capture.targeted import first_call_order
-from ..compare import compare
 from ..config import Config, as_config
 from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
+from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..model.execute import cast_batch, run_context
 from ..model.inputs import one_or_many, one_path

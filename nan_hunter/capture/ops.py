@@ -503,7 +503,7 @@ class OpWatch(TorchDispatchMode):
                 ref_out = _float_tensors(ref(*tree_map(wide, args), **tree_map(wide, kwargs)))
         except Exception:  # noqa: BLE001 - no float64 kernel, a subclass weight: leave it unjudged
             return
-        from ..compare import compare
+        from ..kernels.compare import compare
 
         cmp = compare([plain(o) for o in outs], ref_out)
         if not cmp.same_structure or not cmp.ref_finite:

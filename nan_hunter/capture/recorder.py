@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..stats import TensorStats
+from ..kernels.stats import TensorStats
 from ..tree import local_shard
 from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap

@@ -33,7 +33,7 @@ import torch
 
 from ..kernels import check_backend, select_backend
 from ..kernels import reference as ref
-from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
+from ..kernels.stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, TensorStats
 
 CHUNK = 4096  # rows of the first device segment; each further segment doubles, up to MAX_CHUNK
 MAX_CHUNK = 65536

@@ -162,11 +162,11 @@ def check_comparable(a: Trace, b: Trace) -> None:
 def judge(a: Any, b: Any, rtol: float | None) -> PairVerdict:
     """One pair by the one rule (``trace.rule``). Entries of in-memory recordings that kept their
     tensors (``recordings.Recorded.values``: ``scan --compile``) are compared element by element
-    instead (``nan_hunter.compare``: ``error`` is inf where the non-finite classes differ)."""
+    instead (``kernels.compare``: ``error`` is inf where the non-finite classes differ)."""
     tol = tolerance(rtol, (a.dtype, b.dtype), (a.spread, b.spread))
     va, vb = getattr(a, "values", None), getattr(b, "values", None)
     if va is not None and vb is not None:
-        from ..compare import compare as one_comparison
+        from ..kernels.compare import compare as one_comparison
 
         c = one_comparison(list(va), list(vb))
         return PairVerdict(a, b, c.error, tol, c)

@@ -2,7 +2,7 @@
 (``compare.compare_recordings``), so every comparison of two runs goes one way:
 
 - ``from_outputs``: a model's floating outputs per input, tensors kept (``scan --compile``: the
-  compiled run against eager, element by element, as ``nan_hunter.compare`` has always judged it);
+  compiled run against eager, element by element, as ``kernels.compare`` has always judged it);
 - ``from_calls``: a capture's module calls and stats rows (a watch's failing forward against its
   own re-run: ``first_nonfinite.reproducible``).
 """
@@ -52,7 +52,7 @@ def _stats_of(tensors: list[Any]) -> tuple[Stats, str | None]:
 
 def from_outputs(outputs: list[Any], module: str = "", module_type: str = "") -> list[Recorded]:
     """One entry per input: the floating tensors of ``outputs[i]`` (any nested output), kept."""
-    from ..compare import flat
+    from ..kernels.compare import flat
 
     out = []
     for i, o in enumerate(outputs):

@@ -297,7 +297,7 @@ def _finite(tensors: Iterable[Any]) -> bool:
 def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     """Max rel err of ``outs`` against ``ref`` over the outputs both runs give: a change may drop an
     auxiliary one (SDPA never forms the attention probabilities eager attention returns)."""
-    from ..compare import compare
+    from ..kernels.compare import compare
 
     keys = [k for k in outs if ref is not None and k in ref]
     if ref is None or not keys:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compare import compare, flat
 from ..dtypes import REPLAY_DTYPES, RunDtype
+from ..kernels.compare import compare, flat
 from ..model.execute import run_context
 from ..tree import cast_floats, detached_copy, float_tensors
 

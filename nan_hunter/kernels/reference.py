@@ -20,7 +20,7 @@ import threading
 import torch
 
 from ..dtypes import HEADROOM_DTYPES, limits
-from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, OVER_FIELDS, UNDER_FIELDS
+from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, OVER_FIELDS, UNDER_FIELDS
 
 _OVER_LIMITS = tuple(limits(d).max for d in HEADROOM_DTYPES)  # finite |x| above: overflows the target
 _FLUSH_LIMITS = tuple(limits(d).flush for d in HEADROOM_DTYPES)  # non-zero |x| at or below: cast to 0

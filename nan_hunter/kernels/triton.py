@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ..dtypes import limits
-from ..stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT
+from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT
 
 # 1024 elements per loop step: 8 per thread at 4 warps (two 16-byte loads for fp32). ptxas for
 # sm_90 reports 153-158 registers, no spills: the 8 per-lane accumulators dominate.

@@ -131,7 +131,7 @@ def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
     the first index is the first bad chunk's, absmax is the max over chunks.
     """
     from ..kernels.reference import full_row, quick_row
-    from ..stats import TensorStats
+    from ..kernels.stats import TensorStats
 
     n = t.numel()
     if t.element_size() > 1 or n <= CHUNK:

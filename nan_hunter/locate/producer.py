@@ -24,8 +24,8 @@ from typing import Any
 
 from ..capture.records import PHASES, Call
 from ..dtypes import HEADROOM_DTYPES
+from ..kernels.stats import TensorStats
 from ..report import FirstNonfinite
-from ..stats import TensorStats
 
 Rows = Sequence[TensorStats]
 

@@ -142,7 +142,7 @@ class BackwardMode:
                 q.requires_grad_(True)
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..compare import flat
+        from ..kernels.compare import flat
 
         assert self.loss is not None
         out, val = self.loss.run(model, kwargs)

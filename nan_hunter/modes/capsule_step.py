@@ -99,7 +99,7 @@ class CapsuleMode:
         return None
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..compare import flat
+        from ..kernels.compare import flat
 
         return flat(self.step.forward_fn())
 

@@ -65,7 +65,7 @@ class Parting:
 def compare(eager: Any, compiled: Any) -> Parting:
     """The compiled outputs against eager's: two one-entry recordings through the one comparison
     of recordings (``divergence.compare``), which judges entries that kept their tensors element
-    by element (``nan_hunter.compare``: float64, ``rel_err`` over the elements finite on both sides,
+    by element (``kernels.compare``: float64, ``rel_err`` over the elements finite on both sides,
     inf for a different structure)."""
     return compare_runs([eager], [compiled])[0]
 

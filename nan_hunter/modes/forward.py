@@ -28,7 +28,7 @@ class ForwardMode:
         return None
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..compare import flat
+        from ..kernels.compare import flat
 
         return flat(model(**kwargs))
 

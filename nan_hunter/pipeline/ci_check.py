@@ -17,9 +17,9 @@ from typing import Any
 from ..config import Config, Thresholds, as_config
 from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
+from ..kernels.stats import parse_stats_level
 from ..load.checkpoint import Checkpoint, open_checkpoint
 from ..report import Report
-from ..stats import parse_stats_level
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 

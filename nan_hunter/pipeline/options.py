@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadInput
-from ..stats import parse_stats_level
+from ..kernels.stats import parse_stats_level
 
 #: options users reach for by another tool's name (or the flag's own), and ours: ``--html`` →
 #: ``--report``. The CLI suggests the flag, ``nan_hunter.scan``/``bisect`` the keyword

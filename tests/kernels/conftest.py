@@ -25,7 +25,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from nan_hunter.kernels.reference import full_row  # noqa: E402
-from nan_hunter.stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT  # noqa: E402
+from nan_hunter.kernels.stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 _BITS_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8}

@@ -41,7 +41,7 @@ def test_triton_sink_rows_match_reference():
     assert tri.measure(ts[0]) == 0  # same tensor, unchanged: not read again
     got = tri.rows()
     from nan_hunter.kernels.reference import full_row
-    from nan_hunter.stats import TensorStats
+    from nan_hunter.kernels.stats import TensorStats
 
     for t, g in zip(ts, got):
         want = TensorStats.from_row(*(x.tolist() for x in full_row(t)))

@@ -15,7 +15,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 
 from nan_hunter.capture import sink as sink_mod  # noqa: E402
 from nan_hunter.kernels.reference import full_row  # noqa: E402
-from nan_hunter.stats import TensorStats  # noqa: E402
+from nan_hunter.kernels.stats import TensorStats  # noqa: E402
 
 DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # where the kernels can read
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from nan_hunter.stats import INT_FIELDS
+from nan_hunter.kernels.stats import INT_FIELDS
 
 pytest.importorskip("triton")
 

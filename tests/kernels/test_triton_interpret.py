@@ -251,7 +251,7 @@ def test_flush_counts_over_many_steps_per_lane(tk, kit):
     x[::7] = 2.0**-20  # flushes in fp8 only (e4m3 at 2^-10, e5m2 at 2^-17), not in fp16 or bf16
     ints, floats = _one_row(tk, kit, x, block_size=16, max_programs=1)
     kit.assert_row_matches(x, ints, floats)
-    from nan_hunter.stats import INT_FIELDS
+    from nan_hunter.kernels.stats import INT_FIELDS
 
     row = dict(zip(INT_FIELDS, ints.tolist()))
     few = n - len(range(0, n, 7))

@@ -146,16 +146,15 @@ def cycle_path(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 #: import is still a dependency. A new folder or top-level module gets a layer here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("version", "errors", "progress", "tree"),  # leaves: nothing of the package below them
-    ("dtypes", "outputs", "compare"),  # the one dtype rule, the one writer, the one comparison
-    ("config", "stats", "report"),
-    ("kernels",),  # statistics: the Triton kernel and the torch reference
+    ("dtypes", "outputs"),  # the one dtype rule, the one writer
+    ("config", "report"),
+    ("kernels",),  # statistics (the row layout, the Triton kernel, the torch reference), the one comparison
     ("load",),  # checkpoints, headers, weights scans, quantized formats, capsules
     ("model",),  # building, inputs, placement, casting, fp8 emulation
     ("capture",),  # hooks → records
     ("trace", "locate"),  # records → a numerics trace; records → where
     ("divergence", "distributed", "explain"),  # two runs → where they part; ranks; replay, diagnosis
     ("render",),  # every view of a report
-    ("report_view",),  # the report nan_hunter.scan and bisect return: a Report that renders itself
     ("session",),  # nan_hunter.watch and what training adds
     ("modes",),  # the harness and the modes behind it, its torchrun split
     ("bisection",),

@@ -12,7 +12,7 @@ import torch
 
 from nan_hunter.dtypes import HEADROOM_DTYPES, limits, torch_dtype
 from nan_hunter.kernels.reference import full_row, quick_row
-from nan_hunter.stats import UNDER_FIELDS, TensorStats
+from nan_hunter.kernels.stats import UNDER_FIELDS, TensorStats
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
 EXACT = ("absmax", "min_nonzero", *UNDER_FIELDS)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from nan_hunter.capture.records import Call
+from nan_hunter.kernels.stats import TensorStats
 from nan_hunter.locate.producer import failed_inputs, first_finding, mask_notes
-from nan_hunter.stats import TensorStats
 
 FINE = TensorStats(numel=4, absmax=1.0)
 NAN = TensorStats(numel=4, nan=1, absmax=1.0)

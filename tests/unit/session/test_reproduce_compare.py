@@ -4,8 +4,8 @@ failing forward (session/reproduce.py)."""
 from __future__ import annotations
 
 from nan_hunter.capture.records import Call
+from nan_hunter.kernels.stats import TensorStats
 from nan_hunter.session.reproduce import faulted_again
-from nan_hunter.stats import TensorStats
 
 
 def _calls(kinds: list[str | None]) -> tuple[list[Call], list[TensorStats]]:

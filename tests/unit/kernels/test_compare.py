@@ -1,4 +1,4 @@
-"""The one comparison (``nan_hunter.compare``): its NaN/±inf policy, as stated in its docstring."""
+"""The one comparison (``kernels.compare``): its NaN/±inf policy, as stated in its docstring."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nan_hunter.compare import compare
+from nan_hunter.kernels.compare import compare
 
 inf, nan = math.inf, math.nan
 

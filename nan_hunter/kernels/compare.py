@@ -5,7 +5,7 @@ absorbed intermediate's module output against float64) and bisect (a mixed-preci
 the all-high-precision one) all ask it, so the same pair of tensors gets the same answer
 whoever asks.
 
-Policy (stated once, tested in tests/unit/test_compare.py):
+Policy (stated once, tested in tests/unit/kernels/test_compare.py):
 
 - Both sides are flattened to their floating tensors in a fixed order (``tree.float_tensors``)
   and compared in float64, so the comparison adds no rounding of its own.
@@ -58,7 +58,7 @@ def _kind(nan: bool, pos: bool, neg: bool) -> str | None:
 
 def flat(obj: Any) -> list[Any]:
     """The floating tensors of ``obj`` (a tensor, a tuple, a ModelOutput...), detached, in a fixed order."""
-    from .tree import float_tensors
+    from ..tree import float_tensors
 
     return [t.detach() for _, t in float_tensors(obj)]
 

@@ -86,8 +86,9 @@ def _transformers_major() -> int:
 def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
     """The NaN sits in a weight that lives on disk: only reading it through accelerate's offload
     store (not the meta placeholder) lets the producer rule blame the weights. In fp32 the model
-    is twice its stored size and CAP puts all of it on disk, which transformers 4.x cannot load:
-    there the scan exits 2 saying so (docs/compat.md)."""
+    is twice its stored size and CAP puts all of it on disk, which transformers 4.x cannot load
+    (docs/compat.md): there the weights scan's own finding is the answer, reported weights-only
+    (exit 1) with a note saying why the model was not built and how to fix it."""
     ck = tmp_path / "ck"
     shutil.copytree(EXAMPLE, ck)
     tensors = load_file(str(ck / "model.safetensors"))
@@ -99,8 +100,12 @@ def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
     plain = cli("scan", ck, "--prompt", "hello world", "--dtype", dtype, "-q")
     res, tmp = placed(cli, tmp_path, ck, "--prompt", "hello world", "--dtype", dtype)
     if dtype == "fp32" and _transformers_major() < 5:
-        assert res.code == 2 and res.stderr.count("\n") == 1, res.stderr
-        assert "cannot load a model placed entirely on disk" in res.stderr and "transformers>=5.0" in res.stderr
+        assert res.code == 1, res.stderr
+        r = res.report
+        assert r["diagnosis"]["cause"] == "nonfinite_weights" and r["first_nonfinite"] is None
+        assert any(t["name"] == f"{FAULT}.weight" for t in r["weights"]["nonfinite"])
+        note = next(n for n in r["notes"] if n.startswith("weights-only scan: the model was not built"))
+        assert "cannot load a model placed entirely on disk" in note and "transformers>=5.0" in note
         assert tree_hash(ck) == before and not list(tmp.glob("nanhunter-offload-*"))
         return
     assert plain.code == res.code == 1, (plain.stderr, res.stderr)
@@ -114,6 +119,18 @@ def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
     assert not any("not measured" in n for n in res.report["notes"])
     assert tree_hash(ck) == before
     assert not list(tmp.glob("nanhunter-offload-*"))
+
+
+def test_a_clean_model_placed_entirely_on_disk_on_transformers_4_exits_2(cli, tmp_path):
+    """Nothing in the weights to report, and transformers 4.x cannot load a model placed entirely on
+    disk: exit 2, one line naming both fixes (docs/compat.md). On 5.x the same run is scanned."""
+    if _transformers_major() >= 5:
+        pytest.skip("transformers 5 loads a model placed entirely on disk")
+    before = tree_hash(EXAMPLE)
+    res, tmp = placed(cli, tmp_path, EXAMPLE, "--prompt", "hello world", "--dtype", "fp32")
+    assert res.code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "cannot load a model placed entirely on disk" in res.stderr and "transformers>=5.0" in res.stderr
+    assert tree_hash(EXAMPLE) == before and not list(tmp.glob("nanhunter-offload-*"))
 
 
 @pytest.mark.parametrize("args, message", [

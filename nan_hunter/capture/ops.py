@@ -16,7 +16,6 @@ be read is left out, never raised on.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import re
@@ -30,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..kernels.reference import Unreadable, plain
+from ..model.copy_run import run_copy
 from ..tree import float_tensors
 
 # Directories with a trailing separator, so that ``torchao/`` or ``torchvision/`` never count as
@@ -497,18 +497,14 @@ class OpWatch(TorchDispatchMode):
             return
         self.judged += 1
         try:
-            ref = copy.deepcopy(module).double()
-            wide = lambda x: x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
-            with torch.no_grad():
-                ref_out = _float_tensors(ref(*tree_map(wide, args), **tree_map(wide, kwargs)))
+            ref_out = _float_tensors(run_copy(module, args, kwargs, torch.float64, training=None))
         except Exception:  # noqa: BLE001 - no float64 kernel, a subclass weight: leave it unjudged
             return
         from ..kernels.compare import compare
 
-        cmp = compare([plain(o) for o in outs], ref_out)
-        if not cmp.same_structure or not cmp.ref_finite:
+        err = compare([plain(o) for o in outs], ref_out).finite_rel_err
+        if err is None:
             return  # the float64 run is no reference here: leave it unjudged
-        err = cmp.error
         eps = max(torch.finfo(outs[0].dtype).eps * EXACT_EPS, 1e-5) if outs[0].dtype.is_floating_point else 1e-5
         for ev in mine:
             ev.rel_err = err

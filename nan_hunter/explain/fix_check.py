@@ -26,7 +26,6 @@ Every other cause has no mechanical fix (``no_mechanical_fix`` says why).
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -302,11 +301,9 @@ def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     keys = [k for k in outs if ref is not None and k in ref]
     if ref is None or not keys:
         return None
-    got, want = [outs[k] for k in keys], [ref[k] for k in keys]
-    if not _finite(want) or not _finite(outs.values()):
+    if not _finite(outs.values()):  # an output the comparison leaves out must be finite too
         return None
-    err = compare(got, want).error
-    return err if math.isfinite(err) else None
+    return compare([outs[k] for k in keys], [ref[k] for k in keys]).finite_rel_err
 
 
 @dataclass
@@ -319,31 +316,32 @@ class Outcome:
     region_finite: bool
 
 
-def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
-    """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
+def _at(run: RunDtype, change: Change | None) -> RunDtype:
+    """The precision a copy runs at: the run's, or the change's own dtype (``run in bf16``)."""
     from ..dtypes import RunDtype as RD
-    from ..model.execute import run_context
-    from ..tree import cast_floats, detached_copy
 
     dtype = getattr(change.apply, "run_dtype", None) if change else None
-    at = RD.of(dtype, run.recipe) if dtype else run
-    m = copy.deepcopy(r.module).to(at.torch_compute).eval()
-    a, kw = cast_floats(detached_copy((r.args, r.kwargs)), at.torch_compute)
+    return RD.of(dtype, run.recipe) if dtype else run
+
+
+def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
+    """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
+    from ..model.copy_run import copy_at, precision
+
+    at = _at(run, change)
+    m, a, kw = copy_at(r.module, r.args, r.kwargs, at)
     ctx = change.apply(m, "", at) if change else contextlib.nullcontext()
-    with ctx, run_context(at):
+    with ctx, precision(at):
         outs = _outputs(lambda: m(*a, **kw))
     return Outcome(outs, _finite(outs.values()))
 
 
 def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> Outcome:
-    from ..dtypes import RunDtype as RD
-    from ..model.execute import run_context
-    from ..tree import cast_floats, detached_copy, float_tensors
+    from ..model.copy_run import copy_at, precision
+    from ..tree import float_tensors
 
-    dtype = getattr(change.apply, "run_dtype", None) if change else None
-    at = RD.of(dtype, run.recipe) if dtype else run
-    m = copy.deepcopy(model).to(at.torch_compute).eval()
-    kw = cast_floats(detached_copy(batch), at.torch_compute)
+    at = _at(run, change)
+    m, _, kw = copy_at(model, (), batch, at)
     seen = {"finite": True}
 
     def watch_region(mod: nn.Module, args: Any, out: Any) -> None:
@@ -352,7 +350,7 @@ def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype
     h = (m.get_submodule(name) if name else m).register_forward_hook(watch_region)
     ctx = change.apply(m, name, at) if change else contextlib.nullcontext()
     try:
-        with ctx, run_context(at):
+        with ctx, precision(at):
             outs = _outputs(lambda: m(**kw))
     finally:
         h.remove()

@@ -9,7 +9,6 @@ the finite float outputs, against the same region run in float64.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -17,8 +16,8 @@ from torch import nn
 
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..kernels.compare import compare, flat
-from ..model.execute import run_context
-from ..tree import cast_floats, detached_copy, float_tensors
+from ..model.copy_run import copy_at, precision, run_copy, torch_dtype_of
+from ..tree import float_tensors
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:
@@ -29,18 +28,12 @@ def float_outputs(out: Any) -> list[torch.Tensor]:
 def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | torch.dtype) -> list[torch.Tensor]:
     """A deep copy of ``module`` run on ``args``/``kwargs`` at ``run``'s precision (or a plain torch
     dtype such as float64 for the reference); the module and inputs given are not changed."""
-    tdt = run.torch_compute if isinstance(run, RunDtype) else run
-    m = copy.deepcopy(module).to(tdt).eval()
-    a, kw = cast_floats(detached_copy((args, kwargs)), tdt)  # in-place ops and caches change inputs
-    with torch.no_grad(), run_context(run if isinstance(run, RunDtype) else None):
-        out = m(*a, **kw)
-    return float_outputs(out)
+    return float_outputs(run_copy(module, args, kwargs, run))
 
 
 def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[str, Any]:
     nan = pos = neg = 0
     absmax = None
-    comparable = ref is not None and len(ref) == len(outs)
     for t in outs:
         f = t.detach().double()
         isn, isi = torch.isnan(f), torch.isinf(f)
@@ -52,9 +45,7 @@ def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[
             a = float(fin.abs().max())
             absmax = a if absmax is None else max(absmax, a)
     finite = not (nan or pos or neg)
-    rel = None
-    if finite and comparable and all(bool(torch.isfinite(r).all()) for r in ref):
-        rel = compare(outs, ref).error
+    rel = compare(outs, ref).finite_rel_err if ref is not None else None
     return {"finite": finite, "nan": nan, "posinf": pos, "neginf": neg, "absmax": absmax, "rel_err": rel}
 
 
@@ -101,11 +92,11 @@ def run_backward_region(module: nn.Module, args: tuple, kwargs: dict, grads: lis
     """A deep copy of ``module`` at ``run``'s precision: forward from copies of ``args``/``kwargs``,
     backward from ``grads`` (cast to it); the gradients it produces w.r.t. its floating inputs and
     its parameters, in a fixed order."""
-    tdt = run.torch_compute if isinstance(run, RunDtype) else run
-    m = copy.deepcopy(module).to(tdt).train(module.training)
-    (a, kw), leaves = _leaf_inputs(cast_floats(detached_copy((args, kwargs)), tdt))
+    tdt = torch_dtype_of(run)
+    m, a, kw = copy_at(module, args, kwargs, run, training=None)
+    (a, kw), leaves = _leaf_inputs((a, kw))
     params = [p for p in m.parameters() if p.requires_grad]
-    with torch.enable_grad(), run_context(run if isinstance(run, RunDtype) else None):
+    with torch.enable_grad(), precision(run):
         out = m(*a, **kw)
         outs = [t for _, t in float_tensors(out)]
         pairs = [(t, g.to(tdt)) for t, g in zip(outs, grads) if g is not None and t.requires_grad]
@@ -155,9 +146,8 @@ def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, gra
     from ..locate.training import fresh_optimizer
 
     def one(r: RunDtype | torch.dtype) -> list[torch.Tensor]:
-        tdt = r.torch_compute if isinstance(r, RunDtype) else r
-        o, p = fresh_optimizer(cls, hyper, weight, grad, state, tdt)
-        with run_context(r if isinstance(r, RunDtype) else None):
+        o, p = fresh_optimizer(cls, hyper, weight, grad, state, torch_dtype_of(r))
+        with precision(r):
             o.step()
         return [p.detach()]
 

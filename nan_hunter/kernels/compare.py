@@ -19,6 +19,9 @@ Policy (stated once, tested in tests/unit/kernels/test_compare.py):
   another class — is a *mismatch* and makes ``error`` inf.
 - ``error`` = inf on a structure difference or a mismatch, else ``rel_err`` (0 when None).
   ``parts(rtol)`` is ``error > rtol``, or one side finite and not the other.
+- ``finite_rel_err`` is the relative error only where it means something: both sides finite
+  everywhere (replay columns, the fix check's distance, an absorbed value's module output);
+  callers read it instead of checking finiteness themselves.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ class Comparison:
         if not self.same_structure or self.mismatched:
             return math.inf
         return self.rel_err if self.rel_err is not None else 0.0
+
+    @property
+    def finite_rel_err(self) -> float | None:
+        """The relative error of two runs that are both finite everywhere and alike in structure;
+        None otherwise (a non-finite run is described by its class, not by a relative error), and
+        None when the reference is all zeros while the candidate is not (no relative error exists)."""
+        if not (self.same_structure and self.finite and self.ref_finite):
+            return None
+        err = self.rel_err if self.rel_err is not None else 0.0
+        return err if math.isfinite(err) else None
 
     def parts(self, rtol: float) -> bool:
         """Whether the two differ beyond ``rtol`` (or in finiteness)."""

@@ -107,14 +107,10 @@ def fresh_compiles(emulate_precision_casts: bool | None = None) -> Iterator[None
 
 def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, run: Any, what: str) -> Any:
     """One no-grad call at the run's precision; a failure to compile or run is bad input."""
-    import torch
-
-    from ..model.execute import run_context
-    from ..tree import detached_copy
+    from ..model.copy_run import call
 
     try:
-        with torch.no_grad(), run_context(run):
-            return fn(*detached_copy(args), **detached_copy(kwargs))
+        return call(fn, args, kwargs, run)
     except BadInput:
         raise
     except Exception as e:

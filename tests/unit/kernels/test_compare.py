@@ -66,3 +66,21 @@ def test_every_caller_gets_the_same_answer():
     cand, ref = [torch.tensor([1.0, 2.5])], [torch.tensor([1.0, 2.0])]
     assert summarize(cand, ref)["rel_err"] == compare(cand, ref).error
     assert compiled_compare(ref, cand).rel_err == compare(cand, ref).rel_err
+
+
+@pytest.mark.parametrize("name, cand, ref, want", [
+    ("both finite", [1.0, 2.0], [1.0, 2.5], 0.2),
+    ("identical", [1.0, -2.0], [1.0, -2.0], 0.0),
+    ("candidate nan", [math.nan, 2.0], [1.0, 2.0], None),
+    ("reference +inf", [1.0, 2.0], [math.inf, 2.0], None),
+    ("matching -inf on both sides", [-math.inf, 2.0], [-math.inf, 2.0], None),
+    ("zero reference, non-zero candidate", [1.0], [0.0], None),
+    ("zero reference, zero candidate", [0.0], [0.0], 0.0),
+])
+def test_finite_rel_err_only_where_both_runs_are_finite(name, cand, ref, want):
+    got = compare(torch.tensor(cand), torch.tensor(ref)).finite_rel_err
+    assert got == pytest.approx(want) if want is not None else got is None, name
+
+
+def test_finite_rel_err_of_different_structures_is_none():
+    assert compare([torch.ones(2)], [torch.ones(2), torch.ones(1)]).finite_rel_err is None

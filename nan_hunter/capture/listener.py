@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .context import ForwardContext
+
 
 class CaptureListener:
     """Callbacks and questions of a ``Recorder`` (all steps are root-call indices)."""
@@ -47,3 +49,23 @@ class CaptureListener:
 
     def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
         """``optimizer.step()`` of a kept step ended and was judged (a session may undo it)."""
+
+
+class KeepSteps(CaptureListener):
+    """Keeps what a report re-runs a step from: every root call's inputs (the recorder's
+    snapshots) and the ambient context it ran under (``contexts``: grad and inference mode,
+    autocast, train/eval mode, the RNG), dropped when the step is folded away. The harness's modes
+    record with it; a watch's session listener is one."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.contexts: dict[int, ForwardContext] = {}
+
+    def keeps_inputs(self) -> bool:
+        return True
+
+    def on_root_call(self, step: int) -> None:
+        self.contexts[step] = ForwardContext.now(self.model)
+
+    def on_forget(self, step: int) -> None:
+        self.contexts.pop(step, None)

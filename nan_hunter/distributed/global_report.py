@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..report import Diagnosis, FirstNonfinite, RunInfo
+from ..report import Diagnosis, FirstNonfinite, FixVerified, RunInfo
 from . import collectives as dist
 
 if TYPE_CHECKING:
@@ -180,7 +180,8 @@ def collective(watch: Any) -> bool:
 
 def combine(local: Any, watch: Any) -> Any:
     """The global ``WatchReport`` every rank gets from its own ``local`` one (collective: every
-    rank must call it); ``local`` unchanged when ``collective(watch)`` is false."""
+    rank must call it); ``local`` unchanged when ``collective(watch)`` is false. ``failed_inputs``
+    are every rank's; the chosen rank's ``run`` and ``diagnosis`` come with the gather."""
     if not collective(watch):
         return local
     model = watch.model
@@ -220,16 +221,24 @@ def combine(local: Any, watch: Any) -> Any:
                          f"{s['rank']} (a flipped bit, a failing device), not the numerics of the model")
     first = FirstNonfinite(**chosen["first_nonfinite"]) if chosen is not None else None
     diag = chosen["diagnosis"] if chosen is not None else None
-    out = dataclasses.replace(
-        local, first_nonfinite=first,
-        failed_inputs=sorted({i for s in everyone for i in s["failed_inputs"]}), notes=notes,
-        op_event=local.op_event if chosen is not None and chosen["rank"] == me else None,
-        run=_run_info(chosen["run"] if chosen is not None else everyone[0]["run"]),
-        diagnosis=Diagnosis(**diag) if diag else None,
+    run = _run_info(chosen["run"] if chosen is not None else everyone[0]["run"])
+    if run is not None:
+        run.failed_inputs = sorted({i for s in everyone for i in s["failed_inputs"]})
+    return local.replaced(
+        located=local.located if chosen is not None and chosen["rank"] == me else None,
         ranks=[{"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}
-               for s in everyone])
-    return out
+               for s in everyone],
+        first_nonfinite=first, notes=notes, run=run, diagnosis=_diagnosis(diag))
 
 
 def _run_info(d: dict[str, Any] | None) -> RunInfo | None:
+    """A ``run`` block that crossed ranks as JSON, typed again."""
     return RunInfo(**d) if d is not None else None
+
+
+def _diagnosis(d: dict[str, Any] | None) -> Diagnosis | None:
+    """A diagnosis that crossed ranks as JSON, typed again (its verified fix too)."""
+    if d is None:
+        return None
+    fv = d.get("fix_verified")
+    return Diagnosis(**{**d, "fix_verified": FixVerified(**fv) if fv else None})

@@ -1,32 +1,39 @@
 """The one assembler: a located fault (and what a run recorded) into the report.
 
 Every path that ends in a report comes through here — ``scan`` in each mode (forward,
-``--generate``, ``--backward``, a capsule's step), ``check``'s forwards and ``watch().report()``:
+``--generate``, ``--backward``, a capsule's step), ``check``'s forwards, ``watch().report()``, the
+framework callbacks (which keep a watch's report) and the ranks of a split run:
 
 - ``weights_section``: the report's ``weights`` block from a weights scan;
-- ``run_info``: the typed ``run`` block (``report.RunInfo``) of a prepared run;
+- ``run_info``: the one constructor of the typed ``run`` block (``report.RunInfo``);
 - ``near_misses``: module outputs close to the run's range, and absorbed intermediates;
-- ``Located``: what a mode found about its first fault (``FirstNonfinite``, the op event, the
-  replay, the precision the failing ops ran in, optimizer facts), in typed fields;
-- ``diagnosis_of``: the one place a diagnosis is made from located evidence (keyword-only
-  ``Evidence``); ``weights_only_diagnosis`` for a run that never ran the model;
+- ``explain``: a ``locate.located.Located`` replayed in every dtype (``replay_region``), diagnosed
+  (``diagnosis_of``, the one place a diagnosis is made from located evidence) and its fix verified
+  on a copy (``fix_check``) — once, whoever located it; a fault that did not come back on its
+  re-run becomes ``not_reproducible``; ``weights_only_diagnosis`` for a run that never ran the model;
 - ``assemble``: ``first_nonfinite``, ``replay``, ``diagnosis`` and notes into a ``Report``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import contextlib
 from typing import TYPE_CHECKING, Any
 
-from ..report import Diagnosis, FirstNonfinite, Report, RunInfo
+from ..locate.located import Located
+from ..locate.region import BackwardRegion, OptimizerRegion, Region
+from ..progress import stage
+from ..report import Diagnosis, Report, RunInfo
+from . import fix_check
+from .diagnose import Evidence, diagnose, not_reproducible
+from .replay import backward_replay, optimizer_replay, replay
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..capture.ops import OpEvent
     from ..config import Config
     from ..dtypes import RunDtype
     from ..load.weights import WeightsScan
-    from ..model.prepare import Prepared
+
+__all__ = ["Located", "assemble", "diagnosis_of", "explain", "failed_note", "input_rows", "near_misses",
+           "replay_region", "run_info", "weights_only_diagnosis", "weights_section"]
 
 
 def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
@@ -57,10 +64,12 @@ def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
     }
 
 
-def run_info(p: Prepared, failed: list[int]) -> RunInfo:
-    """The ``run`` block of a prepared run (modes add their own fields: ``generate``, ``loss``)."""
-    return RunInfo(dtype=p.dtype, compute_dtype=p.run.compute, device=str(p.device), n_inputs=len(p.batches),
-                   failed_inputs=list(failed), inputs=list(p.labels))
+def run_info(run: RunDtype | None, device: Any, n_inputs: int, failed: list[int], **fields: Any) -> RunInfo:
+    """The ``run`` block, built here and only here: the precision the run computed in (its name
+    and compute dtype), the device, how many inputs (or forwards) ran and which went non-finite;
+    ``fields``: what the run adds (``inputs``, ``backward``, ``optimizer_steps``, ``autocast``...)."""
+    return RunInfo(dtype=run.name if run is not None else None, compute_dtype=run.compute if run is not None else None,
+                   device=str(device), n_inputs=n_inputs, failed_inputs=list(failed), **fields)
 
 
 def input_rows(labels: list[str], failed: list[int]) -> list[dict[str, Any]]:
@@ -100,26 +109,6 @@ def near_misses(table: list[dict], run: RunDtype, cfg: Config, absorbed: list[An
     return out
 
 
-@dataclass
-class Located:
-    """A mode's answer about its first fault, in typed fields (never in note text)."""
-
-    first: FirstNonfinite
-    run: RunDtype | None  # the precision the failing ops ran in (the run's, or the step's autocast)
-    event: OpEvent | None = None  # the aten op that made it (None: arrived non-finite, or not re-run)
-    replay: dict[str, dict] | None = None  # the failing region in every dtype (contract ``replay``)
-    is_block: bool = False  # the module is one of the model's repeated blocks
-    input_label: str | None = None
-    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
-    table: list[dict[str, Any]] | None = None  # module rows of the failing step, when located finer
-    notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # mode fields for ``run`` (generate: the fault's token)
-    region: tuple[Any, tuple, dict] | None = None  # (module, args, kwargs) of the failing call; this process only
-    #: applies the diagnosis's fix to a copy and re-runs the failing input (``fix_check``); this process only
-    verify_fix: Callable[[Diagnosis], None] | None = field(default=None, repr=False, compare=False)
-    diagnosis: Diagnosis | None = None  # made already (by the rank that located it, verified there)
-
-
 def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
                  weights_nonfinite: list[dict] | None = None, replay: dict | None = None) -> Diagnosis | None:
     """The one place a located fault becomes a diagnosis (the rules of ``diagnose``); a parameter the
@@ -143,7 +132,6 @@ def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = No
     """The weights scan's own verdict: non-finite weights (``nonfinite_weights``), else bad
     quantization scales (``bad_scale``); None when the weights are clean."""
     from ..load.weights_sections import bad_scales
-    from .diagnose import Evidence, diagnose
 
     bad = (rep.weights or {}).get("nonfinite") or []
     scales = bad_scales(ws) if ws is not None else []
@@ -153,26 +141,58 @@ def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = No
                              weights_nonfinite=bad, config=cfg.diagnosis, bad_scales=scales))
 
 
-def diagnose_located(loc: Located, cfg: Config, failed: list[int], n_inputs: int,
-                     weights_nonfinite: list[dict] | None = None) -> None:
-    """``loc.diagnosis`` from its evidence, with its fix verified on a copy where one applies."""
-    from ..progress import stage
+def replay_region(region: Region | BackwardRegion | OptimizerRegion, run: RunDtype | None) -> dict[str, dict]:
+    """The failing region re-run in every dtype against float64 (``replay``): a forward call, a
+    backward call from the gradients at its outputs, or one parameter's optimizer step."""
+    if isinstance(region, Region):
+        return replay(region.module, region.args, region.kwargs, run)
+    if isinstance(region, BackwardRegion):
+        return backward_replay(region.module, region.args, region.kwargs, region.grads, run)
+    o = region.pieces
+    name = region.param
+    return optimizer_replay(o.cls, o.hyper[o.groups.get(name, 0)], o.weights[name], o.grads[name],
+                            o.state.get(name, {}), run)
 
+
+def explain(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
+            weights_nonfinite: list[dict] | None = None, replay: bool = True, device: str | None = None,
+            rank: int | None = None) -> None:
+    """``loc.replay``, ``loc.diagnosis`` and its verified fix, made once (a located fault that has
+    them already, from the rank that located it, is left as it is). ``replay``: re-run the region
+    in every dtype (``--no-replay``: not). ``device``/``rank``: where the re-runs ran, named by the
+    ``not_reproducible`` cause when the fault did not come back."""
+    if loc.diagnosis is not None:
+        return
+    f, region = loc.first, loc.region
+    if replay and region is not None and f.role == "producer" and loc.replay is None:
+        with stage("replay"), region.around():
+            try:
+                loc.replay = replay_region(region, loc.run)
+            except Exception as e:  # noqa: BLE001 - the report stands without its replay; it says why
+                msg = str(e).splitlines()[0] if str(e) else ""
+                loc.notes.append(f"the replay of {f.module or '<root>'} ({f.phase}) could not be run: "
+                                 f"{type(e).__name__}: {msg}")
     loc.diagnosis = diagnosis_of(loc, cfg, failed, n_inputs, weights_nonfinite)
-    if loc.diagnosis is not None and loc.verify_fix is not None:
-        with stage("fix"):
-            loc.verify_fix(loc.diagnosis)
+    if loc.diagnosis is not None and loc.run is not None:
+        # only a forward call is re-run with a fix applied; any other fault's fix says why it is unverified
+        call = region if isinstance(region, Region) else None
+        whole = {"model": call.whole[0], "batch": call.whole[1]} if call is not None and call.whole else {}
+        with stage("fix"), (call.around() if call is not None else contextlib.nullcontext()):
+            fix_check.check(loc.diagnosis, call, loc.run, **whole)
+    if f.reproducible is False:
+        # the fault did not come back when its region was re-run: numerics do not explain it
+        dtype = loc.diagnosis.dtype if loc.diagnosis is not None else (loc.run.name if loc.run else None)
+        loc.diagnosis = not_reproducible(f.module, f.op, dtype, f.kind, device or "?", rank, loc.diagnosis)
 
 
-def assemble(rep: Report, loc: Located, cfg: Config) -> None:
-    """``first_nonfinite``, ``replay``, ``diagnosis`` and the location's notes into ``rep``."""
+def assemble(rep: Report, loc: Located, cfg: Config | None, replay: bool = True, device: str | None = None,
+             rank: int | None = None) -> None:
+    """``first_nonfinite``, ``replay``, ``diagnosis`` and the location's notes into ``rep`` (the
+    located fault explained first, once: ``explain``)."""
+    failed = rep.run.failed_inputs if rep.run is not None else []
+    n = rep.run.n_inputs if rep.run is not None else 1
+    explain(loc, cfg, failed, n, (rep.weights or {}).get("nonfinite") or [], replay, device, rank)
     rep.first_nonfinite = loc.first
     rep.replay = loc.replay
-    if loc.diagnosis is None:
-        failed = rep.run.failed_inputs if rep.run is not None else []
-        n = rep.run.n_inputs if rep.run is not None else 1
-        diagnose_located(loc, cfg, failed, n, (rep.weights or {}).get("nonfinite") or [])
     rep.diagnosis = loc.diagnosis
-    if loc.table is not None:
-        rep.modules = loc.table
     rep.notes += [n for n in loc.notes if n not in rep.notes]

@@ -389,11 +389,11 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
     """``verify_fix``'s result and, when it is None, why (a key of ``UNVERIFIED``)."""
     if diagnosis is None:
         return None, None
-    if region is None:
-        return None, "not_rerun"
     changes = _changes(diagnosis, run, module_type)
     if not changes:
         return None, "no_change"
+    if region is None:
+        return None, "not_rerun"
     whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
     from ..dtypes import RunDtype as RD
 

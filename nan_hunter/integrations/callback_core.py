@@ -30,7 +30,7 @@ import shlex
 from typing import Any
 
 from ..errors import NonFiniteError
-from ..report import Report, write_json
+from ..report import write_json
 from ..session.fault_policy import OnFault, _verdict_line
 
 
@@ -43,12 +43,6 @@ def torch_optimizer(opt: Any) -> Any:
             break
         opt = inner
     return opt if hasattr(opt, "register_step_pre_hook") else None
-
-
-def as_report_v1(rep: Any) -> Report:
-    """A watch report as JSON report v1 (``checkpoint`` and ``weights`` null: no checkpoint was read)."""
-    return Report(run=rep.run, first_nonfinite=rep.first_nonfinite, diagnosis=rep.diagnosis, notes=list(rep.notes),
-                  modules=rep.calls, mode="watch")
 
 
 class LossFlags:
@@ -162,7 +156,7 @@ class CallbackCore:
 
     def _write(self) -> None:
         if self.report_path and self.report is not None:
-            write_json(as_report_v1(self.report), self.report_path)
+            write_json(self.report.as_report(), self.report_path)
 
     def end(self) -> None:
         w, self.watch = self.watch, None

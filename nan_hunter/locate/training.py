@@ -119,3 +119,45 @@ def fresh_optimizer(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad
     o.state[p] = {k: (v.detach().to(dt).clone() if dtype is not None and v.is_floating_point() and v.dim()
                       else v.detach().clone()) for k, v in state.items()}
     return o, p
+
+
+@dataclass
+class OptimizerPieces:
+    """An optimizer step as it was before it ran, per parameter: enough to rebuild one parameter's
+    step with a fresh optimizer of the same class, hyperparameters and state (op location, the
+    replay, the facts). From a capsule (``optimizer.safetensors``) or a watch's pre-step copy."""
+
+    cls: type
+    hyper: list[dict[str, Any]]  # constructor keywords per param group (``constructor_hyperparameters``)
+    groups: dict[str, int]  # parameter name -> its group
+    weights: dict[str, torch.Tensor]  # as before the step
+    grads: dict[str, torch.Tensor]
+    state: dict[str, dict[str, torch.Tensor]]
+
+    def has(self, name: str | None) -> bool:
+        return name is not None and name in self.grads and name in self.weights
+
+    def fresh(self, name: str, dtype: torch.dtype | None = None) -> tuple[Any, torch.nn.Parameter]:
+        """Parameter ``name`` before the step, in a fresh optimizer (``fresh_optimizer``)."""
+        return fresh_optimizer(self.cls, self.hyper[self.groups.get(name, 0)], self.weights[name], self.grads[name],
+                               self.state.get(name, {}), dtype)
+
+    def first_bad_op(self, name: str) -> OpEvent | None:
+        """The aten op inside ``name``'s step that first made it non-finite (None: a class outside
+        ``torch.optim``, which is not rebuilt, or a step that stays finite)."""
+        if not self.cls.__module__.startswith("torch.optim") or not self.has(name):
+            return None
+        try:
+            o, _ = self.fresh(name)
+        except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
+            return None
+        return first_bad_step(o)
+
+    def facts(self, name: str) -> dict[str, Any] | None:
+        """``optimizer_facts`` of ``name`` after its step re-run from the pieces."""
+        try:
+            o, p = self.fresh(name)
+            o.step()
+        except Exception:  # noqa: BLE001
+            return None
+        return optimizer_facts(o, p, name)

@@ -352,11 +352,6 @@ class FaultPolicy:
     def finish(self, rep: Any) -> None:
         """``run["skipped_steps"]`` and ``run["on_fault"]``; under a callback, steps named as the
         framework counts them."""
-        if rep.run is None:  # session.training.finish builds it; kept typed if called alone
-            from ..report import RunInfo
-
-            rep.run = RunInfo(dtype=None, device=str(self.w.sink.device), n_inputs=self.w.n_forwards,
-                              failed_inputs=list(getattr(rep, "failed_inputs", [])))
         rep.run["on_fault"] = self.on_fault
         rep.run["skipped_steps"] = [self.label(f) for f in self.skipped_steps()]
         if self.step_label and rep.first_nonfinite is not None:

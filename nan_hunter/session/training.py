@@ -11,7 +11,8 @@
   gradients at the outputs divided by the scale (``locate.backward_op``), before the next step
   or at ``report()``. Skipped steps are listed in ``run.scaler_skipped_steps``.
 - The capsule (``capsule.write``) at the first fault.
-- Report assembly for backward and optimizer findings, the ``run`` block and the diagnosis.
+- ``WatchRerun``: the watch's re-runs for ``locate`` (the weights of the failing step, the
+  optimizer's pre-step state, the optimizer facts read right after the failing step).
 """
 
 from __future__ import annotations
@@ -22,24 +23,14 @@ from typing import Any
 
 import torch
 
-from ..capture.blocks import main_blocks
-from ..capture.ops import OpEvent
-from ..explain import fix_check
-from ..explain.assemble import Located, diagnosis_of
 from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
-from ..locate.producer import Finding, call_table, first_finding, to_first_nonfinite
-from ..locate.training import (
-    constructor_hyperparameters,
-    first_bad_step,
-    fresh_optimizer,
-    locate_backward,
-    optimizer_facts,
-)
-from ..model.execute import weights_as, weights_copy
-from ..report import RunInfo
+from ..locate.producer import first_finding
+from ..locate.rerun import KeptSteps
+from ..locate.training import OptimizerPieces, constructor_hyperparameters, optimizer_facts
+from ..model.execute import weights_copy
+from ..report import Report
 from ..version import __version__
-from .watch_report import WatchReport, replay_region
 
 
 def _enabled(scaler: Any) -> bool:
@@ -242,84 +233,10 @@ class TrainingState:
         logging.getLogger("nan_hunter").warning("nanhunter: wrote the capsule of step %s to %s (replay it with: "
                                                 "nanhunter scan %s)", w.policy.label(f), path, shlex.quote(str(path)))
 
-    def _run_at(self, step: int, phase: str) -> Any:
-        """The precision ops ran in at ``step``: the watch's dtype, else the autocast dtype of that
-        step's forward (and its backward, which autocast's casts mirror), else the parameters'."""
-        from ..dtypes import step_precision
-
-        w = self.w
-        ctx = w.contexts.get(step)
-        amp = ctx.autocast if ctx is not None and phase != "optimizer" else ()
-        p = next(iter(w.model.parameters()), None)
-        return step_precision(w.run, amp, w.sink.device.type, p.dtype if p is not None else None)
-
-    def _autocast(self, step: int) -> dict[str, str] | None:
-        """``run.autocast``: ``{device_type, dtype}`` of the autocast ``step``'s forward ran under
-        (None: not under autocast)."""
-        from ..dtypes import autocast_of
-
-        ctx = self.w.contexts.get(step)
-        return autocast_of(ctx.autocast if ctx is not None else (), self.w.sink.device.type)
-
     # -- the report ----------------------------------------------------------------------------
-    def locate(self, finding: Finding, calls: list[Any], rows: Any, notes: list[str], failed: list[int]) -> WatchReport:
-        if finding.call.phase == "optimizer":
-            return self._locate_optimizer(finding, calls, rows, notes, failed)
-        w = self.w
-        f = finding.call.input_index
-        grads = w.grads.root_grads.get(f) if w.grads else None
-        fwd = w.step_forward(f)
-        state = self.weights_at_fault(f)
-        fnf = to_first_nonfinite(finding)
-        table = call_table(calls, rows)
-        ev = None
-        if grads is None or fwd is None:
-            notes.append(f"the inputs or output gradients of step {f} were not kept, so the backward was not re-run: "
-                         "module-level and op-level location are missing")
-        elif w.weights_changed_since(f) and state is None:
-            notes.append(f"parameters changed after step {f} and were not kept, so its backward was not re-run")
-        else:
-            with w.state_kept(), weights_as(w.model, state if w.weights_changed_since(f) else None):
-                loc = locate_backward(w.model, fwd, grads, f, w.sink.device)
-            if loc.finding is not None:
-                ev = loc.event if loc.finding.role == "producer" else None  # arrived non-finite: no op made it
-                fnf = to_first_nonfinite(loc.finding, ev)
-                fnf.reproducible = True
-                table = loc.table
-            else:
-                fnf.reproducible = False
-                notes.append(f"re-running the backward of step {f} gave finite gradients: the fault did not "
-                             "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
-                             "capture alone")
-        return WatchReport(fnf, table, failed, notes, op_event=ev)
-
-    def _locate_optimizer(self, finding: Finding, calls: list[Any], rows: Any, notes: list[str],
-                          failed: list[int]) -> WatchReport:
-        w = self.w
-        fnf = to_first_nonfinite(finding)
-        hooks = w.optimizer
-        ev = None
-        facts = None
-        missing = None
-        if hooks is not None:
-            if self.fault_step == finding.call.input_index and self.optimizer_facts is not None \
-                    and self.optimizer_facts.get("param") == fnf.param:
-                facts = self.optimizer_facts
-            pre = self.pre_step if self.pre_step and self.pre_step["step"] == finding.call.input_index else None
-            if pre is not None:
-                ev = _optimizer_op(hooks.optimizer, fnf.param or "", pre)
-                if ev is not None:
-                    fnf.op, fnf.source = ev.op, None
-                    fnf.reproducible = True
-            else:
-                missing = ("the op inside optimizer.step() is not named: that needs the state before the step, "
-                           "kept only with watch(capsule_dir=...)")
-        rep = WatchReport(fnf, call_table(calls, rows), failed, notes + ([missing] if missing else []), op_event=ev,
-                          optimizer_facts=facts, op_missing=missing)
-        return rep
-
-    def finish(self, rep: WatchReport) -> None:
-        w = self.w
+    def finish(self, rep: Report) -> None:
+        """What training adds to a watch's report: its notes (steps a GradScaler skipped, the
+        capsule written)."""
         rep.notes += [n for n in self.notes if n not in rep.notes]
         if self.scaler_skipped:
             rep.notes.append(f"GradScaler skipped step(s) {sorted(self.scaler_skipped)}: the scaled gradients "
@@ -328,35 +245,39 @@ class TrainingState:
         if self.capsule:
             rep.notes.append(f"capsule of the failing step written to {self.capsule} "
                              f"(replay it with: nanhunter scan {shlex.quote(self.capsule)})")
-        fnf = rep.first_nonfinite
-        # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
-        # parameters'): the failing step's, else the latest kept step's
-        step = fnf.step if fnf is not None else w.n_forwards - 1
-        run = self._run_at(step, "forward") if step in w.contexts else w.run or _run_of(w.model)
-        rep.run = RunInfo(dtype=run.name if run is not None else None,
-                          compute_dtype=run.compute if run is not None else None,
-                          device=str(w.sink.device), n_inputs=w.n_forwards, failed_inputs=list(rep.failed_inputs),
-                          backward=w.grads is not None, optimizer_steps=w.optimizer.steps if w.optimizer else None,
-                          scaler_skipped_steps=sorted(self.scaler_skipped) if self.scaler is not None else None,
-                          capsule=self.capsule, autocast=self._autocast(step))
-        if fnf is None or rep.diagnosis is not None or not w.explains:
-            return
-        ev = rep.op_event
-        run_at = self._run_at(fnf.step, fnf.phase)
-        rep.replay = replay_region(rep.region, run_at)
-        loc = Located(fnf, run_at, ev, rep.replay, is_block=fnf.module in set(main_blocks(w.model)),
-                      input_label=fnf.tensor, optimizer_facts=rep.optimizer_facts)
-        rep.diagnosis = diagnosis_of(loc, None, rep.failed_inputs, w.n_forwards)
-        if run_at is not None:
-            fix_check.check(rep.diagnosis, rep.region, run_at)
 
 
-def _run_of(model: torch.nn.Module) -> Any:
-    """The precision a model runs in when the watch was given none: its parameters' dtype."""
-    from ..dtypes import step_precision
+class WatchRerun(KeptSteps):
+    """A watch's re-runs (``locate.rerun``): its kept steps, with the weights of the failing step
+    (copied at the fault when an optimizer step may change them), the optimizer's state before
+    the failing step (kept with ``capsule_dir``) and the optimizer facts read right after it."""
 
-    p = next(iter(model.parameters()), None)
-    return step_precision(None, (), None, p.dtype if p is not None else None)
+    def __init__(self, watch: Any) -> None:
+        super().__init__(watch, watch.listener.contexts, watch.run)
+        self.w = watch
+
+    def weights(self, step: int) -> dict[str, torch.Tensor] | None:
+        return self.w.training.weights_at_fault(step)
+
+    def optimizer(self, step: int) -> OptimizerPieces | None:
+        t, hooks = self.w.training, self.w.optimizer
+        pre = t.pre_step if t.pre_step and t.pre_step["step"] == step else None
+        if pre is None or hooks is None:
+            return None
+        opt = hooks.optimizer
+        cls = type(opt)
+        return OptimizerPieces(cls, [constructor_hyperparameters(cls, g) for g in opt.param_groups], pre["groups"],
+                               pre["weights"], pre["grads"], pre["state"])
+
+    def optimizer_facts(self, step: int, param: str | None) -> dict[str, Any] | None:
+        t = self.w.training
+        facts = t.optimizer_facts
+        if t.fault_step == step and facts is not None and facts.get("param") == param:
+            return facts
+        return None
+
+    def kept(self) -> Any:
+        return self.w.state_kept()
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -371,19 +292,3 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, (int, float, bool, str, list)) or v is None:
             out[k] = v
     return out
-
-
-def _optimizer_op(optimizer: Any, name: str, pre: dict[str, Any]) -> OpEvent | None:
-    """Re-run one parameter's step from the pre-step copy, with a fresh optimizer of the same
-    class and hyperparameters, under the op-level mode: the op that made it non-finite."""
-    cls = type(optimizer)
-    if not cls.__module__.startswith("torch.optim") or name not in pre["grads"] or name not in pre["weights"]:
-        return None
-    group = optimizer.param_groups[pre["groups"][name]]
-    try:
-        o, _ = fresh_optimizer(cls, constructor_hyperparameters(cls, group), pre["weights"][name], pre["grads"][name],
-                               pre["state"].get(name, {}))
-    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt this way: no op named
-        return None
-    return first_bad_step(o)
-

@@ -1,58 +1,106 @@
-"""What ``watch(...).report()`` returns: the same ``first_nonfinite``, ``diagnosis`` and ``run``
-as the JSON report (attributes, or keys: ``report()["first_nonfinite"]["module"]``), the module
-table of the calls kept in full, per-module aggregates of the forwards folded away, the replay
-matrix of the failing region and the verified fix.
+"""What ``watch(...).report()`` returns: a view of the watch's report v1 (the one the assembler
+made: ``explain.assemble``), not a second report. Its ``first_nonfinite``, ``diagnosis``, ``run``
+and ``replay`` are the report's (attributes, or keys: ``report()["first_nonfinite"]["module"]``);
+``calls`` is the report's module table (the failing step's rows as its re-run saw them, else the
+calls kept in full), ``failed_inputs`` and ``n_forwards`` are read from its ``run``; besides the
+report, the view carries the per-module aggregates of the forwards folded away and, under
+torch.distributed, one summary per rank.
 
 ``print(rep)`` shows what ``nanhunter scan`` shows in the terminal; ``rep.to_html(path)`` and
-``rep.to_json(path)`` write the same files as ``--report PATH.html`` and ``--json PATH``."""
+``rep.to_json(path)`` write the same files as ``--report PATH.html`` and ``--json PATH``; the
+framework callbacks write ``as_report()`` too."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import dataclasses
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
-from ..capture.ops import OpEvent
 from ..report import Diagnosis, FirstNonfinite, Report, RunInfo
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..capture.ops import OpEvent
+    from ..locate.located import Located
 
-@dataclass
+#: the ``checkpoint`` block of a watch's report: no checkpoint was read
+WATCH_CHECKPOINT = {"path": "watch()", "format": "a live model under nan_hunter.watch()", "n_tensors": None,
+                    "bytes": None}
+
+
 class WatchReport:
-    """What ``watch(...).report()`` returns: the first non-finite value and per-call stats (of
-    the forwards kept in full), per-module aggregates of the forwards folded away."""
+    """A view of a watch's report v1 (module docstring)."""
 
-    first_nonfinite: FirstNonfinite | None
-    calls: list[dict[str, Any]]
-    failed_inputs: list[int]
-    notes: list[str] = field(default_factory=list)
-    op_event: OpEvent | None = None
-    aggregates: list[dict[str, Any]] = field(default_factory=list)
-    n_forwards: int = 0
-    run: RunInfo | None = None  # as the JSON report's (dtype, failed_inputs, scaler_skipped_steps...)
-    diagnosis: Diagnosis | None = None
-    ranks: list[dict[str, Any]] | None = None  # under torch.distributed: one summary per rank
-    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: the state that explains it
-    op_missing: str | None = None  # the note saying why no op was named (one of ``notes``), if any
-    replay: dict[str, dict[str, Any]] | None = None  # the failing region re-run per dtype (as the JSON report's)
-    #: the failing call (module and captured inputs) of a producer fault, for the replay and the fix
-    #: check; not part of the report's data
-    region: Any = field(default=None, repr=False, compare=False)
+    def __init__(self, report: Report, located: Located | None = None, aggregates: list[dict[str, Any]] | None = None,
+                 ranks: list[dict[str, Any]] | None = None) -> None:
+        self.report = report
+        self.located = located  # this process's location (None on a rank that did not locate the fault)
+        self.aggregates = list(aggregates or [])
+        self.ranks = ranks  # under torch.distributed: one summary per rank
 
+    # -- the report's fields ---------------------------------------------------------------------
+    @property
+    def first_nonfinite(self) -> FirstNonfinite | None:
+        return self.report.first_nonfinite
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        return self.report.diagnosis
+
+    @property
+    def run(self) -> RunInfo | None:
+        return self.report.run
+
+    @property
+    def replay(self) -> dict[str, dict[str, Any]] | None:
+        return self.report.replay
+
+    @property
+    def notes(self) -> list[str]:
+        return self.report.notes
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return self.report.modules or []
+
+    @property
+    def failed_inputs(self) -> list[int]:
+        return list(self.run.failed_inputs) if self.run is not None else []
+
+    @property
+    def n_forwards(self) -> int:
+        return self.run.n_inputs if self.run is not None else 0
+
+    # -- what the location knows besides the report ----------------------------------------------
+    @property
+    def op_event(self) -> OpEvent | None:
+        return self.located.event if self.located is not None else None
+
+    @property
+    def optimizer_facts(self) -> dict[str, Any] | None:
+        return self.located.optimizer_facts if self.located is not None else None
+
+    @property
+    def op_missing(self) -> str | None:
+        """The note saying why no op was named (one of ``notes``), if any."""
+        return self.located.op_missing if self.located is not None else None
+
+    def replaced(self, located: Located | None = None, ranks: list[dict[str, Any]] | None = None,
+                 **fields: Any) -> WatchReport:
+        """A new view of a copy of the report with ``fields`` replaced (the global answer of ranks)."""
+        return WatchReport(dataclasses.replace(self.report, **fields), located, self.aggregates, ranks)
+
+    # -- as the JSON report ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"first_nonfinite": asdict(self.first_nonfinite) if self.first_nonfinite else None,
                 "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
-                "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
+                "run": self.run.to_dict() if self.run is not None else None,
                 "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes,
                 "aggregates": self.aggregates, "n_forwards": self.n_forwards, "ranks": self.ranks,
                 "replay": self.replay}
 
     def as_report(self) -> Report:
-        """This watch's findings as a report v1 (what ``nanhunter scan`` writes; no checkpoint)."""
-        run = self.run if self.run is not None else RunInfo(
-            dtype=None, device="", n_inputs=self.n_forwards, failed_inputs=list(self.failed_inputs))
-        return Report(checkpoint={"path": "watch()", "format": "a live model under nan_hunter.watch()",
-                                  "n_tensors": None, "bytes": None},
-                      weights=None, run=run, first_nonfinite=self.first_nonfinite, replay=self.replay,
-                      diagnosis=self.diagnosis, notes=list(self.notes), modules=list(self.calls), mode="watch")
+        """This watch's report v1 (what ``nanhunter scan`` writes; no checkpoint was read)."""
+        return self.report
 
     def render(self, width: int | None = None) -> str:
         """The terminal view (``nanhunter scan``'s) as plain text, ``width`` columns (default: the
@@ -67,7 +115,7 @@ class WatchReport:
         buf = io.StringIO()
         c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
                     highlight=False, color_system=None)
-        render(self.as_report(), c, strip=self.first_nonfinite is not None)
+        render(self.report, c, strip=self.first_nonfinite is not None)
         return buf.getvalue()
 
     def __str__(self) -> str:
@@ -77,13 +125,13 @@ class WatchReport:
         """Write the HTML report (as ``--report PATH.html``; ``.md`` writes Markdown)."""
         from ..render.report_file import write_report
 
-        write_report(self.as_report(), path)
+        write_report(self.report, path)
 
     def to_json(self, path: str) -> None:
         """Write the JSON report v1 (as ``--json PATH``; ``-`` for stdout)."""
         from ..report import write_json
 
-        write_json(self.as_report(), path)
+        write_json(self.report, path)
 
     def __getitem__(self, key: str) -> Any:
         """Keys as in the JSON report: ``report()["first_nonfinite"]["module"]``."""
@@ -91,15 +139,3 @@ class WatchReport:
         if key not in d:
             raise KeyError(key)
         return d[key]
-
-
-def replay_region(region: Any, run: Any) -> dict[str, dict[str, Any]] | None:
-    """The replay matrix of a watch's failing region (``explain.replay``), or None without one."""
-    if region is None or run is None:
-        return None
-    from ..explain.replay import replay
-
-    try:
-        return replay(region.module, region.args, region.kwargs, run)
-    except Exception:  # noqa: BLE001 - the report stands without its replay
-        return None

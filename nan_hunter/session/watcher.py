@@ -1,68 +1,50 @@
 """``nan_hunter.watch(model)``: a recording session that owns ``report()``.
 
-Capture (``capture.Recorder``) records calls and rows; this module turns them into a report:
-the producer rule over the records (``locate.producer``), then — for the first failing forward,
-from its kept inputs — a module-level re-run when the capture was at block level, and the
-op-level re-run (``locate.first_op``). Re-runs happen at the watch's precision (the one dtype
-rule: fp8 watches re-run under fp8 emulation) and under the context the forward ran in (autocast,
-grad or inference mode, the RNG state, train/eval mode), on copies of its inputs. A report never
-changes the user's model, cache, inputs or RNG: buffers and train/eval modes are restored, the
-RNG is forked, and the watch's own hooks are paused while it re-runs.
+Capture (``capture.Recorder``) records calls and rows and keeps every root call's inputs and
+context; ``report()`` is the one staircase every report takes: the recording judged by the
+producer rule (``locate.recording``), the first fault located by re-running its step
+(``locate.first_fault.locate``, with the watch's re-runs: ``WatchRerun``), then explained and
+assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once) of which
+``WatchReport`` is a view. Re-runs happen at the watch's precision (the one dtype rule: fp8
+watches re-run under fp8 emulation) and under the context the forward ran in (autocast, grad or
+inference mode, the RNG state, train/eval mode), on copies of its inputs. A report never changes
+the user's model, cache, inputs or RNG: buffers and train/eval modes are restored, the RNG is
+forked, and the watch's own hooks are paused while it re-runs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..capture.compiled_regions import eager_only
 from ..capture.context import ForwardContext, outside_users_autocast, users_state_kept
-from ..capture.listener import CaptureListener
+from ..capture.listener import KeepSteps
 from ..capture.recorder import Recorder
-from ..capture.snapshot import Snapshot
+from ..distributed import collectives as dist
 from ..distributed.global_report import combine, local_reruns
-from ..dtypes import RunDtype
-from ..explain.fix_check import Region
-from ..locate.first_op import locate_op
-from ..locate.position import token_position
-from ..locate.producer import (
-    Finding,
-    call_table,
-    failed_inputs,
-    first_finding,
-    mask_notes,
-    to_first_nonfinite,
-)
-from ..model.execute import run_context, weights_as
-from ..report import FirstNonfinite
-from ..tree import detached_copy
+from ..dtypes import RunDtype, autocast_of
+from ..explain.assemble import assemble, run_info
+from ..locate.first_fault import locate
+from ..locate.recording import Recording
+from ..report import Report
 from .fault_policy import FaultPolicy
-from .reproduce import faulted_again, reproducible_verdict
-from .training import TrainingState
-from .watch_report import WatchReport
+from .training import TrainingState, WatchRerun
+from .watch_report import WATCH_CHECKPOINT, WatchReport
 
 
-class SessionListener(CaptureListener):
+class SessionListener(KeepSteps):
     """What a watch does at the recorder's events: keep every root call's inputs and ambient
-    context, and hand training events (steps, faults, optimizer steps) to its ``TrainingState``."""
+    context (``KeepSteps``), and hand training events (steps, faults, optimizer steps) to its
+    ``TrainingState`` and its fault policy."""
 
     def __init__(self, watch: Watch) -> None:
+        super().__init__(None)  # the model is set by the watch once ``Recorder`` has unwrapped it
         self.w = watch
 
-    def keeps_inputs(self) -> bool:
-        return True
-
     def on_root_call(self, step: int) -> None:
-        self.w.contexts[step] = ForwardContext.now(self.w.model)
+        super().on_root_call(step)
         self.w.training.on_step(step)
-
-    def on_forget(self, step: int) -> None:
-        self.w.contexts.pop(step, None)
 
     def on_first_fault(self, step: int, phase: str) -> None:
         self.w.training.on_first_fault(step, phase)
@@ -104,16 +86,18 @@ class Watch(Recorder):
         super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
                          optimizer=optimizer, listener=SessionListener(self),
                          underflow=False)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
+        self.listener.model = self.model  # the unwrapped module (not a compiled or DDP wrapper)
         self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
-        self.contexts: dict[int, ForwardContext] = {}
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, scaler, capsule_dir, arch)
         self.policy = FaultPolicy(self, on_fault)  # on_fault: raise, skip, stop (session.fault_policy)
-        #: report() replays the failing region, diagnoses it and checks the fix; a mode that records
-        #: through a watch and locates the fault itself (``modes.watched``) turns this off, so the
-        #: fault is replayed and fix-checked once, by the harness's assembler
-        self.explains: bool = True
+        self.rerun = WatchRerun(self)  # how report() runs a step again (locate.rerun)
+
+    @property
+    def contexts(self) -> dict[int, ForwardContext]:
+        """The ambient context of every kept step's forward (``capture.listener.KeepSteps``)."""
+        return self.listener.contexts
 
     @property
     def should_stop(self) -> bool:
@@ -143,140 +127,33 @@ class Watch(Recorder):
         return [a.to_dict() for a in self.aggregates.values()]
 
     def _locate(self) -> WatchReport:
-        self.training.settle()
-        rep = self._locate_phases()
-        self.training.finish(rep)
+        t = self.training
+        t.settle()
+        rec = Recording.of(self, t.scaler_skipped)
+        loc = locate(rec, self.rerun) if rec.finding is not None else None
+        # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
+        # parameters'): the failing step's, else the latest kept step's
+        step = loc.first.step if loc is not None else self.n_forwards - 1
+        ctx = self.contexts.get(step)
+        rep = Report(checkpoint=dict(WATCH_CHECKPOINT), mode="watch", notes=list(rec.notes))
+        rep.run = run_info(self.rerun.precision(step, "forward"), self.sink.device, self.n_forwards, rec.failed,
+                           backward=self.grads is not None,
+                           optimizer_steps=self.optimizer.steps if self.optimizer else None,
+                           scaler_skipped_steps=sorted(t.scaler_skipped) if t.scaler is not None else None,
+                           capsule=t.capsule,
+                           autocast=autocast_of(ctx.autocast if ctx is not None else (), self.sink.device.type))
+        rep.modules = loc.table if loc is not None and loc.table is not None else rec.table()
+        t.finish(rep)  # what training adds: its notes (GradScaler skips, the capsule)
+        if loc is not None:
+            assemble(rep, loc, None, device=str(self.sink.device), rank=dist.rank() if dist.active() else None)
         self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
-        reproducible_verdict(rep, self.sink.device)  # cause not_reproducible (session.reproduce)
-        return rep
+        return WatchReport(rep, loc, self._aggregates())
 
-    def _locate_phases(self) -> WatchReport:
-        rows = self.sink.rows()
-        skipped = set(self.training.scaler_skipped)
-        calls = [c for c in self.calls if not (c.phase == "backward" and c.input_index in skipped)]
-        finding = first_finding(calls, rows)
-        notes = mask_notes(calls, rows)
-        failed = sorted(set(self.failed_forwards()) | set(failed_inputs(calls, rows)))
-        if self.sink.unmeasured:
-            kinds = sorted({why.split(":")[0] for _, why in self.sink.unmeasured})
-            notes.append(f"{len(self.sink.unmeasured)} tensor(s) could not be read and were skipped (their rows "
-                         f"read as empty): {', '.join(kinds[:3])}")
-        if self.forwards_folded:
-            notes.append(f"{self.forwards_folded} of {self.n_forwards} forwards were folded into per-module "
-                         "aggregates (report().aggregates); the first failing forward and the latest "
-                         f"{self.window} are kept in full")
-        if finding is not None and finding.call.phase != "forward":
-            return self.training.locate(finding, calls, rows, notes, failed)
-        reproduced: bool | None = None  # first_nonfinite.reproducible: the re-run decides
-        if finding is not None:
-            idx = finding.call.input_index
-            snap = self.inputs_of(idx)
-            state = self.training.weights_at_fault(idx)
-            missing = f"op-level location{' and module-level location' if self.level == 'blocks' else ''}"
-            if snap is not None and self.weights_changed_since(idx) and state is None:
-                notes.append(f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
-                             f"re-run, since a re-run would use the new weights, so the {missing} is missing; "
-                             "call report() before the weights change to get them")
-            elif snap is not None:
-                if snap.changed_since():
-                    notes.append(f"{snap.changed_since()} input tensor(s) of forward {idx} were changed in place "
-                                 "after it started; the re-run uses them as they are now")
-                if idx in self.opaque_forwards:
-                    notes.append(f"forward {idx} ran under torch.compile: capture cannot see inside a compiled "
-                                 "region, so the module and op come from re-running that forward eagerly (the "
-                                 "original module, not the compiled wrapper) from its captured inputs")
-                with weights_as(self.model, state):
-                    fine = self._refine(snap, idx)
-                if fine is not None:
-                    if fine.first_nonfinite is not None:
-                        fine.first_nonfinite.reproducible = True
-                    fine.failed_inputs = sorted(set(failed) | set(fine.failed_inputs))
-                    fine.notes = notes + [n for n in fine.notes if n not in notes]
-                    fine.aggregates, fine.n_forwards = self._aggregates(), self.n_forwards
-                    return fine
-                reproduced = None if idx in self.opaque_forwards or snap.changed_since() else False
-                notes.append(f"re-running forward {idx} eagerly gave finite values: the non-finite value exists only "
-                             "in the compiled run (`nanhunter scan --compile` finds where compiled and eager part)"
-                             if idx in self.opaque_forwards else
-                             f"re-running forward {idx} did not reproduce the non-finite value (a nondeterministic "
-                             "op, or inputs changed in place since?), so this location comes from the capture alone")
-            else:
-                notes.append(f"inputs of forward {idx} were not kept, so the {missing} is missing")
-        fnf = self._owner_of_weights(finding, to_first_nonfinite(finding)) if finding else None
-        if fnf is not None:
-            fnf.reproducible = reproduced
-        return WatchReport(fnf, call_table(calls, rows), failed, notes, aggregates=self._aggregates(),
-                           n_forwards=self.n_forwards)
-
-    def _owner_of_weights(self, f: Finding, fnf: FirstNonfinite) -> FirstNonfinite:
-        """At level "blocks" a call's parameters are its whole subtree's (``blocks.0.mlp.up.weight``
-        for a block, ``head.weight`` for the root): name the module that owns the bad tensor."""
-        if f.role != "weights" or not f.tensor or "." not in f.tensor:
-            return fnf
-        sub, _, leaf = f.tensor.rpartition(".")
-        owner = f"{f.call.module}.{sub}" if f.call.module else sub
-        try:
-            mtype = type(self.model.get_submodule(owner)).__name__
-        except AttributeError:
-            return fnf
-        return dataclasses.replace(fnf, module=owner, module_type=mtype, tensor=leaf, call_index=0)
-
-    def step_forward(self, input_index: int, snap: Snapshot | None = None) -> Any:
+    def step_forward(self, input_index: int) -> Any:
         """A function that re-runs forward ``input_index`` from copies of its kept inputs, under the
         precision and ambient context it ran in (grad mode as it had it); None when not kept."""
-        snap = snap or self.inputs_of(input_index)
-        if snap is None:
-            return None
-        ctx = self.contexts.get(input_index, ForwardContext(False, ()))
+        return self.rerun.forward(input_index)
 
-        def rerun() -> Any:
-            args, kwargs = snap.rerun()
-            with contextlib.ExitStack() as stack:
-                ctx.enter(stack)
-                stack.enter_context(run_context(self.run))
-                stack.enter_context(eager_only())  # compiled submodules too: capture must see inside
-                if ctx.training is not None and self.model.training != ctx.training:
-                    self.model.train(ctx.training)
-                ctx.seed()
-                return self.model(*args, **kwargs)
-        return rerun
-
-    def state_kept(self) -> contextlib.AbstractContextManager:
+    def state_kept(self) -> Any:
         """The user's RNG, buffers and train/eval modes, restored after a re-run."""
         return users_state_kept(self.model)
-
-    def _refine(self, snap: Snapshot, input_index: int) -> WatchReport | None:
-        """Module- then op-level location for one kept forward, on copies of its inputs, under
-        the precision and ambient context that forward ran in."""
-        ctx = self.contexts.get(input_index, ForwardContext(False, ()))
-        rerun = self.step_forward(input_index, snap)
-
-        fine = Recorder(self.model, level="modules", retain=1, device=self.sink.device, first_step=input_index)
-        with fine:
-            rerun()
-        rows = fine.sink.rows()
-        f = first_finding(fine.calls, rows)
-        if f is None or not faulted_again(self.calls_of(input_index) or [], self.sink.rows(), fine.calls, rows):
-            return None  # the re-run did not fault again: not reproducible (session.reproduce)
-        with contextlib.ExitStack() as stack:
-            ctx.enter(stack)
-            ev, target, margs, mkw = locate_op(self.model, rerun, f, self.run, grad=None)
-            fnf = to_first_nonfinite(f, ev)
-            if f.role != "input":  # which token row holds it (a decode step: its position in the sequence)
-                stack.enter_context(run_context(self.run))
-                stack.enter_context(torch.no_grad())
-                tp = token_position(target(*detached_copy(margs), **detached_copy(mkw)), snap.kwargs)
-                fnf.position = tp.position
-        notes = mask_notes(fine.calls, rows)
-        if f.role != "input" and tp.note:
-            notes.append(tp.note)
-        if f.call.module_type == "MultiheadAttention" and ev is not None and "_native_multi_head_attention" not in ev.op:
-            notes.append(f"{f.call.module} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "
-                         f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "
-                         f"train mode or when query, key and value differ: {ev.op} is an op of that path, not of "
-                         "the fused torch._native_multi_head_attention")
-        rep = WatchReport(fnf, call_table(fine.calls, rows), failed_inputs(fine.calls, rows), notes, ev)
-        if f.role == "producer":  # replayed per dtype and its fix checked when diagnosed (TrainingState.finish)
-            # a copy: the weights the fault ran with, whatever the training loop does to them next
-            rep.region = Region(f.call.module, copy.deepcopy(target), margs, mkw)
-        return rep

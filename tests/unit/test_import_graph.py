@@ -152,8 +152,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("load",),  # checkpoints, headers, weights scans, quantized formats, capsules
     ("model",),  # building, inputs, placement, casting, fp8 emulation
     ("capture",),  # hooks → records
-    ("trace", "locate"),  # records → a numerics trace; records → where
-    ("divergence", "distributed", "explain"),  # two runs → where they part; ranks; replay, diagnosis
+    ("trace",),  # records → a numerics trace
+    ("divergence",),  # two recordings → where they part (the one comparison of two runs)
+    ("locate",),  # a recording and its re-runs → where (a re-run judged against its recording by divergence)
+    ("distributed", "explain"),  # ranks; replay, diagnosis, fix check, the one assembler
     ("render",),  # every view of a report
     ("session",),  # nan_hunter.watch and what training adds
     ("modes",),  # the harness and the modes behind it, its torchrun split

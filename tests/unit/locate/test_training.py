@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from nan_hunter.locate.training import first_bad_step, locate_backward, optimizer_facts
+from nan_hunter.locate.training import OptimizerPieces, first_bad_step, locate_backward, optimizer_facts
 
 from .test_backward_op import _net
 
@@ -63,3 +63,33 @@ def test_first_bad_step_of_a_finite_step_is_none():
     p.grad = torch.ones(2)
     assert first_bad_step(opt) is None
     assert torch.allclose(p.detach(), torch.full((2,), 0.9))
+
+
+def fp16_adam_pieces() -> tuple[nn.Parameter, OptimizerPieces]:
+    p = nn.Parameter(torch.ones(4, dtype=torch.float16))
+    pieces = OptimizerPieces(torch.optim.Adam, [{"lr": 1e-3, "eps": 1e-8, "foreach": False}], {"w": 0},
+                             {"w": torch.ones(4, dtype=torch.float16)}, {"w": torch.zeros(4, dtype=torch.float16)}, {})
+    return p, pieces  # eps is 0 in fp16: the step divides 0 by 0
+
+
+def test_pieces_name_the_op_that_divided_by_zero_without_touching_what_they_hold():
+    _, pieces = fp16_adam_pieces()
+    ev = pieces.first_bad_op("w")
+    assert ev is not None and ev.op == "aten.addcdiv_.default" and ev.kind == "nan" and ev.nan == 4
+    assert torch.equal(pieces.weights["w"], torch.ones(4, dtype=torch.float16))  # the pre-step copy stays
+    facts = pieces.facts("w")
+    assert facts["optimizer"] == "Adam" and facts["eps_in_dtype"] == 0.0 and facts["nonfinite"] == 4
+
+
+def test_pieces_without_the_parameter_outside_torch_optim_or_finite_name_nothing():
+    _, pieces = fp16_adam_pieces()
+    assert not pieces.has("other") and pieces.first_bad_op("other") is None
+
+    class Mine(torch.optim.SGD):
+        pass
+
+    mine = OptimizerPieces(Mine, [{"lr": 0.1}], {"w": 0}, pieces.weights, pieces.grads, {})
+    assert mine.first_bad_op("w") is None  # its class lives outside torch.optim: not rebuilt
+    sgd = OptimizerPieces(torch.optim.SGD, [{"lr": 0.1}], {"w": 0}, pieces.weights,
+                          {"w": torch.ones(4, dtype=torch.float16)}, {})
+    assert sgd.first_bad_op("w") is None  # a finite step: no op

@@ -95,9 +95,6 @@ def test_finish_writes_on_fault_and_skipped_steps_and_relabels_the_step():
     p.finish(rep)
     assert rep.run.on_fault == "stop" and rep.run.skipped_steps == []
     assert rep.first_nonfinite.step == 11
-    bare = Report()
-    p.finish(bare)
-    assert bare.run.on_fault == "stop" and bare.run.skipped_steps == []  # a typed run block, built here
 
 
 def test_skip_reports_its_host_skips_in_framework_steps():

@@ -1,6 +1,6 @@
 """nan_hunter/session/training.py, the helpers around a training step: the GradScaler's state
-read without a sync, optimizer hyperparameters as JSON, a model's own precision, and the aten op
-of an optimizer step re-run from its pre-step copy (real fp16 Adam, eps underflowing to 0)."""
+read without a sync, optimizer hyperparameters as JSON, and the watch's re-runs (``WatchRerun``):
+a model's own precision, the optimizer's pre-step copy as ``OptimizerPieces``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import json
 import torch
 from torch import nn
 
-from nan_hunter.session.training import _enabled, _hyper, _optimizer_op, _run_of, _scale_of
+from nan_hunter.session.training import WatchRerun, _enabled, _hyper, _scale_of
+from nan_hunter.session.watcher import Watch
 
 
 def test_scaler_enabled_and_scale_without_a_sync():
@@ -35,35 +36,20 @@ def test_hyperparameters_are_json_without_params_and_with_plain_numbers():
     json.dumps(h, allow_nan=False)  # every value survives JSON
 
 
-def test_run_of_is_the_parameters_dtype():
-    assert _run_of(nn.Linear(2, 2).half()).name == "fp16"
-    assert _run_of(nn.Linear(2, 2).to(torch.bfloat16)).name == "bf16"
-    assert _run_of(nn.ReLU()) is None  # no parameters: no precision to name
+def test_a_watch_without_a_dtype_runs_in_its_parameters_dtype():
+    assert WatchRerun(Watch(nn.Linear(2, 2).half())).precision(0, "forward").name == "fp16"
+    assert WatchRerun(Watch(nn.Linear(2, 2).to(torch.bfloat16))).precision(3, "forward").name == "bf16"
+    assert WatchRerun(Watch(nn.ReLU())).precision(0, "forward") is None  # no parameters: no precision to name
 
 
-def fp16_adam():
-    p = nn.Parameter(torch.ones(4, dtype=torch.float16))
-    opt = torch.optim.Adam([p], lr=1e-3, eps=1e-8, foreach=False)  # eps is 0 in fp16
-    pre = {"grads": {"w": torch.zeros(4, dtype=torch.float16)}, "weights": {"w": torch.ones(4, dtype=torch.float16)},
-           "groups": {"w": 0}, "state": {}}
-    return p, opt, pre
-
-
-def test_optimizer_op_names_the_op_that_divided_by_zero_without_touching_the_users_parameter():
-    p, opt, pre = fp16_adam()
-    ev = _optimizer_op(opt, "w", pre)
-    assert ev is not None and ev.op == "aten.addcdiv_.default" and ev.kind == "nan" and ev.nan == 4
-    assert torch.equal(p.detach(), torch.ones(4, dtype=torch.float16)) and p.grad is None and not opt.state
-    assert torch.equal(pre["weights"]["w"], torch.ones(4, dtype=torch.float16))  # the pre-step copy too
-
-
-def test_optimizer_op_without_the_parameter_or_outside_torch_optim_names_nothing():
-    p, opt, pre = fp16_adam()
-    assert _optimizer_op(opt, "other", pre) is None
-
-    class Mine(torch.optim.SGD):
-        pass
-
-    assert _optimizer_op(Mine([p], lr=0.1), "w", pre) is None  # its class lives outside torch.optim
-    fine = {**pre, "grads": {"w": torch.ones(4, dtype=torch.float16)}}
-    assert _optimizer_op(torch.optim.SGD([p], lr=0.1), "w", fine) is None  # a finite step: no op
+def test_the_optimizer_pieces_of_a_watch_come_from_its_pre_step_copy_only():
+    m = nn.Linear(2, 2)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3, betas=(0.8, 0.9))
+    w = Watch(m, optimizer=opt)
+    assert w.rerun.optimizer(0) is None  # nothing copied before the step (no capsule_dir)
+    w.training.pre_step = {"step": 3, "weights": {"weight": torch.ones(2, 2)}, "grads": {"weight": torch.zeros(2, 2)},
+                           "state": {}, "groups": {"weight": 0}}
+    assert w.rerun.optimizer(2) is None  # another step's copy
+    pieces = w.rerun.optimizer(3)
+    assert pieces.cls is torch.optim.Adam and pieces.hyper[0]["betas"] == (0.8, 0.9) and "params" not in pieces.hyper[0]
+    assert pieces.has("weight") and not pieces.has("bias")

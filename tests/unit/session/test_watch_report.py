@@ -1,4 +1,5 @@
-"""nan_hunter/session/watch_report.py: what ``watch(...).report()`` returns, as attributes and keys."""
+"""nan_hunter/session/watch_report.py: what ``watch(...).report()`` returns, a view of the report v1,
+as attributes and keys."""
 
 from __future__ import annotations
 
@@ -6,22 +7,24 @@ import json
 
 import pytest
 
-from nan_hunter.report import Diagnosis, FirstNonfinite, RunInfo
-from nan_hunter.session.watch_report import WatchReport
+from nan_hunter.report import Diagnosis, FirstNonfinite, Report, RunInfo
+from nan_hunter.session.watch_report import WATCH_CHECKPOINT, WatchReport
 
 
 def _report() -> WatchReport:
     f = FirstNonfinite(input_index=2, module="layers.1.gate", module_type="Gate", op="aten.div.Tensor",
                        kind="nan", role="producer", phase="backward", grad_fn="SqrtBackward0", step=2)
     d = Diagnosis("sqrt_at_zero", "fp32", "layers.1.gate", "aten.div.Tensor", "sqrt at 0", ["e1"], "add eps")
-    return WatchReport(f, [{"module": "layers.1.gate"}], [2], notes=["n"], run=RunInfo(dtype="fp32", device="cpu", n_inputs=3), diagnosis=d,
-                       n_forwards=4)
+    rep = Report(checkpoint=dict(WATCH_CHECKPOINT), mode="watch", first_nonfinite=f, diagnosis=d, notes=["n"],
+                 run=RunInfo(dtype="fp32", device="cpu", n_inputs=4, failed_inputs=[2]),
+                 modules=[{"module": "layers.1.gate"}])
+    return WatchReport(rep, aggregates=[{"module": "layers.0"}])
 
 
 def test_keys_are_those_of_the_json_report():
     r = _report()
     assert r["first_nonfinite"]["module"] == "layers.1.gate" and r["first_nonfinite"]["grad_fn"] == "SqrtBackward0"
-    assert r["diagnosis"]["fix"] == "add eps" and r["run"]["dtype"] == "fp32" and r["run"]["n_inputs"] == 3
+    assert r["diagnosis"]["fix"] == "add eps" and r["run"]["dtype"] == "fp32" and r["run"]["n_inputs"] == 4
     assert r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
     assert r.first_nonfinite.step == 2 and r.diagnosis.cause == "sqrt_at_zero"  # and attributes
     assert set(r.to_dict()) == {"first_nonfinite", "diagnosis", "run", "modules", "failed_inputs", "notes",
@@ -30,7 +33,17 @@ def test_keys_are_those_of_the_json_report():
 
 
 def test_a_clean_run_and_an_unknown_key():
-    r = WatchReport(None, [], [])
+    r = WatchReport(Report(run=RunInfo(dtype=None, device="cpu", n_inputs=0), mode="watch"))
     assert r["first_nonfinite"] is None and r["diagnosis"] is None and r["ranks"] is None
     with pytest.raises(KeyError):
         r["op_event"]  # not a key of the JSON report
+
+
+def test_a_view_not_a_second_report():
+    r = _report()
+    assert r.as_report() is r.report and r.calls is r.report.modules and r.notes is r.report.notes
+    assert r.failed_inputs == [2] and r.n_forwards == 4 and r.aggregates == [{"module": "layers.0"}]
+    assert r.op_event is None and r.optimizer_facts is None and r.op_missing is None  # nothing located here
+    g = r.replaced(ranks=[{"rank": 0}], notes=["rank 0: n"])
+    assert g.notes == ["rank 0: n"] and r.notes == ["n"] and g.ranks == [{"rank": 0}]  # a copy: the local one stays
+    assert g.first_nonfinite is r.first_nonfinite and g.aggregates == r.aggregates

@@ -1,11 +1,11 @@
-"""``faulted_again``: a watch's re-run judged by the one comparison of recordings against the
-failing forward (session/reproduce.py)."""
+"""``locate.first_fault``: the one locate. ``faulted_again``: a step's re-run judged by the one
+comparison of recordings against the failing forward."""
 
 from __future__ import annotations
 
 from nan_hunter.capture.records import Call
 from nan_hunter.kernels.stats import TensorStats
-from nan_hunter.session.reproduce import faulted_again
+from nan_hunter.locate.first_fault import faulted_again
 
 
 def _calls(kinds: list[str | None]) -> tuple[list[Call], list[TensorStats]]:

@@ -66,7 +66,7 @@ class MixedRunner:
         self.keep_dtype = keep.name
         self.rtol = rtol
         self.mode = mode  # what one input runs (modes.harness): a forward, a decoding, forward and backward
-        self.backward = mode.name == "backward"  # a run passes only when its gradients are finite too
+        self.backward = mode.grad  # a run passes only when its gradients are finite too
         # full-precision master weights (as loaded), to restore kept modules without rounding
         self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
                        if v.is_floating_point()}
@@ -267,7 +267,7 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
     finally:
         handle.remove()
     finite = first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None
-    return finite, (None if runner.mode.name == "generate" else max(errs, default=0.0))
+    return finite, (max(errs, default=0.0) if runner.mode.compares_outputs else None)
 
 
 def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Report:

@@ -228,7 +228,7 @@ def combine(local: Any, watch: Any) -> Any:
         located=local.located if chosen is not None and chosen["rank"] == me else None,
         ranks=[{"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}
                for s in everyone],
-        first_nonfinite=first, notes=notes, run=run, diagnosis=_diagnosis(diag))
+        first_nonfinite=first, notes=notes, run=run, diagnosis=diagnosis_from_json(diag))
 
 
 def _run_info(d: dict[str, Any] | None) -> RunInfo | None:
@@ -236,7 +236,7 @@ def _run_info(d: dict[str, Any] | None) -> RunInfo | None:
     return RunInfo(**d) if d is not None else None
 
 
-def _diagnosis(d: dict[str, Any] | None) -> Diagnosis | None:
+def diagnosis_from_json(d: dict[str, Any] | None) -> Diagnosis | None:
     """A diagnosis that crossed ranks as JSON, typed again (its verified fix too)."""
     if d is None:
         return None

@@ -1,5 +1,5 @@
 """``nanhunter scan ... --backward [--loss file.py:fn]``: each input's forward then the backward of
-a loss, under ``watch(level="modules", backward=True)``.
+a loss, under module-level capture with gradients captured (the harness's).
 
 The loss: ``fn(outputs, batch) -> scalar tensor`` from ``--loss`` (loaded as ``--arch`` code is:
 no ``__pycache__`` written, ``sys.exit`` is an error), else the model's own, for Hugging Face
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
-from .recording import Recording
+from ..kernels.compare import flat
+from .base import ModeBase
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..explain.assemble import Located
+    from ..locate.located import Located
     from ..model.prepare import Prepared
     from ..report import Report
 
@@ -115,13 +116,15 @@ def load_loss(model: Any, spec: str | None) -> Loss:
                    "to differentiate; pass --loss file.py:fn with fn(outputs, batch) -> scalar tensor")
 
 
-class BackwardMode:
+class BackwardMode(ModeBase):
     """``--backward [--loss file.py:fn]``: each input's forward, then the backward of the loss,
-    under a module-level watch with gradients captured. Gradients are computed into ``.grad`` and
-    cleared after each input; the weights never change (no optimizer step)."""
+    under module-level capture with gradients captured. Gradients are computed into ``.grad`` and
+    cleared after each input; the weights never change (no optimizer step). A backward fault is
+    re-run from the gradients kept at the model's outputs (``locate.rerun``), so the loss is not
+    computed again."""
 
     name = "backward"
-    one_step_table = False
+    grad = True
 
     def __init__(self, loss_spec: str | None) -> None:
         self.loss_spec = loss_spec
@@ -142,70 +145,11 @@ class BackwardMode:
                 q.requires_grad_(True)
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..kernels.compare import flat
-
         assert self.loss is not None
         out, val = self.loss.run(model, kwargs)
         val.backward()
         model.zero_grad(set_to_none=True)
         return flat(out)
-
-    def record(self, p: Prepared, indices: list[int]) -> Recording:
-        import torch
-
-        from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
-        from ..model.execute import run_context
-        from ..session.watcher import Watch
-
-        w = Watch(p.model, level="modules", backward=True, dtype=p.run)
-        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
-        with w:
-            for i in indices:
-                with run_context(p.run), torch.enable_grad():
-                    self.run_input(p.model, p.batches[i], w)
-        rows = w.sink.rows()
-        finding = first_finding(w.calls, rows)
-        failed = sorted({indices[i] for i in set(w.failed_forwards()) | set(failed_inputs(w.calls, rows))})
-        table = call_table(w.calls, rows)
-        for row in table:
-            row["input_index"] = indices[row["input_index"]]
-        return Recording(finding, indices[finding.call.input_index] if finding else None, failed, table,
-                         mask_notes(w.calls, rows), state=(w, indices))
-
-    def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
-        """The watch's report re-runs the failing step (module, op, autograd node); the replay
-        re-runs the failing region's forward and backward in every dtype."""
-        import torch
-
-        from ..locate.producer import to_first_nonfinite
-        from ..model.execute import run_context
-        from .watched import located_from_watch
-
-        w, indices = rec.state
-        wrep = w.report()
-        if wrep.first_nonfinite is None:  # the capture saw it; the re-run did not bring it back
-            wrep.first_nonfinite = to_first_nonfinite(rec.finding)
-        idx = rec.first_input
-        kw = p.batches[idx]
-        loss = self.loss
-        assert loss is not None
-        model = p.model
-
-        def forward() -> Any:
-            with torch.no_grad(), run_context(p.run):
-                return model(**kw, **loss.extra(kw))
-
-        def train() -> None:
-            with run_context(p.run):
-                with torch.enable_grad():
-                    val = loss.of(model, kw)
-                torch.autograd.grad(val, [q for q in model.parameters() if q.requires_grad], allow_unused=True)
-
-        return located_from_watch(wrep, model, p.run, p.labels[idx], step=0, input_index=idx, forward=forward,
-                                  train=train, replay=replay, indices=indices)
-
-    def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
-        return {}
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
         assert self.loss is not None

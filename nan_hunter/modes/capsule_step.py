@@ -5,18 +5,19 @@ Rebuild: the HF config in ``capsule.json`` with the transformers class it names 
 ``PreTrainedModel`` subclass exported by ``transformers``; a config asking for its own code,
 ``auto_map``, is refused, and nothing runs with ``trust_remote_code``), or the ``arch`` factory
 (``--arch`` overrides it), loaded strictly from ``model.safetensors`` in the dtypes the capsule
-holds. Re-run under ``watch(level="modules")`` with the step's autocast and train/eval mode:
+holds. Re-run under the harness's capture with the step's autocast and train/eval mode:
 
 - forward: the forward;
 - backward: the forward, then the backward from ``grad_outputs.safetensors`` (the gradients
   that reached the model's outputs, so the user's loss function is not needed);
 - optimizer: a no-grad forward (the watch's step), each parameter's gradient set from
   ``optimizer.safetensors``, a fresh ``torch.optim`` optimizer of the recorded class and
-  hyperparameters given the recorded state, and its ``step()`` under ``watch(optimizer=...)``.
+  hyperparameters given the recorded state, and its ``step()`` captured.
 
-The step runs behind the harness (``CapsuleMode``): the watch's report becomes the harness's
-located fault (``watched.located_from_watch``), with ``step`` = k, the replay of the failing region
-for its phase and the diagnosis through the one assembler. The capsule directory is only read.
+The step runs behind the harness (``CapsuleMode``): captured at module level (gradients and the optimizer step
+too), located by the one locate (with the capsule's optimizer state before the step), ``step`` =
+k, the replay of the failing region for its phase and the diagnosis through the one assembler.
+The capsule directory is only read.
 """
 
 from __future__ import annotations
@@ -28,17 +29,22 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import BadInput, install_hint
+from ..kernels.compare import flat
 from ..load.capsule import Capsule, read
 from ..load.safetensors_header import show
-from .recording import Recording
+from ..locate.rerun import KeptSteps
+from ..locate.training import OptimizerPieces
+from .base import ModeBase
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..explain.assemble import Located
     from ..load.checkpoint import Checkpoint
+    from ..locate.located import Located
+    from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
     from ..report import Report
+    from .recording import Capture
 
 def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats: str = "fast",
                  config: Config | None = None, progress: Callable[[str, int], None] | None = None,
@@ -86,44 +92,41 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     return rep
 
 
-class CapsuleMode:
+class CapsuleMode(ModeBase):
     """A capsule's failing step (forward, backward or optimizer) as a mode of one input."""
 
     name = "capsule"
-    one_step_table = False
 
     def __init__(self, step: CapsuleStep) -> None:
         self.step = step
 
-    def check(self, p: Prepared) -> None:
-        return None
+    @property
+    def grad(self) -> bool:  # type: ignore[override]
+        return self.step.cap.phase == "backward"
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-        from ..kernels.compare import flat
-
         return flat(self.step.forward_fn())
 
-    def record(self, p: Prepared, indices: list[int]) -> Recording:
-        from ..locate.producer import call_table, failed_inputs, first_finding, mask_notes
+    def optimizer(self, p: Prepared) -> Any:
+        return self.step.optimizer() if self.step.cap.phase == "optimizer" else None
 
-        w = self.step.run()
-        rows = w.sink.rows()
-        finding = first_finding(w.calls, rows)
-        failed = [0] if (w.failed_forwards() or failed_inputs(w.calls, rows)) else []
-        return Recording(finding, 0 if finding else None, failed, call_table(w.calls, rows), mask_notes(w.calls, rows),
-                         state=w)
+    def groups(self, p: Prepared, indices: list[int]) -> list[list[int]]:
+        return [[0]]
 
-    def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
-        from ..locate.producer import to_first_nonfinite
-        from .watched import located_from_watch
+    def run_group(self, p: Prepared, group: list[int], recorder: Any) -> dict[str, Any]:
+        self.step.run(recorder)
+        return {"optimizer_steps": recorder.optimizer.steps if recorder.optimizer is not None else None}
 
-        step = self.step
-        wrep = rec.state.report()
-        if wrep.first_nonfinite is None:
-            wrep.first_nonfinite = to_first_nonfinite(rec.finding)
-        return located_from_watch(wrep, step.model, step.run_dtype, p.labels[0], step=step.cap.step, input_index=0,
-                                  forward=step.forward_fn, train=step.train_fn, optimizer=step.optimizer_pieces,
-                                  replay=replay)
+    def failed_of(self, p: Prepared, cap: Capture) -> list[int]:
+        return [0] if cap.recording.failed else []
+
+    def rerun(self, p: Prepared, cap: Capture) -> Rerun:
+        # at the capsule's own dtype (fp8 emulation re-applied), with its optimizer state before the step
+        return KeptSteps(cap.recorder, cap.keep.contexts, self.step.watch_dtype, optimizer=self.step.optimizer_pieces)
+
+    def place(self, p: Prepared, cap: Capture, loc: Located) -> None:
+        loc.first.step, loc.first.input_index = self.step.cap.step, 0  # the training step the capsule holds
+        loc.input_label = p.labels[0]
 
     def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
         return extras[0] if extras else {}
@@ -137,8 +140,7 @@ class CapsuleMode:
         rep.run.backward = cap.phase == "backward"
         rep.run.autocast = autocast_of(self.step.autocast, torch.device(p.device).type)
         if located is not None:
-            rep.run.optimizer_steps = located.extra.get("optimizer_steps")
-            rep.run.scaler_skipped_steps = located.extra.get("scaler_skipped_steps")
+            rep.run.optimizer_steps = extra.get("optimizer_steps")
 
 
 def describe(cap: Capsule, ck: Checkpoint) -> dict[str, Any]:
@@ -282,7 +284,7 @@ class CapsuleStep:
         # what the step computed in: the watch's dtype, else the autocast dtype (an fp16 overflow
         # under autocast is measured against fp16's max, not the fp32 parameters'), else the parameters'
         self.run_dtype = step_precision(self.watch_dtype, self.autocast, None, param) or RunDtype.of("fp32")
-        self.optimizer_pieces: dict[str, Any] | None = None
+        self.optimizer_pieces: OptimizerPieces | None = None
         if cap.phase == "optimizer":
             self.optimizer_pieces = self._optimizer_pieces(open_safetensors(p / "optimizer.safetensors",
                                                                             "capsule optimizer state"))
@@ -328,44 +330,40 @@ class CapsuleStep:
             params = [q for q in self.model.parameters() if q.requires_grad]
             torch.autograd.grad(roots, params, gs, allow_unused=True)
 
-    # -- the watched re-run ----------------------------------------------------------------------
-    def run(self) -> Any:
-        """The step re-run under a module-level watch (gradients and optimizer captured); the watch."""
+    # -- the re-run under capture ------------------------------------------------------------------
+    def run(self, recorder: Any) -> None:
+        """The step run once under ``recorder`` (installed: module-level capture, gradients and the
+        optimizer step too); a failure is bad input naming the capsule."""
         import torch
 
         from ..locate.backward_op import backward_roots
-        from ..session.watcher import Watch
 
         torch.manual_seed(0)  # dropout in a train-mode step: the capsule holds no RNG state
         phase = self.cap.phase
-        opt = self._optimizer() if phase == "optimizer" else None
-        w = Watch(self.model, level="modules", backward=phase == "backward", optimizer=opt, dtype=self.watch_dtype)
-        w.explains = False  # located_from_watch replays it; the harness's assembler diagnoses it
-        with w:
-            try:
-                if phase == "backward":
-                    with self.context(grad=True):
-                        out = self.model(*self.args, **self.kwargs)
-                    roots, gs = backward_roots(out, self.grads or [])
-                    if not roots:
-                        raise BadInput(f"{self.cap.path}: none of the recorded output gradients "
-                                       f"({', '.join(k for k, _ in self.grads or [])}) matches an output of the "
-                                       "rebuilt model's forward; the capsule does not fit this model")
-                    torch.autograd.backward(roots, gs)
-                else:
-                    self.forward_fn()
-                    if opt is not None:
-                        opt.step()
-            except BadInput:
-                raise
-            except Exception as e:
-                msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-                raise BadInput(f"{self.cap.path}: re-running the capsule's step raised {type(e).__name__}: {msg}; "
-                               "check that the model is built as when the capsule was written (--arch)") from None
-        return w
+        opt = recorder.optimizer.optimizer if recorder.optimizer is not None else None
+        try:
+            if phase == "backward":
+                with self.context(grad=True):
+                    out = self.model(*self.args, **self.kwargs)
+                roots, gs = backward_roots(out, self.grads or [])
+                if not roots:
+                    raise BadInput(f"{self.cap.path}: none of the recorded output gradients "
+                                   f"({', '.join(k for k, _ in self.grads or [])}) matches an output of the "
+                                   "rebuilt model's forward; the capsule does not fit this model")
+                torch.autograd.backward(roots, gs)
+            else:
+                self.forward_fn()
+                if opt is not None:
+                    opt.step()
+        except BadInput:
+            raise
+        except Exception as e:
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise BadInput(f"{self.cap.path}: re-running the capsule's step raised {type(e).__name__}: {msg}; "
+                           "check that the model is built as when the capsule was written (--arch)") from None
 
     # -- the optimizer ---------------------------------------------------------------------------
-    def _optimizer_pieces(self, ock: Checkpoint) -> dict[str, Any]:
+    def _optimizer_pieces(self, ock: Checkpoint) -> OptimizerPieces:
         import torch
 
         meta = self.cap.meta.get("optimizer")
@@ -400,11 +398,11 @@ class CapsuleStep:
         if unknown:
             raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: parameter(s) {', '.join(map(show, unknown[:4]))} "
                            "are not parameters of the rebuilt model")
-        return {"class": cls, "hyper": hp, "groups": {n: g for n, g in groups.items() if n in grads},
-                "grads": grads, "state": state,
-                "weights": {n: params[n].detach().clone() for n in grads}}  # as before the step
+        return OptimizerPieces(cls, hp, {n: g for n, g in groups.items() if n in grads},
+                               {n: params[n].detach().clone() for n in grads},  # as before the step
+                               grads, state)
 
-    def _optimizer(self) -> Any:
+    def optimizer(self) -> Any:
         """A fresh optimizer over the recorded parameters, grouped and configured as recorded,
         with the recorded gradients and state (parameters without a gradient take no step)."""
         import torch
@@ -414,29 +412,29 @@ class CapsuleStep:
         params = dict(self.model.named_parameters())
         for p in self.model.parameters():
             p.grad = None
-        groups: list[list[str]] = [[] for _ in o["hyper"]]
-        for n, g in o["groups"].items():
+        groups: list[list[str]] = [[] for _ in o.hyper]
+        for n, g in o.groups.items():
             groups[g].append(n)
-        for n in o["grads"]:
-            if n not in o["groups"]:
+        for n in o.grads:
+            if n not in o.groups:
                 groups[0].append(n)
-        spec = [{"params": [params[n] for n in names], **o["hyper"][i]} for i, names in enumerate(groups) if names]
+        spec = [{"params": [params[n] for n in names], **o.hyper[i]} for i, names in enumerate(groups) if names]
         if not spec:
             raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: no parameter gradients in it; nothing to step")
         try:
-            opt = o["class"](spec)
+            opt = o.cls(spec)
         except Exception as e:
-            raise BadInput(f"{self.cap.path / 'capsule.json'}: {o['class'].__name__} could not be rebuilt from the "
+            raise BadInput(f"{self.cap.path / 'capsule.json'}: {o.cls.__name__} could not be rebuilt from the "
                            f"recorded hyperparameters ({type(e).__name__}: {e})") from None
         with torch.no_grad():
             for n in (n for names in groups for n in names):
                 p = params[n]
-                if o["grads"][n].shape != p.shape:
+                if o.grads[n].shape != p.shape:
                     raise BadInput(f"{self.cap.path / 'optimizer.safetensors'}: the gradient of {show(n)} has shape "
-                                   f"{list(o['grads'][n].shape)}, the parameter {list(p.shape)}")
-                p.grad = o["grads"][n].to(p.dtype)
-                if n in o["state"]:
-                    opt.state[p] = {k: v.clone() for k, v in o["state"][n].items()}
+                                   f"{list(o.grads[n].shape)}, the parameter {list(p.shape)}")
+                p.grad = o.grads[n].to(p.dtype)
+                if n in o.state:
+                    opt.state[p] = {k: v.clone() for k, v in o.state[n].items()}
         return opt
 
 

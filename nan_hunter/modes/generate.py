@@ -1,43 +1,35 @@
 """``scan --generate N``: greedy decoding through the model's own ``generate()``, captured step
 by step (docs/contract.md, "Generation").
 
-Every forward of ``generate()`` is one step of a ``Watch`` at module level: step 0 is the
-prompt's forward (prefill), step k the k-th decode step. A stopping criterion ends decoding at
-the first step that produced a non-finite value. The watch keeps that step's inputs — the KV
+Every forward of ``generate()`` is one step of the harness's capture at module level: step 0 is
+the prompt's forward (prefill), step k the k-th decode step. A stopping criterion ends decoding at
+the first step that produced a non-finite value. The capture keeps that step's inputs — the KV
 cache as it was when the step started — so location, replay and diagnosis re-run the failing
 module of that very step from copies, never the whole generation, and never the user's cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..capture.targeted import rows_holding_faults
 from ..errors import BadInput
+from ..locate.rerun import KeptSteps
 from ..model.execute import run_context
 from ..model.prepare import Prepared
-from .recording import Recording
+from .base import ModeBase
+from .failing_prefix import shortest_failing_prefix
+from .harness import capture
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..explain.assemble import Located
+    from ..locate.located import Located
+    from ..locate.rerun import Rerun
     from ..report import Report
-
-
-@dataclass
-class Decoded:
-    """One ``generate()`` call: which data-set inputs it decoded and what came of it."""
-
-    indices: list[int]  # data-set indices of the rows (one for unbatched decoding)
-    prompt_lens: list[int]  # each row's own prompt length (padding excluded)
-    pads: list[int]  # left padding per row
-    steps: int = 0  # forwards run, prefill included
-    first_bad_step: int | None = None
-    new_tokens: list[list[int]] = field(default_factory=list)  # per row, before first_bad_step
-    failed_rows: list[int] = field(default_factory=list)  # rows holding a fault at first_bad_step
-    watch: Any = None
+    from .recording import Capture
 
 
 def check_can_generate(model: nn.Module) -> None:
@@ -99,42 +91,6 @@ def stop_on_fault(watch: Any) -> Any:
     return StopOnNonfinite()
 
 
-def decode(p: Prepared, indices: list[int], max_new_tokens: int, batched: bool) -> Decoded:
-    """Run ``generate()`` once over the inputs ``indices`` (one row each) under a module-level watch."""
-    from transformers import StoppingCriteriaList
-
-    from ..session.watcher import Watch
-
-    pad_id = pad_token_id(p)
-    if batched:
-        kw, lens, pads = left_pad([p.batches[i] for i in indices], pad_id)
-    else:
-        kw = dict(p.batches[indices[0]])
-        lens, pads = [int(kw["input_ids"].shape[-1])], [0]
-    d = Decoded(indices, lens, pads)
-    w = Watch(p.model, level="modules", retain=1, dtype=p.run)
-    prompt_width = int(kw["input_ids"].shape[-1])
-    try:
-        with w, torch.no_grad(), run_context(p.run):
-            out = p.model.generate(**kw, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                   pad_token_id=pad_id, stopping_criteria=StoppingCriteriaList([stop_on_fault(w)]))
-    except BadInput:
-        raise
-    except Exception as e:  # noqa: BLE001 - the model's own code raised: bad input, one line
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise BadInput(f"--generate: the model raised {type(e).__name__} in generate(): {msg}") from None
-    seqs = out.sequences if hasattr(out, "sequences") else out
-    if w.first_failed is None and w.sink._device_rows:
-        w.judge_flagged()  # the last step's flag may not have been read by the stopping criterion
-    d.steps = w.n_forwards
-    d.first_bad_step = w.first_failed
-    good = d.steps if d.first_bad_step is None else d.first_bad_step
-    # the token made by step k is at column prompt_width + k; keep those of the steps before the fault
-    d.new_tokens = [[int(t) for t in row[prompt_width:prompt_width + good]] for row in seqs]
-    d.watch = w
-    return d
-
-
 def generate_block(decodings: list[dict[str, Any]], max_new_tokens: int) -> dict[str, Any]:
     """``run.generate`` (contract): per input, in data-set order, from each decoding's facts
     (``indices``, ``steps``, ``first_bad_step``, ``new_tokens``)."""
@@ -154,11 +110,14 @@ def generate_block(decodings: list[dict[str, Any]], max_new_tokens: int) -> dict
 # --- the mode ---------------------------------------------------------------------------------------
 
 
-class GenerateMode:
-    """``--generate N [--batch]``: greedy decoding under capture (module docstring)."""
+class GenerateMode(ModeBase):
+    """``--generate N [--batch]``: greedy decoding under capture (module docstring). A group is one
+    ``generate()`` call: one prompt, or with ``--batch`` every prompt as one left-padded batch."""
 
     name = "generate"
     one_step_table = True
+    compares_outputs = False  # a run passes when every module output of every step stayed finite
+    retain = 1  # the latest decode step (and the first failing one) kept in full
 
     def __init__(self, max_new_tokens: int, batched: bool = False) -> None:
         self.max_new_tokens = max_new_tokens
@@ -185,78 +144,76 @@ class GenerateMode:
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
         """One greedy decoding, stopped at the first non-finite step; nothing to compare (a run passes
         when every module output of every step stayed finite)."""
-        from transformers import StoppingCriteriaList
-
-        model.generate(**kwargs, max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1,
-                       pad_token_id=self.pad_id,
-                       stopping_criteria=StoppingCriteriaList([stop_on_fault(recorder)]))
+        self._generate(model, kwargs, recorder)
         return []
 
-    def record(self, p: Prepared, indices: list[int]) -> Recording:
-        from ..capture.targeted import rows_holding_faults
-        from ..locate.producer import call_table, first_finding, mask_notes
+    def _generate(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> Any:
+        from transformers import StoppingCriteriaList
 
-        groups = [indices] if self.batched else [[i] for i in indices]
-        decoded = [decode(p, g, self.max_new_tokens, self.batched) for g in groups if g]
-        failed: list[int] = []
-        first = None
-        for d in decoded:
-            if d.first_bad_step is None:
-                continue
-            snap = d.watch.inputs_of(d.first_bad_step)
-            d.failed_rows = rows_holding_faults(p.model, snap, run_context(p.run)) if self.batched else [0]
-            failed += [d.indices[r] for r in d.failed_rows]
-            first = first or d
-        failed = sorted(set(failed))
-        extra: dict[str, Any] = {
-            "decodings": [{"indices": d.indices, "steps": d.steps, "first_bad_step": d.first_bad_step,
-                           "new_tokens": d.new_tokens} for d in decoded],
-            "shortest_failing_prefix": _shortest_prefixes(p, failed, self.max_new_tokens),
-        }
-        if first is None:
-            if not decoded:
-                return Recording(None, None, [], [], extra=extra)
-            last = decoded[-1].watch
-            rows = last.sink.rows()
-            return Recording(None, None, failed, _by_input(call_table(last.calls, rows), decoded[-1].indices[0]),
-                             mask_notes(last.calls, rows), extra=extra)
-        w, step = first.watch, first.first_bad_step
-        rows = w.sink.rows()
-        step_calls = [c for c in w.calls if c.input_index == step]
-        finding = first_finding(step_calls, rows)
-        return Recording(finding, first.indices[0], failed, _by_input(call_table(step_calls, rows), first.indices[0]),
-                         mask_notes(step_calls, rows), extra=extra, state=first)
+        return model.generate(**kwargs, max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1,
+                              pad_token_id=self.pad_id, stopping_criteria=StoppingCriteriaList([stop_on_fault(recorder)]))
 
-    def locate(self, p: Prepared, rec: Recording, replay: bool) -> Located:
-        """The failing step re-run from its own inputs (the KV cache as it was), then the row and
-        token position holding the fault."""
-        from ..locate.position import token_position
-        from ..tree import detached_copy
-        from .forward import locate_forward
+    def groups(self, p: Prepared, indices: list[int]) -> list[list[int]]:
+        return [list(indices)] if self.batched else [[i] for i in indices]
 
-        first: Decoded = rec.state
-        step = first.first_bad_step
-        snap = first.watch.inputs_of(step)
-
-        def rerun() -> Any:
-            args, kwargs = snap.rerun()
+    def run_group(self, p: Prepared, group: list[int], recorder: Any) -> dict[str, Any]:
+        """One ``generate()`` over the inputs ``group`` (one row each): which inputs it decoded, how
+        many steps ran, the first failing step and the new tokens of the steps before it."""
+        if self.batched:
+            kw, _, _ = left_pad([p.batches[i] for i in group], self.pad_id if self.pad_id is not None else 0)
+        else:
+            kw = dict(p.batches[group[0]])
+        prompt_width = int(kw["input_ids"].shape[-1])
+        try:
             with torch.no_grad(), run_context(p.run):
-                return p.model(*args, **kwargs)
+                out = self._generate(p.model, kw, recorder)
+        except BadInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the model's own code raised: bad input, one line
+            msg = str(e).splitlines()[0] if str(e) else ""
+            raise BadInput(f"--generate: the model raised {type(e).__name__} in generate(): {msg}") from None
+        seqs = out.sequences if hasattr(out, "sequences") else out
+        if recorder.first_failed is None and recorder.sink._device_rows:
+            recorder.judge_flagged()  # the last step's flag may not have been read by the stopping criterion
+        steps, bad = recorder.n_forwards, recorder.first_failed
+        good = steps if bad is None else bad
+        # the token made by step k is at column prompt_width + k; keep those of the steps before the fault
+        return {"indices": list(group), "steps": steps, "first_bad_step": bad,
+                "new_tokens": [[int(t) for t in row[prompt_width:prompt_width + good]] for row in seqs]}
 
-        loc = locate_forward(p, rec.finding, rerun, first.indices[0], replay, step=step)
-        target, margs, mkw = loc.region
-        with torch.no_grad(), run_context(p.run):
-            out = target(*detached_copy(margs), **detached_copy(mkw))
-        tp = token_position(out, snap.kwargs)
-        row, pos = tp.row, tp.position
-        if tp.note:
-            loc.notes.append(tp.note)
-        index = first.indices[min(row, len(first.indices) - 1)]
+    def input_of(self, cap: Capture, step: int) -> int:
+        return cap.group[0]  # every step decodes the whole group; the row holding a fault says which input
+
+    def failed_of(self, p: Prepared, cap: Capture) -> list[int]:
+        bad = cap.facts.get("first_bad_step")
+        if bad is None:
+            return []
+        if not self.batched:
+            return [cap.group[0]]
+        rows = rows_holding_faults(p.model, cap.recorder.inputs_of(bad), run_context(p.run))
+        return [cap.group[r] for r in rows]
+
+    def renumber(self, cap: Capture, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Module rows of a decoding: the recorder counts steps; the report names the data-set input."""
+        for row in table:
+            row["step"], row["input_index"] = row["input_index"], cap.group[0]
+        return table
+
+    def facts(self, p: Prepared, caps: list[Capture], failed: list[int]) -> dict[str, Any]:
+        return {"decodings": [c.facts for c in caps],
+                "shortest_failing_prefix": _shortest_prefixes(p, failed, self.max_new_tokens, self.pad_id)}
+
+    def rerun(self, p: Prepared, cap: Capture) -> Rerun:
+        # the prompt's own forward (step 0, one prompt) may be checked on a copy of the whole model
+        whole = None if self.batched else lambda step: (p.model, p.batches[cap.group[0]]) if step == 0 else None
+        return KeptSteps(cap.recorder, cap.keep.contexts, p.run, whole=whole)
+
+    def place(self, p: Prepared, cap: Capture, loc: Located) -> None:
+        """The row holding the fault names the input; its token and the text before it for the view."""
+        index = cap.group[min(loc.row or 0, len(cap.group) - 1)]
         loc.first.input_index = index
-        loc.first.position = pos
         loc.input_label = p.labels[index]
-        loc.extra = _fault_text(p, first, index, step, pos)
-        return loc
+        loc.extra = _fault_text(p, cap.facts, index, loc.first.position)
 
     def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
         return {"decodings": [d for e in extras for d in e.get("decodings", [])],
@@ -280,13 +237,6 @@ class GenerateMode:
                              f"{self.max_new_tokens} tokens")
 
 
-def _by_input(table: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
-    """Module rows of a decoding: the recorder counts steps; the report names the data-set input."""
-    for row in table:
-        row["step"], row["input_index"] = row["input_index"], index
-    return table
-
-
 def _per_input(decodings: list[dict[str, Any]], failed: list[int]) -> list[dict[str, Any]]:
     """Per input, in data-set order: whether it failed and at which step (prompt sensitivity)."""
     rows = []
@@ -297,13 +247,11 @@ def _per_input(decodings: list[dict[str, Any]], failed: list[int]) -> list[dict[
     return sorted(rows, key=lambda r: r["index"])
 
 
-def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int) -> dict[str, int]:
+def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int, pad_id: int | None) -> dict[str, int]:
     """For each failing input, the fewest prompt tokens whose greedy decoding still goes
     non-finite within ``max_new_tokens`` (the search of ``bisect --over inputs``)."""
-    from dataclasses import replace
-
-    from .failing_prefix import shortest_failing_prefix
-
+    one_by_one = GenerateMode(max_new_tokens)
+    one_by_one.pad_id = pad_id
     out: dict[str, int] = {}
     for i in failed:
         kw = p.batches[i]
@@ -313,7 +261,7 @@ def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int) -> d
             cut = {k: v[:, :n] if hasattr(v, "dim") and v.dim() == 2 and v.shape[1] == length else v
                    for k, v in kw.items()}
             one = replace(p, batches=[cut], labels=["prefix"])
-            return decode(one, [0], max_new_tokens, batched=False).first_bad_step is not None
+            return capture(one, one_by_one, [0]).facts["first_bad_step"] is not None
 
         n = shortest_failing_prefix(length, fails)
         if n is not None:
@@ -321,10 +269,11 @@ def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int) -> d
     return out
 
 
-def _fault_text(p: Prepared, d: Decoded, index: int, step: int, position: int | None) -> dict[str, Any]:
+def _fault_text(p: Prepared, decoding: dict[str, Any], index: int, position: int | None) -> dict[str, Any]:
     """The token the failing step read and the text generated before it, for the terminal view."""
-    row = d.indices.index(index)
-    ids = p.batches[index]["input_ids"][0].tolist() + d.new_tokens[row]
+    row = decoding["indices"].index(index)
+    new = decoding["new_tokens"][row]
+    ids = p.batches[index]["input_ids"][0].tolist() + new
     token = ids[position] if position is not None and 0 <= position < len(ids) else None
     tok = p.tokenizer
 
@@ -332,4 +281,4 @@ def _fault_text(p: Prepared, d: Decoded, index: int, step: int, position: int | 
         return tok.decode(x) if tok is not None else None
 
     return {"fault_token": None if token is None else {"id": token, "text": text([token])},
-            "text_before_fault": text(d.new_tokens[row])}
+            "text_before_fault": text(new)}

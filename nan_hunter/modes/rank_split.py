@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..distributed import collectives as dist
+from ..distributed.global_report import diagnosis_from_json
 from ..errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,12 +175,14 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
     contiguous block, so rank order is data-set order); what each found crosses ranks as JSON; the
     rank holding the first fault (the lowest data-set index) locates it and sends the result;
     every rank fills the same report as one process would."""
-    from ..explain.assemble import Located, diagnose_located
+    from ..explain.assemble import explain
+    from ..locate.located import Located
     from ..report import FirstNonfinite
-    from .recording import Recording, fill
+    from .harness import locate_first, record
+    from .recording import ModeRun, fill
 
     mine = split.share(len(p.batches))
-    rec = mode.record(p, mine) if mine else Recording(None, None, [], [])
+    rec = record(p, mode, mine) if mine else ModeRun(None, [], [])
     got = agree({"failed": rec.failed, "modules": rec.table, "masks": rec.notes, "first": rec.first_input,
                  "absorbed": rec.absorbed, "extra": rec.extra})
     firsts = [(g["first"], r) for r, g in enumerate(got) if g["first"] is not None]
@@ -188,43 +191,35 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
         index, holder = min(firsts)
         sent: dict[str, Any] = {}
         if split.rank == holder:
-            loc = mode.locate(p, rec, replay)
+            assert rec.capture is not None
+            loc = locate_first(p, mode, rec.capture)
             failed = sorted({i for g in got for i in g["failed"]})
-            # diagnosed (and its fix verified) here, where the failing region is
-            diagnose_located(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [])
+            # replayed, diagnosed and its fix verified here, where the failing region is
+            explain(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [], replay,
+                    device=str(p.device), rank=split.rank)
             sent = {"first": asdict(loc.first), "replay": loc.replay, "is_block": loc.is_block,
                     "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
-                    "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts, "table": loc.table,
+                    "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts,
                     "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
         found = agree(sent)[holder]
         located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
-                          found["replay"], is_block=found["is_block"], input_label=found["input_label"],
-                          optimizer_facts=found["optimizer_facts"], table=found["table"], notes=found["notes"],
-                          extra=found["extra"], diagnosis=_diagnosis_back(found["diagnosis"]))
+                          replay=found["replay"], is_block=found["is_block"], input_label=found["input_label"],
+                          optimizer_facts=found["optimizer_facts"], notes=found["notes"], extra=found["extra"],
+                          diagnosis=diagnosis_from_json(found["diagnosis"]))
     if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)
         table = got[min(firsts)[1]]["modules"] if firsts else next((g["modules"] for g in reversed(got)
                                                                     if g["modules"]), [])
     else:
         table = [row for g in got for row in g["modules"]]
-    merged = Recording(None, located.first.input_index if located else None,
-                       sorted({i for g in got for i in g["failed"]}), table,
-                       [], [m for g in got for m in g["absorbed"]], mode.merge([g["extra"] for g in got]))
+    merged = ModeRun(located.first.input_index if located else None, sorted({i for g in got for i in g["failed"]}),
+                     table, [], [m for g in got for m in g["absorbed"]], mode.merge([g["extra"] for g in got]))
     for note in (n for g in got for n in g["masks"]):
         if note not in merged.notes:
             merged.notes.append(note)
     rep.notes.append(f"split across {split.world} ranks: "
                      + ", ".join(f"rank {r} ran {_span(share(len(p.batches), r, split.world))}"
                                  for r in range(split.world)))
-    fill(p, mode, rep, merged, located)
-
-
-def _diagnosis_back(d: dict[str, Any] | None) -> Any:
-    from ..report import Diagnosis, FixVerified
-
-    if d is None:
-        return None
-    fv = d.get("fix_verified")
-    return Diagnosis(**{**d, "fix_verified": FixVerified(**fv) if fv else None})
+    fill(p, mode, rep, merged, located, replay)
 
 
 def _event(ev: Any) -> dict[str, Any] | None:

@@ -67,7 +67,7 @@ def _run_one(mode: Mode, runner: Any, kwargs: dict[str, Any], p: Prepared, stop:
 
     from ..model.execute import run_context
 
-    grad = torch.enable_grad() if mode.name == "backward" else torch.no_grad()
+    grad = torch.set_grad_enabled(mode.grad)
     try:
         with grad, run_context(p.run):
             mode.run_input(runner, kwargs, stop)

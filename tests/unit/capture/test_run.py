@@ -1,4 +1,4 @@
-"""nan_hunter/capture/run.py: one forward at a run's precision, every batch recorded."""
+"""nan_hunter/capture/run.py: one input at a run's precision and grad mode."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from nan_hunter.capture.run import capture_run, forward
+from nan_hunter.capture.run import forward
 from nan_hunter.errors import BadInput
 
 
@@ -27,9 +27,8 @@ def test_forward_runs_without_grad_and_a_model_error_is_bad_input():
         forward(m, {"x": torch.ones(1, 3)})  # wrong width
 
 
-def test_capture_run_records_every_batch():
-    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    rec = capture_run(m, [{"input": torch.ones(1, 2)}, {"input": torch.zeros(1, 2)}])
-    assert rec.n_forwards == 2
-    assert {c.input_index for c in rec.calls} == {0, 1}
-    assert not m._forward_hooks and not m[0]._forward_pre_hooks  # detached afterwards
+def test_forward_with_grad_and_a_modes_step():
+    m = Kw()
+    out = forward(m, {"x": torch.ones(1, 2)}, grad=True)
+    assert out.requires_grad
+    assert forward(m, {}, step=lambda: torch.is_grad_enabled()) is False

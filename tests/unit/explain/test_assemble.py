@@ -21,7 +21,7 @@ def _located() -> Located:
                            kind="posinf", role="producer")
     ev = OpEvent("aten.mm.default", "posinf", 0, 3, 0, "model.py:10  y = x @ w",
                  [_operand(0, 300.0), _operand(1, 400.0)], exact_absmax=1.2e5)
-    return Located(first, RunDtype.of("fp16"), ev, {"fp32": {"finite": True}, "fp16": {"finite": False}},
+    return Located(first, RunDtype.of("fp16"), ev, replay={"fp32": {"finite": True}, "fp16": {"finite": False}},
                    input_label="prompt 1", notes=["a located note"])
 
 

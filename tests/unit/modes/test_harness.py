@@ -1,5 +1,6 @@
-"""The one harness (``modes.harness.run_mode``): every mode fills the report the same way, and a
-new mode is a small class behind the protocol — no copy of the forward path."""
+"""The one harness (``modes.harness``): it owns the loop, the capture and the producer rule; every
+mode fills the report the same way, and a new mode is a small class behind the protocol that says
+only what differs — no copy of the forward path."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from nan_hunter.config import default_config  # noqa: E402
 from nan_hunter.dtypes import RunDtype  # noqa: E402
 from nan_hunter.model.prepare import Prepared  # noqa: E402
 from nan_hunter.modes.forward import ForwardMode  # noqa: E402
-from nan_hunter.modes.harness import run_mode  # noqa: E402
-from nan_hunter.modes.recording import Recording  # noqa: E402
+from nan_hunter.modes.harness import capture, locate_first, record, run_mode  # noqa: E402
 from nan_hunter.report import Report, RunInfo  # noqa: E402
 
 
@@ -70,10 +70,8 @@ class DoubledMode(ForwardMode):
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
         return super().run_input(model, {k: v * 2 for k, v in kwargs.items()}, recorder)
 
-    def record(self, p: Prepared, indices: list[int]) -> Recording:
-        rec = super().record(p, indices)
-        rec.extra = {"runs": len(indices)}
-        return rec
+    def facts(self, p: Prepared, caps: list[Any], failed: list[int]) -> dict[str, Any]:
+        return {"runs": sum(len(c.group) for c in caps)}
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Any) -> None:
         rep.notes.append(f"doubled: {extra['runs']} runs")
@@ -85,12 +83,24 @@ def test_a_new_mode_is_a_small_class():
     run_mode(p, DoubledMode(), rep)
     assert rep.first_nonfinite is not None and rep.diagnosis.cause == "overflow"
     assert "doubled: 1 runs" in rep.notes
-    assert ForwardMode().record(p, [0]).finding is None  # the same input, not doubled, stays finite
+    assert record(p, ForwardMode(), [0]).capture is None  # the same input, not doubled, stays finite
 
 
 def test_steps_are_data_set_indices_when_a_mode_records_a_share():
     """What a rank of a split run does: record inputs [1, 2] of three; steps are data-set indices."""
     p = prepared(Wrapped(), [{"x": torch.full((2, 8), v)} for v in (0.1, 1.0, 2.0)])
-    rec = ForwardMode().record(p, [1, 2])
+    rec = record(p, ForwardMode(), [1, 2])
     assert rec.first_input == 1 and rec.failed == [1, 2]
     assert {r["input_index"] for r in rec.table} == {1, 2}
+    loc = locate_first(p, ForwardMode(), rec.capture)
+    assert (loc.first.input_index, loc.first.step, loc.input_label) == (1, 0, "input 1")  # placed in the data set
+    assert loc.first.module == f"stack.layers.{HOT[0]}" and loc.region is not None and loc.replay is None
+
+
+def test_capture_keeps_every_steps_inputs_and_context_and_judges_by_the_producer_rule():
+    p = prepared(Wrapped(), [{"x": torch.full((2, 8), v)} for v in (0.1, 1.0)])
+    cap = capture(p, ForwardMode(), [0, 1])
+    assert cap.group == [0, 1] and cap.recording.failed == [1]
+    assert cap.recording.finding.call.input_index == 1  # the recorder's step (the second root call)
+    assert cap.recorder.inputs_of(1) is not None and cap.keep.contexts[1].grad is False  # kept; run without grad
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in p.model.modules())  # detached afterwards

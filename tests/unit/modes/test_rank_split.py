@@ -10,7 +10,8 @@ import math
 import torch
 
 from nan_hunter.capture.ops import OpEvent, operand_stats
-from nan_hunter.modes.rank_split import RankSplit, _diagnosis_back, _event, _event_back, _span, share
+from nan_hunter.distributed.global_report import diagnosis_from_json
+from nan_hunter.modes.rank_split import RankSplit, _event, _event_back, _span, share
 from nan_hunter.report import Diagnosis, FixVerified
 
 
@@ -59,7 +60,7 @@ def test_diagnosis_with_a_verified_fix_comes_back_typed():
                   fix_verified=FixVerified(change="layers.0 in fp32", finite=True, max_rel_err=1e-3, scope="model"))
     from dataclasses import asdict
 
-    back = _diagnosis_back(json.loads(json.dumps(asdict(d))))
+    back = diagnosis_from_json(json.loads(json.dumps(asdict(d))))
     assert back == d and isinstance(back.fix_verified, FixVerified)
     plain = Diagnosis(cause="unknown", dtype=None, module=None, op=None, summary="", evidence=[], fix="")
-    assert _diagnosis_back(asdict(plain)) == plain and _diagnosis_back(None) is None
+    assert diagnosis_from_json(asdict(plain)) == plain and diagnosis_from_json(None) is None

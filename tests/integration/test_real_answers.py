@@ -197,16 +197,20 @@ class SelfAttention(nn.Module):
         return self.attn(x, x, x, need_weights=False)[0]
 
 
-def test_multihead_attention_reports_the_fused_fast_path_op():
+def test_multihead_attention_fused_fast_path_is_re_run_on_its_slow_path_to_name_the_op():
     """Eval and no grad: the forward ran torch._native_multi_head_attention, and the re-run (with
     query is key is value kept) runs it too (before: the copies broke the aliasing, the re-run
-    took the slow path and named scaled_dot_product_attention's op)."""
+    took the slow path without saying so). The fused op names no cause, so the module is re-run on
+    its slow path, as a scan does, and the report says which op that names and that the fast path ran."""
     m = SelfAttention().eval()
     with torch.no_grad(), nan_hunter.watch(m, level="modules") as w:
         m(torch.randn(1, 3, 8))
     r = w.report()
     assert r.first_nonfinite.module == "attn"
-    assert r.first_nonfinite.op == "aten._native_multi_head_attention.default"
+    assert "_native_multi_head_attention" not in r.first_nonfinite.op
+    assert any("ran its fused fast path (aten._native_multi_head_attention.default)" in n and r.first_nonfinite.op in n
+               for n in r.notes)
+    assert torch.backends.mha.get_fastpath_enabled()  # the setting is restored
 
 
 def test_multihead_attention_slow_path_is_said():

@@ -85,8 +85,8 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             names the op at once, with no re-run).
         retain: how many recent forwards to keep in full (inputs and per-call statistics); older
             ones fold into per-module aggregates.
-        backend: statistics kernels, ``"triton"`` or ``"torch"`` (default: Triton on a GPU when
-            installed, else torch).
+        backend: statistics kernels, ``"triton"`` or ``"reference"`` (torch) (default: Triton on a
+            GPU when installed, else the torch reference).
         device: where statistics are kept (default: the model's device).
         dtype: the precision the model runs in (``"fp32"``, ``"bf16"``, ``"fp16"``,
             ``"fp8-e4m3"``, ``"fp8-e5m2"``), against which headroom and faults are judged (default:
@@ -112,17 +112,13 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             steps end and closed when the watch ends.
         trace_level: ``"modules"`` (one trace entry per module call) or ``"ops"`` (per aten op).
     """
+    from .session.options import WatchOptions
     from .session.watcher import Watch
 
-    w = Watch(model, level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
-              backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir, arch=arch,
-              on_fault=on_fault)
+    w = Watch(model, WatchOptions(level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
+                                  backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
+                                  arch=arch, on_fault=on_fault, trace=trace, trace_level=trace_level))
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
-    if trace is not None:
-        from .trace.recorder import TraceRecorder
-
-        w.add_companion(TraceRecorder(model, trace, trace_level, dtype=w.run.name if w.run is not None else None,
-                                      paused=lambda: w.paused))
     return w
 
 

@@ -14,16 +14,19 @@ from torch import nn
 from ..capture.blocks import main_blocks
 from ..capture.targeted import first_call_order
 from ..config import Config, as_config
-from ..dtypes import RunDtype, parse_dtype
+from ..dtypes import RunDtype
 from ..errors import BadInput
+from ..explain.assemble import run_info, weights_section
 from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
+from ..load.weights import scan_weights
 from ..model.execute import cast_batch, run_context
-from ..model.inputs import one_or_many, one_path
-from ..model.policy import install_hooks, set_precision
+from ..model.policy import install_hooks, set_precision, write_policy
 from ..model.prepare import prepare, run_dtype
 from ..modes.failing_prefix import shortest_failing_prefix
-from ..report import BisectResult, Report, RunInfo
+from ..modes.registry import mode_for
+from ..report import BisectResult, Report
+from .options import BisectOptions
 from .search import minimal_keep_set
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,53 +145,33 @@ class MixedRunner:
         return False, producer
 
 
-def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch: str | None = None,
-           inputs: list[str] | None = None, prompts: list[str] | None = None, data: str | None = None,
-           device: str = "auto", config: str | Config | None = None, attn: str | None = None,
-           granularity: str | None = None, over: str = "modules", rtol: float | None = None,
-           policy_out: str | None = None, progress: Callable[[int, str], None] | None = None,
-           generate: int | None = None, backward: bool = False, loss: str | None = None) -> Report:
-    """``generate``: judge each run by greedy decoding of that many tokens per input (a run fails
-    when any module output of any step goes non-finite) instead of by one forward. ``backward``:
-    a run also needs a finite backward of the loss (the model's own for a causal LM, or ``loss``,
-    ``file.py:fn``): modules are kept until forward and backward are finite."""
-    cfg = as_config(config)
-    inputs, prompts = list(one_or_many(inputs, "inputs")) or None, list(one_or_many(prompts, "prompts")) or None
-    data = one_path(data, "data")
-    dt = parse_dtype(dtype) or "fp16"
-    keep = parse_dtype(keep_dtype) or "fp32"
-    if keep not in ("fp32", "bf16"):
-        raise BadInput(f"--keep-dtype {keep_dtype}: use fp32 or bf16")
-    if dt == "fp32" or dt == keep:
-        raise BadInput(f"--dtype {dtype}: nothing to bisect — the run is already in {dt}, the precision modules "
-                       f"would be kept in; pass the low precision to fix, e.g. --dtype fp16")
-    gran = granularity or cfg.bisect.granularity
-    if gran not in ("leaf", "block"):
-        raise BadInput(f"--granularity {gran}: use leaf or block")
-    if over not in ("modules", "inputs"):
-        raise BadInput(f"--over {over}: use modules or inputs")
-    tol = float(rtol if rtol is not None else cfg.bisect.rtol)
-    ck = open_checkpoint(checkpoint)
-    from ..explain.assemble import weights_section
-    from ..load.weights import scan_weights
+def bisect(checkpoint: str, config: str | Config | None = None, progress: Callable[[int, str], None] | None = None,
+           **options: Any) -> Report:
+    """The bisect report of ``checkpoint``; ``options`` are ``BisectOptions`` fields (``dtype``,
+    ``keep_dtype``, ``prompts``, ``granularity``, ``generate``, ``backward``...), validated before
+    anything is loaded. ``generate``: judge each run by greedy decoding of that many tokens per
+    input (a run fails when any module output of any step goes non-finite) instead of by one
+    forward. ``backward``: a run also needs a finite backward of the loss (the model's own for a
+    causal LM, or ``loss``, ``file.py:fn``): modules are kept until forward and backward are finite."""
+    return run_bisect(BisectOptions(checkpoint, **options), as_config(config), progress)
 
+
+def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], None] | None = None) -> Report:
+    """A validated bisect (``BisectOptions``) under configuration ``cfg``."""
+    dt, keep, over = opts.dtype, opts.keep_dtype, opts.over
+    gran, tol = opts.resolved(cfg)
+    ck = open_checkpoint(opts.checkpoint)
     rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_section(scan_weights(ck), cfg))
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
-    p = prepare(ck, arch, inputs, prompts, data, keep, device, cfg, attn, need_model=True)
+    p = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data, keep, opts.device,
+                cfg, opts.attn, need_model=True)
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
     rep.notes += p.notes  # e.g. the default prompt, announced as in scan
-    if loss is not None and not backward:
-        raise BadInput("--loss is the loss --backward differentiates: add --backward")
-    if backward and generate is not None:
-        raise BadInput("bisect --backward with --generate: transformers' generate() runs under torch.no_grad(), so "
-                       "a decoding has no backward; run them separately")
-    from ..modes.registry import mode_for
-
-    mode = mode_for(generate=generate, backward=backward, loss=loss)
+    mode = mode_for(generate=opts.generate, backward=opts.backward, loss=opts.loss)
     mode.check(p)
     runner = MixedRunner(p.model, p.batches, run_dtype(dt, cfg), run_dtype(keep, cfg), tol, mode)
-    rep.run = RunInfo(dtype=dt, device=str(p.device), n_inputs=len(p.batches), inputs=list(p.labels))
+    rep.run = run_info(runner.run, p.device, len(p.batches), [], inputs=list(p.labels))
     if not runner.reference():
         rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, over=over)
         rep.notes.append(f"the run is non-finite even with everything in {keep}: no precision policy can fix it; "
@@ -235,10 +218,8 @@ def bisect(checkpoint: str, dtype: str = "fp16", keep_dtype: str = "fp32", arch:
     rep.run["failed_inputs"] = failed
     rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands),
                               over=over, keep_in_fp32_modules=list(res.keep) if keep == "fp32" else None)
-    if policy_out:
-        from ..model.policy import write_policy
-
-        write_policy(policy_out, dt, keep, list(res.keep))
+    if opts.policy_out:
+        write_policy(opts.policy_out, dt, keep, list(res.keep))
     return rep
 
 

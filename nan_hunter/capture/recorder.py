@@ -110,9 +110,8 @@ class Recorder:
                  underflow: bool = True):
         """``first_step``: the step number of the first root call (a re-run of step k records as
         step k); ``listener``: who is told of root calls, faults and optimizer steps; ``underflow``:
-        abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``)."""
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``). ``level`` is one
+        of ``LEVELS``, checked by whoever takes it from a user (``session.options.WatchOptions``)."""
         ddp = nn.parallel.DistributedDataParallel  # watch(DDP(m)): m's names (no "module."), no DDP re-runs
         model = model.module if isinstance(model, ddp) else model
         self._wrapper = model if is_wrapper(model) else None  # watch(torch.compile(m)): its root hooks

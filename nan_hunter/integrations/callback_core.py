@@ -105,7 +105,7 @@ class CallbackCore:
             raise ValueError("NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found")
         self.scaler = scaler
         self.watch = nan_hunter.watch(model, level=self.level, backward=True, optimizer=opt, scaler=scaler,
-                                      capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode.value)
+                                      capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode)
         self.watch.__enter__()
 
     def step_begin(self, global_step: int) -> None:

@@ -123,8 +123,8 @@ class _Event:
 class FaultPolicy:
     """The ``on_fault`` half of a ``session.Watch``."""
 
-    def __init__(self, watch: Any, on_fault: str) -> None:
-        self.kind = OnFault.parse(on_fault, watch.optimizer is not None)
+    def __init__(self, watch: Any, kind: OnFault) -> None:
+        self.kind = kind  # checked once, by the watch's options (``session.options``)
         self.w = watch
         self.on_fault = self.kind.value  # the name, as reports give it (run["on_fault"])
         self.should_stop = False

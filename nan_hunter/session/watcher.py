@@ -23,12 +23,14 @@ from ..capture.listener import KeepSteps
 from ..capture.recorder import Recorder
 from ..distributed import collectives as dist
 from ..distributed.global_report import combine, local_reruns
-from ..dtypes import RunDtype, autocast_of
+from ..dtypes import autocast_of
 from ..explain.assemble import assemble, run_info
 from ..locate.first_fault import locate
 from ..locate.recording import Recording
 from ..report import Report
+from ..trace.recorder import TraceRecorder
 from .fault_policy import FaultPolicy
+from .options import WatchOptions
 from .training import TrainingState, WatchRerun
 from .watch_report import WATCH_CHECKPOINT, WatchReport
 
@@ -79,20 +81,24 @@ class Watch(Recorder):
     forward did); default: as the model is. ``retain``: forwards kept in full (calls, rows and,
     until judged on a device sink, inputs) besides the first failing one, which is always kept."""
 
-    def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4, backend: str | None = None,
-                 device: Any = None, dtype: str | RunDtype | None = None, fp8: Any = None, backward: bool = False,
-                 optimizer: Any = None, scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None,
-                 on_fault: str = "record"):
-        super().__init__(model, level=level, retain=retain, backend=backend, device=device, backward=backward,
-                         optimizer=optimizer, listener=SessionListener(self),
+    def __init__(self, model: nn.Module, options: WatchOptions | None = None, **kw: Any):
+        """``options`` (``session.options.WatchOptions``), or its fields as keywords, checked there once."""
+        o = options if options is not None else WatchOptions(**kw)
+        super().__init__(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
+                         backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
                          underflow=False)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
         self.listener.model = self.model  # the unwrapped module (not a compiled or DDP wrapper)
-        self.run = dtype if isinstance(dtype, RunDtype) or dtype is None else RunDtype.of(dtype, fp8)
+        self.options = o
+        self.run = o.run
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
-        self.training = TrainingState(self, scaler, capsule_dir, arch)
-        self.policy = FaultPolicy(self, on_fault)  # on_fault: raise, skip, stop (session.fault_policy)
+        self.training = TrainingState(self, o.scaler, o.capsule_dir, o.arch)
+        self.policy = FaultPolicy(self, o.policy)  # on_fault: raise, skip, stop (session.fault_policy)
         self.rerun = WatchRerun(self)  # how report() runs a step again (locate.rerun)
+        if o.trace is not None:  # a numerics trace of every forward, beside the capture (trace.recorder)
+            self.add_companion(TraceRecorder(model, str(o.trace), o.trace_level,
+                                             dtype=self.run.name if self.run is not None else None,
+                                             paused=lambda: self.paused))
 
     @property
     def contexts(self) -> dict[int, ForwardContext]:

@@ -10,7 +10,7 @@ from torch import nn
 
 from nan_hunter.errors import NonFiniteError
 from nan_hunter.report import Diagnosis, FirstNonfinite, Report, RunInfo
-from nan_hunter.session.fault_policy import ON_FAULT, FaultPolicy, OnFault, _verdict_line
+from nan_hunter.session.fault_policy import ON_FAULT, OnFault, _verdict_line
 from nan_hunter.session.watcher import Watch
 
 
@@ -32,13 +32,13 @@ def test_verdict_line_names_kind_step_phase_op_module_and_cause():
 
 def test_options_are_checked_before_anything_is_hooked():
     m = nn.Linear(2, 2)
-    w = Watch(m)
     with pytest.raises(ValueError, match=r"on_fault must be one of \('record', 'raise', 'skip', 'stop'\)"):
-        FaultPolicy(w, "ignore")
+        Watch(m, on_fault="ignore")
     with pytest.raises(ValueError, match="needs optimizer="):
-        FaultPolicy(w, "skip")
+        Watch(m, on_fault="skip")
     assert ON_FAULT == ("record", "raise", "skip", "stop")
     assert not m._forward_hooks and not m._forward_pre_hooks
+    assert Watch(m, on_fault="stop").policy.kind is OnFault.STOP
 
 
 def test_each_policy_says_what_it_asks_of_the_watch():

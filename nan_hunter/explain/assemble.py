@@ -10,7 +10,8 @@ framework callbacks (which keep a watch's report) and the ranks of a split run:
 - ``explain``: a ``locate.located.Located`` replayed in every dtype (``replay_region``), diagnosed
   (``diagnosis_of``, the one place a diagnosis is made from located evidence) and its fix verified
   on a copy (``fix_check``) — once, whoever located it; a fault that did not come back on its
-  re-run becomes ``not_reproducible``; ``weights_only_diagnosis`` for a run that never ran the model;
+  re-run becomes ``not_reproducible``; ``weights_verdict`` for a run that never ran the model (or
+  found nothing), ``compile_verdict`` for a compiled run that parts from a healthy eager one;
 - ``assemble``: ``first_nonfinite``, ``replay``, ``diagnosis`` and notes into a ``Report``.
 """
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..load.weights import WeightsScan
 
 __all__ = ["Located", "assemble", "diagnosis_of", "explain", "failed_note", "input_rows", "near_misses",
-           "replay_region", "run_info", "weights_only_diagnosis", "weights_section"]
+           "replay_region", "run_info", "weights_verdict", "compile_verdict", "weights_section"]
 
 
 def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
@@ -128,17 +129,28 @@ def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: 
     return d
 
 
-def weights_only_diagnosis(rep: Report, cfg: Config, ws: WeightsScan | None = None) -> Diagnosis | None:
-    """The weights scan's own verdict: non-finite weights (``nonfinite_weights``), else bad
-    quantization scales (``bad_scale``); None when the weights are clean."""
+def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, scales_only: bool = False) -> None:
+    """``rep.diagnosis`` from the weights scan alone, for a run that never ran the model or found
+    nothing: non-finite weights (``nonfinite_weights``), else bad quantization scales
+    (``bad_scale``); None when the weights are clean. ``scales_only``: the model ran and stayed
+    finite, so only corrupt scales are still a fault (a non-finite weight it never read is not)."""
     from ..load.weights_sections import bad_scales
 
-    bad = (rep.weights or {}).get("nonfinite") or []
+    bad = [] if scales_only else (rep.weights or {}).get("nonfinite") or []
     scales = bad_scales(ws) if ws is not None else []
-    if not bad and not scales:
-        return None
-    return diagnose(Evidence(role=None, kind=None, module=None, module_type=None, op=None,
-                             weights_nonfinite=bad, config=cfg.diagnosis, bad_scales=scales))
+    rep.diagnosis = None if not bad and not scales else diagnose(Evidence(
+        role=None, kind=None, module=None, module_type=None, op=None, weights_nonfinite=bad, config=cfg.diagnosis,
+        bad_scales=scales))
+
+
+def compile_verdict(rep: Report, run: RunDtype, cfg: Config, kind: str | None, module: str, module_type: str,
+                    evidence: dict[str, Any], emulated: dict[str, Any] | None, rtol: float) -> None:
+    """``rep.diagnosis`` of ``scan --compile`` when the compiled run parts from a healthy eager one
+    (``compile_divergence``), its fix verified by the run with ``emulate_precision_casts``."""
+    rep.diagnosis = diagnose(Evidence(role=None, kind=kind, module=module, module_type=module_type, op=None,
+                                      dtype=run, config=cfg.diagnosis, compile=evidence))
+    if rep.diagnosis is not None:
+        fix_check.with_verdict(rep.diagnosis, fix_check.from_emulate_precision_casts(emulated, rtol))
 
 
 def replay_region(region: Region | BackwardRegion | OptimizerRegion, run: RunDtype | None) -> dict[str, dict]:

@@ -52,7 +52,7 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     """The scan report of capsule ``path`` (a ``step-<k>`` directory): rebuilt, then its step run
     behind the harness like any mode (options the capsule fixes are refused by ``ScanOptions``)."""
     from ..config import as_config
-    from ..explain.assemble import weights_only_diagnosis, weights_section
+    from ..explain.assemble import weights_section, weights_verdict
     from ..load.checkpoint import member, open_safetensors
     from ..load.weights import scan_weights
     from ..model.execute import resolve_device
@@ -88,7 +88,7 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
                          "or library versions: the capsule was written with "
                          + ", ".join(f"{k} {v}" for k, v in (cap.meta.get("versions") or {}).items()) + ")")
         if ws.nonfinite:
-            rep.diagnosis = weights_only_diagnosis(rep, cfg)
+            weights_verdict(rep, cfg)
     return rep
 
 

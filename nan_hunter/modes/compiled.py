@@ -195,7 +195,7 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
     """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
     ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note)."""
     from ..capture.run import forward
-    from ..explain.diagnose import Evidence, diagnose
+    from ..explain.assemble import compile_verdict
 
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():
@@ -230,13 +230,8 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
                 "compiled_kind": per[idx].compiled_kind, "children_alike": div.children_alike,
                 "skipped": div.skipped, "module_rel_err": div.parting.rel_err,
                 "module_compiled_finite": div.parting.compiled_finite}
-    rep.diagnosis = diagnose(Evidence(role=None, kind=per[idx].compiled_kind, module=div.module,
-                                      module_type=div.module_type, op=None, dtype=p.run, config=p.cfg.diagnosis,
-                                      compile=evidence))
-    if rep.diagnosis is not None:
-        from ..explain.fix_check import from_emulate_precision_casts, with_verdict
-
-        with_verdict(rep.diagnosis, from_emulate_precision_casts(block["emulate_precision_casts"], rtol))
+    compile_verdict(rep, p.run, p.cfg, per[idx].compiled_kind, div.module, div.module_type, evidence,
+                    block["emulate_precision_casts"], rtol)
 
 
 def _fmt(x: float | None) -> str:

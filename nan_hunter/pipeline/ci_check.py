@@ -241,7 +241,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
                      progress: Callable[[str, int], None] | None = None, baseline: tuple[str, Any] | None = None
                      ) -> Report:
     """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
-    from ..explain.assemble import weights_only_diagnosis, weights_section
+    from ..explain.assemble import weights_section, weights_verdict
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales
     from .checkpoint_rules import baseline_rules, weights_extra_rules
@@ -274,7 +274,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
                                for d, x in runs.items() if d != shown)
             rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
     elif ws.nonfinite or bad_scales(ws):
-        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
+        weights_verdict(rep, cfg, ws)
     rep.check = {
         "passed": not any(x.status == FAIL for x in results),
         "dtypes": dtypes,

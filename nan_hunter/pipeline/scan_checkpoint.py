@@ -35,7 +35,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
                             progress=progress, replay=opts.replay, trace=opts.tracing)
     from ..errors import BadInput
-    from ..explain.assemble import weights_only_diagnosis, weights_section
+    from ..explain.assemble import weights_section, weights_verdict
     from ..load.checkpoint import open_checkpoint
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales
@@ -59,12 +59,12 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         # the weights already hold the answer (a quantized model transformers cannot build here, e.g. GPTQ
         # without optimum): report it rather than exit 2
         rep.notes.append(f"weights-only scan: the model was not built ({e})")
-        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
+        weights_verdict(rep, cfg, ws)
         return rep
     if prepared is None or not prepared.batches:
         rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
                          if prepared is None else prepared.notes[0])
-        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws)
+        weights_verdict(rep, cfg, ws)
         return rep
     rep.notes += prepared.notes
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
@@ -81,6 +81,6 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         with stage("compile"):
             compare_compiled(prepared, rep, opts.compile, opts.rtol)
     rep.add_context(texts=prepared.texts)
-    if rep.diagnosis is None:  # the run stayed finite: corrupt quantization scales are still a fault
-        rep.diagnosis = weights_only_diagnosis(rep, cfg, ws) if not rep.weights["nonfinite"] else None
+    if rep.diagnosis is None and not rep.weights["nonfinite"]:  # a finite run: corrupt scales are still a fault
+        weights_verdict(rep, cfg, ws, scales_only=True)
     return rep

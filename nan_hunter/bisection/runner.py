@@ -16,7 +16,8 @@ from ..capture.targeted import first_call_order
 from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
-from ..explain.assemble import run_info, weights_section
+from ..explain.assemble import run_info
+from ..explain.weights_verdict import weights_section
 from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..load.weights import scan_weights

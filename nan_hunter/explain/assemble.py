@@ -4,14 +4,14 @@ Every path that ends in a report comes through here — ``scan`` in each mode (f
 ``--generate``, ``--backward``, a capsule's step), ``check``'s forwards, ``watch().report()``, the
 framework callbacks (which keep a watch's report) and the ranks of a split run:
 
-- ``weights_section``: the report's ``weights`` block from a weights scan;
 - ``run_info``: the one constructor of the typed ``run`` block (``report.RunInfo``);
 - ``near_misses``: module outputs close to the run's range, and absorbed intermediates;
 - ``explain``: a ``locate.located.Located`` replayed in every dtype (``replay_region``), diagnosed
   (``diagnosis_of``, the one place a diagnosis is made from located evidence) and its fix verified
   on a copy (``fix_check``) — once, whoever located it; a fault that did not come back on its
-  re-run becomes ``not_reproducible``; ``weights_verdict`` for a run that never ran the model (or
-  found nothing), ``compile_verdict`` for a compiled run that parts from a healthy eager one;
+  re-run becomes ``not_reproducible``; ``compile_verdict`` for a compiled run that parts from a
+  healthy eager one (the weights scan's own block and verdict: ``explain.weights_verdict``, which
+  imports no torch);
 - ``assemble``: ``first_nonfinite``, ``replay``, ``diagnosis`` and notes into a ``Report``.
 """
 
@@ -31,38 +31,9 @@ from .replay import backward_replay, optimizer_replay, replay
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import Config
     from ..dtypes import RunDtype
-    from ..load.weights import WeightsScan
 
 __all__ = ["Located", "assemble", "diagnosis_of", "explain", "failed_note", "input_rows", "near_misses",
-           "replay_region", "run_info", "weights_verdict", "compile_verdict", "weights_section"]
-
-
-def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
-    """The report's ``weights`` block (contract v1 keys, plus the scan's extensions)."""
-    from ..load.weights_sections import weights_sections
-
-    frac = cfg.weights.near_overflow_fraction
-    near = []
-    for t in ws.tensors:
-        if t.skipped or not t.finite:
-            continue
-        tight = {d: h for d, h in t.headroom.items() if h < 1 / frac}
-        if tight:
-            near.append({"name": t.name, "dtype": t.dtype, "absmax": t.absmax,
-                         "overflows": [d for d, o in t.overflows.items() if o], "headroom": tight})
-    sampled = any(t.sampled for t in ws.tensors)
-    under = [t for t in ws.tensors if (t.fp16_zero_frac or 0) > 0.01]
-    return {
-        "n_tensors": ws.n_tensors,
-        "nonfinite": [t.nonfinite_dict() for t in ws.nonfinite],
-        "n_skipped": ws.n_skipped,
-        "near_overflow": near,
-        "fp16_underflow": [{"name": t.name, "zero_frac": t.fp16_zero_frac, "subnormal_frac": t.fp16_subnormal_frac,
-                            "min_nonzero": t.min_nonzero} for t in under],
-        "underflow_sampled": sampled,
-        "tensors": [t.to_dict() for t in ws.tensors],
-        **weights_sections(ws),  # unchecked, quantized, suspicious
-    }
+           "replay_region", "run_info", "compile_verdict"]
 
 
 def run_info(run: RunDtype | None, device: Any, n_inputs: int, failed: list[int], **fields: Any) -> RunInfo:
@@ -127,20 +98,6 @@ def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: 
     if d is not None and d.param and f.param is None:
         f.param = d.param  # the parameter that does not fit the run's dtype (contract v1.3)
     return d
-
-
-def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, scales_only: bool = False) -> None:
-    """``rep.diagnosis`` from the weights scan alone, for a run that never ran the model or found
-    nothing: non-finite weights (``nonfinite_weights``), else bad quantization scales
-    (``bad_scale``); None when the weights are clean. ``scales_only``: the model ran and stayed
-    finite, so only corrupt scales are still a fault (a non-finite weight it never read is not)."""
-    from ..load.weights_sections import bad_scales
-
-    bad = [] if scales_only else (rep.weights or {}).get("nonfinite") or []
-    scales = bad_scales(ws) if ws is not None else []
-    rep.diagnosis = None if not bad and not scales else diagnose(Evidence(
-        role=None, kind=None, module=None, module_type=None, op=None, weights_nonfinite=bad, config=cfg.diagnosis,
-        bad_scales=scales))
 
 
 def compile_verdict(rep: Report, run: RunDtype, cfg: Config, kind: str | None, module: str, module_type: str,

@@ -52,7 +52,7 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     """The scan report of capsule ``path`` (a ``step-<k>`` directory): rebuilt, then its step run
     behind the harness like any mode (options the capsule fixes are refused by ``ScanOptions``)."""
     from ..config import as_config
-    from ..explain.assemble import weights_section, weights_verdict
+    from ..explain.weights_verdict import weights_section, weights_verdict
     from ..load.checkpoint import member, open_safetensors
     from ..load.weights import scan_weights
     from ..model.execute import resolve_device

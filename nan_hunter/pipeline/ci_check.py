@@ -241,7 +241,7 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
                      progress: Callable[[str, int], None] | None = None, baseline: tuple[str, Any] | None = None
                      ) -> Report:
     """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
-    from ..explain.assemble import weights_section, weights_verdict
+    from ..explain.weights_verdict import weights_section, weights_verdict
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales
     from .checkpoint_rules import baseline_rules, weights_extra_rules

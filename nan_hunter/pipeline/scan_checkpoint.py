@@ -35,7 +35,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
                             progress=progress, replay=opts.replay, trace=opts.tracing)
     from ..errors import BadInput
-    from ..explain.assemble import weights_section, weights_verdict
+    from ..explain.weights_verdict import weights_section, weights_verdict
     from ..load.checkpoint import open_checkpoint
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales

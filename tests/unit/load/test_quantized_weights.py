@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from nan_hunter.config import default_config
-from nan_hunter.explain.assemble import weights_section as weights_block
+from nan_hunter.explain.weights_verdict import weights_section as weights_block
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..capture.blocks import main_blocks
+from ..capture.recorder import Recorder
 from ..capture.targeted import first_call_order
 from ..config import Config, as_config
 from ..dtypes import RunDtype
@@ -21,8 +22,9 @@ from ..explain.weights_verdict import weights_section
 from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
 from ..load.weights import scan_weights
+from ..locate.producer import first_finding
 from ..model.execute import cast_batch, run_context
-from ..model.policy import install_hooks, set_precision, write_policy
+from ..model.policy import apply_policy, install_hooks, set_precision, write_policy
 from ..model.prepare import prepare, run_dtype
 from ..modes.failing_prefix import shortest_failing_prefix
 from ..modes.registry import mode_for
@@ -98,8 +100,6 @@ class MixedRunner:
         every module output stayed finite), from one captured run; None when the forward raised.
         Every module output counts, not only the model's: T5 clamps its hidden states, so a
         run can end finite after a module went inf."""
-        from ..capture.recorder import Recorder
-        from ..locate.producer import first_finding
 
         if all_high:
             set_precision(self.model, self.keep, {}, self.master)
@@ -229,9 +229,6 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
     input run by the bisected mode under capture: finite in every module output (and gradient,
     for ``--backward``), and the largest relative error against the reference (None under
     ``--generate``: decoding is judged on finiteness alone)."""
-    from ..capture.recorder import Recorder
-    from ..locate.producer import first_finding
-    from ..model.policy import apply_policy
 
     m = copy.deepcopy(model)
     m.load_state_dict({**m.state_dict(), **runner.master})

@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..locate.producer import first_finding
 from ..report import Diagnosis, FirstNonfinite, FixVerified, RunInfo
 from . import collectives as dist
 
@@ -63,7 +64,6 @@ def local_reruns(watch: Any) -> Iterator[None]:
     if not fsdp:
         yield
         return
-    from ..locate.producer import first_finding
 
     # any fault this rank knows of may be re-run (forward, backward): better an unneeded unshard than a hang
     will_rerun = bool(watch.failed_forwards()) or first_finding(watch.calls, watch.sink.rows()) is not None

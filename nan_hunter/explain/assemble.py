@@ -85,7 +85,6 @@ def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: 
                  weights_nonfinite: list[dict] | None = None, replay: dict | None = None) -> Diagnosis | None:
     """The one place a located fault becomes a diagnosis (the rules of ``diagnose``); a parameter the
     diagnosis names as the cause becomes ``first_nonfinite.param``."""
-    from .diagnose import Evidence, diagnose
 
     f, ev = loc.first, loc.event
     d = diagnose(Evidence(

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import DiagnosisConfig, default_config
 from ..dtypes import Limits, RunDtype, limits
+from ..load.quant.base import is_fault
 from ..report import Diagnosis
 
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
@@ -219,7 +220,6 @@ def backward_incoming(ev: Evidence) -> Diagnosis | None:
 
 def _scale_faults(q: dict) -> list[dict]:
     """The bad blocks of a ``weights.quantized`` entry that are faults, zero points apart."""
-    from ..load.quant.base import is_fault
 
     return [b for b in q["bad_blocks"] if is_fault(q, b) and b["problem"] != "zero_point"]
 

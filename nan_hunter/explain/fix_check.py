@@ -32,7 +32,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..capture.targeted import call_inputs
+from ..dtypes import RunDtype as RD
+from ..kernels.compare import compare
+from ..model.copy_run import copy_at, precision
+from ..model.policy import apply_policy
 from ..report import Diagnosis, FixVerified
+from ..tree import float_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -92,7 +98,6 @@ class Change:
 def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]:
     @contextlib.contextmanager
     def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
-        from ..model.policy import apply_policy
 
         handle = apply_policy(model, {"dtype": run.name, "keep_dtype": dtype, "modules": {name: dtype}})
         try:
@@ -281,7 +286,6 @@ def _outputs(fn: Callable[[], Any]) -> dict[str, Any]:
     """The floating tensors of ``fn()``'s output by where they sit in it ("[0]", "logits"...)."""
     import torch
 
-    from ..tree import float_tensors
 
     with torch.no_grad():
         return {k: t.detach() for k, t in float_tensors(fn())}
@@ -296,7 +300,6 @@ def _finite(tensors: Iterable[Any]) -> bool:
 def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     """Max rel err of ``outs`` against ``ref`` over the outputs both runs give: a change may drop an
     auxiliary one (SDPA never forms the attention probabilities eager attention returns)."""
-    from ..kernels.compare import compare
 
     keys = [k for k in outs if ref is not None and k in ref]
     if ref is None or not keys:
@@ -318,7 +321,6 @@ class Outcome:
 
 def _at(run: RunDtype, change: Change | None) -> RunDtype:
     """The precision a copy runs at: the run's, or the change's own dtype (``run in bf16``)."""
-    from ..dtypes import RunDtype as RD
 
     dtype = getattr(change.apply, "run_dtype", None) if change else None
     return RD.of(dtype, run.recipe) if dtype else run
@@ -326,7 +328,6 @@ def _at(run: RunDtype, change: Change | None) -> RunDtype:
 
 def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
     """A copy of the region at ``run``'s precision (or the change's own dtype), the change applied."""
-    from ..model.copy_run import copy_at, precision
 
     at = _at(run, change)
     m, a, kw = copy_at(r.module, r.args, r.kwargs, at)
@@ -337,8 +338,6 @@ def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
 
 
 def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> Outcome:
-    from ..model.copy_run import copy_at, precision
-    from ..tree import float_tensors
 
     at = _at(run, change)
     m, _, kw = copy_at(model, (), batch, at)
@@ -395,7 +394,6 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
     if region is None:
         return None, "not_rerun"
     whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
-    from ..dtypes import RunDtype as RD
 
     fp32 = RD.of("fp32", run.recipe)
 
@@ -476,7 +474,6 @@ def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_in
     capsule replays): the region's inputs are captured from ``rerun``, a forward of the model."""
     if diagnosis is None or no_mechanical_fix(diagnosis.cause) or diagnosis.cause == "compile_divergence":
         return
-    from ..capture.targeted import call_inputs
 
     try:
         args, kwargs = call_inputs(model, rerun, name, call_index)

@@ -16,8 +16,9 @@ from torch import nn
 
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..kernels.compare import compare, flat
+from ..locate.training import fresh_optimizer
 from ..model.copy_run import copy_at, precision, run_copy, torch_dtype_of
-from ..tree import float_tensors
+from ..tree import float_tensors, map_tensors
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:
@@ -75,7 +76,6 @@ def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = 
 
 def _leaf_inputs(obj: Any) -> tuple[Any, list[torch.Tensor]]:
     """Floating tensors of ``obj`` as fresh leaves that require grad (the region's inputs)."""
-    from ..tree import map_tensors
 
     leaves: list[torch.Tensor] = []
 
@@ -143,7 +143,6 @@ def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, gra
     match it)."""
     run = run or RunDtype.of("fp32")
 
-    from ..locate.training import fresh_optimizer
 
     def one(r: RunDtype | torch.dtype) -> list[torch.Tensor]:
         o, p = fresh_optimizer(cls, hyper, weight, grad, state, torch_dtype_of(r))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..capture.ops import OpEvent
+from ..capture.ops import FirstBadOp, OpEvent
 from ..capture.recorder import Recorder
 from ..dtypes import name_of
 from .backward_op import Grads, rerun_backward
@@ -78,7 +78,6 @@ def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str,
 def first_bad_step(optimizer: Any) -> OpEvent | None:
     """Run ``optimizer.step()`` under the op-level mode: the aten op that first made a parameter
     non-finite (None when the step cannot run or stays finite)."""
-    from ..capture.ops import FirstBadOp
 
     mode = FirstBadOp()
     try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from ..kernels.compare import flat
+from ..model.build import load_factory
 from .base import ModeBase
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,7 +102,6 @@ def causal_lm_labels(kw: dict[str, Any]) -> dict[str, Any]:
 def load_loss(model: Any, spec: str | None) -> Loss:
     """``--loss file.py:fn`` (or ``package.module:fn``), else the causal LM's own loss; neither: exit 2."""
     if spec:
-        from ..model.build import load_factory
 
         try:
             fn = load_factory(spec)

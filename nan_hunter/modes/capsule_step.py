@@ -27,14 +27,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import Config
+from ..config import Config, as_config
+from ..dtypes import RunDtype, UnknownDtype, autocast_of, canonical, step_precision, torch_dtype
 from ..errors import BadInput, install_hint
+from ..explain.weights_verdict import weights_section, weights_verdict
 from ..kernels.compare import flat
 from ..load.capsule import Capsule, read
+from ..load.checkpoint import member, open_safetensors
 from ..load.safetensors_header import show
+from ..load.weights import scan_weights
+from ..locate.backward_op import backward_roots
 from ..locate.rerun import KeptSteps
-from ..locate.training import OptimizerPieces
+from ..locate.training import OptimizerPieces, constructor_hyperparameters
+from ..model.build import _names, _offline, _quiet_libraries, build_from_arch, load_strict
+from ..model.execute import resolve_device, run_context
+from ..model.prepare import Prepared
+from ..report import Report
+from ..tree import detached_copy
 from .base import ModeBase
+from .harness import run_mode
+from .trace_pass import write_trace
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -51,14 +63,6 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
                  replay: bool = True, trace: Any = None) -> Report:
     """The scan report of capsule ``path`` (a ``step-<k>`` directory): rebuilt, then its step run
     behind the harness like any mode (options the capsule fixes are refused by ``ScanOptions``)."""
-    from ..config import as_config
-    from ..explain.weights_verdict import weights_section, weights_verdict
-    from ..load.checkpoint import member, open_safetensors
-    from ..load.weights import scan_weights
-    from ..model.execute import resolve_device
-    from ..model.prepare import Prepared
-    from ..report import Report
-    from .harness import run_mode
 
     cfg = as_config(config)  # (stats: checked by ScanOptions)
     cap = read(path, arch_given=bool(arch))
@@ -78,7 +82,6 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     rep.notes += step.notes
     p = Prepared(ck, model, None, how, [step.kwargs], [f"capsule step-{cap.step}"], step.run_dtype, dev, cfg)
     if trace is not None:  # ``scan --trace``: the step's forward, traced (modes.trace_pass)
-        from .trace_pass import write_trace
 
         rep.notes.append(write_trace(p, CapsuleMode(step), trace))
     run_mode(p, CapsuleMode(step), rep, replay)
@@ -134,7 +137,6 @@ class CapsuleMode(ModeBase):
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
         import torch
 
-        from ..dtypes import autocast_of
 
         cap = self.step.cap
         rep.run.backward = cap.phase == "backward"
@@ -158,7 +160,6 @@ def describe(cap: Capsule, ck: Checkpoint) -> dict[str, Any]:
 def build(cap: Capsule, ck: Checkpoint, arch: str | None, device: Any) -> tuple[Any, str]:
     """(model, how): from ``--arch`` if given, else the capsule's HF config, else its arch; weights
     loaded strictly, each parameter and buffer in the dtype the capsule stored it in."""
-    from ..model.build import build_from_arch, load_strict
 
     spec = arch or (None if isinstance(cap.meta.get("config"), dict) else cap.meta.get("arch"))
     if spec:
@@ -172,7 +173,6 @@ def build(cap: Capsule, ck: Checkpoint, arch: str | None, device: Any) -> tuple[
 
 
 def _from_config(cap: Capsule) -> Any:
-    from ..model.build import _offline, _quiet_libraries
 
     meta = cap.meta
     where = f"{cap.path / 'capsule.json'}"
@@ -209,7 +209,6 @@ def _strict_keys(model: Any, ck: Checkpoint, cap: Capsule) -> None:
     expected, have = set(model.state_dict()), set(ck.names())
     missing, unexpected = sorted(expected - have), sorted(have - expected)
     if missing or unexpected:
-        from ..model.build import _names
 
         parts = ([f"missing {len(missing)} keys ({_names(missing)})"] if missing else []) + \
                 ([f"unexpected {len(unexpected)} keys ({_names(unexpected)})"] if unexpected else [])
@@ -247,8 +246,6 @@ class CapsuleStep:
     def __init__(self, cap: Capsule, model: Any, device: Any) -> None:
         import torch
 
-        from ..dtypes import RunDtype, step_precision
-        from ..load.checkpoint import open_safetensors
 
         self.cap, self.model, self.device = cap, model, device
         self.notes: list[str] = []
@@ -294,7 +291,6 @@ class CapsuleStep:
     def context(self, grad: bool) -> Any:
         import torch
 
-        from ..model.execute import run_context
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.set_grad_enabled(grad))
@@ -308,7 +304,6 @@ class CapsuleStep:
     def forward_fn(self) -> Any:
         """One forward of the step from fresh copies of its inputs; with grad only for a forward
         fault whose step ran with grad (``nn.MultiheadAttention`` takes another path without)."""
-        from ..tree import detached_copy
 
         a, kw = detached_copy((self.args, self.kwargs))
         with self.context(grad=self.cap.phase == "forward" and self.cap.meta.get("grad") is True):
@@ -319,8 +314,6 @@ class CapsuleStep:
         returned by ``autograd.grad``, never accumulated in ``.grad``."""
         import torch
 
-        from ..locate.backward_op import backward_roots
-        from ..tree import detached_copy
 
         a, kw = detached_copy((self.args, self.kwargs))
         with self.context(grad=True):
@@ -336,7 +329,6 @@ class CapsuleStep:
         optimizer step too); a failure is bad input naming the capsule."""
         import torch
 
-        from ..locate.backward_op import backward_roots
 
         torch.manual_seed(0)  # dropout in a train-mode step: the capsule holds no RNG state
         phase = self.cap.phase
@@ -381,7 +373,6 @@ class CapsuleStep:
                 or not all(isinstance(g, int) and 0 <= g < len(hyper) for g in groups.values()):
             raise BadInput(f"{where}: optimizer.hyperparameters must be a list of objects and optimizer.groups map "
                            "parameter names to indices into it")
-        from ..locate.training import constructor_hyperparameters
 
         hp = [constructor_hyperparameters(cls, h) for h in hyper]
         params = dict(self.model.named_parameters())
@@ -439,7 +430,6 @@ class CapsuleStep:
 
 
 def _tensors(path: Path, device: Any) -> dict[str, Any]:
-    from ..load.checkpoint import open_safetensors
 
     ck = open_safetensors(path, "capsule file")
     return {n: ck.tensor(n).to(device) for n in ck.names()}
@@ -448,7 +438,6 @@ def _tensors(path: Path, device: Any) -> dict[str, Any]:
 def _autocast(spec: Any, p: Path) -> list[tuple[str, Any]]:
     import torch
 
-    from ..dtypes import UnknownDtype, canonical, torch_dtype
 
     out = []
     for item in spec or []:

@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..capture.run import forward
+from ..capture.targeted import child_calls
+from ..divergence.compare import compare_recordings
+from ..divergence.recordings import from_outputs
 from ..errors import BadInput
+from ..explain.assemble import compile_verdict
+from ..model import copy_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -73,8 +79,6 @@ def compare(eager: Any, compiled: Any) -> Parting:
 def compare_runs(eager: list[Any], compiled: list[Any]) -> list[Parting]:
     """Per input, the compiled run's outputs against eager's: the two runs as recordings (one
     entry per input, tensors kept) compared the way ``nanhunter diff`` compares two traces."""
-    from ..divergence.compare import compare_recordings
-    from ..divergence.recordings import from_outputs
 
     cmp = compare_recordings(from_outputs(compiled), from_outputs(eager))
     return [_parting(cmp.verdicts[i].comparison) for i in sorted(cmp.verdicts)]
@@ -107,10 +111,9 @@ def fresh_compiles(emulate_precision_casts: bool | None = None) -> Iterator[None
 
 def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, run: Any, what: str) -> Any:
     """One no-grad call at the run's precision; a failure to compile or run is bad input."""
-    from ..model.copy_run import call
 
     try:
-        return call(fn, args, kwargs, run)
+        return copy_run.call(fn, args, kwargs, run)
     except BadInput:
         raise
     except Exception as e:
@@ -143,7 +146,6 @@ class Divergence:
 def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str, rtol: float,
                     run: Any) -> Divergence:
     """Top-down search (module docstring) for one input whose whole-model runs part."""
-    from ..capture.targeted import child_calls
 
     name, mod, args, kw, part = "", model, (), kwargs, whole
     while True:
@@ -194,8 +196,6 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
 def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL) -> None:
     """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
     ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note)."""
-    from ..capture.run import forward
-    from ..explain.assemble import compile_verdict
 
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():

@@ -26,9 +26,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..capture.ops import OperandStats, OpEvent
 from ..distributed import collectives as dist
 from ..distributed.global_report import diagnosis_from_json
 from ..errors import BadInput
+from ..explain.assemble import explain
+from ..locate.located import Located
+from ..model.execute import resolve_device
+from ..report import FirstNonfinite
+from .harness import locate_first, record, run_mode
+from .recording import ModeRun, fill
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
@@ -121,7 +128,6 @@ def process_group(device: str) -> Iterator[RankSplit | None]:
     import torch
     import torch.distributed as td
 
-    from ..model.execute import resolve_device
 
     dev = resolve_device(device)  # the same answer on every rank: a bad value fails everywhere alike
     owned = not td.is_initialized()  # called inside a program that opened its own group: use that one
@@ -161,7 +167,6 @@ def run_mode_on_ranks(p: Prepared, mode: Mode, rep: Report, replay: bool = True,
                       ) -> None:
     """The harness (``modes.harness.run_mode``), or with ``split`` (the CLI under torchrun, more than
     one rank) the harness with the data set split across ranks (``run_split``)."""
-    from .harness import run_mode
 
     if split is None or split.world <= 1:
         run_mode(p, mode, rep, replay)
@@ -175,11 +180,6 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
     contiguous block, so rank order is data-set order); what each found crosses ranks as JSON; the
     rank holding the first fault (the lowest data-set index) locates it and sends the result;
     every rank fills the same report as one process would."""
-    from ..explain.assemble import explain
-    from ..locate.located import Located
-    from ..report import FirstNonfinite
-    from .harness import locate_first, record
-    from .recording import ModeRun, fill
 
     mine = split.share(len(p.batches))
     rec = record(p, mode, mine) if mine else ModeRun(None, [], [])
@@ -228,7 +228,6 @@ def _event(ev: Any) -> dict[str, Any] | None:
 
 
 def _event_back(d: dict[str, Any] | None) -> Any:
-    from ..capture.ops import OperandStats, OpEvent
 
     if d is None:
         return None

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
+from ..model.execute import run_context
+from ..trace.env import inputs_hash
+from ..trace.recorder import TraceRecorder
+from .compiled import fresh_compiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
@@ -65,7 +69,6 @@ def _run_one(mode: Mode, runner: Any, kwargs: dict[str, Any], p: Prepared, stop:
     """One input through the mode, at the run's precision; a failure is bad input (as in capture)."""
     import torch
 
-    from ..model.execute import run_context
 
     grad = torch.set_grad_enabled(mode.grad)
     try:
@@ -83,9 +86,6 @@ def write_trace(p: Prepared, mode: Mode, opts: TraceOptions, command: list[str] 
     A run that fails leaves no file behind."""
     import torch
 
-    from ..trace.env import inputs_hash
-    from ..trace.recorder import TraceRecorder
-    from .compiled import fresh_compiles
 
     inputs = [{"index": i, "label": p.labels[i], "hash": inputs_hash((), kw)} for i, kw in enumerate(p.batches)]
     runs = opts.repeat or 1

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from ..report import Diagnosis, FirstNonfinite, Report, RunInfo
+from ..report import Diagnosis, FirstNonfinite, Report, RunInfo, write_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.ops import OpEvent
@@ -108,9 +108,9 @@ class WatchReport:
         import io
         import shutil
 
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich and the views load only when a report is shown
 
-        from ..render.terminal import render
+        from ..render.terminal import render  # lazy: as rich
 
         buf = io.StringIO()
         c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
@@ -123,14 +123,12 @@ class WatchReport:
 
     def to_html(self, path: str) -> None:
         """Write the HTML report (as ``--report PATH.html``; ``.md`` writes Markdown)."""
-        from ..render.report_file import write_report
+        from ..render.report_file import write_report  # lazy: the HTML/Markdown views load only when written
 
         write_report(self.report, path)
 
     def to_json(self, path: str) -> None:
         """Write the JSON report v1 (as ``--json PATH``; ``-`` for stdout)."""
-        from ..report import write_json
-
         write_json(self.report, path)
 
     def __getitem__(self, key: str) -> Any:

@@ -180,8 +180,9 @@ def collective(watch: Any) -> bool:
 
 def combine(local: Any, watch: Any) -> Any:
     """The global ``WatchReport`` every rank gets from its own ``local`` one (collective: every
-    rank must call it); ``local`` unchanged when ``collective(watch)`` is false. ``failed_inputs``
-    are every rank's; the chosen rank's ``run`` and ``diagnosis`` come with the gather."""
+    rank must call it); ``local`` unchanged when ``collective(watch)`` is false. The chosen rank's
+    ``run`` (its ``failed_inputs`` too: steps are numbered per rank) and ``diagnosis`` come with the
+    gather; each rank's first fault and failing steps are in ``ranks``."""
     if not collective(watch):
         return local
     model = watch.model
@@ -221,9 +222,9 @@ def combine(local: Any, watch: Any) -> Any:
                          f"{s['rank']} (a flipped bit, a failing device), not the numerics of the model")
     first = FirstNonfinite(**chosen["first_nonfinite"]) if chosen is not None else None
     diag = chosen["diagnosis"] if chosen is not None else None
+    # the chosen rank's run block: its steps are the ones first_nonfinite.step counts (each rank
+    # numbers its own forwards; every rank's failing steps are in ``ranks``)
     run = _run_info(chosen["run"] if chosen is not None else everyone[0]["run"])
-    if run is not None:
-        run.failed_inputs = sorted({i for s in everyone for i in s["failed_inputs"]})
     return local.replaced(
         located=local.located if chosen is not None and chosen["rank"] == me else None,
         ranks=[{"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}

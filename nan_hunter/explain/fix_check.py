@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..capture.targeted import call_inputs
 from ..dtypes import RunDtype as RD
 from ..kernels.compare import compare
+from ..locate.region import Region
 from ..model.copy_run import copy_at, precision
 from ..model.policy import apply_policy
 from ..report import Diagnosis, FixVerified
@@ -70,16 +70,6 @@ def no_mechanical_fix(cause: str) -> str | None:
     if cause in MECHANICAL:
         return None
     return NO_FIX.get(cause, f"no mechanical fix is known for {cause}")
-
-
-@dataclass
-class Region:
-    """The failing call: the module and the inputs it was called with (captured copies)."""
-
-    name: str
-    module: nn.Module
-    args: tuple
-    kwargs: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -466,19 +456,3 @@ def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **k
     if diagnosis is None:
         return
     with_verdict(diagnosis, *verdict(diagnosis, region, run, **kw))
-
-
-def check_call(diagnosis: Diagnosis | None, model: nn.Module, name: str, call_index: int,
-               rerun: Callable[[], Any], run: RunDtype) -> None:
-    """``check`` for a forward fault known by module name and call index (under ``watch()`` and
-    capsule replays): the region's inputs are captured from ``rerun``, a forward of the model."""
-    if diagnosis is None or no_mechanical_fix(diagnosis.cause) or diagnosis.cause == "compile_divergence":
-        return
-
-    try:
-        args, kwargs = call_inputs(model, rerun, name, call_index)
-    except Exception:  # noqa: BLE001 - the diagnosis stands unverified
-        with_verdict(diagnosis, None, "not_rerun")
-        return
-    target = model.get_submodule(name) if name else model
-    check(diagnosis, Region(name, target, args, kwargs), run)

@@ -147,14 +147,15 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
         def op_level() -> tuple[Any, nn.Module, tuple, dict]:
             return locate_op(model, fwd, f, rerun.run, grad=None)
 
-        ev, target, margs, mkw = through_slow_path(op_level(), op_level, notes)
+        as_ran = op_level()
+        ev, target, margs, mkw = through_slow_path(as_ran, op_level, notes)  # a fused MHA op: its slow path's op
         fnf = to_first_nonfinite(f, ev)
         if f.role != "input":  # which token row holds it (a decode step: its position in the sequence)
             tp = token_position(call(target, margs, mkw, rerun.run), snap.kwargs)
             fnf.position, row = tp.position, tp.row
             if tp.note:
                 notes.append(tp.note)
-    if f.call.module_type == "MultiheadAttention" and ev is not None and FUSED not in ev.op:
+    if f.call.module_type == "MultiheadAttention" and as_ran[0] is not None and FUSED not in as_ran[0].op:
         notes.append(f"{name} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "
                      f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "
                      f"train mode or when query, key and value differ: {ev.op} is an op of that path, not of "

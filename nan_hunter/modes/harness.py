@@ -52,19 +52,16 @@ def record(p: Prepared, mode: Mode, indices: list[int]) -> ModeRun:
     caps = [capture(p, mode, g) for g in mode.groups(p, indices) if g]
     first = next((c for c in caps if c.recording.finding is not None), None)  # the lowest data-set index
     failed = sorted({i for c in caps for i in mode.failed_of(p, c)})
-    if mode.one_step_table:  # the failing step's rows, else the last capture's latest kept ones
-        shown = first or (caps[-1] if caps else None)
-        if shown is None:
-            table, notes = [], []
-        elif first is not None:
-            step = first.recording.finding.call.input_index
-            table, notes = first.recording.table([step]), first.recording.step_notes(step)
-        else:
-            table, notes = shown.recording.table(), list(shown.recording.notes)
-        table = mode.renumber(shown, table) if shown is not None else table
-    else:
+    if not mode.one_step_table:
         table = [row for c in caps for row in mode.renumber(c, c.recording.table())]
         notes = [n for c in caps for n in c.recording.notes]
+    elif first is not None:  # the failing step's rows
+        step = first.recording.finding.call.input_index
+        table, notes = mode.renumber(first, first.recording.table([step])), first.recording.step_notes(step)
+    elif caps:  # else the last capture's latest kept step
+        table, notes = mode.renumber(caps[-1], caps[-1].recording.table()), caps[-1].recording.notes
+    else:
+        table, notes = [], []
     absorbed = mode.absorbed(p, indices) if first is None else []
     first_input = mode.input_of(first, first.recording.finding.call.input_index) if first is not None else None
     return ModeRun(first_input, failed, table, list(dict.fromkeys(notes)), absorbed, mode.facts(p, caps, failed),

@@ -210,6 +210,7 @@ def test_multihead_attention_fused_fast_path_is_re_run_on_its_slow_path_to_name_
     assert "_native_multi_head_attention" not in r.first_nonfinite.op
     assert any("ran its fused fast path (aten._native_multi_head_attention.default)" in n and r.first_nonfinite.op in n
                for n in r.notes)
+    assert not any("took its slow path on the re-run" in n for n in r.notes)  # it ran the fused path
     assert torch.backends.mha.get_fastpath_enabled()  # the setting is restored
 
 

@@ -173,6 +173,9 @@ def _quick_ints() -> tuple[tuple[float, ...], list[list[int]]]:
 
 
 _OVER_ASCENDING, _QUICK_INTS = _quick_ints()
+_OVER_LOWEST = _OVER_ASCENDING[0]
+_INF, _NEG_INF, _NAN = math.inf, -math.inf, math.nan
+assert len(_F_NAN) == 3  # finite_row writes the float fields after absmax out
 
 
 def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list[float]] | None:
@@ -214,17 +217,20 @@ def finite_row(n: int, lo: float, hi: float) -> tuple[list[int], list[float]] | 
     one is NaN); None when it holds a NaN or ±Inf. Callers that read ``aminmax`` their own way
     (``capture.sink``: into a reused buffer) build the same row here. Written out in one function:
     a watched forward runs it for every tensor its hooks see."""
-    if not -math.inf < lo <= hi < math.inf:  # a NaN fails every comparison
+    if not _NEG_INF < lo <= hi < _INF:  # a NaN fails every comparison
         return None
     absmax = abs(hi) if hi >= -lo else -lo  # max(|lo|, |hi|), never -0.0
-    exceeded = 0
-    for lim in _OVER_ASCENDING:
-        if absmax <= lim:
-            break
-        exceeded += 1
-    ints = _QUICK_INTS[exceeded][:]
+    if absmax <= _OVER_LOWEST:  # within every target's range: the common case
+        ints = _QUICK_INTS[0][:]
+    else:
+        exceeded = 0
+        for lim in _OVER_ASCENDING:
+            if absmax <= lim:
+                break
+            exceeded += 1
+        ints = _QUICK_INTS[exceeded][:]
     ints[0] = n
-    return ints, [absmax, *_F_NAN]
+    return ints, [absmax, _NAN, _NAN, _NAN]
 
 
 def _finite_of(n: int, absmax: float) -> tuple[list[int], list[float]]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,8 @@ class Recorder:
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
         self.param_row_at: dict[str, tuple[int, int, int]] = {}  # dotted name -> (row, version, block)
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        self._own_src: dict[str, list[Any]] = {}  # per tensor of _own: its parameter (``_plain_sources``)
+        self._after: dict[int, tuple[Any, int, int, int]] = {}  # id(param) -> (ref, version, row, step)
         # per hooked module: [its tensors with a version counter, their versions when measured, the
         # block of rows they were measured in, that block's users, the rows as Refs]
         self._pstate: dict[str, list[Any]] = {}
@@ -417,6 +420,19 @@ class Recorder:
         # a DTensor parameter (FSDP2, tensor parallel) is measured on this rank's shard: no collective
         return [(pn, local_shard(p.detach())) for pn, p in named]
 
+    def _plain_sources(self, name: str, module: nn.Module, own: list[tuple[str, torch.Tensor]]) -> list[Any]:
+        """Per tensor of ``own``: the parameter it is a detached view of, when it is one whose rows
+        an optimizer step measured may stand for it (plain tensors only); None otherwise."""
+        if self.optimizer is None:
+            return [None] * len(own)
+        params = dict(module.named_parameters())
+        out = []
+        for pn, t in own:
+            p = params.get(pn)
+            plain = p is not None and type(p) in (torch.Tensor, nn.Parameter) and type(t) is torch.Tensor
+            out.append(p if plain and t.data_ptr() == p.data_ptr() and t.shape == p.shape else None)
+        return out
+
     def _params(self, name: str, module: nn.Module) -> Refs:
         """Rows of the call's parameters and buffers: measured at the module's first call, and
         again whenever one changed in place since (an optimizer step between forwards of one
@@ -424,6 +440,7 @@ class Recorder:
         st = self._pstate.get(name)
         if st is None:
             own = self._own[name] = self._param_tensors(name, module)
+            self._own_src[name] = self._plain_sources(name, module, own)
             st = self._pstate[name] = [[p for _, p in own if not p.is_inference()], None, -1, set(), []]
         versions = tuple(map(_VERSION, st[0]))
         if versions != st[1]:
@@ -452,12 +469,55 @@ class Recorder:
         bid = self._next_block
         self._next_block += 1
         users: set[int] = set()
-        refs = self._measure_all_params(own, new_rows)
+        taken = self._take_after_rows(own, self._own_src[name], bid, users) if self._after else {}
+        if taken:
+            fresh = iter(self._measure_all_params([x for i, x in enumerate(own) if i not in taken], new_rows))
+            refs = [(pn, taken[i]) if i in taken else next(fresh) for i, (pn, _) in enumerate(own)]
+            new_rows += taken.values()
+        else:
+            refs = self._measure_all_params(own, new_rows)
         self.param_rows[name] = refs
         self._param_blocks[bid] = (new_rows, users, True)
         st[1:] = [versions, bid, users, refs]
         for (pn, t), (_, r) in zip(own, refs):
             self.param_row_at[f"{name}.{pn}" if name else pn] = (r, t._version, bid)
+
+    def measured_after_step(self, params: list[torch.Tensor], refs: Refs, step: int) -> None:
+        """An optimizer step of ``step`` measured ``params`` after the update into ``refs`` (rows
+        ``step`` owns): the next forward's parameter rows take them over while the parameters are
+        unchanged (``_take_after_rows``), instead of reading every parameter again."""
+        after = self._after
+        after.clear()
+        for p, (_, r) in zip(params, refs):
+            try:
+                after[id(p)] = (weakref.ref(p), p._version, r, step)
+            except (TypeError, RuntimeError):  # no weakref, no version counter: measured again
+                continue
+
+    def _take_after_rows(self, own: list[tuple[str, torch.Tensor]], src: list[Any], bid: int,
+                         users: set[int]) -> dict[int, int]:
+        """Index in ``own`` -> row, for each parameter the latest optimizer step measured and left
+        unchanged since (the same values, so the same row): the row moves from the step's rows to
+        the block ``bid`` of parameter rows, which that step then uses too (kept while either is)."""
+        taken: dict[int, int] = {}
+        after = self._after
+        for i, ((_, t), p) in enumerate(zip(own, src)):
+            hit = after.get(id(p)) if p is not None else None
+            if hit is None or hit[0]() is not p or hit[1] != t._version or hit[3] not in self._owned:
+                continue
+            del after[id(p)]
+            taken[i] = hit[2]
+            users.add(hit[3])
+        if taken:
+            moved = set(taken.values())
+            for step in users:
+                self._param_use.setdefault(step, set()).add(bid)
+                owned = self._owned[step]
+                owned[:] = [r for r in owned if r not in moved]
+            bad = self.sink.bad_rows
+            if bad and not moved.isdisjoint(bad):
+                self._dirty.add(self._forward)  # as measuring them would have
+        return taken
 
     def param_row(self, name: str, p: torch.Tensor, forward: int) -> int | None:
         """The row forward ``forward`` measured parameter ``name`` in, if it is unchanged since."""

@@ -18,11 +18,15 @@ alternating the trees, ``--processes`` times each, and prints the per-tree media
 an after measured interleaved on the same machine at the same load.
 
 ``--profile N``: instead, cProfile over N watched forwards, the hook time split into parts by
-where it is spent (the table of BENCHMARKS.md's issue-36 section).
+where it is spent (the table of BENCHMARKS.md's issue-36 section). ``--bytecodes N``: the Python
+bytecodes nan_hunter executes per watched forward, per part and per function (``sys.settrace``
+opcode events): exact and independent of the machine's load, though blind to time spent in C
+(the torch ops, torch's own hook dispatch).
 
     python bench/fixed_cost.py                                   # 7 rounds x 200 forwards, blocks
     python bench/fixed_cost.py --trees /work/wt-base,/work/wt-perf --processes 3
     python bench/fixed_cost.py --profile 300
+    python bench/fixed_cost.py --bytecodes 20
 """
 
 from __future__ import annotations
@@ -89,16 +93,62 @@ def measure(a) -> dict:
 
 #: the parts of a watched forward's hook time, by where the profiled function lives (first match)
 PARTS = (
-    ("CPU statistics (quick_row, aminmax, host reads)", ("reference.py", "stats_host", "aminmax", "item",
-                                                         "_foreach", "tolist")),
-    ("walking arguments and outputs for float tensors", ("floats.py", "tree.py")),
+    ("CPU statistics (quick_row, finite_row, aminmax, host reads)", ("reference.py:", "aminmax", "'item'",
+                                                                    "_foreach", "'tolist'")),
+    ("walking arguments and outputs for float tensors", ("floats.py:", "tree.py:")),
     ("root call (step bookkeeping, snapshot, context)", ("snapshot.py", "context.py", "_root_starts",
-                                                        "on_root_call", "training.py", "get_rng_state")),
+                                                        "on_root_call", "training.py", "get_rng_state",
+                                                        "weights_version", "_drop_old_inputs", "keeps_inputs",
+                                                        "get_state")),
     ("parameter rows (_params)", ("_params",)),
     ("judging and folding (_finish, _fold, _judge)", ("_finish", "_fold", "_judge", "_clean", "_rows_of",
-                                                      "free", "on_forward_end", "fault_policy.py")),
+                                                      "free", "on_forward_end", "fault_policy.py", "on_forget",
+                                                      "host_table", "late_phases", "_rows_on_host")),
     ("measuring bookkeeping (identity cache, rows, refs)", ("sink.py", "_measure")),
 )
+
+
+def bytecodes(a) -> None:
+    """``--bytecodes``: nan_hunter's Python bytecodes per watched forward, by part and function."""
+    import collections
+
+    import torch
+
+    import nan_hunter
+
+    torch.set_num_threads(1)
+    model, inputs = build(a.batch, a.seq)
+    count: collections.Counter = collections.Counter()
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if "nan_hunter" not in code.co_filename:
+            return None
+        frame.f_trace_opcodes = True
+        key = f"{Path(code.co_filename).name}:{code.co_name}"
+
+        def local(frame, event, arg):
+            if event == "opcode":
+                count[key] += 1
+            return local
+        return local
+
+    with torch.no_grad(), nan_hunter.watch(model, level=a.level):
+        for _ in range(50):
+            model(**inputs)
+        sys.settrace(tracer)
+        for _ in range(a.bytecodes):
+            model(**inputs)
+        sys.settrace(None)
+    n = a.bytecodes
+    parts: collections.Counter = collections.Counter()
+    for key, v in count.items():
+        parts[next((p for p, keys in PARTS if any(k in key for k in keys)), "hook bodies and the rest")] += v
+    print(f"nan_hunter bytecodes per watched forward (level {a.level}): {sum(count.values()) / n:.0f}")
+    for part, v in parts.most_common():
+        print(f"  {v / n:7.0f}  {part}")
+    for key, v in count.most_common(a.top or 12):
+        print(f"      {v / n:7.0f}  {key}")
 
 
 def profile(a) -> None:
@@ -194,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trees", default=None, help="comma list of source trees to compare, interleaved")
     ap.add_argument("--processes", type=int, default=3, help="with --trees: processes per tree")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many watched forwards instead")
+    ap.add_argument("--bytecodes", type=int, default=0, help="count nan_hunter's bytecodes over this many forwards")
     ap.add_argument("--top", type=int, default=0, help="with --profile: also print the top functions")
     ap.add_argument("--json", default=None, help="write the result here ('-': print it as the last line)")
     a = ap.parse_args(argv)
@@ -201,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         return trees(a)
     if a.profile:
         profile(a)
+        return 0
+    if a.bytecodes:
+        bytecodes(a)
         return 0
     r = measure(a)
     if a.json == "-":

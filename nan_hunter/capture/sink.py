@@ -45,6 +45,8 @@ _MINMAX_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _NO_BUFFERS: dict = {}
 _aminmax = torch.aminmax
+_finite_row = ref.finite_row
+_weakref = weakref.ref
 
 
 def _reader(buf: torch.Tensor) -> Any:
@@ -54,8 +56,6 @@ def _reader(buf: torch.Tensor) -> Any:
         return buf.numpy().tolist
     except (RuntimeError, TypeError):  # bfloat16 has no numpy dtype; torch without numpy
         return buf.tolist
-_finite_row = ref.finite_row
-_weakref = weakref.ref
 
 _GRAPH_SEGMENTS: list[Segment] = []  # written by captured graphs, which may outlive their watch
 

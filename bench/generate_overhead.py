@@ -8,6 +8,8 @@ Models, on the CPU with ``torch.set_num_threads(2)`` and fp32:
 
 Variants, measured in one process in interleaved rounds (the order rotates every round, after a
 warm-up of each); the figure is the median over rounds of one 64-token greedy ``generate()``
+(wall time; ``--clock cpu``: CPU time of the measuring thread, ``time.thread_time``, which with
+``--threads 1`` is all of the work and counts other processes on a shared machine less)
 (``do_sample=False``, ``min_new_tokens=max_new_tokens`` so every variant runs the same steps):
 
 * ``plain``          ``model.generate(...)``
@@ -21,6 +23,7 @@ tokens (memory independent of N).
 
     python bench/generate_overhead.py                 # both models, 64 tokens, 5 rounds
     python bench/generate_overhead.py --models tiny --rounds 1 --tokens 8   # smoke test
+    python bench/generate_overhead.py --threads 1 --clock cpu               # a shared, loaded machine
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def variants(model, ids, tokens: int):
     return {"plain": gen, "watch_blocks": watched("blocks"), "watch_modules": watched("modules"), "duo": duo}
 
 
-def measure(name: str, tokens: int, rounds: int) -> dict:
+def measure(name: str, tokens: int, rounds: int, clock=time.perf_counter) -> dict:
     import torch
 
     model, ids = build(name)
@@ -99,12 +102,13 @@ def measure(name: str, tokens: int, rounds: int) -> dict:
     order = list(vs)
     for r in range(rounds):
         for k in order[r % len(order):] + order[:r % len(order)]:
-            t = time.perf_counter()
+            t = clock()
             vs[k]()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(clock() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
     out["seconds"] = med
     out["ratio_vs_plain"] = {k: med[k] / med["plain"] for k in med}
+    out["rounds_seconds"] = times
     return out
 
 
@@ -136,10 +140,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--rss-only", action="store_true", help="only the RSS-against-N measurement")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: CPU time of the measuring thread (use with --threads 1)")
     a = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
+    clock = time.thread_time if a.clock == "cpu" else time.perf_counter
     res = {"machine": {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads()}}
+                       "threads": torch.get_num_threads(), "clock": a.clock, "load_avg": os.getloadavg()}}
     if a.rss_only:
         res["rss_mib_after_n_tokens"] = rss_growth(a.models.split(",")[0])
         print("RSS after watched generate of N tokens (MiB):", res["rss_mib_after_n_tokens"])
@@ -147,7 +155,7 @@ def main() -> int:
             Path(a.json).write_text(json.dumps(res, indent=2))
         return 0
     for name in a.models.split(","):
-        res[name] = measure(name, a.tokens, a.rounds)
+        res[name] = measure(name, a.tokens, a.rounds, clock)
         r = res[name]["ratio_vs_plain"]
         print(f"{name} ({res[name]['params'] / 1e6:.1f}M params, {a.tokens} tokens): plain "
               f"{res[name]['seconds']['plain']:.3f}s; watch blocks {r['watch_blocks']:.3f}x, modules "

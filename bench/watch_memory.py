@@ -10,6 +10,14 @@ watch's kept calls, the sink's rows in use and its row capacity. Forward ``--fai
 comes after it; ``report()`` runs at the end and must name it (module and aten op).
 
     python bench/watch_memory.py [--forwards 100000] [--every 10000] [--level modules] [--json out.json]
+
+``--train STEPS``: instead, a training loop left watched (issue 36: memory flat over 10k steps): a
+5-layer MLP 32 wide (``nn.ModuleList`` of Linear + GELU, ``torch.set_num_threads(1)``), batch 8,
+``AdamW``, under ``watch(level=--level, backward=True, optimizer=opt, on_fault="skip")``; RSS and
+the same counts every ``--every`` steps. A healthy run: no fault to report, and ``report()`` must
+say so.
+
+    python bench/watch_memory.py --train 10000 --every 1000 --level blocks
 """
 
 from __future__ import annotations
@@ -42,14 +50,72 @@ class Net(nn.Module):
         return self.head(x)
 
 
+class MLP(nn.Module):
+    def __init__(self, width: int = 32, depth: int = 5):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _sample(i: int, w, t0: float) -> dict:
+    return {"step": i, "rss_mb": round(rss_mb(), 1), "calls_kept": len(w.calls),
+            "rows_in_use": getattr(w.sink, "rows_in_use", w.sink.n), "row_capacity": w.sink.n,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def train(a) -> None:
+    """``--train``: RSS over a watched training loop (see the module docstring)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MLP().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 32), torch.randn(8, 1)
+    samples = []
+    t0 = time.perf_counter()
+    print(f"{'steps':>9} {'RSS MB':>8} {'calls kept':>10} {'rows in use':>11} {'row capacity':>12} {'s':>7}")
+    with nan_hunter.watch(model, level=a.level, backward=True, optimizer=opt, on_fault="skip") as w:
+        for i in range(a.train + 1):
+            if i % a.every == 0:
+                s = _sample(i, w, t0)
+                samples.append(s)
+                print(f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
+                      f"{s['row_capacity']:>12} {s['seconds']:>7}", flush=True)
+            if i == a.train:
+                break
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    r = w.report()
+    print(f"report(): first_nonfinite {r.first_nonfinite}; RSS after report: {rss_mb():.1f} MB")
+    out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                       "load_avg": os.getloadavg()},
+           "level": a.level, "train_steps": a.train, "samples": samples,
+           "fault": r.first_nonfinite is not None, "rss_after_report_mb": round(rss_mb(), 1)}
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(out, indent=2))
+    if r.first_nonfinite is not None:
+        raise SystemExit("a healthy training run reported a fault")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--forwards", type=int, default=100_000)
+    ap.add_argument("--train", type=int, default=0, help="training steps instead of forwards (see above)")
     ap.add_argument("--every", type=int, default=10_000)
     ap.add_argument("--level", default="modules", choices=["blocks", "modules", "ops"])
     ap.add_argument("--fail-at", type=int, default=1000)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
+    if a.train:
+        train(a)
+        return
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

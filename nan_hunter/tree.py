@@ -9,6 +9,7 @@ tensor. Capture, re-runs, replay, bisect and policies all go through these two.
 from __future__ import annotations
 
 import copy
+import copyreg
 import dataclasses
 import sys
 import types
@@ -59,6 +60,40 @@ def float_tensors(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     return out
 
 
+_PLAINLY_COPIED: dict[type, bool] = {}
+
+
+def _copied_plainly(tp: type) -> bool:
+    """Whether ``copy.copy`` of a ``tp`` is ``tp.__new__(tp)`` given the instance's ``__dict__``: a
+    plain class (a transformers ``DynamicCache`` and its layers) that customises none of copy's
+    protocol, holds no slots and is no container. Its copy is then made directly, without the
+    reduce protocol's detour: ``Snapshot.of`` copies a KV cache's objects on every decode step."""
+    plain = _PLAINLY_COPIED.get(tp)
+    if plain is None:
+        obj = object
+        plain = (tp not in copy._copy_dispatch and copyreg.dispatch_table.get(tp) is None
+                 and not issubclass(tp, (type, dict, list, tuple, set))
+                 and getattr(tp, "__copy__", None) is None and getattr(tp, "__setstate__", None) is None
+                 and tp.__reduce_ex__ is obj.__reduce_ex__ and tp.__reduce__ is obj.__reduce__
+                 and getattr(tp, "__getstate__", None) is getattr(obj, "__getstate__", None)
+                 and getattr(tp, "__getnewargs_ex__", None) is None and getattr(tp, "__getnewargs__", None) is None
+                 and not copyreg._slotnames(tp) and "__dict__" in dir(tp))
+        _PLAINLY_COPIED[tp] = plain
+    return plain
+
+
+def _shallow_copy(x: Any) -> Any:
+    """``copy.copy(x)``, made directly for a plainly copied type (``_copied_plainly``)."""
+    tp = type(x)
+    if not _copied_plainly(tp):
+        return copy.copy(x)
+    new = tp.__new__(tp)
+    state = x.__dict__
+    if state:
+        new.__dict__.update(state)
+    return new
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``obj`` rebuilt with ``fn`` applied to every tensor; never mutates ``obj``.
 
@@ -85,7 +120,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             new = {k: rec(v, depth + 1) for k, v in x.items()}
         else:
             try:
-                new = copy.copy(x)
+                new = _shallow_copy(x)
             except Exception:  # an object that cannot be copied is kept as it is
                 return x
             memo[id(x)] = new

@@ -15,7 +15,14 @@ from torch import nn
 _AMP_DEVICES = ("cpu", "cuda")
 
 
+#: one call that says no autocast is on for any device (torch >= 2.0), so the per-device asks below
+#: are made only when one is: a root call records its context on every forward
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
 def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
+    if _any_autocast is not None and not _any_autocast():
+        return ()
     amp = ()
     for dev in _AMP_DEVICES:
         try:
@@ -27,7 +34,7 @@ def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
 
 
 def _rng_now() -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    cpu = torch.get_rng_state()
+    cpu = torch.default_generator.get_state()  # torch.get_rng_state(), one Python frame less
     cuda = None
     if torch.cuda.is_initialized():  # no CUDA RNG before CUDA is initialised (and none without CUDA)
         try:

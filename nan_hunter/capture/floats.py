@@ -21,12 +21,20 @@ from ..tree import _LEAVES, MAX_DEPTH, float_tensors
 _TENSOR = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 _SKIP = frozenset({type(None), bool, int, float, str, bytes, torch.dtype, torch.device})  # never hold tensors
-_KINDS: dict[type, int] = {}  # type -> how tree.float_tensors walks one (see _kind)
+_PLAIN, _SKIP_KIND, _SEQUENCE, _MAPPING, _GENERAL = range(5)
+#: type -> how tree.float_tensors walks an object of it (see _kind); one lookup per value a hook sees
+_KINDS: dict[type, int] = {_TENSOR: _PLAIN, _PARAMETER: _PLAIN, tuple: _SEQUENCE, list: _SEQUENCE, dict: _MAPPING,
+                           **dict.fromkeys(_SKIP, _SKIP_KIND)}
 
 
 def float_items(obj: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     """``tree.float_tensors(obj, prefix)``."""
     out: list[tuple[str, torch.Tensor]] = []
+    tp = type(obj)
+    if tp is _TENSOR:  # what most modules return
+        if obj.is_floating_point() and not obj.is_meta:
+            out.append((prefix or "out", obj))
+        return out
     _walk(obj, prefix, 0, out)
     return out
 
@@ -37,24 +45,30 @@ _ARG_LABELS = tuple(f"args[{i}]" for i in range(16))
 def call_items(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """``float_items(args, "args") + float_items(kwargs)``: what a pre-hook sees, in one pass."""
     out: list[tuple[str, torch.Tensor]] = []
+    kinds = _KINDS
     for i, v in enumerate(args):
-        vt = type(v)
-        if vt is _TENSOR or vt is _PARAMETER:
+        kind = kinds.get(type(v))
+        if kind == _PLAIN:
             if v.is_floating_point() and not v.is_meta:
                 out.append((_ARG_LABELS[i] if i < 16 else f"args[{i}]", v))
-        elif vt not in _SKIP:
+        elif kind != _SKIP_KIND:
             _walk(v, f"args[{i}]", 1, out)
     for k, v in kwargs.items():
-        vt = type(v)
-        if vt is _TENSOR or vt is _PARAMETER:
+        kind = kinds.get(type(v))
+        if kind == _PLAIN:
             if v.is_floating_point() and not v.is_meta:
                 out.append((str(k) or "out", v))
-        elif vt not in _SKIP:
+        elif kind == _SEQUENCE:  # inline: a tuple of tensors (rotary position embeddings) on every layer
+            label = str(k)
+            for i, e in enumerate(v):
+                if kinds.get(type(e)) == _PLAIN:
+                    if e.is_floating_point() and not e.is_meta:
+                        out.append((f"{label}[{i}]", e))
+                else:
+                    _walk(e, f"{label}[{i}]", 2, out)
+        elif kind != _SKIP_KIND:
             _walk(v, str(k), 1, out)
     return out
-
-
-_SKIP_KIND, _SEQUENCE, _MAPPING, _GENERAL = range(4)
 
 
 def _kind(tp: type) -> int:
@@ -80,33 +94,33 @@ def _kind(tp: type) -> int:
 
 def _walk(obj: Any, prefix: str, depth: int, out: list[tuple[str, torch.Tensor]]) -> None:
     tp = type(obj)
-    if tp is _TENSOR or tp is _PARAMETER:  # plain tensors: no DTensor shard to take
+    kind = _KINDS.get(tp)
+    if kind == _PLAIN:  # plain tensors: no DTensor shard to take
         if obj.is_floating_point() and not obj.is_meta:
             out.append((prefix or "out", obj))
         return
-    if tp in _SKIP:
+    if kind == _SKIP_KIND:
         return
     if depth > MAX_DEPTH:
         if isinstance(obj, torch.Tensor):  # a subclass deeper than the limit is still read
             out += float_tensors(obj, prefix, depth)
         return
-    kind = _SEQUENCE if tp is tuple or tp is list else _MAPPING if tp is dict else _kind(tp)
+    if kind is None:
+        kind = _kind(tp)
     if kind == _SEQUENCE:
         for i, v in enumerate(obj):
-            vt = type(v)
-            if vt is _TENSOR or vt is _PARAMETER:  # inline: most elements are plain tensors
+            if type(v) is _TENSOR:  # inline: most elements are plain tensors
                 if v.is_floating_point() and not v.is_meta:
                     out.append((f"{prefix}[{i}]", v))
-            elif vt not in _SKIP:
+            else:
                 _walk(v, f"{prefix}[{i}]", depth + 1, out)
     elif kind == _MAPPING:
         for k, v in obj.items():
             label = f"{prefix}.{k}" if prefix else str(k)
-            vt = type(v)
-            if vt is _TENSOR or vt is _PARAMETER:
+            if type(v) is _TENSOR:
                 if v.is_floating_point() and not v.is_meta:
                     out.append((label or "out", v))
-            elif vt not in _SKIP:
+            else:
                 _walk(v, label, depth + 1, out)
     elif kind == _GENERAL:
         out += float_tensors(obj, prefix, depth)

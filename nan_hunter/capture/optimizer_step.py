@@ -124,6 +124,7 @@ class OptimizerHooks:
         if detail is None:
             return
         after = rec.measure([(f"{n} after the step", p.detach()) for p, n, _, _ in items], step=f)
+        rec.measured_after_step([p for p, _, _, _ in items], after, f)  # the next forward's parameter rows
         n = len(items)
         calls = []
         for i, (_, name, owner, otype) in enumerate(items):

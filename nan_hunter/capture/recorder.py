@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -128,11 +129,15 @@ class Recorder:
                      None)
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend, underflow=underflow)
+        self._cuda = self.sink.device.type == "cuda"
         self.param_rows: dict[str, Refs] = {}  # latest rows of each module's own params
         self.param_row_at: dict[str, tuple[int, int, int]] = {}  # dotted name -> (row, version, block)
         self._own: dict[str, list[tuple[str, torch.Tensor]]] = {}
-        self._param_versions: dict[str, tuple[int, ...]] = {}
-        self._versioned: dict[str, list[torch.Tensor]] = {}  # the tensors of _own with a version counter
+        self._own_src: dict[str, list[Any]] = {}  # per tensor of _own: its parameter (``_plain_sources``)
+        self._after: dict[int, tuple[Any, int, int, int]] = {}  # id(param) -> (ref, version, row, step)
+        # per hooked module: [its tensors with a version counter, their versions when measured, the
+        # block of rows they were measured in, that block's users, the rows as Refs]
+        self._pstate: dict[str, list[Any]] = {}
         self._handles: list[Any] = []
         self._n_hooked = 0
         self._stack: list[Call] = []
@@ -150,6 +155,8 @@ class Recorder:
         self._current: list[Call] = []  # the calls of the latest root call (its list in _detail)
         self._dirty: set[int] = set()  # host sink: steps that were given a non-finite row
         self._owned: dict[int, list[int]] = {}  # rows allocated for its calls' inputs and outputs
+        self._owned_now: list[int] = []  # the latest root call's list in _owned
+        self._host_hooks = False  # hooks measure straight into a host sink (no op-level mode): see attach
         self._param_use: dict[int, set[int]] = {}  # modules whose param rows its calls reference
         self._done: list[int] = []  # finished forwards, oldest first, not yet judged for folding
         self._inputs: dict[int, Snapshot] = {}
@@ -158,7 +165,6 @@ class Recorder:
         self.forwards_folded = 0
         self._failed_runs: list[list[int]] = []  # [first, last] runs of failing forwards folded or judged
         self._param_blocks: dict[int, tuple[list[int], set[int], bool]] = {}  # id -> (rows, users, current)
-        self._param_block_of: dict[str, int] = {}
         self._next_block = 0
         self._judged_upto = -1
         self._flags: list[tuple[int, Any, torch.Tensor]] = []  # device sinks: (forward, event, pinned flag)
@@ -206,6 +212,7 @@ class Recorder:
 
             self._ops = OpWatch(self)
             self._ops.__enter__()
+        self._host_hooks = self._ops is None and not self.sink._device_rows
         for c in self.companions:
             c.attach()
 
@@ -303,6 +310,22 @@ class Recorder:
         """Measure the float tensors inside each (object, label prefix) in one batch."""
         return self._measure_items([item for obj, prefix in parts for item in float_items(obj, prefix)])
 
+    def _measure_hook(self, items: list[tuple[str, torch.Tensor]]) -> Refs:
+        """``_measure_items`` for a hook of the current step: straight into a host sink when no
+        op-level mode is on (what every watched forward runs, in one call instead of four)."""
+        sink = self.sink
+        if self._ops is not None or sink._device_rows:
+            return self._measure_items(items)
+        refs = sink.measure_host(items, True, self._owned_now)
+        if sink.bad_rows:
+            self._mark_dirty(refs)
+        return refs
+
+    def _mark_dirty(self, refs: Refs) -> None:
+        bad = self.sink.bad_rows
+        if any(r in bad for _, r in refs):
+            self._dirty.add(self._forward)  # a non-finite row: this step is judged by reading its rows
+
     def _measure_items(self, items: list[tuple[str, torch.Tensor]]) -> Refs:
         if self._ops is not None:  # the stats' own ops must not be seen by the op-level mode
             from torch.utils._python_dispatch import _disable_current_modes
@@ -312,20 +335,18 @@ class Recorder:
         return self._measure_flat(items)
 
     def _measure_flat(self, items: list[tuple[str, torch.Tensor]], owned: bool = True,
-                      forward: int | None = None) -> Refs:
+                      forward: int | None = None, new_rows: list[int] | None = None) -> Refs:
+        """``owned``: the new rows go to the step's ``_owned`` list (given back when it is folded);
+        else to ``new_rows``, when given."""
         if not items:
             return []
         sink = self.sink
-        refs = sink.measure_labelled(items, cache=owned)
         f = self._forward if forward is None else forward
         if owned:
-            first, n = sink.last_new
-            if n:
-                mine = self._owned.get(f)
-                if mine is None:
-                    self._owned[f] = list(range(first, first + n))
-                else:
-                    mine.extend(range(first, first + n))
+            new_rows = self._owned.get(f)
+            if new_rows is None:
+                new_rows = self._owned[f] = []
+        refs = sink.measure_labelled(items, cache=owned, new_rows=new_rows)
         bad = sink.bad_rows
         if bad and any(r in bad for _, r in refs):
             self._dirty.add(f)  # a non-finite row: this step is judged by reading its rows
@@ -342,9 +363,16 @@ class Recorder:
             idx = count.get(name, 0)
             count[name] = idx + 1
             items = call_items(args, kwargs)
+            if not items:
+                inputs = []
+            elif self._host_hooks:  # straight into the host sink (``_measure_hook``), one call less
+                inputs = self.sink.measure_host(items, True, self._owned_now)
+                if self.sink.bad_rows:
+                    self._mark_dirty(inputs)
+            else:
+                inputs = self._measure_hook(items)
             call = Call(self._starts, name, type(module).__name__, idx, len(stack),
-                        stack[-1].start if stack else None, self._forward,
-                        self._measure_items(items) if items else [], [], self._params(name, module))
+                        stack[-1].start if stack else None, self._forward, inputs, [], self._params(name, module))
             self._starts += 1
             self._current.append(call)
             stack.append(call)
@@ -354,7 +382,7 @@ class Recorder:
 
     def _root_starts(self, args: tuple, kwargs: dict) -> None:
         """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept."""
-        capturing = self.sink.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        capturing = self._cuda and torch.cuda.is_current_stream_capturing()
         if self._ops is not None and capturing:
             raise RuntimeError(
                 "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
@@ -367,6 +395,7 @@ class Recorder:
         self.sink.forget_tensors()
         self._weights_at[f] = self.weights_version()
         self._current = self._detail[f] = []
+        self._owned_now = self._owned[f] = []
         if self.listener.keeps_inputs():
             self._inputs[f] = Snapshot.of(args, kwargs)
             self._drop_old_inputs()
@@ -390,41 +419,104 @@ class Recorder:
         # a DTensor parameter (FSDP2, tensor parallel) is measured on this rank's shard: no collective
         return [(pn, local_shard(p.detach())) for pn, p in named]
 
+    def _plain_sources(self, name: str, module: nn.Module, own: list[tuple[str, torch.Tensor]]) -> list[Any]:
+        """Per tensor of ``own``: the parameter it is a detached view of, when it is one whose rows
+        an optimizer step measured may stand for it (plain tensors only); None otherwise."""
+        if self.optimizer is None:
+            return [None] * len(own)
+        params = dict(module.named_parameters())
+        out = []
+        for pn, t in own:
+            p = params.get(pn)
+            plain = p is not None and type(p) in (torch.Tensor, nn.Parameter) and type(t) is torch.Tensor
+            out.append(p if plain and t.data_ptr() == p.data_ptr() and t.shape == p.shape else None)
+        return out
+
     def _params(self, name: str, module: nn.Module) -> Refs:
         """Rows of the call's parameters and buffers: measured at the module's first call, and
         again whenever one changed in place since (an optimizer step between forwards of one
         capture), so every call is judged against the weights it actually used."""
-        own = self._own.get(name)
-        if own is None:
+        st = self._pstate.get(name)
+        if st is None:
             own = self._own[name] = self._param_tensors(name, module)
-            self._versioned[name] = [p for _, p in own if not p.is_inference()]
-        versions = tuple(map(_VERSION, self._versioned[name]))
-        if versions != self._param_versions.get(name):
-            old = self._param_block_of.get(name)
-            if old is not None:
-                rows, users, _ = self._param_blocks[old]
-                self._param_blocks[old] = (rows, users, False)
-                self._release_params(old)
-            self.param_rows[name] = self._measure_all_params(own)
-            self._param_versions[name] = versions
-            first, n = self.sink.last_new
-            bid = self._next_block
-            self._next_block += 1
-            self._param_blocks[bid] = (list(range(first, first + n)) if own else [], set(), True)
-            self._param_block_of[name] = bid
-            for (pn, t), (_, r) in zip(own, self.param_rows[name]):
-                self.param_row_at[f"{name}.{pn}" if name else pn] = (r, t._version, bid)
-        bid = self._param_block_of[name]
+            self._own_src[name] = self._plain_sources(name, module, own)
+            st = self._pstate[name] = [[p for _, p in own if not p.is_inference()], None, -1, set(), []]
+        versions = tuple(map(_VERSION, st[0]))
+        if versions != st[1]:
+            self._measure_params(name, st, versions)
+        users = st[3]
         f = self._forward
-        users = self._param_blocks[bid][1]
         if f not in users:
             users.add(f)
             use = self._param_use.get(f)
             if use is None:
-                self._param_use[f] = {bid}
+                self._param_use[f] = {st[2]}
             else:
-                use.add(bid)
-        return self.param_rows[name]
+                use.add(st[2])
+        return st[4]
+
+    def _measure_params(self, name: str, st: list[Any], versions: tuple[int, ...]) -> None:
+        """Measure a module's parameters and buffers into a new block of rows (``_params``); the
+        block of the values they had before is given back once no kept step uses it."""
+        old = st[2]
+        if old >= 0:
+            rows, users, _ = self._param_blocks[old]
+            self._param_blocks[old] = (rows, users, False)
+            self._release_params(old)
+        own = self._own[name]
+        new_rows: list[int] = []
+        bid = self._next_block
+        self._next_block += 1
+        users: set[int] = set()
+        taken = self._take_after_rows(own, self._own_src[name], bid, users) if self._after else {}
+        if taken:
+            fresh = iter(self._measure_all_params([x for i, x in enumerate(own) if i not in taken], new_rows))
+            refs = [(pn, taken[i]) if i in taken else next(fresh) for i, (pn, _) in enumerate(own)]
+            new_rows += taken.values()
+        else:
+            refs = self._measure_all_params(own, new_rows)
+        self.param_rows[name] = refs
+        self._param_blocks[bid] = (new_rows, users, True)
+        st[1:] = [versions, bid, users, refs]
+        for (pn, t), (_, r) in zip(own, refs):
+            self.param_row_at[f"{name}.{pn}" if name else pn] = (r, t._version, bid)
+
+    def measured_after_step(self, params: list[torch.Tensor], refs: Refs, step: int) -> None:
+        """An optimizer step of ``step`` measured ``params`` after the update into ``refs`` (rows
+        ``step`` owns): the next forward's parameter rows take them over while the parameters are
+        unchanged (``_take_after_rows``), instead of reading every parameter again."""
+        after = self._after
+        after.clear()
+        for p, (_, r) in zip(params, refs):
+            try:
+                after[id(p)] = (weakref.ref(p), p._version, r, step)
+            except (TypeError, RuntimeError):  # no weakref, no version counter: measured again
+                continue
+
+    def _take_after_rows(self, own: list[tuple[str, torch.Tensor]], src: list[Any], bid: int,
+                         users: set[int]) -> dict[int, int]:
+        """Index in ``own`` -> row, for each parameter the latest optimizer step measured and left
+        unchanged since (the same values, so the same row): the row moves from the step's rows to
+        the block ``bid`` of parameter rows, which that step then uses too (kept while either is)."""
+        taken: dict[int, int] = {}
+        after = self._after
+        for i, ((_, t), p) in enumerate(zip(own, src)):
+            hit = after.get(id(p)) if p is not None else None
+            if hit is None or hit[0]() is not p or hit[1] != t._version or hit[3] not in self._owned:
+                continue
+            del after[id(p)]
+            taken[i] = hit[2]
+            users.add(hit[3])
+        if taken:
+            moved = set(taken.values())
+            for step in users:
+                self._param_use.setdefault(step, set()).add(bid)
+                owned = self._owned[step]
+                owned[:] = [r for r in owned if r not in moved]
+            bad = self.sink.bad_rows
+            if bad and not moved.isdisjoint(bad):
+                self._dirty.add(self._forward)  # as measuring them would have
+        return taken
 
     def param_row(self, name: str, p: torch.Tensor, forward: int) -> int | None:
         """The row forward ``forward`` measured parameter ``name`` in, if it is unchanged since."""
@@ -442,13 +534,13 @@ class Recorder:
             named = list(module.named_parameters(recurse=False))
         return [(n, p) for n, p in named if p.is_floating_point()]
 
-    def _measure_all_params(self, own: list[tuple[str, torch.Tensor]]) -> Refs:
+    def _measure_all_params(self, own: list[tuple[str, torch.Tensor]], new_rows: list[int]) -> Refs:
         if self._ops is not None:
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes():
-                return self._measure_flat(own, owned=False)
-        return self._measure_flat(own, owned=False)
+                return self._measure_flat(own, owned=False, new_rows=new_rows)
+        return self._measure_flat(own, owned=False, new_rows=new_rows)
 
     def _release_params(self, bid: int) -> None:
         rows, users, current = self._param_blocks[bid]
@@ -471,7 +563,12 @@ class Recorder:
             self._seq += 1
             items = float_items(output)
             if items:
-                call.outputs = self._measure_items(items)
+                if self._host_hooks:
+                    call.outputs = self.sink.measure_host(items, True, self._owned_now)
+                    if self.sink.bad_rows:
+                        self._mark_dirty(call.outputs)
+                else:
+                    call.outputs = self._measure_hook(items)
             if self.grads is not None:
                 self.grads.on_outputs(call, items)
             if self._ops is not None:
@@ -492,6 +589,8 @@ class Recorder:
     def _drop_old_inputs(self) -> None:
         """Inputs are kept for the latest ``window`` forwards not yet judged (a device sink judges
         in batches) and for the first failing forward: a snapshot may hold a KV cache's tensors."""
+        if len(self._inputs) <= self.window:
+            return  # nothing to drop (a host sink without later phases keeps only the running forward's)
         unjudged = [f for f in self._inputs if f not in (self.first_failed, self._early)]
         old = unjudged[:max(0, len(unjudged) - self.window)]
         if old and self._flags and self._flags[0][0] <= old[-1]:
@@ -545,7 +644,10 @@ class Recorder:
         done.append(forward)
         foldable = not self.sink.graph_rows
         if foldable and self._rows_on_host():
-            self._judge([forward])
+            if forward > self._judged_upto and not self.sink._device_rows and forward not in self._dirty:
+                self._judged_upto = forward  # the root-forward fast path: no row of it counts a NaN or ±inf
+            else:
+                self._judge([forward])
             if self.first_failed != forward and not self.late_phases:
                 self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
         elif foldable and self.first_failed is None and self._early is None and forward in self._inputs:
@@ -610,6 +712,7 @@ class Recorder:
         if self._early is not None and self._early != self.first_failed and self._early <= self._judged_upto:
             self._early = None
         aggregates = self.aggregates
+        blocks = self._param_blocks
         for f in forwards:
             if f == self.first_failed:
                 continue
@@ -623,25 +726,34 @@ class Recorder:
                 if agg is None:
                     agg = aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
                 agg.calls += 1
+                top = agg.absmax
                 bad = False
                 for _, r in c.outputs:
                     ints, floats = rows[r]
                     a = floats[0]  # absmax (stats.FLOAT_FIELDS[0]); NaN when not computed
-                    if a == a and (agg.absmax is None or a > agg.absmax):
-                        agg.absmax = a
+                    if a == a and (top is None or a > top):
+                        top = a
                     if ints[1] or ints[2] or ints[3]:  # nan, posinf, neginf
                         bad = True
-                for _, r in c.inputs:
-                    a = rows[r][1][0]
-                    if a == a and (agg.in_absmax is None or a > agg.in_absmax):
-                        agg.in_absmax = a
-                agg.nonfinite_calls += bad
+                agg.absmax = top
+                if c.inputs:
+                    top = agg.in_absmax
+                    for _, r in c.inputs:
+                        a = rows[r][1][0]
+                        if a == a and (top is None or a > top):
+                            top = a
+                    agg.in_absmax = top
+                if bad:
+                    agg.nonfinite_calls += 1
             self.sink.free(self._owned.pop(f, []))
             for bid in self._param_use.pop(f, ()):
-                block = self._param_blocks.get(bid)
+                block = blocks.get(bid)
                 if block is not None:
-                    block[1].discard(f)
-                    self._release_params(bid)
+                    users = block[1]
+                    users.discard(f)
+                    if not users and not block[2]:  # _release_params
+                        del blocks[bid]
+                        self.sink.free(block[0])
             self._inputs.pop(f, None)
             self._weights_at.pop(f, None)
             self._dirty.discard(f)

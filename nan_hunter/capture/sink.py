@@ -24,6 +24,7 @@ until the first replay.) After a replay ``rows()`` holds what that replay comput
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -39,6 +40,22 @@ CHUNK = 4096  # rows of the first device segment; each further segment doubles, 
 MAX_CHUNK = 65536
 ROW_WORDS = N_INT + (N_FLOAT + 1) // 2  # int64 words per row: the ints, then the floats' bits
 _EMPTY_ROW = ([0] * (N_INT - 1) + [-1], [0.0, math.inf, 0.0, 0.0])  # what a fresh segment row holds
+
+_MINMAX_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # aminmax into a buffer
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_NO_BUFFERS: dict = {}
+_aminmax = torch.aminmax
+_finite_row = ref.finite_row
+_weakref = weakref.ref
+
+
+def _reader(buf: torch.Tensor) -> Any:
+    """What reads ``buf``'s values as Python floats: its numpy view's ``tolist`` where numpy has the
+    dtype (a little cheaper than the tensor's own), else the tensor's."""
+    try:
+        return buf.numpy().tolist
+    except (RuntimeError, TypeError):  # bfloat16 has no numpy dtype; torch without numpy
+        return buf.tolist
 
 _GRAPH_SEGMENTS: list[Segment] = []  # written by captured graphs, which may outlive their watch
 
@@ -159,7 +176,17 @@ class StatsSink:
         self._spare: Segment | None = None  # an initialised segment kept for the next graph capture
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}
         self._free: list[tuple[int, int]] = []  # [lo, hi) eager rows given back by ``free``, by lo
-        self.last_new: tuple[int, int] = (0, 0)  # (first row, count) the last measure_many allocated
+        self._pool: list[int] = []  # host sink: rows given back by ``free``, reused one by one in any order
+        # host sink, underflow off: per dtype, how to read (min, max) back and the two 0-dim views of
+        # a 2-element buffer ``torch.aminmax`` writes into; used only from the thread that made it
+        self._minmax: dict[torch.dtype, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._thread = threading.get_ident()
+        if not self._device_rows and not underflow:
+            with torch.inference_mode(False):  # written from inside inference mode and out of it
+                for dt in _MINMAX_DTYPES:
+                    buf = torch.empty(2, dtype=dt)
+                    self._minmax[dt] = (_reader(buf), (buf[0], buf[1]))
+        self.last_new: tuple[int, int] = (0, 0)  # device sink: (first row, count) the last measure_many allocated
         self._rows_cache: list[TensorStats] | None = None
         self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
@@ -219,7 +246,7 @@ class StatsSink:
         number of tensors it sees. New rows are consecutive (``last_new``), taken from rows given
         back by ``free`` when a range is large enough, else appended."""
         if not self._device_rows:
-            return [r for _, r in self._measure_host([("", t) for t in tensors], cache)]
+            return [r for _, r in self.measure_host([("", t) for t in tensors], cache)]
         capturing = _capturing(self.device)
         self._switch(capturing)
         rows: list[int] = []
@@ -264,63 +291,80 @@ class StatsSink:
             self._write(seg, local, part, capturing)
         return rows
 
-    def measure_labelled(self, items: list[tuple[str, torch.Tensor]], cache: bool = True) -> list[tuple[str, int]]:
-        """``measure_many`` of (label, tensor) pairs, as (label, row) pairs."""
+    def measure_labelled(self, items: list[tuple[str, torch.Tensor]], cache: bool = True,
+                         new_rows: list[int] | None = None) -> list[tuple[str, int]]:
+        """``measure_many`` of (label, tensor) pairs, as (label, row) pairs. ``new_rows``: the rows
+        allocated here are appended to it (on a host sink they need not be consecutive)."""
         if not self._device_rows:
-            return self._measure_host(items, cache)
+            return self.measure_host(items, cache, new_rows)
         rows = self.measure_many([t for _, t in items], cache)
+        if new_rows is not None:
+            first, n = self.last_new
+            new_rows.extend(range(first, first + n))
         return [(label, r) for (label, _), r in zip(items, rows)]
 
-    def _measure_host(self, items: list, cache: bool) -> list:
-        """``measure_labelled`` on a host sink: the same rows, computed here and now (nothing to
-        wait for), with the bookkeeping of the device path cut to what a host row needs. Rows of
-        new tensors are numbered -1 - k until they are allocated."""
+    def measure_host(self, items: list[tuple[str, torch.Tensor]], cache: bool = True,
+                     new_rows: list[int] | None = None) -> list[tuple[str, int]]:
+        """``measure_labelled`` on a host sink: the same rows, computed here and now (nothing to wait
+        for), with the least Python per tensor, since a watched forward runs this in every hook. A
+        new tensor takes a row given back by ``free`` (else a new one): rows are not consecutive, and
+        ``new_rows`` collects them. With underflow off, in the thread that made the sink, a plain
+        tensor's statistic is one ``torch.aminmax`` into a reused buffer read with one ``tolist``, its
+        row ``reference.finite_row`` (what ``quick_row`` gives); anything else, and any tensor that
+        holds a NaN or ±Inf, goes the general way (``_host_row``)."""
         seen = self._seen
+        host = self._host
+        pool = self._pool
+        minmax = self._minmax if self._thread == threading.get_ident() else _NO_BUFFERS
         refs: list[tuple[str, int]] = []
-        new: list[torch.Tensor] = []
-        remember: list[tuple[int, Any, int, int]] | None = None  # (id, weakref, version, k) of new tensors
+        read = 0
         for label, t in items:
+            version = None
             if cache:
                 try:
                     version = t._version
                 except RuntimeError:  # an inference tensor has no version counter: never reused
-                    version = None
-                if version is not None:
+                    pass
+                else:
                     hit = seen.get(id(t))
                     if hit is not None and hit[1] == version and hit[0]() is t:
-                        refs.append((label, hit[2]))  # measured earlier (or earlier in this call)
+                        refs.append((label, hit[2]))  # measured earlier in this forward
                         continue
+            row = pool.pop() if pool else len(host)
+            q = None
+            dt = t.dtype
+            buf = minmax.get(dt) if type(t) in _PLAIN_TENSORS else None
+            if buf is not None:
+                n = t.numel()
+                read += n * dt.itemsize
+                if n:
                     try:
-                        ref_t = weakref.ref(t)
-                    except TypeError:  # pragma: no cover - tensors without weakref support
-                        ref_t = None
-                    if ref_t is not None:
-                        seen[id(t)] = (ref_t, version, -1 - len(new))
-                        if remember is None:
-                            remember = []
-                        remember.append((id(t), ref_t, version, len(new)))
-            refs.append((label, -1 - len(new)))
-            new.append(t)
-        if not new:
-            self.last_new = (self.n, 0)
-            return refs
-        count = len(new)
-        first = self._alloc(count, False)
-        self.last_new = (first, count)
-        self._rows_cache = None
-        host = self._host
-        for k, t in enumerate(new):
-            row = first + k
-            self.bytes_read += t.nbytes
-            q = self._host_row(t, row)
-            if row < len(host):
-                host[row] = q
+                        _aminmax(t.detach() if t.requires_grad else t, out=buf[1])
+                    except Exception:  # noqa: BLE001 - another device, a layout aminmax refuses: the general way
+                        pass
+                    else:
+                        lo, hi = buf[0]()
+                        q = _finite_row(n, lo, hi)
             else:
+                read += t.nbytes
+            if q is None:
+                q = self._host_row(t, row)
+            if row == len(host):
                 host.append(q)
-        if remember is not None:
-            for key, ref_t, version, k in remember:
-                seen[key] = (ref_t, version, first + k)
-        return [(label, r) if r >= 0 else (label, first - 1 - r) for label, r in refs]
+                self.n = row + 1
+            else:
+                host[row] = q
+            if new_rows is not None:
+                new_rows.append(row)
+            if version is not None:
+                try:
+                    seen[id(t)] = (_weakref(t), version, row)
+                except TypeError:  # pragma: no cover - tensors without weakref support
+                    pass
+            refs.append((label, row))
+        self.bytes_read += read
+        self._rows_cache = None
+        return refs
 
     def _alloc(self, count: int, capturing: bool) -> int:
         """First row of ``count`` consecutive rows: from a freed eager range (first fit), else at the end."""
@@ -337,20 +381,27 @@ class StatsSink:
         return first
 
     def free(self, rows: list[int]) -> None:
-        """Give rows back for reuse (those of a forward folded into aggregates): they are reset to
-        the kernel's starting row, since the kernel adds into a row it writes. Rows written by a
-        captured CUDA graph are never given back (a replay rewrites them)."""
+        """Give rows back for reuse (those of a forward folded into aggregates). Device rows are
+        reset to the kernel's starting row, since the kernel adds into a row it writes; a host row
+        is written whole when reused. Rows written by a captured CUDA graph are never given back (a
+        replay rewrites them)."""
         if not rows:
             return
+        gone = set(rows)
+        if self.bad_rows:
+            self.bad_rows -= gone
+        if self.unmeasured:
+            self.unmeasured = [(r, why) for r, why in self.unmeasured if r not in gone]
+        self._rows_cache = None
+        if not self._device_rows:  # host rows: reused one by one (``measure_host``), in any order
+            self._pool.extend(gone)
+            return
         spans: list[tuple[int, int]] = []
-        for r in sorted(set(rows)):
+        for r in sorted(gone):
             if spans and spans[-1][1] == r:
                 spans[-1] = (spans[-1][0], r + 1)
             else:
                 spans.append((r, r + 1))
-        gone = set(rows)
-        if self.bad_rows:
-            self.bad_rows -= gone
         for lo, hi in spans:
             if self._host_rows:
                 for r in range(lo, hi):
@@ -360,8 +411,6 @@ class StatsSink:
                     if seg.graph:
                         raise ValueError("rows written by a captured CUDA graph cannot be freed")
                     _reset(seg, local, count)
-        if self.unmeasured:
-            self.unmeasured = [(r, why) for r, why in self.unmeasured if r not in gone]
         merged = sorted(self._free + spans)
         self._free = []
         for lo, hi in merged:
@@ -369,12 +418,11 @@ class StatsSink:
                 self._free[-1] = (self._free[-1][0], max(self._free[-1][1], hi))
             else:
                 self._free.append((lo, hi))
-        self._rows_cache = None
 
     @property
     def rows_in_use(self) -> int:
         """Rows allocated and not given back (what the sink's memory grows with)."""
-        return self.n - sum(hi - lo for lo, hi in self._free)
+        return self.n - sum(hi - lo for lo, hi in self._free) - len(self._pool)
 
     def _host_row(self, t: torch.Tensor, row: int) -> tuple[list[int], list[float]]:
         """A host row for ``t``; a tensor the reference cannot read gets an empty row and a note

@@ -37,6 +37,23 @@ class Snapshot:
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> Snapshot:
+        values = (*args, *kwargs.values())
+        for v in values:
+            if type(v) not in _PLAIN:
+                return cls._of(args, kwargs)
+        # tensors and scalars only (a training batch, a forward without a cache): nothing to copy
+        vs: list[tuple[torch.Tensor, int]] = []
+        kept: set[int] = set()
+        for v in values:
+            tp = type(v)
+            if (tp is torch.Tensor or tp is torch.nn.Parameter) and id(v) not in kept:
+                kept.add(id(v))
+                if not v.is_inference():  # inference tensors have no version counter
+                    vs.append((v, v._version))
+        return cls(tuple(args), dict(kwargs), vs)
+
+    @classmethod
+    def _of(cls, args: tuple, kwargs: dict) -> Snapshot:
         vs: list[tuple[torch.Tensor, int]] = []
         kept: set[int] = set()
 

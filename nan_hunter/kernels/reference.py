@@ -173,6 +173,9 @@ def _quick_ints() -> tuple[tuple[float, ...], list[list[int]]]:
 
 
 _OVER_ASCENDING, _QUICK_INTS = _quick_ints()
+_OVER_LOWEST = _OVER_ASCENDING[0]
+_INF, _NEG_INF, _NAN = math.inf, -math.inf, math.nan
+assert len(_F_NAN) == 3  # finite_row writes the float fields after absmax out
 
 
 def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list[float]] | None:
@@ -199,10 +202,38 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         absmax, min_nz, flushed = found
     else:
         lo, hi = torch.aminmax(x)
-        lo_f, hi_f = lo.item(), hi.item()
-        if not -math.inf < lo_f <= hi_f < math.inf:  # a NaN fails every comparison
-            return None
-        absmax = max(abs(lo_f), abs(hi_f))
+        return finite_row(n, lo.item(), hi.item())
+    row = _finite_of(n, absmax)
+    ints = row[0]
+    row[1][_F_MIN_NZ] = min_nz
+    for i, k in zip(_UNDER_AT, flushed):
+        ints[i] = -1 if k is None else k
+    return row
+
+
+def finite_row(n: int, lo: float, hi: float) -> tuple[list[int], list[float]] | None:
+    """The quick row (``quick_row`` without ``underflow``) of a tensor of ``n`` > 0 elements whose
+    smallest and largest values are ``lo`` and ``hi`` (as ``torch.aminmax`` gives them: NaN when
+    one is NaN); None when it holds a NaN or ±Inf. Callers that read ``aminmax`` their own way
+    (``capture.sink``: into a reused buffer) build the same row here. Written out in one function:
+    a watched forward runs it for every tensor its hooks see."""
+    if not _NEG_INF < lo <= hi < _INF:  # a NaN fails every comparison
+        return None
+    absmax = abs(hi) if hi >= -lo else -lo  # max(|lo|, |hi|), never -0.0
+    if absmax <= _OVER_LOWEST:  # within every target's range: the common case
+        ints = _QUICK_INTS[0][:]
+    else:
+        exceeded = 0
+        for lim in _OVER_ASCENDING:
+            if absmax <= lim:
+                break
+            exceeded += 1
+        ints = _QUICK_INTS[exceeded][:]
+    ints[0] = n
+    return ints, [absmax, _NAN, _NAN, _NAN]
+
+
+def _finite_of(n: int, absmax: float) -> tuple[list[int], list[float]]:
     exceeded = 0
     for lim in _OVER_ASCENDING:
         if absmax <= lim:
@@ -210,12 +241,7 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         exceeded += 1
     ints = _QUICK_INTS[exceeded][:]
     ints[0] = n
-    floats = [absmax, *_F_NAN]
-    if underflow:
-        floats[_F_MIN_NZ] = min_nz
-        for i, k in zip(_UNDER_AT, flushed):
-            ints[i] = -1 if k is None else k
-    return ints, floats
+    return ints, [absmax, *_F_NAN]
 
 
 #: per storage width: the signed int dtype of the same width, the mask of every bit but the sign

@@ -66,3 +66,48 @@ def test_hooks_are_removed_and_a_non_optimizer_is_refused():
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         OptimizerHooks(Recorder(m), object())
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("level", ["blocks", "modules"])
+def test_the_next_forward_takes_the_rows_a_step_measured_after_it(level):
+    """A training loop measures every parameter after each step; the next forward's parameter
+    rows are those rows (the same values), not a second read of every parameter: the rows match
+    a fresh measurement, the forward reads only activations, and rows stay bounded."""
+    torch.manual_seed(0)
+    m = Stack()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    x = torch.randn(1, 16)
+    param_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    with Recorder(m, level=level, backward=True, optimizer=opt) as rec:
+        for step in range(12):
+            read = rec.sink.bytes_read
+            out = m(x)
+            if step:  # the first forward measures the parameters; later ones take the step's rows
+                assert rec.sink.bytes_read - read < param_bytes / 4
+            out.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        m(x)
+        rows = rec.stats()
+        mine = {(c.module, label): rows[r] for c in rec.calls_of(rec.current_step) for label, r in c.params}
+        in_use = rec.sink.rows_in_use
+    fresh = Recorder(m, level=level)
+    with fresh, torch.no_grad():
+        m(x)
+    want = {(c.module, label): fresh.stats()[r] for c in fresh.calls for label, r in c.params}
+    assert mine == want and len(mine) >= 4
+    assert in_use <= 6 * 60  # kept steps x (activations, their gradients, parameters three ways)

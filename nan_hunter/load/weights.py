@@ -30,7 +30,7 @@ import numpy as np
 
 from ..dtypes import HEADROOM_DTYPES, limits
 from .checkpoint import Checkpoint, ScanItem
-from .float_bits import CACHE_BYTES, CHUNK, FLOATS, FloatBits, exact_counts, top_magnitude
+from .float_bits import CACHE_BYTES, CHUNK, FLOATS, FloatBits, exact_counts
 
 SAMPLE = 65536
 
@@ -130,17 +130,11 @@ def _count_underflow(fb: FloatBits, bits, chunk: int, c: list) -> None:
 
 def _value_stats(fb: FloatBits, bits) -> tuple[int, int, int, int | None, float | None]:
     """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values) of
-    1-D unsigned ``bits``.
-
-    Two integer reductions when the piece is all-finite (``top_magnitude``); otherwise it is walked
-    ``CHUNK`` elements at a time, a finite slice costing the same two reductions and only slices
-    holding NaN/Inf counted exactly (``exact_counts``).
+    1-D unsigned ``bits``, in one pass (``exact_counts``): two integer reductions per ``CHUNK``-element
+    slice, and only slices holding NaN/Inf counted exactly.
     """
-    top = top_magnitude(fb, bits)
-    if top < 0:
+    if not bits.size:
         return 0, 0, 0, None, None
-    if top < fb.inf:
-        return 0, 0, 0, None, fb.value(top)
     nan, posinf, neginf, first, best = exact_counts(fb, bits)
     return nan, posinf, neginf, first, fb.value(best)
 

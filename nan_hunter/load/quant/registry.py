@@ -90,9 +90,10 @@ def scan_quantized_claims(ck: Checkpoint) -> tuple[list[QuantizedScan], list[dic
                 r = check(ck, q)
         except BadInput:
             raise
-        except (RuntimeError, ValueError, ZeroDivisionError, IndexError, OverflowError, KeyError) as e:
+        except (RuntimeError, ValueError, TypeError, ZeroDivisionError, IndexError, OverflowError, KeyError) as e:
             # shapes that name a known layout but do not fit it (a hostile or broken file): not checked,
-            # and said so, rather than an internal error
+            # and said so, rather than an internal error (numpy raises ValueError, IndexError or TypeError
+            # where torch raised RuntimeError)
             unchecked.append({"name": q.name, "dtype": q.format, "reason": f"does not fit the {q.format} layout "
                               f"({type(e).__name__}: {str(e)[:120]})"})
             continue

@@ -294,12 +294,14 @@ def inproc_child(path: str, mode: str, preload_torch: str = "") -> None:
     from nan_hunter.load.weights import scan_weights
 
     t1 = time.perf_counter()
+    c1 = time.process_time()
     ck = open_checkpoint(path)
     ws = scan_weights(ck, exact=mode == "full")
     t2 = time.perf_counter()
+    c2 = time.process_time()
     print(json.dumps({"bad": {t.name: {"nan": t.nan, "posinf": t.posinf, "neginf": t.neginf,
                                        "first_index": t.first_index} for t in ws.nonfinite},
-                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1}))
+                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1, "scan_cpu_s": c2 - c1}))
 
 
 def check_nanhunter(report_path: Path, exp: dict) -> tuple[bool, str]:
@@ -332,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only `nanhunter scan` as a whole process vs torch start-up (large checkpoint)")
     ap.add_argument("--sizes", default=None, metavar="GB,GB",
                     help="with --whole-process: one-file checkpoints of these sizes (default: --gb), e.g. 0.1,1.2")
+    ap.add_argument("--full-stats", action="store_true",
+                    help="with --whole-process: also time the in-process scan with --stats full")
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
                          "(an older tree, e.g. from `git archive`), interleaved")
@@ -648,10 +652,12 @@ def whole_process(args: argparse.Namespace) -> int:
                 if not (good and m["rc"] == 1):
                     ok = False
                     problems.append(f"{tree} {gb:g} GB: {msg} (exit {m['rc']})")
-                c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(f), "fast",
-                             "torch" if tree == "before" else ""], env, cwd=cwd)
-                runs.setdefault(f"{tree}: in-process scan {gb:g} GB", []).append(
-                    {"wall_s": json.loads(c["stdout"].strip().splitlines()[-1])["scan_s"], "cpu_s": None, "rss": None})
+                for mode in ("fast", "full") if args.full_stats else ("fast",):
+                    c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(f), mode,
+                                 "torch" if tree == "before" else ""], env, cwd=cwd)
+                    got = json.loads(c["stdout"].strip().splitlines()[-1])
+                    runs.setdefault(f"{tree}: in-process scan {gb:g} GB" + (" --stats full" if mode == "full" else ""),
+                                    []).append({"wall_s": got["scan_s"], "cpu_s": got.get("scan_cpu_s"), "rss": None})
         print(f"round {r + 1}/{args.repeat} done (load {os.getloadavg()[0]:.2f})", flush=True)
     med = {k: {"wall_s": statistics.median(x["wall_s"] for x in v),
                "cpu_s": statistics.median(x["cpu_s"] for x in v) if all(x["cpu_s"] is not None for x in v) else None,
@@ -664,8 +670,11 @@ def whole_process(args: argparse.Namespace) -> int:
             scan = med[f"{tree}: scan {gb:g} GB"]
             st = med[f"{tree}: start-up ({startup[tree]})"]
             inproc = med[f"{tree}: in-process scan {gb:g} GB"]["wall_s"]
+            inproc_cpu = med[f"{tree}: in-process scan {gb:g} GB"]["cpu_s"]
             row[tree] = {"wall_s": scan["wall_s"], "cpu_s": scan["cpu_s"], "peak_rss_MB": scan["peak_rss_MB"],
                          "in_process_s": inproc, "in_process_GBps": nbytes / GB / inproc,
+                         "in_process_cpu_s": inproc_cpu,
+                         "in_process_GBps_of_cpu": nbytes / GB / inproc_cpu if inproc_cpu else None,
                          "net_of_startup_GBps": (nbytes / GB / (scan["wall_s"] - st["wall_s"])
                                                  if scan["wall_s"] > st["wall_s"] else None)}
         row["target_met"] = row["after"]["wall_s"] <= row["target_s"]

@@ -21,9 +21,15 @@ across sizes with the same largest tensor. Both tools must find every planted fa
     python bench/scan_throughput.py --whole-process --repeat 7   # only `nanhunter scan` as a process
     python bench/scan_throughput.py --quantized --gb 1.1  # fp8 block, GPTQ, GGUF Q4_K/Q8_0: plain + quantized
 
-``--whole-process`` measures the large checkpoint only: torch start-up, the CLI on a one-tensor
-file, ``nanhunter scan --stats fast`` and the in-process scan, interleaved; it reuses a
-checkpoint already in ``--dir`` (from ``--keep``) instead of writing it again.
+``--whole-process`` measures ``python -m nan_hunter scan FILE --json R -q`` as a whole process on
+one-file checkpoints of the ``--sizes`` given (GB; default ``--gb``), against its peers
+(``python -c pass``, ``import numpy``, the scan's start-up, the CLI on a one-tensor file) and the
+in-process scan; with ``--baseline DIR`` the same commands of an older tree run in the same rounds,
+the order of the trees alternating. Wall and CPU time (user + system) per command, medians. Both
+trees are byte-compiled first (``compileall``), as an installed package is. It reuses checkpoints
+already in ``--dir`` (from ``--keep``) instead of writing them again.
+
+    python bench/scan_throughput.py --whole-process --sizes 0.1,1.2 --repeat 5 --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -237,6 +243,9 @@ def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] =
         os.unlink(tpath)
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
         rss = int(m.group(1)) * 1024 if m else None
+        user = re.search(r"User time \(seconds\): ([\d.]+)", text)
+        system = re.search(r"System time \(seconds\): ([\d.]+)", text)
+        cpu = float(user.group(1)) + float(system.group(1)) if user and system else None
         how = "/usr/bin/time -v"
     else:  # a fresh wrapper child so RUSAGE_CHILDREN covers exactly this command
         wrapper = ("import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:]); "
@@ -247,10 +256,11 @@ def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] =
         wall = time.perf_counter() - t0
         last = res.stderr.strip().splitlines()[-1]
         rss = json.loads(last)[1] * 1024
+        cpu = None
         how = "getrusage(RUSAGE_CHILDREN) in a wrapper"
     if res.returncode not in ok_codes:
         raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return {"wall_s": wall, "rss": rss, "rc": res.returncode, "stdout": res.stdout, "rss_method": how}
+    return {"wall_s": wall, "cpu_s": cpu, "rss": rss, "rc": res.returncode, "stdout": res.stdout, "rss_method": how}
 
 
 def naive_child(index: str) -> None:
@@ -275,21 +285,23 @@ def naive_child(index: str) -> None:
     print(json.dumps({"bad": bad, "bytes": nbytes, "import_s": t1 - t0, "scan_s": t2 - t1}))
 
 
-def inproc_child(path: str, mode: str) -> None:
+def inproc_child(path: str, mode: str, preload_torch: str = "") -> None:
     """``scan_weights`` timed inside the process (no interpreter/torch start-up, no report)."""
     t0 = time.perf_counter()
-    import torch  # noqa: F401  (start-up, not scan time: nan_hunter.load.checkpoint imports torch lazily)
-
+    if preload_torch:  # a tree whose scan runs on torch: start-up, not scan time (it imports torch lazily)
+        import torch  # noqa: F401
     from nan_hunter.load.checkpoint import open_checkpoint
     from nan_hunter.load.weights import scan_weights
 
     t1 = time.perf_counter()
+    c1 = time.process_time()
     ck = open_checkpoint(path)
     ws = scan_weights(ck, exact=mode == "full")
     t2 = time.perf_counter()
+    c2 = time.process_time()
     print(json.dumps({"bad": {t.name: {"nan": t.nan, "posinf": t.posinf, "neginf": t.neginf,
                                        "first_index": t.first_index} for t in ws.nonfinite},
-                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1}))
+                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1, "scan_cpu_s": c2 - c1}))
 
 
 def check_nanhunter(report_path: Path, exp: dict) -> tuple[bool, str]:
@@ -320,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "_out" / "scan_throughput.json"))
     ap.add_argument("--whole-process", action="store_true",
                     help="only `nanhunter scan` as a whole process vs torch start-up (large checkpoint)")
+    ap.add_argument("--sizes", default=None, metavar="GB,GB",
+                    help="with --whole-process: one-file checkpoints of these sizes (default: --gb), e.g. 0.1,1.2")
+    ap.add_argument("--full-stats", action="store_true",
+                    help="with --whole-process: also time the in-process scan with --stats full")
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
                          "(an older tree, e.g. from `git archive`), interleaved")
@@ -332,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --quantized: which checkpoints, interleaved (fp8_block, gptq, gguf_q4k, gguf_q8_0)")
     ap.add_argument("--threads", type=int, default=None,
                     help="with --quantized: torch threads in the measured child (default: torch's own)")
-    ap.add_argument("--_inproc", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_inproc", nargs="+", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_quant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._quant:
@@ -549,113 +565,149 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if tg["all_faults_found"] else 1
 
 
-def whole_process(args: argparse.Namespace) -> int:
-    """``nanhunter scan`` as a whole process against ``import torch, nan_hunter.load.weights`` (the
-    target: GB/s net of that start-up), with the CLI's fixed cost on a one-tensor file and the
-    in-process scan for reference; rounds interleaved, medians reported."""
-    import torch
+def whole_plan(total_bytes: float) -> tuple[list[Spec], int]:
+    """The tensors of a one-file checkpoint of about ``total_bytes``: the model's tensors in order (the
+    embedding left out below its own size) until the total is reached, and the layers they span."""
+    specs = [Spec("model.embed_tokens.weight", "bf16", (VOCAB, HIDDEN))] if total_bytes >= VOCAB * HIDDEN * 2 else []
+    size, i = sum(s.nbytes for s in specs), 0
+    while size < total_bytes * 0.99:
+        for s in layer_specs(i):
+            if size >= total_bytes * 0.99:
+                break
+            specs.append(s)
+            size += s.nbytes
+        i += 1
+    return specs, i
 
+
+#: faults planted besides ``faults_for``'s, in the first projections (present in every size)
+SMALL_FAULTS = {"model.layers.0.self_attn.q_proj.weight": [(4242, float("nan"))],
+                "model.layers.0.self_attn.v_proj.weight": [(HIDDEN * HIDDEN - 1, -float("inf"))]}
+
+
+def whole_process(args: argparse.Namespace) -> int:
+    """``nanhunter scan FILE`` as a whole process, for each size of ``--sizes``, against its peers:
+    ``python -c pass``, ``import numpy``, the scan's own start-up (``import numpy, nan_hunter.load.weights``)
+    and the CLI on a one-tensor file; with ``--baseline DIR`` the same commands from an older tree (its
+    start-up ``import torch, nan_hunter.load.weights``) in the same rounds, the order of the two trees
+    alternating. Wall (``perf_counter`` around the child) and CPU (user + system from ``/usr/bin/time``);
+    medians."""
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_scan_bench_"))
-    big = base / "big"
-    big.mkdir(parents=True, exist_ok=True)
-    shards, n_layers = plan(args.gb * GB, args.shard_gb * GB)
-    faults = faults_for(n_layers)
-    specs = [s for x in shards for s in x]
-    nbytes = sum(s.nbytes for s in specs)
-    index = big / "model.safetensors.index.json"
-    reused = index.exists() and sum(p.stat().st_size for p in big.glob("*.safetensors")) >= nbytes
+    sizes = [float(x) for x in args.sizes.split(",")] if args.sizes else [args.gb]
+    py = sys.executable
+    root = str(HERE.parent)
+    trees = {"after": root}
+    if args.baseline:
+        trees["before"] = str(Path(args.baseline).resolve())
+    env0 = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env0.pop("PYTHONPATH", None)
+    envs = {k: dict(env0, PYTHONPATH=v) for k, v in trees.items()}
+    for tree in trees.values():  # as installed: no module compiled from source at each start
+        subprocess.run([py, "-m", "compileall", "-q", str(Path(tree) / "nan_hunter")], check=True)
+    ckpts: dict[float, tuple[Path, dict, int]] = {}
     gen_s = 0.0
-    if not reused:
-        t0 = time.perf_counter()
-        write_checkpoint(big, shards, faults)
-        gen_s = time.perf_counter() - t0
+    for gb in sizes:
+        specs, n_layers = whole_plan(gb * GB)
+        faults = {**faults_for(n_layers), **SMALL_FAULTS}
+        d = base / f"{gb:g}GB"
+        d.mkdir(parents=True, exist_ok=True)
+        f = d / "model-00001-of-00001.safetensors"
+        nbytes = sum(s.nbytes for s in specs)
+        if not (f.exists() and f.stat().st_size > nbytes):
+            t0 = time.perf_counter()
+            write_checkpoint(d, [specs], faults)
+            gen_s += time.perf_counter() - t0
+        ckpts[gb] = (f, expected(specs, faults), nbytes)
     tiny = base / "tiny.safetensors"
     hdr = json.dumps({"w": {"dtype": "F32", "shape": [4096], "data_offsets": [0, 16384]}}).encode()
     hdr += b" " * (-len(hdr) % 8)
     tiny.write_bytes(len(hdr).to_bytes(8, "little") + hdr + bytes(16384))
-    exp = expected(specs, faults)
-    py = sys.executable
-    nh = shutil.which("nanhunter") or str(Path(py).parent / "nanhunter")
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    report = base / "_report.json"
-    w = warm(sorted(big.glob("*.safetensors")))
+    w = warm([c[0] for c in ckpts.values()])
     load0 = os.getloadavg()
-    keys = ["startup", "startup_no_teardown", "cli_tiny", "nh_fast", "inproc_scan_s", "help"]
-    if args.baseline:
-        keys += ["baseline_cli_tiny", "baseline_nh_fast", "baseline_help"]
-    runs: dict[str, list[float]] = {k: [] for k in keys}
-    # `python -m` puts the working directory first on sys.path: run the baseline from its own tree
-    bdir = str(Path(args.baseline).resolve()) if args.baseline else None
-    benv = dict(env, PYTHONPATH=bdir) if bdir else env
-    bcmd = [py, "-m", "nan_hunter"]
+    report = base / "_report.json"
+    runs: dict[str, list[dict]] = {}
+
+    def timed(key: str, cmd: list[str], env: dict, codes=(0,), cwd: str | None = None) -> dict:
+        m = measure(cmd, env, codes, cwd=cwd)
+        runs.setdefault(key, []).append({"wall_s": m["wall_s"], "cpu_s": m.get("cpu_s"), "rss": m["rss"]})
+        return m
+
+    startup = {"after": "import numpy, nan_hunter.load.weights", "before": "import torch, nan_hunter.load.weights"}
     ok = True
+    problems: list[str] = []
     for r in range(args.repeat):
-        runs["help"].append(measure([nh, "--help"], env)["wall_s"])
-        runs["startup"].append(measure([py, "-c", "import torch, nan_hunter.load.weights"], env)["wall_s"])
-        # the same without the interpreter's teardown, which the CLI skips once its outputs are written
-        runs["startup_no_teardown"].append(
-            measure([py, "-c", "import torch, nan_hunter.load.weights, os; os._exit(0)"], env)["wall_s"])
-        runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], env)["wall_s"])
-        report.unlink(missing_ok=True)
-        m = measure([nh, "scan", str(big), "--json", str(report), "-q"], env, (0, 1))
-        good, msg = check_nanhunter(report, exp)
-        ok &= good and m["rc"] == 1
-        runs["nh_fast"].append(m["wall_s"])
-        if args.baseline:
-            runs["baseline_help"].append(measure([*bcmd, "--help"], benv, cwd=bdir)["wall_s"])
-            runs["baseline_cli_tiny"].append(
-                measure([*bcmd, "scan", str(tiny), "--json", str(base / "_tiny.json"), "-q"], benv, cwd=bdir)["wall_s"])
-            report.unlink(missing_ok=True)
-            m = measure([*bcmd, "scan", str(big), "--json", str(report), "-q"], benv, (0, 1), cwd=bdir)
-            good, msg = check_nanhunter(report, exp)
-            ok &= good and m["rc"] == 1
-            runs["baseline_nh_fast"].append(m["wall_s"])
-        c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(big), "fast"], env)
-        runs["inproc_scan_s"].append(json.loads(c["stdout"].strip().splitlines()[-1])["scan_s"])
-        print(f"round {r + 1}/{args.repeat}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in runs.items()), flush=True)
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    net = med["nh_fast"] - med["startup"]
+        timed("python -c pass", [py, "-c", "pass"], env0, cwd=str(base))
+        timed("import numpy", [py, "-c", "import numpy"], env0, cwd=str(base))
+        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+        for tree in order:
+            env, cwd = envs[tree], trees[tree]  # `python -m` puts the working directory first on sys.path
+            cmd = [py, "-m", "nan_hunter"]
+            timed(f"{tree}: start-up ({startup[tree]})", [py, "-c", startup[tree]], env, cwd=cwd)
+            timed(f"{tree}: scan of a one-tensor file", [*cmd, "scan", str(tiny), "--json", str(base / "_t.json"), "-q"],
+                  env, cwd=cwd)
+            for gb, (f, exp, _nbytes) in ckpts.items():
+                report.unlink(missing_ok=True)
+                m = timed(f"{tree}: scan {gb:g} GB", [*cmd, "scan", str(f), "--json", str(report), "-q"], env, (0, 1), cwd)
+                good, msg = check_nanhunter(report, exp)
+                if not (good and m["rc"] == 1):
+                    ok = False
+                    problems.append(f"{tree} {gb:g} GB: {msg} (exit {m['rc']})")
+                for mode in ("fast", "full") if args.full_stats else ("fast",):
+                    c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(f), mode,
+                                 "torch" if tree == "before" else ""], env, cwd=cwd)
+                    got = json.loads(c["stdout"].strip().splitlines()[-1])
+                    runs.setdefault(f"{tree}: in-process scan {gb:g} GB" + (" --stats full" if mode == "full" else ""),
+                                    []).append({"wall_s": got["scan_s"], "cpu_s": got.get("scan_cpu_s"), "rss": None})
+        print(f"round {r + 1}/{args.repeat} done (load {os.getloadavg()[0]:.2f})", flush=True)
+    med = {k: {"wall_s": statistics.median(x["wall_s"] for x in v),
+               "cpu_s": statistics.median(x["cpu_s"] for x in v) if all(x["cpu_s"] is not None for x in v) else None,
+               "peak_rss_MB": max(x["rss"] for x in v) / MB if all(x["rss"] for x in v) else None}
+           for k, v in runs.items()}
+    sizes_out = {}
+    for gb, (_f, _, nbytes) in ckpts.items():
+        row = {"bytes": nbytes, "target_s": 0.3 + nbytes / (10 * GB)}
+        for tree in trees:
+            scan = med[f"{tree}: scan {gb:g} GB"]
+            st = med[f"{tree}: start-up ({startup[tree]})"]
+            inproc = med[f"{tree}: in-process scan {gb:g} GB"]["wall_s"]
+            inproc_cpu = med[f"{tree}: in-process scan {gb:g} GB"]["cpu_s"]
+            row[tree] = {"wall_s": scan["wall_s"], "cpu_s": scan["cpu_s"], "peak_rss_MB": scan["peak_rss_MB"],
+                         "in_process_s": inproc, "in_process_GBps": nbytes / GB / inproc,
+                         "in_process_cpu_s": inproc_cpu,
+                         "in_process_GBps_of_cpu": nbytes / GB / inproc_cpu if inproc_cpu else None,
+                         "net_of_startup_GBps": (nbytes / GB / (scan["wall_s"] - st["wall_s"])
+                                                 if scan["wall_s"] > st["wall_s"] else None)}
+        row["target_met"] = row["after"]["wall_s"] <= row["target_s"]
+        sizes_out[f"{gb:g}"] = row
+    import numpy
+
     res = {
-        "GB": nbytes / GB, "n_shards": len(shards), "reused_checkpoint": reused, "generation_s": gen_s,
-        "warm_cache": w, "loadavg_before": load0, "loadavg_after": os.getloadavg(), "rounds": args.repeat,
-        "median_s": med, "all_s": runs,
-        "nh_fast_GBps_raw": nbytes / GB / med["nh_fast"],
-        "nh_fast_net_s": net, "nh_fast_GBps_net": nbytes / GB / net if net > 0 else None,
-        "nh_fast_net_of_no_teardown_s": med["nh_fast"] - med["startup_no_teardown"],
-        "nh_fast_GBps_net_of_no_teardown": (nbytes / GB / (med["nh_fast"] - med["startup_no_teardown"])
-                                            if med["nh_fast"] > med["startup_no_teardown"] else None),
-        "cli_fixed_cost_over_startup_s": med["cli_tiny"] - med["startup"],
-        "GBps_in_process": nbytes / GB / med["inproc_scan_s"],
-        "baseline": ({"pythonpath": str(Path(args.baseline).resolve()),
-                      "nh_fast_GBps_net": (nbytes / GB / (med["baseline_nh_fast"] - med["startup"])
-                                           if med["baseline_nh_fast"] > med["startup"] else None)}
-                     if args.baseline else None),
-        "found_all_faults": ok,
-        "target_scan_fast_ge_10GBps_net": net > 0 and nbytes / GB / net >= 10,
+        "sizes": sizes_out, "median": med, "all": runs, "rounds": args.repeat, "trees": trees,
+        "generation_s": gen_s, "warm_cache": w, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+        "found_all_faults": ok, "problems": problems,
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
-                    "python": platform.python_version(), "torch": torch.__version__,
+                    "python": platform.python_version(), "numpy": numpy.__version__, "torch": _version("torch"),
                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-    print(f"{nbytes / GB:.2f} GB, medians of {args.repeat}: nanhunter scan {med['nh_fast']:.3f}s, torch start-up "
-          f"{med['startup']:.3f}s, net {net:.3f}s = {res['nh_fast_GBps_net'] or float('nan'):.2f} GB/s "
-          f"(start-up without teardown {med['startup_no_teardown']:.3f}s: net "
-          f"{res['nh_fast_GBps_net_of_no_teardown'] or float('nan'):.2f} GB/s); "
-          f"CLI on a one-tensor file {med['cli_tiny']:.3f}s (+{res['cli_fixed_cost_over_startup_s']:.3f}s over "
-          f"start-up); in-process scan {med['inproc_scan_s']:.3f}s = {res['GBps_in_process']:.2f} GB/s; "
-          f"nanhunter --help {med['help']:.3f}s; faults {'ok' if ok else 'MISSED'}")
-    if args.baseline:
-        print(f"baseline {args.baseline}: scan {med['baseline_nh_fast']:.3f}s (net "
-              f"{res['baseline']['nh_fast_GBps_net'] or float('nan'):.2f} GB/s), one-tensor file "
-              f"{med['baseline_cli_tiny']:.3f}s, --help {med['baseline_help']:.3f}s")
+    for k, v in med.items():
+        cpu = f", CPU {v['cpu_s']:.3f} s" if v["cpu_s"] is not None else ""
+        print(f"{k}: {v['wall_s']:.3f} s{cpu}")
+    for gb, row in sizes_out.items():
+        print(f"{gb} GB: after {row['after']['wall_s']:.3f} s (target {row['target_s']:.3f} s: "
+              f"{'met' if row['target_met'] else 'NOT met'}), in-process {row['after']['in_process_GBps']:.2f} GB/s"
+              + (f"; before {row['before']['wall_s']:.3f} s, in-process {row['before']['in_process_GBps']:.2f} GB/s"
+                 if "before" in row else ""))
+    print(f"faults {'ok' if ok else 'MISSED: ' + '; '.join(problems)}; load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     out = Path(args.out).with_name("scan_throughput_whole_process.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"wrote {out}")
-    for f in (report, base / "_tiny.json", tiny):
+    for f in (report, base / "_t.json", tiny):
         f.unlink(missing_ok=True)
     if not args.keep:
-        shutil.rmtree(big, ignore_errors=True)
+        for f, _, _ in ckpts.values():
+            shutil.rmtree(f.parent, ignore_errors=True)
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
     return 0 if ok else 1

@@ -1,8 +1,9 @@
 """The one dtype table and the one dtype rule.
 
-The table: CLI names, torch dtypes and finite limits. Limits come from ``torch.finfo`` (never
-typed-in constants) and are cached after the first call. Torch is imported lazily so that the
-CLI can parse flags without it.
+The table: CLI names, torch dtypes and finite limits. Limits follow from each format's bit layout
+(exponent and mantissa widths, and whether the all-ones exponent is Inf/NaN or, for e4m3fn, still
+finite): never typed-in constants, equal to ``torch.finfo`` (tests/unit/test_dtypes.py holds them
+against it), and known without importing torch, so a weights-only scan never loads it.
 
 The rule: a run's precision is one ``RunDtype``, built once from the CLI's or the API's dtype
 (``RunDtype.of``). It says which dtype parameters and activations are stored and computed in
@@ -100,16 +101,25 @@ class Limits:
         return self.smallest_subnormal / 2
 
 
+#: canonical name → (exponent bits, mantissa bits, all-ones exponent is finite): e4m3fn spends only
+#: S.1111.111 on NaN and has no Inf, so its top exponent holds finite values; the others are IEEE-like.
+_LAYOUTS: dict[str, tuple[int, int, bool]] = {
+    "fp64": (11, 52, False), "fp32": (8, 23, False), "bf16": (8, 7, False), "fp16": (5, 10, False),
+    "fp8-e4m3": (4, 3, True), "fp8-e5m2": (5, 2, False),
+}
+
+
 @cache
 def limits(name: str) -> Limits:
-    import torch
-
     key = canonical(name)
-    fi = torch.finfo(torch_dtype(key))
-    # The smallest subnormal is 2**(min_exp - mantissa_bits); finfo exposes it as
-    # smallest_normal * eps (eps = 2**-mantissa_bits).
-    return Limits(key, float(fi.max), float(fi.smallest_normal), float(fi.smallest_normal * fi.eps),
-                  float(fi.eps))
+    exp_bits, man_bits, top_finite = _LAYOUTS[key]
+    bias = (1 << (exp_bits - 1)) - 1
+    if top_finite:  # the all-ones exponent is a normal binade whose all-ones mantissa is NaN
+        mx = (2.0 - 2.0 ** (1 - man_bits)) * 2.0 ** ((1 << exp_bits) - 1 - bias)
+    else:  # the all-ones exponent is Inf/NaN: the largest finite value has the one below it
+        mx = (2.0 - 2.0 ** -man_bits) * 2.0 ** ((1 << exp_bits) - 2 - bias)
+    normal = 2.0 ** (1 - bias)
+    return Limits(key, mx, normal, normal * 2.0 ** -man_bits, 2.0 ** -man_bits)
 
 
 #: fp8 emulation choices (see ``model/fp8.py`` for the numerics).

@@ -202,12 +202,10 @@ class Report:
                 row["text"] = texts[i][:TEXT_CHARS] if texts[i] is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        import torch  # the report states which torch produced it
-
         d: dict[str, Any] = {
             "schema": SCHEMA,
             "nanhunter_version": __version__,
-            "torch_version": torch.__version__,
+            "torch_version": torch_version(),
             "checkpoint": self.checkpoint,
             "weights": self.weights,
             "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
@@ -237,6 +235,39 @@ class Report:
         if self.baseline is not None:
             d["baseline"] = self.baseline
         return _clean(d)
+
+
+def torch_version() -> str | None:
+    """The version of the torch that runs (or would run) the model: ``torch.__version__`` when torch is
+    loaded; else read from the installed package's ``torch/version.py`` (where ``torch.__version__``
+    comes from) without importing it, so a weights-only report costs no torch start-up; None when torch
+    is not installed."""
+    import sys
+
+    if "torch" in sys.modules:
+        return str(sys.modules["torch"].__version__)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None
+    for where in spec.submodule_search_locations or ():
+        try:
+            with open(f"{where}/version.py", encoding="utf-8") as f:
+                m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(1 << 16), re.M)
+        except OSError:
+            continue
+        if m:
+            return m.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
 
 
 def _clean(obj: Any) -> Any:

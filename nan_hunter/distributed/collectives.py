@@ -8,26 +8,34 @@ world 1) when no process group is initialised.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 
 def active() -> bool:
-    """Whether a process group is initialised with more than one rank."""
+    """Whether a process group is initialised with more than one rank (never when this process has not
+    imported torch.distributed: a weights-only run does not load torch to ask)."""
+    if "torch.distributed" not in sys.modules:
+        return False
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:
+    if not active():
+        return 0
     import torch.distributed as dist
 
-    return dist.get_rank() if active() else 0
+    return dist.get_rank()
 
 
 def world() -> int:
+    if not active():
+        return 1
     import torch.distributed as dist
 
-    return dist.get_world_size() if active() else 1
+    return dist.get_world_size()
 
 
 def _device() -> Any:

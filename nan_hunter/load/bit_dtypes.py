@@ -4,7 +4,7 @@ NaN, no Inf), ``F8_E8M0`` (scale exponents: 0xFF is NaN) and the sub-byte floats
 per byte), ``F6_E2M3`` and ``F6_E3M2`` (four per three bytes), which have no NaN or Inf encoding.
 
 A tensor of these dtypes is read as raw bytes, piece by piece, and reduced to a histogram of its
-codes (``torch.bincount``: one vectorised pass, no per-element Python). Every statistic the weights
+codes (``numpy.bincount``, a bounded slice at a time: no per-element Python). Every statistic the weights
 scan reports (NaN count, absmax, fp16 underflow) follows exactly from the histogram and the value
 of each code (``code_values``). The first NaN's index is searched only in a piece that holds one.
 
@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 
+import numpy as np
+
 #: safetensors tag → (bits per element, bytes per packed group, elements per group)
 BIT_TAGS: dict[str, tuple[int, int, int]] = {
     "F8_E4M3": (8, 1, 1), "F8_E5M2": (8, 1, 1), "F8_E4M3FNUZ": (8, 1, 1), "F8_E5M2FNUZ": (8, 1, 1), "F8_E8M0": (8, 1, 1),
@@ -28,6 +30,7 @@ BIT_TAGS: dict[str, tuple[int, int, int]] = {
 #: torch dtype name → safetensors tag, for ``.pt`` checkpoints holding these dtypes
 TORCH_TO_TAG = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0"}
 CHUNK_BYTES = 1 << 20  # bytes unpacked at a time for F6 (int32 temporaries of ~4 MB)
+HIST_BYTES = 1 << 20  # bytes counted at a time (bincount widens them to int64: temporaries of 8 MB)
 
 
 def _minifloat(code: int, exp_bits: int, man_bits: int, bias: int) -> float:
@@ -73,6 +76,29 @@ def nan_codes(tag: str) -> tuple[int, ...]:
     return tuple(c for c, v in enumerate(code_values(tag)) if not math.isfinite(v))
 
 
+@cache
+def _bad_table(tag: str) -> np.ndarray:
+    """bool [256]: whether each byte is a NaN/±Inf code of 8-bit ``tag``."""
+    t = np.zeros(256, dtype=bool)
+    t[list(nan_codes(tag))] = True
+    return t
+
+
+@cache
+def float32_table(tag: str) -> np.ndarray:
+    """float32 [codes]: the value of every code of ``tag`` (NaN codes NaN, Inf codes ±Inf); every value
+    of these formats is a float32 exactly."""
+    return np.array(code_values(tag), dtype=np.float32)
+
+
+def byte_counts(piece) -> np.ndarray:
+    """int64 [256]: how many times each byte value occurs in 1-D uint8 ``piece`` (only read)."""
+    out = np.zeros(256, dtype=np.int64)
+    for s in range(0, piece.size, HIST_BYTES):
+        out += np.bincount(piece[s: s + HIST_BYTES], minlength=256)
+    return out
+
+
 @dataclass
 class CodeHistogram:
     """Histogram of the codes of one tensor of a bit-checked dtype, fed with raw byte pieces."""
@@ -85,32 +111,33 @@ class CodeHistogram:
         self.counts = [0] * len(code_values(self.tag))
 
     def add(self, first_byte: int, piece) -> None:
-        """Bytes ``first_byte ..`` of the tensor (a 1-D uint8 view, only read; a whole number of groups)."""
-        import torch
-
+        """Bytes ``first_byte ..`` of the tensor (a 1-D numpy uint8 view, only read; a whole number of
+        groups)."""
         _, group_bytes, per_group = BIT_TAGS[self.tag]
         if self.tag == "F4":
-            h = torch.bincount(piece, minlength=256).tolist()
+            h = byte_counts(piece).tolist()
             for b, n in enumerate(h):
                 if n:
                     self.counts[b & 0xF] += n
                     self.counts[b >> 4] += n
             return
         if group_bytes == 3:
-            for s in range(0, piece.numel(), CHUNK_BYTES):
-                g = piece[s: s + CHUNK_BYTES].reshape(-1, 3).to(torch.int32)
+            for s in range(0, piece.size, CHUNK_BYTES):
+                g = piece[s: s + CHUNK_BYTES].reshape(-1, 3).astype(np.int32)
                 w = g[:, 0] | (g[:, 1] << 8) | (g[:, 2] << 16)
-                codes = torch.stack([(w >> (6 * k)) & 63 for k in range(4)], dim=1)
-                for c, n in enumerate(torch.bincount(codes.reshape(-1), minlength=64).tolist()):
+                codes = np.stack([(w >> (6 * k)) & 63 for k in range(4)], axis=1)
+                for c, n in enumerate(np.bincount(codes.reshape(-1), minlength=64).tolist()):
                     self.counts[c] += n
             return
-        h = torch.bincount(piece, minlength=256).tolist()
+        h = byte_counts(piece).tolist()
         bad = nan_codes(self.tag)
         if self.first_nan is None and any(h[c] for c in bad):
-            hit = torch.zeros(piece.shape, dtype=torch.bool)
-            for c in bad:
-                hit |= piece == c
-            self.first_nan = first_byte + int(torch.argmax(hit.to(torch.uint8)))
+            table = _bad_table(self.tag)
+            for s in range(0, piece.size, HIST_BYTES):  # the first slice holding one: argmax finds it
+                hit = table[piece[s: s + HIST_BYTES]]
+                if hit.any():
+                    self.first_nan = first_byte + s + int(np.argmax(hit))
+                    break
         for c, n in enumerate(h):
             self.counts[c] += n
 

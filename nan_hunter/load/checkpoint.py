@@ -9,6 +9,10 @@ What the loader promises:
   (``safetensors_header``), and data is read through bounded read-only windows
   (``safetensors_file``), so any size scans with flat memory;
 - ``.pt``/``.bin`` go only through ``torch.load(weights_only=True)`` (``torch_checkpoint``).
+
+What the weights scan and the quantized checks read (``scan_items``, ``array``, ``read_bytes``,
+``byte_stripes``) comes as numpy arrays: a safetensors or GGUF checkpoint is scanned without
+importing torch. ``tensor`` and ``state_dict`` (building a model) give torch tensors.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import BadInput
 from . import bounded_json
 from .bit_dtypes import BIT_TAGS, TORCH_TO_TAG
+from .float_bits import FLOATS
 from .regular_file import is_inside, kind_of, read_regular, require_regular
 from .safetensors_file import SafetensorsFile, TensorEntry
-from .safetensors_header import show
+from .safetensors_header import TORCH_DTYPES, show
 from .torch_checkpoint import load_torch_file
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,13 +53,13 @@ _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 class ScanItem:
     """One tensor as the weights scan streams it: metadata now, data in pieces.
 
-    ``pieces`` yields ``(first element, count, 1-D read-only view or None)``; None is a run of
-    zeros (a hole of a sparse file). It is None when the dtype cannot be read by torch.
+    ``pieces`` yields ``(first element, count, 1-D read-only numpy view or None)``; None is a run of
+    zeros (a hole of a sparse file). It is None when the dtype is not scanned.
     """
 
     name: str
     dtype: str  # torch's name ("float32"), or the safetensors tag when torch has none
-    torch_dtype: Any
+    tag: str | None  # the float tag the pieces are read as (F64, F32, F16, BF16: ``float_bits``), else None
     shape: list[int]
     numel: int
     nbytes: int
@@ -60,6 +67,19 @@ class ScanItem:
     #: the safetensors tag when the tensor is checked from its bits (``bit_dtypes``): ``pieces`` then
     #: yields raw bytes ``(first byte, byte count, uint8 view or None)``
     bits: str | None = None
+    skip: str | None = None  # why its dtype is not scanned (None: it is)
+
+
+def tag_skip_reason(tag: str) -> str | None:
+    """Why a safetensors tag is not scanned element-wise, as the report says it (None: it is)."""
+    if tag in FLOATS or tag in BIT_TAGS:
+        return None
+    name = TORCH_DTYPES.get(tag)
+    if name is None:
+        return f"dtype {tag} is not scanned (torch cannot hold it element-wise)"
+    if tag == "C64":
+        return f"dtype {name} is not scanned (complex)"
+    return "not floating point"
 
 
 def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Path, Path]:
@@ -134,6 +154,23 @@ class Checkpoint:
         e = self.entries[name]
         return self._files[e.file].read_tensor(e)
 
+    def tag_of(self, name: str) -> str:
+        """The safetensors dtype tag of ``name`` (a torch checkpoint's dtype mapped to its tag; its name
+        when no tag has it)."""
+        e = self.entry(name)
+        if e is not None:
+            return e.dtype
+        dt = str(self.tensor(name).dtype).removeprefix("torch.")
+        return next((k for k, v in TORCH_DTYPES.items() if v == dt), dt)
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as an owned numpy array in its tag's ``NUMPY_DTYPES`` dtype (BF16 and the
+        1-byte floats as their raw bits, packed sub-byte tags as bytes): what the quantized checks read."""
+        if self._torch_sd is not None:
+            return _torch_array(self._torch_sd[name]).copy()
+        e = self.entries[name]
+        return self._files[e.file].read_array(e)
+
     def _ordered(self) -> Iterator[tuple[SafetensorsFile, list[TensorEntry]]]:
         by_file: dict[Path, list[TensorEntry]] = {}
         for e in self.entries.values():
@@ -151,41 +188,36 @@ class Checkpoint:
                 yield e.name, st.read_tensor(e)
 
     def scan_items(self) -> Iterator[ScanItem]:
-        """Every tensor for the weights scan, streamed in bounded read-only pieces."""
+        """Every tensor for the weights scan, streamed in bounded read-only numpy pieces."""
         if self._torch_sd is not None:
             yield from _torch_items(self._torch_sd)
             return
         for st, entries in self._ordered():
             for e, pieces in st.pieces(entries):
-                dt = e.torch_dtype()
-                name = str(dt).removeprefix("torch.") if dt is not None else e.dtype
+                name = TORCH_DTYPES.get(e.dtype, e.dtype)
                 bits = e.dtype if e.dtype in BIT_TAGS else None
-                yield ScanItem(e.name, name, dt, list(e.shape), e.numel, e.nbytes,
-                               pieces if dt is not None or bits else None, bits)
+                skip = tag_skip_reason(e.dtype)
+                yield ScanItem(e.name, name, e.dtype if e.dtype in FLOATS else None, list(e.shape), e.numel,
+                               e.nbytes, None if skip else pieces, bits, skip)
 
     def byte_stripes(self, name: str, stripe_bytes: int) -> Iterator[tuple[int, Any]]:
         """Tensor ``name``'s bytes, read only, in pieces of whole ``stripe_bytes`` stripes:
-        ``(first byte, 1-D uint8 view, or None for a run of zeros)``; memory stays one window."""
+        ``(first byte, 1-D numpy uint8 view, or None for a run of zeros)``; memory stays one window."""
         if self._torch_sd is not None:
-            import torch
-
-            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
             from .safetensors_file import PIECE
 
+            raw = _torch_bytes(self._torch_sd[name])
             step = max(stripe_bytes, PIECE - PIECE % max(1, stripe_bytes))
-            for s in range(0, raw.numel(), step):
+            for s in range(0, raw.size, step):
                 yield s, raw[s: s + step]
             return
         e = self.entries[name]
         yield from self._files[e.file].byte_stripes(e, stripe_bytes)
 
-    def read_bytes(self, name: str, offset: int, nbytes: int) -> torch.Tensor:
-        """Bytes ``offset .. offset + nbytes`` of tensor ``name`` as an owned uint8 tensor (bounded read)."""
+    def read_bytes(self, name: str, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes ``offset .. offset + nbytes`` of tensor ``name`` as an owned numpy uint8 array (bounded read)."""
         if self._torch_sd is not None:
-            import torch
-
-            raw = self._torch_sd[name].detach().contiguous().reshape(-1).view(torch.uint8)
-            return raw[offset: offset + nbytes].clone()
+            return _torch_bytes(self._torch_sd[name])[max(0, offset): max(0, offset + nbytes)].copy()
         e = self.entries[name]
         return self._files[e.file].read_bytes(e, offset, nbytes)
 
@@ -204,24 +236,66 @@ class Checkpoint:
         return {"path": str(self.path), "format": self.format, "n_tensors": self.n_tensors, "bytes": self.nbytes}
 
 
-def _torch_items(sd: dict) -> Iterator[ScanItem]:
+#: torch dtype name → the float tag the scan reads it as (``float_bits``)
+_TORCH_FLOATS = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _torch_array(t: torch.Tensor) -> np.ndarray:
+    """A torch checkpoint's CPU tensor as numpy, sharing its memory, in the ``NUMPY_DTYPES`` form of its
+    tag (bfloat16 as uint16 bits, fp8 as bytes). Only torch checkpoints come here: torch is loaded."""
     import torch
 
+    t = t.detach().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name == "bfloat16":
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if name in TORCH_TO_TAG:
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _torch_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of a torch checkpoint's tensor, flat, sharing its memory."""
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _torch_skip_reason(dtype: torch.dtype, name: str) -> str | None:
+    """Why a torch checkpoint's dtype is not scanned element-wise (None: it is)."""
+    from ..dtypes import name_of
+
+    if dtype.is_complex:
+        return f"dtype {name} is not scanned (complex)"
+    if not dtype.is_floating_point:
+        return "not floating point"
+    if name_of(dtype) is None:
+        return f"dtype {name} is not scanned"
+    return None
+
+
+def _torch_items(sd: dict) -> Iterator[ScanItem]:
+    """A torch checkpoint's tensors for the weights scan: numpy views of their memory, as a safetensors
+    file of the same tags would give them."""
     from .safetensors_file import PIECE
 
     for name, t in sd.items():
-        flat = t.detach().reshape(-1)
-        tag = TORCH_TO_TAG.get(str(t.dtype).removeprefix("torch."))
+        dname = str(t.dtype).removeprefix("torch.")
+        tag = TORCH_TO_TAG.get(dname)
         if tag is not None:  # checked from its bits, as a safetensors tensor of that tag
-            raw = flat.view(torch.uint8)
-            pieces = ((s, min(PIECE, raw.numel() - s), raw[s: s + PIECE]) for s in range(0, raw.numel(), PIECE))
-            yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
-                           raw.numel(), pieces, tag)
+            raw = _torch_bytes(t)
+            pieces = ((s, min(PIECE, raw.size - s), raw[s: s + PIECE]) for s in range(0, raw.size, PIECE))
+            yield ScanItem(name, dname, None, list(t.shape), t.numel(), raw.size, pieces, tag)
             continue
-        step = max(1, PIECE // max(1, t.element_size()))
-        pieces = ((s, min(step, flat.numel() - s), flat[s: s + step]) for s in range(0, flat.numel(), step))
-        yield ScanItem(name, str(t.dtype).removeprefix("torch."), t.dtype, list(t.shape), t.numel(),
-                       t.numel() * t.element_size(), pieces)
+        nbytes = t.numel() * t.element_size()
+        ftag = _TORCH_FLOATS.get(dname)
+        skip = None if ftag else _torch_skip_reason(t.dtype, dname)
+        pieces = None
+        if ftag and t.numel():
+            flat = _torch_array(t).reshape(-1)
+            step = max(1, PIECE // max(1, t.element_size()))
+            pieces = ((s, min(step, flat.size - s), flat[s: s + step]) for s in range(0, flat.size, step))
+        yield ScanItem(name, dname, ftag, list(t.shape), t.numel(), nbytes, pieces, None, skip)
 
 
 def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = None) -> SafetensorsFile:

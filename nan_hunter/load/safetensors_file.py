@@ -6,8 +6,10 @@ copy-on-write map is never made), the mapping is never charged against memory, a
 scan has touched leave the process when the window moves on, so a file larger than RAM scans
 with flat memory. Holes of a sparse file (``SEEK_DATA``) read as zeros without being mapped.
 
-Views into a window are for reading only (the weights scan). Anything that may write to a
-tensor, such as building a model, gets an owned copy (``read_tensor``), one tensor at a time.
+Views into a window are numpy arrays, read-only (the weights scan reads them with numpy alone, so a
+weights-only scan never imports torch). Anything that may write to a tensor, such as building a
+model, gets an owned torch copy (``read_tensor``), one tensor at a time; the quantized checks get
+owned numpy copies of the few tensors and byte ranges they need (``read_array``, ``read_bytes``).
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ import math
 import mmap
 import os
 import struct
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import BadInput
 from .bit_dtypes import BIT_TAGS
 from .regular_file import open_regular, read_exact
-from .safetensors_header import DTYPE_BITS, MAX_HEADER, TORCH_DTYPES, parse_header
+from .safetensors_header import DTYPE_BITS, MAX_HEADER, NUMPY_DTYPES, TORCH_DTYPES, parse_header
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -63,15 +66,6 @@ class TensorEntry:
 
         name = TORCH_DTYPES.get(self.dtype)
         return getattr(torch, name, None) if name else None
-
-
-def _frombuffer(buf, dtype, count: int, offset: int):
-    """``torch.frombuffer`` on a read-only buffer, without its warning: nanhunter only reads these."""
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset)
 
 
 class SafetensorsFile:
@@ -138,11 +132,9 @@ class SafetensorsFile:
         del view
         return torch.frombuffer(buf, dtype=dtype).view(e.shape)
 
-    def read_bytes(self, e: TensorEntry, offset: int, nbytes: int) -> torch.Tensor:
+    def read_bytes(self, e: TensorEntry, offset: int, nbytes: int) -> np.ndarray:
         """An owned uint8 copy of bytes ``offset .. offset + nbytes`` of tensor ``e`` (clipped to it):
         one bounded ``pread``, for the stripes a quantized check reads out of order."""
-        import torch
-
         offset = max(0, min(offset, e.nbytes))
         nbytes = max(0, min(nbytes, e.nbytes - offset))
         buf = bytearray(nbytes)
@@ -155,12 +147,24 @@ class SafetensorsFile:
                     raise BadInput(f"{self.path}: changed while being read; run again when it is complete")
                 pos += got
         del view
-        return torch.frombuffer(buf, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        return np.frombuffer(buf, dtype=np.uint8)
+
+    def read_array(self, e: TensorEntry) -> np.ndarray:
+        """An owned numpy copy of tensor ``e`` in its ``NUMPY_DTYPES`` dtype, shaped as stored (tags
+        numpy has no dtype for come as their raw bits; packed sub-byte tags as a flat run of bytes)."""
+        raw = self.read_bytes(e, 0, e.nbytes)
+        dtype = NUMPY_DTYPES.get(e.dtype)
+        if dtype is None:
+            raise BadInput(f"{self.path}: tensor {e.name!r} has dtype {e.dtype}, which torch cannot load element-wise")
+        a = raw.view(dtype)
+        packed = DTYPE_BITS.get(e.dtype, 8) < 8
+        return a if packed else a.reshape(e.shape)
 
     def pieces(self, order: list[TensorEntry]) -> Iterator[tuple[TensorEntry, Iterator[tuple[int, int, object]]]]:
         """For each entry in ``order`` (offset order is fastest): the entry and its pieces.
 
-        A piece is ``(first element, element count, 1-D read-only view or None)``: None means the
+        A piece is ``(first element, element count, 1-D read-only numpy view or None)`` in the tag's
+        ``NUMPY_DTYPES`` dtype (BF16 as its uint16 bits): None means the
         whole piece lies in a hole of a sparse file and reads as zeros. Consume each entry's
         pieces before asking for the next entry, and drop the views: that keeps one window
         (``WINDOW`` bytes) mapped at a time.
@@ -177,7 +181,7 @@ class SafetensorsFile:
                 win.release()
 
     def byte_stripes(self, e: TensorEntry, stripe_bytes: int) -> Iterator[tuple[int, object]]:
-        """Tensor ``e``'s bytes as ``(first byte, uint8 view or None)`` pieces of whole stripes
+        """Tensor ``e``'s bytes as ``(first byte, numpy uint8 view or None)`` pieces of whole stripes
         (``stripe_bytes`` each; at least one stripe per piece, about ``PIECE`` bytes when they
         fit); None is a hole (zeros). One window mapped at a time; drop each view before the next."""
         with self._open() as f:
@@ -220,7 +224,7 @@ class _Windows:
         return self.mm, off - self.lo
 
     def pieces(self, start: int, e: TensorEntry) -> Iterator[tuple[int, int, object]]:
-        dtype = e.torch_dtype()
+        dtype = np.dtype(NUMPY_DTYPES[e.dtype])
         size = DTYPE_BITS[e.dtype] // 8
         n = e.numel
         step = max(1, PIECE // size)
@@ -232,17 +236,15 @@ class _Windows:
                 continue
             mm, rel = self._map(off, nbytes)
             if off % size == 0:
-                yield first, count, _frombuffer(mm, dtype, count, rel)
+                yield first, count, np.frombuffer(mm, dtype, count, rel)
             else:  # unaligned data (a header length not padded to 8): copy this piece only
-                yield first, count, _frombuffer(bytearray(mm[rel: rel + nbytes]), dtype, count, 0)
+                yield first, count, np.frombuffer(mm[rel: rel + nbytes], dtype, count)
             del mm
 
 
     def byte_pieces(self, start: int, nbytes: int, align: int = 1) -> Iterator[tuple[int, int, object]]:
-        """``(first byte, byte count, 1-D read-only uint8 view or None)`` over ``nbytes`` bytes from
-        ``start``; every piece but the last holds a multiple of ``align`` bytes."""
-        import torch
-
+        """``(first byte, byte count, 1-D read-only numpy uint8 view or None)`` over ``nbytes`` bytes
+        from ``start``; every piece but the last holds a multiple of ``align`` bytes."""
         step = max(align, PIECE - PIECE % align)
         for first in range(0, nbytes, step):
             count = min(step, nbytes - first)
@@ -251,5 +253,5 @@ class _Windows:
                 yield first, count, None
                 continue
             mm, rel = self._map(off, count)
-            yield first, count, _frombuffer(mm, torch.uint8, count, rel)
+            yield first, count, np.frombuffer(mm, np.uint8, count, rel)
             del mm

@@ -47,6 +47,17 @@ TORCH_DTYPES: dict[str, str] = {
     "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
     "F64": "float64", "I64": "int64", "U64": "uint64",
 }
+#: dtype tag → the numpy dtype its bytes are read as (little-endian, as the format stores them). Tags
+#: numpy has no dtype for are read as their raw bits: BF16 as uint16, the 1-byte floats as uint8
+#: (``bit_dtypes`` decodes them); the packed sub-byte tags (F4, F6) are read as bytes.
+NUMPY_DTYPES: dict[str, str] = {
+    "BOOL": "?", "U8": "u1", "I8": "i1",
+    "F8_E5M2": "u1", "F8_E4M3": "u1", "F8_E8M0": "u1", "F8_E4M3FNUZ": "u1", "F8_E5M2FNUZ": "u1",
+    "I16": "<i2", "U16": "<u2", "F16": "<f2", "BF16": "<u2",
+    "I32": "<i4", "U32": "<u4", "F32": "<f4", "C64": "<c8",
+    "F64": "<f8", "I64": "<i8", "U64": "<u8",
+    "F4": "u1", "F6_E2M3": "u1", "F6_E3M2": "u1",
+}
 _FIELDS = ("dtype", "shape", "data_offsets")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 

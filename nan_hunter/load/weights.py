@@ -1,18 +1,22 @@
-"""Static weights scan: non-finite values and dtype headroom, tensor by tensor.
+"""Static weights scan: non-finite values and dtype headroom, tensor by tensor, with numpy only.
 
-Fast path per tensor: one ``torch.aminmax`` pass (NaN propagates, memory speed) gives
-finite-or-not and absmax, hence overflow headroom for every target dtype exactly. Full counts
-and the first bad index are computed only for non-finite tensors. Underflow (how much of the
-tensor flushes to zero or goes subnormal in fp16) needs a pass of its own; by default it is
-estimated on a fixed strided sample (``SAMPLE`` elements, marked ``sampled``), and
-``stats="full"`` computes it exactly (15-20x slower than the fast path on CPU, measured in
-BENCHMARKS.md).
+The scan reads the checkpoint's read-only memory map with numpy and never imports torch (a
+weights-only ``scan`` or ``check`` starts in the time numpy takes to import). Floats are read from
+their bits (``float_bits``: F64, F32, F16 and BF16 by one rule), the 1-byte and sub-byte floats from
+their codes (``bit_dtypes``).
+
+Fast path per piece: two integer reductions over the bits (``float_bits.top_magnitude``, memory
+speed) give finite-or-not and the absmax, hence overflow headroom for every target dtype exactly.
+Full counts and the first bad index are computed only for pieces holding NaN/Inf. Underflow (how
+much of the tensor flushes to zero or goes subnormal in fp16) needs a pass of its own, on the
+values as float32; by default it is estimated on a fixed strided sample (``SAMPLE`` elements,
+marked ``sampled``), and ``stats="full"`` computes it exactly (measured in BENCHMARKS.md).
 
 Memory stays flat whatever the checkpoint's size: tensors arrive from the loader in bounded
 read-only pieces (``Checkpoint.scan_items``: one memory-map window at a time, holes of sparse
 files as runs of zeros) and are accumulated piece by piece (``TensorStatsAccumulator``); the slow
-paths (a piece holding NaN/Inf, the exact underflow pass, 1-byte dtypes widened to fp32) work on
-``CHUNK``-element slices. Nothing here writes to a tensor it is given.
+paths (a piece holding NaN/Inf, the underflow pass) work on ``CHUNK``-element slices. Nothing here
+writes to an array it is given.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..dtypes import HEADROOM_DTYPES, limits
 from .checkpoint import Checkpoint, ScanItem
+from .float_bits import CACHE_BYTES, CHUNK, FLOATS, FloatBits, exact_counts
 
 SAMPLE = 65536
-CHUNK = 1 << 18  # elements per slice on the slow paths: temporaries of ~1 MB, cache-resident
-SERIAL = 32768  # slice of the underflow sample: at torch's parallel grain size, so its small ops run
-# inline instead of waking OpenMP workers (measured 26-120 ms -> ~1 ms per tensor on a busy 2-core box)
 
 
 @dataclass
@@ -98,73 +102,46 @@ def _unravel(flat: int, shape: list[int]) -> list[int]:
     return list(reversed(out))
 
 
-def _count_underflow(flat, chunk: int, c: list) -> None:
-    """Add to ``c`` = [finite, flushed to 0 in fp16, fp16 subnormal, min |x| > 0] the values of 1-D ``flat``.
+def _count_underflow(fb: FloatBits, bits, chunk: int, c: list) -> None:
+    """Add to ``c`` = [finite, flushed to 0 in fp16, fp16 subnormal, min |x| > 0] the values of 1-D
+    unsigned ``bits``.
 
-    ``chunk`` elements at a time with counts (no boolean-index copies), so temporaries stay
-    small whatever the size; ``flat`` is only read.
+    ``chunk`` elements at a time, on the values as float32 (F64 rounded as a cast rounds it), with
+    counts (no boolean-index copies), so temporaries stay small whatever the size; ``bits`` is only
+    read.
     """
-    import torch
-
     fp16 = limits("fp16")
     # fp16 rounds to nearest: below half the smallest subnormal a value becomes 0.
     half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
-    for s in range(0, flat.numel(), chunk):
-        a = flat[s: s + chunk].float().abs()
+    for s in range(0, bits.size, chunk):
+        with np.errstate(over="ignore"):  # an F64 value beyond float32's range is inf, as a cast makes it
+            a = np.abs(fb.float32(bits[s: s + chunk]))
         # comparisons are False for NaN and +inf is above every bound, so finite values are the
         # a < inf ones, and the bands below count finite values only (cheaper than isfinite).
-        c[0] += int(torch.count_nonzero(a < math.inf))
+        c[0] += int(np.count_nonzero(a < math.inf))
         gt0 = a > 0
         below_half = a < half_sub
-        n_below_half = int(torch.count_nonzero(below_half))
-        c[1] += int(torch.count_nonzero(gt0 & below_half))
-        c[2] += int(torch.count_nonzero(a < normal)) - n_below_half  # half_sub <= a < normal
-        c[3] = min(c[3], float(torch.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
+        n_below_half = int(np.count_nonzero(below_half))
+        c[1] += int(np.count_nonzero(gt0 & below_half))
+        c[2] += int(np.count_nonzero(a < normal)) - n_below_half  # half_sub <= a < normal
+        if a.size:
+            c[3] = min(c[3], float(np.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
 
 
-def _value_stats(t) -> tuple[int, int, int, int | None, float | None]:
-    """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values).
-
-    One ``aminmax`` pass when ``t`` is all-finite. Otherwise (and for 1-byte dtypes, which
-    ``quick_row`` widens to fp32) ``t`` is walked ``CHUNK`` elements at a time: a finite chunk
-    costs one ``aminmax``, only chunks holding NaN/Inf go through ``full_row``; counts add up,
-    the first index is the first bad chunk's, absmax is the max over chunks.
+def _value_stats(fb: FloatBits, bits) -> tuple[int, int, int, int | None, float | None]:
+    """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values) of
+    1-D unsigned ``bits``, in one pass (``exact_counts``): two integer reductions per ``CHUNK``-element
+    slice, and only slices holding NaN/Inf counted exactly.
     """
-    from ..kernels.reference import full_row, quick_row
-    from ..kernels.stats import TensorStats
-
-    n = t.numel()
-    if t.element_size() > 1 or n <= CHUNK:
-        quick = quick_row(t)
-        if quick is not None:
-            return 0, 0, 0, None, quick[1][0]
-        if n <= CHUNK:
-            ints, floats = full_row(t)
-            st = TensorStats.from_row(ints.tolist(), floats.tolist())
-            return st.nan, st.posinf, st.neginf, st.first_nonfinite, st.absmax
-    flat = t.reshape(-1)
-    nan = posinf = neginf = 0
-    first: int | None = None
-    absmax: float | None = None
-    for s in range(0, n, CHUNK):
-        c = flat[s: s + CHUNK]
-        quick = quick_row(c)
-        if quick is not None:
-            a = quick[1][0]
-        else:
-            ints, floats = full_row(c)
-            st = TensorStats.from_row(ints.tolist(), floats.tolist())
-            nan, posinf, neginf = nan + st.nan, posinf + st.posinf, neginf + st.neginf
-            if first is None and st.first_nonfinite is not None:
-                first = s + st.first_nonfinite
-            a = st.absmax
-        if a is not None:
-            absmax = a if absmax is None else max(absmax, a)
-    return nan, posinf, neginf, first, absmax
+    if not bits.size:
+        return 0, 0, 0, None, None
+    nan, posinf, neginf, first, best = exact_counts(fb, bits)
+    return nan, posinf, neginf, first, fb.value(best)
 
 
 class TensorStatsAccumulator:
-    """Statistics of one tensor fed piece by piece: consecutive runs of its flat elements.
+    """Statistics of one float tensor (tag F64, F32, F16 or BF16) fed piece by piece: consecutive runs
+    of its flat elements, as numpy arrays of the tag's dtype or of its unsigned bits.
 
     Counts add up, the first non-finite index is the first piece's that has one, absmax is the
     max over pieces. The fp16 underflow pass is exact over every piece with ``exact``, else it
@@ -172,13 +149,12 @@ class TensorStatsAccumulator:
     elements, every ``numel // SAMPLE``-th), counted piece by piece as the pieces pass.
     """
 
-    def __init__(self, numel: int, dtype, exact: bool):
-        import torch
-
+    def __init__(self, numel: int, tag: str, exact: bool):
+        self.fb = FLOATS[tag]
         self.nan = self.posinf = self.neginf = 0
         self.first: int | None = None
         self.absmax: float | None = None
-        self.underflow = dtype != torch.float16 or exact  # already fp16: nothing changes when cast
+        self.underflow = tag != "F16" or exact  # already fp16: nothing changes when cast
         self.step = numel // SAMPLE if not exact and numel > SAMPLE else 0
         self.counts: list = [0, 0, 0, math.inf]
 
@@ -193,9 +169,9 @@ class TensorStatsAccumulator:
         return k_lo * self.step - first, max(0, k_hi - k_lo)
 
     def add(self, first: int, piece) -> None:
-        """Elements ``first .. first + piece.numel()`` of the flattened tensor (``piece`` is 1-D, only read)."""
-
-        nan, posinf, neginf, bad, a = _value_stats(piece)
+        """Elements ``first .. first + piece.size`` of the flattened tensor (``piece`` is 1-D, only read)."""
+        bits = self.fb.bits(piece)
+        nan, posinf, neginf, bad, a = _value_stats(self.fb, bits)
         self.nan, self.posinf, self.neginf = self.nan + nan, self.posinf + posinf, self.neginf + neginf
         if self.first is None and bad is not None:
             self.first = first + bad
@@ -203,11 +179,11 @@ class TensorStatsAccumulator:
         if not self.underflow:
             return
         if self.step:  # counts add up: the sample is counted piece by piece, nothing is kept
-            off, k = self._sample_range(first, piece.numel())
+            off, k = self._sample_range(first, bits.size)
             if k:
-                _count_underflow(piece[off:: self.step][:k], SERIAL, self.counts)
+                _count_underflow(self.fb, bits[off:: self.step][:k], CHUNK, self.counts)
         else:
-            _count_underflow(piece, CHUNK, self.counts)
+            _count_underflow(self.fb, bits, CHUNK, self.counts)
 
     def add_zeros(self, first: int, count: int) -> None:
         """Elements ``first .. first + count`` are all zero (a hole of a sparse file)."""
@@ -239,20 +215,6 @@ class TensorStatsAccumulator:
 NOTHING_TO_CHECK = ("not floating point", "empty")
 
 
-def _skip_reason(dtype, tag: str) -> str | None:
-    from ..dtypes import name_of
-
-    if dtype is None:
-        return f"dtype {tag} is not scanned (torch cannot hold it element-wise)"
-    if dtype.is_complex:
-        return f"dtype {tag} is not scanned (complex)"
-    if not dtype.is_floating_point:
-        return "not floating point"
-    if name_of(dtype) is None:
-        return f"dtype {tag} is not scanned"
-    return None
-
-
 def _mark(ts: TensorScan, reason: str | None) -> None:
     ts.skipped = reason
     ts.unchecked = reason is not None and reason not in NOTHING_TO_CHECK
@@ -277,8 +239,6 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
     maxima stay below them holds none. A piece that holds one is counted exactly with the code
     histogram; fp16 underflow comes from a fixed strided sample (``SAMPLE`` bytes, marked sampled), as
     for float tensors."""
-    import torch
-
     from .bit_dtypes import CodeHistogram, code_values
 
     tag = item.bits or ""
@@ -294,11 +254,10 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
             best = max(best, 0)
             continue
         if tag == "F8_E8M0":
-            lo, hi = (int(x) for x in torch.aminmax(piece))
+            hi = _byte_extremes(piece, signed=False)[1]
             bad, top = hi == 0xFF, hi
         else:
-            lo, hi = (int(x) for x in torch.aminmax(piece.view(torch.int8)))
-            neg = int(piece.amax())
+            lo, hi, neg = _byte_extremes(piece, signed=True, low=tag.endswith("FNUZ"))
             top = max(hi if hi >= 0 else 0, neg - 0x80 if neg >= 0x80 else 0)
             bad = (lo == -128) if tag.endswith("FNUZ") else (top >= bad_mag)
         if bad:
@@ -355,21 +314,26 @@ def scan_bits(item: ScanItem, exact: bool = False) -> TensorScan:
     return ts
 
 
+def _byte_extremes(piece, signed: bool, low: bool = False) -> tuple[int, int, int]:
+    """(int8 min (only with ``low``, else 0), int8 max (uint8 max unless ``signed``), uint8 max) of 1-D
+    uint8 ``piece``, a cache-sized slice at a time so each slice is read from memory once."""
+    s8 = piece.view(np.int8)
+    lo, hi, neg = 0, -129 if signed else -1, -1
+    step = CACHE_BYTES
+    for s in range(0, piece.size, step):
+        if signed:
+            hi = max(hi, int(s8[s: s + step].max()))
+            if low:
+                lo = min(lo, int(s8[s: s + step].min()))
+        neg = max(neg, int(piece[s: s + step].max()))
+    return lo, (hi if signed else neg), neg
+
+
 def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
-    """Scan one in-memory tensor (read only)."""
-    from .bit_dtypes import TORCH_TO_TAG
+    """Scan one in-memory torch tensor (read only), as a torch checkpoint's tensor is scanned."""
     from .checkpoint import _torch_items
 
-    dtype = str(t.dtype).removeprefix("torch.")
-    if dtype in TORCH_TO_TAG:
-        return scan_bits(next(_torch_items({name: t})), exact)
-    ts = TensorScan(name, dtype, list(t.shape), t.numel())
-    _mark(ts, _skip_reason(t.dtype, dtype) or ("empty" if t.numel() == 0 else None))
-    if ts.skipped:
-        return ts
-    acc = TensorStatsAccumulator(t.numel(), t.dtype, exact)
-    acc.add(0, t.reshape(-1))
-    return acc.finish(ts, list(t.shape))
+    return scan_item(next(_torch_items({name: t})), exact)
 
 
 def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
@@ -377,10 +341,10 @@ def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
     if item.bits is not None:
         return scan_bits(item, exact)
     ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
-    _mark(ts, _skip_reason(item.torch_dtype, item.dtype) or ("empty" if item.numel == 0 else None))
-    if ts.skipped or item.pieces is None:
+    _mark(ts, item.skip or ("empty" if item.numel == 0 else None))
+    if ts.skipped or item.pieces is None or item.tag is None:
         return ts
-    acc = TensorStatsAccumulator(item.numel, item.torch_dtype, exact)
+    acc = TensorStatsAccumulator(item.numel, item.tag, exact)
     for first, count, piece in item.pieces:
         if piece is None:
             acc.add_zeros(first, count)
@@ -393,16 +357,17 @@ def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
 def scan_weights(ck: Checkpoint, exact: bool = False,
                  progress: Callable[[str, int], None] | None = None) -> WeightsScan:
     """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
-    out: list[TensorScan] = []
-    skipped = 0
-    for item in ck.scan_items():
-        ts = scan_item(item, exact)
-        if ts.skipped:
-            skipped += 1
-        out.append(ts)
-        if progress is not None:
-            progress(item.name, item.nbytes)
     from .quant.registry import scan_quantized_claims
 
-    quantized, q_unchecked, claimed = scan_quantized_claims(ck)
+    out: list[TensorScan] = []
+    skipped = 0
+    with np.errstate(all="ignore"):  # IEEE results (an F64 value past float32's range is inf) are what is measured
+        for item in ck.scan_items():
+            ts = scan_item(item, exact)
+            if ts.skipped:
+                skipped += 1
+            out.append(ts)
+            if progress is not None:
+                progress(item.name, item.nbytes)
+        quantized, q_unchecked, claimed = scan_quantized_claims(ck)
     return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked, claimed)

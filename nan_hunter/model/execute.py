@@ -12,17 +12,14 @@ import torch
 from torch import nn
 
 from ..dtypes import RunDtype
-from ..errors import BadInput
 from ..tree import cast_floats
+from .device import check_device
 
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda: no CUDA device available; use --device cpu or auto")
-    if device not in ("cpu", "cuda"):
-        raise BadInput(f"--device {device!r}: use auto, cpu or cuda")
+    check_device(device)
     return torch.device(device)
 
 

@@ -58,16 +58,37 @@ def run_dtype(name: str, cfg: Config) -> RunDtype:
     return RunDtype.of(name, cfg.fp8.recipe())
 
 
+def builds_a_model(ck: Checkpoint, arch: str | None) -> bool:
+    """Whether ``build.build_model`` builds a model for ``ck``: with ``--arch``, or for a Hugging Face
+    directory with its ``config.json``. Otherwise the run is weights-only and torch is not needed."""
+    return bool(arch) or (ck.format == "hf" and ck.config_path is not None)
+
+
+def _no_model(inputs: list[str] | None, prompts: list[str] | None, data: str | None, need_model: bool) -> None:
+    if inputs or prompts or data:
+        raise BadInput("inputs were given but no model can be built: pass --arch file.py:factory "
+                       "(or use a Hugging Face directory with config.json)")
+    if need_model:
+        raise BadInput("this command needs a model: pass --arch file.py:factory or a Hugging Face directory")
+
+
 def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts: list[str] | None,
             data: str | None, dtype: str | None, device: str, cfg: Config, attn: str | None = None,
             need_model: bool = False, placement: Placement | None = None) -> Prepared | None:
     """``placement`` (``--device-map auto``): the model is placed by accelerate in the run's
-    compute dtype and takes its inputs on its first device; ``device`` is then not used."""
+    compute dtype and takes its inputs on its first device; ``device`` is then not used. None when no
+    model can be built (a weights-only run: decided before torch is imported)."""
+    dt = parse_dtype(dtype)
+    if placement is None and not builds_a_model(ck, arch):
+        from .device import check_device
+
+        check_device(device)  # a bad --device is refused as when a model is built
+        _no_model(inputs, prompts, data, need_model)
+        return None
     from .build import build_model
     from .execute import cast_batch, cast_model, resolve_device
     from .inputs import batch_notes, build_batches
 
-    dt = parse_dtype(dtype)
     if placement is not None:
         from .placement import build_placed, input_device
 
@@ -78,11 +99,7 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         dev = resolve_device(device)
         model, tok, how = build_model(ck, arch, attn)
     if model is None:
-        if inputs or prompts or data:
-            raise BadInput("inputs were given but no model can be built: pass --arch file.py:factory "
-                           "(or use a Hugging Face directory with config.json)")
-        if need_model:
-            raise BadInput("this command needs a model: pass --arch file.py:factory or a Hugging Face directory")
+        _no_model(inputs, prompts, data, need_model)
         return None
     notes = []
     batches = build_batches(model, tok, inputs, prompts, data)

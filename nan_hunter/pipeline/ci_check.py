@@ -222,14 +222,15 @@ def run_summary(run: Report) -> dict[str, Any]:
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
     from ..model.prepare import prepare
-    from ..modes.rank_split import run_mode_on_ranks
-    from ..modes.registry import mode_for
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
     if p is None:
         return "weights-only check: no --arch and no config.json, so no forward was run"
     if not p.batches:
         return p.notes[0]
+    from ..modes.rank_split import run_mode_on_ranks  # a model runs: torch from here on
+    from ..modes.registry import mode_for
+
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
     run_mode_on_ranks(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)

@@ -40,8 +40,6 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     from ..load.weights import scan_weights
     from ..load.weights_sections import bad_scales
     from ..model.prepare import prepare
-    from ..modes.rank_split import run_mode_on_ranks
-    from ..modes.registry import mode_for
 
     ck = open_checkpoint(opts.checkpoint)
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
@@ -67,6 +65,9 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         weights_verdict(rep, cfg, ws)
         return rep
     rep.notes += prepared.notes
+    from ..modes.rank_split import run_mode_on_ranks  # a model runs: torch from here on
+    from ..modes.registry import mode_for
+
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
     if opts.tracing is not None:  # before the capture: the trace holds what the model computed
         from ..modes.trace_pass import write_trace

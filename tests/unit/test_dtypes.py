@@ -48,3 +48,16 @@ def test_names_that_cannot_run(bad):
 def test_recipe_validates_itself(kw):
     with pytest.raises(ValueError):
         Fp8Recipe(**kw)
+
+
+@pytest.mark.parametrize("name", ["fp64", "fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"])
+def test_limits_from_the_bit_layout_equal_torch_finfo(name):
+    """``limits`` derives each format's range from its exponent and mantissa widths (no torch import, so a
+    weights-only scan never loads it); torch's finfo is the reference."""
+    from nan_hunter.dtypes import limits, torch_dtype
+
+    fi = torch.finfo(torch_dtype(name))
+    got = limits(name)
+    assert (got.max, got.smallest_normal, got.smallest_subnormal, got.eps) == (
+        float(fi.max), float(fi.smallest_normal), float(fi.smallest_normal * fi.eps), float(fi.eps))
+    assert got.flush == float(fi.smallest_normal * fi.eps) / 2

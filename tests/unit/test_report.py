@@ -46,3 +46,24 @@ def test_exit_codes():
 def test_a_list_of_reports_is_a_json_array():
     d = json.loads(json_text([Report(), Report()]))
     assert isinstance(d, list) and len(d) == 2 and all(r["schema"] == SCHEMA for r in d)
+
+
+def test_torch_version_is_torchs_own_with_or_without_loading_it(monkeypatch):
+    """``torch_version``: ``torch.__version__`` when torch is loaded; read from the installed package
+    without importing it otherwise (a weights-only report); None when torch is not installed."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import torch
+    from clirun import cli_env
+
+    from nan_hunter.report import torch_version
+
+    assert torch_version() == torch.__version__
+    code = "import sys\nfrom nan_hunter.report import torch_version\nprint(torch_version(), 'torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert out.stdout.split() == [str(torch.__version__), "False"], out.stderr[-2000:]
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert torch_version() is None

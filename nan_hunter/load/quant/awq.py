@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Blocks, Context, QuantizedWeight
+import numpy as np
+
+from .base import Blocks, Context, QuantizedWeight, scale_values
 from .gptq import group_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,18 +42,14 @@ class AwqLayout:
 
 def unpack_nibbles(words):
     """int32 ``[r, w]`` → 4-bit codes ``[r, w, 8]`` in packed-slot order (slot k at shift 4k)."""
-    import torch
-
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    return (words.unsqueeze(-1) >> shifts) & 15
+    shifts = np.arange(0, 32, 4, dtype=np.int32)
+    return (words.astype(np.int32, copy=False)[..., None] >> shifts) & 15
 
 
 def awq_columns(words):
     """GEMM words ``[r, w]`` → codes ``[r, w * 8]`` in output-column order."""
-    import torch
-
     c = unpack_nibbles(words)
-    return c.index_select(2, torch.tensor(AWQ_REVERSE_ORDER)).reshape(words.shape[0], -1)
+    return c[:, :, list(AWQ_REVERSE_ORDER)].reshape(words.shape[0], -1)
 
 
 class Awq:
@@ -103,40 +101,34 @@ class Awq:
 
     def _zeros(self, ck: Checkpoint, lay: AwqLayout):
         """Zero codes in the scales' own layout: GEMM ``[groups, out]``, GEMV ``[out, groups]``."""
-        import torch
-
-        qz = ck.tensor(lay.qzeros).to(torch.int32)
+        qz = ck.array(lay.qzeros).astype(np.int32)
         if lay.gemv:
             return unpack_nibbles(qz).reshape(qz.shape[0], -1)[:, : lay.groups]
         return awq_columns(qz)[:, : lay.n_out]
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         lay: AwqLayout = q.layout
         z = q.cache["zero"] = self._zeros(ck, lay)
-        bound = torch.maximum(z, 15 - z).to(torch.float32)
-        scales = ck.tensor(q.scale).to(torch.float32)
+        bound = np.maximum(z, 15 - z).astype(np.float32)
+        scales = scale_values(ck, q.scale).reshape(lay.scale_shape)
         known = None
         if lay.gemv:  # groups past the input's end are padding: no data (magnitude 0)
             width = scales.shape[1]
-            b = torch.full((lay.n_out, width), 15.0)
+            b = np.full((lay.n_out, width), 15.0, dtype=np.float32)
             b[:, : lay.groups] = bound
             bound = b
-            known = torch.full((lay.n_out, width), -1.0)
+            known = np.full((lay.n_out, width), -1.0, dtype=np.float32)
             known[:, lay.groups:] = 0.0
             known = known.reshape(-1)
-            stripe_of = torch.zeros(lay.n_out * width, dtype=torch.int64)  # one stripe: rows are outputs
+            stripe_of = np.zeros(lay.n_out * width, dtype=np.int64)  # one stripe: rows are outputs
             n_stripes, per = 1, lay.n_out * lay.n_in * 8
         else:
-            stripe_of = torch.arange(lay.groups * lay.n_out, dtype=torch.int64) // lay.n_out
+            stripe_of = np.arange(lay.groups * lay.n_out, dtype=np.int64) // lay.n_out
             n_stripes, per = lay.groups, lay.group_size * lay.n_out * 4 * 2
         return Blocks(scales.reshape(-1), list(lay.scale_shape), bound.reshape(-1), stripe_of, n_stripes, per,
                       known=known)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
         from ..safetensors_file import PIECE
 
         lay: AwqLayout = q.layout
@@ -147,17 +139,17 @@ class Awq:
             width = lay.scale_shape[1]
             for o0 in range(0, lay.n_out, step):
                 o1 = min(lay.n_out, o0 + step)
-                w = ck.read_bytes(q.name, o0 * row_bytes, (o1 - o0) * row_bytes).view(torch.int32)
+                w = ck.read_bytes(q.name, o0 * row_bytes, (o1 - o0) * row_bytes).view("<i4")
                 c = unpack_nibbles(w.reshape(o1 - o0, -1)).reshape(o1 - o0, lay.groups, lay.group_size)
-                zz = z[o0:o1].unsqueeze(-1)
-                m = torch.maximum(c.amax(-1, keepdim=True) - zz, zz - c.amin(-1, keepdim=True)).squeeze(-1)
-                idx = (torch.arange(o0, o1).unsqueeze(1) * width + torch.arange(lay.groups)).reshape(-1)
-                yield idx, m.clamp(min=0).to(torch.float32).reshape(-1)
+                zz = z[o0:o1][..., None]
+                m = np.maximum(c.max(-1, keepdims=True) - zz, zz - c.min(-1, keepdims=True)).squeeze(-1)
+                idx = (np.arange(o0, o1, dtype=np.int64)[:, None] * width + np.arange(lay.groups)).reshape(-1)
+                yield idx, np.maximum(m, 0).astype(np.float32).reshape(-1)
             return
         row_bytes = lay.n_out // 2
         g1 = min(lay.groups, first + count)
         w = ck.read_bytes(q.name, first * lay.group_size * row_bytes, (g1 - first) * lay.group_size * row_bytes)
-        c = awq_columns(w.view(torch.int32).reshape(-1, lay.n_out // 8)).reshape(g1 - first, lay.group_size, lay.n_out)
+        c = awq_columns(w.view("<i4").reshape(-1, lay.n_out // 8)).reshape(g1 - first, lay.group_size, lay.n_out)
         zz = z[first:g1]
-        m = torch.maximum(c.amax(1) - zz, zz - c.amin(1)).clamp(min=0).to(torch.float32)
-        yield torch.arange(first * lay.n_out, g1 * lay.n_out, dtype=torch.int64), m.reshape(-1)
+        m = np.maximum(np.maximum(c.max(1) - zz, zz - c.min(1)), 0).astype(np.float32)
+        yield np.arange(first * lay.n_out, g1 * lay.n_out, dtype=np.int64), m.reshape(-1)

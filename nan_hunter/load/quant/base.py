@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+import numpy as np
 
+if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint
 
 MAX_BAD_BLOCKS = 1000  # listed per tensor; n_bad counts them all
@@ -57,10 +57,10 @@ class QuantizedWeight:
 class Blocks:
     """The scales of one quantized weight, as ``grade`` judges them."""
 
-    values: torch.Tensor  # float32 [n_blocks]: each block's scale, in the scale tensor's storage order
+    values: np.ndarray  # float32 [n_blocks]: each block's scale, in the scale tensor's storage order
     shape: list[int]  # the index shape of ``bad_blocks`` (the scale tensor's shape as stored)
-    bound: float | torch.Tensor  # largest |code - zero| a block can hold (a number, or float32 [n_blocks])
-    stripe_of: torch.Tensor | None  # int64 [n_blocks]: the stripe holding each block (None: no data to read)
+    bound: float | np.ndarray  # largest |code - zero| a block can hold (a number, or float32 [n_blocks])
+    stripe_of: np.ndarray | None  # int64 [n_blocks]: the stripe holding each block (None: no data to read)
     n_stripes: int
     stripe_bytes: int  # bytes read per stripe (windows of the full pass hold about PIECE bytes)
     multiplier: float = 1.0  # a global scale applied to every block (nvfp4)
@@ -72,7 +72,7 @@ class Blocks:
     extra_bad: list[dict[str, Any]] = field(default_factory=list)
     extra_faults: int = 0
     #: blocks whose exact magnitude is known without reading data (float32 [n_blocks], -1 = unknown)
-    known: torch.Tensor | None = None
+    known: np.ndarray | None = None
     #: the dequantized absmax is an upper bound only (formats whose codes are not decoded): None in the
     #: report, and fp16/bf16 overflow is said only where the bound rules it out
     bound_only: bool = False
@@ -80,7 +80,7 @@ class Blocks:
     #: ``bound`` is an upper bound of it (GGUF: a block's values depend on d and dmin)
     absolute: bool = False
     #: blocks excluded from the absmax besides those with a non-finite scale (a NaN dmin)
-    exclude: torch.Tensor | None = None
+    exclude: np.ndarray | None = None
 
 
 @dataclass
@@ -130,15 +130,7 @@ class Context:
         """The safetensors dtype tag of ``name`` (torch's dtype mapped to a tag for ``.pt`` files)."""
         t = self._tags.get(name)
         if t is None:
-            e = self.ck.entry(name)
-            if e is not None:
-                t = e.dtype
-            else:
-                from ..safetensors_header import TORCH_DTYPES
-
-                dt = str(self.ck.tensor(name).dtype).removeprefix("torch.")
-                t = next((k for k, v in TORCH_DTYPES.items() if v == dt), dt)
-            self._tags[name] = t
+            t = self._tags[name] = self.ck.tag_of(name)
         return t
 
     def shape(self, name: str) -> list[int]:
@@ -170,7 +162,7 @@ class QuantFormat(Protocol):
         """The scales of ``q`` as ``grade`` judges them."""
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
-               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Stripes ``first .. first + count`` dequantized: ``(block indices int64, largest |code - zero|
         float32)`` for every block they hold (several pairs may come, none overlapping); a third item,
         when given, says which blocks hold data (else: a magnitude above 0)."""
@@ -203,15 +195,31 @@ def unravel(flat: int, shape: list[int]) -> list[int]:
     return out[::-1]
 
 
-def scale_values(ck: Checkpoint, name: str, e8m0: bool = False) -> torch.Tensor:
-    """A scale tensor as float32, flattened (E8M0 bytes decoded: ``2**(s - 127)``, 0xFF is NaN)."""
-    import torch
+def float32_values(tag: str, a: np.ndarray, e8m0: bool = False) -> np.ndarray:
+    """Values of ``Checkpoint.array`` output ``a`` of tag ``tag`` as float32, flattened, as a cast to
+    float32 gives them (F64 rounded to nearest; BF16 and fp8 decoded from their bits, exactly), uint8
+    exponent bytes decoded as E8M0 with ``e8m0``."""
+    from ..bit_dtypes import float32_table
+    from ..float_bits import FLOATS
 
-    t = ck.tensor(name).reshape(-1)
-    if t.dtype == torch.float8_e8m0fnu:
-        t = t.view(torch.uint8)
-        e8m0 = True
-    if e8m0 and t.dtype == torch.uint8:
-        x = torch.pow(2.0, t.to(torch.float32) - 127)
-        return torch.where(t == 0xFF, math.nan, x)
-    return t.to(torch.float32)
+    a = a.reshape(-1)
+    if tag == "F8_E8M0" or (e8m0 and tag == "U8"):
+        return e8m0_values(a, 127)
+    if tag in FLOATS:
+        with np.errstate(over="ignore"):  # an F64 scale beyond float32's range is inf, as a cast makes it
+            return FLOATS[tag].float32(FLOATS[tag].bits(a)).astype(np.float32, copy=True)
+    if tag in FP8_TAGS:
+        return float32_table(tag)[a]
+    return a.astype(np.float32)
+
+
+def e8m0_values(codes: np.ndarray, bias: int) -> np.ndarray:
+    """float32 ``2**(code - bias)`` of uint8 exponent codes, exactly; 0xFF is NaN."""
+    with np.errstate(over="ignore"):  # 0xFF's power overflows: it is NaN anyway
+        x = np.ldexp(np.float32(1.0), codes.astype(np.int32) - bias)
+    return np.where(codes == 0xFF, np.float32(math.nan), x)
+
+
+def scale_values(ck: Checkpoint, name: str, e8m0: bool = False) -> np.ndarray:
+    """A scale tensor as float32, flattened (E8M0 bytes decoded: ``2**(s - 127)``, 0xFF is NaN)."""
+    return float32_values(ck.tag_of(name), ck.array(name), e8m0)

@@ -18,8 +18,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ...errors import BadInput
-from .base import FLOAT_TAGS, Blocks, Context, QuantizedWeight
+from .base import FLOAT_TAGS, Blocks, Context, QuantizedWeight, scale_values
 from .grid import Grid, window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,7 +52,7 @@ def quant_state(ck: Checkpoint, name: str) -> dict[str, Any]:
     where = f"{ck.path}: quant_state {name!r}"
     if nbytes > MAX_QUANT_STATE:
         raise BadInput(f"{where} is {nbytes} bytes, over the {MAX_QUANT_STATE}-byte limit; re-save the checkpoint")
-    raw = bytes(ck.read_bytes(name, 0, nbytes).tolist())
+    raw = ck.read_bytes(name, 0, nbytes).tobytes()
     data = bounded_json.loads(raw, where, max_depth=4, unique_keys=True)
     if not isinstance(data, dict) or not set(data) <= STATE_KEYS:
         extra = sorted(set(data) - STATE_KEYS)[:3] if isinstance(data, dict) else None
@@ -113,19 +115,16 @@ class Bnb4bit:
     def _absmax(self, ck: Checkpoint, lay: Bnb4Layout):
         """The blocks' absmax as bitsandbytes computes it (nested: ``nested_quant_map[code] *
         nested_absmax[k // nested_blocksize] + offset``), and bad entries of the nested absmax."""
-        import torch
-
-        a = ck.tensor(lay.absmax).reshape(-1)
         if lay.nested is None:
-            return a.to(torch.float32), []
+            return scale_values(ck, lay.absmax), []
         na, nq, off, nbs = lay.nested
-        codes = a.to(torch.int64)
-        nabs = ck.tensor(na).reshape(-1).to(torch.float32)
-        qmap = ck.tensor(nq).reshape(-1).to(torch.float32)
-        per = nabs.repeat_interleave(nbs)[: codes.numel()]
-        values = qmap[codes] * per + off
+        codes = ck.array(lay.absmax).reshape(-1).astype(np.int64)
+        nabs = scale_values(ck, na)
+        qmap = scale_values(ck, nq)
+        per = np.repeat(nabs, nbs)[: codes.size]
+        values = qmap[codes] * per + np.float32(off)
         extra = []
-        for i in (~torch.isfinite(nabs) | (nabs <= 0)).nonzero().reshape(-1)[:10].tolist():
+        for i in np.flatnonzero(~np.isfinite(nabs) | (nabs <= 0))[:10].tolist():
             v = float(nabs[i])
             problem = "nan" if v != v else "inf" if math.isinf(v) else "zero" if v == 0 else "negative"
             extra.append({"index": [i], "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
@@ -133,19 +132,17 @@ class Bnb4bit:
         return values, extra
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         lay: Bnb4Layout = q.layout
         values, extra = self._absmax(ck, lay)
-        qmap = ck.tensor(lay.quant_map).reshape(-1).to(torch.float32)
-        bound = float(qmap.abs().nan_to_num(0).max())
-        if not bool(torch.isfinite(qmap).all()):
+        qmap = scale_values(ck, lay.quant_map)
+        bound = float(np.nan_to_num(np.abs(qmap), nan=0.0).max())
+        if not bool(np.isfinite(qmap).all()):
             extra.append({"index": [], "scale": "nan", "problem": "nan", "tensor": lay.quant_map})
         faults = sum(1 for e in extra if e["problem"] != "negative")
         g = self._grid(lay)
         stripe_of = g.stripe_of()[: -(-lay.n_values // lay.blocksize)]  # the last row of blocks may be short
         # a window's bytes become int64 indices and float32 magnitudes: budget 12 bytes per stored byte
-        return Blocks(values, [values.numel()], bound, stripe_of, g.n_stripes, g.row_bytes * 12, extra_bad=extra,
+        return Blocks(values, [values.size], bound, stripe_of, g.n_stripes, g.row_bytes * 12, extra_bad=extra,
                       extra_faults=faults)
 
     @staticmethod
@@ -157,17 +154,15 @@ class Bnb4bit:
         return Grid(1, rows, per_row * lay.blocksize // 2, 1, per_row * lay.blocksize // 2, lay.blocksize // 2)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
         lay: Bnb4Layout = q.layout
-        qmap = ck.tensor(lay.quant_map).reshape(-1).to(torch.float32).abs().nan_to_num(0)
+        qmap = np.nan_to_num(np.abs(scale_values(ck, lay.quant_map)), nan=0.0)
         g = self._grid(lay)
         nbytes = -(-lay.n_values // 2)
         # magnitudes are |quant_map| of the codes; a byte's two codes reduce to the larger one
-        pair = torch.maximum(qmap.repeat_interleave(16), qmap.repeat(16))  # byte b: max(|map[b >> 4]|, |map[b & 15]|)
+        pair = np.maximum(np.repeat(qmap, 16), np.tile(qmap, 16))  # byte b: max(|map[b >> 4]|, |map[b & 15]|)
 
         def codes(m, _row0):
-            return pair[m.long()]
+            return pair[m.astype(np.int64)]
 
         for idx, vals in window(_Tail(ck, nbytes), q.name, g, first, count, codes, lambda red: red):
             keep = idx < -(-lay.n_values // lay.blocksize)
@@ -182,11 +177,9 @@ class _Tail:
         self.ck, self.nbytes = ck, nbytes
 
     def read_bytes(self, name: str, offset: int, n: int):
-        import torch
-
         got = self.ck.read_bytes(name, offset, max(0, min(n, self.nbytes - offset)))
-        if got.numel() < n:
-            got = torch.cat([got, torch.zeros(n - got.numel(), dtype=torch.uint8)])
+        if got.size < n:
+            got = np.concatenate([got, np.zeros(n - got.size, dtype=np.uint8)])
         return got
 
 
@@ -214,20 +207,19 @@ class Bnb8bit:
         return found
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         g: Grid = q.layout
-        scb = ck.tensor(q.scale).reshape(-1).to(torch.float32)
-        return Blocks(scb, [scb.numel()], 128.0 / 127.0, g.stripe_of(), g.n_stripes, g.row_bytes)
+        scb = scale_values(ck, q.scale)
+        return Blocks(scb, [scb.size], 128.0 / 127.0, g.stripe_of(), g.n_stripes, g.row_bytes)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
-        return window(ck, q.name, q.layout, first, count, lambda m, _r: m.view(torch.int8).to(torch.int16).abs(),
-                      lambda red: red.to(torch.float32) / 127.0)
+        return window(ck, q.name, q.layout, first, count, lambda m, _r: np.abs(m.view(np.int8).astype(np.int16)),
+                      lambda red: red.astype(np.float32) / np.float32(127.0))
 
 
 def _row_format(ctx: Context, name: str) -> bool:
     """transformers saves ``weight_format`` as a tensor holding 0 ('row') or as nothing."""
-    t = ctx.ck.tensor(name).reshape(-1)
-    return t.numel() == 1 and not t.dtype.is_floating_point and int(t[0]) == 0
+    tag = ctx.tag(name)
+    if tag in FLOAT_TAGS or tag.startswith("F"):  # a floating tensor (fp8 and fp4 too) is not the format
+        return False
+    t = ctx.ck.array(name).reshape(-1)
+    return t.size == 1 and int(t[0]) == 0

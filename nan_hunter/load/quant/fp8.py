@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import grid
 from .base import FP8_TAGS, SCALE_TAGS, Blocks, Context, QuantizedWeight, block_of, rows_cols, scale_values
 from .codes import fp8_block_mags, fp8_mag_table
@@ -73,19 +75,17 @@ class Fp8:
         def codes(m, _row0):
             return fp8_codes(lay.tag, m)
 
-        return grid.window(ck, q.name, lay.grid, first, count, codes, lambda red: table[red.long()])
+        return grid.window(ck, q.name, lay.grid, first, count, codes, lambda red: table[red.astype(np.int64)])
 
 
 def fp8_codes(tag: str, m):
     """Magnitude codes of fp8 bytes, NaN/Inf codes as 0 (the plain scan reports them)."""
-    import torch
-
     from .codes import FP8_BAD_MAG
 
     mag = m & 0x7F
     if tag in ("F8_E4M3FNUZ", "F8_E5M2FNUZ"):
         return mag  # 0x80 (NaN) has magnitude code 0
-    return torch.where(mag >= FP8_BAD_MAG[tag], 0, mag)
+    return np.where(mag >= FP8_BAD_MAG[tag], np.uint8(0), mag)
 
 
 def _layout(data: str, scale: str, ds: list[int], ss: list[int], tag: str, e8m0: bool,

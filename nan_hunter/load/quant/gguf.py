@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..gguf_file import ggml_type
 from .base import Blocks, Context, QuantizedWeight
 
@@ -34,155 +36,140 @@ IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 8
 MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
-def _f16(b, off):
-    import torch
+F32 = np.float32
+_U8 = np.uint8
 
-    return b[:, off: off + 2].contiguous().view(torch.float16).to(torch.float32).reshape(-1)
+
+def _f16(b, off):
+    return np.ascontiguousarray(b[:, off: off + 2]).view("<f2").astype(F32).reshape(-1)
 
 
 def _nibbles(qs):
     """Bytes ``[n, k]`` → ``[n, 2k]``: low nibbles first, then high nibbles (ggml's order in a run)."""
-    import torch
-
-    return torch.cat([qs & 15, qs >> 4], dim=1).to(torch.int32)
+    return np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int32)
 
 
 def _bits(b, n: int):
     """Bytes ``[blocks, k]`` → bits ``[blocks, n]``, LSB first."""
-    import torch
+    return ((b[..., None] >> np.arange(8, dtype=_U8)) & 1).reshape(b.shape[0], -1)[:, :n].astype(np.int32)
 
-    return ((b.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(b.shape[0], -1)[:, :n].to(torch.int32)
+
+def _shifted(x, shifts, shape):
+    """``x`` (uint8) shifted right by each of ``shifts`` along a new axis (``shape`` places it)."""
+    return x >> np.array(shifts, dtype=_U8).reshape(shape)
 
 
 def _scale_min_k4(sc):
     """Q4_K/Q5_K: 12 bytes → 8 six-bit scales and 8 six-bit mins."""
-    import torch
-
-    s = sc.reshape(-1, 3, 4).to(torch.int32)
+    s = sc.reshape(-1, 3, 4).astype(np.int32)
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    scale = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
-    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
-    return scale.float(), mins.float()
+    scale = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
+    mins = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    return scale.astype(F32), mins.astype(F32)
 
 
-# each dequant: (blocks uint8 [n, size], d [n], dmin [n]) -> values [n, elements]
+# each dequant: (blocks uint8 [n, size], d [n], dmin [n]) -> values [n, elements], float32 throughout
+# (an integer operand is made float32 first: every step rounds as ggml's float arithmetic does)
 
 def _q4_0(b, d, _m):
-    return d[:, None] * (_nibbles(b[:, 2:18]) - 8)
+    return d[:, None] * (_nibbles(b[:, 2:18]) - 8).astype(F32)
 
 
 def _q4_1(b, d, m):
-    return d[:, None] * _nibbles(b[:, 4:20]) + m[:, None]
+    return d[:, None] * _nibbles(b[:, 4:20]).astype(F32) + m[:, None]
 
 
 def _q5(b, off, d):
-    import torch
-
     qh = _bits(b[:, off: off + 4], 32)
-    return _nibbles(b[:, off + 4: off + 20]) | (qh << 4) if d is not None else torch.empty(0)
+    return _nibbles(b[:, off + 4: off + 20]) | (qh << 4) if d is not None else np.empty(0)
 
 
 def _q5_0(b, d, _m):
-    return d[:, None] * (_q5(b, 2, d) - 16)
+    return d[:, None] * (_q5(b, 2, d) - 16).astype(F32)
 
 
 def _q5_1(b, d, m):
-    return d[:, None] * _q5(b, 4, d) + m[:, None]
+    return d[:, None] * _q5(b, 4, d).astype(F32) + m[:, None]
 
 
 def _q8_0(b, d, _m):
-    import torch
-
-    return d[:, None] * b[:, 2:34].contiguous().view(torch.int8).to(torch.float32)
+    return d[:, None] * np.ascontiguousarray(b[:, 2:34]).view(np.int8).astype(F32)
 
 
 def _q2_k(b, d, m):
-    import torch
-
     n = b.shape[0]
-    sc = b[:, :16].to(torch.int32)
-    q = (b[:, 16:80].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3
-    q = q.reshape(n, 16, 16).to(torch.float32)
-    return ((d[:, None] * (sc & 15))[:, :, None] * q - (m[:, None] * (sc >> 4))[:, :, None]).reshape(n, 256)
+    sc = b[:, :16].astype(np.int32)
+    q = _shifted(b[:, 16:80].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
+    q = q.reshape(n, 16, 16).astype(F32)
+    return ((d[:, None] * (sc & 15).astype(F32))[:, :, None] * q
+            - (m[:, None] * (sc >> 4).astype(F32))[:, :, None]).reshape(n, 256)
 
 
 def _q3_k(b, d, _m):
-    import torch
-
     n = b.shape[0]
     hmask, qs, scales = b[:, :32], b[:, 32:96], b[:, 96:108]
-    lo = (scales[:, :8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)).reshape(n, 16)
-    hi = (scales[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 4, 1)).reshape(n, 16)
-    s = (((lo & 15) | ((hi & 3) << 4)).to(torch.int32) - 32).to(torch.float32)
-    ql = (qs.reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)).reshape(n, 16, 16) & 3
-    qh = (hmask.reshape(n, 1, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)).reshape(n, 16, 16) & 1
-    q = ql.to(torch.int32) - ((qh ^ 1).to(torch.int32) << 2)
-    return ((d[:, None] * s)[:, :, None] * q).reshape(n, 256)
+    lo = _shifted(scales[:, :8].reshape(n, 1, 8), [0, 4], (1, 2, 1)).reshape(n, 16)
+    hi = _shifted(scales[:, 8:12].reshape(n, 1, 4), [0, 2, 4, 6], (1, 4, 1)).reshape(n, 16)
+    s = (((lo & 15) | ((hi & 3) << 4)).astype(np.int32) - 32).astype(F32)
+    ql = _shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)).reshape(n, 16, 16) & 3
+    qh = (hmask.reshape(n, 1, 1, 32) >> np.arange(8, dtype=_U8).reshape(1, 1, 8, 1)).reshape(n, 16, 16) & 1
+    q = ql.astype(np.int32) - ((qh ^ 1).astype(np.int32) << 2)
+    return ((d[:, None] * s)[:, :, None] * q.astype(F32)).reshape(n, 256)
 
 
 def _q4_k(b, d, m):
-    import torch
-
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
-    q = (b[:, 16:144].reshape(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)) & 15
-    q = q.reshape(n, 8, 32).to(torch.float32)
+    q = _shifted(b[:, 16:144].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 15
+    q = q.reshape(n, 8, 32).astype(F32)
     return ((d[:, None] * sc)[:, :, None] * q - (m[:, None] * mn)[:, :, None]).reshape(n, 256)
 
 
 def _q5_k(b, d, m):
-    import torch
-
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
-    ql = (b[:, 48:176].reshape(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)) & 15
-    qh = (b[:, 16:48].reshape(n, 1, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)) & 1
-    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).to(torch.float32)
+    ql = _shifted(b[:, 48:176].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 15
+    qh = (b[:, 16:48].reshape(n, 1, 1, 32) >> np.arange(8, dtype=_U8).reshape(1, 1, 8, 1)) & 1
+    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).astype(F32)
     return ((d[:, None] * sc)[:, :, None] * q - (m[:, None] * mn)[:, :, None]).reshape(n, 256)
 
 
 def _q6_k(b, d, _m):
-    import torch
-
     n = b.shape[0]
-    sc = b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
-    ql = (b[:, :128].reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)) & 15
-    qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3
-    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).to(torch.int32) - 32
-    return ((d[:, None] * sc)[:, :, None] * q.reshape(n, 16, 16)).reshape(n, 256)
+    sc = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(F32)
+    ql = _shifted(b[:, :128].reshape(n, 2, 1, 64), [0, 4], (1, 1, 2, 1)) & 15
+    qh = _shifted(b[:, 128:192].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
+    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).astype(np.int32) - 32
+    return ((d[:, None] * sc)[:, :, None] * q.reshape(n, 16, 16).astype(F32)).reshape(n, 256)
+
+
+_IQ4 = np.array(IQ4_VALUES, dtype=F32)
+_MXFP4 = np.array(MXFP4_VALUES, dtype=F32)
 
 
 def _iq4_nl(b, d, _m):
-    import torch
-
-    return d[:, None] * torch.tensor(IQ4_VALUES, dtype=torch.float32)[_nibbles(b[:, 2:18]).long()]
+    return d[:, None] * _IQ4[_nibbles(b[:, 2:18])]
 
 
 def _iq4_xs(b, d, _m):
-    import torch
-
     n = b.shape[0]
-    sh = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32).reshape(n, 1) & 0xFFFF
-    sl = b[:, 4:8].to(torch.int32)
-    ib = torch.arange(8)
+    sh = np.ascontiguousarray(b[:, 2:4]).view("<i2").astype(np.int32).reshape(n, 1) & 0xFFFF
+    sl = b[:, 4:8].astype(np.int32)
+    ib = np.arange(8)
     ls = ((sl[:, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
-    dl = d[:, None] * (ls - 32).to(torch.float32)
+    dl = d[:, None] * (ls - 32).astype(F32)
     q = _nibbles(b[:, 8:136].reshape(n * 8, 16)).reshape(n, 8, 32)
-    return (dl[:, :, None] * torch.tensor(IQ4_VALUES, dtype=torch.float32)[q.long()]).reshape(n, 256)
+    return (dl[:, :, None] * _IQ4[q]).reshape(n, 256)
 
 
 def _tq2_0(b, d, _m):
-    import torch
-
     n = b.shape[0]
-    q = (b[:, :64].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3
-    return d[:, None] * (q.reshape(n, 256).to(torch.float32) - 1)
+    q = _shifted(b[:, :64].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
+    return d[:, None] * (q.reshape(n, 256).astype(F32) - 1)
 
 
 def _mxfp4(b, d, _m):
-    import torch
-
-    return d[:, None] * torch.tensor(MXFP4_VALUES, dtype=torch.float32)[_nibbles(b[:, 1:17]).long()]
+    return d[:, None] * _MXFP4[_nibbles(b[:, 1:17])]
 
 
 @dataclass(frozen=True)
@@ -196,65 +183,53 @@ class Kind:
 
 def _ends(lo, hi):
     """Largest |value| of a sub-block whose values run linearly from ``lo`` (code 0) to ``hi`` (top code)."""
-    import torch
-
-    return torch.maximum(lo.abs(), hi.abs()).amax(dim=1)
+    return np.maximum(np.abs(lo), np.abs(hi)).max(axis=1)
 
 
 def _k_bound(qmax: int):
     def bound(b, d, m):  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
-        import torch
-
         s = b[:, 4:16]  # the 6-bit scales and mins decoded in uint8 (no int32 copies, no concatenation)
         lo, mi, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-        sc = torch.stack([lo & 63, (hi & 15) | ((lo >> 2) & 48)], dim=1).reshape(-1, 8).to(torch.float32)
-        mn = torch.stack([mi & 63, (hi >> 4) | ((mi >> 2) & 48)], dim=1).reshape(-1, 8).to(torch.float32)
-        low = mn.mul_(m[:, None])  # = m * mn, the magnitude at q = 0
-        top = sc.mul_(d[:, None] * qmax).sub_(low).abs_()
-        return torch.maximum(top, low.abs_()).amax(dim=1)
+        sc = np.stack([lo & 63, (hi & 15) | ((lo >> 2) & 48)], axis=1).reshape(-1, 8).astype(F32)
+        mn = np.stack([mi & 63, (hi >> 4) | ((mi >> 2) & 48)], axis=1).reshape(-1, 8).astype(F32)
+        low = np.multiply(mn, m[:, None], out=mn)  # = m * mn, the magnitude at q = 0
+        top = np.abs(np.subtract(np.multiply(sc, d[:, None] * qmax, out=sc), low, out=sc), out=sc)
+        return np.maximum(top, np.abs(low)).max(axis=1)
     return bound
 
 
 def _q2_k_bound(b, d, m):
-    import torch
-
-    sc = b[:, :16].to(torch.float32)
-    low = -(m[:, None] * torch.floor(sc / 16))
-    return _ends(low, d[:, None] * sc.remainder(16) * 3 + low)
+    sc = b[:, :16].astype(F32)
+    low = -(m[:, None] * np.floor(sc / 16))
+    return _ends(low, d[:, None] * np.remainder(sc, 16) * 3 + low)
 
 
 def _q3_k_bound(b, d, _m):
-    import torch
-
     n = b.shape[0]
     scales = b[:, 96:108]
-    lo = (scales[:, :8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)).reshape(n, 16)
-    hi = (scales[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 4, 1)).reshape(n, 16)
-    sc = (((lo & 15) | ((hi & 3) << 4)).to(torch.int32) - 32).abs().amax(dim=1).to(torch.float32)
-    return d.abs() * sc * 4
+    lo = _shifted(scales[:, :8].reshape(n, 1, 8), [0, 4], (1, 2, 1)).reshape(n, 16)
+    hi = _shifted(scales[:, 8:12].reshape(n, 1, 4), [0, 2, 4, 6], (1, 4, 1)).reshape(n, 16)
+    sc = np.abs(((lo & 15) | ((hi & 3) << 4)).astype(np.int32) - 32).max(axis=1).astype(F32)
+    return np.abs(d) * sc * 4
 
 
 def _q6_k_bound(b, d, _m):
-    import torch
-
-    return d.abs() * b[:, 192:208].contiguous().view(torch.int8).to(torch.int32).abs().amax(dim=1).to(torch.float32) * 32
+    return np.abs(d) * np.abs(np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.int32)).max(axis=1).astype(F32) * 32
 
 
 def _const(k: float):
-    return lambda b, d, m: d.abs() * k
+    return lambda b, d, m: np.abs(d) * k
 
 
-def torch_max_abs(a, b):
-    import torch
-
-    return torch.maximum(a.abs(), b.abs())
+def max_abs(a, b):
+    return np.maximum(np.abs(a), np.abs(b))
 
 
 KINDS: dict[str, Kind] = {
     "Q4_0": Kind((0, "f16"), None, _const(8), _q4_0),
-    "Q4_1": Kind((0, "f16"), 2, lambda b, d, m: torch_max_abs(m, d * 15 + m), _q4_1),
+    "Q4_1": Kind((0, "f16"), 2, lambda b, d, m: max_abs(m, d * 15 + m), _q4_1),
     "Q5_0": Kind((0, "f16"), None, _const(16), _q5_0),
-    "Q5_1": Kind((0, "f16"), 2, lambda b, d, m: torch_max_abs(m, d * 31 + m), _q5_1),
+    "Q5_1": Kind((0, "f16"), 2, lambda b, d, m: max_abs(m, d * 31 + m), _q5_1),
     "Q8_0": Kind((0, "f16"), None, _const(128), _q8_0),
     "Q2_K": Kind((80, "f16"), 82, _q2_k_bound, _q2_k),
     "Q3_K": Kind((108, "f16"), None, _q3_k_bound, _q3_k),
@@ -316,13 +291,11 @@ class Gguf:
 
     def _fields(self, ck: Checkpoint, q: QuantizedWeight):
         """Every block's d (and dmin), read in bounded windows of whole blocks."""
-        import torch
-
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
-        d = torch.zeros(lay.n_blocks)  # holes of a sparse file stay zero bytes: d = 0
-        m = torch.zeros(lay.n_blocks)
-        bound = torch.zeros(lay.n_blocks)
+        d = np.zeros(lay.n_blocks, dtype=F32)  # holes of a sparse file stay zero bytes: d = 0
+        m = np.zeros(lay.n_blocks, dtype=F32)
+        bound = np.zeros(lay.n_blocks, dtype=F32)
         for first, piece in ck.byte_stripes(q.name, lay.size):
             if piece is None:
                 continue
@@ -331,61 +304,56 @@ class Gguf:
             d[i0:i1] = _d(b, kind)
             if kind.m is not None:
                 m[i0:i1] = _f16(b, kind.m)
-            bound[i0:i1] = kind.bound(b, d[i0:i1], m[i0:i1].nan_to_num(0.0, posinf=0.0, neginf=0.0))
+            bound[i0:i1] = kind.bound(b, d[i0:i1], np.nan_to_num(m[i0:i1], nan=0.0, posinf=0.0, neginf=0.0))
             del piece, b
         return d, m, bound
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         from .base import unravel
 
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
         d, m, bound = self._fields(ck, q)
-        bad_m = ~torch.isfinite(m)
+        bad_m = ~np.isfinite(m)
         extra = []
-        for i in bad_m.nonzero().reshape(-1)[:100].tolist():
+        for i in np.flatnonzero(bad_m)[:100].tolist():
             v = float(m[i])
             extra.append({"index": unravel(i, list(lay.shape)), "scale": "nan" if v != v else "inf",
                           "problem": "nan" if v != v else "inf", "field": "dmin"})
-        stripe_of = torch.arange(lay.n_blocks, dtype=torch.int64) // STRIPE_BLOCKS
+        stripe_of = np.arange(lay.n_blocks, dtype=np.int64) // STRIPE_BLOCKS
         n_stripes = -(-lay.n_blocks // STRIPE_BLOCKS)
         return Blocks(d, list(lay.shape), bound, stripe_of, n_stripes, STRIPE_BLOCKS * lay.size * 8,
                       negative_listed=False, extra_bad=extra, extra_faults=int(bad_m.sum()),
                       bound_only=kind.dequant is None, absolute=True, exclude=bad_m)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
         for s in range(first, first + count):
             b0, b1 = s * STRIPE_BLOCKS, min(lay.n_blocks, (s + 1) * STRIPE_BLOCKS)
             b = ck.read_bytes(q.name, b0 * lay.size, (b1 - b0) * lay.size).reshape(b1 - b0, lay.size)
             d = _d(b, kind)
-            m = _f16(b, kind.m) if kind.m is not None else torch.zeros_like(d)
-            idx = torch.arange(b0, b1, dtype=torch.int64)
+            m = _f16(b, kind.m) if kind.m is not None else np.zeros_like(d)
+            idx = np.arange(b0, b1, dtype=np.int64)
             if kind.dequant is None:  # bound only: holds data when any byte besides d is set
-                keep = torch.ones(lay.size, dtype=torch.bool)
+                keep = np.ones(lay.size, dtype=bool)
                 keep[kind.d[0]: kind.d[0] + 2] = False
-                holds = (b[:, keep] != 0).any(dim=1)
+                holds = (b[:, keep] != 0).any(axis=1)
                 yield idx, kind.bound(b, d, m), holds
                 continue
             w = kind.dequant(b, d, m)
-            holds = torch.ones(b.shape[0], dtype=torch.bool)  # only a zero d's block needs the answer
-            z = (d == 0).nonzero().reshape(-1)
-            if z.numel():  # its codes against the zero point: dequantized with d = 1 and no min
+            holds = np.ones(b.shape[0], dtype=bool)  # only a zero d's block needs the answer
+            z = np.flatnonzero(d == 0)
+            if z.size:  # its codes against the zero point: dequantized with d = 1 and no min
                 bz = b[z]
-                holds[z] = (kind.dequant(bz, torch.ones(z.numel()), torch.zeros(z.numel())) != 0).any(dim=1)
-            yield idx, w.abs().nan_to_num(0.0).amax(dim=1), holds
+                holds[z] = (kind.dequant(bz, np.ones(z.size, dtype=F32), np.zeros(z.size, dtype=F32)) != 0).any(axis=1)
+            yield idx, np.nan_to_num(np.abs(w), nan=0.0).max(axis=1), holds
 
 
 def _d(b, kind: Kind):
-    import torch
-
     off, how = kind.d
     if how == "e8m0_half":  # ggml's GGML_E8M0_TO_FP32_HALF: 2**(e - 128); 0xFF is NaN
-        e = b[:, off].to(torch.float32)
-        return torch.where(b[:, off] == 0xFF, math.nan, torch.pow(2.0, e - 128))
+        from .base import e8m0_values
+
+        return e8m0_values(b[:, off], 128)
     return _f16(b, off)

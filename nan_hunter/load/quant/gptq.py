@@ -16,11 +16,12 @@ the other is loaded one step off in every group: ``bad_zero_point``.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import Blocks, Context, QuantizedWeight
+import numpy as np
+
+from .base import Blocks, Context, QuantizedWeight, scale_values
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -46,20 +47,19 @@ class GptqLayout:
 def gptq_codes(words, bits: int):
     """int32 ``[rows, cols]`` packed along dim 0 (GPTQ's qweight) → codes ``[rows * 32 / bits, cols]``
     (int32). Rows of 3-bit words come in triples (32 codes in 96 bits)."""
-    import torch
-
     rows, cols = words.shape
+    words = words.astype(np.int32, copy=False)
     if bits in (2, 4, 8):
         per = 32 // bits
-        shifts = torch.arange(0, 32, bits, dtype=torch.int32).view(1, per, 1)
-        return ((words.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(rows * per, cols)
+        shifts = np.arange(0, 32, bits, dtype=np.int32).reshape(1, per, 1)
+        return ((words[:, None, :] >> shifts) & ((1 << bits) - 1)).reshape(rows * per, cols)
     if bits != 3:
         raise ValueError(f"{bits}-bit GPTQ packing is not supported")
-    w = words.reshape(rows // 3, 3, cols).to(torch.int64) & 0xFFFFFFFF
+    w = words.reshape(rows // 3, 3, cols).astype(np.int64) & 0xFFFFFFFF
     lo = w[:, 0] | (w[:, 1] << 32)  # bits 0..63 of each 96-bit triple (bit 63 may set the sign: masked below)
     hi = w[:, 1] | (w[:, 2] << 32)  # bits 32..95
     parts = [(lo >> (3 * j)) & 7 for j in range(21)] + [(hi >> (3 * j - 32)) & 7 for j in range(21, 32)]
-    return torch.stack(parts, dim=1).reshape(rows // 3 * 32, cols).to(torch.int32)
+    return np.stack(parts, axis=1).reshape(rows // 3 * 32, cols).astype(np.int32)
 
 
 def _declared(qc: dict[str, Any]) -> tuple[str | None, bool | None]:
@@ -132,54 +132,47 @@ class Gptq:
     def _group_size(ctx: Context, gi: str | None, n_in: int, groups: int) -> int | None | str:
         """Inputs per group when groups are runs of consecutive inputs; None for act-order; a reason
         string when ``g_idx`` names a group that does not exist."""
-        import torch
-
         gs = -(-n_in // groups)
         if gi is None:
             return gs
-        g = ctx.ck.tensor(gi).reshape(-1).to(torch.int64)
+        g = ctx.ck.array(gi).reshape(-1).astype(np.int64)
         lo, hi = int(g.min()), int(g.max())
         if lo < 0 or hi >= groups:
             return f"g_idx holds group {lo if lo < 0 else hi}, outside the {groups} groups of the scales"
-        if torch.equal(g, torch.arange(g.numel()) // gs):
+        if np.array_equal(g, np.arange(g.size) // gs):
             return gs
         return None
 
     def _zeros(self, ck: Checkpoint, lay: GptqLayout):
         """Stored zero codes ``[groups, out]`` (int32), as the file holds them."""
-        import torch
-
-        qz = ck.tensor(lay.qzeros).to(torch.int32)
-        return gptq_codes(qz.t().contiguous(), lay.bits).t()[: lay.groups, : lay.n_out]
+        qz = ck.array(lay.qzeros).astype(np.int32)
+        return gptq_codes(np.ascontiguousarray(qz.T), lay.bits).T[: lay.groups, : lay.n_out]
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         lay: GptqLayout = q.layout
         stored = self._zeros(ck, lay)
-        scales = ck.tensor(q.scale)
+        scales = scale_values(ck, q.scale)
         extra, faults = self._convention(stored, lay, scales)
         maxq = (1 << lay.bits) - 1
         # what gptqmodel loads: v1 zeros shifted up by one, field by field, modulo 2**bits
         zero = (stored + 1) & maxq if lay.convention == "gptq" else stored
         q.cache["zero"] = zero
-        bound = torch.maximum(zero, maxq - zero).clamp(min=0).to(torch.float32).reshape(-1)
+        bound = np.maximum(np.maximum(zero, maxq - zero), 0).astype(np.float32).reshape(-1)
         n = lay.groups * lay.n_out
         if lay.group_size is None:
-            stripe_of, n_stripes, per = torch.zeros(n, dtype=torch.int64), 1, lay.n_in * lay.n_out * 4
+            stripe_of, n_stripes, per = np.zeros(n, dtype=np.int64), 1, lay.n_in * lay.n_out * 4
         else:
             g = lay.groups_per_stripe
-            stripe_of = (torch.arange(n, dtype=torch.int64) // lay.n_out) // g
+            stripe_of = (np.arange(n, dtype=np.int64) // lay.n_out) // g
             n_stripes = -(-lay.groups // g)
             per = g * lay.group_size * lay.n_out * 4 * 2  # int32 codes, twice (max and min)
-        return Blocks(scales.to(torch.float32).reshape(-1), [lay.groups, lay.n_out], bound, stripe_of,
+        return Blocks(scales, [lay.groups, lay.n_out], bound, stripe_of,
                       n_stripes, per, extra_bad=extra, extra_faults=faults)
 
     @staticmethod
     def _convention(stored, lay: GptqLayout, scales) -> tuple[list[dict[str, Any]], int]:
-        """With ``sym: true``, the zero points against the declared convention (one summary entry)."""
-        import torch
-
+        """With ``sym: true``, the zero points against the declared convention (one summary entry);
+        ``scales``: float32, flat."""
         if lay.sym is not True:
             return [], 0
         mid = 1 << (lay.bits - 1)
@@ -188,23 +181,21 @@ class Gptq:
         if not bool(wrong.any()):
             return [], 0
         n_v1, n_v2 = int((stored == mid - 1).sum()), int((stored == mid).sum())
-        found = "gptq" if n_v1 == stored.numel() else "gptq_v2" if n_v2 == stored.numel() else None
-        i = int(wrong.reshape(-1).nonzero()[0])
+        found = "gptq" if n_v1 == stored.size else "gptq_v2" if n_v2 == stored.size else None
+        i = int(np.flatnonzero(wrong.reshape(-1))[0])
         g, o = divmod(i, lay.n_out)
-        v = float(scales.reshape(-1)[i].to(torch.float32))
+        v = float(scales.reshape(-1)[i])
         entry = {"index": [g, o], "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
                  "problem": "zero_point", "zero_point": int(stored[g, o]), "expected": expected,
                  "declared": lay.convention, "found": found, "n_groups": int(wrong.sum())}
         return [entry], 1
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
         lay: GptqLayout = q.layout
         zero = q.cache["zero"]
         row_bytes = lay.n_out * 4
         if lay.group_size is None:  # act-order: the whole tensor, in chunks of 32-input word rows
-            yield torch.arange(lay.groups * lay.n_out, dtype=torch.int64), self._scattered(ck, q, zero)
+            yield np.arange(lay.groups * lay.n_out, dtype=np.int64), self._scattered(ck, q, zero)
             return
         k, gs = lay.groups_per_stripe, lay.group_size
         g0, g1 = first * k, min(lay.groups, (first + count) * k)
@@ -212,47 +203,43 @@ class Gptq:
         r0, r1 = i0 * lay.bits // 32, -(-i1 * lay.bits // 32)
         if lay.bits == 3:
             r0, r1 = r0 - r0 % 3, min(-(-r1 // 3) * 3, _rows(ck, q.name, row_bytes))
-        words = ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view(torch.int32).reshape(-1, lay.n_out)
+        words = ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view("<i4").reshape(-1, lay.n_out)
         codes = gptq_codes(words, lay.bits)
         c0 = i0 - r0 * 32 // lay.bits
         codes = codes[c0: c0 + (i1 - i0)]
         n = g1 - g0
         pad = n * gs - codes.shape[0]
         if pad:  # the last group may be short: pad with copies of its first row (max and min unchanged)
-            codes = torch.cat([codes, codes[-1:].expand(pad, -1)])
+            codes = np.concatenate([codes, np.broadcast_to(codes[-1:], (pad, codes.shape[1]))])
         c = codes.reshape(n, gs, lay.n_out)
-        hi, lo = c.amax(dim=1), c.amin(dim=1)
+        hi, lo = c.max(axis=1), c.min(axis=1)
         z = zero[g0:g1]
-        m = torch.maximum(hi - z, z - lo).clamp(min=0).to(torch.float32)
-        yield torch.arange(g0 * lay.n_out, g1 * lay.n_out, dtype=torch.int64), m.reshape(-1)
+        m = np.maximum(np.maximum(hi - z, z - lo), 0).astype(np.float32)
+        yield np.arange(g0 * lay.n_out, g1 * lay.n_out, dtype=np.int64), m.reshape(-1)
 
     def _scattered(self, ck: Checkpoint, q: QuantizedWeight, zero):
         """Act-order: ``max |q - z|`` per (group, out), inputs gathered to their group by ``g_idx``."""
-        import torch
-
         from ..safetensors_file import PIECE
 
         lay: GptqLayout = q.layout
-        g_idx = ck.tensor(lay.g_idx).reshape(-1).to(torch.int64)
-        out = torch.zeros(lay.groups, lay.n_out, dtype=torch.int32)
+        g_idx = ck.array(lay.g_idx).reshape(-1).astype(np.int64)
+        out = np.zeros((lay.groups, lay.n_out), dtype=np.int32)
         row_bytes = lay.n_out * 4
         unit = 3 if lay.bits == 3 else 1  # word rows that hold whole codes
         step = max(unit, (PIECE // 64 // row_bytes) // unit * unit)
         total = _rows(ck, q.name, row_bytes)
         for r0 in range(0, total, step):
             r1 = min(total, r0 + step)
-            words = ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view(torch.int32)
+            words = ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view("<i4")
             codes = gptq_codes(words.reshape(-1, lay.n_out), lay.bits)
             i0 = r0 * 32 // lay.bits
             n = min(codes.shape[0], lay.n_in - i0)
             if n <= 0:
                 break
             gi = g_idx[i0: i0 + n]
-            diff = (codes[:n] - zero[gi]).abs()
-            with warnings.catch_warnings():  # "index_reduce() is in beta": its amax is what is needed here
-                warnings.simplefilter("ignore", UserWarning)
-                out.index_reduce_(0, gi, diff, "amax")
-        return out.to(torch.float32).reshape(-1)
+            diff = np.abs(codes[:n] - zero[gi])
+            np.maximum.at(out, gi, diff)  # per group, the max over the inputs g_idx sends there
+        return out.astype(np.float32).reshape(-1)
 
 
 def _rows(ck: Checkpoint, name: str, row_bytes: int) -> int:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .base import BF16_MAX, FP16_MAX, MAX_BAD_BLOCKS, Blocks, QuantizedScan, QuantizedWeight, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,28 +37,24 @@ class _Reader:
     zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
 
     def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight, usable_exc, zero_idx):
-        import torch
-
         from ..safetensors_file import PIECE
 
         self.ck, self.q, self.b = ck, q, b
         self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)
         self.unusable = usable_exc  # sorted int64: blocks left out of the absmax
         self.zero_idx = zero_idx  # sorted int64: blocks with a zero scale (their "holds data" is wanted)
-        self.zero_holds = torch.zeros(zero_idx.numel(), dtype=torch.bool)
-        self.read = torch.zeros(max(1, b.n_stripes), dtype=torch.bool)
+        self.zero_holds = np.zeros(zero_idx.size, dtype=bool)
+        self.read = np.zeros(max(1, b.n_stripes), dtype=bool)
         self.per_window = max(1, PIECE // max(1, b.stripe_bytes))
         self.n_read = 0
         self.best = -1.0
 
     def stripes(self, wanted) -> None:
-        """Read the stripes in ``wanted`` (int64 tensor) not read yet, runs of consecutive ones
+        """Read the stripes in ``wanted`` (int64 array) not read yet, runs of consecutive ones
         together, at most ``per_window`` stripes per window."""
-        import torch
-
-        s = torch.unique(wanted)
+        s = np.unique(wanted)
         s = s[~self.read[s]]
-        if not s.numel():
+        if not s.size:
             return
         ids = s.tolist()
         start = prev = ids[0]
@@ -69,25 +67,21 @@ class _Reader:
                 start = prev = x
 
     def everything(self) -> None:
-        import torch
-
-        self.stripes(torch.arange(self.b.n_stripes))
+        self.stripes(np.arange(self.b.n_stripes, dtype=np.int64))
 
     def _window(self, first: int, count: int) -> None:
-        import torch
-
         for got in self.q.handler.window(self.ck, self.q, first, count):
-            idx, m = got[0], got[1].to(torch.float32)
+            idx, m = got[0], got[1].astype(np.float32, copy=False)
             holds = got[2] if len(got) > 2 else m > 0
-            if self.zero_idx.numel():
-                pos = torch.searchsorted(self.zero_idx, idx).clamp(max=self.zero_idx.numel() - 1)
+            if self.zero_idx.size:
+                pos = np.minimum(np.searchsorted(self.zero_idx, idx), self.zero_idx.size - 1)
                 hit = self.zero_idx[pos] == idx
                 self.zero_holds[pos[hit]] = holds[hit]
             contrib = m * self.weight[idx]
-            if self.unusable.numel():
-                pos = torch.searchsorted(self.unusable, idx).clamp(max=self.unusable.numel() - 1)
-                contrib = contrib.masked_fill(self.unusable[pos] == idx, -1.0)
-            if contrib.numel():
+            if self.unusable.size:
+                pos = np.minimum(np.searchsorted(self.unusable, idx), self.unusable.size - 1)
+                contrib = np.where(self.unusable[pos] == idx, np.float32(-1.0), contrib)
+            if contrib.size:
                 self.best = max(self.best, float(contrib.max()))
         self.read[first: first + count] = True
         self.n_read += count
@@ -98,42 +92,40 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
 
     Few passes over the scales (they can be an eighth of the data's size, GGUF's d): one for the
     positive finite ones, then only the exceptions are looked at one by one; the upper bounds once, and
-    ``topk`` over them a few times."""
-    import torch
-
+    a partial sort (``argpartition``) over them a few times."""
     b = q.handler.blocks(ck, q)
-    s = b.values.reshape(-1).to(torch.float32)
-    n = s.numel()
+    s = np.asarray(b.values, dtype=np.float32).reshape(-1)
+    n = s.size
     out = QuantizedScan(q.name, q.format, q.scale, n)
-    if b.stripe_of is not None and b.stripe_of.numel() != n:
-        out.skipped = f"scale {q.scale} has {n} values for {b.stripe_of.numel()} blocks"
+    if b.stripe_of is not None and b.stripe_of.size != n:
+        out.skipped = f"scale {q.scale} has {n} values for {b.stripe_of.size} blocks"
         return out
     normal = (s > 0) & (s < math.inf)
-    exc = (~normal).nonzero().reshape(-1)  # NaN, Inf, zero, negative: usually none
+    exc = np.flatnonzero(~normal)  # NaN, Inf, zero, negative: usually none
     ev = s[exc]
-    nonfinite = exc[~torch.isfinite(ev)]
+    nonfinite = exc[~np.isfinite(ev)]
     zero_idx = exc[ev == 0]
     neg_idx = exc[ev < 0]
-    unusable = nonfinite if b.exclude is None else torch.unique(torch.cat([nonfinite, b.exclude.nonzero().reshape(-1)]))
-    weight = torch.ones_like(s) if b.absolute else s.abs()
+    unusable = nonfinite if b.exclude is None else np.unique(np.concatenate([nonfinite, np.flatnonzero(b.exclude)]))
+    weight = np.ones_like(s) if b.absolute else np.abs(s)
     r = _Reader(ck, q, b, weight, unusable, zero_idx)
     known = b.known
     reads = b.stripe_of is not None and b.n_stripes > 0
     limit = max(1, b.n_stripes // FULL_PASS_FRACTION)
     if known is not None:  # magnitudes known without reading (padding, activation scales)
-        k = known.reshape(-1)
-        got = (k >= 0).nonzero().reshape(-1)
-        if got.numel():
+        k = np.asarray(known, dtype=np.float32).reshape(-1)
+        got = np.flatnonzero(k >= 0)
+        if got.size:
             contrib = k[got] * weight[got]
-            contrib[torch.isin(got, unusable)] = -1.0
+            contrib[np.isin(got, unusable)] = -1.0
             r.best = max(r.best, float(contrib.max()))
-            if zero_idx.numel():
-                hit = torch.isin(zero_idx, got)
+            if zero_idx.size:
+                hit = np.isin(zero_idx, got)
                 r.zero_holds[hit] = k[zero_idx[hit]] > 0
-    need = zero_idx if known is None else zero_idx[known.reshape(-1)[zero_idx] < 0]  # padding is known empty
-    if reads and not b.zero_is_fault and need.numel():
-        wanted = torch.unique(b.stripe_of[need])
-        if wanted.numel() > limit:
+    need = zero_idx if known is None else zero_idx[np.asarray(known).reshape(-1)[zero_idx] < 0]  # padding is known empty
+    if reads and not b.zero_is_fault and need.size:
+        wanted = np.unique(b.stripe_of[need])
+        if wanted.size > limit:
             r.everything()
         else:
             r.stripes(wanted)
@@ -141,9 +133,9 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
         _absmax_candidates(r, weight, unusable, b, limit, known)
     zero_bad = zero_idx if b.zero_is_fault else zero_idx[r.zero_holds]
     listed = [nonfinite, zero_bad] + ([neg_idx] if b.negative_listed else [])
-    bad = torch.sort(torch.cat(listed)).values
-    out.n_bad = int(bad.numel()) + len(b.extra_bad)
-    out.n_faults = int(nonfinite.numel() + zero_bad.numel() + (neg_idx.numel() if b.negative_is_fault else 0)) \
+    bad = np.sort(np.concatenate(listed))
+    out.n_bad = int(bad.size) + len(b.extra_bad)
+    out.n_faults = int(nonfinite.size + zero_bad.size + (neg_idx.size if b.negative_is_fault else 0)) \
         + b.extra_faults
     out.bad_blocks = list(b.extra_bad)
     for i in bad[:MAX_BAD_BLOCKS].tolist():
@@ -169,27 +161,34 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
 def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, known) -> None:
     """Read stripes, largest possible contribution first, until no unread block can beat the
     largest known ``m * |scale|`` (or read them all when that is cheaper). The bound of every block
-    outside the ``k`` largest is at most the ``k + 1``-th largest, so ``topk`` answers it."""
-    import torch
-
-    bound = b.bound if isinstance(b.bound, (int, float)) else b.bound.reshape(-1).to(torch.float32)
-    upper = weight * bound
-    if unusable.numel():
+    outside the ``k`` largest is at most the ``k + 1``-th largest, so the ``k + 1`` largest answer it."""
+    bound = b.bound if isinstance(b.bound, (int, float)) else np.asarray(b.bound, dtype=np.float32).reshape(-1)
+    upper = weight * bound if not isinstance(bound, (int, float)) else weight * np.float32(bound)
+    upper = upper.astype(np.float32, copy=True)
+    if unusable.size:
         upper[unusable] = -1.0
     if known is not None:  # already counted in ``best``
-        upper = upper.masked_fill(known.reshape(-1) >= 0, -1.0)
-    n = upper.numel()
+        upper[np.asarray(known).reshape(-1) >= 0] = -1.0
+    n = upper.size
     k = 1
     while True:
-        vals, idx = torch.topk(upper, min(n, k + 1))
+        vals, idx = _largest(upper, min(n, k + 1))
         if float(vals[0]) < 0 or float(vals[0]) <= r.best:
             return
-        wanted = torch.unique(b.stripe_of[idx[:k]])
+        wanted = np.unique(b.stripe_of[idx[:k]])
         wanted = wanted[~r.read[wanted]]
-        if r.n_read + wanted.numel() > limit:
+        if r.n_read + wanted.size > limit:
             r.everything()
             return
         r.stripes(wanted)
         if k >= n or float(vals[-1]) <= r.best:
             return
         k *= 8
+
+
+def _largest(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest values of 1-D ``x``, largest first, and their indices (NaN counts as largest,
+    as a sort puts it last)."""
+    idx = np.argpartition(x, x.size - k)[x.size - k:] if k < x.size else np.arange(x.size)
+    idx = idx[np.argsort(x[idx], kind="stable")[::-1]]
+    return x[idx], idx

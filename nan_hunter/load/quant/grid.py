@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .codes import reduce_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
     from ..checkpoint import Checkpoint
 
 
@@ -48,23 +48,19 @@ class Grid:
         return self.lead * self.nbr
 
     def stripe_of(self):
-        import torch
-
-        return torch.arange(self.n_blocks, dtype=torch.int64) // self.nbc
+        return np.arange(self.n_blocks, dtype=np.int64) // self.nbc
 
 
 #: per-row magnitudes of raw rows: ``codes(m uint8 [n, row_bytes], first_row) -> [n, units]`` (any
 #: integer or float dtype ordered like the magnitudes), and their values: ``value(reduced) -> float32``
-Codes = Callable[["torch.Tensor", int], "torch.Tensor"]
-Value = Callable[["torch.Tensor"], "torch.Tensor"]
+Codes = Callable[[np.ndarray, int], np.ndarray]
+Value = Callable[[np.ndarray], np.ndarray]
 
 
 def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Codes, value: Value
-           ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stripes ``first .. first + count`` of ``name``: each block's largest magnitude, read in pieces
     of about ``PIECE`` bytes (whole stripes; a stripe larger than that in row chunks)."""
-    import torch
-
     from ..safetensors_file import PIECE
 
     stripe_bytes = g.br * g.row_bytes
@@ -86,8 +82,8 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
                 c1 = min(r1, c0 + step)
                 m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(c1 - c0, g.row_bytes)
                 part = reduce_blocks(codes(m, c0), c1 - c0, g.bu)
-                red = part if red is None else torch.maximum(red, part)
+                red = part if red is None else np.maximum(red, part)
         vals = value(red)
-        idx = torch.arange(s * g.nbc, (s + (i1 - i0)) * g.nbc, dtype=torch.int64)
+        idx = np.arange(s * g.nbc, (s + (i1 - i0)) * g.nbc, dtype=np.int64)
         yield idx, vals.reshape(-1)
         s += i1 - i0

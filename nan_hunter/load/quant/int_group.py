@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from . import grid
 from .base import SCALE_TAGS, Blocks, Context, QuantizedWeight, block_of, rows_cols, scale_values
 from .codes import unpack_bits
@@ -66,7 +68,7 @@ class IntGroup:
                 shp = p.prefix + "_shape"
                 true_cols = None
                 if shp in ctx.names and ctx.tag(shp) in ("I64", "I32", "U64", "U32", "I16", "U16", "I8", "U8"):
-                    v = ctx.ck.tensor(shp).reshape(-1).tolist()
+                    v = ctx.ck.array(shp).reshape(-1).tolist()
                     true_cols = int(v[-1]) if v and 0 < int(v[-1]) <= cols * 32 else None
                 bits = bits_cfg or (round(cols * 32 / true_cols) if true_cols else 4)
                 n_codes = true_cols or cols * 32 // max(1, bits)
@@ -96,26 +98,31 @@ class IntGroup:
                       g.n_stripes, g.br * g.row_bytes * grow)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        import torch
-
         lay: IntLayout = q.layout
         g = lay.grid
         zp = None
         if lay.zero_point is not None:
-            zt = ck.tensor(lay.zero_point)
-            if zt.dtype == torch.int32:  # packed along dim 0, offset like the values
-                zp = unpack_bits(zt.t().contiguous(), lay.bits)[:, : g.rows].t() - (1 << (lay.bits - 1))
+            zt = ck.array(lay.zero_point)
+            if zt.dtype == np.int32:  # packed along dim 0, offset like the values
+                zp = unpack_bits(np.ascontiguousarray(_t(zt)), lay.bits)[:, : g.rows].T - (1 << (lay.bits - 1))
             else:
-                zp = zt.to(torch.int32)
+                zp = zt.astype(np.int32)
             zp = zp.reshape(g.rows, -1)[:, : g.nbc]
 
         def codes(m, row0):
             if not lay.packed:
-                return m.view(torch.int8).to(torch.int32).abs()
-            v = unpack_bits(m.view(torch.int32), lay.bits)[:, : g.units] - (1 << (lay.bits - 1))
+                return np.abs(m.view(np.int8).astype(np.int32))
+            v = unpack_bits(m.view(np.int32), lay.bits)[:, : g.units] - (1 << (lay.bits - 1))
             if zp is not None:
                 n = m.shape[0]
-                v = v - zp[row0: row0 + n].repeat_interleave(g.bu, dim=1)[:, : g.units]
-            return v.abs()
+                v = v - np.repeat(zp[row0: row0 + n], g.bu, axis=1)[:, : g.units]
+            return np.abs(v)
 
-        return grid.window(ck, q.name, g, first, count, codes, lambda red: red.to(torch.float32))
+        return grid.window(ck, q.name, g, first, count, codes, lambda red: red.astype(np.float32))
+
+
+def _t(a: np.ndarray) -> np.ndarray:
+    """A matrix transposed (a vector as it is); more dims do not fit a packed zero point."""
+    if a.ndim > 2:
+        raise ValueError(f"a packed zero point has {a.ndim} dims, not 2")
+    return a.T if a.ndim == 2 else a

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import grid
 from .base import Blocks, Context, QuantizedWeight, block_of, rows_cols, scale_values
 from .codes import fp4_mag_table
@@ -32,14 +34,12 @@ class Fp4Layout:
 
 def fp4_codes(m, _row0):
     """Per byte, the larger magnitude code of its two fp4 values."""
-    import torch
-
-    return torch.maximum(m & 0x7, (m >> 4) & 0x7)
+    return np.maximum(m & 0x7, (m >> 4) & 0x7)
 
 
 def fp4_window(ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
     table = fp4_mag_table()
-    return grid.window(ck, q.name, q.layout.grid, first, count, fp4_codes, lambda red: table[red.long()])
+    return grid.window(ck, q.name, q.layout.grid, first, count, fp4_codes, lambda red: table[red.astype(np.int64)])
 
 
 class Mxfp4:

@@ -50,13 +50,11 @@ class Nvfp4:
         return found
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         lay: Fp4Layout = q.layout
         g = lay.grid
         gscale, extra = 1.0, []
         if lay.global_scale is not None:
-            v = float(ck.tensor(lay.global_scale).to(torch.float32).reshape(-1)[0])
+            v = float(scale_values(ck, lay.global_scale)[0])
             gscale = (1.0 / v) if lay.global_divides and v != 0 else (math.inf if lay.global_divides else v)
             if not math.isfinite(gscale) or gscale == 0:
                 problem = "nan" if gscale != gscale else ("inf" if gscale else "zero")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .base import Blocks, Context, QuantizedWeight, scale_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,11 +35,9 @@ class StandaloneScales:
         return found
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        import torch
-
         v = scale_values(ck, q.scale)
         return Blocks(v, list(q.layout), 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
-                      known=torch.ones(v.numel()))
+                      known=np.ones(v.size, dtype=np.float32))
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         return iter(())  # no data besides the scale itself

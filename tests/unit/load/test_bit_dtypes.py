@@ -3,6 +3,8 @@ test per dtype, from raw bytes where torch cannot write the dtype."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -124,3 +126,43 @@ def test_pieces_keep_packed_groups_and_first_index(tmp_path, monkeypatch):
     _, t = _scan(p)
     assert t["a"].absmax == 28.0 and t["a"].finite
     assert t["b"].nan == 1 and t["b"].first_index == [4321]
+
+
+FP8_TORCH = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+             "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "F8_E8M0": torch.float8_e8m0fnu}
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
+@pytest.mark.parametrize("tag", sorted(FP8_TORCH))
+def test_every_fp8_code_as_torch_reads_it(tmp_path, tag, exact):
+    """All 256 codes of each 1-byte float (e4m3 NaN 0x7F/0xFF, e5m2 ±Inf 0x7C/0xFC and its NaNs, FNUZ's
+    0x80, E8M0's 0xFF), scanned with numpy from their bits, against torch's own float8 decoding: counts,
+    first index, absmax, and the fp16 underflow of the finite values."""
+    codes = torch.arange(256, dtype=torch.uint8).roll(37)  # the first NaN away from index 0
+    t = codes.view(FP8_TORCH[tag]).reshape(16, 16)
+    save_file({"w": t}, str(tmp_path / "w.safetensors"))
+    got = {s.name: s for s in scan_weights(open_checkpoint(tmp_path / "w.safetensors"), exact=exact).tensors}["w"]
+    v = t.float().reshape(-1)
+    fin = torch.isfinite(v)
+    first = int((~fin).nonzero()[0])
+    assert (got.nan, got.posinf, got.neginf) == (int(v.isnan().sum()), int((v == math.inf).sum()),
+                                                  int((v == -math.inf).sum()))
+    assert got.first_index == [first // 16, first % 16]
+    assert got.absmax == float(v[fin].abs().max())
+    a = v[fin].abs()
+    n = a.numel()
+    assert got.fp16_zero_frac == int(((a > 0) & (a < 2.0 ** -25)).sum()) / n
+    assert got.fp16_subnormal_frac == int(((a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum()) / n
+    assert got.min_nonzero == float(a[a > 0].min())
+
+
+def test_every_f4_pair_against_the_e2m1_table(tmp_path):
+    """F4 (OCP E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), all 256 bytes (every pair of codes):
+    no NaN or Inf, absmax 6, smallest non-zero 0.5, nothing flushed or subnormal in fp16."""
+    p = write_raw(tmp_path / "w.safetensors", {"w": ("F4", [16, 32], bytes(range(256)))})
+    for exact in (False, True):
+        got = {s.name: s for s in scan_weights(open_checkpoint(p), exact=exact).tensors}["w"]
+        assert got.finite and got.absmax == 6.0 and got.min_nonzero == 0.5
+        assert got.fp16_zero_frac == 0.0 and got.fp16_subnormal_frac == 0.0
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    assert list(code_values("F4")) == e2m1 + [-x for x in e2m1]

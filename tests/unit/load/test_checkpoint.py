@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -32,16 +33,22 @@ def test_single_file_names_tensors_and_owned_copies(tmp_path):
 
 
 def test_scan_items_stream_every_tensor_with_its_metadata(tmp_path):
-    f = _save(tmp_path / "m.safetensors", {"w": torch.full((3, 2), 2.0, dtype=torch.float16),
+    bf = torch.tensor([1.5, -2.0, float("inf")], dtype=torch.bfloat16)
+    f = _save(tmp_path / "m.safetensors", {"w": torch.full((3, 2), 2.0, dtype=torch.float16), "bf": bf,
                                            "ids": torch.arange(5)})
     items, values = {}, {}
     for item in open_checkpoint(f).scan_items():  # each item's pieces are consumed before the next item
         items[item.name] = item
-        values[item.name] = torch.cat([p.clone() for _, _, p in item.pieces])
+        if item.pieces is not None:
+            pieces = [p for _, _, p in item.pieces]
+            assert all(isinstance(p, np.ndarray) and not p.flags.writeable for p in pieces)  # read-only map views
+            values[item.name] = np.concatenate(pieces)
     assert items["w"].dtype == "float16" and items["w"].shape == [3, 2] and items["w"].nbytes == 12
-    assert torch.equal(values["w"], torch.full((6,), 2.0, dtype=torch.float16))
-    assert torch.equal(values["ids"], torch.arange(5))
-    assert items["ids"].torch_dtype == torch.int64
+    assert items["w"].tag == "F16" and np.array_equal(values["w"], np.full(6, 2.0, dtype=np.float16))
+    # bfloat16 has no numpy dtype: its pieces are its bits, the same bits torch holds
+    assert items["bf"].dtype == "bfloat16" and items["bf"].tag == "BF16"
+    assert np.array_equal(values["bf"], bf.view(torch.int16).numpy().view(np.uint16))
+    assert items["ids"].dtype == "int64" and items["ids"].skip == "not floating point" and "ids" not in values
 
 
 def test_sharded_index_and_hf_directory(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -61,9 +62,9 @@ def test_pieces_add_up_to_the_whole_tensor_scan():
     t = torch.randn(1000)
     t[700] = float("nan")
     whole = scan_tensor("w", t)
-    acc = TensorStatsAccumulator(t.numel(), t.dtype, exact=False)
-    acc.add(0, t[:500])
-    acc.add(500, t[500:])
+    acc = TensorStatsAccumulator(t.numel(), "F32", exact=False)
+    acc.add(0, t[:500].numpy())
+    acc.add(500, t[500:].numpy())
     parts = acc.finish(TensorScan("w", "float32", [1000], 1000), [1000])
     assert (whole.nan, whole.first_index) == (1, [700])
     assert (parts.nan, parts.first_index, parts.absmax) == (whole.nan, whole.first_index, whole.absmax)
@@ -71,8 +72,8 @@ def test_pieces_add_up_to_the_whole_tensor_scan():
 
 
 def test_zero_runs_count_as_finite_zeros():
-    acc = TensorStatsAccumulator(10, torch.float32, exact=False)
-    acc.add(0, torch.full((5,), 2.0))
+    acc = TensorStatsAccumulator(10, "F32", exact=False)
+    acc.add(0, np.full(5, 2.0, dtype=np.float32))
     acc.add_zeros(5, 5)
     ts = acc.finish(TensorScan("w", "float32", [10], 10), [10])
     assert ts.finite and ts.absmax == 2.0 and ts.fp16_zero_frac == 0.0

@@ -74,7 +74,7 @@ def run(args: Any) -> int:
     from ..config import load_config
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..modes.rank_split import finish, process_group, writes
+    from ..distributed.ranks import finish, process_group, writes
     from ..pipeline.ci_check import check, passed
 
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks

@@ -81,7 +81,7 @@ def run(args: Any) -> int:
     from .output import terminal_limits
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..modes.rank_split import finish, process_group, writes
+    from ..distributed.ranks import finish, process_group, writes
     from ..pipeline.options import ScanOptions
     from ..pipeline.scan_checkpoint import run_scan
     from ..progress import using

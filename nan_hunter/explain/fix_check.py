@@ -39,37 +39,21 @@ from ..model.copy_run import copy_at, precision
 from ..model.policy import apply_policy
 from ..report import Diagnosis, FixVerified
 from ..tree import float_tensors
+from .fix_words import MECHANICAL, NO_FIX, UNVERIFIED, no_mechanical_fix
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
     from ..dtypes import RunDtype
 
-__all__ = ["FixVerified", "Region", "from_emulate_precision_casts", "no_mechanical_fix", "verify_fix",
-           "with_verdict"]
+__all__ = ["MECHANICAL", "NO_FIX", "UNVERIFIED", "FixVerified", "Region", "from_emulate_precision_casts",
+           "no_mechanical_fix", "verify_fix", "with_verdict"]
 
 #: attributes holding an epsilon, as torch and transformers name them
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps", "rms_norm_eps")
 #: the largest model (parameter bytes) copied whole for a model-level check; bigger: the region only
 MODEL_COPY_LIMIT = 2 << 30
 
-NO_FIX = {
-    "nonfinite_input": "the input data is bad: nothing in the model to change",
-    "nonfinite_weights": "the checkpoint holds NaN/Inf: restore or re-export it",
-    "bad_scale": "a quantization scale in the checkpoint is bad: re-export it",
-    "bad_zero_point": "the zero points follow another convention than the checkpoint declares: re-export it "
-                      "with the right checkpoint_format",
-    "domain_error": "the argument is outside the op's domain: the fix is upstream (a clamp changes the meaning)",
-    "not_reproducible": "the fault did not reproduce: there is nothing to re-run",
-    "unknown": "no rule explains the fault, so no change can be derived",
-}
-
-
-def no_mechanical_fix(cause: str) -> str | None:
-    """Why a cause has no fix that can be applied mechanically, or None when it has one."""
-    if cause in MECHANICAL:
-        return None
-    return NO_FIX.get(cause, f"no mechanical fix is known for {cause}")
 
 
 @dataclass(frozen=True)
@@ -266,7 +250,6 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
     return []
 
 
-MECHANICAL = ("overflow", "division_by_zero", "scale_underflow", "masked_softmax", "compile_divergence")
 
 
 # --- running a copy ------------------------------------------------------------------------------
@@ -350,14 +333,6 @@ def _model_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-#: why a diagnosis with a fix has no ``fix_verified`` (``Diagnosis.fix_unverified``), as the reports say it
-UNVERIFIED = {
-    "no_change": "no change to try: the fix has no mechanical form for this fault at this precision",
-    "control_finite": "not verified: an unchanged copy re-run on the failing input is finite at the failing "
-                      "region too, so a re-run cannot show that the change helps",
-    "not_applicable": "not verified: none of the changes could be applied to a copy",
-    "not_rerun": "not verified: the failing region could not be re-run",
-}
 
 
 def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,

@@ -135,7 +135,7 @@ class ScanOptions:
                 raise BadInput("--compile with --device-map auto: dynamo does not trace accelerate's offload hooks "
                                "(AlignDevicesHook moves weights in Python hooks around each forward); drop one of them")
         if placement is not None:
-            from ..modes.rank_split import launched
+            from ..distributed.ranks import launched
 
             if launched():
                 raise BadInput("--device-map auto under torchrun: accelerate's dispatch_model places one model across "
@@ -149,7 +149,7 @@ class ScanOptions:
                 flag = "--repeat" if self.repeat is not None else "--trace-level"
                 raise BadInput(f"{flag} shapes the trace: add --trace PATH")
             return None
-        from ..modes.rank_split import launched
+        from ..distributed.ranks import launched
         from ..modes.trace_pass import TraceOptions
 
         if launched():

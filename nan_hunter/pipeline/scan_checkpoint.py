@@ -14,7 +14,7 @@ from ..report import Report
 from .options import ScanOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..modes.rank_split import RankSplit
+    from ..distributed.ranks import RankSplit
 
 
 def scan(checkpoint: str, config: str | Config | None = None,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..explain.fix_words import UNVERIFIED, no_mechanical_fix
 from ..report import BisectResult, Report, split_source
 
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
@@ -545,8 +546,6 @@ VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verif
 
 def fix_check_line(rep: Report) -> tuple[str, str]:
     """The verified fix as one line and its tone: ok (finite), bad (still non-finite), none."""
-    from ..explain.fix_check import UNVERIFIED, no_mechanical_fix
-
     d = rep.diagnosis
     if d is None:
         return "", "none"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nan_hunter.config import default_config
 from nan_hunter.errors import BadInput
-from nan_hunter.explain.assemble import weights_section
+from nan_hunter.explain.weights_verdict import weights_section
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
 from nan_hunter.report import _clean

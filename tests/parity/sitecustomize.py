@@ -60,7 +60,7 @@ def _wrap(mod) -> None:
             raise
         try:
             from nan_hunter.config import default_config
-            from nan_hunter.explain.assemble import weights_section
+            from nan_hunter.explain.weights_verdict import weights_section
             from nan_hunter.report import _clean
 
             rec["weights"] = _clean(weights_section(ws, default_config()))

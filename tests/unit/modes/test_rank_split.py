@@ -11,7 +11,8 @@ import torch
 
 from nan_hunter.capture.ops import OpEvent, operand_stats
 from nan_hunter.distributed.global_report import diagnosis_from_json
-from nan_hunter.modes.rank_split import RankSplit, _event, _event_back, _span, share
+from nan_hunter.distributed.ranks import RankSplit, share
+from nan_hunter.modes.rank_split import _event, _event_back, _span
 from nan_hunter.report import Diagnosis, FixVerified
 
 

@@ -1,11 +1,11 @@
-"""``nan_hunter.modes.rank_split`` without a process group: the split, torchrun detection, agreement."""
+"""``nan_hunter.distributed.ranks`` without a process group: the split, torchrun detection, agreement."""
 
 from __future__ import annotations
 
 import pytest
 
+from nan_hunter.distributed import ranks as rank_split
 from nan_hunter.errors import BadInput
-from nan_hunter.modes import rank_split
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 17])

@@ -2,7 +2,7 @@
 ``scan --generate`` split the data set as plain ``scan`` does — rank 0's report is the one a single
 process writes, except ``rank`` and notes — and ``--device-map auto`` works with ``--backward``
 and ``--generate``, finding the same fault as the plain run. (What stays refused is refused by
-``ScanOptions`` with its reason: tests/unit/pipeline/test_scan_options.py runs the whole matrix.)"""
+``ScanOptions`` with its reason: tests/unit/pipeline/test_options.py runs the whole matrix.)"""
 
 from __future__ import annotations
 

@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: command-line outputs that are a report's methods in Python
-_OUTPUT_KEYWORDS = {"json": "report.to_json(path)", "report": "report.to_html(path)",
-                    "html": "report.to_html(path)", "md": "report.to_html('report.md')",
-                    "quiet": "print(report) when you want the terminal view",
-                    "strip": "print(report) (the strip is shown for a failing run)"}
+_OUTPUT_KEYWORDS = {"json": "write it with report.to_json(path)", "report": "write it with report.to_html(path)",
+                    "html": "write it with report.to_html(path)", "md": "write it with report.to_html('report.md')",
+                    "quiet": "print(report) shows the terminal view",
+                    "strip": "print(report) shows the terminal view (the strip for a failing run)"}
 
 
 def _keywords_checked(fn: F) -> F:
@@ -55,7 +55,7 @@ def _keywords_checked(fn: F) -> F:
             elif meant is not None:
                 hint = f"; did you mean {meant}=?"
             elif k in _OUTPUT_KEYWORDS:
-                hint = f"; {fn.__name__}() returns the report: write it with {_OUTPUT_KEYWORDS[k]}"
+                hint = f"; {fn.__name__}() returns the report: {_OUTPUT_KEYWORDS[k]}"
             else:
                 hint = f"; its keywords are {', '.join(names[1:] if names[0] in ('model', 'checkpoint') else names)}"
             raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {k!r}{hint}")

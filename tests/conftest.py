@@ -1,4 +1,5 @@
-"""Shared fixtures: the real MiniLM checkpoint, the one way of running the CLI (``run_cli``), tiny checkpoints."""
+"""Shared fixtures: the real MiniLM checkpoint, the two ways of running the CLI (``run_cli`` in a
+process, ``invoke`` in this one), tiny checkpoints."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from clirun import (  # noqa: E402,F401  (re-exported for fixtures)
     CLIRun,
     cli_command,
     cli_env,
+    invoke,
     run_cli,
 )
 
@@ -71,49 +73,21 @@ def cli(tmp_path):
     return run
 
 
-# --- in-process: ``nan_hunter.cli.main.main(argv)`` where the process boundary is not the point --------
-def main_in_process(capsys, monkeypatch, *args: object, env: dict | None = None,
-                    cwd: str | os.PathLike | None = None) -> CLIRun:
-    """``nanhunter ARGS`` as ``main(argv)`` in this process: same environment and working directory
-    as ``run_cli`` gives the child, output captured. ``BadInput`` becomes exit 2 and the line
-    ``run()`` writes for it; any other exception propagates (a test failure, with its traceback).
-    Exit codes through the real console script, signals and resource limits need ``run_cli``."""
-    from nan_hunter.cli.main import main
-    from nan_hunter.errors import BadInput
-
-    for k, v in cli_env(env).items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    for k in [k for k in os.environ if k not in cli_env(env)]:
-        monkeypatch.delenv(k)
-    monkeypatch.chdir(cwd or ROOT)
-    capsys.readouterr()  # drop what the test printed before
-    try:
-        code = main([str(a) for a in args])
-        err_line = ""
-    except BadInput as e:
-        code, err_line = 2, f"nanhunter: error: {e}\n"
-    out, err = capsys.readouterr()
-    return CLIRun(code, out, err + err_line)
-
-
-@pytest.fixture(name="run_main")
-def run_main_fixture(capsys, monkeypatch):
-    """``run_main(*args, env=None, cwd=None)`` → ``(code, stdout, stderr)``, in-process (``main_in_process``)."""
-
-    def run(*args: object, env: dict | None = None, cwd: str | os.PathLike | None = None) -> CLIRun:
-        return main_in_process(capsys, monkeypatch, *args, env=env, cwd=cwd)
-
-    return run
+# --- in-process: ``clirun.invoke`` where the process boundary is not the point -------------------------
+@pytest.fixture(name="run_main", scope="session")
+def run_main_fixture():
+    """``run_main(*args, env=None, cwd=None, stdin=None)`` → ``(code, stdout, stderr)``, in this
+    process (``clirun.invoke``: same environment rules as ``run_cli``, process state put back)."""
+    return invoke
 
 
 @pytest.fixture
-def cli_main(tmp_path, capsys, monkeypatch):
+def cli_main(tmp_path):
     """The ``cli`` fixture in-process: adds ``--json`` to a fresh file by default and parses it (``.report``)."""
 
     def run(*args: object, json_report: bool = True, env: dict | None = None) -> CLIResult:
         jp = tmp_path / f"report-{len(list(tmp_path.glob('report-*.json')))}.json" if json_report else None
-        res = main_in_process(capsys, monkeypatch, *args, *(["--json", jp] if jp is not None else []), env=env)
+        res = invoke(*args, *(["--json", jp] if jp is not None else []), env=env)
         out = CLIResult(res.code, res.stdout, res.stderr)
         out.json_path = jp if jp is not None and jp.exists() else None
         return out

@@ -39,6 +39,10 @@ class PolicyHandle:
         self.handles.clear()
 
 
+#: the keys of a policy (``policy_yaml``)
+POLICY_KEYS = ("nanhunter_policy", "dtype", "keep_dtype", "modules")
+
+
 def load_policy(policy: str | Path | dict) -> dict:
     if isinstance(policy, dict):
         data = policy
@@ -51,6 +55,9 @@ def load_policy(policy: str | Path | dict) -> dict:
         data = yaml.safe_load(p.read_text()) or {}
     if not isinstance(data, dict) or not isinstance(data.get("modules", {}), dict):
         raise BadInput("policy: expected a mapping with 'dtype', 'keep_dtype' and 'modules: {name: dtype}'")
+    unknown = sorted(str(k) for k in data if k not in POLICY_KEYS)
+    if unknown:  # a misspelt 'modules' would keep nothing and cast the whole model down
+        raise BadInput(f"policy: unknown key {unknown[0]!r} (a policy has {', '.join(POLICY_KEYS)})")
     return {"dtype": canonical(str(data.get("dtype", "fp16"))), "keep_dtype": canonical(str(data.get("keep_dtype", "fp32"))),
             "modules": {str(k): canonical(str(v)) for k, v in (data.get("modules") or {}).items()}}
 

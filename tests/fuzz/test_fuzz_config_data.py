@@ -96,7 +96,7 @@ def test_mutated_data_files_load_or_exit_2(tmp_path, seed):
         assert texts and all(isinstance(t, str) and t for t in texts)
 
 
-def test_config_and_data_through_the_cli(cli, tmp_path):
+def test_config_and_data_through_the_cli(cli_main, tmp_path):
     """A bad config and a bad data file through the real command: exit 2, one stderr line."""
     bad_cfg = tmp_path / "bad.yaml"
     bad_cfg.write_text("near_miss: {overflow_fraction: abc}\n")
@@ -104,6 +104,6 @@ def test_config_and_data_through_the_cli(cli, tmp_path):
     bad_data.write_bytes(b'{"text": "ok"}\n{"text": null}\n')
     model = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-fp16"
     for args in (("--config", bad_cfg, "--prompt", "hello"), ("--data", bad_data)):
-        res = cli("scan", model, *args, json_report=False)
+        res = cli_main("scan", model, *args, json_report=False)
         assert res.code == 2, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr

@@ -114,10 +114,10 @@ def test_output_check_reads_the_index_as_the_loader_does(tmp_path, as_dir):
 @pytest.mark.parametrize("value, says", [(["shard-1.safetensors"], "not a file name"),
                                          ("shard-1.safetensors\x00x", "is not a file name")])
 @pytest.mark.parametrize("as_dir", [False, True])
-def test_malformed_index_exits_2_in_one_line_from_the_cli(run_cli, tmp_path, value, says, as_dir):
+def test_malformed_index_exits_2_in_one_line_from_the_cli(run_main, tmp_path, value, says, as_dir):
     path = _case(tmp_path, 0, {"w": value}, as_dir)
     for extra in ([], ["--json", str(tmp_path / "r.json")]):
-        res = run_cli("scan", path, *extra)
+        res = run_main("scan", path, *extra)
         lines = res.stderr.strip().splitlines()
         assert res.code == 2 and len(lines) == 1 and says in lines[0] and "internal error" not in lines[0], res.stderr
         assert "model.safetensors.index.json" in lines[0]

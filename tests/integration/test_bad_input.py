@@ -1,9 +1,9 @@
 """Every kind of bad input exits 2 with one clear line on stderr and no traceback.
 
-Through the real CLI (``cli``: exit code, no traceback, one line from the console script) for the
-checkpoint-format cases, an unpickled file and the --data lines; in-process (``cli_main``: the
-same command through ``main(argv)``, ``BadInput`` as exit 2) where what matters is what the
-command decides, not the process around it."""
+In this process (``cli_main``: the real command through ``main(argv)``, ``BadInput`` as exit 2 and
+its one line, any other exception a failure with its traceback): what matters is what the command
+decides. One case through a real process (``test_missing_path``: the console script's exit code
+and stderr); tests/unit/cli/test_entry_point.py has a usage error the same way."""
 
 from __future__ import annotations
 
@@ -33,50 +33,50 @@ def test_missing_path(cli, tmp_path):
     _assert_clean_error(cli("scan", tmp_path / "nope.safetensors", json_report=False), "not found")
 
 
-def test_directory_without_safetensors(cli, tmp_path):
+def test_directory_without_safetensors(cli_main, tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "readme.txt").write_text("hi")
-    _assert_clean_error(cli("scan", tmp_path / "d", json_report=False), "no *.safetensors")
+    _assert_clean_error(cli_main("scan", tmp_path / "d", json_report=False), "no *.safetensors")
 
 
-def test_truncated_file(cli, tmp_path):
+def test_truncated_file(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
     data = f.read_bytes()
     f.write_bytes(data[:-10])
-    _assert_clean_error(cli("scan", f, json_report=False), "truncated")
+    _assert_clean_error(cli_main("scan", f, json_report=False), "truncated")
 
 
-def test_garbage_header_length(cli, tmp_path):
+def test_garbage_header_length(cli_main, tmp_path):
     f = tmp_path / "g.safetensors"
     f.write_bytes(struct.pack("<Q", 10**15) + b"{}" + b"\0" * 64)
-    _assert_clean_error(cli("scan", f, json_report=False), "header length")
+    _assert_clean_error(cli_main("scan", f, json_report=False), "header length")
 
 
-def test_tiny_file(cli, tmp_path):
+def test_tiny_file(cli_main, tmp_path):
     f = tmp_path / "t.safetensors"
     f.write_bytes(b"abc")
-    _assert_clean_error(cli("scan", f, json_report=False), "too short")
+    _assert_clean_error(cli_main("scan", f, json_report=False), "too short")
 
 
-def test_header_not_json(cli, tmp_path):
+def test_header_not_json(cli_main, tmp_path):
     f = tmp_path / "h.safetensors"
     body = b"this is not json at all!"
     f.write_bytes(struct.pack("<Q", len(body)) + body)
-    _assert_clean_error(cli("scan", f, json_report=False), "not valid JSON")
+    _assert_clean_error(cli_main("scan", f, json_report=False), "not valid JSON")
 
 
-def test_index_naming_missing_shard(cli, tmp_path):
+def test_index_naming_missing_shard(cli_main, tmp_path):
     _ok_file(tmp_path / "model-00001-of-00002.safetensors")
     idx = {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors",
                                           "x": "model-00002-of-00002.safetensors"}}
     p = tmp_path / "model.safetensors.index.json"
     p.write_text(json.dumps(idx))
-    _assert_clean_error(cli("scan", p, json_report=False), "model-00002-of-00002.safetensors", "missing")
+    _assert_clean_error(cli_main("scan", p, json_report=False), "model-00002-of-00002.safetensors", "missing")
 
 
-def test_unknown_dtype(cli, tmp_path):
+def test_unknown_dtype(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
-    _assert_clean_error(cli("scan", f, "--dtype", "fp12", json_report=False), "unknown dtype")
+    _assert_clean_error(cli_main("scan", f, "--dtype", "fp12", json_report=False), "unknown dtype")
 
 
 def test_json_into_missing_directory(cli_main, tmp_path):
@@ -130,7 +130,7 @@ def test_prompt_without_tokenizer(cli_main, tmp_path, linear_ckpt):
     _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--prompt", "hi", json_report=False), "tokenizer")
 
 
-def test_pickle_is_never_unpickled(cli, tmp_path):
+def test_pickle_is_never_unpickled(cli_main, tmp_path):
     import pickle
 
     class Evil:
@@ -139,7 +139,7 @@ def test_pickle_is_never_unpickled(cli, tmp_path):
 
     p = tmp_path / "evil.pt"
     p.write_bytes(pickle.dumps({"w": Evil()}))
-    res = cli("scan", p, json_report=False)
+    res = cli_main("scan", p, json_report=False)
     _assert_clean_error(res, "weights_only")
     assert "pwned" not in res.stdout
 
@@ -165,15 +165,15 @@ BAD_LINES = {
     "nan-constant": (b'{"text": "ok", "x": NaN}\n', "bad.jsonl:1", "not valid JSON"),
     "unclosed": (b'{"text": "ok"\n', "bad.jsonl:1", "not valid JSON"),
 }
-CLI_LINES = ["not-utf8", "text-null", "nested-100000"]  # through the real CLI; all of them through read_jsonl
+CLI_LINES = ["not-utf8", "text-null", "nested-100000"]  # through the command; all of them through read_jsonl
 
 
 @pytest.mark.parametrize("case", CLI_LINES)
-def test_bad_data_lines_cli(cli, tmp_path, minilm_dir, case):
+def test_bad_data_lines_cli(cli_main, tmp_path, minilm_dir, case):
     body, where, needle = BAD_LINES[case]
     d = tmp_path / "bad.jsonl"
     d.write_bytes(body)
-    res = cli("scan", minilm_dir, "--data", d, json_report=False, timeout=120)
+    res = cli_main("scan", minilm_dir, "--data", d, json_report=False)
     _assert_clean_error(res, where, needle)
     assert "None" not in res.stderr and res.stdout == ""
 

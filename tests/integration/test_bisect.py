@@ -32,10 +32,10 @@ def stack6(tmp_path):
     return tmp_path, mod
 
 
-def test_non_contiguous_culprits_exactly(cli, stack6):
+def test_non_contiguous_culprits_exactly(cli_main, stack6):
     d, _ = stack6
     pol = d / "policy.yaml"
-    res = cli("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
+    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
               "--inputs", d / "in.safetensors", "--dtype", "fp16", "--policy-out", pol)
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
@@ -66,9 +66,9 @@ def test_fine_model_gives_empty_set(cli_main, tmp_path):
     assert res.report["bisect"]["finite_after"] is True
 
 
-def test_fails_even_in_fp32_exits_1(cli, stack6):
+def test_fails_even_in_fp32_exits_1(cli_main, stack6):
     d, _ = stack6
-    res = cli("bisect", d / "logneg.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build_bad_everywhere",
+    res = cli_main("bisect", d / "logneg.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build_bad_everywhere",
               "--inputs", d / "in.safetensors")
     assert res.code == 1
     assert res.report["bisect"]["finite_after"] is False

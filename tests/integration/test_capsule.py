@@ -1,5 +1,5 @@
 """Capsules: a failing training step written by ``watch(capsule_dir=...)`` in one process and
-replayed by ``nanhunter scan DIR/step-<k>`` in another, which rebuilds the model (from the HF
+replayed by ``nanhunter scan DIR/step-<k>`` in another (the test's own, ``cli_main``), which rebuilds the model (from the HF
 config, or from ``--arch``) and reports the same first non-finite value.
 
 Three real training loops, in one subprocess (``WRITER``):
@@ -33,9 +33,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # one subprocess of three training loops, then one CLI run per capsule
+pytestmark = pytest.mark.slow  # one subprocess of the training loops, then one CLI run (in-process) per capsule
 
 MODELS = Path(__file__).resolve().parents[1] / "models"  # training_nets.py: the models written and rebuilt
+SHIPPED = MODELS.parents[1] / "examples" / "capsules" / "adam-eps-fp16" / "step-0"  # any valid capsule
 
 WRITER = '''
 import json, sys
@@ -168,13 +169,13 @@ def tree_hash(d: Path) -> str:
 
 def replayed(cli, capsule: Path, *extra: object) -> dict:
     before = tree_hash(capsule)
-    res = cli("scan", capsule, *extra, "-q")
+    res = cli("scan", capsule, *extra, "-q")  # cli_main: this process, not the one that wrote it
     assert res.code == 1, res.stderr
     assert tree_hash(capsule) == before, "the scan changed the capsule directory"
     return res.report
 
 
-def test_arch_backward_capsule_replays_the_same_fault(capsules, cli, tmp_path):
+def test_arch_backward_capsule_replays_the_same_fault(capsules, cli_main, tmp_path):
     """sqrt at 0 in a backward: step 2, rebuilt from the arch the watch was given."""
     seen = capsules["seen"]["gate"]
     want = seen["first_nonfinite"]
@@ -183,7 +184,7 @@ def test_arch_backward_capsule_replays_the_same_fault(capsules, cli, tmp_path):
     cap = capsules["dirs"]["gate"]
     assert cap.name == "step-2"
     html = tmp_path / "gate.html"
-    rep = replayed(cli, cap, "--report", html)
+    rep = replayed(cli_main, cap, "--report", html)
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     page = html.read_text()
@@ -197,7 +198,7 @@ def test_arch_backward_capsule_replays_the_same_fault(capsules, cli, tmp_path):
     assert all(not rep["replay"][d]["finite"] and rep["replay"][d]["nan"] > 0 for d in ("fp32", "bf16", "fp16"))
 
 
-def test_llama_config_capsule_replays_the_same_fault(capsules, cli):
+def test_llama_config_capsule_replays_the_same_fault(capsules, cli_main):
     """A transformers model rebuilt from the config in capsule.json: the fp16 backward overflow."""
     seen = capsules["seen"]["llama"]
     want = seen["first_nonfinite"]
@@ -205,7 +206,7 @@ def test_llama_config_capsule_replays_the_same_fault(capsules, cli):
     cap = capsules["dirs"]["llama"]
     meta = json.loads((cap / "capsule.json").read_text())
     assert meta["model_class"] == "LlamaForCausalLM" and "arch" not in meta
-    rep = replayed(cli, cap)
+    rep = replayed(cli_main, cap)
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     assert got["step"] == want["step"] == 0
@@ -217,25 +218,27 @@ def test_llama_config_capsule_replays_the_same_fault(capsules, cli):
     assert rep["replay"]["fp32"]["absmax"] > 65504
 
 
-def test_forward_capsule_of_a_tied_llama(capsules, cli):
+def test_forward_capsule_of_a_tied_llama(capsules, cli_main):
     """A forward fault at the first step: the same module and op, from the config; tied weights load."""
     seen = capsules["seen"]["forward"]
     want = seen["first_nonfinite"]
     assert (want["module"], want["phase"], want["op"]) == ("model.layers.1.mlp.down_proj", "forward", "aten.mm.default")
-    rep = replayed(cli, capsules["dirs"]["forward"])
+    rep = replayed(cli_main, capsules["dirs"]["forward"])
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == want["step"] == 0
     assert rep["diagnosis"]["cause"] == seen["cause"] == "overflow"
     assert not rep["replay"]["fp16"]["finite"] and rep["replay"]["fp32"]["finite"]
 
 
-def test_optimizer_capsule_replays_with_arch(capsules, cli):
+def test_optimizer_capsule_replays_with_arch(capsules, cli_main):
     """Adam's eps rounding to 0 in fp16: the capsule has no arch, so --arch rebuilds the model."""
     seen = capsules["seen"]["adam"]
     want = seen["first_nonfinite"]
     assert (want["phase"], want["param"], want["op"]) == ("optimizer", "0.weight", "aten.addcdiv_.default")
     cap = capsules["dirs"]["adam"]
-    rep = replayed(cli, cap, "--arch", f"{capsules['src'] / 'training_nets.py'}:build_mlp")
+    meta = json.loads((cap / "capsule.json").read_text())  # neither a config nor an arch: refused without --arch
+    assert not isinstance(meta.get("config"), dict) and not isinstance(meta.get("arch"), str), meta.keys()
+    rep = replayed(cli_main, cap, "--arch", f"{capsules['src'] / 'training_nets.py'}:build_mlp")
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     assert got["step"] == want["step"] == 0
@@ -246,7 +249,7 @@ def test_optimizer_capsule_replays_with_arch(capsules, cli):
     assert not rep["replay"]["fp16"]["finite"] and rep["replay"]["fp16"]["nan"] > 0
 
 
-def test_autocast_capsule_replays_under_its_autocast(capsules, cli):
+def test_autocast_capsule_replays_under_its_autocast(capsules, cli_main):
     """fp32 parameters, fp16 autocast: the replay runs under the recorded autocast and measures
     the overflow against fp16's max."""
     seen = capsules["seen"]["amp"]
@@ -254,7 +257,7 @@ def test_autocast_capsule_replays_under_its_autocast(capsules, cli):
     assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == ("1", "backward", "MulBackward0", 2)
     cap = capsules["dirs"]["amp"]
     assert json.loads((cap / "capsule.json").read_text())["autocast"] == [["cpu", "float16"]]
-    rep = replayed(cli, cap)
+    rep = replayed(cli_main, cap)
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == 2
     d = rep["diagnosis"]
@@ -263,8 +266,15 @@ def test_autocast_capsule_replays_under_its_autocast(capsules, cli):
     assert rep["replay"]["fp32"]["finite"] and not rep["replay"]["fp16"]["finite"]
 
 
-def test_capsule_without_config_or_arch_exits_2(capsules, cli):
-    res = cli("scan", capsules["dirs"]["adam"], json_report=False)
+def test_capsule_without_config_or_arch_exits_2(cli_main, tmp_path):
+    """As watch() writes one for a model that is not a transformers one, without arch= (the adam
+    capsule above): a copy of the shipped capsule without its config."""
+    cap = tmp_path / "step-0"
+    shutil.copytree(SHIPPED, cap)
+    meta = json.loads((cap / "capsule.json").read_text())
+    del meta["config"], meta["model_class"]
+    (cap / "capsule.json").write_text(json.dumps(meta))
+    res = cli_main("scan", cap, json_report=False)
     assert res.code == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "neither" in res.stderr and "arch" in res.stderr
     assert "Traceback" not in res.stderr
@@ -278,11 +288,11 @@ def test_capsule_without_config_or_arch_exits_2(capsules, cli):
     ({"model_class": "AutoConfig"}, "not a model class"),
     ({"config": {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.M"}}}, "auto_map"),
 ])
-def test_bad_capsule_json_exits_2(capsules, cli_main, tmp_path, change, words):
-    """In-process: what is refused is the command's decision (tests/unit/load/test_capsule.py has
-    the format's own errors); test_capsule_without_config_or_arch_exits_2 runs the real CLI."""
+def test_bad_capsule_json_exits_2(cli_main, tmp_path, change, words):
+    """What is refused is the command's decision (tests/unit/load/test_capsule.py has the format's
+    own errors), on a copy of the shipped capsule (a LlamaForCausalLM with its HF config)."""
     cap = tmp_path / "step-0"
-    shutil.copytree(capsules["dirs"]["llama"], cap)
+    shutil.copytree(SHIPPED, cap)
     meta = json.loads((cap / "capsule.json").read_text())
     meta.update(change)
     (cap / "capsule.json").write_text(json.dumps(meta))
@@ -291,8 +301,8 @@ def test_bad_capsule_json_exits_2(capsules, cli_main, tmp_path, change, words):
     assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
 
 
-def test_options_a_capsule_fixes_exit_2(capsules, cli_main):
+def test_options_a_capsule_fixes_exit_2(cli_main):
     """The capsule brings its own inputs and dtype: --dtype (or --prompt, --backward...) is refused."""
-    res = cli_main("scan", capsules["dirs"]["gate"], "--dtype", "bf16", json_report=False)
+    res = cli_main("scan", SHIPPED, "--dtype", "bf16", json_report=False)
     assert res.code == 2 and "--dtype does not apply to a capsule" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -1,5 +1,6 @@
 """``nanhunter check`` end to end: exit codes, JUnit XML, JSON, GitHub annotations, policy
-overrides, and a real Hugging Face model (all-MiniLM-L6-v2) that must pass."""
+overrides, and a real Hugging Face model (all-MiniLM-L6-v2) that must pass. The command runs in
+this process (``clirun.invoke``); its exit codes from a real process are test_outputs.py's."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import clirun
 import pytest
 import torch
 from safetensors.torch import save_file
 
 
 @pytest.fixture
-def invoke(run_cli):
-    """``nanhunter check ARGS``; GITHUB_ACTIONS is cleared unless a test sets it."""
-    return lambda *args, env=None: run_cli("check", *args, env=env)
+def invoke():
+    """``nanhunter check ARGS`` in this process; GITHUB_ACTIONS is cleared unless a test sets it."""
+    return lambda *args, env=None: clirun.invoke("check", *args, env=env)
 
 
 def weights(tmp: Path, name: str, value: float | None = None, at: tuple[int, int] = (1, 2)) -> Path:
@@ -145,9 +147,8 @@ def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path, invoke):
     (["--dtypes", "fp17"], "--dtypes: unknown dtype 'fp17'"),
     (["--dtypes", "fp16", "missing.safetensors"], "missing.safetensors"),
 ])
-def test_bad_input_exits_2_with_one_line(cks, args, says, run_cli):
-    # The real entry point in a real process: one line on stderr, no traceback.
-    res = run_cli("check", cks["clean"], *args)
+def test_bad_input_exits_2_with_one_line(cks, args, says, invoke):
+    res = invoke(cks["clean"], *args)
     assert res.code == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nanhunter: error:") and says in lines[0]

@@ -1,10 +1,10 @@
 """``scan --compile``: eager against torch.compile on CPU (inductor builds C++ with gcc here).
 
 The torchtitan miniature (examples/incidents/compile_rmsnorm_fp8, docs/incidents.md #3) through
-the real CLI: compiled and eager part at ``layers.0`` (fusing norm → fp8 quantisation), the
-variant turns that into a NaN only when compiled, and emulate_precision_casts closes both gaps.
+the real CLI (in this process, ``cli_main``): compiled and eager part at ``layers.0`` (fusing
+norm → fp8 quantisation), the variant turns that into a NaN only when compiled, and emulate_precision_casts closes both gaps.
 A clean model exits 0; a model that fails eager but not compiled gets a note and its eager
-diagnosis. Each inductor run is a fresh process that compiles (~10-30 s on 2 cores): slow.
+diagnosis. Each inductor run compiles afresh (dynamo reset before and after; ~10-30 s on 2 cores): slow.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _assert_emulate_closes(r: dict) -> None:
 
 
 @pytest.mark.slow
-def test_miniature_parts_at_the_fused_block(cli):
-    res = _scan(cli, "build", MINI / "inputs.safetensors")
+def test_miniature_parts_at_the_fused_block(cli_main):
+    res = _scan(cli_main, "build", MINI / "inputs.safetensors")
     assert res.code == 1, res.stderr
     r = res.report
     c = r["compile"]
@@ -49,8 +49,8 @@ def test_miniature_parts_at_the_fused_block(cli):
 
 
 @pytest.mark.slow
-def test_variant_is_nan_only_when_compiled(cli):
-    res = _scan(cli, "build_nan", MINI / "inputs_nan.safetensors")
+def test_variant_is_nan_only_when_compiled(cli_main):
+    res = _scan(cli_main, "build_nan", MINI / "inputs_nan.safetensors")
     assert res.code == 1, res.stderr
     r = res.report
     c = r["compile"]
@@ -64,8 +64,8 @@ def test_variant_is_nan_only_when_compiled(cli):
 
 
 @pytest.mark.slow
-def test_clean_model_under_compile_exits_0(cli, overflow_model):
-    res = cli("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs", overflow_model["inputs"],
+def test_clean_model_under_compile_exits_0(cli_main, overflow_model):
+    res = cli_main("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs", overflow_model["inputs"],
               "--dtype", "fp32", "--compile", "-q")
     assert res.code == 0, res.stderr
     c = res.report["compile"]
@@ -75,9 +75,9 @@ def test_clean_model_under_compile_exits_0(cli, overflow_model):
     assert res.report["diagnosis"] is None
 
 
-def test_eager_backend_matches_eager_exactly(cli):
+def test_eager_backend_matches_eager_exactly(cli_main):
     """Backend "eager" runs dynamo's captured graph with the original ops: bit-identical, exit 0."""
-    res = _scan(cli, "build", MINI / "inputs.safetensors", "--compile-backend", "eager")
+    res = _scan(cli_main, "build", MINI / "inputs.safetensors", "--compile-backend", "eager")
     assert res.code == 0, res.stderr
     c = res.report["compile"]
     assert c["backend"] == "eager" and c["max_rel_err"] == 0.0
@@ -103,8 +103,8 @@ def eager_nan_case(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.slow
-def test_compiled_finite_where_eager_is_not_is_a_note(cli, eager_nan_case):
-    res = _scan(cli, "build_nan", eager_nan_case["inputs"], checkpoint=eager_nan_case["ck"])
+def test_compiled_finite_where_eager_is_not_is_a_note(cli_main, eager_nan_case):
+    res = _scan(cli_main, "build_nan", eager_nan_case["inputs"], checkpoint=eager_nan_case["ck"])
     assert res.code == 1, res.stderr
     r = res.report
     c = r["compile"]
@@ -121,8 +121,8 @@ def test_compiled_finite_where_eager_is_not_is_a_note(cli, eager_nan_case):
     (["--rtol", "0"], "--rtol"),
     (["--dtype", "fp8-e4m3"], "fp8"),
 ])
-def test_bad_compile_options_exit_2(cli, flags, words):
-    res = cli("scan", MINI / "model.safetensors", "--arch", f"{MINI / 'model.py'}:build", "--inputs",
+def test_bad_compile_options_exit_2(cli_main, flags, words):
+    res = cli_main("scan", MINI / "model.safetensors", "--arch", f"{MINI / 'model.py'}:build", "--inputs",
               MINI / "inputs.safetensors", "--compile", *flags, json_report=False)
     assert res.code == 2
     lines = res.stderr.strip().splitlines()

@@ -4,7 +4,8 @@ tiny Llama placed by accelerate with part of it offloaded to disk, against the p
 Offloaded modules keep their weights on ``meta`` between calls: the scan must still find the same
 fault (module, op, kind), measure the real weights (a NaN planted in an offloaded weight is found
 with role "weights", which needs the weights' statistics), leave the checkpoint unchanged and
-remove its offload folder."""
+remove its offload folder. The command runs in this process (``cli_main``; ``TMPDIR`` is honoured
+there too), except where accelerate must be missing from the start."""
 
 from __future__ import annotations
 
@@ -49,10 +50,10 @@ def placed(cli, tmp_path: Path, *args: object) -> tuple:
 
 
 @pytest.mark.slow  # two scans of the example (~10 s each on an idle 2-core machine)
-def test_offloaded_run_finds_the_same_fault(cli, data, tmp_path):
+def test_offloaded_run_finds_the_same_fault(cli_main, data, tmp_path):
     before = tree_hash(EXAMPLE)
-    plain = cli("scan", EXAMPLE, "--data", data, "--dtype", "fp16", "-q")
-    res, tmp = placed(cli, tmp_path, EXAMPLE, "--data", data, "--dtype", "fp16", "--device", "cuda")
+    plain = cli_main("scan", EXAMPLE, "--data", data, "--dtype", "fp16", "-q")
+    res, tmp = placed(cli_main, tmp_path, EXAMPLE, "--data", data, "--dtype", "fp16", "--device", "cuda")
     assert plain.code == res.code == 1, (plain.stderr, res.stderr)  # --device is overridden by --device-map
     assert res.stderr == ""
     a, b = plain.report, res.report
@@ -83,7 +84,7 @@ def _transformers_major() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"], ids=["some-on-disk", "all-on-disk"])
-def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
+def test_nan_in_an_offloaded_weight_is_measured(cli_main, data, tmp_path, dtype):
     """The NaN sits in a weight that lives on disk: only reading it through accelerate's offload
     store (not the meta placeholder) lets the producer rule blame the weights. In fp32 the model
     is twice its stored size and CAP puts all of it on disk, which transformers 4.x cannot load
@@ -97,8 +98,8 @@ def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
     tensors[f"{FAULT}.weight"] = w
     save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
     before = tree_hash(ck)
-    plain = cli("scan", ck, "--prompt", "hello world", "--dtype", dtype, "-q")
-    res, tmp = placed(cli, tmp_path, ck, "--prompt", "hello world", "--dtype", dtype)
+    plain = cli_main("scan", ck, "--prompt", "hello world", "--dtype", dtype, "-q")
+    res, tmp = placed(cli_main, tmp_path, ck, "--prompt", "hello world", "--dtype", dtype)
     if dtype == "fp32" and _transformers_major() < 5:
         assert res.code == 1, res.stderr
         r = res.report
@@ -121,13 +122,13 @@ def test_nan_in_an_offloaded_weight_is_measured(cli, data, tmp_path, dtype):
     assert not list(tmp.glob("nanhunter-offload-*"))
 
 
-def test_a_clean_model_placed_entirely_on_disk_on_transformers_4_exits_2(cli, tmp_path):
+def test_a_clean_model_placed_entirely_on_disk_on_transformers_4_exits_2(cli_main, tmp_path):
     """Nothing in the weights to report, and transformers 4.x cannot load a model placed entirely on
     disk: exit 2, one line naming both fixes (docs/compat.md). On 5.x the same run is scanned."""
     if _transformers_major() >= 5:
         pytest.skip("transformers 5 loads a model placed entirely on disk")
     before = tree_hash(EXAMPLE)
-    res, tmp = placed(cli, tmp_path, EXAMPLE, "--prompt", "hello world", "--dtype", "fp32")
+    res, tmp = placed(cli_main, tmp_path, EXAMPLE, "--prompt", "hello world", "--dtype", "fp32")
     assert res.code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "cannot load a model placed entirely on disk" in res.stderr and "transformers>=5.0" in res.stderr
     assert tree_hash(EXAMPLE) == before and not list(tmp.glob("nanhunter-offload-*"))
@@ -138,21 +139,22 @@ def test_a_clean_model_placed_entirely_on_disk_on_transformers_4_exits_2(cli, tm
     (["--device-map", "auto", "--max-memory", "tpu=1GB"], "device 'tpu' not understood"),
     (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map auto"),
 ])
-def test_bad_options_exit_2_in_one_line(run_cli, args, message):
-    res = run_cli("scan", EXAMPLE, *args)
+def test_bad_options_exit_2_in_one_line(run_main, args, message):
+    res = run_main("scan", EXAMPLE, *args)
     assert res.code == 2
     assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
 
 
-def test_arch_model_is_refused(run_cli, overflow_model):
-    res = run_cli("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs",
-                  overflow_model["inputs"], "--device-map", "auto")
+def test_arch_model_is_refused(run_main, overflow_model):
+    res = run_main("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs",
+                   overflow_model["inputs"], "--device-map", "auto")
     assert res.code == 2 and res.stderr.count("\n") == 1
     assert "--device-map auto needs a Hugging Face directory" in res.stderr
 
 
 def test_without_accelerate_names_the_install_command(run_cli, tmp_path):
-    """accelerate made unimportable (a package of that name that raises ImportError shadows it)."""
+    """accelerate made unimportable (a package of that name that raises ImportError shadows it) in a
+    real process: one that never imported it."""
     fake = tmp_path / "site" / "accelerate"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('accelerate hidden by the test')\n")

@@ -19,9 +19,9 @@ def _digest(d: Path) -> str:
     return h.hexdigest()
 
 
-def test_shipped_adam_capsule_replays(cli):
+def test_shipped_adam_capsule_replays(cli_main):
     before = _digest(CAPSULE)
-    res = cli("scan", CAPSULE)
+    res = cli_main("scan", CAPSULE)
     assert res.code == 1, res.stderr
     r = res.report
     f = r["first_nonfinite"]

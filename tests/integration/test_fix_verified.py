@@ -114,7 +114,7 @@ def test_cli_verifies_sdpa_for_eager_fp16_attention_scores(tmp_path, cli_main):
     assert clean.code == 0 and clean.report["diagnosis"] is None
 
 
-def test_a_fault_absorbed_before_the_output_is_not_verified_by_a_finite_output(tmp_path, cli):
+def test_a_fault_absorbed_before_the_output_is_not_verified_by_a_finite_output(tmp_path, cli_main):
     """A verification needs a failing control: the fp32 overflow is masked away before the model's
     output, so the output is finite with or without bf16; judged at the failing region (where bf16
     overflows too), run in bf16 is no fix."""
@@ -129,7 +129,7 @@ def test_a_fault_absorbed_before_the_output_is_not_verified_by_a_finite_output(t
         sys.path.remove(str(ROOT / "tests" / "models"))
     save_file(build().state_dict(), str(tmp_path / "model.safetensors"))
     save_file({"x": failing_input()}, str(tmp_path / "inputs.safetensors"))
-    res = cli("scan", tmp_path / "model.safetensors", "--arch", ROOT / "tests/models/absorbed_scores.py:build",
+    res = cli_main("scan", tmp_path / "model.safetensors", "--arch", ROOT / "tests/models/absorbed_scores.py:build",
               "--inputs", tmp_path / "inputs.safetensors")
     assert res.code == 1, res.stderr
     rep = res.report

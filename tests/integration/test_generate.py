@@ -13,8 +13,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-decode-
 FAILING, CLEAN = "the 1 2 3", "the quick brown fox"
 
 
-def test_unbatched_names_step_position_module_op(cli):
-    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "fp16")
+def test_unbatched_names_step_position_module_op(cli_main):
+    res = cli_main("scan", EXAMPLE, "--prompt", FAILING, "--generate", "16", "--dtype", "fp16")
     assert res.code == 1, res.stderr
     r = res.report
     f = r["first_nonfinite"]
@@ -87,8 +87,8 @@ def test_model_without_generate_is_refused(cli_main, tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["0", "-3"])
-def test_bad_generate_count(cli, bad):
-    res = cli("scan", EXAMPLE, "--prompt", FAILING, "--generate", bad, json_report=False)
+def test_bad_generate_count(cli_main, bad):
+    res = cli_main("scan", EXAMPLE, "--prompt", FAILING, "--generate", bad, json_report=False)
     assert res.code == 2 and "--generate" in res.stderr
 
 

@@ -30,11 +30,11 @@ def hostile_ck(tmp_path_factory):
     return d
 
 
-def test_scan_with_reports(hostile_ck, run_cli):
+def test_scan_with_reports(hostile_ck, run_main):
     ck = hostile_ck / "model.safetensors"
     md, html = hostile_ck / "x.md", hostile_ck / "x.html"
     for report in (md, html):
-        res = run_cli("scan", ck, "--report", report, env={"COLUMNS": "80"})
+        res = run_main("scan", ck, "--report", report, env={"COLUMNS": "80"})
         assert res.code == 1, res.stderr
         assert not acting(res.stdout) and not acting(res.stderr), (res.stdout, res.stderr)
         assert SHOWN in res.stdout and "<script>alert(1)</script>" in res.stdout  # shown, inert in a terminal
@@ -47,10 +47,10 @@ def test_scan_with_reports(hostile_ck, run_cli):
     assert r"\\x1b\[2J\\x1b\]0;pwned\\x07" in text  # Markdown: backslashes and brackets escaped too
 
 
-def test_check_junit_and_annotations(hostile_ck, run_cli):
+def test_check_junit_and_annotations(hostile_ck, run_main):
     ck = hostile_ck / "model.safetensors"
     junit = hostile_ck / "check.xml"
-    res = run_cli("check", ck, "--junit", junit, env={"GITHUB_ACTIONS": "true", "COLUMNS": "80"})
+    res = run_main("check", ck, "--junit", junit, env={"GITHUB_ACTIONS": "true", "COLUMNS": "80"})
     assert res.code == 1, res.stderr
     assert not acting(res.stdout) and not acting(res.stderr), (res.stdout, res.stderr)
     xml = junit.read_text(encoding="utf-8")

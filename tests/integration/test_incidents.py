@@ -20,9 +20,9 @@ def _args(case: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_incident(cli, name):
+def test_incident(cli_main, name):
     case = EXPECTED[name]
-    res = cli(*_args(case))
+    res = cli_main(*_args(case))
     assert res.code == case["exit_code"], (res.code, res.stderr, res.stdout[-2000:])
     r = res.report
     if "failed_inputs" in case:
@@ -65,7 +65,7 @@ def _where(res) -> tuple:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_incident_on_cuda_matches_cpu(cli, name):
+def test_incident_on_cuda_matches_cpu(cli_main, name):
     """The same scan on the GPU (Triton capture, CUDA numerics) names the same module, op, kind,
     role and cause as on the CPU."""
     import torch
@@ -73,7 +73,7 @@ def test_incident_on_cuda_matches_cpu(cli, name):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     case = EXPECTED[name]
-    on_gpu = cli(*_args(case), "--device", "cuda")
-    on_cpu = cli(*_args(case), "--device", "cpu")
+    on_gpu = cli_main(*_args(case), "--device", "cuda")
+    on_cpu = cli_main(*_args(case), "--device", "cpu")
     assert on_gpu.code == case["exit_code"], on_gpu.stderr
     assert _where(on_gpu) == _where(on_cpu)

@@ -12,8 +12,8 @@ PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_clean(cli, minilm_dir, dtype):
-    res = cli("scan", minilm_dir, "--prompt", PROMPT, "--prompt", "hello", "--dtype", dtype)
+def test_clean(cli_main, minilm_dir, dtype):
+    res = cli_main("scan", minilm_dir, "--prompt", PROMPT, "--prompt", "hello", "--dtype", dtype)
     assert res.code == 0, res.stderr + res.stdout[-1500:]
     r = res.report
     assert r["run"]["n_inputs"] == 2 and r["run"]["failed_inputs"] == []
@@ -30,12 +30,12 @@ def _copy_with(minilm_dir, tmp_path, edit):
     return d
 
 
-def test_nan_weight_names_the_module(cli, minilm_dir, tmp_path):
+def test_nan_weight_names_the_module(cli_main, minilm_dir, tmp_path):
     def edit(sd):
         sd["encoder.layer.1.attention.self.value.weight"][5, 9] = float("nan")
 
     d = _copy_with(minilm_dir, tmp_path, edit)
-    res = cli("scan", d, "--prompt", PROMPT)
+    res = cli_main("scan", d, "--prompt", PROMPT)
     assert res.code == 1
     r = res.report
     (bad,) = r["weights"]["nonfinite"]
@@ -46,16 +46,16 @@ def test_nan_weight_names_the_module(cli, minilm_dir, tmp_path):
     assert r["diagnosis"]["cause"] == "nonfinite_weights"
 
 
-def test_linear_scaled_to_overflow_fp16(cli, minilm_dir, tmp_path):
+def test_linear_scaled_to_overflow_fp16(cli_main, minilm_dir, tmp_path):
     target = "encoder.layer.2.output.dense"
 
     def edit(sd):
         sd[f"{target}.weight"] *= 3000.0
 
     d = _copy_with(minilm_dir, tmp_path, edit)
-    fp32 = cli("scan", d, "--prompt", PROMPT, "--dtype", "fp32")
+    fp32 = cli_main("scan", d, "--prompt", PROMPT, "--dtype", "fp32")
     assert fp32.code == 0, fp32.stdout[-1500:]
-    res = cli("scan", d, "--prompt", PROMPT, "--dtype", "fp16")
+    res = cli_main("scan", d, "--prompt", PROMPT, "--dtype", "fp16")
     assert res.code == 1
     r = res.report
     f = r["first_nonfinite"]

@@ -2,7 +2,7 @@
 ``scan --generate`` split the data set as plain ``scan`` does — rank 0's report is the one a single
 process writes, except ``rank`` and notes — and ``--device-map auto`` works with ``--backward``
 and ``--generate``, finding the same fault as the plain run. (What stays refused is refused by
-``ScanOptions`` with its reason: tests/unit/pipeline/test_scan_options.py runs the whole matrix.)"""
+``ScanOptions`` with its reason: tests/unit/pipeline/test_options.py runs the whole matrix.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from clirun import run_cli
+from clirun import invoke
 from test_torchrun_split import DATA, EXAMPLE, normalized, torchrun
 
 pytestmark = pytest.mark.slow  # real torchrun ranks and accelerate placements
@@ -29,7 +29,7 @@ def data(tmp_path_factory) -> Path:
 def _split_matches_one_process(tmp_path: Path, *args: object) -> tuple[dict, dict]:
     out = tmp_path / "out"
     out.mkdir()
-    one = run_cli("scan", *args, "--json", tmp_path / "one.json", "-q")
+    one = invoke("scan", *args, "--json", tmp_path / "one.json", "-q")  # one process: this one
     ranks = torchrun(tmp_path, "scan", *args, "--json", out / "report.json", "-q")
     assert [r["code"] for r in ranks] == [one.code, one.code], [r["stderr"][-2000:] for r in ranks]
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]
@@ -56,12 +56,12 @@ def test_generate_splits_under_torchrun(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [("--backward",), ("--generate", "4")], ids=["backward", "generate"])
-def test_device_map_composes(cli, data, tmp_path, extra):
+def test_device_map_composes(cli_main, data, tmp_path, extra):
     pytest.importorskip("accelerate")
-    plain = cli("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "-q")
+    plain = cli_main("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "-q")
     tmp = tmp_path / "tmpdir"
     tmp.mkdir()
-    placed = cli("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "--device-map", "auto",
+    placed = cli_main("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "--device-map", "auto",
                  "--max-memory", "cpu=150KB", "-q", env={"TMPDIR": tmp})
     assert placed.code == plain.code == 1, (plain.stderr, placed.stderr)
     a, b = plain.report["first_nonfinite"], placed.report["first_nonfinite"]

@@ -22,32 +22,32 @@ def _model(tmp_path, value):
             "--inputs", tmp_path / "in.safetensors", "--dtype", "fp16"]
 
 
-def test_near_overflow_warns_but_exits_0(cli, tmp_path):
-    res = cli(*_model(tmp_path, 10000.0))  # output 40000 = 61% of 65504
+def test_near_overflow_warns_but_exits_0(cli_main, tmp_path):
+    res = cli_main(*_model(tmp_path, 10000.0))  # output 40000 = 61% of 65504
     assert res.code == 0
     nm = [n for n in res.report["near_misses"] if n["kind"] == "near_overflow"]
     assert nm and nm[0]["module"] == "" and nm[0]["absmax"] == 40000.0
     assert "near miss" in res.stdout
 
 
-def test_threshold_from_config(cli, tmp_path):
+def test_threshold_from_config(cli_main, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("near_miss:\n  overflow_fraction: 0.9\n")
-    res = cli(*_model(tmp_path, 10000.0), "--config", cfg)
+    res = cli_main(*_model(tmp_path, 10000.0), "--config", cfg)
     assert res.code == 0
     assert not [n for n in res.report["near_misses"] if n["kind"] == "near_overflow"]
 
 
-def test_bad_config_exit_2(cli, tmp_path):
+def test_bad_config_exit_2(cli_main, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("near_miss: [unclosed\n")
-    res = cli(*_model(tmp_path, 1.0), "--config", cfg, json_report=False)
+    res = cli_main(*_model(tmp_path, 1.0), "--config", cfg, json_report=False)
     assert res.code == 2 and "not valid YAML" in res.stderr
 
 
-def test_absorbed_intermediate_rmsnorm(cli):
+def test_absorbed_intermediate_rmsnorm(cli_main):
     root = "examples/incidents/rmsnorm_variance"
-    res = cli("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
+    res = cli_main("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
               "--inputs", f"{root}/inputs.safetensors", "--dtype", "fp16")
     assert res.code == 0
     absorbed = [n for n in res.report["near_misses"] if n["kind"] == "absorbed"]

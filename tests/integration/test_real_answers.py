@@ -18,10 +18,10 @@ from nan_hunter.capture import ops
 QK = Path(__file__).resolve().parents[2] / "examples" / "incidents" / "qk_overflow"
 
 
-def test_qk_overflow_evidence_is_the_bmm_result_not_the_module_output(cli):
+def test_qk_overflow_evidence_is_the_bmm_result_not_the_module_output(cli_main):
     """The bmm's result is 3 · 200 · 128 = 76800; the module's output after softmax and the
     projection is 0.751 (before, the evidence line said "absmax 0.751 > fp16 max 65504")."""
-    res = cli("scan", QK / "model.safetensors", "--arch", f"{QK / 'model.py'}:build",
+    res = cli_main("scan", QK / "model.safetensors", "--arch", f"{QK / 'model.py'}:build",
               "--inputs", QK / "inputs.safetensors", "--dtype", "fp16")
     assert res.code == 1, res.stderr
     assert "absmax 0.751" not in res.stdout

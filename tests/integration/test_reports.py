@@ -1,5 +1,6 @@
 """``--report`` files (HTML, Markdown + PNG) and the terminal headroom strip, on a tiny model
-whose second Linear overflows fp16; plus a headless-Chromium screenshot of the HTML report."""
+whose second Linear overflows fp16; plus a headless-Chromium screenshot of the HTML report. The
+command runs in this process (``invoke``; matplotlib made unimportable for one run)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clirun import invoke
 from PIL import Image
 from rich.console import Console
 from safetensors.torch import save_file
@@ -27,13 +29,16 @@ def model(overflow_model) -> dict[str, str]:
     return overflow_model
 
 
+def scan_args(model: dict[str, str], *extra: object) -> list:
+    return ["scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"], "--dtype", "fp16", *extra]
+
+
 @pytest.fixture(scope="session")
-def scan(run_cli):
-    """``nanhunter scan`` of the overflow model in fp16, with ``extra`` flags."""
+def scan():
+    """``nanhunter scan`` of the overflow model in fp16, with ``extra`` flags (in this process)."""
 
     def run(model: dict[str, str], *extra: object, env: dict | None = None):
-        return run_cli("scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"], "--dtype", "fp16",
-                       *extra, env=env)
+        return invoke(*scan_args(model, *extra), env=env)
 
     return run
 
@@ -72,8 +77,8 @@ def test_markdown_report_writes_png_next_to_it(model, tmp_path, scan):
     png_ok((tmp_path / "r.png").read_bytes())
 
 
-def test_check_report_has_results_and_dtype_matrix(model, tmp_path, run_cli):
-    res = run_cli("check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
+def test_check_report_has_results_and_dtype_matrix(model, tmp_path):
+    res = invoke("check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
                   "--report", tmp_path / "c.html", "-q")
     assert res.code == 1, res.stderr
     page = (tmp_path / "c.html").read_text()
@@ -81,24 +86,21 @@ def test_check_report_has_results_and_dtype_matrix(model, tmp_path, run_cli):
     png_ok(base64.b64decode(IMG.search(page).group(1)))
 
 
-def test_weights_only_report_plots_tensors(tmp_path, run_cli):
+def test_weights_only_report_plots_tensors(tmp_path):
     w = torch.full((4, 4), 0.5)
     w[0, 0] = float("inf")
     save_file({"a.weight": w, "a.bias": torch.ones(4)}, str(tmp_path / "w.safetensors"))
-    res = run_cli("scan", tmp_path / "w.safetensors", "--report", tmp_path / "w.html", "-q")
+    res = invoke("scan", tmp_path / "w.safetensors", "--report", tmp_path / "w.html", "-q")
     assert res.code == 1
     page = (tmp_path / "w.html").read_text()
     assert 'alt="weights absmax per tensor"' in page and "a.weight" in page
     png_ok(base64.b64decode(IMG.search(page).group(1)))
 
 
-def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path, scan):
-    shim = tmp_path / "no_matplotlib" / "matplotlib"  # first on the path: `import matplotlib` fails
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
-    res = scan(model, "--report", tmp_path / "r.html", "-q", env={"PYTHONPATH": shim.parent})
+def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path):
+    res = invoke(*scan_args(model, "--report", tmp_path / "r.html", "-q"), missing=("matplotlib",))
     assert res.code == 1 and res.stderr == ""  # --quiet: the page says it (issue 32, item 6)
-    res = scan(model, "--report", tmp_path / "r.html", env={"PYTHONPATH": shim.parent})
+    res = invoke(*scan_args(model, "--report", tmp_path / "r.html"), missing=("matplotlib",))
     assert res.code == 1
     assert [ln for ln in res.stderr.splitlines() if "plot omitted" in ln] == [
         "nanhunter: plot omitted: matplotlib is not installed (pip install -e '.[plot]' in the nanhunter clone)"]

@@ -88,11 +88,11 @@ def scale(tmp_path_factory) -> dict[str, str]:
             "exits": f"{d / 'loss.py'}:leaves"}
 
 
-def test_llama_backward_only_fault(llama, cli, tmp_path):
-    fwd = cli("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "-q")
+def test_llama_backward_only_fault(llama, cli_main, tmp_path):
+    fwd = cli_main("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "-q")
     assert fwd.code == 0, fwd.stderr  # the forward alone is finite
     md = tmp_path / "report.md"
-    res = cli("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "--backward", "--report", md)
+    res = cli_main("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "--backward", "--report", md)
     assert res.code == 1, res.stderr
     rep = res.report
     f = rep["first_nonfinite"]
@@ -111,8 +111,8 @@ def test_llama_backward_only_fault(llama, cli, tmp_path):
     assert "ToCopyBackward0" in text and "backward · step 0" in text
 
 
-def test_loss_file_on_an_arch_model(scale, cli):
-    res = cli("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--dtype", "fp16",
+def test_loss_file_on_an_arch_model(scale, cli_main):
+    res = cli_main("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--dtype", "fp16",
               "--backward", "--loss", scale["loss"], "-q")
     assert res.code == 1, res.stderr
     f = res.report["first_nonfinite"]
@@ -129,19 +129,19 @@ def test_loss_file_on_an_arch_model(scale, cli):
     (("--loss", "LOSS_EXITS"), "sys.exit(3)"),
     (("--loss", "nowhere.py:fn"), "--loss 'nowhere.py:fn'"),
 ])
-def test_backward_without_a_usable_loss_exits_2(scale, cli, extra, words):
+def test_backward_without_a_usable_loss_exits_2(scale, cli_main, extra, words):
     extra = tuple(scale["exits"] if e == "LOSS_EXITS" else e for e in extra)
-    res = cli("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--backward", *extra,
+    res = cli_main("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--backward", *extra,
               json_report=False)
     assert res.code == 2
     assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
 
 
-def test_bisect_backward_keeps_the_module_whose_backward_overflows(scale, cli):
+def test_bisect_backward_keeps_the_module_whose_backward_overflows(scale, cli_main):
     args = ("bisect", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--dtype", "fp16", "-q")
-    plain = cli(*args)
+    plain = cli_main(*args)
     assert plain.code == 0 and plain.report["bisect"]["already_finite"]  # the forward needs nothing
-    res = cli(*args, "--backward", "--loss", scale["loss"])
+    res = cli_main(*args, "--backward", "--loss", scale["loss"])
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
     assert b["keep_modules"] == ["scale"] and b["finite_after"] and not b["already_finite"]

@@ -1,4 +1,7 @@
-"""Weights scan through the real CLI: formats, planted faults, report v1 keys, exit codes."""
+"""Weights scan through the real CLI (in this process, ``cli_main``): formats, planted faults, report
+v1 keys, exit codes. What ``--help`` imports (no torch) is tests/unit/cli/test_entry_point.py's;
+exit codes from a real process are tests/integration/test_outputs.py's (closed stdout) and
+test_bad_input.py's."""
 
 from __future__ import annotations
 
@@ -15,10 +18,10 @@ V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weight
            "replay", "diagnosis"}
 
 
-def test_clean_file_exit_0_and_v1_keys(cli, tmp_path):
+def test_clean_file_exit_0_and_v1_keys(cli_main, tmp_path):
     save_file({"a": torch.randn(8, 8), "b": torch.randn(3).bfloat16(), "i": torch.arange(4),
                "e": torch.empty(0)}, str(tmp_path / "c.safetensors"))
-    res = cli("scan", tmp_path / "c.safetensors")
+    res = cli_main("scan", tmp_path / "c.safetensors")
     assert res.code == 0, res.stderr
     r = res.report
     assert V1_KEYS <= set(r)
@@ -29,14 +32,14 @@ def test_clean_file_exit_0_and_v1_keys(cli, tmp_path):
     assert "weights-only" in res.stdout
 
 
-def test_planted_nan_and_inf_named_with_index(cli, tmp_path):
+def test_planted_nan_and_inf_named_with_index(cli_main, tmp_path):
     w = torch.randn(16, 32)
     w[3, 7] = float("nan")
     w[5, 1] = float("nan")
     b = torch.randn(10).to(torch.bfloat16)
     b[9] = float("-inf")
     save_file({"layer.weight": w, "layer.bias": b, "ok": torch.ones(3)}, str(tmp_path / "bad.safetensors"))
-    res = cli("scan", tmp_path / "bad.safetensors")
+    res = cli_main("scan", tmp_path / "bad.safetensors")
     assert res.code == 1
     bad = {t["name"]: t for t in res.report["weights"]["nonfinite"]}
     assert set(bad) == {"layer.weight", "layer.bias"}
@@ -46,7 +49,7 @@ def test_planted_nan_and_inf_named_with_index(cli, tmp_path):
     assert "layer.weight" in res.stdout
 
 
-def test_sharded_hf_checkpoint_with_planted_inf(cli, tmp_path, minilm_dir):
+def test_sharded_hf_checkpoint_with_planted_inf(cli_main, tmp_path, minilm_dir):
     """A real sharded HF checkpoint (MiniLM split in two shards) with one +inf planted."""
     ck = open_checkpoint(minilm_dir)
     names = ck.names()
@@ -65,7 +68,7 @@ def test_sharded_hf_checkpoint_with_planted_inf(cli, tmp_path, minilm_dir):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (d / f).write_bytes((minilm_dir / f).read_bytes())
-    res = cli("scan", d, "--prompt", "hello world")
+    res = cli_main("scan", d, "--prompt", "hello world")
     assert res.code == 1, res.stderr
     r = res.report
     assert r["checkpoint"]["format"] == "hf"
@@ -91,16 +94,8 @@ def test_non_float_and_empty_skipped():
     assert scan_tensor("e", torch.empty(0, 3)).skipped == "empty"
 
 
-def test_json_to_stdout_is_valid(cli, tmp_path):
+def test_json_to_stdout_is_valid(cli_main, tmp_path):
     save_file({"a": torch.ones(2)}, str(tmp_path / "c.safetensors"))
-    res = cli("scan", tmp_path / "c.safetensors", "--json", "-", json_report=False)
+    res = cli_main("scan", tmp_path / "c.safetensors", "--json", "-", json_report=False)
     assert res.code == 0
     assert json.loads(res.stdout)["schema"] == "nanhunter.report/v1"
-
-
-def test_help_does_not_import_torch(run_cli):
-    """--version does (contract v1.3: it names torch's build and device; see
-    tests/unit/cli/test_entry_point.py); --help must not."""
-    code, out, err = run_cli("--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
-    assert code == 0 and "Usage: nanhunter" in out
-    assert "| torch" not in err and "import time:" in err  # the import log names every module

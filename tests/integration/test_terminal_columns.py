@@ -40,13 +40,13 @@ def llama20(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def at80(llama20, tmp_path_factory, run_cli) -> tuple[list[str], dict]:
+def at80(llama20, tmp_path_factory, run_main) -> tuple[list[str], dict]:
     """The real command at COLUMNS=80 with stdout a pipe: its lines and its JSON report."""
     import json
 
     jp = tmp_path_factory.mktemp("json") / "r.json"
-    res = run_cli("scan", llama20["dir"], "--inputs", llama20["inputs"], "--dtype", "fp16", "--json", jp,
-                  env={"COLUMNS": "80"})
+    res = run_main("scan", llama20["dir"], "--inputs", llama20["inputs"], "--dtype", "fp16", "--json", jp,
+                   env={"COLUMNS": "80"})
     assert res.code == 1, res.stderr
     return res.stdout.splitlines(), json.loads(Path(jp).read_text())
 

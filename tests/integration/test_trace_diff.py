@@ -1,4 +1,5 @@
-"""``scan --trace`` and ``nanhunter diff``: the real uses, through the real command.
+"""``scan --trace`` and ``nanhunter diff``: the real uses, through the real command (in this
+process, ``invoke``; in a process of its own where the thread count or the interpreter differs).
 
 - torch 2.13 against another torch (the interpreter in ``NANHUNTER_OTHER_PYTHON``; CI's compat
   pass sets it to a torch 2.14.1 venv) on a tiny Llama built from a config with fixed weights;
@@ -15,11 +16,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from clirun import ROOT, cli_env, run_cli
+from clirun import ROOT, cli_env, invoke, run_cli
 from models import trace_nets
 
 LLAMA = ROOT / "examples/tiny-llama-fp16"
@@ -32,11 +32,22 @@ def denormal(tmp_path_factory) -> dict[str, Path]:
     return trace_nets.save(tmp_path_factory.mktemp("denormal"))
 
 
-def _trace(out: Path, *scan_args: object, env: dict | None = None, level: str = "modules", python: str | None = None):
-    args = ["scan", *scan_args, "--trace", out, "--trace-level", level, "-q"]
+def _trace(out: Path, *scan_args: object, env: dict | None = None, level: str = "modules") -> Path:
+    """``scan ... --trace OUT`` in this process."""
+    code, _, err = invoke(*_trace_args(out, scan_args, level), env=env)
+    assert code in (0, 1), err
+    assert out.exists(), err
+    return out
+
+
+def _trace_in_a_process(out: Path, *scan_args: object, env: dict | None = None, level: str = "modules",
+                        python: str | None = None) -> Path:
+    """``scan ... --trace OUT`` in a process of its own, where its start is the point: a thread count
+    set by OMP_NUM_THREADS, or ``python``, another interpreter (another torch) on this checkout's code."""
+    args = _trace_args(out, scan_args, level)
     if python is None:
         res = run_cli(*args, env=env, timeout=600)
-    else:  # the same command under another interpreter (another torch), this checkout's code
+    else:
         proc = subprocess.run([python, "-m", "nan_hunter", *map(str, args)], capture_output=True, text=True,
                               env=cli_env({**(env or {}), "PYTHONPATH": str(ROOT)}), cwd=ROOT, timeout=600)
         res = (proc.returncode, proc.stdout, proc.stderr)
@@ -46,9 +57,13 @@ def _trace(out: Path, *scan_args: object, env: dict | None = None, level: str = 
     return out
 
 
+def _trace_args(out: Path, scan_args: tuple, level: str) -> list[object]:
+    return ["scan", *scan_args, "--trace", out, "--trace-level", level, "-q"]
+
+
 def _diff(a: Path, b: Path, tmp: Path, *extra: object):
     js = tmp / f"diff-{a.stem}-{b.stem}.json"
-    res = run_cli("diff", a, b, "--json", js, *extra, env={"COLUMNS": "80"})
+    res = invoke("diff", a, b, "--json", js, *extra, env={"COLUMNS": "80"})
     return res, (json.loads(js.read_text()) if js.exists() else None)
 
 
@@ -78,8 +93,8 @@ def test_flush_denormal_first_divergence_is_the_division(tmp_path, denormal):
 
 
 def test_one_against_two_threads_is_within_tolerance(tmp_path):
-    a = _trace(tmp_path / "t1.jsonl", *_llama(), env={"OMP_NUM_THREADS": "1"}, level="ops")
-    b = _trace(tmp_path / "t2.jsonl", *_llama(), env={"OMP_NUM_THREADS": "2"}, level="ops")
+    a = _trace_in_a_process(tmp_path / "t1.jsonl", *_llama(), env={"OMP_NUM_THREADS": "1"}, level="ops")
+    b = _trace_in_a_process(tmp_path / "t2.jsonl", *_llama(), env={"OMP_NUM_THREADS": "2"}, level="ops")
     res, d = _diff(a, b, tmp_path)
     assert res.code == 0, res.stdout + res.stderr
     assert {"key": "threads", "a": 1, "b": 2} in d["env_diff"]
@@ -126,7 +141,7 @@ def test_repeat_stores_spread(tmp_path):
 
 def test_capsule_replay_writes_a_trace(tmp_path):
     cap = ROOT / "examples/capsules/adam-eps-fp16/step-0"
-    res = run_cli("scan", cap, "--trace", tmp_path / "cap.jsonl", "-q", timeout=600)
+    res = invoke("scan", cap, "--trace", tmp_path / "cap.jsonl", "-q")
     assert res.code in (0, 1), res.stderr
     from nan_hunter.trace.reader import read_trace
 
@@ -146,7 +161,7 @@ def test_two_torch_versions_on_a_tiny_llama(tmp_path, dtype):
     assert probe.stdout.strip() != torch.__version__, "NANHUNTER_OTHER_PYTHON runs the same torch as this one"
     args = [LLAMA, "--prompt", "the quick brown fox jumps", "--dtype", dtype]
     a = _trace(tmp_path / "this.jsonl", *args, level="ops")
-    b = _trace(tmp_path / "other.jsonl", *args, level="ops", python=OTHER_PYTHON)
+    b = _trace_in_a_process(tmp_path / "other.jsonl", *args, level="ops", python=OTHER_PYTHON)
     res, d = _diff(a, b, tmp_path)
     assert res.code in (0, 1), res.stderr
     assert {"key": "versions.torch", "a": torch.__version__, "b": probe.stdout.strip()} in d["env_diff"]
@@ -169,7 +184,7 @@ def test_bad_files_exit_2_one_line(tmp_path, name, content, words):
     truncated = tmp_path / "cut.jsonl"
     truncated.write_text("".join(good.read_text().splitlines(keepends=True)[:-1]))
     for other, w in ((bad, words), (truncated, "cut short"), (tmp_path / "missing.jsonl", "no such file")):
-        res = run_cli("diff", good, other)
+        res = invoke("diff", good, other)
         lines = res.stderr.strip().splitlines()
         assert res.code == 2 and len(lines) == 1 and w in lines[0] and "Traceback" not in res.stderr, res.stderr
 
@@ -211,6 +226,5 @@ def test_strings_from_traces_are_escaped_in_terminal_and_html(tmp_path):
 
 
 def test_diff_help_and_version_flags():
-    res = run_cli("diff", "--help")
+    res = invoke("diff", "--help")
     assert res.code == 0 and "--rtol" in res.stdout and "--report" in res.stdout
-    assert sys.executable

@@ -252,3 +252,82 @@ def test_no_submodule_shadows_the_public_api():
     for name in ("scan", "watch", "bisect"):
         assert not (ROOT / f"{name}.py").exists(), f"nan_hunter/{name}.py shadows nan_hunter.{name}()"
         assert not (ROOT / name).is_dir(), f"nan_hunter/{name}/ shadows nan_hunter.{name}()"
+
+
+# --- what the torch-free parts import, in one fresh interpreter ------------------------------------
+#: Steps run in order in one new process (sys.modules is the point, so a process; one, not one per
+#: claim): each imports or calls a part that must not load the modules named beside it. Modules only
+#: accumulate, so the first step that loads a forbidden module is the one blamed.
+_STEPS = r'''
+import json, sys
+steps = []
+def step(name, forbidden, fn=None):
+    got = fn() if fn else None
+    steps.append({"step": name, "loaded": sorted(m for m in forbidden if m in sys.modules), "got": got})
+
+NO_TORCH = ("torch", "transformers", "lightning", "pytorch_lightning")
+import nan_hunter.render.html, nan_hunter.render.markdown, nan_hunter.render.ci, nan_hunter.render.report_file
+step("render's file views", NO_TORCH + ("rich",))
+import nan_hunter.bisection.search
+step("bisection.search", NO_TORCH)
+import nan_hunter.explain.weights_verdict
+step("explain.weights_verdict", NO_TORCH)
+from nan_hunter.distributed import collectives as co, ranks
+step("collectives and ranks without a group", NO_TORCH,
+     lambda: [co.active(), co.rank(), co.world(), ranks.launched(), ranks.writes()])
+from nan_hunter.report import torch_version
+step("report.torch_version", NO_TORCH, torch_version)
+import nan_hunter
+from nan_hunter.config import default_config
+from nan_hunter.errors import BadInput
+from nan_hunter.load.checkpoint import open_checkpoint
+from nan_hunter.model.prepare import prepare
+def weights_only_prepare():
+    ck = open_checkpoint(sys.argv[1])
+    none = prepare(ck, None, None, None, None, None, "auto", default_config()) is None
+    try:
+        prepare(ck, None, [sys.argv[2]], None, None, None, "auto", default_config())
+        refused = False
+    except BadInput as e:
+        refused = "no model can be built" in str(e)
+    return [none, refused]
+step("a weights-only prepare", NO_TORCH, weights_only_prepare)
+from nan_hunter.pipeline.ci_check import check
+def api():
+    r = nan_hunter.scan(sys.argv[3], stats="full")
+    c = check(sys.argv[4])
+    return [r.exit_code(), c[0].check["passed"]]
+step("nan_hunter.scan and check on weights only", NO_TORCH, api)
+import nan_hunter.integrations, nan_hunter.integrations.callback_core  # torch, but no framework
+from nan_hunter import NonFiniteError
+step("the integrations core", NO_TORCH[1:], lambda: issubclass(NonFiniteError, RuntimeError))
+print(json.dumps(steps))
+'''
+
+
+def test_torch_free_parts_load_no_torch(tmp_path):
+    """The parts a weights-only run, a file view or a ``--help`` reaches load neither torch nor the
+    frameworks (and the file views no rich): what they answer without it is right too."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from clirun import cli_env
+    from safetensors.torch import save_file
+
+    save_file({"0.weight": torch.randn(4, 4, dtype=torch.float16)}, str(tmp_path / "m.safetensors"))
+    save_file({"input": torch.ones(3, 4)}, str(tmp_path / "in.safetensors"))
+    data = Path(__file__).resolve().parents[1] / "data"
+    out = subprocess.run([sys.executable, "-c", _STEPS, str(tmp_path / "m.safetensors"), str(tmp_path / "in.safetensors"),
+                          str(data / "dtypes" / "edge_cases.safetensors"),
+                          str(data / "quant" / "gptq_4bit_sym_v1" / "model.safetensors")],
+                         capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = {s["step"]: s for s in json.loads(out.stdout.strip().splitlines()[-1])}
+    assert {k: s["loaded"] for k, s in steps.items() if s["loaded"]} == {}
+    assert steps["collectives and ranks without a group"]["got"] == [False, 0, 1, False, True]
+    assert steps["report.torch_version"]["got"] == torch.__version__  # read from the installed package
+    assert steps["the integrations core"]["got"] is True
+    assert steps["a weights-only prepare"]["got"] == [True, True]
+    assert steps["nan_hunter.scan and check on weights only"]["got"] == [1, True]

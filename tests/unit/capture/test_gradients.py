@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nan_hunter.capture.gradients import GradientHooks
 from nan_hunter.capture.recorder import Recorder
 
 
@@ -71,3 +72,32 @@ def test_no_grad_forwards_hook_nothing():
     with Recorder(m, level="modules", backward=True) as rec, torch.no_grad():
         m(torch.randn(2, 4))
     assert not [c for c in rec.calls if c.phase == "backward"] and not rec.grads.root_grads
+
+
+def test_only_a_recorder_with_backward_has_gradient_hooks():
+    assert isinstance(Recorder(_model(), level="modules", backward=True).grads, GradientHooks)
+    assert Recorder(_model(), level="modules").grads is None
+
+
+def test_forget_drops_a_forwards_records_and_its_kept_gradients():
+    m = _model()
+    with Recorder(m, level="modules", backward=True) as rec:
+        _train_step(m, torch.randn(2, 4))
+        _train_step(m, torch.randn(2, 4))
+        g = rec.grads
+        assert 1 in g.root_grads and 1 in g.calls  # the latest step's are kept
+        row = g.grad_row("0.weight", m[0].weight.grad, 1)
+        g.forget(1)
+        assert 1 not in g.root_grads and 1 not in g.calls
+        assert row is not None and g.grad_row("0.weight", m[0].weight.grad, 1) is None
+
+
+def test_a_second_backward_through_the_same_forward_is_a_new_event():
+    m = _model()
+    with Recorder(m, level="modules", backward=True) as rec:
+        y = m(torch.randn(2, 4)).sum()
+        y.backward(retain_graph=True)
+        first = rec.grads.events
+        y.backward()
+    assert first > 0 and rec.grads.events == 2 * first
+

@@ -1,11 +1,13 @@
 """The typer CLI keeps every flag of v1–v1.2 as it was (names, kinds, defaults: the table below is
 the argparse parser's, read before the move), and teaches: options in help panels by purpose, a
 metavar and help for each, defaults stated, examples per command, "did you mean" for a mistyped
-option (click's parser, the project's synonyms)."""
+option (click's parser, the project's synonyms). The help is the real command's, run in this
+process (``invoke``)."""
 
 from __future__ import annotations
 
 import pytest
+from clirun import invoke
 
 from nan_hunter.cli import bisect_cmd, check_cmd, diff_cmd, scan_cmd
 from nan_hunter.cli.app import build_command
@@ -99,8 +101,8 @@ def test_every_option_has_help_a_metavar_and_a_panel(command):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_shows_panels_defaults_and_examples(run_cli, command):
-    code, out, err = run_cli(command, "--help")
+def test_help_shows_panels_defaults_and_examples(command):
+    code, out, err = invoke(command, "--help")
     text = " ".join(out.split())
     assert code == 0 and err == "" and f"Usage: nanhunter {command}" in text
     assert "Examples" in text and f"nanhunter {command} " in text.split("Examples", 1)[1]
@@ -109,13 +111,13 @@ def test_help_shows_panels_defaults_and_examples(run_cli, command):
             assert f"─ {panel}" in out, panel
 
 
-def test_scan_help_states_the_defaults(run_cli):
-    text = " ".join(run_cli("scan", "--help").stdout.replace("│", " ").split())
+def test_scan_help_states_the_defaults():
+    text = " ".join(invoke("scan", "--help").stdout.replace("│", " ").split())
     assert "(default: 0.01)" in text and "(default: inductor)" in text and "(default: fast)" in text
 
 
-def test_bisect_help_names_keep_dtype_plainly(run_cli):
-    text = " ".join(run_cli("bisect", "--help").stdout.replace("│", " ").split())
+def test_bisect_help_names_keep_dtype_plainly():
+    text = " ".join(invoke("bisect", "--help").stdout.replace("│", " ").split())
     assert "the precision kept modules run in (default: fp32)" in text
     assert "candidates: leaf modules, or whole transformer blocks" in text
     assert "---" not in text.replace("────", "")  # once read "the all---keep-dtype run"
@@ -125,9 +127,9 @@ def test_bisect_help_names_keep_dtype_plainly(run_cli):
                                           ("--compile-bakend", "--compile-backend"),
                                           ("--html", "--report"), ("--precision", "--dtype"),
                                           ("--junit-xml", "--junit")])
-def test_did_you_mean(run_cli, typed, meant):
+def test_did_you_mean(typed, meant):
     command = "check" if meant == "--junit" else "scan"
-    code, out, err = run_cli(command, "x.safetensors", typed, "fp16")
+    code, out, err = invoke(command, "x.safetensors", typed, "fp16")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"unrecognized arguments: {typed}; did you mean {meant}? (see `nanhunter {command} --help`)" in err
 
@@ -138,14 +140,14 @@ def test_no_suggestion_for_nonsense_or_an_option_the_command_lacks():
     assert closest("--html", names) is None  # bisect has no --report: no unrelated guess either
 
 
-def test_unknown_command_suggests_the_close_one(run_cli):
-    code, _, err = run_cli("sacn", "x")
+def test_unknown_command_suggests_the_close_one():
+    code, _, err = invoke("sacn", "x")
     assert code == 2 and "invalid choice: 'sacn'" in err and "did you mean scan?" in err
 
 
-def test_completion_of_a_flag(run_cli):
-    code, out, _ = run_cli(env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt",
+def test_completion_of_a_flag():
+    code, out, _ = invoke(env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt",
                                 "COMP_CWORD": "3"})
     assert code == 0 and out.split() == ["--dtype"]
-    code, out, _ = run_cli("--show-completion", "bash")
+    code, out, _ = invoke("--show-completion", "bash")
     assert code == 0 and "_NANHUNTER_COMPLETE=complete_bash" in out

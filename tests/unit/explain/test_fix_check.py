@@ -6,24 +6,8 @@ import math
 
 import pytest
 
-from nan_hunter.explain.fix_check import from_emulate_precision_casts, no_mechanical_fix, with_verdict
+from nan_hunter.explain.fix_check import from_emulate_precision_casts, with_verdict
 from nan_hunter.report import Diagnosis, FixVerified
-
-
-@pytest.mark.parametrize("cause", ["overflow", "division_by_zero", "scale_underflow", "masked_softmax",
-                                   "compile_divergence"])
-def test_mechanical_causes(cause):
-    assert no_mechanical_fix(cause) is None
-
-
-@pytest.mark.parametrize("cause", ["nonfinite_input", "nonfinite_weights", "bad_scale", "not_reproducible",
-                                   "domain_error", "unknown", "a_cause_added_later"])
-def test_causes_without_a_mechanical_fix_say_why(cause):
-    assert no_mechanical_fix(cause)
-
-
-def test_a_zero_point_convention_is_fixed_by_a_re_export():
-    assert "checkpoint_format" in no_mechanical_fix("bad_zero_point")
 
 
 def test_emulate_precision_casts_as_a_verified_fix():

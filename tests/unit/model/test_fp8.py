@@ -93,9 +93,9 @@ def test_bad_config_rejected():
         Fp8Recipe("fp16")
 
 
-def test_fp8_run_mode_through_cli(cli):
+def test_fp8_run_mode_through_cli(cli_main):
     root = "examples/incidents/ffn_wo_overflow"
-    res = cli("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
+    res = cli_main("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
               "--inputs", f"{root}/inputs.safetensors", "--dtype", "fp8-e4m3")
     assert res.code == 0, res.stdout[-1500:]  # scaled fp8 matmul operands + bf16 compute: finite
     assert res.report["run"]["dtype"] == "fp8-e4m3"

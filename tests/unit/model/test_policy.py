@@ -147,3 +147,17 @@ def test_bad_policies_are_refused(tmp_path):
         load_policy({"modules": {"a": "fp12"}})
     with pytest.raises(BadInput, match="module 'layers.9' is not in this model"):
         apply_policy(stack(), {"modules": {"layers.9": "fp32"}})
+
+
+@pytest.mark.parametrize("policy, key", [({"keep": {"layers.1": "fp32"}}, "keep"),
+                                         ({"module": {"layers.1": "fp32"}, "dtype": "fp16"}, "module")])
+def test_an_unknown_key_is_refused_not_ignored(policy, key):
+    """Found by tests/unit/test_init.py: ``{"keep": {...}}`` was read as an empty policy, so
+    apply_policy cast the whole model to fp16 and kept nothing, without a word."""
+    m = stack()
+    before = {n: p.dtype for n, p in m.named_parameters()}
+    with pytest.raises(BadInput, match=f"policy: unknown key '{key}' \\(a policy has nanhunter_policy, dtype, "
+                                       "keep_dtype, modules\\)"):
+        apply_policy(m, policy)
+    assert {n: p.dtype for n, p in m.named_parameters()} == before
+

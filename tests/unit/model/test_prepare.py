@@ -70,29 +70,3 @@ def test_no_model_and_no_inputs(files):
     assert p.batches == [] and "weights-only scan" in p.notes[0]
     with pytest.raises(BadInput, match="no inputs"):
         prepare(ck, f"{files['arch']}:build", None, None, None, None, "cpu", default_config(), need_model=True)
-
-
-
-def test_a_weights_only_prepare_never_imports_torch(files):
-    """No --arch and no config.json: ``prepare`` says so (None, or its one-line refusals) before torch is
-    imported, so a weights-only scan or check does not load it."""
-    import subprocess
-    import sys
-
-    from clirun import cli_env
-
-    code = ("import sys\n"
-            "from nan_hunter.config import default_config\n"
-            "from nan_hunter.errors import BadInput\n"
-            "from nan_hunter.load.checkpoint import open_checkpoint\n"
-            "from nan_hunter.model.prepare import prepare\n"
-            f"ck = open_checkpoint({str(files['ck'])!r})\n"
-            "none = prepare(ck, None, None, None, None, None, 'auto', default_config()) is None\n"
-            "try:\n"
-            f"    prepare(ck, None, [{str(files['inputs'])!r}], None, None, None, 'auto', default_config())\n"
-            "except BadInput as e:\n"
-            "    refused = 'no model can be built' in str(e)\n"
-            "print(none, refused, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "True", "False"]

@@ -1,4 +1,4 @@
-"""Activation, KV and global scales (``format: "scale"``): NaN, Inf, zero or negative is ``bad_scale``;
+"""load/quant/scales.py and the formats around it. Activation, KV and global scales (``format: "scale"``): NaN, Inf, zero or negative is ``bad_scale``;
 DeepSeek-V4 ``X.scale`` (E8M0 and fp32) and Quark ``weight_scale``; integer/fp8/fp4 layer weights whose
 scales are not found are ``weights.unchecked`` with reason "scales not found", never clean."""
 
@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
 import nan_hunter
 from nan_hunter.load.checkpoint import open_checkpoint
+from nan_hunter.load.quant.scales import SUFFIXES, StandaloneScales
 from nan_hunter.load.weights import scan_weights
+
+from .kit import checkpoint as quant_checkpoint
+from .kit import detect, graded
 
 
 def _scan(tmp_path, tensors):
@@ -65,3 +70,20 @@ def test_scales_not_found_is_never_clean(tmp_path):
 
     v = verdict(nan_hunter.scan(str(p)))
     assert "3 tensors not checked" in v.text and v.tone == "warn"
+
+
+# --- the format on its own ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, problem", [(math.nan, "nan"), (math.inf, "inf"), (0.0, "zero"), (-0.5, "negative")])
+def test_every_bad_value_is_a_fault(tmp_path, value, problem):
+    (r,) = graded(StandaloneScales(), quant_checkpoint(tmp_path, {"l.k_scale": torch.tensor([1.0, value])})).values()
+    assert r.format == "scale" and r.faulty and r.bad_blocks[0]["index"] == [1] and r.bad_blocks[0]["problem"] == problem
+
+
+def test_claims_every_suffix_and_skips_empty_and_integer_ones(tmp_path):
+    names = {f"l{s}": torch.ones(1) for s in SUFFIXES} | {"e.input_scale": torch.ones(0),
+                                                        "i.input_scale": torch.ones(1, dtype=torch.int32)}
+    found, ctx = detect(StandaloneScales(), quant_checkpoint(tmp_path, names))
+    assert set(found) == {f"l{s}" for s in SUFFIXES}
+    assert "e.input_scale" in ctx.claimed and "i.input_scale" not in ctx.claimed  # empty: nothing to judge

@@ -19,7 +19,7 @@ import nan_hunter
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "quant"
+DATA = Path(__file__).resolve().parents[3] / "data" / "quant"
 EXPECTED = json.loads((DATA / "expected.json").read_text())
 LAYER = "model.layers.0.mlp.down_proj"
 GPTQ = sorted(k for k in EXPECTED if k.startswith("gptq"))

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from clirun import run_cli
+from clirun import invoke
 
 from nan_hunter.errors import BadInput
 from nan_hunter.load.checkpoint import open_checkpoint
@@ -93,7 +93,7 @@ def test_bad_d_and_dmin_are_named_in_numpy_order(tmp_path):
     assert got["b.k4"].bad_blocks == [{"index": [1, 2], "scale": "inf", "problem": "inf", "field": "dmin"}]
     f32 = next(t for t in ws.tensors if t.name == "c.f32")
     assert (f32.shape, f32.nan, f32.posinf, f32.first_index) == ([3, 2], 1, 1, [0, 1])
-    r = run_cli("scan", tmp_path / "m.gguf", "--json", tmp_path / "r.json")
+    r = invoke("scan", tmp_path / "m.gguf", "--json", tmp_path / "r.json")
     assert r.code == 1, r.stderr
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["checkpoint"]["format"] == "gguf" and rep["run"] is None
@@ -105,14 +105,14 @@ def test_clean_file_exit_0_and_unchecked_types(tmp_path):
     iq1m = rng.integers(0, 256, (2, 56), dtype=np.uint8)
     write(tmp_path / "m.gguf", {"a": (quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q4_0), "Q4_0"),
                                 "b": (iq1m, "IQ1_M"), "c": (rng.standard_normal(8).astype(np.float16), None)})
-    r = run_cli("scan", tmp_path / "m.gguf", "--json", tmp_path / "r.json")
+    r = invoke("scan", tmp_path / "m.gguf", "--json", tmp_path / "r.json")
     rep = json.loads((tmp_path / "r.json").read_text())
     assert r.code == 0, r.stderr
     assert [(u["name"], u["dtype"]) for u in rep["weights"]["unchecked"]] == [("b", "gguf:IQ1_M")]
     assert rep["weights"]["quantized"][0]["format"] == "gguf:Q4_0"
     zero = quantize(np.zeros((2, 64), np.float32), T.Q4_0)
     write(tmp_path / "z.gguf", {"a": (zero, "Q4_0")})  # all-zero blocks: d = 0, no data
-    assert run_cli("scan", tmp_path / "z.gguf").code == 0
+    assert invoke("scan", tmp_path / "z.gguf").code == 0
 
 
 def _header(n_tensors=1, n_kv=0, version=3, magic=b"GGUF") -> bytes:
@@ -155,11 +155,11 @@ def test_hostile_headers_exit_2_one_line(tmp_path, raw, why):
     with pytest.raises(BadInput) as e:
         open_checkpoint(p)
     assert why in str(e.value) and "\n" not in str(e.value), str(e.value)
-    r = run_cli("scan", p)
+    r = invoke("scan", p)
     assert r.code == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_gguf_with_arch_is_refused(tmp_path):
     write(tmp_path / "m.gguf", {"a": (np.ones(4, np.float32), None)})
-    r = run_cli("scan", tmp_path / "m.gguf", "--prompt", "hi")
+    r = invoke("scan", tmp_path / "m.gguf", "--prompt", "hi")
     assert r.code == 2 and "weights-only" in r.stderr

@@ -1,4 +1,4 @@
-"""bitsandbytes checkpoints written by bitsandbytes itself on the CPU (``Linear4bit`` nf4/fp4 with and
+"""load/quant/bnb.py: bitsandbytes checkpoints written by bitsandbytes itself on the CPU (``Linear4bit`` nf4/fp4 with and
 without nested quantization, ``Linear8bitLt``), saved from the module's own ``state_dict()`` as
 transformers saves them; the dequantized absmax against ``bitsandbytes.functional.dequantize_4bit``;
 then corrupted absmax/SCB values, and hostile quant-state JSON (exit 2, one line)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -112,3 +113,43 @@ def test_quant_state_shape_that_does_not_fit_is_unchecked(tmp_path):
     sd[P + "weight.quant_state.bitsandbytes__fp4"] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
     ws, q = _scan(tmp_path, sd)
     assert not q and [u["name"] for u in ws.unchecked] == [P + "weight"]
+
+
+# --- the format on its own ----------------------------------------------------------------------------
+def _state_ck(tmp_path, state: dict):
+    from .kit import checkpoint
+
+    return checkpoint(tmp_path, {"s": torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)})
+
+
+@pytest.mark.parametrize("state, says", [
+    ({"quant_type": "int4", "blocksize": 64, "shape": [2]}, "quant_type 'int4' / blocksize 64"),
+    ({"quant_type": "nf4", "blocksize": 48, "shape": [2]}, "blocksize 48 are not bitsandbytes'"),
+    ({"quant_type": "nf4", "blocksize": 64, "shape": [-1]}, "shape [-1] is not a list of sizes"),
+    ({"quant_type": "nf4", "blocksize": 64, "shape": []}, "shape [] is not a list of sizes"),
+    ({"quant_type": "nf4", "blocksize": 64, "shape": [2], "nested_blocksize": 7, "nested_offset": 0.5},
+     "nested_blocksize 7 / nested_offset 0.5"),
+])
+def test_quant_state_refusals(tmp_path, state, says):
+    from nan_hunter.load.quant.bnb import quant_state
+
+    with pytest.raises(BadInput, match=re.escape(says)):
+        quant_state(_state_ck(tmp_path, state), "s")
+
+
+def test_quant_state_as_bitsandbytes_writes_it(tmp_path):
+    from nan_hunter.load.quant.bnb import STATE_KEYS, quant_state
+
+    state = {"quant_type": "fp4", "blocksize": 64, "dtype": "float32", "shape": [48, 128], "nested_blocksize": 256,
+             "nested_offset": 0.03}
+    assert quant_state(_state_ck(tmp_path, state), "s") == state and set(state) <= STATE_KEYS
+
+
+def test_eight_bit_rows_through_the_format(tmp_path):
+    from nan_hunter.load.quant.bnb import Bnb8bit
+
+    from .kit import checkpoint, graded
+
+    sd, ref = _eight_bit()
+    (r,) = graded(Bnb8bit(), checkpoint(tmp_path, sd)).values()
+    assert r.n_blocks == 48 and r.bad_blocks == [] and r.dequant_absmax == pytest.approx(ref)

@@ -1,11 +1,11 @@
-"""Alignment and the first divergence on hand-made traces: the entry that made the difference,
-not one that passed it on; fused or extra ops on one side; exit codes."""
+"""divergence/compare.py on hand-made traces: the entry that made the difference, not one that
+passed it on; fused or extra ops on one side; tolerances; exit codes. (Pairing entries:
+test_align.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from nan_hunter.divergence.align import align_modules, align_ops
 from nan_hunter.divergence.compare import NotComparable, compare_traces
 from nan_hunter.trace.reader import read_trace
 
@@ -53,25 +53,6 @@ def test_a_fused_op_on_one_side_does_not_derail_the_rest(tmp_path):
     r = _diff(tmp_path, a, b)
     assert r.unmatched == (3, 0) and r.compared == 3
     assert r.first_divergence.verdict.a.op == "aten.add.Tensor" and r.first_divergence.inputs_agree
-
-
-def test_align_ops_on_names_within_each_call():
-    ta = [_e(0, "x", "aten.a"), _e(1, "x", "aten.b"), _e(2, "x", "aten.c"), _e(3, "y", "aten.a")]
-    tb = [_e(0, "x", "aten.a"), _e(1, "x", "aten.extra"), _e(2, "x", "aten.c"), _e(3, "y", "aten.a")]
-    assert align_ops(ta, tb) == [(0, 0), (2, 2), (3, 3)]
-
-
-def test_align_modules_by_key():
-    ta = [_e(0, "a", None), _e(1, "b", None), _e(2, "", None)]
-    tb = [_e(0, "", None)]  # a compiled run: only the root is seen
-    assert align_modules(ta, tb) == [(2, 0)]
-
-
-def _e(i, module, op):
-    from nan_hunter.trace.format import Entry, Stats
-
-    return Entry(i, module, "M", op, 0, 0, 0, "forward", None, None, (2,), "fp32",
-                 Stats(0, 0, 0, 1.0, 1.0, 0.0, 1.0, "0"), None)
 
 
 def test_module_level_inputs_by_their_recorded_statistics(tmp_path):

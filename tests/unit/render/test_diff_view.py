@@ -1,0 +1,62 @@
+"""render/diff_view.py: ``nanhunter diff`` in the terminal — the verdict first, the environment
+keys that differ, the first divergence's statistics; every line ≤ 80 columns and every string from
+a trace escaped."""
+
+from __future__ import annotations
+
+import pytest
+
+from nan_hunter.render.diff_view import WIDTH, lines, render
+
+from .diffs import ENV, agreeing, diverging, one_side_nonfinite
+
+HOSTILE = "evil\x1b[2J\u202e" + "x" * 120
+
+
+@pytest.mark.parametrize("make, first", [
+    (diverging, "✘ runs part at mid (M) · aten.exp.default"),
+    (agreeing, "✔ no divergence: 2 entries agree within tolerance (max rel_err 0)"),
+    (one_side_nonfinite, "✘ only B is non-finite: posinf first at m · aten.exp.default"),
+])
+def test_verdict_first(tmp_path, make, first):
+    out = lines(make(tmp_path).to_dict())
+    assert out[0] == first
+    assert all(len(line) <= WIDTH for line in out)
+
+
+def test_the_divergence_block(tmp_path):
+    out = render(diverging(tmp_path, env_b={**ENV, "threads": 1}).to_dict()).splitlines()
+    assert out[1] == "  environment differs: threads"
+    at = out.index("first divergence  mid (M)")
+    assert out[at + 1:at + 5] == ["  call 0 · input 0 · step 0 · forward", "  op      aten.exp.default",
+                                  "  source  model.py:1", "  rel_err 2.00e-01 > tolerance 1.0e-03 · inputs agree"]
+    assert out[at + 6].split()[:2] == ["A", "2.000e+00"] and out[at + 7].split()[:2] == ["B", "2.500e+00"]
+    assert "  threads  2 | 1" in out
+    assert out[-1] == "compared 2 ops-level entries · unmatched A 0 · B 0"
+
+
+def test_same_environment_and_unmatched_entries_are_said(tmp_path):
+    out = lines(one_side_nonfinite(tmp_path).to_dict())
+    assert out[1] == "  environment: the same"
+    assert "                  B: posinf at m aten.exp.default (#1)" in out
+    assert any(line.startswith("note: 0 entries of A and 1 of B have no counterpart") for line in out)
+
+
+def test_many_environment_keys_fit_one_line_and_twelve_rows(tmp_path):
+    env_b = {**ENV, **{f"knob_{i:02d}": i for i in range(20)}}
+    out = lines(diverging(tmp_path, env_b=env_b).to_dict())
+    assert out[1].startswith("  environment differs: knob_00, knob_01") and out[1].endswith(" more")
+    assert len(out[1]) <= WIDTH
+    assert "  … 8 more (see --json)" in out
+
+
+def test_strings_from_traces_are_escaped_and_cut(tmp_path):
+    out = lines(diverging(tmp_path, module=HOSTILE).to_dict())
+    text = "\n".join(out)
+    assert "\x1b" not in text and "\u202e" not in text and "\\x1b" in text
+    assert out[0].startswith("✘ runs part at evil\\x1b[2J") and "…" in out[0] and len(out[0]) == WIDTH
+
+
+def test_render_ends_lines_without_trailing_spaces(tmp_path):
+    text = render(agreeing(tmp_path).to_dict())
+    assert text.endswith("\n") and all(line == line.rstrip() for line in text.splitlines())

@@ -46,7 +46,7 @@ def _keywords_checked(fn: F) -> F:
     def checked(*args: Any, **kwargs: Any) -> Any:
         unknown = [k for k in kwargs if k not in names]
         if unknown:
-            from .pipeline.options import KEYWORD_SYNONYMS, closest
+            from .pipeline.options import KEYWORD_SYNONYMS, closest  # lazy: `import nan_hunter` stays light
 
             k = unknown[0]
             meant = closest(k, names, KEYWORD_SYNONYMS)
@@ -112,8 +112,8 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             steps end and closed when the watch ends.
         trace_level: ``"modules"`` (one trace entry per module call) or ``"ops"`` (per aten op).
     """
-    from .session.options import WatchOptions
-    from .session.watcher import Watch
+    from .session.options import WatchOptions  # lazy: `import nan_hunter` stays light
+    from .session.watcher import Watch  # lazy: `import nan_hunter` stays light
 
     w = Watch(model, WatchOptions(level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
                                   backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
@@ -175,8 +175,8 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
             (``--config``).
         progress: called as ``progress(tensor_name, bytes_done)`` while the weights are scanned.
     """
-    from .pipeline.scan_checkpoint import scan as _scan
-    from .render.report_view import printable
+    from .pipeline.scan_checkpoint import scan as _scan  # lazy: `import nan_hunter` stays light
+    from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
     backend = compile if isinstance(compile, str) else compile_backend if compile else None
     return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
@@ -191,8 +191,8 @@ def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None) -> 
     ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
     (``.first_divergence``, ``.exit_code``, ``.to_dict()`` is ``nanhunter.diff/v1``); raises
     ``BadInput`` for files that cannot be compared."""
-    from .divergence.compare import compare_traces
-    from .trace.reader import read_trace
+    from .divergence.compare import compare_traces  # lazy: `import nan_hunter` stays light
+    from .trace.reader import read_trace  # lazy: `import nan_hunter` stays light
 
     return compare_traces(read_trace(a), read_trace(b), rtol)
 
@@ -225,8 +225,8 @@ def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str =
         policy_out: write the policy YAML here, for ``apply_policy`` (``--policy-out``).
         progress: called as ``progress(runs_done, what)`` after each trial run.
     """
-    from .bisection.runner import bisect as _bisect
-    from .render.report_view import printable
+    from .bisection.runner import bisect as _bisect  # lazy: `import nan_hunter` stays light
+    from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
     return printable(_bisect(checkpoint, dtype=dtype, keep_dtype=keep_dtype, arch=arch, inputs=inputs, prompts=prompts,
                    data=data, device=device, config=config, attn=attn, granularity=granularity, over=over, rtol=rtol,
@@ -235,14 +235,14 @@ def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str =
 
 def apply_policy(model: Any, policy: Any) -> Any:
     """Make the modules a bisect policy lists compute in their kept dtype."""
-    from .model.policy import apply_policy as _apply
+    from .model.policy import apply_policy as _apply  # lazy: `import nan_hunter` stays light
 
     return _apply(model, policy)
 
 
 def __getattr__(name: str) -> Any:
     if name == "Report":
-        from .report import Report
+        from .report import Report  # lazy: `import nan_hunter` stays light
 
         return Report
     raise AttributeError(name)

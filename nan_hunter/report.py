@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .outputs import write_text
 from .version import __version__
 
 SCHEMA = "nanhunter.report/v1"
@@ -289,6 +290,5 @@ def json_text(report: Report | list[Report]) -> str:
 
 def write_json(report: Report | list[Report], path: str) -> None:
     """``--json PATH`` (``-``: stdout), written atomically by ``nan_hunter.outputs``."""
-    from .outputs import write_text
 
     write_text("--json", path, json_text(report))

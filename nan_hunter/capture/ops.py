@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..kernels.compare import compare
 from ..kernels.reference import Unreadable, plain
 from ..model.copy_run import run_copy
 from ..tree import float_tensors
@@ -500,7 +501,6 @@ class OpWatch(TorchDispatchMode):
             ref_out = _float_tensors(run_copy(module, args, kwargs, torch.float64, training=None))
         except Exception:  # noqa: BLE001 - no float64 kernel, a subclass weight: leave it unjudged
             return
-        from ..kernels.compare import compare
 
         err = compare([plain(o) for o in outs], ref_out).finite_rel_err
         if err is None:

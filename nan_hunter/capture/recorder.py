@@ -44,12 +44,14 @@ import torch
 from torch import nn
 
 from ..kernels.stats import TensorStats
+from ..model.placement import offloaded_value
 from ..tree import local_shard
 from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
 from .floats import call_items, float_items
 from .gradients import GradientHooks
 from .listener import CaptureListener
+from .ops import OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
 from .sink import StatsSink
@@ -208,7 +210,6 @@ class Recorder:
             self.detach()
             raise
         if self.level == "ops":
-            from .ops import OpWatch
 
             self._ops = OpWatch(self)
             self._ops.__enter__()
@@ -412,7 +413,6 @@ class Recorder:
             named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         named = [(pn, p) for pn, p in named if p is not None and p.is_floating_point()]
         if any(p.device.type == "meta" for _, p in named):  # offloaded by accelerate (--device-map auto)
-            from ..model.placement import offloaded_value
 
             named = [(pn, offloaded_value(module, pn, p) if p.device.type == "meta" else p) for pn, p in named]
             named = [(pn, p) for pn, p in named if p is not None]  # no value to read: noted by prepare

@@ -127,7 +127,7 @@ def _prime(device: torch.device) -> None:
     key = str(device)
     if key in _PRIMED or _capturing(device):
         return
-    from ..kernels import triton as tk
+    from ..kernels import triton as tk  # lazy: triton (optional, CUDA only)
 
     seg = Segment.new(0, 4, device)
     x = torch.zeros(48, dtype=torch.float32, device=device)
@@ -190,7 +190,7 @@ class StatsSink:
         self._rows_cache: list[TensorStats] | None = None
         self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
-            from ..kernels import triton as tk
+            from ..kernels import triton as tk  # lazy: triton (optional, CUDA only)
 
             self._kernel_dtypes = frozenset(tk.SUPPORTED_DTYPES)
             if dev.type == "cuda":
@@ -447,7 +447,7 @@ class StatsSink:
         """Rows ``local ..`` of ``seg`` for ``part``: the kernel where it can read the tensor,
         the torch reference otherwise (float64, another device, tensor subclasses)."""
         if self.backend == "triton" and all(self._kernel_can_read(t) for t in part):
-            from ..kernels import triton as tk
+            from ..kernels import triton as tk  # lazy: triton (optional, CUDA only)
 
             if capturing or self.launch == "each":
                 tk.stats_each_into(part, seg.ints, seg.floats, local)
@@ -457,7 +457,7 @@ class StatsSink:
             return
         for i, t in enumerate(part):
             if self.backend == "triton" and self._kernel_can_read(t):
-                from ..kernels import triton as tk
+                from ..kernels import triton as tk  # lazy: triton (optional, CUDA only)
 
                 tk.stats_each_into([t], seg.ints, seg.floats, local + i)
                 continue

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..tree import detached_copy, float_tensors
+from .ops import call_site
 
 
 class Captured(Exception):
@@ -25,7 +26,6 @@ def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, ca
     """Call ``rerun()`` (a forward of ``model``) and copy the inputs of ``module_name``'s
     ``call_index``-th call, then stop the forward early: nothing after that call is computed.
     ``sites``: filled with where the model's code called the module (``ops.call_site``), per call."""
-    from .ops import call_site
 
     target = model.get_submodule(module_name) if module_name else model
     seen = {"n": 0}
@@ -103,7 +103,6 @@ def child_calls(module: nn.Module, prefix: str, run_module: Callable[[], Any]) -
     """Run ``module`` eager once (``run_module()`` calls it) and copy what each outermost called descendant (a child, or
     the members of a child ModuleList that is never called itself) was called with and
     returned, in call order."""
-    from ..tree import detached_copy
 
     calls: list[ChildCall] = []
     open_calls: list[ChildCall | None] = []  # one entry per active descendant call

@@ -7,12 +7,13 @@ import platform
 import sys
 from typing import Any
 
+from ..version import __version__
+
 #: the libraries whose versions change what nanhunter sees, in the order a bug report reads them
 LIBRARIES = ("transformers", "accelerate", "lightning", "triton", "safetensors")
 
 
 def version_lines() -> list[str]:
-    from ..version import __version__
 
     lines = [f"nanhunter     {__version__}",
              f"Python        {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",

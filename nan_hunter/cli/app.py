@@ -65,7 +65,7 @@ class ExamplesCommand(TyperCommand):
     def format_help(self, ctx: Any, formatter: Any) -> Any:
         out = super().format_help(ctx, formatter)
         if self.examples:
-            from ..render.help import print_examples
+            from ..render.help import print_examples  # lazy: rich, after parsing
 
             print_examples(self.examples)
         return out
@@ -77,7 +77,7 @@ def _with_examples(name: str, examples: list[tuple[str, str]]) -> type:
 
 def _version(value: bool) -> None:
     if value:
-        from .about import version_lines
+        from .about import version_lines  # lazy: --help stays light
 
         typer.echo("\n".join(version_lines()))
         raise typer.Exit(0)

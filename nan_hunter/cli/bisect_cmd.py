@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from . import options as o
-from .output import check_command_outputs, planned_outputs, write_json
+from .output import check_command_outputs, planned_outputs, say, terminal_limits, was_written, write_json
 
 HELP = "Find a 1-minimal set of modules to keep in --keep-dtype so the --dtype run is finite and accurate."
 
@@ -59,15 +59,14 @@ def command(
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("policy_out", "--policy-out")])
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
-    from ..config import load_config
-    from .output import terminal_limits
+    from ..config import load_config  # lazy: --help stays light
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..bisection.runner import bisect
+    from ..bisection.runner import bisect  # lazy: torch, after parsing
 
     prog = cb = None
     if not args.quiet:
-        from ..render.progress import BisectProgress
+        from ..render.progress import BisectProgress  # lazy: rich, after parsing
 
         prog = BisectProgress()
         cb = prog.update
@@ -83,7 +82,7 @@ def run(args: Any) -> int:
     rep.add_context(command=getattr(args, "argv", None))
     write_json(rep, args.json)
     if not args.quiet:
-        from ..render.terminal import render
+        from ..render.terminal import render  # lazy: rich, after parsing
 
         render(rep, stderr=stdout_taken, **terminal_limits(cfg))
     _no_policy(rep, args)
@@ -92,7 +91,6 @@ def run(args: Any) -> int:
 
 def _no_policy(rep: Any, args: Any) -> None:
     """``--policy-out`` given but no policy written: say why (nothing is left unsaid)."""
-    from .output import say, was_written
 
     if not args.policy_out or args.policy_out == "-" or args.quiet or was_written("--policy-out"):
         return

@@ -9,11 +9,13 @@ from typing import Annotated, Any
 
 import typer
 
+from ..outputs import STDOUT, write_text
 from . import options as o
 from .output import (
     check_command_outputs,
     planned_outputs,
     scan_progress,
+    terminal_limits,
     write_report_file,
 )
 
@@ -71,11 +73,11 @@ def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
     # the baseline is read too: no output may overwrite it
     stdout_taken = check_command_outputs(outs, args, args.checkpoints + ([args.baseline] if args.baseline else []))
-    from ..config import load_config
+    from ..config import load_config  # lazy: --help stays light
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.ranks import finish, process_group, writes
-    from ..pipeline.ci_check import check, passed
+    from ..distributed.ranks import finish, process_group, writes  # lazy: --help stays light
+    from ..pipeline.ci_check import check, passed  # lazy: numpy, after parsing
 
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() else (None, None)
@@ -94,10 +96,8 @@ def run(args: Any) -> int:
 
 
 def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
-    from ..outputs import STDOUT, write_text
-    from ..pipeline.ci_check import write_json_reports
-    from ..render.ci import annotations, write_junit
-    from .output import terminal_limits
+    from ..pipeline.ci_check import write_json_reports  # lazy: numpy, after parsing
+    from ..render.ci import annotations, write_junit  # lazy: --help stays light
 
     for rep in reps:
         rep.add_context(command=getattr(args, "argv", None))
@@ -106,7 +106,7 @@ def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
     if args.junit is not None:
         write_junit(reps, args.junit)
     if not args.quiet:
-        from ..render.terminal import render_check
+        from ..render.terminal import render_check  # lazy: rich, after parsing
 
         render_check(reps, strip=args.strip, stderr=stdout_taken, **terminal_limits(cfg))
     if os.environ.get("GITHUB_ACTIONS") == "true":

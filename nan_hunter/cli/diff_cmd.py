@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ..errors import BadInput
+from ..outputs import Output, check_outputs, write_text
 from . import options as o
 
 HELP = "Compare two traces (scan --trace) and name the first op or module where the runs part."
@@ -42,15 +44,13 @@ def command(
 
 
 def run(args: Any) -> int:
-    from ..errors import BadInput
-    from ..outputs import Output, check_outputs
 
     outs = [Output(flag, path) for flag, path in (("--json", args.json), ("--report", args.report)) if path]
     if args.report and not args.report.lower().endswith((".html", ".htm")):
         raise BadInput(f"--report {args.report}: diff writes HTML; give a path ending in .html")
     check_outputs(outs, [args.a, args.b])
-    from ..divergence.compare import compare_traces, plot_series
-    from ..trace.reader import read_trace
+    from ..divergence.compare import compare_traces, plot_series  # lazy: --help stays light
+    from ..trace.reader import read_trace  # lazy: --help stays light
 
     a, b = read_trace(args.a), read_trace(args.b)
     res = compare_traces(a, b, args.rtol)
@@ -59,19 +59,17 @@ def run(args: Any) -> int:
     if args.json:
         import json
 
-        from ..outputs import write_text
-        from ..report import _clean
+        from ..report import _clean  # lazy: --help stays light
 
         write_text("--json", args.json, json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
     if args.report:
-        from ..outputs import write_text
-        from ..render.diff_html import page
+        from ..render.diff_html import page  # lazy: --help stays light
 
         write_text("--report", args.report, page(data, plot_series(res)))
     if not args.quiet:
         import sys
 
-        from ..render.diff_view import render
+        from ..render.diff_view import render  # lazy: --help stays light
 
         (sys.stderr if to_stdout else sys.stdout).write(render(data))
     return res.exit_code

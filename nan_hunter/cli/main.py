@@ -9,7 +9,10 @@ import sys
 from typing import NoReturn
 
 from ..errors import BadInput
+from ..outputs import stdout_closed
 from . import interrupts
+from .output import announce_written
+from .usage import click_exceptions, usage_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,9 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     Usage errors are one line on stderr and 2; no command at all prints the help on stderr and 2."""
     import typer
 
-    from . import options
-    from .app import COMPLETE_VAR, PROG, build_command
-    from .usage import click_exceptions, usage_line
+    from . import options  # lazy: typer, loaded when main() runs
+    from .app import COMPLETE_VAR, PROG, build_command  # lazy: typer, loaded when main() runs
 
     args = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     options.COMMAND_LINE = ["nanhunter", *args]  # run.command in the report
@@ -37,7 +39,6 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 code = cmd.invoke(ctx)
             finally:
-                from .output import announce_written
 
                 announce_written()  # every file written, also when a later step failed
     except typer.Exit as e:  # --help, --version
@@ -50,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         if options.STARTED:  # a command's own output: its writers handle a closed stdout
             raise
-        from ..outputs import stdout_closed
 
         stdout_closed()  # `nanhunter --help | head -1`
         return 0
@@ -140,7 +140,6 @@ def _flush_or_discard() -> None:
     try:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
-        from ..outputs import stdout_closed
 
         stdout_closed()
 

@@ -13,6 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
+from ..outputs import Output
+from .output import collect_written
+
 DTYPES_HELP = "fp32|bf16|fp16|fp8-e4m3|fp8-e5m2"
 
 #: help panels, in the order they appear in ``--help``
@@ -140,7 +143,6 @@ def namespace(values: dict[str, Any]) -> Any:
     ``args.argv`` the command line — what the commands' ``run(args)`` read."""
     from types import SimpleNamespace
 
-    from .output import collect_written
 
     global STARTED
     STARTED = True
@@ -151,6 +153,5 @@ def namespace(values: dict[str, Any]) -> Any:
 
 def trace_output(args: Any) -> list:
     """``--trace PATH`` as an output (checked with the others before any work; never stdout)."""
-    from ..outputs import Output
 
     return [Output("--trace", args.trace, text=False)] if getattr(args, "trace", None) else []

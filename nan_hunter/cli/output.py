@@ -7,6 +7,9 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .. import outputs
+from ..outputs import Output, check_outputs, report_outputs
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..outputs import Output
 
@@ -22,7 +25,6 @@ WRITTEN: list[tuple[str, str]] = []
 def collect_written(quiet: bool) -> None:
     """From now on, remember every file written (``outputs.on_written``) to announce it when the
     command ends — after its terminal view, so the view is not cut by them; ``--quiet``: no."""
-    from .. import outputs
 
     WRITTEN.clear()
     outputs.on_written(None if quiet else lambda flag, path: WRITTEN.append((flag, path)))
@@ -30,7 +32,6 @@ def collect_written(quiet: bool) -> None:
 
 def wrote(flag: str, path: str) -> None:
     """A file written other than through ``outputs`` (the ``--trace`` stream), announced with the rest."""
-    from .. import outputs
 
     if outputs._written_listener is not None:
         outputs._written_listener(flag, path)
@@ -42,7 +43,6 @@ def was_written(flag: str) -> bool:
 
 def announce_written() -> None:
     """``nanhunter: wrote r.html (--report)``, one line per file written, then forget them."""
-    from .. import outputs
 
     outputs.on_written(None)
     for flag, path in WRITTEN:
@@ -53,7 +53,6 @@ def announce_written() -> None:
 def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int = 1) -> list[Output]:
     """The outputs a command's flags ask for: ``flags`` maps attribute names to flags
     (``("json", "--json")``); ``--report`` adds its page and PNGs."""
-    from ..outputs import Output, report_outputs
 
     outs = [Output(flag, getattr(args, attr)) for attr, flag in flags if getattr(args, attr, None) is not None]
     return outs + report_outputs(getattr(args, "report", None), n_reports)
@@ -61,8 +60,7 @@ def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int 
 
 def check_command_outputs(outs: list[Output], args: Any, checkpoints: list[str]) -> bool:
     """Refuse bad outputs before any work (exit 2); True when one of them takes stdout."""
-    from ..load.command_inputs import input_files
-    from ..outputs import check_outputs
+    from ..load.command_inputs import input_files  # lazy: --help stays light
 
     check_outputs(outs, input_files(checkpoints, args.inputs, args.data, args.config, args.arch))
     return any(o.to_stdout for o in outs)
@@ -72,7 +70,7 @@ def scan_progress():
     """A rich progress bar for the weights scan, shown only on a terminal: (bar, callback)."""
     if not sys.stderr.isatty():
         return None, None
-    from ..render.progress import ScanProgress
+    from ..render.progress import ScanProgress  # lazy: rich, after parsing
 
     p = ScanProgress()
     return p, p.update
@@ -83,7 +81,7 @@ def stage_progress(quiet: bool = False):
     not a terminal or with --quiet."""
     if quiet or not sys.stderr.isatty():
         return None
-    from ..render.progress import StageProgress
+    from ..render.progress import StageProgress  # lazy: rich, after parsing
 
     return StageProgress()
 
@@ -93,7 +91,7 @@ def write_report_file(reps: Any, path: str | None, quiet: bool = False) -> None:
     (none with ``--quiet``: the report itself says it)."""
     if not path:
         return
-    from ..render.report_file import write_report
+    from ..render.report_file import write_report  # lazy: --help stays light
 
     for note in write_report(reps, path):
         if not quiet:
@@ -102,7 +100,7 @@ def write_report_file(reps: Any, path: str | None, quiet: bool = False) -> None:
 
 def write_json(reps: Any, path: str | None) -> None:
     if path is not None:
-        from ..report import write_json as _write
+        from ..report import write_json as _write  # lazy: --help stays light
 
         _write(reps, path)
 

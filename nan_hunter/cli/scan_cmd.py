@@ -10,8 +10,10 @@ from .output import (
     planned_outputs,
     scan_progress,
     stage_progress,
+    terminal_limits,
     write_json,
     write_report_file,
+    wrote,
 )
 
 HELP = "Scan weights, run the model under hooks, locate the first NaN/Inf, replay and diagnose it."
@@ -77,14 +79,13 @@ def command(
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json")]) + o.trace_output(args)
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
-    from ..config import load_config
-    from .output import terminal_limits
+    from ..config import load_config  # lazy: --help stays light
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
-    from ..distributed.ranks import finish, process_group, writes
-    from ..pipeline.options import ScanOptions
-    from ..pipeline.scan_checkpoint import run_scan
-    from ..progress import using
+    from ..distributed.ranks import finish, process_group, writes  # lazy: --help stays light
+    from ..pipeline.options import ScanOptions  # lazy: --help stays light
+    from ..pipeline.scan_checkpoint import run_scan  # lazy: --help stays light
+    from ..progress import using  # lazy: --help stays light
 
     opts = ScanOptions(args.checkpoint, arch=args.arch, inputs=tuple(args.inputs or ()),
                        prompts=tuple(args.prompt or ()), data=args.data, dtype=args.dtype, device=args.device,
@@ -107,13 +108,12 @@ def run(args: Any) -> int:
         code = rep.exit_code()
         rep.add_context(command=getattr(args, "argv", None))
         if args.trace and writes():
-            from .output import wrote
 
             wrote("--trace", args.trace)
         if writes():  # rank 0 (or the one process) prints and writes
             write_json(rep, args.json)
             if not args.quiet:
-                from ..render.terminal import render
+                from ..render.terminal import render  # lazy: rich, after parsing
 
                 render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
                        **terminal_limits(cfg))

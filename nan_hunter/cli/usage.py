@@ -35,7 +35,7 @@ def usage_line(e: Any, argv: list[str]) -> str:
 
 def _command_path(argv: list[str]) -> str:
     """``nanhunter scan`` when ``argv`` names a command (an error raised without a context)."""
-    from .app import COMMANDS
+    from .app import COMMANDS  # lazy: typer, after parsing
 
     typed = next((a for a in argv if not a.startswith("-")), None)
     return f"nanhunter {typed}" if typed in COMMANDS else "nanhunter"
@@ -83,7 +83,7 @@ def _option_names(ctx: Any) -> list[str]:
 
 def _hint(flag: str, names: list[str]) -> str:
     """"; did you mean --dtype?" for ``--dtpye`` or ``--precision`` (``pipeline.options.closest``)."""
-    from ..pipeline.options import closest
+    from ..pipeline.options import closest  # lazy: --help stays light
 
     meant = closest(flag.split("=", 1)[0], names)
     return f"; did you mean {meant}?" if meant else ""

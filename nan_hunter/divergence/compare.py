@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadInput
+from ..kernels.compare import compare as one_comparison
 from ..trace.format import Entry
 from ..trace.reader import Trace
 from ..trace.rule import rel_err, tolerance
@@ -166,7 +167,6 @@ def judge(a: Any, b: Any, rtol: float | None) -> PairVerdict:
     tol = tolerance(rtol, (a.dtype, b.dtype), (a.spread, b.spread))
     va, vb = getattr(a, "values", None), getattr(b, "values", None)
     if va is not None and vb is not None:
-        from ..kernels.compare import compare as one_comparison
 
         c = one_comparison(list(va), list(vb))
         return PairVerdict(a, b, c.error, tol, c)

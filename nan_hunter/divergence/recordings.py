@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..kernels.compare import flat
 from ..trace.format import Stats
 
 
@@ -42,7 +43,7 @@ class Recorded:
 
 
 def _stats_of(tensors: list[Any]) -> tuple[Stats, str | None]:
-    from ..trace.stats import combine, digest
+    from ..trace.stats import combine, digest  # lazy: torch
 
     d = combine([digest(t, hash=False) for t in tensors])
     if d is None:
@@ -52,7 +53,6 @@ def _stats_of(tensors: list[Any]) -> tuple[Stats, str | None]:
 
 def from_outputs(outputs: list[Any], module: str = "", module_type: str = "") -> list[Recorded]:
     """One entry per input: the floating tensors of ``outputs[i]`` (any nested output), kept."""
-    from ..kernels.compare import flat
 
     out = []
     for i, o in enumerate(outputs):

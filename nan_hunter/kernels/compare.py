@@ -71,7 +71,7 @@ def _kind(nan: bool, pos: bool, neg: bool) -> str | None:
 
 def flat(obj: Any) -> list[Any]:
     """The floating tensors of ``obj`` (a tensor, a tuple, a ModelOutput...), detached, in a fixed order."""
-    from ..tree import float_tensors
+    from ..tree import float_tensors  # lazy: torch
 
     return [t.detach() for _, t in float_tensors(obj)]
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..dtypes import HEADROOM_DTYPES, canonical
 from ..errors import BadInput
 
 INT_FIELDS: tuple[str, ...] = (
@@ -93,7 +94,6 @@ class TensorStats:
     def flushed(self, target: str) -> int | None:
         """How many non-zero finite values become zero when cast to ``target`` (one of
         ``dtypes.HEADROOM_DTYPES``), or None when the row did not count them."""
-        from ..dtypes import HEADROOM_DTYPES, canonical
 
         return getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
 

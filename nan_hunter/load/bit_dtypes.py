@@ -22,6 +22,8 @@ from functools import cache
 
 import numpy as np
 
+from ..dtypes import limits
+
 #: safetensors tag → (bits per element, bytes per packed group, elements per group)
 BIT_TAGS: dict[str, tuple[int, int, int]] = {
     "F8_E4M3": (8, 1, 1), "F8_E5M2": (8, 1, 1), "F8_E4M3FNUZ": (8, 1, 1), "F8_E5M2FNUZ": (8, 1, 1), "F8_E8M0": (8, 1, 1),
@@ -154,7 +156,6 @@ class CodeHistogram:
     def stats(self) -> tuple[int, float | None, int, int, int, float | None]:
         """(NaN count, absmax over finite values, finite count, flushed to 0 in fp16, fp16 subnormal,
         min |x| > 0)."""
-        from ..dtypes import limits
 
         fp16 = limits("fp16")
         half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal

@@ -29,6 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadInput
+from ..outputs import write_bytes, write_text
+from .bounded_json import loads
+from .regular_file import read_regular
+
 SCHEMA = "nanhunter.capsule/v1"
 MAX_JSON = 16 << 20
 
@@ -64,7 +69,6 @@ def write(root: str | os.PathLike, step: int, *, weights: dict[str, Any], args: 
     "class": str, "hyperparameters": [per group], "groups": {name: group index}}."""
     import torch
 
-    from ..outputs import write_bytes, write_text
 
     out = Path(root) / f"step-{step}"
     inputs: dict[str, Any] = {}
@@ -126,9 +130,6 @@ def is_capsule(path: str | os.PathLike) -> bool:
 def read(path: str | os.PathLike, arch_given: bool = False) -> Capsule:
     """Read and validate ``capsule.json`` (bounded, strict JSON); bad content is ``BadInput``.
     ``arch_given``: the caller builds the model itself (``--arch``), so the capsule need not say how."""
-    from ..errors import BadInput
-    from .bounded_json import loads
-    from .regular_file import read_regular
 
     p = Path(path)
     meta = loads(read_regular(p / "capsule.json", "capsule.json", MAX_JSON), str(p / "capsule.json"))

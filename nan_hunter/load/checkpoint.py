@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import name_of
 from ..errors import BadInput
 from . import bounded_json
 from .bit_dtypes import BIT_TAGS, TORCH_TO_TAG
 from .float_bits import FLOATS
-from .regular_file import is_inside, kind_of, read_regular, require_regular
-from .safetensors_file import SafetensorsFile, TensorEntry
+from .gguf_file import GgufFile
+from .regular_file import is_inside, kind_of, open_regular, read_regular, require_regular
+from .safetensors_file import PIECE, SafetensorsFile, TensorEntry
 from .safetensors_header import TORCH_DTYPES, show
 from .torch_checkpoint import load_torch_file
 
@@ -204,7 +206,6 @@ class Checkpoint:
         """Tensor ``name``'s bytes, read only, in pieces of whole ``stripe_bytes`` stripes:
         ``(first byte, 1-D numpy uint8 view, or None for a run of zeros)``; memory stays one window."""
         if self._torch_sd is not None:
-            from .safetensors_file import PIECE
 
             raw = _torch_bytes(self._torch_sd[name])
             step = max(stripe_bytes, PIECE - PIECE % max(1, stripe_bytes))
@@ -263,7 +264,6 @@ def _torch_bytes(t: torch.Tensor) -> np.ndarray:
 
 def _torch_skip_reason(dtype: torch.dtype, name: str) -> str | None:
     """Why a torch checkpoint's dtype is not scanned element-wise (None: it is)."""
-    from ..dtypes import name_of
 
     if dtype.is_complex:
         return f"dtype {name} is not scanned (complex)"
@@ -277,7 +277,6 @@ def _torch_skip_reason(dtype: torch.dtype, name: str) -> str | None:
 def _torch_items(sd: dict) -> Iterator[ScanItem]:
     """A torch checkpoint's tensors for the weights scan: numpy views of their memory, as a safetensors
     file of the same tags would give them."""
-    from .safetensors_file import PIECE
 
     for name, t in sd.items():
         dname = str(t.dtype).removeprefix("torch.")
@@ -427,7 +426,6 @@ def open_safetensors(path: str | os.PathLike, what: str = "checkpoint") -> Check
 
 def open_gguf(p: Path) -> Checkpoint:
     """A GGUF file (llama.cpp) through the strict parser (``gguf_file``): scanned weights-only."""
-    from .gguf_file import GgufFile
 
     ck = Checkpoint(p, "gguf", [p])
     st = GgufFile(p, p)
@@ -437,7 +435,6 @@ def open_gguf(p: Path) -> Checkpoint:
 
 
 def _has_gguf_magic(p: Path) -> bool:
-    from .regular_file import open_regular
 
     try:
         with open_regular(p, "checkpoint") as f:

@@ -28,7 +28,7 @@ def _index_shards(index: Path) -> list[Path]:
     refuse it (exit 2, one line). Another ``*.index.json`` in a model directory (a
     ``pytorch_model.bin.index.json``) is not the loader's to read: its shards are protected when it
     parses, and it is otherwise left alone."""
-    from .checkpoint import read_index
+    from .checkpoint import read_index  # lazy: numpy
 
     try:
         if not index.is_file():

@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import HEADROOM_DTYPES, limits
-from .checkpoint import Checkpoint, ScanItem
+from .bit_dtypes import BIT_TAGS, CodeHistogram, code_values
+from .checkpoint import Checkpoint, ScanItem, _torch_items
 from .float_bits import CACHE_BYTES, CHUNK, FLOATS, FloatBits, exact_counts
+from .quant.registry import scan_quantized_claims
 
 SAMPLE = 65536
 
@@ -239,7 +241,6 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
     maxima stay below them holds none. A piece that holds one is counted exactly with the code
     histogram; fp16 underflow comes from a fixed strided sample (``SAMPLE`` bytes, marked sampled), as
     for float tensors."""
-    from .bit_dtypes import CodeHistogram, code_values
 
     tag = item.bits or ""
     vals = code_values(tag)
@@ -286,7 +287,6 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
 def scan_bits(item: ScanItem, exact: bool = False) -> TensorScan:
     """A tensor of a dtype checked from its bits (``bit_dtypes``): counts from a code histogram (or, for
     1-byte floats when not ``exact``, two reductions per piece: ``_fp8_fast``)."""
-    from .bit_dtypes import BIT_TAGS, CodeHistogram
 
     ts = TensorScan(item.name, item.dtype, item.shape, item.numel)
     if item.numel == 0 or item.pieces is None:
@@ -331,7 +331,6 @@ def _byte_extremes(piece, signed: bool, low: bool = False) -> tuple[int, int, in
 
 def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
     """Scan one in-memory torch tensor (read only), as a torch checkpoint's tensor is scanned."""
-    from .checkpoint import _torch_items
 
     return scan_item(next(_torch_items({name: t})), exact)
 
@@ -357,7 +356,6 @@ def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
 def scan_weights(ck: Checkpoint, exact: bool = False,
                  progress: Callable[[str, int], None] | None = None) -> WeightsScan:
     """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
-    from .quant.registry import scan_quantized_claims
 
     out: list[TensorScan] = []
     skipped = 0

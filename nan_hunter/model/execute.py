@@ -14,6 +14,7 @@ from torch import nn
 from ..dtypes import RunDtype
 from ..tree import cast_floats
 from .device import check_device
+from .fp8 import FP8Emulation
 
 
 def resolve_device(device: str) -> torch.device:
@@ -41,7 +42,6 @@ def cast_batch(kwargs: dict[str, Any], run: RunDtype | None, device: torch.devic
 def run_context(run: RunDtype | None) -> contextlib.AbstractContextManager:
     """What a forward at ``run``'s precision runs inside: fp8 emulation for fp8 runs, else nothing."""
     if run is not None and run.fp8 is not None:
-        from .fp8 import FP8Emulation
 
         return FP8Emulation(run.fp8)
     return contextlib.nullcontext()

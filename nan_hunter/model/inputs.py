@@ -85,7 +85,7 @@ def check_names(model: Any, names: list[str], where: str) -> None:
 
 def read_inputs_file(path: str) -> dict[str, Any]:
     """The tensors of an ``--inputs`` safetensors file, as owned copies (a forward may modify them)."""
-    from ..load.checkpoint import open_safetensors
+    from ..load.checkpoint import open_safetensors  # lazy: numpy
 
     require_regular(path, "--inputs")
     ck = open_safetensors(path, "--inputs")

@@ -291,7 +291,7 @@ def build_placed(ck: Any, arch: str | None, attn: str | None, placement: Placeme
     model cannot be cast or moved afterwards)."""
     import shutil
 
-    from .build import build_model
+    from .build import build_model  # lazy: numpy
 
     path = offload_dir(ck.path)
     kw: dict[str, Any] = {"device_map": placement.device_map, "offload_folder": path, dtype_keyword(): torch_dtype}

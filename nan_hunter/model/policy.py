@@ -24,6 +24,7 @@ from torch import nn
 
 from ..dtypes import RunDtype, canonical, torch_dtype
 from ..errors import BadInput
+from ..outputs import write_text
 from ..tree import cast_floats, map_tensors
 
 
@@ -145,6 +146,5 @@ def policy_yaml(dtype: str, keep_dtype: str, modules: list[str]) -> str:
 
 def write_policy(path: str, dtype: str, keep_dtype: str, modules: list[str]) -> None:
     """``--policy-out PATH`` (``-``: stdout), written atomically by ``nan_hunter.outputs``."""
-    from ..outputs import write_text
 
     write_text("--policy-out", path, policy_yaml(dtype, keep_dtype, modules))

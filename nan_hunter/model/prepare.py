@@ -12,6 +12,10 @@ from ..config import Config
 from ..dtypes import RunDtype, name_of, parse_dtype
 from ..errors import BadInput
 from ..load.checkpoint import Checkpoint
+from .build import build_model
+from .device import check_device
+from .inputs import batch_notes, build_batches
+from .placement import build_placed, input_device, placement_notes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .placement import Placement
@@ -80,17 +84,13 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
     model can be built (a weights-only run: decided before torch is imported)."""
     dt = parse_dtype(dtype)
     if placement is None and not builds_a_model(ck, arch):
-        from .device import check_device
 
         check_device(device)  # a bad --device is refused as when a model is built
         _no_model(inputs, prompts, data, need_model)
         return None
-    from .build import build_model
-    from .execute import cast_batch, cast_model, resolve_device
-    from .inputs import batch_notes, build_batches
+    from .execute import cast_batch, cast_model, resolve_device  # lazy: torch
 
     if placement is not None:
-        from .placement import build_placed, input_device
 
         placed = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
         model, tok, how = build_placed(ck, arch, attn, placement, placed.torch_compute)
@@ -117,7 +117,6 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
     if placement is None:
         model = cast_model(model, run, dev)
     else:
-        from .placement import placement_notes
 
         model = model.eval()
         notes += placement_notes(model)

@@ -17,9 +17,15 @@ from typing import Any
 from ..config import Config, Thresholds, as_config
 from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
+from ..explain.weights_verdict import weights_section, weights_verdict
 from ..kernels.stats import parse_stats_level
 from ..load.checkpoint import Checkpoint, open_checkpoint
-from ..report import Report
+from ..load.weights import scan_weights
+from ..load.weights_sections import bad_scales
+from ..model.inputs import one_or_many, one_path
+from ..model.prepare import prepare
+from ..report import Report, write_json
+from .checkpoint_rules import baseline_rules, weights_extra_rules
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -52,7 +58,6 @@ class CheckOptions:
     split: Any = None  # modes.rank_split.RankSplit: the data set split across torchrun ranks
 
     def __post_init__(self) -> None:
-        from ..model.inputs import one_or_many, one_path
 
         set_ = object.__setattr__
         set_(self, "inputs", list(one_or_many(self.inputs, "inputs")) or None)
@@ -221,15 +226,14 @@ def run_summary(run: Report) -> dict[str, Any]:
 
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
-    from ..model.prepare import prepare
 
     p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
     if p is None:
         return "weights-only check: no --arch and no config.json, so no forward was run"
     if not p.batches:
         return p.notes[0]
-    from ..modes.rank_split import run_mode_on_ranks  # a model runs: torch from here on
-    from ..modes.registry import mode_for
+    from ..modes.rank_split import run_mode_on_ranks  # lazy: torch
+    from ..modes.registry import mode_for  # lazy: torch
 
     run = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     run.notes += p.notes
@@ -242,10 +246,6 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
                      progress: Callable[[str, int], None] | None = None, baseline: tuple[str, Any] | None = None
                      ) -> Report:
     """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
-    from ..explain.weights_verdict import weights_section, weights_verdict
-    from ..load.weights import scan_weights
-    from ..load.weights_sections import bad_scales
-    from .checkpoint_rules import baseline_rules, weights_extra_rules
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg), mode="check")
@@ -294,7 +294,6 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
 
     All checkpoints are opened first, so a bad path fails (exit 2) before anything runs.
     """
-    from ..model.inputs import one_or_many
 
     checkpoints = list(one_or_many(checkpoints, "checkpoints"))  # a string is one checkpoint
     if not checkpoints:
@@ -305,7 +304,6 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
     base = None
     if baseline is not None:
-        from ..load.weights import scan_weights
 
         try:
             base = (baseline, scan_weights(open_checkpoint(baseline)))
@@ -321,6 +319,5 @@ def passed(reports: list[Report]) -> bool:
 def write_json_reports(reports: list[Report], path: str) -> None:
     """One checkpoint: its report v1 (as ``scan --json``). Several: a JSON array of reports v1,
     in the order the checkpoints were given."""
-    from ..report import write_json
 
     write_json(reports[0] if len(reports) == 1 else reports, path)

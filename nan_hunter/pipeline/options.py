@@ -23,8 +23,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..distributed.ranks import launched
+from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
 from ..kernels.stats import parse_stats_level
+from ..load.capsule import is_capsule
+from ..model.inputs import one_or_many, one_path
+from ..model.placement import parse as parse_placement
 
 #: options users reach for by another tool's name (or the flag's own), and ours: ``--html`` →
 #: ``--report``. The CLI suggests the flag, ``nan_hunter.scan``/``bisect`` the keyword
@@ -89,10 +94,6 @@ class ScanOptions:
     tracing: Any = field(default=None, init=False, compare=False)  # modes.trace_pass.TraceOptions, or None
 
     def __post_init__(self) -> None:
-        from ..dtypes import RunDtype, parse_dtype
-        from ..load.capsule import is_capsule
-        from ..model.inputs import one_or_many, one_path
-        from ..model.placement import parse as parse_placement
 
         set_ = object.__setattr__
         set_(self, "inputs", one_or_many(self.inputs, "inputs"))
@@ -135,7 +136,6 @@ class ScanOptions:
                 raise BadInput("--compile with --device-map auto: dynamo does not trace accelerate's offload hooks "
                                "(AlignDevicesHook moves weights in Python hooks around each forward); drop one of them")
         if placement is not None:
-            from ..distributed.ranks import launched
 
             if launched():
                 raise BadInput("--device-map auto under torchrun: accelerate's dispatch_model places one model across "
@@ -149,8 +149,7 @@ class ScanOptions:
                 flag = "--repeat" if self.repeat is not None else "--trace-level"
                 raise BadInput(f"{flag} shapes the trace: add --trace PATH")
             return None
-        from ..distributed.ranks import launched
-        from ..modes.trace_pass import TraceOptions
+        from ..modes.trace_pass import TraceOptions  # lazy: torch
 
         if launched():
             raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "

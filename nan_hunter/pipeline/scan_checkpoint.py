@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config, as_config
+from ..errors import BadInput
 from ..progress import stage
 from ..report import Report
 from .options import ScanOptions
@@ -30,16 +31,15 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     """A validated scan (``ScanOptions``) under configuration ``cfg``; ``split``: the data set
     split across torchrun ranks (``modes.rank_split.process_group``)."""
     if opts.capsule:
-        from ..modes.capsule_step import scan_capsule
+        from ..modes.capsule_step import scan_capsule  # lazy: torch
 
         return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
                             progress=progress, replay=opts.replay, trace=opts.tracing)
-    from ..errors import BadInput
-    from ..explain.weights_verdict import weights_section, weights_verdict
-    from ..load.checkpoint import open_checkpoint
-    from ..load.weights import scan_weights
-    from ..load.weights_sections import bad_scales
-    from ..model.prepare import prepare
+    from ..explain.weights_verdict import weights_section, weights_verdict  # lazy: numpy
+    from ..load.checkpoint import open_checkpoint  # lazy: numpy
+    from ..load.weights import scan_weights  # lazy: numpy
+    from ..load.weights_sections import bad_scales  # lazy: numpy
+    from ..model.prepare import prepare  # lazy: numpy
 
     ck = open_checkpoint(opts.checkpoint)
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
@@ -65,19 +65,19 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         weights_verdict(rep, cfg, ws)
         return rep
     rep.notes += prepared.notes
-    from ..modes.rank_split import run_mode_on_ranks  # a model runs: torch from here on
-    from ..modes.registry import mode_for
+    from ..modes.rank_split import run_mode_on_ranks  # lazy: torch
+    from ..modes.registry import mode_for  # lazy: torch
 
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
     if opts.tracing is not None:  # before the capture: the trace holds what the model computed
-        from ..modes.trace_pass import write_trace
+        from ..modes.trace_pass import write_trace  # lazy: torch
 
         mode.check(prepared)
         with stage("trace"):
             rep.notes.append(write_trace(prepared, mode, opts.tracing))
     run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split)
     if opts.compile is not None:
-        from ..modes.compiled import compare_compiled
+        from ..modes.compiled import compare_compiled  # lazy: torch
 
         with stage("compile"):
             compare_compiled(prepared, rep, opts.compile, opts.rtol)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from ..outputs import write_text
 from ..report import Report
 from . import escape
 from .rows import check_label, counts, results
@@ -40,7 +41,6 @@ def render_junit(reps: list[Report]) -> str:
 
 def write_junit(reps: list[Report], path: str) -> None:
     """``--junit PATH``: ``render_junit`` written atomically (``-``: stdout)."""
-    from ..outputs import write_text
 
     write_text("--junit", path, render_junit(reps))
 

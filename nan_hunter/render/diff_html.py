@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .diff_view import lines
 from .escape import html as esc
 from .html import CSS
 
@@ -76,7 +77,6 @@ def _kv(rows: list[tuple[str, Any]]) -> str:
 def page(res: dict[str, Any], series: dict[str, Any]) -> str:
     """The HTML page of a ``nanhunter.diff/v1`` dict; ``series``: ``a``/``b`` absmax per A entry,
     ``bad_a``/``bad_b`` the A positions of non-finite entries, ``mark`` the divergence's A index."""
-    from .diff_view import lines
 
     head = lines(res)
     d = res["first_divergence"]

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..dtypes import HEADROOM_DTYPES
 from ..report import Report
 from .rows import call_name, fmt, is_bad, kind_of, producer_index, range_dtype, range_max
 
@@ -88,7 +89,6 @@ def flush_dtype(compute: str) -> str:
     """The dtype whose flush-to-zero the strip shows: what the run computes in (fp32 outputs under
     autocast, norms and losses, are cast down to it), fp16 for an fp32 run (the 16-bit dtype with
     the least range below 1)."""
-    from ..dtypes import HEADROOM_DTYPES
 
     return compute if compute in HEADROOM_DTYPES else "fp16"
 

@@ -10,6 +10,7 @@ import base64
 from urllib.parse import quote
 
 from ..report import Report
+from ..version import __version__
 from .escape import html as esc
 from .escape import html_prose as prose
 from .headroom import Strip, StripCall, strip
@@ -260,7 +261,6 @@ def _section(rep: Report, plot: Plot) -> str:
 
 def render_html(reps: list[Report], plots: list[Plot]) -> str:
     """The page for one report or several (``check``), with each report's plot."""
-    from ..version import __version__
 
     name = esc(title(reps))
     body = [_verdict(check_verdict(reps, 10_000))] if len(reps) > 1 else []

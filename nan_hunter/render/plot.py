@@ -8,6 +8,7 @@ import io
 import warnings
 from typing import Any
 
+from ..dtypes import limits
 from ..errors import install_hint
 from ..report import Report
 from . import escape
@@ -40,7 +41,6 @@ def _kind(row: dict[str, Any]) -> str | None:
 
 
 def _draw_limits(ax, xmax: float) -> None:
-    from ..dtypes import limits
 
     for i, (dt, color) in enumerate(LIMIT_LINES):
         y = limits(dt).max

@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from ..progress import STAGES
 from .escape import terminal
 from .terminal.layout import shorten_middle
 
@@ -73,7 +74,6 @@ class StageProgress:
         self.started = 0.0
 
     def _text(self) -> str:
-        from ..progress import STAGES
 
         what = STAGES.get(self.name, self.name)
         count = f" {self.count}/{self.total}" if self.total else ""

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..outputs import MARKDOWN_SUFFIXES, check_report_suffix, markdown_pngs, write_bytes
 from ..report import Report
+from .html import render_html
+from .markdown import render_markdown
+from .plot import plot_or_note
 
 
 def render_report(reps: Report | list[Report], path: str) -> tuple[list[tuple[str, bytes]], list[str]]:
     """(files to write: ``(path, content)`` with the report itself first, notes for the user —
     a missing matplotlib costs the plot and says so once)."""
-    from ..outputs import MARKDOWN_SUFFIXES, markdown_pngs
-    from .plot import plot_or_note
 
     reps = [reps] if isinstance(reps, Report) else reps
     plots = [plot_or_note(r) for r in reps]
     notes = list(dict.fromkeys(why for png, why in plots if png is None and why and "matplotlib" in why))
     if Path(path).suffix.lower() not in MARKDOWN_SUFFIXES:
-        from .html import render_html
 
         return [(path, render_html(reps, plots).encode("utf-8"))], notes
-    from .markdown import render_markdown
 
     pngs = markdown_pngs(path, len(reps))
     text = render_markdown(reps, [(Path(p).name if png else None, why) for (png, why), p in zip(plots, pngs)])
@@ -30,7 +30,6 @@ def render_report(reps: Report | list[Report], path: str) -> tuple[list[tuple[st
 
 def write_report(reps: Report | list[Report], path: str) -> list[str]:
     """Render and write ``path`` (and its PNGs), each file atomically; returns notes for the user."""
-    from ..outputs import check_report_suffix, write_bytes
 
     check_report_suffix(path)
     files, notes = render_report(reps, path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..report import Report, write_json
+from .report_file import write_report
 
 
 class PrintableReport(Report):
@@ -17,7 +18,7 @@ class PrintableReport(Report):
         """The terminal view (``nanhunter scan``'s, or ``bisect``'s) as plain text, ``width``
         columns (default: the terminal's); the headroom strip is shown for a failing run, as the
         CLI shows it."""
-        from .terminal import render_text
+        from .terminal import render_text  # lazy: rich
 
         return render_text(self, width, strip=self.exit_code() != 0)
 
@@ -26,7 +27,6 @@ class PrintableReport(Report):
 
     def to_html(self, path: str) -> None:
         """Write the HTML report (as ``--report PATH.html``; ``.md`` writes Markdown and its PNG)."""
-        from .report_file import write_report
 
         write_report(self, path)
 

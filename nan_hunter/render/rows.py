@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..dtypes import RunDtype
 from ..explain.fix_words import UNVERIFIED, no_mechanical_fix
 from ..report import BisectResult, Report, split_source
+from ..version import __version__
 
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
 NEAR_MISS_MAX_LISTED = 10  # near_miss.max_listed
@@ -585,13 +587,11 @@ def replay_rows(rep: Report) -> list[list[str]]:
 def range_dtype(run_dtype: str) -> str:
     """The dtype activations of a run in ``run_dtype`` are stored in, whose max bounds them (the
     one dtype rule, ``dtypes.RunDtype``: fp8 runs compute and store in bf16 around fp8 operands)."""
-    from ..dtypes import RunDtype
 
     return RunDtype.of(run_dtype).compute
 
 
 def range_max(run_dtype: str) -> float:
-    from ..dtypes import RunDtype
 
     return RunDtype.of(run_dtype).range.max
 
@@ -706,7 +706,6 @@ def versions() -> list[tuple[str, str]]:
     """(package, version) of nanhunter, torch and transformers as installed (not imported)."""
     from importlib import metadata
 
-    from ..version import __version__
 
     out = [("nanhunter", __version__)]
     for pkg in ("torch", "transformers"):

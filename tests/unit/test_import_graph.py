@@ -246,6 +246,39 @@ def test_the_layer_checker_flags_upward_and_sideways_imports():
         "nan_hunter.explain.c -> nan_hunter.locate.d  (explain, layer 3 -> locate, layer 3)"]
 
 
+def lazy_imports_without_a_reason(root: Path = ROOT) -> list[str]:
+    """``path:line`` of every import of the package inside a function whose statement carries no
+    ``# lazy: why`` comment (a function-level import is kept only where laziness is the point)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        lines = src.splitlines()
+        for fn in ast.walk(ast.parse(src)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PKG)):
+                    text = "\n".join(lines[node.lineno - 1:node.end_lineno])
+                    if "# lazy: " not in text:
+                        out.append(f"{path.relative_to(root.parent).as_posix()}:{node.lineno}")
+    return sorted(set(out))
+
+
+def test_every_function_level_import_says_why_it_is_lazy():
+    """Issue 33: the package's own modules are imported at the top, except where a lazy import is the
+    point (``--help`` and weights-only runs without torch, rich or typer; ``import nan_hunter`` light;
+    optional libraries), and then the import says so."""
+    assert lazy_imports_without_a_reason() == []
+
+
+def test_the_lazy_checker_finds_an_unexplained_import(tmp_path):
+    pkg = tmp_path / PKG
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n    from .b import x  # lazy: torch\n    from .c import y\n"
+                              "    from .d import (  # lazy: rich\n        z,\n    )\n    import json\n")
+    assert lazy_imports_without_a_reason(pkg) == [f"{PKG}/a.py:3"]
+
+
 def test_no_submodule_shadows_the_public_api():
     """``nan_hunter.scan`` etc. are functions; a submodule of that name would replace them as soon
     as anything imported it."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..safetensors_file import PIECE
 from .base import Blocks, Context, QuantizedWeight, scale_values
 from .gptq import group_names
 
@@ -129,7 +130,6 @@ class Awq:
                       known=known)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
-        from ..safetensors_file import PIECE
 
         lay: AwqLayout = q.layout
         z = q.cache["zero"]

@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..bit_dtypes import float32_table
+from ..float_bits import FLOATS
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint
 
@@ -199,8 +202,6 @@ def float32_values(tag: str, a: np.ndarray, e8m0: bool = False) -> np.ndarray:
     """Values of ``Checkpoint.array`` output ``a`` of tag ``tag`` as float32, flattened, as a cast to
     float32 gives them (F64 rounded to nearest; BF16 and fp8 decoded from their bits, exactly), uint8
     exponent bytes decoded as E8M0 with ``e8m0``."""
-    from ..bit_dtypes import float32_table
-    from ..float_bits import FLOATS
 
     a = a.reshape(-1)
     if tag == "F8_E8M0" or (e8m0 and tag == "U8"):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import BadInput
+from .. import bounded_json
 from .base import FLOAT_TAGS, Blocks, Context, QuantizedWeight, scale_values
 from .grid import Grid, window
 
@@ -45,7 +46,6 @@ class Bnb4Layout:
 def quant_state(ck: Checkpoint, name: str) -> dict[str, Any]:
     """The JSON of a ``quant_state.bitsandbytes__*`` tensor, parsed with the bounds of any header:
     size, nesting depth, no NaN, no duplicate key, known keys and types only; exit 2 otherwise."""
-    from .. import bounded_json
 
     e = ck.entry(name)
     nbytes = e.nbytes if e is not None else ck.nbytes_of(name)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import grid
 from .base import FP8_TAGS, SCALE_TAGS, Blocks, Context, QuantizedWeight, block_of, rows_cols, scale_values
-from .codes import fp8_block_mags, fp8_mag_table
+from .codes import FP8_BAD_MAG, fp8_block_mags, fp8_mag_table
 from .pairs import weight_scale_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,7 +80,6 @@ class Fp8:
 
 def fp8_codes(tag: str, m):
     """Magnitude codes of fp8 bytes, NaN/Inf codes as 0 (the plain scan reports them)."""
-    from .codes import FP8_BAD_MAG
 
     mag = m & 0x7F
     if tag in ("F8_E4M3FNUZ", "F8_E5M2FNUZ"):

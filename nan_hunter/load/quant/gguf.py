@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..gguf_file import ggml_type
-from .base import Blocks, Context, QuantizedWeight
+from .base import Blocks, Context, QuantizedWeight, e8m0_values, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -309,7 +309,6 @@ class Gguf:
         return d, m, bound
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
-        from .base import unravel
 
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
@@ -353,7 +352,6 @@ class Gguf:
 def _d(b, kind: Kind):
     off, how = kind.d
     if how == "e8m0_half":  # ggml's GGML_E8M0_TO_FP32_HALF: 2**(e - 128); 0xFF is NaN
-        from .base import e8m0_values
 
         return e8m0_values(b[:, off], 128)
     return _f16(b, off)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..safetensors_file import PIECE
 from .base import Blocks, Context, QuantizedWeight, scale_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -219,7 +220,6 @@ class Gptq:
 
     def _scattered(self, ck: Checkpoint, q: QuantizedWeight, zero):
         """Act-order: ``max |q - z|`` per (group, out), inputs gathered to their group by ``g_idx``."""
-        from ..safetensors_file import PIECE
 
         lay: GptqLayout = q.layout
         g_idx = ck.array(lay.g_idx).reshape(-1).astype(np.int64)

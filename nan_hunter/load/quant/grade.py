@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..safetensors_file import PIECE
 from .base import BF16_MAX, FP16_MAX, MAX_BAD_BLOCKS, Blocks, QuantizedScan, QuantizedWeight, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +38,6 @@ class _Reader:
     zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
 
     def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight, usable_exc, zero_idx):
-        from ..safetensors_file import PIECE
 
         self.ck, self.q, self.b = ck, q, b
         self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)

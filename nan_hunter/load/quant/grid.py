@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..safetensors_file import PIECE
 from .codes import reduce_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +62,6 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
            ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stripes ``first .. first + count`` of ``name``: each block's largest magnitude, read in pieces
     of about ``PIECE`` bytes (whole stripes; a stripe larger than that in row chunks)."""
-    from ..safetensors_file import PIECE
 
     stripe_bytes = g.br * g.row_bytes
     per_read = max(1, PIECE // max(1, stripe_bytes))

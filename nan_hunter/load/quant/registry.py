@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import BadInput
+from .. import bounded_json
+from ..regular_file import read_regular
 from .awq import Awq
 from .base import Context, QuantFormat, QuantizedScan, QuantizedWeight
 from .bnb import Bnb4bit, Bnb8bit
 from .fp8 import Fp8
 from .gguf import Gguf
 from .gptq import Gptq
+from .grade import check
 from .int_group import IntGroup
 from .mxfp4 import Mxfp4
 from .nvfp4 import Nvfp4
@@ -48,8 +52,6 @@ def register(fmt: QuantFormat, before: str | None = None) -> None:
 
 def quantization_config(ck: Checkpoint) -> dict[str, Any]:
     """``config.json``'s ``quantization_config`` (``{}`` when there is none)."""
-    from .. import bounded_json
-    from ..regular_file import read_regular
 
     if ck.config_path is None:
         return {}
@@ -79,8 +81,6 @@ def scan_quantized(ck: Checkpoint) -> tuple[list[QuantizedScan], list[dict[str, 
 
 
 def scan_quantized_claims(ck: Checkpoint) -> tuple[list[QuantizedScan], list[dict[str, str]], set[str]]:
-    from ...errors import BadInput
-    from .grade import check
 
     found, unchecked, claimed = find_quantized(ck)
     out = []

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.text import Text
 
+from ...outputs import stdout_closed
 from ...report import Report
 from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
 from .check_view import check_verdict, results_table
@@ -38,7 +39,6 @@ class ReportConsole(Console):
     code."""
 
     def on_broken_pipe(self) -> None:
-        from ...outputs import stdout_closed
 
         self.quiet = True
         stdout_closed()

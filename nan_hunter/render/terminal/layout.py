@@ -11,6 +11,8 @@ from rich.cells import cell_len, get_character_cell_size
 from rich.table import Table
 from rich.text import Text
 
+from ..rows import cut_middle
+
 ELLIPSIS = "…"
 MARKER = re.compile(r"^(step|∇|#\d+) ")  # a row's kind before its name, kept when the name is shortened
 SEP = 1  # cells between columns
@@ -32,7 +34,6 @@ def shorten_middle(name: str, width: int, sep: str = ".") -> str:
     (``rows.cut_middle``: whole components go, the layer index and the leaf stay:
     ``model.layers.11.…output_projection_layer``); a row's marker (``step``, ``∇``, ``#3``) stays
     in front."""
-    from ..rows import cut_middle
 
     if cell_len(name) <= width:
         return name

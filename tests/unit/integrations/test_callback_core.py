@@ -17,7 +17,6 @@ from nan_hunter.errors import NonFiniteError
 from nan_hunter.integrations.callback_core import (
     CallbackCore,
     LossFlags,
-    as_report_v1,
     loss_of,
     torch_optimizer,
 )
@@ -122,7 +121,7 @@ def test_stop_at_the_first_fault_writes_and_logs(tmp_path, caplog):
     f = core.report.first_nonfinite
     assert (f.step, f.module) == (2, "1")  # the framework's own step number
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["schema"] == "nanhunter.report/v1" and rep["mode"] == "watch" and rep["checkpoint"] is None
+    assert rep["schema"] == "nanhunter.report/v1" and rep["mode"] == "watch" and rep["checkpoint"]["path"] == "watch()"  # one report for watch() and callbacks
     (line,) = [r.getMessage() for r in caplog.records if r.name == "test.cb"]  # the framework's logger
     assert line == ("nanhunter: first non-finite value (posinf) at step 2, forward: aten.exp.default in 1 (overflow: "
                     f"exp overflow in fp32 at aten.exp.default in 1) · report: {tmp_path / 'r.json'}")
@@ -162,16 +161,3 @@ def test_skip_needs_the_frameworks_optimizer():
     core = CallbackCore("modules", "skip", None, None, None, logging.getLogger("test.cb"))
     with pytest.raises(ValueError, match="needs the framework's optimizer"):
         core.start(_model(), None)
-
-
-def test_as_report_v1():
-    class WatchReport:
-        run = {"dtype": "fp32"}
-        first_nonfinite = None
-        diagnosis = None
-        notes = ("a note",)
-        calls = [{"module": "m"}]
-
-    rep = as_report_v1(WatchReport())
-    assert (rep.checkpoint, rep.weights, rep.mode, rep.notes, rep.modules) == (None, None, "watch", ["a note"],
-                                                                               [{"module": "m"}])

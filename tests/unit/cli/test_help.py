@@ -149,5 +149,5 @@ def test_completion_of_a_flag():
     code, out, _ = invoke(env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt",
                                 "COMP_CWORD": "3"})
     assert code == 0 and out.split() == ["--dtype"]
-    code, out, _ = invoke("--show-completion", "bash")
-    assert code == 0 and "_NANHUNTER_COMPLETE=complete_bash" in out
+    code, out, err = invoke("--show-completion", "bash")
+    assert code == 0 and "_NANHUNTER_COMPLETE=complete_bash" in out, err

@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.quant.awq import AWQ_ORDER, AWQ_REVERSE_ORDER, Awq, awq_columns, unpack_nibbles
@@ -30,8 +30,8 @@ def test_the_two_orders_are_inverses():
 
 
 def test_unpack_nibbles_in_slot_order():
-    w = torch.tensor([[_word([1, 2, 3, 4, 5, 6, 7, 15])]], dtype=torch.int32)
-    assert unpack_nibbles(w).tolist() == [[[1, 2, 3, 4, 5, 6, 7, 15]]]
+    w = np.array([[_word([1, 2, 3, 4, 5, 6, 7, 15])]], dtype=np.int32)
+    assert unpack_nibbles(w).tolist() == [[[1, 2, 3, 4, 5, 6, 7, 15]]]  # 15 in the top slot: not sign-extended
 
 
 def test_gemm_words_give_output_columns():
@@ -39,7 +39,7 @@ def test_gemm_words_give_output_columns():
     slots = [0] * 8
     for p in range(8):
         slots[AWQ_REVERSE_ORDER[p]] = p + 1
-    assert awq_columns(torch.tensor([[_word(slots)]], dtype=torch.int32)).tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+    assert awq_columns(np.array([[_word(slots)]], dtype=np.int32)).tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
 
 
 @pytest.mark.parametrize("case", ["awq_gemm", "awq_gemv"])

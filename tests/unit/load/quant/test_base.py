@@ -1,11 +1,13 @@
 """load/quant/base.py: what every format shares — rows and columns of a stored weight, elements per
-block from the scale count, flat index → scale index, scale tensors as float32 (E8M0 decoded, 0xFF
-NaN), which bad blocks are faults, and the Context formats claim tensors through."""
+block from the scale count, flat index → scale index, scale tensors as float32 (each tag's raw array
+decoded as torch's cast to float32 gives it, E8M0 exponents decoded, 0xFF NaN), which bad blocks are
+faults, and the Context formats claim tensors through."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,11 +15,14 @@ from nan_hunter.load.quant.base import (
     FP8_TAGS,
     QuantizedScan,
     block_of,
+    e8m0_values,
+    float32_values,
     is_fault,
     rows_cols,
     scale_values,
     unravel,
 )
+from nan_hunter.load.safetensors_header import NUMPY_DTYPES
 
 from .kit import checkpoint, context
 
@@ -53,11 +58,51 @@ def test_scale_values(tmp_path):
     e8m0 = torch.tensor([[127, 128], [0, 0xFF]], dtype=torch.uint8)
     ck = checkpoint(tmp_path, {"f16": torch.tensor([[1.5, -2.0]], dtype=torch.float16), "e": e8m0,
                                "native": e8m0.clone().view(torch.float8_e8m0fnu)})
-    assert scale_values(ck, "f16").tolist() == [1.5, -2.0] and scale_values(ck, "f16").dtype == torch.float32
+    assert scale_values(ck, "f16").tolist() == [1.5, -2.0] and scale_values(ck, "f16").dtype == np.float32
     assert scale_values(ck, "e").tolist() == [127.0, 128.0, 0.0, 255.0]  # plain bytes unless told
     for name, flag in (("e", True), ("native", False)):
         v = scale_values(ck, name, e8m0=flag)
         assert v[:3].tolist() == [1.0, 2.0, 2.0 ** -127] and math.isnan(v[3])
+
+
+def _raw(t: torch.Tensor, tag: str) -> np.ndarray:
+    """``t``'s bytes as ``Checkpoint.array`` gives a tensor of ``tag`` (BF16 and fp8 as their bits)."""
+    return t.contiguous().view(torch.uint8).numpy().view(NUMPY_DTYPES[tag]).reshape(t.shape)
+
+
+_EDGES = [0.0, -0.0, 1.5, -2.0, 1e-3, 65504.0, 3.0e38, -1e-40, math.inf, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize("tag, dtype", [("F64", torch.float64), ("F32", torch.float32), ("F16", torch.float16),
+                                        ("BF16", torch.bfloat16), ("F8_E4M3", torch.float8_e4m3fn),
+                                        ("F8_E5M2", torch.float8_e5m2), ("F8_E4M3FNUZ", torch.float8_e4m3fnuz),
+                                        ("F8_E5M2FNUZ", torch.float8_e5m2fnuz)])
+def test_float32_values_are_torchs_cast(tag, dtype):
+    t = torch.tensor(_EDGES + [1e300, -1e300, 1 + 2 ** -30] if dtype == torch.float64 else _EDGES,
+                     dtype=torch.float64).to(dtype).reshape(-1, 1)
+    got = float32_values(tag, _raw(t, tag))
+    want = t.to(torch.float32).reshape(-1).numpy()  # torch's cast as the reference (F64 past float32: inf)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_float32_values_of_exponent_and_integer_bytes():
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = codes.view(torch.float8_e8m0fnu).to(torch.float32).numpy()  # torch's E8M0: 2**(b - 127), 0xFF NaN
+    for tag, e8m0 in (("F8_E8M0", False), ("U8", True)):
+        got = float32_values(tag, codes.numpy(), e8m0=e8m0)
+        assert got.dtype == np.float32 and np.array_equal(got, want, equal_nan=True)
+    assert float32_values("U8", codes.numpy()).tolist() == list(range(256))  # plain bytes unless told
+    assert float32_values("I8", np.array([[-128, 127]], dtype=np.int8)).tolist() == [-128.0, 127.0]
+
+
+def test_e8m0_values_with_either_bias():
+    codes = np.array([0, 1, 126, 127, 128, 254, 255], dtype=np.uint8)
+    for bias in (127, 128):  # 127: OCP MX scales; 128: ggml's GGML_E8M0_TO_FP32_HALF
+        got = e8m0_values(codes, bias)
+        assert got.dtype == np.float32
+        assert got[:6].tolist() == [2.0 ** (c - bias) for c in codes[:6].tolist()] and math.isnan(got[6])
+    assert e8m0_values(np.array([[0, 0xFF]], dtype=np.uint8), 127).shape == (1, 2)
 
 
 @pytest.mark.parametrize("fmt, problem, fault", [

@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,16 +35,17 @@ def _stream_words(codes: list[int], bits: int) -> list[int]:
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_codes_along_the_input_dim(bits):
-    g = torch.Generator().manual_seed(bits)
-    n_in = 32 if bits != 3 else 32
-    codes = torch.randint(0, 1 << bits, (n_in, 3), generator=g)
-    words = torch.tensor([_stream_words(codes[:, c].tolist(), bits) for c in range(3)], dtype=torch.int32).t()
-    assert torch.equal(gptq_codes(words.contiguous(), bits), codes.to(torch.int32))
+    rng = np.random.default_rng(bits)
+    n_in = 32  # one 3-bit triple of words; 32 // bits words of the other widths
+    codes = rng.integers(0, 1 << bits, (n_in, 3))
+    words = np.array([_stream_words(codes[:, c].tolist(), bits) for c in range(3)], dtype=np.int32).T
+    got = gptq_codes(np.ascontiguousarray(words), bits)
+    assert got.dtype == np.int32 and np.array_equal(got, codes)
 
 
 def test_other_widths_are_refused():
     with pytest.raises(ValueError, match="5-bit GPTQ packing is not supported"):
-        gptq_codes(torch.zeros(5, 1, dtype=torch.int32), 5)
+        gptq_codes(np.zeros((5, 1), dtype=np.int32), 5)
 
 
 @pytest.mark.parametrize("case", sorted(k for k in EXPECTED if k.startswith("gptq")))

@@ -4,11 +4,11 @@ each block's largest magnitude (the same whichever way the stripes are cut)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from nan_hunter.load.quant import grid
-from nan_hunter.load.quant.codes import reduce_blocks
 
 from .kit import checkpoint
 
@@ -25,16 +25,19 @@ def test_counts(g, nbr, nbc, n_blocks, n_stripes):
 
 @pytest.mark.parametrize("first, count", [(0, 6), (0, 1), (2, 3), (5, 1)])
 def test_window_gives_each_blocks_largest_code(tmp_path, first, count):
-    torch.manual_seed(0)
-    m = torch.randint(0, 100, (2, 10, 8), dtype=torch.uint8)  # two experts of 10 rows, 8 bytes a row
-    ck = checkpoint(tmp_path, {"w": m})
+    m = np.random.default_rng(0).integers(0, 100, (2, 10, 8), dtype=np.uint8)  # two experts of 10 rows, 8 bytes a row
+    ck = checkpoint(tmp_path, {"w": torch.from_numpy(m)})
     g = grid.Grid(2, 10, 8, 4, 8, 3)
-    want = torch.cat([reduce_blocks(m[e], 4, 3).reshape(-1) for e in range(2)]).float()  # never across experts
-    got = torch.full((g.n_blocks,), -1.0)
-    for idx, vals in grid.window(ck, "w", g, first, count, lambda raw, _r0: raw, lambda red: red.float()):
+    # each block's max by hand, never across experts: rows 0-3, 4-7, 8-9 and bytes 0-2, 3-5, 6-7 of each
+    want = np.array([m[e, r: r + 4, c: c + 3].max() for e in range(2) for r in (0, 4, 8) for c in (0, 3, 6)],
+                    dtype=np.float32)
+    got = np.full(g.n_blocks, -1.0, dtype=np.float32)
+    for idx, vals in grid.window(ck, "w", g, first, count, lambda raw, _r0: raw,
+                                 lambda red: red.astype(np.float32)):
+        assert idx.dtype == np.int64
         got[idx] = vals
     lo, hi = first * g.nbc, (first + count) * g.nbc
-    assert torch.equal(got[lo:hi], want[lo:hi]) and (got[:lo] == -1).all() and (got[hi:] == -1).all()
+    assert np.array_equal(got[lo:hi], want[lo:hi]) and (got[:lo] == -1).all() and (got[hi:] == -1).all()
 
 
 def test_a_stripe_larger_than_a_piece_is_read_in_chunks(tmp_path, monkeypatch):
@@ -43,8 +46,12 @@ def test_a_stripe_larger_than_a_piece_is_read_in_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors_file, "PIECE", 16)  # a 4 x 8-byte stripe is 32 bytes: two chunks or more
     m = torch.arange(80, dtype=torch.uint8).reshape(10, 8)
     g = grid.Grid(1, 10, 8, 4, 8, 8)
+    ck = checkpoint(tmp_path, {"w": m})
+    reads = []
+    read_bytes = ck.read_bytes
+    monkeypatch.setattr(ck, "read_bytes", lambda name, off, n: reads.append(n) or read_bytes(name, off, n))
     out = dict()
-    for idx, vals in grid.window(checkpoint(tmp_path, {"w": m}), "w", g, 0, 3, lambda raw, _r0: raw,
-                                 lambda red: red.float()):
+    for idx, vals in grid.window(ck, "w", g, 0, 3, lambda raw, _r0: raw, lambda red: red.astype(np.float32)):
         out.update(zip(idx.tolist(), vals.tolist()))
     assert out == {0: 31.0, 1: 63.0, 2: 79.0}
+    assert sum(reads) == 80 and max(reads) <= 16  # every byte read once, never more than a piece at a time

@@ -1,14 +1,18 @@
 """load/quant/mxfp4.py: 32 fp4 values per block with an E8M0 exponent — gpt-oss ``_blocks``/``_scales``,
-compressed-tensors ``weight_packed``/``weight_scale``; shapes that do not match are unchecked."""
+compressed-tensors ``weight_packed``/``weight_scale``; shapes that do not match are unchecked; the
+windows give each block's largest |fp4 value| from its bytes' nibble pairs (low nibble first)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from nan_hunter.load.quant.mxfp4 import Mxfp4, fp4_codes
+from nan_hunter.load.quant import grid
+from nan_hunter.load.quant.base import QuantizedWeight
+from nan_hunter.load.quant.mxfp4 import Fp4Layout, Mxfp4, fp4_codes, fp4_window
 
 from .kit import checkpoint, detect, graded
 
@@ -54,4 +58,17 @@ def test_a_global_scale_is_nvfp4s_not_mxfp4s(tmp_path):
 @pytest.mark.parametrize("byte, mag", [(0x00, 0), (0x71, 7), (0x17, 7), (0xF9, 7), (0x21, 2), (0x88, 0)])
 def test_fp4_codes_are_the_larger_nibble_magnitude(byte, mag):
     """Low nibble first; the sign bit (8) does not count: 0x88 is -0 and -0."""
-    assert fp4_codes(torch.tensor([[byte]], dtype=torch.uint8), 0).tolist() == [[mag]]
+    assert fp4_codes(np.array([[byte]], dtype=np.uint8), 0).tolist() == [[mag]]
+
+
+@pytest.mark.parametrize("values_per_block, want", [(2, [6.0, 0.0, 6.0, 0.5]), (4, [6.0, 6.0])])
+def test_fp4_window_gives_each_blocks_largest_value(tmp_path, values_per_block, want):
+    # bytes: low nibble first; 0x7 is 6, 0xF is -6, 0x1 is 0.5
+    m = torch.tensor([[0x71, 0x00], [0x1F, 0x11]], dtype=torch.uint8)
+    g = grid.Grid(1, 2, 2, 1, 2, values_per_block // 2)  # one row a block, bytes as units
+    q = QuantizedWeight("w", "mxfp4", "s", Mxfp4(), Fp4Layout(g, (2, 4 // values_per_block)))
+    out = {}
+    for idx, vals in fp4_window(checkpoint(tmp_path, {"w": m}), q, 0, g.n_stripes):
+        assert vals.dtype == np.float32
+        out.update(zip(idx.tolist(), vals.tolist()))
+    assert out == dict(enumerate(want))

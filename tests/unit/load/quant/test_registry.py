@@ -1,12 +1,15 @@
 """load/quant/registry.py: the formats in claiming order (most specific first, the catch-all last), a
 new one registered before a named one or the catch-all, ``quantization_config`` read from config.json
 (a broken one is the model builder's to report), and a layout that does not fit its format unchecked
-with the reason, never an internal error; the checks run on one thread, the caller's count put back."""
+with the reason, never an internal error; the checks judge IEEE results (an overflow to inf is reported,
+never a numpy warning or error, whatever the caller's numpy error setting), the caller's setting put
+back."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -82,20 +85,21 @@ def test_a_layout_that_does_not_fit_is_unchecked_not_an_error(tmp_path, monkeypa
                                           "does not fit the fp8_tensor layout (IndexError: index 9 is out of bounds)"}]
 
 
-def test_checks_run_on_one_thread_and_put_the_count_back(tmp_path, monkeypatch):
+def test_checks_judge_ieee_results_and_put_the_callers_error_setting_back(tmp_path, monkeypatch):
     seen = []
 
-    class Counting(Fp8):
+    class Recording(Fp8):
         def blocks(self, ck, q):
-            seen.append(torch.get_num_threads())
+            seen.append(np.geterr())
             return super().blocks(ck, q)
 
-    monkeypatch.setattr(registry, "FORMATS", [Counting()])
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        registry.scan_quantized(checkpoint(tmp_path, {"a.weight": torch.ones(2, 2).to(torch.float8_e4m3fn),
-                                                      "a.weight_scale": torch.ones(1)}))
-        assert seen == [1] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    monkeypatch.setattr(registry, "FORMATS", [Recording()])
+    # 448 * 1e38 overflows float32: inf is the answer (a dequantized absmax past every float), not an error
+    ck = checkpoint(tmp_path, {"a.weight": torch.full((2, 2), 448.0).to(torch.float8_e4m3fn),
+                               "a.weight_scale": torch.tensor([1e38])})
+    with np.errstate(all="raise"):
+        scans, unchecked = registry.scan_quantized(ck)
+        assert np.geterr() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
+    assert seen == [{"divide": "ignore", "over": "ignore", "under": "ignore", "invalid": "ignore"}]
+    assert unchecked == [] and [(s.dequant_absmax, s.overflows) for s in scans] == [
+        (float("inf"), {"fp16": True, "bf16": True})]

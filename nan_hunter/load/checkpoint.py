@@ -29,11 +29,12 @@ import numpy as np
 from ..dtypes import name_of
 from ..errors import BadInput
 from . import bounded_json
+from . import safetensors_file as sf
 from .bit_dtypes import BIT_TAGS, TORCH_TO_TAG
 from .float_bits import FLOATS
 from .gguf_file import GgufFile
 from .regular_file import is_inside, kind_of, open_regular, read_regular, require_regular
-from .safetensors_file import PIECE, SafetensorsFile, TensorEntry
+from .safetensors_file import SafetensorsFile, TensorEntry
 from .safetensors_header import TORCH_DTYPES, show
 from .torch_checkpoint import load_torch_file
 
@@ -208,7 +209,7 @@ class Checkpoint:
         if self._torch_sd is not None:
 
             raw = _torch_bytes(self._torch_sd[name])
-            step = max(stripe_bytes, PIECE - PIECE % max(1, stripe_bytes))
+            step = max(stripe_bytes, sf.PIECE - sf.PIECE % max(1, stripe_bytes))
             for s in range(0, raw.size, step):
                 yield s, raw[s: s + step]
             return
@@ -283,7 +284,7 @@ def _torch_items(sd: dict) -> Iterator[ScanItem]:
         tag = TORCH_TO_TAG.get(dname)
         if tag is not None:  # checked from its bits, as a safetensors tensor of that tag
             raw = _torch_bytes(t)
-            pieces = ((s, min(PIECE, raw.size - s), raw[s: s + PIECE]) for s in range(0, raw.size, PIECE))
+            pieces = ((s, min(sf.PIECE, raw.size - s), raw[s: s + sf.PIECE]) for s in range(0, raw.size, sf.PIECE))
             yield ScanItem(name, dname, None, list(t.shape), t.numel(), raw.size, pieces, tag)
             continue
         nbytes = t.numel() * t.element_size()
@@ -292,7 +293,7 @@ def _torch_items(sd: dict) -> Iterator[ScanItem]:
         pieces = None
         if ftag and t.numel():
             flat = _torch_array(t).reshape(-1)
-            step = max(1, PIECE // max(1, t.element_size()))
+            step = max(1, sf.PIECE // max(1, t.element_size()))
             pieces = ((s, min(step, flat.size - s), flat[s: s + step]) for s in range(0, flat.size, step))
         yield ScanItem(name, dname, ftag, list(t.shape), t.numel(), nbytes, pieces, None, skip)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..safetensors_file import PIECE
+from .. import safetensors_file as sf
 from .base import Blocks, Context, QuantizedWeight, scale_values
 from .gptq import group_names
 
@@ -135,7 +135,7 @@ class Awq:
         z = q.cache["zero"]
         if lay.gemv:  # [out, in/8]: a chunk of output rows at a time, all groups of each
             row_bytes = lay.n_in // 2
-            step = max(1, PIECE // 64 // row_bytes)
+            step = max(1, sf.PIECE // 64 // row_bytes)
             width = lay.scale_shape[1]
             for o0 in range(0, lay.n_out, step):
                 o1 = min(lay.n_out, o0 + step)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..safetensors_file import PIECE
+from .. import safetensors_file as sf
 from .base import Blocks, Context, QuantizedWeight, scale_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -226,7 +226,7 @@ class Gptq:
         out = np.zeros((lay.groups, lay.n_out), dtype=np.int32)
         row_bytes = lay.n_out * 4
         unit = 3 if lay.bits == 3 else 1  # word rows that hold whole codes
-        step = max(unit, (PIECE // 64 // row_bytes) // unit * unit)
+        step = max(unit, (sf.PIECE // 64 // row_bytes) // unit * unit)
         total = _rows(ck, q.name, row_bytes)
         for r0 in range(0, total, step):
             r1 = min(total, r0 + step)

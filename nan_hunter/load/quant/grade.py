@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..safetensors_file import PIECE
+from .. import safetensors_file as sf
 from .base import BF16_MAX, FP16_MAX, MAX_BAD_BLOCKS, Blocks, QuantizedScan, QuantizedWeight, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +45,7 @@ class _Reader:
         self.zero_idx = zero_idx  # sorted int64: blocks with a zero scale (their "holds data" is wanted)
         self.zero_holds = np.zeros(zero_idx.size, dtype=bool)
         self.read = np.zeros(max(1, b.n_stripes), dtype=bool)
-        self.per_window = max(1, PIECE // max(1, b.stripe_bytes))
+        self.per_window = max(1, sf.PIECE // max(1, b.stripe_bytes))
         self.n_read = 0
         self.best = -1.0
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..safetensors_file import PIECE
+from .. import safetensors_file as sf
 from .codes import reduce_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +64,7 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
     of about ``PIECE`` bytes (whole stripes; a stripe larger than that in row chunks)."""
 
     stripe_bytes = g.br * g.row_bytes
-    per_read = max(1, PIECE // max(1, stripe_bytes))
+    per_read = max(1, sf.PIECE // max(1, stripe_bytes))
     s = first
     end = first + count
     while s < end:
@@ -72,12 +72,12 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
         i1 = min(g.nbr, i0 + per_read, i0 + (end - s))  # stay inside one expert
         r0 = lead * g.rows + i0 * g.br
         r1 = lead * g.rows + min(g.rows, i1 * g.br)
-        if stripe_bytes <= PIECE:
+        if stripe_bytes <= sf.PIECE:
             m = ck.read_bytes(name, r0 * g.row_bytes, (r1 - r0) * g.row_bytes).reshape(r1 - r0, g.row_bytes)
             red = reduce_blocks(codes(m, r0), g.br, g.bu)
         else:  # one stripe bigger than a piece: its rows in chunks, maxima combined
             red = None
-            step = max(1, PIECE // 8 // max(1, g.row_bytes))  # codes may be 4-8x the bytes: smaller reads
+            step = max(1, sf.PIECE // 8 // max(1, g.row_bytes))  # codes may be 4-8x the bytes: smaller reads
             for c0 in range(r0, r1, step):
                 c1 = min(r1, c0 + step)
                 m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(c1 - c0, g.row_bytes)

@@ -39,15 +39,9 @@ UNIT = TESTS / "unit"
 #: the most test functions that may start a process (issue 33, item 7: "fewer than 60")
 MAX_PROCESS_TESTS = 59
 
-_OWNED = "owned by the one-staircase refactor / perf / numpy-scan branch; tests land with it"
-#: modules with logic and no mirrored unit test, each with why. Another branch owns these, or the
-#: only honest test runs the real thing (named here).
+#: modules with logic and no mirrored unit test, each with why: the only honest test runs the
+#: real thing (named here).
 NO_MIRROR: dict[str, str] = {
-    **{f"nan_hunter/{m}": _OWNED for m in (
-        "session/watcher.py", "modes/forward.py", "modes/recording.py", "modes/trace_pass.py",  # one-staircase
-        "capture/recorder.py", "capture/context.py",  # perf
-        "load/safetensors_file.py",  # numpy-scan
-    )},
     # the Triton kernel is tested as Liger tests its kernels: against the torch reference, on odd
     # shapes and every dtype, interpreted on the CPU (tests/kernels/test_triton_interpret.py) and
     # compiled on a GPU (tests/kernels/test_triton_gpu.py); a unit test here would repeat them

@@ -145,9 +145,14 @@ def test_unknown_command_suggests_the_close_one():
     assert code == 2 and "invalid choice: 'sacn'" in err and "did you mean scan?" in err
 
 
-def test_completion_of_a_flag():
+def test_completion_of_a_flag(monkeypatch):
     code, out, _ = invoke(env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt",
                                 "COMP_CWORD": "3"})
     assert code == 0 and out.split() == ["--dtype"]
-    code, out, err = invoke("--show-completion", "bash")
+    # --show-completion takes no value: typer asks shellingham which shell runs it (the process tree),
+    # which a test process started outside a shell does not have; run from bash, it says bash's script
+    import typer.completion
+
+    monkeypatch.setattr(typer.completion, "_get_shell_name", lambda: "bash")
+    code, out, err = invoke("--show-completion")
     assert code == 0 and "_NANHUNTER_COMPLETE=complete_bash" in out, err

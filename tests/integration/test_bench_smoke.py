@@ -50,3 +50,36 @@ def test_train_overhead_bench_quick(tmp_path):
         assert row["bitwise_equal_to_plain"] is True, name
         assert len(row["rounds_ms"]) == 2 and row["median_ms"] > 0, name
     assert rows["watch_blocks"]["report_clean"] is True and rows["watch_modules"]["report_clean"] is True
+
+
+def test_fixed_cost_parts_runs_and_puts_every_seam_back(capsys):
+    """bench/fixed_cost.py --parts switches parts of the watch off by patching the seams they run
+    behind: one pair per variant runs every variant, and afterwards every patched attribute is the
+    original again (an inherited one is inherited again), so nothing leaks into a later watch."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    import torch
+
+    from nan_hunter.capture import listener, recorder, sink
+    from nan_hunter.session import watcher
+
+    spec = importlib.util.spec_from_file_location("fixed_cost_bench", ROOT / "bench" / "fixed_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seams = [(listener.CaptureListener, "keeps_inputs"), (sink.StatsSink, "measure_host"),
+             (recorder, "call_items"), (recorder, "float_items"), (recorder.Recorder, "_params"),
+             (recorder.Recorder, "_fold")]
+    before = {(o, a): getattr(o, a) for o, a in seams}
+    own = {c: set(vars(c)) for c in (*{o for o, _ in seams if isinstance(o, type)}, *vars(watcher).values())
+           if isinstance(c, type)}
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--parts", "1", "--batch", "1", "--seq", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "the whole watch" in out and "hooks that do nothing" in out
+    assert out.count("-> that part:") == 6 and "not measured" not in out
+    assert all(getattr(o, a) is f for (o, a), f in before.items())
+    assert all(set(vars(c)) == names for c, names in own.items())  # nothing added or left behind

@@ -220,9 +220,9 @@ def _called_from_hooks(st) -> set:
     return mine
 
 
-#: --parts: (what is switched off, [(module, class or None, attribute, replacement)]); a seam a tree
-#: does not have is reported as not measured
 def _ablations(listener_type: type) -> list[tuple[str, list[tuple[Any, str, Any]]]]:
+    """``--parts``: (what is switched off, [(module or class, attribute, replacement)]); a seam a
+    tree does not have is reported as not measured."""
     from nan_hunter.capture import recorder, sink
 
     return [
@@ -287,8 +287,8 @@ def parts(a) -> None:
                 else:
                     setattr(obj, attr, v)
 
-    names = [n for n, m in model.named_modules() if n == "" or a.level == "modules" or n in set(main_blocks(model))]
-    hooked = [m for n, m in model.named_modules() if n in names]
+    blocks = set(main_blocks(model))
+    hooked = [m for n, m in model.named_modules() if n == "" or a.level == "modules" or n in blocks]
 
     @contextlib.contextmanager
     def noop_hooks():

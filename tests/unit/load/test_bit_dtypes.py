@@ -3,9 +3,7 @@ test per dtype, from raw bytes where torch cannot write the dtype."""
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 
 import pytest
 import torch
@@ -142,10 +140,9 @@ def test_every_fp8_code_as_torch_reads_it(tmp_path, tag, exact):
     first index, absmax, and the fp16 underflow of the finite values."""
     codes = torch.arange(256, dtype=torch.uint8).roll(37)  # the first NaN away from index 0
     t = codes.view(FP8_TORCH[tag]).reshape(16, 16)
-    # written by hand: safetensors' writer at the floor (0.7.0) cannot save the FNUZ dtypes (KeyError)
-    header = json.dumps({"w": {"dtype": tag, "shape": [16, 16], "data_offsets": [0, 256]}}).encode()
-    (tmp_path / "w.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + codes.numpy().tobytes())
-    got = {s.name: s for s in scan_weights(open_checkpoint(tmp_path / "w.safetensors"), exact=exact).tensors}["w"]
+    # from raw bytes: safetensors' writer at the floor (0.7.0) cannot save the FNUZ dtypes (KeyError)
+    p = write_raw(tmp_path / "w.safetensors", {"w": (tag, [16, 16], codes.numpy().tobytes())})
+    got = {s.name: s for s in scan_weights(open_checkpoint(p), exact=exact).tensors}["w"]
     v = t.float().reshape(-1)
     fin = torch.isfinite(v)
     first = int((~fin).nonzero()[0])

@@ -83,3 +83,31 @@ def test_fixed_cost_parts_runs_and_puts_every_seam_back(capsys):
     assert out.count("-> that part:") == 6 and "not measured" not in out
     assert all(getattr(o, a) is f for (o, a), f in before.items())
     assert all(set(vars(c)) == names for c, names in own.items())  # nothing added or left behind
+
+
+def test_batched_statistic_probe_runs_and_puts_its_seams_back(capsys, monkeypatch):
+    """bench/probes/batched_statistic.py (issue 36's measured alternative to one read per tensor)
+    patches the sink's ``aminmax`` and ``Recorder._finish``: one pair of each variant runs, every
+    variant is reported, and both seams are the package's own again afterwards."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    import torch
+
+    from nan_hunter.capture import recorder, sink
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the probe puts bench/ on it
+    spec = importlib.util.spec_from_file_location("batched_statistic_probe",
+                                                  ROOT / "bench" / "probes" / "batched_statistic.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    before = (sink._aminmax, recorder.Recorder._finish)
+    threads = torch.get_num_threads()
+    try:
+        assert probe.main(["--pairs", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert all(f"  {k} " in out for k in ("eager", "batched", "numpy"))
+    assert "batched read at the end of a forward" in out and "one aminmax inside a watched forward" in out
+    assert (sink._aminmax, recorder.Recorder._finish) == before

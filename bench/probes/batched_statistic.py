@@ -13,8 +13,8 @@ it patches the seams the sink reads through, on the shipped tiny Llama (fp32, on
 * ``numpy``: at the hook, the tensor's numpy view's ``min()`` and ``max()`` instead of ``aminmax``.
 
 Each variant's cost is measured as --parts does: N pairs of (10 plain forwards, 10 watched ones),
-interleaved with the other variants, the median of the pairs' differences; plus ``settle``, the
-batched read's own time per forward, and one ``aminmax``'s time inside a watched forward.
+interleaved with the other variants, the median of the pairs' differences; plus the batched read's
+own time per forward, and one ``aminmax``'s time inside a watched forward.
 
     python bench/probes/batched_statistic.py --pairs 150 --batch 1 --seq 1 --level blocks
 """

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_watch_distributed import _batch, _ddp_model, _summary  # noqa: E402
+from test_watch_distributed import _batch, _ddp_model, _summary, leave  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,13 +95,7 @@ def worker(out_dir: str) -> None:
         res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         print(res["trace"], file=sys.stderr, flush=True)
     dist.barrier()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res, default=str))
-    print(f"rank {rank}: results written", file=sys.stderr, flush=True)  # a crash after this is teardown's
-    dist.destroy_process_group()
-    # leave without the interpreter's teardown: gloo's worker threads can abort a process there (std::terminate,
-    # "terminate called without an active exception": once in a loaded CI run, after both ranks' skips)
-    sys.stdout.flush()
-    os._exit(0)
+    leave(out_dir, rank, res)
 
 
 @pytest.fixture(scope="module")

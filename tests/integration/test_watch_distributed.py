@@ -226,6 +226,20 @@ def _fsdp(rank: int) -> dict[str, Any]:
     return out
 
 
+def leave(out_dir: str, rank: int, res: dict[str, Any]) -> None:
+    """A torchrun worker's end: its results written, the process group destroyed, then the process left
+    without the interpreter's teardown, where gloo's worker threads can abort it (std::terminate,
+    "terminate called without an active exception": once in a loaded CI run, after both ranks' skips).
+    A crash after the "results written" line is teardown's; one before it still fails the run."""
+    import torch.distributed as dist
+
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res, default=str))
+    print(f"rank {rank}: results written", file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def worker(out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -240,13 +254,7 @@ def worker(out_dir: str) -> None:
 
             res[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         dist.barrier()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res, default=str))
-    print(f"rank {rank}: results written", file=sys.stderr, flush=True)  # a crash after this is teardown's
-    dist.destroy_process_group()
-    # leave without the interpreter's teardown: gloo's worker threads can abort a process there (std::terminate,
-    # "terminate called without an active exception": once in a loaded CI run, after both ranks' skips)
-    sys.stdout.flush()
-    os._exit(0)
+    leave(out_dir, rank, res)
 
 
 # -- the tests -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Every ``nanhunter`` command in README.md's shell blocks is run (in-process, ``cli.main.main``,
-from a scratch directory so outputs land there) and exits as its ``# exit N`` comment says.
-Commands on placeholder paths (``./model``, ``ckpt.safetensors``...) are listed and skipped."""
+"""Every ``nanhunter`` command in the shell blocks of README.md and of every docs/*.md page is run
+(in-process, ``cli.main.main``, from a scratch directory so outputs land there) and exits as its
+``# exit N`` comment says. A command that appears on several pages runs once. Commands on placeholder
+paths (``./model``, ``ckpt.safetensors``...) are listed and skipped."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 from nan_hunter.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the pages whose commands run: the README, then docs/ in name order
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def readme_commands() -> list[str]:
-    """``nanhunter ...`` lines of the bash blocks (continuation lines joined, ``pip ... &&`` dropped)."""
+def page_commands(page: Path) -> list[str]:
+    """``nanhunter ...`` lines of a page's bash blocks (continuation lines joined, ``pip ... &&`` dropped)."""
     out, lang, buf = [], None, ""
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in page.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             lang = None if lang is not None else (line[3:].strip() or "text")
             continue
@@ -34,11 +37,30 @@ def readme_commands() -> list[str]:
     return out
 
 
-COMMANDS = readme_commands()
+def readme_commands() -> list[str]:
+    return page_commands(ROOT / "README.md")
+
+
+def docs_commands() -> dict[str, str]:
+    """Each distinct command (comments and spacing aside) -> the first page that holds it."""
+    first: dict[str, tuple[str, str]] = {}
+    for page in PAGES:
+        for cmd in page_commands(page):
+            first.setdefault(" ".join(shlex.split(cmd, comments=True)), (cmd, page.relative_to(ROOT).as_posix()))
+    return dict(first.values())
+
+
+COMMANDS = docs_commands()
 
 
 def test_the_readme_has_commands():
-    assert len(COMMANDS) >= 8
+    """The README keeps its three examples and the quick start's scan."""
+    assert len(readme_commands()) >= 3
+
+
+def test_the_docs_have_commands():
+    assert len(COMMANDS) >= 15
+    assert any(page.startswith("docs/") for page in COMMANDS.values())
 
 
 def _runnable(cmd: str) -> bool:
@@ -46,8 +68,8 @@ def _runnable(cmd: str) -> bool:
     return bool(args) and (ROOT / args[0]).exists()
 
 
-@pytest.mark.parametrize("cmd", COMMANDS)
-def test_readme_command(cmd, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cmd", list(COMMANDS), ids=[f"{p}: {c}" for c, p in COMMANDS.items()])
+def test_docs_command(cmd, tmp_path, monkeypatch):
     if not _runnable(cmd):
         pytest.skip(f"placeholder paths: {cmd}")
     argv = shlex.split(cmd, comments=True)[1:]

@@ -4,7 +4,7 @@ CLI pays: the bare interpreter (``python -c pass``) and importing typer's rich h
 
 The cost of a command is the CPU time of its process (user + system, the interpreter's start-up
 included): wall time on a shared machine also counts other processes' turns. Medians of
-``--repeat`` rounds are printed with the ratio to the typer peer; the goal (README) is < 0.3 s.
+``--repeat`` rounds are printed with the ratio to the typer peer; the goal (BENCHMARKS.md) is < 0.3 s.
 
     python bench/help_time.py --repeat 9
 """

@@ -1,6 +1,6 @@
 """Emulated fp8: quantize-dequantize the operands of matmuls and Linear layers.
 
-Numerics, exactly (also in the README):
+Numerics, exactly (also in docs/how-it-works.md):
 
 1. ``amax`` = max |x| over the tensor (``tensorwise``) or over the reduction dim K per row of A /
    per column of B (``rowwise``), computed in float64 and clamped below by ``amax_eps``

@@ -1,4 +1,4 @@
-"""Every ``nanhunter`` command in the shell blocks of README.md and of every docs/*.md page is run
+"""Every ``nanhunter`` command in the shell blocks of README.md and of every page under docs/ is run
 (in-process, ``cli.main.main``, from a scratch directory so outputs land there) and exits as its
 ``# exit N`` comment says. A command that appears on several pages runs once. Commands on placeholder
 paths (``./model``, ``ckpt.safetensors``...) are listed and skipped."""
@@ -14,8 +14,8 @@ import pytest
 from nan_hunter.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the pages whose commands run: the README, then docs/ in name order
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: the pages whose commands run: the README, then docs/ in path order (docs/pending/ included)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def page_commands(page: Path) -> list[str]:

@@ -674,7 +674,9 @@ def _targets(res: dict) -> dict:
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x if x is not None else "-")
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x if x is not None else "-")
 
 
 def _markdown(res: dict) -> str:
@@ -701,7 +703,7 @@ def _markdown(res: dict) -> str:
             continue
         wl = f.get("workload", {})
         L += ["", f"{name}: {wl.get('model')}, {wl.get('dtype')}, batch {wl.get('batch')}, "
-              f"{_fmt(wl.get('params', 0) / 1e9, '.2f')}B params", "",
+              f"{_fmt(wl.get('params', 0) / 1e9, '.3g')}B params", "",
               "| variant | median ms | x plain | syncs (debug) | syncs (profiler) | syncs with report | equal | error |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for n, r in f.get("variants", {}).items():
@@ -726,7 +728,8 @@ def _markdown(res: dict) -> str:
     for name, j in (res.get("tests") or {}).items():
         if j:
             L.append(f"- pytest {name}: {j['tests']} tests, {j['failures']} failed, {j['errors']} errors, "
-                     f"{j['skipped']} skipped {j['failed_names'][:10] if j['failed_names'] else ''}")
+                     f"{j['skipped']} skipped {j['failed_names'][:10] if j['failed_names'] else ''}"
+                     + (" (the rehearsal only collects)" if res["mode"] == "cpu" else ""))
     L += ["", "targets: " + json.dumps(res.get("targets"), default=str)]
     return "\n".join(L) + "\n"
 

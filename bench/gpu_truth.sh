@@ -10,11 +10,14 @@
 #   GPU_TRUTH_DEVICE=cpu bash bench/gpu_truth.sh           # rehearsal on CPU: small sizes, cpu vs cpu
 #   GPU_TRUTH_STAGES=env,kernel bash bench/gpu_truth.sh    # only these stages (summary always runs)
 #
-# Stages and their budgets (seconds; each runs under `timeout`, and never past the whole run's
-# deadline, GPU_TRUTH_DEADLINE_S, default 450): a stage that overruns or fails is recorded in the
-# stage table and the script moves on. The timed stages run alone, one after another; the
-# correctness stages (tests, scan, trace) then run side by side.
-#   env 30 | kernel 75 | forward 100 | train 110 | tests_kernels 150 | tests_gpu 150 | scan 120 | trace 120
+# Stages and their budgets in seconds (GPU_TRUTH_BUDGET_SCALE multiplies them: 1 on the GPU, 3 in
+# the rehearsal). Each runs under `timeout`, cut to what the whole run's deadline leaves
+# (GPU_TRUTH_DEADLINE_S, default 450 x scale); a stage that overruns or fails is recorded in the
+# stage table (exit 124 = timed out) and the script moves on. The timed stages run alone, one after
+# another; the correctness stages then run side by side (16 cores on the lent machine):
+#   env 30 -> kernel 75 -> forward 100 -> train 110 ->
+#     tests_kernels 150 | tests_gpu 150 | scan 120 then scan_compare 20 | trace 90 then trace_diff 30
+# Worst case 450 s, then about 10 s to pack: inside the 8 minutes, with a 10-minute call limit.
 #
 # Writes 3 files under $OUT (a temporary folder when OUT is unset), rewritten after every stage so
 # a run cut short still leaves them: gpu_truth_summary.json, gpu_truth_summary.md and
@@ -57,6 +60,7 @@ if [ "$MODE" = cpu ]; then
   MODEL=tiny; BATCH=2; SEQ=16; ROUNDS=2; ITERS=2; WARMUP=1; THREADS=1
   PYTEST_N=0; PYTEST_COLLECT="--collect-only"  # the test stages only collect: the suite has CPU runs of its own
 else
+  unset TRITON_INTERPRET  # compiled kernels on the GPU (the tests' conftest sets it only without CUDA)
   KERNEL_ARGS=(--mib "${GPU_TRUTH_KERNEL_MIB:-1024}" --reps 20 --warmup 3 --profile-calls 5)
   MODEL=llama1b; BATCH=4; SEQ=512; ROUNDS=5; ITERS=5; WARMUP=2; THREADS=4
   PYTEST_N=6; PYTEST_COLLECT=""

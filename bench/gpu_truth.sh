@@ -27,6 +27,9 @@
 # installed, nanhunter comes from this checkout by PYTHONPATH, and the environment line records the
 # versions that ran (below the declared floors on the lent machine: torch 2.11, triton 3.6).
 set -uo pipefail
+if [ -n "${OUT:-}" ]; then  # a relative OUT is relative to where the script was started
+  mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+fi
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 t0=$SECONDS
@@ -77,12 +80,32 @@ pack() {
   tar czf "$OUT/gpu_truth_logs.tgz.part" -C "$W" . && mv "$OUT/gpu_truth_logs.tgz.part" "$OUT/gpu_truth_logs.tgz"
 }
 
+# Stopped from outside (the device tool's limit, ^C): stop the running stages (each `timeout` is
+# in a process group of its own, so a signal to ours does not reach it), write the files from what
+# has run, exit. Stage commands run in the background and are waited for, so the trap runs at once.
+stopped() {
+  trap - TERM INT
+  : >"$W/STOP"
+  printf 'stopped_from_outside\t143\t%s\t-\n' "$((SECONDS - t0))" >>"$W/stages.tsv"
+  stamp "stopped from outside: ending the running stages, packing what ran"
+  [ "${#pids[@]}" -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  while read -r p; do kill -TERM "$p" 2>/dev/null; done <"$W/timeouts"
+  sleep 1
+  pack
+  rm -rf "$W"
+  exit 143
+}
+pids=()
+: >"$W/timeouts"
+trap stopped TERM INT
+
 # run_stage NAME BUDGET_S CMD...: CMD under timeout (the budget, cut to what the deadline leaves),
 # output to NAME.log, one row in stages.tsv (name, exit code, seconds, budget).
 run_stage() {
   local name=$1 budget=$2 left s rc
   shift 2
   left=$((DEADLINE - (SECONDS - t0)))
+  [ -e "$W/STOP" ] && return 0
   if [ "$left" -lt 10 ]; then
     printf '%s\tskip\t0\t%s\n' "$name" "$budget" >>"$W/stages.tsv"
     stamp "$name: skipped, ${left}s left before the deadline"
@@ -92,7 +115,9 @@ run_stage() {
   [ "$budget" -gt "$left" ] && budget=$left
   stamp "$name (budget ${budget}s)"
   s=$SECONDS
-  timeout -k 5 "$budget" "$@" >"$W/$name.log" 2>&1
+  timeout -k 5 "$budget" "$@" >"$W/$name.log" 2>&1 &
+  echo "$!" >>"$W/timeouts"
+  wait "$!"
   rc=$?
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - s))" "$budget" >>"$W/stages.tsv"
   stamp "$name rc=$rc in $((SECONDS - s))s$([ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo ' (TIMED OUT)')"
@@ -172,7 +197,6 @@ corrupt_safetensors|examples/corrupt.safetensors
 EOF
 fi
 
-pids=()
 if has tests_kernels; then
   run_stage tests_kernels 150 "$PY" -m pytest "${pytest_args[@]}" tests/kernels --junitxml="$W/junit_kernels.xml" &
   pids+=($!)

@@ -7,7 +7,10 @@ only keep the stack of running calls, and a ``TorchDispatchMode`` makes one entr
 run inside the model's forward that returns a floating tensor, with ``producers``: the entry that
 made each tensor operand (None for weights, inputs and values made outside the trace). Ops that
 only move or alias data (views, ``clone``, ``detach``...) pass their operand's producer on
-without an entry; ops that allocate without writing (``empty``) make none.
+without an entry; ops that allocate without writing (``empty``) make none. Every entry names the
+dtypes of its floating inputs (``input_dtypes``: what ``diff`` takes the tolerance from); at level
+ops the entries that made the root call's floating outputs carry ``output: true`` (what ``diff``
+judges the outputs by).
 
 Nothing is changed: hooks and the mode only read, and outputs are bitwise those of a run
 without them. Statistics of a tensor already measured in this root call (a parent returning its
@@ -89,13 +92,24 @@ class _Where:
         return None, False
 
 
+def _float_dtypes(tensors: Any) -> list[str]:
+    """The distinct dtypes of the floating tensors among ``tensors``, in first-seen order."""
+    out: list[str] = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            name = dtype_name(t.dtype)
+            if name not in out:
+                out.append(name)
+    return out
+
+
 class _Call:
-    __slots__ = ("name", "module_type", "call_index", "source", "inputs")
+    __slots__ = ("name", "module_type", "call_index", "source", "inputs", "input_dtypes")
 
     def __init__(self, name: str, module_type: str, call_index: int, source: tuple[str, int] | None,
-                 inputs: Digest | None) -> None:
+                 inputs: Digest | None, input_dtypes: list[str] | None = None) -> None:
         self.name, self.module_type, self.call_index = name, module_type, call_index
-        self.source, self.inputs = source, inputs
+        self.source, self.inputs, self.input_dtypes = source, inputs, input_dtypes
 
 
 class _OpTrace(TorchDispatchMode):
@@ -241,12 +255,13 @@ class TraceRecorder:
                     self._root_call(args, kwargs)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
-            source, inputs = None, None
+            source, inputs, dtypes = None, None, None
             if self.level == "modules":  # level ops: entries carry their op's own source line
                 source, _ = self._where.site()
                 with _disable_current_modes():
                     inputs = self._digest_all((args, kwargs))
-            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs))
+                    dtypes = _float_dtypes(t for _, t in float_tensors((args, kwargs)))
+            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs, dtypes))
         return hook
 
     def _post(self, name: str):
@@ -262,7 +277,10 @@ class TraceRecorder:
                 with _disable_current_modes():
                     d = self._digest_all(output)
                 if d is not None:
-                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs)
+                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs,
+                              call.input_dtypes)
+            elif not self._stack:
+                self._mark_outputs(output)
             if not self._stack:
                 self._root_done()
         return hook
@@ -275,6 +293,16 @@ class TraceRecorder:
             self._base = self.writer.entries if self.writer else 0
         if not self._header_written:
             self._write_header(args, kwargs)
+
+    def _mark_outputs(self, output: Any) -> None:
+        """Level ops, run 0: ``output: true`` on the pending entries that made the root call's
+        floating outputs (a view of an entry's output counts as it)."""
+        if self._run > 0:
+            return
+        for _, t in float_tensors(output):
+            p = self.producer(t)
+            if p is not None and 0 <= p - self._base < len(self._pending):
+                self._pending[p - self._base]["output"] = True
 
     def _root_done(self) -> None:
         if self._input_index is None:
@@ -346,12 +374,13 @@ class TraceRecorder:
         d = combine([digest(o) for o in floats])
         call = self._stack[-1]
         index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,
-                          [self.producer(x) for x in ins], None)
+                          [self.producer(x) for x in ins], None, _float_dtypes(ins))
         self._made_by(outs, index)
 
     # -- entries ------------------------------------------------------------------------------
     def _add(self, module: str, module_type: str, op: str | None, call_index: int, source: tuple[str, int] | None,
-             d: Digest, producers: list[int | None] | None, inputs: Digest | None) -> int:
+             d: Digest, producers: list[int | None] | None, inputs: Digest | None,
+             input_dtypes: list[str] | None = None) -> int:
         """Append an entry of the current run; returns its index (run 0: the index it is written
         at; later runs: the same numbering, for their producers)."""
         if d.nan or d.posinf:
@@ -365,7 +394,7 @@ class TraceRecorder:
         index = self._base + len(self._pending)
         input_index = self._input_index if self._input_index is not None else self._step
         self._pending.append(entry_line(index, module, module_type, op, call_index, input_index, self._step,
-                                        "forward", source, d, None, producers, inputs))
+                                        "forward", source, d, None, producers, inputs, input_dtypes))
         self._digests.append((key, d))
         return index
 

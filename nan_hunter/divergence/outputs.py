@@ -30,11 +30,12 @@ class OutputsVerdict:
     rel_err: float | None
     tolerance: float | None
     calls: int  # root calls (input, step) compared
+    unpaired: int = 0  # root calls whose output entries have no counterpart on the other side
 
     def to_dict(self) -> dict[str, Any]:
         err = self.rel_err
         return {"equal": self.equal, "rel_err": err if err is None or math.isfinite(err) else None,
-                "tolerance": self.tolerance, "calls": self.calls}
+                "tolerance": self.tolerance, "calls": self.calls, "unpaired": self.unpaired}
 
 
 def output_groups(entries: Sequence[Any], level: str, marked: bool) -> dict[tuple[int, int], list[int]]:
@@ -68,13 +69,13 @@ def outputs_verdict(a: Sequence[Any], b: Sequence[Any], level: str, pairs: Seque
     if not ga and not gb:
         return None, "no entry holds the model's outputs: whether the runs' outputs differ is not known"
     b_of = dict(pairs)
-    worst, errs, tols = 0, [], []
+    worst, errs, tols, unpaired = 0, [], [], 0
     for key in sorted(set(ga) | set(gb)):
         ia, ib = ga.get(key, []), gb.get(key, [])
         paired = [i for i in ia if i in b_of]
         if not ia or not ib or len(paired) != len(ia) or sorted(b_of[i] for i in paired) != sorted(ib):
             worst = len(EQUAL) - 1  # an output with no counterpart: they differ
-            errs.append(math.inf)
+            unpaired += 1
             continue
         for i in paired:
             v = verdicts[i]
@@ -84,4 +85,4 @@ def outputs_verdict(a: Sequence[Any], b: Sequence[Any], level: str, pairs: Seque
             errs.append(0.0 if same else v.rel_err)
             tols.append(v.tolerance)
     return OutputsVerdict(EQUAL[worst], max(errs) if errs else None, max(tols) if tols else None,
-                          len(set(ga) | set(gb))), note
+                          len(set(ga) | set(gb)), unpaired), note

@@ -1,5 +1,5 @@
-"""``nanhunter diff`` in the terminal: the verdict and the environment keys that differ first,
-then the details; every line at most ``WIDTH`` columns (80), every string from a trace escaped
+"""``nanhunter diff`` in the terminal: the verdict, whether the difference reached the outputs
+and the environment keys that differ first (three lines), then the details; every line at most ``WIDTH`` columns (80), every string from a trace escaped
 (``escape.terminal``) and shortened with an ellipsis where it would not fit."""
 
 from __future__ import annotations
@@ -46,6 +46,25 @@ def _value(v: Any) -> str:
     return esc("null" if v is None else v)
 
 
+def _outputs_line(res: dict[str, Any]) -> str:
+    """Line 2: whether the difference reached the model's outputs."""
+    o = res.get("outputs")
+    d = res["first_divergence"]
+    inside = d is not None or res["first_nonfinite"]["a"] != res["first_nonfinite"]["b"]
+    if o is None:
+        return "  outputs: not known (see the notes)"
+    tol = f"{o['tolerance']:.1e}" if o.get("tolerance") is not None else "—"
+    if o["equal"] == "bitwise":
+        return "  outputs bitwise equal" + (": the divergence did not reach them" if inside else "")
+    if o["equal"] == "within_tolerance":
+        return (f"  outputs within tolerance (rel_err {_err(o['rel_err'])} ≤ {tol})"
+                + (": the divergence did not reach them" if inside else ""))
+    if o.get("unpaired"):
+        return f"  outputs differ: {o['unpaired']} root call(s) with outputs that have no counterpart"
+    err = "non-finite classes differ" if o["rel_err"] is None else f"rel_err {_err(o['rel_err'])} > {tol}"
+    return f"  outputs differ: {err}"
+
+
 def lines(res: dict[str, Any]) -> list[str]:
     """The terminal view of a ``nanhunter.diff/v1`` dict (``DiffResult.to_dict()``)."""
     out: list[str] = []
@@ -54,7 +73,10 @@ def lines(res: dict[str, Any]) -> list[str]:
     env = res["env_diff"]
     if d is not None:
         what = _where(d) + (f" · {esc(d['op'])}" if d.get("op") else "")
-        out.append(_cut(f"✘ runs part at {what}", WIDTH))
+        if d.get("unmatched"):
+            what += " (no counterpart)"
+        mark = "✘" if res["exit_code"] else "⚠"
+        out.append(_cut(f"{mark} runs part at {what}", WIDTH))
     elif (fa is None) != (fb is None):
         side, e = ("A", fa) if fa is not None else ("B", fb)
         out.append(_cut(f"✘ only {side} is non-finite: {esc(e['kind'])} first at {esc(e['module']) or '<root>'}"
@@ -63,6 +85,7 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append(_cut(f"✔ no divergence: {res['compared']} entries agree within tolerance "
                         f"(max rel_err {_err(res['max_rel_err']) if res['max_rel_err'] is not None else '—'})",
                         WIDTH))
+    out.append(_cut(_outputs_line(res), WIDTH))
     out.append(_env_line([esc(x["key"]) for x in env]))
     out.append("")
     out.append(_cut(f"A  {esc(res['a']['path'])}", WIDTH))
@@ -74,6 +97,14 @@ def lines(res: dict[str, Any]) -> list[str]:
                         WIDTH))
         if d.get("op"):
             out.append(_cut(f"  op      {esc(d['op'])}", WIDTH))
+        if d.get("unmatched"):
+            for side in ("a", "b"):
+                ops = d["unmatched"][side]
+                out.append(_cut(f"  no counterpart in {side.upper()}: "
+                                + (", ".join(esc(x) for x in ops) if ops else "(none)"), WIDTH))
+            at = d.get("compared_at") or {}
+            out.append(_cut(f"  measured at the next paired entry: {esc(at.get('module')) or '<root>'}"
+                            + (f" · {esc(at['op'])}" if at.get("op") else ""), WIDTH))
         src = _source(d)
         if src:
             out.append(_cut(f"  source  {src}", WIDTH))

@@ -130,6 +130,7 @@ class DiffResult:
     notes: list[str] = field(default_factory=list)
     outputs: OutputsVerdict | None = None  # None: the trace does not say which entries are the outputs
     fail_on: str = "outputs"
+    first_difference: Divergence | None = None  # the first entry whose bits differ while its inputs' do not
 
     @property
     def compared(self) -> int:
@@ -164,6 +165,7 @@ class DiffResult:
                 "b": {"path": self.b.path, "env": self.b.header.env},
                 "env_diff": self.env_diff, "compared": self.compared, "unmatched": {"a": ua, "b": ub},
                 "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+                "first_difference": self.first_difference.to_dict() if self.first_difference else None,
                 "first_nonfinite": {"a": fnf(self.first_nonfinite_a), "b": fnf(self.first_nonfinite_b)},
                 "outputs": self.outputs.to_dict() if self.outputs else None,
                 "level": self.level, "rtol": self.rtol, "fail_on": self.fail_on,
@@ -222,6 +224,7 @@ class RecordingsComparison:
     max_rel_err: float | None
     notes: list[str] = field(default_factory=list)
     outputs: OutputsVerdict | None = None
+    first_difference: Divergence | None = None  # where the runs first compute different bits
 
     def verdict_for(self, key: tuple) -> PairVerdict | None:
         return next((v for v in self.verdicts.values() if v.a.key == key), None)
@@ -279,6 +282,7 @@ class _Side:
         self.entries = entries
         self.paired = paired  # index here → A's index of the pair
         self.carried = carried_dtypes(entries)
+        self.verdicts: dict[int, PairVerdict] = {}  # by A's index (set once judged)
         self.exact = [self._exact(e) for e in entries]
 
     def _exact(self, e: Any) -> bool:
@@ -336,54 +340,87 @@ def _region_divergence(v: PairVerdict, inputs_ok: bool, a: list[Any], b: list[An
                                            [x.index for x in ea], [x.index for x in eb]))
 
 
+def bitwise(v: PairVerdict) -> bool:
+    """The two sides of a pair hold the same bits (same hash, dtype and shape), or differ only as
+    much as their own re-runs do (``--repeat`` spread, within tolerance)."""
+    a, b = v.a, v.b
+    if a.stats.hash is not None and a.stats.hash == b.stats.hash and a.dtype == b.dtype and \
+            tuple(a.shape) == tuple(b.shape):
+        return True
+    return v.agrees and max(a.spread or 0.0, b.spread or 0.0) > 0
+
+
+def _same_inputs(e: Any, f: Any, v: PairVerdict) -> bool | None:
+    """Module level: whether the call's recorded inputs agree by the rule (None: not recorded)."""
+    if e.input is None or f.input is None:
+        return None
+    return rel_err(e.input, f.input, _floor_dtype(e, f)) <= v.tolerance
+
+
+def _same_input_bits(e: Any, f: Any, v: PairVerdict) -> bool | None:
+    """Module level: whether the call's recorded inputs hold the same bits (None: not recorded)."""
+    if e.input is None or f.input is None or e.input.hash is None:
+        return None
+    return e.input.hash == f.input.hash
+
+
+def _walk(level: str, a: list[Any], b: list[Any], pairs: list[Pair], sa: _Side, sb: _Side,
+          agrees: dict[int, bool], same_inputs: Any, fallback_too: bool) -> tuple[Divergence | None, bool]:
+    """The first pair (A's order) that does not ``agree`` while its inputs do (``same_inputs``
+    at level modules), as a ``Divergence`` (a ``Region`` when unpaired entries lead to it); with
+    ``fallback_too``, else the first that does not agree, with ``inputs_agree`` false. Returns
+    (it, whether it is the fallback)."""
+    fallback: Divergence | None = None
+    prev_agrees = True
+    prev_a = prev_b = -1
+    for ia, ib in pairs:
+        v = sa.verdicts[ia]
+        ra: list[int] = []
+        rb: list[int] = []
+        if level == "ops":
+            up_a, ra = sa.upstream(v.a)
+            up_b, rb = sb.upstream(v.b)
+            inputs_ok = all(agrees[p] for p in set(up_a) | set(up_b))
+        else:
+            ra = [i for i in range(prev_a + 1, ia) if i not in sa.paired]
+            rb = [i for i in range(prev_b + 1, ib) if i not in sb.paired]
+            same = same_inputs(v.a, v.b, v)
+            inputs_ok = prev_agrees if same is None else same
+            prev_a, prev_b = ia, max(prev_b, ib)
+        exact = level == "ops" and (sa.exact[ia] or sb.exact[ib])
+        if not agrees[ia] and not exact:
+            if inputs_ok:
+                return (_region_divergence(v, True, a, b, ra, rb) if (ra or rb) else Divergence(v, True)), False
+            if fallback is None and fallback_too:
+                fallback = Divergence(v, False)
+        prev_agrees = agrees[ia]
+    return fallback, fallback is not None
+
+
 def compare_recordings(a: list[Any], b: list[Any], level: str = "modules",
                        rtol: float | None = None) -> RecordingsComparison:
     """Align two recordings (trace entries or ``recordings.Recorded``), judge every pair and find
-    the first divergence, each side's first non-finite entry and the outputs' verdict."""
+    the first divergence (beyond tolerance), the first difference (bitwise), each side's first
+    non-finite entry and the outputs' verdict."""
     pairs = align(level, a, b)
     sa, sb = _Side(a, {ia: ia for ia, _ in pairs}), _Side(b, {ib: ia for ia, ib in pairs})
     verdicts: dict[int, PairVerdict] = {ia: judge(a[ia], b[ib], rtol, sa.carried[ia] | sb.carried[ib])
                                         for ia, ib in pairs}
-    first: Divergence | None = None
-    fallback: Divergence | None = None
-    prev_agrees = True
-    prev_a = prev_b = -1
+    sa.verdicts = sb.verdicts = verdicts
     notes: list[str] = []
-    for ia, ib in pairs:
-        v = verdicts[ia]
-        e = v.a
-        ra: list[int] = []
-        rb: list[int] = []
-        if level == "ops":
-            up_a, ra = sa.upstream(e)
-            up_b, rb = sb.upstream(v.b)
-            inputs_ok = all(verdicts[p].agrees for p in set(up_a) | set(up_b))
-        else:
-            ra = [i for i in range(prev_a + 1, ia) if i not in sa.paired]
-            rb = [i for i in range(prev_b + 1, ib) if i not in sb.paired]
-            if e.input is not None and v.b.input is not None:
-                inputs_ok = rel_err(e.input, v.b.input, _floor_dtype(e, v.b)) <= v.tolerance
-            else:
-                inputs_ok = prev_agrees
-            prev_a, prev_b = ia, max(prev_b, ib)
-        exact = level == "ops" and (sa.exact[ia] or sb.exact[ib])
-        if not v.agrees and not exact:
-            if inputs_ok:
-                first = _region_divergence(v, True, a, b, ra, rb) if (ra or rb) else Divergence(v, True)
-                break
-            if fallback is None:
-                fallback = Divergence(v, False)
-        prev_agrees = v.agrees
-    if first is None and fallback is not None:
-        first = fallback
+    first, fell_back = _walk(level, a, b, pairs, sa, sb, {i: v.agrees for i, v in verdicts.items()},
+                             _same_inputs, True)
+    if fell_back:
         notes.append("every entry that differs beyond tolerance has inputs that differ too (each judged in its own "
                      "precision): the first of them is shown, with inputs_agree false")
+    difference, _ = _walk(level, a, b, pairs, sa, sb, {i: bitwise(v) for i, v in verdicts.items()},
+                          _same_input_bits, False)
     finite_errs = [v.rel_err for v in verdicts.values() if math.isfinite(v.rel_err)]
     outputs, out_note = outputs_verdict(a, b, level, pairs, verdicts)
     if out_note:
         notes.append(out_note)
     return RecordingsComparison(pairs, verdicts, first, first_nonfinite(a), first_nonfinite(b),
-                                max(finite_errs) if finite_errs else None, notes, outputs)
+                                max(finite_errs) if finite_errs else None, notes, outputs, difference)
 
 
 def compare_traces(a: Trace, b: Trace, rtol: float | None = None, fail_on: str = "outputs") -> DiffResult:
@@ -415,7 +452,8 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None, fail_on: str =
                      "the nearest call outside it; `nanhunter scan --compile` searches the module where compiled and "
                      "eager part (compile.first_divergent_module)")
     return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), cmp.pairs, cmp.first_divergence,
-                      cmp.first_nonfinite_a, cmp.first_nonfinite_b, cmp.max_rel_err, notes, cmp.outputs, fail_on)
+                      cmp.first_nonfinite_a, cmp.first_nonfinite_b, cmp.max_rel_err, notes, cmp.outputs, fail_on,
+                      cmp.first_difference)
 
 
 def plot_series(res: DiffResult) -> dict[str, Any]:

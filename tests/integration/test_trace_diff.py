@@ -88,7 +88,8 @@ def test_flush_denormal_first_divergence_is_the_division(tmp_path, denormal):
         assert {"key": "flush_denormal", "a": False, "b": True} in d["env_diff"]
         assert d["first_nonfinite"]["a"] is None and d["first_nonfinite"]["b"]["module"] == "mid"
         lines = res.stdout.splitlines()
-        assert lines[0].startswith("✘ runs part at mid (DivScale)") and "flush_denormal" in lines[1]
+        assert lines[0].startswith("✘ runs part at mid (DivScale)") and "flush_denormal" in lines[2]
+        assert lines[1] == "  outputs differ: non-finite classes differ"
         assert max(map(len, lines)) <= 80
 
 
@@ -99,7 +100,8 @@ def test_one_against_two_threads_is_within_tolerance(tmp_path):
     assert res.code == 0, res.stdout + res.stderr
     assert {"key": "threads", "a": 1, "b": 2} in d["env_diff"]
     assert d["first_divergence"] is None and d["compared"] > 50 and d["unmatched"] == {"a": 0, "b": 0}
-    assert res.stdout.startswith("✔ no divergence") and "threads" in res.stdout.splitlines()[1]
+    assert res.stdout.startswith("✔") and "threads" in res.stdout.splitlines()[2]
+    assert d["outputs"]["equal"] in ("bitwise", "within_tolerance")
 
 
 @pytest.mark.slow

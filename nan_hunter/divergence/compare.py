@@ -77,6 +77,7 @@ class Region:
     b: list[str]
     a_index: list[int]
     b_index: list[int]
+    source: tuple[str | None, int | None] = (None, None)  # the region's first op's (A's, else B's)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,9 @@ class Divergence:
         r = self.region
         out = {"module": r.module if r else a.module, "module_type": r.module_type if r else a.module_type,
                "op": None if r else a.op, "call_index": a.call_index,
-               "input_index": a.input_index, "step": a.step, "phase": a.phase, "source_file": a.source_file,
-               "source_line": a.source_line, "a": side(a), "b": side(b),
+               "input_index": a.input_index, "step": a.step, "phase": a.phase,
+               "source_file": r.source[0] if r else a.source_file, "source_line": r.source[1] if r else a.source_line,
+               "a": side(a), "b": side(b),
                "rel_err": err if math.isfinite(err) else None, "classes_differ": math.isinf(err),
                "tolerance": self.verdict.tolerance, "inputs_agree": self.inputs_agree,
                "unmatched": {"a": r.a, "b": r.b} if r else None}
@@ -335,9 +337,11 @@ def _region_divergence(v: PairVerdict, inputs_ok: bool, a: list[Any], b: list[An
     types = {e.module_type for e in ea + eb if e.module == module}
     if not types:  # the common module ran none of the ops itself: its type, where the pair knows it
         types = {e.module_type for e in (v.a, v.b) if e.module == module}
+    first = (ea or eb)[0]
     return Divergence(v, inputs_ok, Region(module, next(iter(types)) if len(types) == 1 else "",
                                            [x.op or x.module for x in ea], [x.op or x.module for x in eb],
-                                           [x.index for x in ea], [x.index for x in eb]))
+                                           [x.index for x in ea], [x.index for x in eb],
+                                           (getattr(first, "source_file", None), getattr(first, "source_line", None))))
 
 
 def bitwise(v: PairVerdict) -> bool:

@@ -170,7 +170,8 @@ def lines(res: dict[str, Any]) -> list[str]:
     if fd is not None and (d is None or (fd["module"], fd["op"], fd["a"]["index"]) != (d["module"], d["op"],
                                                                                      d["a"]["index"])):
         out.append("")
-        out.append(_cut(f"first difference (bits)  {_what(fd, WIDTH - 25)}", WIDTH))
+        at = "" if fd.get("unmatched") else f" (#{fd['a']['index']})"
+        out.append(_cut(f"first difference (bits)  {_what(fd, WIDTH - 25 - len(at))}{at}", WIDTH))
         out.append("  the first entry whose bits differ while its inputs' bits do not")
         out += _region_lines(fd)
     if env:

@@ -451,10 +451,17 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None, fail_on: str =
                      "entry after it")
     ca, cb = a.header.env.get("compile"), b.header.env.get("compile")
     if ca != cb:
-        which = " and ".join(f"{s} ran under torch.compile ({c})" for s, c in (("A", ca), ("B", cb)) if c)
-        notes.append(f"{which}: module calls inside a compiled region are not seen, so the divergence is named at "
-                     "the nearest call outside it; `nanhunter scan --compile` searches the module where compiled and "
-                     "eager part (compile.first_divergent_module)")
+        sides = [(s, c, t) for s, c, t in (("A", ca, a), ("B", cb, b)) if c]
+        opaque = [f"{s} ran under torch.compile ({c})" for s, c, t in sides if all(e.module == "" for e in t.entries)]
+        alone = [s for s, c, t in sides if any(e.module != "" for e in t.entries)]
+        if alone:
+            notes.append(f"{' and '.join(alone)} ran under torch.compile: each module call is recorded as that module "
+                         "compiled alone on eager's inputs (its module boundaries), so the module named is where "
+                         "compile changed the numbers")
+        if opaque:
+            notes.append(f"{' and '.join(opaque)}: module calls inside a compiled region are not seen, so the "
+                         "divergence is named at the nearest call outside it; `nanhunter scan --compile` searches "
+                         "the module where compiled and eager part (compile.first_divergent_module)")
     return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), cmp.pairs, cmp.first_divergence,
                       cmp.first_nonfinite_a, cmp.first_nonfinite_b, cmp.max_rel_err, notes, cmp.outputs, fail_on,
                       cmp.first_difference)

@@ -19,7 +19,11 @@ the input's last re-run ends), so memory holds one root call's entries at most.
 
 A compiled region is opaque, as for capture (``capture.compiled_regions``): hooks inside it do
 nothing while dynamo traces, so a compiled model's trace holds the calls that run outside
-compiled code (the root, and the wrappers of compiled submodules).
+compiled code (the root, and the wrappers of compiled submodules). With ``compile_backend`` (``scan
+--compile --trace``) at level modules, each root call of a ``torch.compile``d model first records
+the module boundaries (``boundaries``): every module call of an eager run, computed by that module
+compiled alone on eager's inputs, so ``diff`` against eager names the module where compile
+changed the numbers, not only the root.
 """
 
 from __future__ import annotations
@@ -217,6 +221,7 @@ class TraceRecorder:
             self.writer.close(repeat_mismatch=self.repeat_mismatch, unmeasured=len(self.failures))
 
     _header_written = False
+    _quiet = False  # the recorder's own runs (module boundaries of a compiled model): nothing recorded
 
     # -- inputs and repeats (driven by the caller) ---------------------------------------------
     @contextlib.contextmanager
@@ -243,16 +248,18 @@ class TraceRecorder:
             self._run = 0
 
     def recording(self) -> bool:
-        return bool(self._stack) and not self.paused() and not compiling()
+        return bool(self._stack) and not self._quiet and not self.paused() and not compiling()
 
     # -- hooks --------------------------------------------------------------------------------
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.paused() or compiling():
+            if self._quiet or self.paused() or compiling():
                 return
             if not self._stack:
                 with _disable_current_modes():
                     self._root_call(args, kwargs)
+                    if self._wrapper is not None and self.compile_backend and self.level == "modules":
+                        self._boundaries(args, kwargs)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
             source, inputs, dtypes = None, None, None
@@ -266,7 +273,7 @@ class TraceRecorder:
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self._stack or self.paused() or compiling():
+            if not self._stack or self._quiet or self.paused() or compiling():
                 return
             while self._stack[-1].name != name and any(c.name == name for c in self._stack):
                 self._stack.pop()  # calls whose post-hook a compiled region swallowed
@@ -293,6 +300,25 @@ class TraceRecorder:
             self._base = self.writer.entries if self.writer else 0
         if not self._header_written:
             self._write_header(args, kwargs)
+
+    def _boundaries(self, args: tuple, kwargs: dict) -> None:
+        """A compiled root call's module boundaries (module docstring): an entry per module call
+        of an eager run, from the module compiled alone on that call's eager inputs."""
+        from .boundaries import compiled_alone, eager_calls  # lazy: only a compiled run's trace needs it
+
+        self._quiet = True
+        try:
+            calls = eager_calls(self.model, args, kwargs)
+            for call, out, why in compiled_alone(calls, self.compile_backend):
+                d = self._digest_all(out) if why is None else None
+                if d is None:
+                    self.failures.append(why or f"{call.name}: no floating output when compiled alone")
+                    continue
+                ins = (call.args, call.kwargs)
+                self._add(call.name, type(call.module).__name__, None, call.call_index, None, d, None,
+                          self._digest_all(ins), _float_dtypes(t for _, t in float_tensors(ins)))
+        finally:
+            self._quiet = False
 
     def _mark_outputs(self, output: Any) -> None:
         """Level ops, run 0: ``output: true`` on the pending entries that made the root call's

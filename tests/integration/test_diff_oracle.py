@@ -1,7 +1,8 @@
 """``nanhunter diff`` held against an independent oracle (``tests/oracle/parting.py``: its own
 dispatch tape, statistics, pairing and walk, sharing no code with nanhunter) over pairs of runs
 that differ in one way (``tests/models/diff_pairs.py``): dtype change, one kernel changed,
-flush-denormal, thread count, eager against compiled. Per cell (pair × trace level) the verdicts
+flush-denormal, thread count, eager against compiled (each module compiled alone on eager's
+inputs, the oracle's own way, against nanhunter's compiled trace). Per cell (pair × trace level) the verdicts
 must agree: where the runs part beyond tolerance (module, op, or the region with no counterpart
 and each side's ops), where they first differ bitwise, and whether the outputs differ.
 
@@ -56,9 +57,11 @@ def _oracle_side(run: diff_pairs.Run, level: str) -> tuple[list, object]:
         tape["entries"] = t.entries
     out = diff_pairs.forward(run, rec)
     entries = tape.get("entries")
-    if entries is None:
-        st = parting.stat([out])
-        entries = [parting.Entry(0, "", 0, None, tuple(out.shape), out.dtype, st)]
+    if entries is None:  # compiled: each module compiled alone on eager's inputs, then the root's own call
+        x = diff_pairs.inputs(run)
+        entries = parting.compiled_alone(tape["model"]._orig_mod, x)
+        entries.append(parting.Entry(len(entries), "", 0, None, tuple(out.shape), out.dtype, parting.stat([out]),
+                                     inp=parting.stat([x])))
     return entries, out
 
 

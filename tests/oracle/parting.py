@@ -376,3 +376,49 @@ def outputs(x: torch.Tensor, y: torch.Tensor) -> str:
     t = 1e-2 if _narrow(x.dtype) or _narrow(y.dtype) else 1e-3
     floor = max(torch.finfo(x.dtype).tiny, torch.finfo(y.dtype).tiny)
     return "within_tolerance" if rel_err(sx, sy, floor) <= t else "differ"
+
+
+def compiled_alone(model: torch.nn.Module, x: torch.Tensor, backend: str = "inductor") -> list[Entry]:
+    """A compiled run's module entries as the contract has them recorded: every module call of an
+    eager run (completion order), each computed by its module compiled alone, fed a copy of the
+    inputs eager gave it. Compile state is reset around each compile (modules of one class share
+    their forward's code, and the recompile limit would run later ones eagerly)."""
+    import torch._dynamo
+
+    names = {m: n for n, m in model.named_modules()}
+    seen: list[tuple[str, int, torch.nn.Module, tuple, dict]] = []
+    open_: list[tuple[str, int, torch.nn.Module, tuple, dict]] = []
+    count: dict[str, int] = {}
+
+    def pre(mod, args, kwargs):
+        n = names[mod]
+        k = count.get(n, 0)
+        count[n] = k + 1
+        open_.append((n, k, mod, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                      {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}))
+
+    def post(mod, args, kwargs, out):
+        item = open_.pop()
+        if item[0]:
+            seen.append(item)
+
+    hs = []
+    for m in names:
+        hs.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+        hs.append(m.register_forward_hook(post, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hs:
+            h.remove()
+    out = []
+    for name, k, mod, args, kwargs in seen:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            y = torch.compile(mod, backend=backend)(*args, **kwargs)
+        fl = _floats(y)
+        out.append(Entry(len(out), name, k, None, tuple(fl[0].shape), fl[0].dtype, stat(fl),
+                         inp=stat(_floats((args, kwargs)))))
+    torch._dynamo.reset()
+    return out

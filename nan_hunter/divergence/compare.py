@@ -382,6 +382,8 @@ def _walk(level: str, a: list[Any], b: list[Any], pairs: list[Pair], sa: _Side, 
         ra: list[int] = []
         rb: list[int] = []
         if level == "ops":
+            if agrees[ia] or sa.exact[ia] or sb.exact[ib]:
+                continue  # only a pair that differs needs its inputs looked at
             up_a, ra = sa.upstream(v.a)
             up_b, rb = sb.upstream(v.b)
             inputs_ok = all(agrees[p] for p in set(up_a) | set(up_b))
@@ -391,8 +393,7 @@ def _walk(level: str, a: list[Any], b: list[Any], pairs: list[Pair], sa: _Side, 
             same = same_inputs(v.a, v.b, v)
             inputs_ok = prev_agrees if same is None else same
             prev_a, prev_b = ia, max(prev_b, ib)
-        exact = level == "ops" and (sa.exact[ia] or sb.exact[ib])
-        if not agrees[ia] and not exact:
+        if not agrees[ia]:
             if inputs_ok:
                 return (_region_divergence(v, True, a, b, ra, rb) if (ra or rb) else Divergence(v, True)), False
             if fallback is None and fallback_too:

@@ -186,15 +186,16 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
 
 
 @_keywords_checked
-def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None) -> Any:
+def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None, fail_on: str = "outputs") -> Any:
     """``nanhunter diff A B`` as a function: where two traces (``scan(..., trace=PATH)``,
     ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
-    (``.first_divergence``, ``.exit_code``, ``.to_dict()`` is ``nanhunter.diff/v1``); raises
-    ``BadInput`` for files that cannot be compared."""
+    (``.first_divergence``, ``.outputs``, ``.exit_code`` — by ``fail_on``, ``"outputs"`` or
+    ``"divergence"`` —, ``.to_dict()`` is ``nanhunter.diff/v1``); raises ``BadInput`` for files
+    that cannot be compared."""
     from .divergence.compare import compare_traces  # lazy: `import nan_hunter` stays light
     from .trace.reader import read_trace  # lazy: `import nan_hunter` stays light
 
-    return compare_traces(read_trace(a), read_trace(b), rtol)
+    return compare_traces(read_trace(a), read_trace(b), rtol, fail_on)
 
 
 @_keywords_checked

@@ -87,6 +87,7 @@ def page(res: dict[str, Any], series: dict[str, Any]) -> str:
          "<h1>nanhunter diff</h1>",
          f'<div class="sub mono">A {esc(res["a"]["path"])}<br>B {esc(res["b"]["path"])}</div>',
          f'<div class="verdict {tone}">{esc(head[0])}</div>',
+         f'<p class="outputs">{esc(head[1].strip())}</p>',
          f'<div class="card"><h2>absmax along the entries</h2>'
          f"{_plot(series['a'], series['b'], series.get('mark'), series['bad_a'], series['bad_b'])}</div>"]
     if d is not None:
@@ -95,6 +96,8 @@ def page(res: dict[str, Any], series: dict[str, Any]) -> str:
                 ("source", f"{d['source_file']}:{d['source_line']}" if d["source_file"] else "—"),
                 ("rel_err", "non-finite classes differ" if d["classes_differ"] else f"{d['rel_err']:.3e}"),
                 ("tolerance", f"{d['tolerance']:.1e}"), ("inputs agree", "yes" if d["inputs_agree"] else "no")]
+        if d.get("unmatched"):
+            rows += [(f"no counterpart in {s.upper()}", ", ".join(d["unmatched"][s]) or "(none)") for s in ("a", "b")]
         stats = ["<table><thead><tr><th></th>" + "".join(f"<th class=num>{k}</th>" for k in
                  ("absmax", "absmin", "mean", "l2", "nan", "+inf", "−inf")) + "<th>hash</th></tr></thead><tbody>"]
         for side in ("a", "b"):
@@ -111,7 +114,8 @@ def page(res: dict[str, Any], series: dict[str, Any]) -> str:
                             f"<td class=mono>{esc(x['b'])}</td></tr>" for x in env)
         h.append(f'<div class="card"><h2>Environment keys that differ</h2><table><thead><tr><th>key</th><th>A</th>'
                  f"<th>B</th></tr></thead><tbody>{rows_html}</tbody></table></div>")
+    # each line escaped on its own: ``escape.html`` shows a newline inside a string as ``\n``
     h.append('<div class="card"><h2>Details</h2><pre class="mono cmd">'
-             + esc("\n".join(head[1:])) + "</pre></div>")
+             + "\n".join(esc(line) for line in head[1:]) + "</pre></div>")
     h.append("</main></body></html>")
     return "".join(h)

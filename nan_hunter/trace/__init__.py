@@ -6,4 +6,5 @@ entry, with the environment it ran in, for ``nanhunter diff``.
 - ``format``: the file (JSON lines), its writer and typed entries; ``reader``: strict reading
 - ``rule``: the one rule two recordings of an entry are compared by (diff, spread, compile, reproducible)
 - ``recorder``: ``TraceRecorder``, the hooks (and, level ops, the dispatch mode) that write it
+- ``boundaries``: a compiled run's module calls, each module compiled alone on eager's inputs
 """

@@ -20,8 +20,9 @@ from typing import IO, Any
 SCHEMA = "nanhunter.trace/v1"
 LEVELS = ("modules", "ops")
 PHASES = ("forward", "backward", "optimizer")
-#: the keys of an entry line, in the order they are written (op level adds ``producers``; module
-#: level adds ``input``: the same statistics over the call's floating inputs)
+#: the keys of an entry line, in the order they are written (op level adds ``producers`` and, on the
+#: entries that made the root call's outputs, ``output: true``; module level adds ``input``: the
+#: same statistics over the call's floating inputs; both add ``input_dtypes``)
 ENTRY_KEYS = ("index", "module", "module_type", "op", "call_index", "input_index", "step", "phase",
               "source_file", "source_line", "shape", "dtype", "nan", "posinf", "neginf", "absmax", "absmin",
               "mean", "l2", "hash", "spread")
@@ -80,6 +81,8 @@ class Entry:
     spread: float | None
     producers: tuple[int | None, ...] | None = None  # op level: the entry that produced each input
     input: Stats | None = None  # module level: the statistics of the call's floating inputs
+    input_dtypes: tuple[str, ...] | None = None  # the dtypes of the floating inputs (None: not recorded)
+    output: bool = False  # op level: this entry made (part of) the root call's output
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:
@@ -89,8 +92,10 @@ class Entry:
 
 def entry_line(index: int, module: str, module_type: str, op: str | None, call_index: int, input_index: int,
                step: int, phase: str, source: tuple[str, int] | None, d: Any, spread: float | None,
-               producers: list[int | None] | None = None, inputs: Any = None) -> dict[str, Any]:
-    """The JSON object of one entry from a ``stats.Digest`` ``d`` (and ``inputs``, a digest or None)."""
+               producers: list[int | None] | None = None, inputs: Any = None,
+               input_dtypes: list[str] | None = None) -> dict[str, Any]:
+    """The JSON object of one entry from a ``stats.Digest`` ``d`` (and ``inputs``, a digest or None;
+    ``input_dtypes``: the dtypes of the floating inputs, None when not recorded)."""
     rec: dict[str, Any] = {
         "index": index, "module": module, "module_type": module_type, "op": op, "call_index": call_index,
         "input_index": input_index, "step": step, "phase": phase,
@@ -100,6 +105,8 @@ def entry_line(index: int, module: str, module_type: str, op: str | None, call_i
         rec["producers"] = producers
     if inputs is not None:
         rec["input"] = digest_stats(inputs)
+    if input_dtypes is not None:
+        rec["input_dtypes"] = list(input_dtypes)
     return rec
 
 

@@ -105,6 +105,14 @@ def _entry(d: Any, index: int) -> Entry:
                 raise _Bad(f"{what}.producers names entry {p}, not an earlier one")
         producers = tuple(producers)
     inp = d.get("input")
+    dtypes = d.get("input_dtypes")
+    if dtypes is not None:
+        if not isinstance(dtypes, list) or len(dtypes) > 64:
+            raise _Bad(f"{what}.input_dtypes is not a list")
+        dtypes = tuple(_str(x, f"{what}.input_dtypes[]", limit=64) for x in dtypes)
+    output = d.get("output", False)
+    if not isinstance(output, bool):
+        raise _Bad(f"{what}.output is not true or false")
     return Entry(index, _str(d["module"], f"{what}.module"), _str(d["module_type"], f"{what}.module_type"),
                  _str(d["op"], f"{what}.op", none=True), _int(d["call_index"], f"{what}.call_index"),
                  _int(d["input_index"], f"{what}.input_index"), _int(d["step"], f"{what}.step"), phase,
@@ -112,7 +120,7 @@ def _entry(d: Any, index: int) -> Entry:
                  _int(d.get("source_line"), f"{what}.source_line", none=True), tuple(shape),
                  _str(d["dtype"], f"{what}.dtype", none=True, limit=64), _stats(d, what),
                  _float(d.get("spread"), f"{what}.spread"), producers,
-                 _stats(inp, f"{what}.input") if inp is not None else None)
+                 _stats(inp, f"{what}.input") if inp is not None else None, dtypes, output)
 
 
 def _header(d: Any) -> Header:

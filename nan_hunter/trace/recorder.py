@@ -7,7 +7,10 @@ only keep the stack of running calls, and a ``TorchDispatchMode`` makes one entr
 run inside the model's forward that returns a floating tensor, with ``producers``: the entry that
 made each tensor operand (None for weights, inputs and values made outside the trace). Ops that
 only move or alias data (views, ``clone``, ``detach``...) pass their operand's producer on
-without an entry; ops that allocate without writing (``empty``) make none.
+without an entry; ops that allocate without writing (``empty``) make none. Every entry names the
+dtypes of its floating inputs (``input_dtypes``: what ``diff`` takes the tolerance from); at level
+ops the entries that made the root call's floating outputs carry ``output: true`` (what ``diff``
+judges the outputs by).
 
 Nothing is changed: hooks and the mode only read, and outputs are bitwise those of a run
 without them. Statistics of a tensor already measured in this root call (a parent returning its
@@ -16,7 +19,11 @@ the input's last re-run ends), so memory holds one root call's entries at most.
 
 A compiled region is opaque, as for capture (``capture.compiled_regions``): hooks inside it do
 nothing while dynamo traces, so a compiled model's trace holds the calls that run outside
-compiled code (the root, and the wrappers of compiled submodules).
+compiled code (the root, and the wrappers of compiled submodules). With ``compile_backend`` (``scan
+--compile --trace``) at level modules, each root call of a ``torch.compile``d model first records
+the module boundaries (``boundaries``): every module call of an eager run, computed by that module
+compiled alone on eager's inputs, so ``diff`` against eager names the module where compile
+changed the numbers, not only the root.
 """
 
 from __future__ import annotations
@@ -89,13 +96,24 @@ class _Where:
         return None, False
 
 
+def _float_dtypes(tensors: Any) -> list[str]:
+    """The distinct dtypes of the floating tensors among ``tensors``, in first-seen order."""
+    out: list[str] = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            name = dtype_name(t.dtype)
+            if name not in out:
+                out.append(name)
+    return out
+
+
 class _Call:
-    __slots__ = ("name", "module_type", "call_index", "source", "inputs")
+    __slots__ = ("name", "module_type", "call_index", "source", "inputs", "input_dtypes")
 
     def __init__(self, name: str, module_type: str, call_index: int, source: tuple[str, int] | None,
-                 inputs: Digest | None) -> None:
+                 inputs: Digest | None, input_dtypes: list[str] | None = None) -> None:
         self.name, self.module_type, self.call_index = name, module_type, call_index
-        self.source, self.inputs = source, inputs
+        self.source, self.inputs, self.input_dtypes = source, inputs, input_dtypes
 
 
 class _OpTrace(TorchDispatchMode):
@@ -203,6 +221,7 @@ class TraceRecorder:
             self.writer.close(repeat_mismatch=self.repeat_mismatch, unmeasured=len(self.failures))
 
     _header_written = False
+    _quiet = False  # the recorder's own runs (module boundaries of a compiled model): nothing recorded
 
     # -- inputs and repeats (driven by the caller) ---------------------------------------------
     @contextlib.contextmanager
@@ -229,29 +248,32 @@ class TraceRecorder:
             self._run = 0
 
     def recording(self) -> bool:
-        return bool(self._stack) and not self.paused() and not compiling()
+        return bool(self._stack) and not self._quiet and not self.paused() and not compiling()
 
     # -- hooks --------------------------------------------------------------------------------
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.paused() or compiling():
+            if self._quiet or self.paused() or compiling():
                 return
             if not self._stack:
                 with _disable_current_modes():
                     self._root_call(args, kwargs)
+                    if self._wrapper is not None and self.compile_backend and self.level == "modules":
+                        self._boundaries(args, kwargs)
             idx = self._count.get(name, 0)
             self._count[name] = idx + 1
-            source, inputs = None, None
+            source, inputs, dtypes = None, None, None
             if self.level == "modules":  # level ops: entries carry their op's own source line
                 source, _ = self._where.site()
                 with _disable_current_modes():
                     inputs = self._digest_all((args, kwargs))
-            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs))
+                    dtypes = _float_dtypes(t for _, t in float_tensors((args, kwargs)))
+            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs, dtypes))
         return hook
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self._stack or self.paused() or compiling():
+            if not self._stack or self._quiet or self.paused() or compiling():
                 return
             while self._stack[-1].name != name and any(c.name == name for c in self._stack):
                 self._stack.pop()  # calls whose post-hook a compiled region swallowed
@@ -262,7 +284,10 @@ class TraceRecorder:
                 with _disable_current_modes():
                     d = self._digest_all(output)
                 if d is not None:
-                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs)
+                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs,
+                              call.input_dtypes)
+            elif not self._stack:
+                self._mark_outputs(output)
             if not self._stack:
                 self._root_done()
         return hook
@@ -275,6 +300,35 @@ class TraceRecorder:
             self._base = self.writer.entries if self.writer else 0
         if not self._header_written:
             self._write_header(args, kwargs)
+
+    def _boundaries(self, args: tuple, kwargs: dict) -> None:
+        """A compiled root call's module boundaries (module docstring): an entry per module call
+        of an eager run, from the module compiled alone on that call's eager inputs."""
+        from .boundaries import compiled_alone, eager_calls  # lazy: only a compiled run's trace needs it
+
+        self._quiet = True
+        try:
+            calls = eager_calls(self.model, args, kwargs)
+            for call, out, why in compiled_alone(calls, self.compile_backend):
+                d = self._digest_all(out) if why is None else None
+                if d is None:
+                    self.failures.append(why or f"{call.name}: no floating output when compiled alone")
+                    continue
+                ins = (call.args, call.kwargs)
+                self._add(call.name, type(call.module).__name__, None, call.call_index, None, d, None,
+                          self._digest_all(ins), _float_dtypes(t for _, t in float_tensors(ins)))
+        finally:
+            self._quiet = False
+
+    def _mark_outputs(self, output: Any) -> None:
+        """Level ops, run 0: ``output: true`` on the pending entries that made the root call's
+        floating outputs (a view of an entry's output counts as it)."""
+        if self._run > 0:
+            return
+        for _, t in float_tensors(output):
+            p = self.producer(t)
+            if p is not None and 0 <= p - self._base < len(self._pending):
+                self._pending[p - self._base]["output"] = True
 
     def _root_done(self) -> None:
         if self._input_index is None:
@@ -346,12 +400,13 @@ class TraceRecorder:
         d = combine([digest(o) for o in floats])
         call = self._stack[-1]
         index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,
-                          [self.producer(x) for x in ins], None)
+                          [self.producer(x) for x in ins], None, _float_dtypes(ins))
         self._made_by(outs, index)
 
     # -- entries ------------------------------------------------------------------------------
     def _add(self, module: str, module_type: str, op: str | None, call_index: int, source: tuple[str, int] | None,
-             d: Digest, producers: list[int | None] | None, inputs: Digest | None) -> int:
+             d: Digest, producers: list[int | None] | None, inputs: Digest | None,
+             input_dtypes: list[str] | None = None) -> int:
         """Append an entry of the current run; returns its index (run 0: the index it is written
         at; later runs: the same numbering, for their producers)."""
         if d.nan or d.posinf:
@@ -365,7 +420,7 @@ class TraceRecorder:
         index = self._base + len(self._pending)
         input_index = self._input_index if self._input_index is not None else self._step
         self._pending.append(entry_line(index, module, module_type, op, call_index, input_index, self._step,
-                                        "forward", source, d, None, producers, inputs))
+                                        "forward", source, d, None, producers, inputs, input_dtypes))
         self._digests.append((key, d))
         return index
 

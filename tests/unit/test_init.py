@@ -27,7 +27,7 @@ def _ck(tmp_path, value: float = 1.0) -> str:
     ("scan", "json", "scan() returns the report: write it with report.to_json(path)"),
     ("bisect", "html", "bisect() returns the report: write it with report.to_html(path)"),
     ("bisect", "quiet", "bisect() returns the report: print(report) shows the terminal view"),
-    ("diff", "zzzz", "its keywords are a, b, rtol"),
+    ("diff", "zzzz", "its keywords are a, b, rtol, fail_on"),
     ("watch", "levl", "did you mean level=?"),
 ])
 def test_a_mistyped_keyword_names_the_one_meant(fn, kw, hint):

@@ -50,7 +50,8 @@ V12 = {
               (("--report",), "report", "value", None), (("--strip", "--no-strip"), "strip", "flag", None),
               (("--quiet", "-q"), "quiet", "flag", False), (("--config",), "config", "value", None)],
     "diff": [(("--rtol",), "rtol", "float", None), (("--json",), "json", "value", None),
-             (("--report",), "report", "value", None), (("--quiet", "-q"), "quiet", "flag", False)],
+             (("--report",), "report", "value", None), (("--quiet", "-q"), "quiet", "flag", False),
+             (("--fail-on",), "fail_on", "value", "outputs")],  # v1.4
 }
 CASES = [(cmd, *row) for cmd, rows in V12.items() for row in rows]
 

@@ -145,3 +145,71 @@ def test_python_api_takes_the_flags_names(tmp_path):
     b = write(tmp_path / "b.jsonl", [entry("m", "aten.exp.default", absmax=2.001, producers=[None])])
     assert nan_hunter.diff(str(a), str(b)).exit_code == 0
     assert nan_hunter.diff(str(a), str(b), rtol=1e-4).exit_code == 1
+
+
+def test_exact_cast_is_never_the_first_divergence(tmp_path):
+    """fp16 against bf16: the embedding differs within the half-precision tolerance; its exact fp32
+    upcast is judged at that tolerance too, and never blamed."""
+    a = [entry("emb", "aten.embedding.default", absmax=1.0, producers=[None, None], dtype="fp16",
+               input_dtypes=["fp16"]),
+         entry("norm", "aten._to_copy.default", absmax=1.0, producers=[0], input_dtypes=["fp16"], output=True)]
+    b = [entry("emb", "aten.embedding.default", absmax=1.005, producers=[None, None], dtype="bf16",
+               input_dtypes=["bf16"]),
+         entry("norm", "aten._to_copy.default", absmax=1.005, producers=[0], input_dtypes=["bf16"], output=True)]
+    r = _diff(tmp_path, a, b)
+    assert r.first_divergence is None and r.exit_code == 0
+    assert r.outputs.equal == "within_tolerance" and r.outputs.tolerance == 1e-2
+
+
+def test_an_fp32_op_on_an_upcast_bf16_value_is_judged_at_bf16s_tolerance(tmp_path):
+    a = [entry("n", "aten.add.Tensor", producers=[None], dtype="bf16", input_dtypes=["bf16"]),
+         entry("n", "aten._to_copy.default", producers=[0], input_dtypes=["bf16"]),
+         entry("n", "aten.pow.Tensor_Scalar", absmax=1.005, producers=[1], input_dtypes=["fp32"], output=True)]
+    b = [entry("n", "aten.add.Tensor", producers=[None], dtype="bf16", input_dtypes=["bf16"]),
+         entry("n", "aten._to_copy.default", producers=[0], input_dtypes=["bf16"]),
+         entry("n", "aten.pow.Tensor_Scalar", producers=[1], input_dtypes=["fp32"], output=True)]
+    r = _diff(tmp_path, a, b)
+    assert r.first_divergence is None and r.outputs.tolerance == 1e-2
+
+
+def test_ops_with_no_counterpart_are_the_divergence_when_the_next_paired_entry_differs(tmp_path):
+    """B computes the Linear as one addmm, A as two half products added: nothing pairs inside
+    it; the residual add after it differs while everything before agreed, so the Linear is named,
+    with each side's ops."""
+    a = [entry("mlp.act", "aten.mul.Tensor", producers=[None]),
+         entry("mlp.down", "aten.mm.default", shape=[2, 1], producers=[0]),
+         entry("mlp.down", "aten.mm.default", shape=[2, 1], producers=[0]),
+         entry("mlp.down", "aten.add.Tensor", shape=[2, 1], producers=[1, 2]),
+         entry("layer", "aten.add.Tensor", absmax=2.0, producers=[None, 3], output=True)]
+    b = [entry("mlp.act", "aten.mul.Tensor", producers=[None]),
+         entry("mlp.down", "aten.addmm.default", producers=[None, 0]),
+         entry("layer", "aten.add.Tensor", absmax=2.5, producers=[None, 1], output=True)]
+    r = _diff(tmp_path, a, b)
+    d = r.to_dict()["first_divergence"]
+    assert (d["module"], d["module_type"], d["op"]) == ("mlp.down", "M", None)
+    assert d["unmatched"] == {"a": ["aten.mm.default", "aten.mm.default", "aten.add.Tensor"],
+                              "b": ["aten.addmm.default"]}
+    assert d["compared_at"]["module"] == "layer" and d["inputs_agree"] is True
+    assert r.to_dict()["first_difference"]["unmatched"] == d["unmatched"]
+
+
+def test_module_level_names_a_module_whose_outputs_differ_even_when_its_inputs_differ_too(tmp_path):
+    """Never "no divergence" where a module's outputs differ beyond tolerance."""
+    other = {"absmax": 2.0, "mean": 0.0, "l2": 2.0}
+    a = [entry("x", absmax=3.0, inp=other)]
+    b = [entry("x", absmax=1.0, inp={"absmax": 1.0, "mean": 0.0, "l2": 1.0})]
+    r = _diff(tmp_path, a, b, level="modules")
+    assert r.first_divergence.verdict.a.module == "x" and not r.first_divergence.inputs_agree
+
+
+def test_first_difference_is_bitwise(tmp_path):
+    """Within tolerance everywhere, but exp's bits differ while mm's (its input) do not."""
+    a = [entry("m", "aten.mm.default", producers=[None], hash="00000001"),
+         entry("m", "aten.exp.default", producers=[0], hash="00000002"),
+         entry("m", "aten.relu.default", producers=[1], hash="00000003", output=True)]
+    b = [entry("m", "aten.mm.default", producers=[None], hash="00000001"),
+         entry("m", "aten.exp.default", absmax=1.0001, producers=[0], hash="0000000f"),
+         entry("m", "aten.relu.default", absmax=1.0001, producers=[1], hash="0000000e", output=True)]
+    r = _diff(tmp_path, a, b)
+    assert r.first_divergence is None and r.first_difference.verdict.a.op == "aten.exp.default"
+    assert r.outputs.equal == "within_tolerance" and r.exit_code == 0

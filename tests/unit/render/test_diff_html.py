@@ -67,3 +67,11 @@ def test_divergence_and_non_finite_entries_are_marked(tmp_path):
     html = page(diverging(tmp_path).to_dict(), {"a": [1.0, 2.0, 3.0], "b": [1.0, 2.5, None], "bad_a": [2],
                                                 "bad_b": [1], "mark": 1})
     assert html.count('<circle ') == 2 and "first divergence</text>" in html
+
+
+def test_details_keep_their_line_breaks(tmp_path):
+    """Issue 48: the details showed a literal backslash-n between lines."""
+    html = _page(diverging(tmp_path, env_b={**ENV, "threads": 1}))
+    pre = re.search(r'<pre class="mono cmd">(.*?)</pre>', html, re.S).group(1)
+    assert "\\n" not in pre and pre.count("\n") > 5 and "first divergence  mid (M)" in pre
+    assert '<p class="outputs">outputs differ: rel_err 2.00e-01 &gt; 1.0e-03</p>' in html

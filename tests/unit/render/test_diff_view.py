@@ -26,7 +26,8 @@ def test_verdict_first(tmp_path, make, first):
 
 def test_the_divergence_block(tmp_path):
     out = render(diverging(tmp_path, env_b={**ENV, "threads": 1}).to_dict()).splitlines()
-    assert out[1] == "  environment differs: threads"
+    assert out[1] == "  outputs differ: rel_err 2.00e-01 > 1.0e-03"
+    assert out[2] == "  environment differs: threads"
     at = out.index("first divergence  mid (M)")
     assert out[at + 1:at + 5] == ["  call 0 · input 0 · step 0 · forward", "  op      aten.exp.default",
                                   "  source  model.py:1", "  rel_err 2.00e-01 > tolerance 1.0e-03 · inputs agree"]
@@ -37,7 +38,8 @@ def test_the_divergence_block(tmp_path):
 
 def test_same_environment_and_unmatched_entries_are_said(tmp_path):
     out = lines(one_side_nonfinite(tmp_path).to_dict())
-    assert out[1] == "  environment: the same"
+    assert out[1] == "  outputs bitwise equal: the divergence did not reach them"  # B's extra op is not an output
+    assert out[2] == "  environment: the same"
     assert "                  B: posinf at m aten.exp.default (#1)" in out
     assert any(line.startswith("note: 0 entries of A and 1 of B have no counterpart") for line in out)
 
@@ -45,8 +47,8 @@ def test_same_environment_and_unmatched_entries_are_said(tmp_path):
 def test_many_environment_keys_fit_one_line_and_twelve_rows(tmp_path):
     env_b = {**ENV, **{f"knob_{i:02d}": i for i in range(20)}}
     out = lines(diverging(tmp_path, env_b=env_b).to_dict())
-    assert out[1].startswith("  environment differs: knob_00, knob_01") and out[1].endswith(" more")
-    assert len(out[1]) <= WIDTH
+    assert out[2].startswith("  environment differs: knob_00, knob_01") and out[2].endswith(" more")
+    assert len(out[2]) <= WIDTH
     assert "  … 8 more (see --json)" in out
 
 

@@ -85,3 +85,14 @@ def test_header_keeps_unknown_keys_for_later_versions(tmp_path):
     head["future_key"] = 1
     p = _w(tmp_path, json.dumps(head) + "\n" + "".join(lines[1:]))
     assert read_trace(p).header.raw["future_key"] == 1
+
+
+def test_input_dtypes_and_output_are_read_and_checked(tmp_path):
+    good = write(tmp_path / "g.jsonl", [entry("m", "aten.mm.default", producers=[None], input_dtypes=["bf16"],
+                                              output=True)])
+    e = read_trace(good).entries[0]
+    assert e.input_dtypes == ("bf16",) and e.output is True
+    for bad, words in (({"input_dtypes": "bf16"}, "input_dtypes is not a list"), ({"output": 1}, "output is not")):
+        p = write(tmp_path / "b.jsonl", [{**entry("m", "aten.mm.default", producers=[None]), **bad}])
+        with pytest.raises(BadInput, match=words):
+            read_trace(p)

@@ -132,3 +132,40 @@ def test_watch_trace_has_one_step_per_root_call(tmp_path):
     w.report()
     t = read_trace(tmp_path / "w.jsonl")
     assert sorted({e.step for e in t.entries}) == [0, 1, 2] and len(t.entries) == 18
+
+
+def test_entries_name_their_input_dtypes_and_ops_mark_the_outputs(tmp_path):
+    """``input_dtypes`` (what diff takes the tolerance from) on both levels; at level ops, the
+    entry that made the root call's output (through the view after it) carries ``output``."""
+    class Up(nn.Module):
+        def forward(self, x):
+            return (x.float() * 2).view(-1)
+
+    m = nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16), Up())
+    with torch.no_grad():
+        for level in ("modules", "ops"):
+            with TraceRecorder(m, tmp_path / f"{level}.jsonl", level=level):
+                m(torch.randn(2, 4, dtype=torch.bfloat16))
+    mods = {e.module: e for e in read_trace(tmp_path / "modules.jsonl").entries}
+    assert mods["1"].input_dtypes == ("bf16",) and mods["1"].dtype == "fp32" and not mods[""].output
+    ops = read_trace(tmp_path / "ops.jsonl").entries
+    cast = next(e for e in ops if e.op == "aten._to_copy.default")
+    assert cast.input_dtypes == ("bf16",) and cast.dtype == "fp32"
+    assert [e.op for e in ops if e.output] == ["aten.mul.Tensor"]
+
+
+def test_a_compiled_models_trace_records_its_module_boundaries(tmp_path):
+    """With ``compile_backend`` (``scan --compile --trace``), every module call of an eager run is
+    an entry, computed by the module compiled alone on eager's inputs; the root is the compiled
+    call itself. Without it (a watch of a compiled model), the root only."""
+    m = _model()
+    x = torch.randn(6, 6)
+    with torch.no_grad():
+        for backend, want in (("eager", ["0.lin", "0.norm", "0", "1", "2", ""]), (None, [""])):
+            compiled = torch.compile(m, backend="eager")
+            with TraceRecorder(compiled, tmp_path / f"{backend}.jsonl", compile_backend=backend):
+                out = compiled(x)
+            t = read_trace(tmp_path / f"{backend}.jsonl")
+            assert [e.module for e in t.entries] == want
+            assert t.entries[-1].stats.absmax == float(out.abs().max())
+    torch._dynamo.reset()

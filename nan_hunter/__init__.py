@@ -188,14 +188,15 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
 @_keywords_checked
 def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None, fail_on: str = "outputs") -> Any:
     """``nanhunter diff A B`` as a function: where two traces (``scan(..., trace=PATH)``,
-    ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult``
+    ``watch(model, trace=PATH)``) part. Returns a ``divergence.compare.DiffResult`` that prints as the terminal view does
     (``.first_divergence``, ``.outputs``, ``.exit_code`` — by ``fail_on``, ``"outputs"`` or
     ``"divergence"`` —, ``.to_dict()`` is ``nanhunter.diff/v1``); raises ``BadInput`` for files
     that cannot be compared."""
     from .divergence.compare import compare_traces  # lazy: `import nan_hunter` stays light
+    from .render.diff_view import printable  # lazy: `import nan_hunter` stays light
     from .trace.reader import read_trace  # lazy: `import nan_hunter` stays light
 
-    return compare_traces(read_trace(a), read_trace(b), rtol, fail_on)
+    return printable(compare_traces(read_trace(a), read_trace(b), rtol, fail_on))
 
 
 @_keywords_checked

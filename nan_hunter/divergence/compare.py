@@ -115,7 +115,7 @@ class Divergence:
         return out
 
 
-@dataclass
+@dataclass(repr=False)
 class DiffResult:
     """``nanhunter diff``'s answer (JSON: ``to_dict``, schema ``nanhunter.diff/v1``)."""
 
@@ -133,6 +133,12 @@ class DiffResult:
     outputs: OutputsVerdict | None = None  # None: the trace does not say which entries are the outputs
     fail_on: str = "outputs"
     first_difference: Divergence | None = None  # the first entry whose bits differ while its inputs' do not
+
+    def __repr__(self) -> str:  # the traces' entries would make the dataclass repr tens of kilobytes
+        where = self.first_divergence.module if self.first_divergence else None
+        eq = self.outputs.equal if self.outputs else None
+        return (f"<{type(self).__name__} {self.a.path!r} vs {self.b.path!r}: first divergence {where!r}, "
+                f"outputs {eq!r}, exit {self.exit_code}>")
 
     @property
     def compared(self) -> int:

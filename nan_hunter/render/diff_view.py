@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import fields
 from typing import Any
 
+from ..divergence.compare import DiffResult
 from .escape import terminal as esc
 
 WIDTH = 80
@@ -224,3 +226,18 @@ def _wrap(text: str) -> list[str]:
 
 def render(res: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines(res)) + "\n"
+
+
+class PrintableDiff(DiffResult):
+    """A ``DiffResult`` that prints as ``nanhunter diff`` does in the terminal (``print(diff)``)."""
+
+    def render(self) -> str:
+        return render(self.to_dict())
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def printable(res: DiffResult) -> PrintableDiff:
+    """``res``'s fields (shared, not copied) in a ``PrintableDiff``."""
+    return PrintableDiff(**{f.name: getattr(res, f.name) for f in fields(res)})

@@ -62,3 +62,14 @@ def test_strings_from_traces_are_escaped_and_cut(tmp_path):
 def test_render_ends_lines_without_trailing_spaces(tmp_path):
     text = render(agreeing(tmp_path).to_dict())
     assert text.endswith("\n") and all(line == line.rstrip() for line in text.splitlines())
+
+
+def test_a_printable_diff_prints_the_terminal_view_and_repr_stays_short(tmp_path):
+    from nan_hunter.render.diff_view import PrintableDiff, printable
+
+    res = diverging(tmp_path)
+    shown = printable(res)
+    assert isinstance(shown, PrintableDiff)
+    assert str(shown) == render(res.to_dict())
+    assert shown.to_dict() == res.to_dict()
+    assert len(repr(res)) < 400 and "exit 1" in repr(res)

@@ -178,9 +178,12 @@ def lines(res: dict[str, Any]) -> list[str]:
         out += _region_lines(fd)
     if env:
         out.append("")
-        out.append("environment           A | B")
-        for x in env[:12]:
-            out.append(_cut(f"  {esc(x['key'])}  {_value(x['a'])} | {_value(x['b'])}", WIDTH))
+        rows = [(_cut(esc(x["key"]), 24), _cut(_value(x["a"]), 24), _value(x["b"])) for x in env[:12]]
+        kw = max(8, min(24, max(len(k) for k, _, _ in rows)))  # columns line up under the header
+        aw = min(24, max(1, *(len(a) for _, a, _ in rows)))
+        out.append(f"{'environment':<{kw + 4}}{'A':<{aw}} | B")
+        for k, a, b in rows:
+            out.append(_cut(f"  {k:<{kw}}  {a:<{aw}} | {b}", WIDTH))
         if len(env) > 12:
             out.append(f"  … {len(env) - 12} more (see --json)")
     out.append("")

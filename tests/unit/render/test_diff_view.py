@@ -32,7 +32,7 @@ def test_the_divergence_block(tmp_path):
     assert out[at + 1:at + 5] == ["  call 0 · input 0 · step 0 · forward", "  op      aten.exp.default",
                                   "  source  model.py:1", "  rel_err 2.00e-01 > tolerance 1.0e-03 · inputs agree"]
     assert out[at + 6].split()[:2] == ["A", "2.000e+00"] and out[at + 7].split()[:2] == ["B", "2.500e+00"]
-    assert "  threads  2 | 1" in out
+    assert "  threads   2 | 1" in out
     assert out[-1] == "compared 2 ops-level entries · unmatched A 0 · B 0"
 
 
@@ -73,3 +73,13 @@ def test_a_printable_diff_prints_the_terminal_view_and_repr_stays_short(tmp_path
     assert str(shown) == render(res.to_dict())
     assert shown.to_dict() == res.to_dict()
     assert len(repr(res)) < 400 and "exit 1" in repr(res)
+
+
+def test_environment_rows_line_up_under_their_header(tmp_path):
+    env_b = {**ENV, "threads": 1, "a_much_longer_setting_name": "on"}
+    out = lines(diverging(tmp_path, env_b=env_b).to_dict())
+    head = next(i for i, line in enumerate(out) if line.startswith("environment "))
+    block = [out[head]] + [line for line in out[head + 1:] if line.startswith("  ") and " | " in line]
+    assert len(block) >= 3
+    assert len({line.index(" | ") for line in block}) == 1
+    assert len({line.index("A") if i == 0 else None for i, line in enumerate(block)} - {None}) == 1

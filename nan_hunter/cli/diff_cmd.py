@@ -31,7 +31,7 @@ def command(
     a: Annotated[str, typer.Argument(metavar="A", show_default=False,
                                      help="a trace (nanhunter.trace/v1; .gz read as gzip)")],
     b: Annotated[str, typer.Argument(metavar="B", show_default=False,
-                                     help="the trace to compare it with (the reference of rel_err)")],
+                                     help="the trace to compare it with (rel_err is symmetric: A and B may be swapped)")],
     rtol: Annotated[str | None, o.opt(
         "--rtol", metavar="FLOAT", panel=o.MODE, callback=o.number(float, "--rtol"),
         help="relative tolerance of every entry (default: 1e-3 for fp32/fp64 entries, 1e-2 for bf16/fp16/fp8; "

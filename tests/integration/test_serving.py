@@ -21,9 +21,11 @@ PROMPTS = [[1, 14, 15, 16], [1, 3, 4, 5], [1, 20, 21], [1, 8, 9], [1, 17], [1, 2
 BAD = "req_1"
 
 
-def _generate(model, prompts, new=4, **cfg):
-    out = model.generate_batch(prompts, generation_config=greedy(new), continuous_batching_config=cb_config(**cfg),
-                               progress_bar=False)
+def _generate(model, prompts, new=4, logprobs=False, **cfg):
+    out = model.generate_batch(prompts, generation_config=greedy(new),
+                               continuous_batching_config=cb_config(return_logprobs=logprobs, **cfg), progress_bar=False)
+    if logprobs:
+        return {k: (list(v.generated_tokens), v.error, [float(x) for x in v.logprobs]) for k, v in out.items()}
     return {k: (list(v.generated_tokens), v.error) for k, v in out.items()}
 
 
@@ -68,14 +70,15 @@ def test_requests_name_the_origin_and_the_poisoned(model):
 
 
 def test_abort_ends_the_faulty_request_and_serves_the_rest_bitwise(model):
-    without = _generate(model, [p for i, p in enumerate(PROMPTS) if i != 1])
+    without = _generate(model, [p for i, p in enumerate(PROMPTS) if i != 1], logprobs=True)
     with nan_hunter.watch(model, on_fault="abort") as w:
-        got = _generate(model, PROMPTS)
-    toks, err = got[BAD]
+        got = _generate(model, PROMPTS, logprobs=True)
+    toks, err, _ = got[BAD]
     assert err is not None and "overflow" in err and "model.layers.0" in err and "aborted" in err
     others = [got[f"req_{i}"] for i in range(8) if i != 1]
     assert [o[1] for o in others] == [None] * 7
     assert [o[0] for o in others] == [without[f"req_{i}"][0] for i in range(7)]
+    assert [o[2] for o in others] == [without[f"req_{i}"][2] for i in range(7)]  # log-probabilities too, bitwise
     r = w.report()
     assert r.run.on_fault == "abort"
     assert [e.request for e in r.run.evict] == [BAD]  # the others' KV was rewritten by the re-run

@@ -280,7 +280,10 @@ class PackedBatches:
         if f is None:
             return "non-finite logits"
         where = f"{f.op} in {f.module}" if f.op else f.module
-        return f"{d.cause}: {d.summary}" if d is not None else f"{f.kind} at {where}"
+        said = f"{d.cause}: {d.summary}" if d is not None else f"{f.kind} at {where}"
+        if f.role == "weights":  # no request's input is to blame: every request reads that weight
+            return f"the fault is in a weight every request reads ({f.module}), not in this request's input — {said}"
+        return said
 
     def _error(self, rid: str, cause: str) -> str:
         t = self.requests[rid]

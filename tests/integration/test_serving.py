@@ -97,6 +97,9 @@ def test_a_fault_in_a_weight_every_request_reads_is_not_blamed_on_one():
     assert "lm_head" in r.first_nonfinite.module
     assert any("shared by all requests" in n for n in r.notes)
     assert not any(" is the origin" in n for n in r.notes)
+    with nan_hunter.watch(model, on_fault="abort"):
+        got = _generate(model, prompts, new=2)
+    assert all(err is not None and "a weight every request reads (lm_head)" in err for _, err in got.values())
 
 
 def test_a_poisoned_prefix_is_listed_for_eviction_and_dropped_on_abort(model):

@@ -63,17 +63,33 @@ def origin_rerun(pb: PackedBatches, rec: Recording, base: Rerun) -> Rerun:
     """The watch's ``Rerun`` with the recording's failing packed step replaced by the first origin
     request alone (``base`` when the failing forward was not a packed one)."""
     f = rec.finding
-    if f is None or not pb.seen:
+    if f is None or not pb.seen or f.call.input_index not in pb.packed:
         return base
-    t = first_origin(pb)
+    t = first_origin(pb) or pb.fail_first_alone(f.call.input_index)
     if t is None or t.position is None:
-        return base
+        pb.notes.append(f"forward {f.call.input_index} was a packed batch and no request of it fails alone: "
+                        "it was not re-run (its inputs hold the whole paged cache), so the location comes from "
+                        "the capture alone")
+        return NotKept(base)
     toks = t.prefix(t.position)
     if toks is None:
         pb.notes.append(f"request {t.id}: its tokens before position {t.position} were never seen by the watch "
                         "(a reused prefix?), so it was not replayed alone")
         return base
     return AloneRerun(base, f.call.input_index, toks)
+
+
+class NotKept(AloneRerun):
+    """The watch's ``Rerun`` with nothing kept of the failing packed step: ``locate`` says so."""
+
+    def __init__(self, base: Rerun) -> None:
+        super().__init__(base, -1, [])
+
+    def inputs(self, step: int) -> None:
+        return None
+
+    def forward(self, step: int) -> None:
+        return None
 
 
 def finish(pb: PackedBatches, rep: Report, rec: Recording) -> None:

@@ -30,6 +30,9 @@ from .packed import PackedStep, failed_rows, is_packed, logits_of, packed_step
 
 log = logging.getLogger("nan_hunter")
 
+#: packed forwards whose bookkeeping is kept besides the failing ones (a report may need the latest)
+KEEP_STEPS = 4
+
 
 @dataclass
 class RequestTrace:
@@ -62,7 +65,8 @@ class PackedBatches:
         self.w = watch
         self.abort = abort
         self.requests: dict[str, RequestTrace] = {}
-        self.steps: dict[int, PackedStep] = {}  # root forward -> its packed requests (failing forwards only)
+        self.steps: dict[int, PackedStep] = {}  # root forward -> its packed requests (failing ones, and the latest)
+        self.packed: set[int] = set()  # every root forward that was a packed batch
         self.managers: list[Any] = []
         self.notes: list[str] = []
         self._current: PackedStep | None = None
@@ -156,11 +160,14 @@ class PackedBatches:
         logits = logits_of(output)
         if logits is None:
             return None
+        f = self.w.current_step
+        self.packed.add(f)
+        self.steps[f] = step
+        for old in [k for k in self.steps if k < f - KEEP_STEPS and not self._failed_in(k)]:
+            del self.steps[old]
         bad = failed_rows(logits)
         if not bad:
             return None
-        f = self.w.current_step
-        self.steps[f] = step
         failed: list[str] = []
         for row in (step.packed_row(i) for i in bad):
             r = step.owner(row)
@@ -176,6 +183,23 @@ class PackedBatches:
                 t.blocks_after.update(r.blocks)
         if self.abort:
             return self._contain(step, failed, kwargs, output, logits)
+        return None
+
+    def _failed_in(self, forward: int) -> bool:
+        return any(t.first_forward == forward for t in self.requests.values())
+
+    def fail_first_alone(self, forward: int) -> RequestTrace | None:
+        """A packed forward the recording found failing while no request's logits did (a fault that
+        did not reach them): its first request that fails alone, marked as failing there."""
+        step = self.steps.get(forward)
+        for r in step.requests if step is not None else []:
+            t = self.requests.get(r.id)
+            toks = t.prefix(r.positions[-1]) if t is not None else None
+            if t is not None and toks is not None and self.fails_alone(toks):
+                t.first_forward, t.position, t.token, t.alone_fails = forward, r.positions[-1], r.tokens[-1], True
+                t.decode_step = max(0, r.positions[-1] - (t.prompt_len - 1)) if t.prompt_len is not None else None
+                t.blocks_after.update(r.blocks)
+                return t
         return None
 
     # -- abort -----------------------------------------------------------------------------------

@@ -51,8 +51,20 @@ def test_origin_poisoned_and_finite(model):
     pb.abort = True  # under abort the others were re-run: only the origin's blocks stay poisoned
     outcome.finish(pb, rep, rec)
     assert [e.request for e in rep.run.evict] == ["req_2"]
+    pb.packed = {1}
     rerun = outcome.origin_rerun(pb, rec, SimpleNamespace(model=model, run=None))
     assert rerun.tokens == [1, 3, 4, 5, HOT] and rerun.step == 1
+    other = SimpleNamespace(finding=SimpleNamespace(role="producer", call=SimpleNamespace(input_index=0)))
+    assert outcome.origin_rerun(pb, other, "base") == "base"  # forward 0 was not a packed batch
+
+
+def test_a_packed_fault_no_request_owns_is_not_rerun(model):
+    pb = _batches(model, [RequestTrace("req_0", tokens={0: 1}, steps=1)])
+    pb.packed = {2}
+    rec = SimpleNamespace(finding=SimpleNamespace(role="producer", call=SimpleNamespace(input_index=2)))
+    rerun = outcome.origin_rerun(pb, rec, SimpleNamespace(model=model, run=None))
+    assert rerun.inputs(2) is None and rerun.forward(2) is None
+    assert any("no request of it fails alone" in n for n in pb.notes)
 
 
 def test_a_weight_fault_is_shared(model):

@@ -34,3 +34,21 @@ def test_without_the_faulty_request_keeps_the_others_rows_slots_and_mask(packed_
     rows = [i for r in kept for i in range(r.start, r.stop)]
     assert torch.equal(mask, full[..., rows, :][..., rows])
     assert copy.deepcopy(step) == step
+
+
+def test_a_packed_forward_whose_logits_stayed_finite_is_traced_to_the_request_that_fails_alone():
+    from types import SimpleNamespace
+
+    from models.serving_llama import HOT, serving_llama
+
+    from nan_hunter.serving.packed import PackedRequest, PackedStep
+    from nan_hunter.serving.tracker import PackedBatches
+
+    pb = PackedBatches(SimpleNamespace(model=serving_llama("sdpa"), run=None, paused=False))
+    pb.requests = {"a": RequestTrace("a", tokens={0: 1, 1: 14}), "b": RequestTrace("b", tokens={0: 1, 1: HOT})}
+    pb.steps = {5: PackedStep([PackedRequest("a", 0, 2, [0, 1], [1, 14], [3]),
+                               PackedRequest("b", 2, 4, [0, 1], [1, HOT], [4])])}
+    t = pb.fail_first_alone(5)
+    assert t.id == "b" and (t.first_forward, t.position, t.token, t.alone_fails) == (5, 1, HOT, True)
+    assert t.blocks_after == {4} and pb.requests["a"].first_forward is None
+    assert pb.fail_first_alone(6) is None

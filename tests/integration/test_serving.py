@@ -83,6 +83,7 @@ def test_abort_ends_the_faulty_request_and_serves_the_rest_bitwise(model):
     assert r.run.on_fault == "abort"
     assert [e.request for e in r.run.evict] == [BAD]  # the others' KV was rewritten by the re-run
     assert model.init_continuous_batching.__func__ is type(model).init_continuous_batching  # the wrap is gone
+    assert not model._forward_hooks and not model._forward_pre_hooks  # and the hooks
 
 
 def test_a_fault_in_a_weight_every_request_reads_is_not_blamed_on_one():

@@ -106,7 +106,9 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
             ``"raise"`` (``NonFiniteError`` carrying the report), ``"stop"`` (``w.should_stop``
             becomes true; with ``optimizer=`` that step's update is undone) or ``"skip"``
             (needs ``optimizer=``: every faulty step's update is undone and training goes on;
-            ``run.skipped_steps`` lists them).
+            ``run.skipped_steps`` lists them) or ``"abort"`` (continuous batching: the request
+            that fails alone ends with an error naming the cause, the others are served as
+            without it; docs/serving.md).
         trace: write a numerics trace (``nanhunter.trace/v1``, docs/trace-format.md) of every
             forward while watched, one step per root call, for ``nanhunter diff``; written as the
             steps end and closed when the watch ends.

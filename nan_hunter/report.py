@@ -114,6 +114,31 @@ class BisectResult:
 
 
 @dataclass
+class RequestOutcome:
+    """One request of a packed batch (contract v1.4, "Serving: packed batches")."""
+
+    id: str
+    failed: bool  # its outputs went non-finite in the batch
+    origin: bool  # replayed alone, it still fails: its own input or state caused it
+    poisoned_by: str | None = None  # the origin request whose fault reached it through the packed batch
+    step: int | None = None  # its own decode step at its first non-finite row (0: the forward reading its prompt)
+    position: int | None = None  # that row's position in its own sequence
+    token: dict[str, Any] | None = None  # {id, text} read at that position
+    module: str | None = None
+    op: str | None = None
+    cause: str | None = None
+
+
+@dataclass
+class Eviction:
+    """What a failing request wrote from its failing step on: to evict, never to reuse."""
+
+    request: str
+    blocks: list[int] = field(default_factory=list)  # KV blocks (the paged cache's block ids)
+    prefixes: list[str] = field(default_factory=list)  # prefix-cache entries (content hashes) pointing at them
+
+
+@dataclass
 class RunInfo:
     """The report's ``run`` block, typed. Every field is present in the JSON (null where it does
     not apply); fields are readable as attributes or keys (``rep.run["generate"]``)."""
@@ -134,7 +159,9 @@ class RunInfo:
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
     skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
-    on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
+    on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop | abort
+    requests: list[RequestOutcome] | None = None  # contract v1.4: a packed batch's requests (continuous batching)
+    evict: list[Eviction] | None = None  # contract v1.4: KV blocks and prefix entries a failing request wrote
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -8,6 +8,9 @@
 - ``"stop"``: ``should_stop`` becomes true; nothing is raised (loops and callbacks poll it). With
   ``optimizer=`` (contract v1.3) the failing step is also undone as ``"skip"`` undoes it, so what
   the user saves after stopping is the last good state, and the step is in ``skipped_steps``.
+- ``"abort"`` (serving: continuous batching): the request whose rows went non-finite and that
+  fails alone ends with an error naming the cause; every other request is re-run without it, so its
+  tokens are those of a batch without it (``serving.tracker``); its KV blocks are freed uncached.
 - ``"skip"`` (needs ``optimizer=``): before every ``optimizer.step()`` the parameters the step
   will update and their optimizer state are copied into buffers allocated once (memory: one more
   copy of those parameters and of their state, flat over the run); after the step, when any
@@ -40,7 +43,7 @@ from ..tree import local_shard
 
 
 class OnFault(enum.Enum):
-    """The four policies, and what each asks of the watch: the one place ``on_fault`` is parsed
+    """The five policies, and what each asks of the watch: the one place ``on_fault`` is parsed
     and the one place its behaviour is decided (the watch and the callbacks ask these properties,
     never the string)."""
 
@@ -48,6 +51,7 @@ class OnFault(enum.Enum):
     RAISE = "raise"
     SKIP = "skip"
     STOP = "stop"
+    ABORT = "abort"
 
     @classmethod
     def parse(cls, value: Any, has_optimizer: bool, who: str = "on_fault") -> OnFault:
@@ -84,6 +88,12 @@ class OnFault(enum.Enum):
         """The loop must learn of a fault before it goes on (``raise``, ``stop``): a device sink reads
         one flag per step (or per root forward without ``optimizer=``)."""
         return self in (OnFault.RAISE, OnFault.STOP)
+
+    @property
+    def aborts_requests(self) -> bool:
+        """``abort`` (serving, contract v1.4): a faulty request of a packed batch ends with an error and
+        the others are served as if it had not been there (``serving.tracker``)."""
+        return self is OnFault.ABORT
 
     def undoes_faulty_steps(self, has_optimizer: bool) -> bool:
         """``skip``, and ``stop`` with ``optimizer=``: a step that saw a fault is not applied."""

@@ -30,7 +30,7 @@ class WatchOptions:
     scaler: Any = None  # the GradScaler in use
     capsule_dir: str | None = None  # write DIR/step-<k>/ at the first fault
     arch: str | None = None  # "file.py:factory" recorded in the capsule
-    on_fault: OnFault | str = OnFault.RECORD  # record | raise | skip | stop (an OnFault after checking)
+    on_fault: OnFault | str = OnFault.RECORD  # record | raise | skip | stop | abort (an OnFault after checking)
     trace: str | None = None  # write a numerics trace here
     trace_level: str = "modules"  # modules | ops
 

@@ -28,6 +28,8 @@ from ..explain.assemble import assemble, run_info
 from ..locate.first_fault import locate
 from ..locate.recording import Recording
 from ..report import Report
+from ..serving import outcome as serving
+from ..serving.tracker import PackedBatches
 from ..trace.recorder import TraceRecorder
 from .fault_policy import FaultPolicy
 from .options import WatchOptions
@@ -93,8 +95,11 @@ class Watch(Recorder):
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, o.scaler, o.capsule_dir, o.arch)
-        self.policy = FaultPolicy(self, o.policy)  # on_fault: raise, skip, stop (session.fault_policy)
+        self.policy = FaultPolicy(self, o.policy)  # on_fault: raise, skip, stop, abort (session.fault_policy)
         self.rerun = WatchRerun(self)  # how report() runs a step again (locate.rerun)
+        # continuous batching: requests of packed forwards, on_fault="abort" (serving.tracker)
+        self.serving = PackedBatches(self, abort=o.policy.aborts_requests)
+        self.add_companion(self.serving)
         if o.trace is not None:  # a numerics trace of every forward, beside the capture (trace.recorder)
             self.add_companion(TraceRecorder(model, str(o.trace), o.trace_level,
                                              dtype=self.run.name if self.run is not None else None,
@@ -136,7 +141,8 @@ class Watch(Recorder):
         t = self.training
         t.settle()
         rec = Recording.of(self, t.scaler_skipped)
-        loc = locate(rec, self.rerun) if rec.finding is not None else None
+        rerun = serving.origin_rerun(self.serving, rec, self.rerun)  # a packed fault: its origin request alone
+        loc = locate(rec, rerun) if rec.finding is not None else None
         # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
         # parameters'): the failing step's, else the latest kept step's
         step = loc.first.step if loc is not None else self.n_forwards - 1
@@ -153,6 +159,7 @@ class Watch(Recorder):
         if loc is not None:
             assemble(rep, loc, None, device=str(self.sink.device), rank=dist.rank() if dist.active() else None)
         self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
+        serving.finish(self.serving, rep, rec)  # run.requests, run.evict
         return WatchReport(rep, loc, self._aggregates())
 
     def step_forward(self, input_index: int) -> Any:

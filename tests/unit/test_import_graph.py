@@ -156,6 +156,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("divergence",),  # two recordings → where they part (the one comparison of two runs)
     ("locate",),  # a recording and its re-runs → where (a re-run judged against its recording by divergence)
     ("distributed", "explain"),  # ranks; replay, diagnosis, fix check, the one assembler
+    ("serving",),  # packed batches: requests, their replays alone, abort
     ("render",),  # every view of a report
     ("session",),  # nan_hunter.watch and what training adds
     ("modes",),  # the harness and the modes behind it, its torchrun split

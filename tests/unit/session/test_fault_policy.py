@@ -32,11 +32,11 @@ def test_verdict_line_names_kind_step_phase_op_module_and_cause():
 
 def test_options_are_checked_before_anything_is_hooked():
     m = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"on_fault must be one of \('record', 'raise', 'skip', 'stop'\)"):
+    with pytest.raises(ValueError, match=r"on_fault must be one of \('record', 'raise', 'skip', 'stop', 'abort'\)"):
         Watch(m, on_fault="ignore")
     with pytest.raises(ValueError, match="needs optimizer="):
         Watch(m, on_fault="skip")
-    assert ON_FAULT == ("record", "raise", "skip", "stop")
+    assert ON_FAULT == ("record", "raise", "skip", "stop", "abort")
     assert not m._forward_hooks and not m._forward_pre_hooks
     assert Watch(m, on_fault="stop").policy.kind is OnFault.STOP
 
@@ -50,7 +50,10 @@ def test_each_policy_says_what_it_asks_of_the_watch():
         OnFault.RAISE: (False, False, True, True, False, False),
         OnFault.SKIP: (True, False, False, False, True, True),
         OnFault.STOP: (False, True, False, True, False, True),  # stop with optimizer= undoes the step too
+        OnFault.ABORT: (False, False, False, False, False, False),  # serving: ends a request, not the loop
     }
+    assert [p for p in OnFault if p.aborts_requests] == [OnFault.ABORT]
+    assert Watch(nn.Linear(2, 2), on_fault="abort").serving.abort
     assert OnFault.parse("skip", has_optimizer=True) is OnFault.SKIP
     assert OnFault.parse(OnFault.STOP, has_optimizer=False) is OnFault.STOP
     with pytest.raises(ValueError, match=r"on_fault must be one of .* got 'Raise'"):

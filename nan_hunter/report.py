@@ -135,6 +135,9 @@ class RunInfo:
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
     skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
+    #: the quantization method of a model run in its own quantized form (bitsandbytes: not cast to ``dtype``
+    #: asked, its unquantized parts in ``dtype``); null for a plain model
+    quantized: str | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

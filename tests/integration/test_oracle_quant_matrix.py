@@ -1,6 +1,6 @@
 """``check`` on quantized checkpoints held against the quantized oracle (``tests/oracle/quant.py``, which
-shares no code with nanhunter): format (fp8 block scales, GGUF Q8_0/Q4_0, bitsandbytes nf4/fp4/int8) ×
-fault (NaN/Inf/zero scale, NaN code, overflow past fp16 or bf16 after dequantization, a plain float tensor
+shares no code with nanhunter): format (fp8 block, channel and tensor scales, int8 groups, NVFP4, GGUF Q8_0/Q4_0,
+bitsandbytes nf4/fp4/int8) × fault (NaN/Inf/zero scale, NaN code, overflow past fp16 or bf16 after dequantization, a plain float tensor
 holding −inf, none) × check dtype (fp16, bf16). Each checkpoint is dequantized by its format's own
 library (compressed-tensors, gguf-py, bitsandbytes); in every cell ``check``'s verdict, the weight's
 ``overflows[dtype]``, ``dequant_nonfinite`` and ``dequant_absmax`` must agree with what those values imply.
@@ -61,7 +61,9 @@ def test_check_agrees_with_the_libraries_dequantization(fmt, fault, dtype, tmp_p
     if case.absmax is None:
         assert q["dequant_absmax"] is None
     else:
-        assert q["dequant_absmax"] == pytest.approx(case.absmax, rel=1e-5)
+        # nvfp4: compressed-tensors rounds scale / global scale on its way (299008 where the exact product is
+        # 300000, 0.3 %): the verdicts agree, the magnitude within 1 %
+        assert q["dequant_absmax"] == pytest.approx(case.absmax, rel=1e-2 if fmt == "nvfp4" else 1e-5)
 
 
 @pytest.mark.parametrize("fixture", sorted(p.name for p in (ROOT / "tests" / "data" / "quant").iterdir()

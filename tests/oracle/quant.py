@@ -25,7 +25,9 @@ DTYPE_MAX = {"fp16": float(torch.finfo(torch.float16).max), "bf16": float(torch.
 #: format -> the faults that apply to it (a NaN code needs a float code: fp8)
 FAULTS = ("clean", "nan_scale", "inf_scale", "zero_scale", "nan_code", "overflow_fp16", "overflow_bf16",
           "plain_neginf")
-FORMATS = {"fp8_block": FAULTS, "gguf_q8_0": tuple(f for f in FAULTS if f != "nan_code"),
+NOT_FP8 = tuple(f for f in FAULTS if f != "nan_code")
+FORMATS = {"fp8_block": FAULTS, "fp8_channel": FAULTS, "fp8_tensor": FAULTS, "int8_group": NOT_FP8, "nvfp4": NOT_FP8,
+           "gguf_q8_0": tuple(f for f in FAULTS if f != "nan_code"),
            "gguf_q4_0": tuple(f for f in FAULTS if f != "nan_code"),
            "bnb_nf4": tuple(f for f in FAULTS if f != "nan_code"), "bnb_fp4": tuple(f for f in FAULTS if f != "nan_code"),
            "bnb_int8": tuple(f for f in FAULTS if f != "nan_code")}
@@ -79,30 +81,85 @@ def _scale_value(fault: str, clean: float) -> float:
     return {"nan_scale": math.nan, "inf_scale": math.inf, "zero_scale": 0.0}.get(fault, clean)
 
 
-def fp8_block(d: Path, fault: str) -> Case:
-    """DeepSeek-style fp8: e4m3 codes [256, 256], 128x128 ``weight_scale_inv`` blocks; block [1, 0] faulty."""
+def fp8_block(d: Path, fault: str, strategy: str = "block") -> Case:
+    """compressed-tensors style weights: e4m3 codes [256, 256] with DeepSeek-style 128x128
+    ``weight_scale_inv`` blocks (``block``), a ``weight_scale`` per row (``channel``) or one (``tensor``);
+    or int8 codes with a ``weight_scale`` per 32 inputs (``group``). The scale of the block, row or group
+    holding element [130, 5] is faulty."""
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import dequantize
 
     g = torch.Generator().manual_seed(1)
-    w = (torch.randn(256, 256, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
-    s = torch.full((2, 2), 0.01)
+    if strategy == "group":
+        w = torch.randint(-128, 128, (256, 256), generator=g, dtype=torch.int16).to(torch.int8)
+    else:
+        w = (torch.randn(256, 256, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    shape, at = {"block": ((2, 2), (1, 0)), "channel": ((256, 1), (130, 0)), "tensor": ((1,), (0,)),
+                 "group": ((256, 8), (130, 0))}[strategy]
+    s = torch.full(shape, 0.01)
     bad_w, bad_s = w.clone(), s.clone()
     big = {"overflow_fp16": 1000.0, "overflow_bf16": 1e37}
-    bad_s[1, 0] = big.get(fault, _scale_value(fault, 0.01))
+    bad_s[at] = big.get(fault, _scale_value(fault, 0.01))
     if fault == "nan_code":
         bad_w.view(torch.uint8)[130, 5] = 0x7F
-    args = QuantizationArgs(num_bits=8, type="float", strategy="block", block_structure=[128, 128], symmetric=True)
+    kw = {"block": {"block_structure": [128, 128]}, "group": {"group_size": 32}}.get(strategy, {})
+    args = QuantizationArgs(num_bits=8, type="int" if strategy == "group" else "float", strategy=strategy,
+                            symmetric=True, **kw)
 
     def deq(codes, scales):
         return dequantize(codes, scales, None, args, dtype=torch.float32).double().numpy()
 
     d.mkdir(parents=True)
-    save_file({f"{LAYER}.weight": bad_w, f"{LAYER}.weight_scale_inv": bad_s, "model.norm.weight": _norm(fault)},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8",
-                                                                       "weight_block_size": [128, 128]}}))
+    scale = f"{LAYER}.weight_scale_inv" if strategy == "block" else f"{LAYER}.weight_scale"
+    save_file({f"{LAYER}.weight": bad_w, scale: bad_s, "model.norm.weight": _norm(fault)}, str(d / "model.safetensors"))
+    qc = ({"quant_method": "fp8", "weight_block_size": [128, 128]} if strategy == "block" else
+          {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {
+              "num_bits": 8, "type": args.type, "strategy": strategy, "group_size": kw.get("group_size")}}}})
+    (d / "config.json").write_text(json.dumps({"quantization_config": qc}))
     return Case(d / "model.safetensors", f"{LAYER}.weight", deq(bad_w, bad_s), deq(w, s), fault == "plain_neginf")
+
+
+def nvfp4(d: Path, fault: str) -> Case:
+    """compressed-tensors ``nvfp4-pack-quantized``: e2m1 codes packed two a byte (``weight_packed``
+    [64, 64]), an e4m3 ``weight_scale`` per 16 values, a ``weight_global_scale`` the scales are divided by;
+    dequantized by the library's own ``unpack_fp4_from_uint8`` and ``dequantize``. Group [10, 2]'s scale is
+    faulty (e4m3 has no inf: an inf scale is stored as its NaN), or the global scale makes it overflow."""
+    from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8, unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    g = torch.Generator().manual_seed(5)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    codes = grid[torch.randint(0, 8, (64, 128), generator=g)] * torch.where(torch.rand(64, 128, generator=g) < 0.5,
+                                                                          -1.0, 1.0)
+    packed = pack_fp4_to_uint8(codes)
+    s = torch.full((64, 8), 0.5).to(torch.float8_e4m3fn)
+    gs = torch.tensor([1.0])
+    bad_s, bad_gs = s.clone(), gs.clone()
+    if fault in ("nan_scale", "inf_scale"):
+        bad_s.view(torch.uint8)[10, 2] = 0x7F
+    elif fault == "zero_scale":
+        bad_s[10, 2] = 0.0
+    elif fault == "overflow_fp16":
+        bad_gs[0] = 1e-5  # 6 x 0.5 / 1e-5 = 3e5
+    elif fault == "overflow_bf16":
+        bad_gs[0] = 1e-38  # past float32
+    args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True)
+
+    def deq(scales, global_scale):
+        x_q = unpack_fp4_from_uint8(packed, 64, 128)
+        with np.errstate(all="ignore"):
+            return dequantize(x_q=x_q, scale=scales.to(x_q.dtype), args=args, global_scale=global_scale,
+                              dtype=x_q.dtype).double().numpy()
+
+    d.mkdir(parents=True)
+    save_file({f"{LAYER}.weight_packed": packed, f"{LAYER}.weight_scale": bad_s, f"{LAYER}.weight_global_scale": bad_gs,
+               "model.norm.weight": _norm(fault)}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {
+            "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}}))
+    return Case(d / "model.safetensors", f"{LAYER}.weight_packed", deq(bad_s, bad_gs), deq(s, gs),
+                fault == "plain_neginf")
 
 
 def gguf_file(d: Path, fault: str, qtype: str) -> Case:
@@ -174,8 +231,12 @@ def bnb_int8(d: Path, fault: str) -> Case:
 
 
 def build(fmt: str, fault: str, d: Path) -> Case:
-    if fmt == "fp8_block":
-        return fp8_block(d, fault)
+    if fmt.startswith("fp8_"):
+        return fp8_block(d, fault, fmt.removeprefix("fp8_"))
+    if fmt == "int8_group":
+        return fp8_block(d, fault, "group")
+    if fmt == "nvfp4":
+        return nvfp4(d, fault)
     if fmt.startswith("gguf_"):
         return gguf_file(d, fault, fmt.removeprefix("gguf_").upper())
     if fmt == "bnb_int8":

@@ -1,5 +1,5 @@
 """``check`` on quantized checkpoints held against the quantized oracle (``tests/oracle/quant.py``, which
-shares no code with nanhunter): format (fp8 block, channel and tensor scales, int8 groups, NVFP4, GGUF Q8_0/Q4_0,
+shares no code with nanhunter): format (fp8 block, channel and tensor scales, int8 groups, NVFP4, MXFP4, GGUF Q8_0/Q4_0,
 bitsandbytes nf4/fp4/int8) × fault (NaN/Inf/zero scale, NaN code, overflow past fp16 or bf16 after dequantization, a plain float tensor
 holding −inf, none) × check dtype (fp16, bf16). Each checkpoint is dequantized by its format's own
 library (compressed-tensors, gguf-py, bitsandbytes); in every cell ``check``'s verdict, the weight's

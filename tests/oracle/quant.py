@@ -27,6 +27,8 @@ FAULTS = ("clean", "nan_scale", "inf_scale", "zero_scale", "nan_code", "overflow
           "plain_neginf")
 NOT_FP8 = tuple(f for f in FAULTS if f != "nan_code")
 FORMATS = {"fp8_block": FAULTS, "fp8_channel": FAULTS, "fp8_tensor": FAULTS, "int8_group": NOT_FP8, "nvfp4": NOT_FP8,
+           # E8M0 holds no zero and no inf (0xFF is NaN)
+           "mxfp4": ("clean", "nan_scale", "overflow_fp16", "overflow_bf16", "plain_neginf"),
            "gguf_q8_0": tuple(f for f in FAULTS if f != "nan_code"),
            "gguf_q4_0": tuple(f for f in FAULTS if f != "nan_code"),
            "bnb_nf4": tuple(f for f in FAULTS if f != "nan_code"), "bnb_fp4": tuple(f for f in FAULTS if f != "nan_code"),
@@ -162,6 +164,40 @@ def nvfp4(d: Path, fault: str) -> Case:
                 fault == "plain_neginf")
 
 
+def mxfp4(d: Path, fault: str) -> Case:
+    """compressed-tensors ``mxfp4-pack-quantized``: e2m1 codes packed two a byte, an E8M0 exponent byte
+    per 32 values (``2**(e - 127)``, 0xFF NaN; no zero and no inf), dequantized by the library's own
+    ``decompress_mx_scale``, ``unpack_fp4_from_uint8`` and ``dequantize``. Group [10, 2] is faulty."""
+    from compressed_tensors.compressors.mx_utils import decompress_mx_scale
+    from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8, unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    g = torch.Generator().manual_seed(6)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    codes = grid[torch.randint(0, 8, (64, 128), generator=g)]
+    codes[10, 70] = 6.0  # group [10, 2] holds the largest code
+    packed = pack_fp4_to_uint8(codes)
+    s = torch.full((64, 4), 126, dtype=torch.uint8)  # 2**-1
+    bad = s.clone()
+    bad[10, 2] = {"nan_scale": 0xFF, "overflow_fp16": 127 + 15, "overflow_bf16": 254}.get(fault, 126)
+    args = QuantizationArgs(num_bits=4, type="float", strategy="group", group_size=32, symmetric=True)
+
+    def deq(scales):
+        x_q = unpack_fp4_from_uint8(packed, 64, 128)
+        with np.errstate(all="ignore"):
+            return dequantize(x_q=x_q, scale=decompress_mx_scale(scales).to(x_q.dtype), args=args,
+                              dtype=x_q.dtype).double().numpy()
+
+    d.mkdir(parents=True)
+    save_file({f"{LAYER}.weight_packed": packed, f"{LAYER}.weight_scale": bad, "model.norm.weight": _norm(fault)},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {
+            "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}}}}))
+    return Case(d / "model.safetensors", f"{LAYER}.weight_packed", deq(bad), deq(s), fault == "plain_neginf")
+
+
 def gguf_file(d: Path, fault: str, qtype: str) -> Case:
     """A GGUF file: ``blk.0.ffn_down.weight`` quantized by gguf-py, one block's fp16 d planted."""
     import gguf
@@ -237,6 +273,8 @@ def build(fmt: str, fault: str, d: Path) -> Case:
         return fp8_block(d, fault, "group")
     if fmt == "nvfp4":
         return nvfp4(d, fault)
+    if fmt == "mxfp4":
+        return mxfp4(d, fault)
     if fmt.startswith("gguf_"):
         return gguf_file(d, fault, fmt.removeprefix("gguf_").upper())
     if fmt == "bnb_int8":

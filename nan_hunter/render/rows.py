@@ -351,7 +351,7 @@ def _fault_line(rep: Report, width: int) -> str:
     if bad:
         first = next((b for b in bad if d is None or not d.param or b["name"] == d.param), bad[0])
         more = f" (+{len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
-        return fitted([(head + "NaN/Inf in checkpoint tensor {}", False), (more, True)], width,
+        return fitted([(head + "NaN/Inf in {}", False), (more, True)], width,
                       {0: first["name"]})
     if d is not None:
         subject = d.module if d.module else None

@@ -102,3 +102,21 @@ def test_the_verdict_keeps_the_decisive_name():
     assert cut_middle(name, 40) == "…layers.0.mlp.down_proj.weight_scale_inv"
     assert cut_middle(name, 30) == "…0.…down_proj.weight_scale_inv"
     assert "weight_scale_inv" in PARAMETER_LEAVES
+
+
+def test_the_weights_verdict_line_names_the_weight_whole():
+    """issue 48: "first …0.…weight_scale_inv" at any width; now the quantized weight the diagnosis names
+    (``param``), whole, and a non-finite tensor by its name, in 79 cells."""
+    from nan_hunter.render.rows import verdict
+    from nan_hunter.report import Diagnosis, Report
+
+    w = "model.layers.0.mlp.down_proj.weight"
+    rep = Report(weights={"nonfinite": [{"name": w + "_scale_inv"}]},
+                 diagnosis=Diagnosis("bad_scale", None, None, None, "quantized weight ... has a Inf scale", [], "fix",
+                                     param=w))
+    assert verdict(rep).text == f"✘ bad_scale: bad scale in {w}"
+    rep = Report(weights={"nonfinite": [{"name": "model.layers.11.self_attn.q_norm.weight"}, {"name": "b"}]},
+                 diagnosis=Diagnosis("nonfinite_weights", None, None, None, "s", [], "fix",
+                                     param="model.layers.11.self_attn.q_norm.weight"))
+    line = verdict(rep).text
+    assert "model.layers.11.self_attn.q_norm.weight" in line and cells(line) <= 79

@@ -162,6 +162,9 @@ class RunInfo:
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop | abort
     requests: list[RequestOutcome] | None = None  # contract v1.4: a packed batch's requests (continuous batching)
     evict: list[Eviction] | None = None  # contract v1.4: KV blocks and prefix entries a failing request wrote
+    #: the quantization method of a model run in its own quantized form (bitsandbytes: not cast to ``dtype``
+    #: asked, its unquantized parts in ``dtype``); null for a plain model
+    quantized: str | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -318,8 +318,8 @@ def nonfinite_weights(ev: Evidence) -> Diagnosis | None:
     if ev.role != "weights" and not (ev.role is None and ev.weights_nonfinite):
         return None
     ws = ev.weights_nonfinite
-    lines = [f"{w['name']} ({w['dtype']} {w['shape']}): {w['nan']} NaN, {w['posinf']} +inf, {w['neginf']} −inf, "
-             f"first at {w['first_index']}" for w in ws[:5]]
+    lines = [f"{w['name']} ({w['dtype']} {w['shape']}{', ' + w['file'] if w.get('file') else ''}): {w['nan']} NaN, "
+             f"{w['posinf']} +inf, {w['neginf']} −inf, first at {w['first_index']}" for w in ws[:5]]
     if len(ws) > 5:
         lines.append(f"... and {len(ws) - 5} more tensors")
     where = f"first used by {ev.module or '<root>'} ({ev.module_type})" if ev.module is not None else "found by the weights scan"

@@ -56,17 +56,23 @@ class TensorScan:
     sampled: bool = False
     skipped: str | None = None
     unchecked: bool = False  # skipped although it could hold NaN/Inf (listed in weights.unchecked)
+    file: str | None = None  # the shard holding it, in a sharded checkpoint (else None, and not written)
 
     @property
     def finite(self) -> bool:
         return not (self.nan or self.posinf or self.neginf)
 
     def nonfinite_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
-                "posinf": self.posinf, "neginf": self.neginf, "first_index": self.first_index}
+        d = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
+             "posinf": self.posinf, "neginf": self.neginf, "first_index": self.first_index}
+        if self.file is not None:
+            d["file"] = self.file
+        return d
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
+        if d["file"] is None:
+            del d["file"]
         return d
 
 
@@ -360,12 +366,31 @@ def scan_weights(ck: Checkpoint, exact: bool = False,
     out: list[TensorScan] = []
     skipped = 0
     with np.errstate(all="ignore"):  # IEEE results (an F64 value past float32's range is inf) are what is measured
+        sharded = len(ck.files) > 1
         for item in ck.scan_items():
             ts = scan_item(item, exact)
+            e = ck.entry(item.name) if sharded else None
+            ts.file = e.file.name if e is not None else None
             if ts.skipped:
                 skipped += 1
             out.append(ts)
             if progress is not None:
                 progress(item.name, item.nbytes)
         quantized, q_unchecked, claimed = scan_quantized_claims(ck)
+    _add_code_faults(quantized, out)
     return WeightsScan(out, len(out), skipped, ck.nbytes, quantized, q_unchecked, claimed)
+
+
+def _add_code_faults(quantized: list[Any], tensors: list[TensorScan]) -> None:
+    """NaN/Inf codes of a quantized weight's data (fp8 data holding 0x7F) dequantize to NaN/Inf whatever
+    their scale: counted in its ``dequant_nonfinite`` and ``overflows``. Where a NaN/Inf scale also makes
+    whole blocks non-finite, a code may sit inside one: the count is then not known (None)."""
+    by_name = {t.name: t for t in tensors}
+    for q in quantized:
+        t = by_name.get(q.name)
+        if t is None or t.finite:
+            continue
+        codes = t.nan + t.posinf + t.neginf
+        if q.dequant_nonfinite is not None:
+            q.dequant_nonfinite = q.dequant_nonfinite + codes if q.nonfinite_blocks == 0 else None
+        q.overflows = {d: True for d in q.overflows}

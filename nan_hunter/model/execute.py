@@ -25,11 +25,33 @@ def resolve_device(device: str) -> torch.device:
 
 
 def cast_model(model: nn.Module, run: RunDtype | None, device: torch.device) -> nn.Module:
-    """Floating parameters and buffers to the run's compute dtype (integer ones stay as they are)."""
+    """Floating parameters and buffers to the run's compute dtype (integer ones stay as they are). A
+    model transformers loaded quantized (bitsandbytes, GPTQ, AWQ, ...) runs in its own form: its packed
+    weights cannot be cast (``quantized_form``)."""
+    if quantized_form(model) is not None:
+        if next(model.parameters(), torch.empty(0)).device != device:
+            model = model.to(device)
+        return model.eval()
     model = model.to(device)
     if run is not None:
         model = model.to(run.torch_compute)
     return model.eval()
+
+
+def quantized_form(model: nn.Module) -> str | None:
+    """The quantization method a transformers model was loaded with (``"bitsandbytes"``, ``"gptq"``,
+    ...), None for a plain model."""
+    if not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None:
+        return None
+    qc = getattr(getattr(model, "config", None), "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return str(getattr(method, "value", method) or "quantized")
+
+
+def own_compute_dtype(model: nn.Module) -> str:
+    """The dtype name (``fp32``/``fp16``/``bf16``) a quantized model's unquantized parts run in."""
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return names.get(getattr(model, "dtype", torch.float32), "fp32")
 
 
 def cast_batch(kwargs: dict[str, Any], run: RunDtype | None, device: torch.device) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class Prepared:
     cfg: Config
     notes: list[str] = field(default_factory=list)
     texts: list[str | None] = field(default_factory=list)  # per input: its prompt or data line (None: a file)
+    #: the quantization method of a model run in its own quantized form (not cast to the asked dtype)
+    quantized: str | None = None
 
     @property
     def dtype(self) -> str:
@@ -88,7 +90,13 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         check_device(device)  # a bad --device is refused as when a model is built
         _no_model(inputs, prompts, data, need_model)
         return None
-    from .execute import cast_batch, cast_model, resolve_device  # lazy: torch
+    from .execute import (  # lazy: torch
+        cast_batch,
+        cast_model,
+        own_compute_dtype,
+        quantized_form,
+        resolve_device,
+    )
 
     if placement is not None:
 
@@ -114,6 +122,13 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         notes.append(f"no inputs given: ran the default prompt {DEFAULT_PROMPT!r}")
     notes += batch_notes(batches)
     run = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
+    quantized = quantized_form(model)
+    if quantized is not None:  # packed weights cannot be cast: the run is the model's own quantized form
+        own = own_compute_dtype(model)
+        if own != run.name:
+            notes.append(f"a {quantized} model runs in its own quantized form: its unquantized parts in {own}, "
+                         f"not cast to {run.name}")
+        run = run_dtype(own, cfg)
     if placement is None:
         model = cast_model(model, run, dev)
     else:
@@ -122,4 +137,4 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         notes += placement_notes(model)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]
     return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes,
-                    [b.text for b in batches])
+                    [b.text for b in batches], quantized)

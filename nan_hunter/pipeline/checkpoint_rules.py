@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import Config
 from ..dtypes import HEADROOM_DTYPES, limits
-from ..load.quant.base import is_fault
+from ..load.quant.base import is_fault, severity
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -34,10 +34,12 @@ def weights_extra_rules(ck: str, weights: dict[str, Any]) -> list[dict[str, Any]
     out = []
     quantized = weights.get("quantized") or []
     if quantized:
-        faulty = [q for q in quantized if any(is_fault(q, b) for b in q["bad_blocks"])]
+        # the worst first (a NaN/Inf scale before a zero one), then checkpoint order
+        faulty = sorted((q for q in quantized if any(is_fault(q, b) for b in q["bad_blocks"])), key=severity)
         if faulty:
             q = faulty[0]
-            b = next(b for b in q["bad_blocks"] if is_fault(q, b))
+            b = min((b for b in q["bad_blocks"] if is_fault(q, b)),
+                    key=lambda b: {"nan": 0, "inf": 0, "zero": 1}.get(b["problem"], 2))
             if b["problem"] == "zero_point":
                 fix = (f"fix: the zero points follow {b.get('found')!r}, the config declares {b.get('declared')!r}: "
                        "set quantization_config.checkpoint_format to the convention stored, or re-export")
@@ -54,8 +56,10 @@ def weights_extra_rules(ck: str, weights: dict[str, Any]) -> list[dict[str, Any]
             over = [q for q in quantized if q["overflows"].get("fp16")]
             msg = f"{len(quantized)} quantized weights, every scale finite and non-zero where the block holds data"
             if over:
+                a = over[0]["dequant_absmax"]
                 msg += (f"; {len(over)} dequantize past fp16's max (e.g. {over[0]['name']}: "
-                        f"{over[0]['dequant_absmax']:.4g})")
+                        f"{'non-finite values' if over[0].get('dequant_nonfinite') or a is None else f'{a:.4g}'}; "
+                        "see weights.headroom)")
             out.append(_rule("weights.quantized", ck, WARN if over else PASS, msg, value=0.0))
     sus = weights.get("suspicious") or []
     if sus:

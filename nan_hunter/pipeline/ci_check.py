@@ -10,6 +10,7 @@ Rules (ids are JUnit testcase names and never change meaning):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from ..load.checkpoint import Checkpoint, open_checkpoint
 from ..load.weights import scan_weights
 from ..load.weights_sections import bad_scales
 from ..model.inputs import one_or_many, one_path
-from ..model.prepare import prepare
+from ..model.prepare import builds_a_model, prepare
 from ..report import Report, write_json
 from .checkpoint_rules import baseline_rules, weights_extra_rules
 
@@ -113,15 +114,49 @@ def _share(frac: float, dtype: str, mx: float) -> str:
 # --- rules --------------------------------------------------------------------------------------
 
 
-def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config) -> list[RuleResult]:
-    """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors."""
+@dataclass(frozen=True)
+class Measured:
+    """One weight as a run computes with it: a plain float tensor as stored, or a quantized weight as
+    dequantized (its scale tensors, zero points and stored codes are never measured themselves)."""
+
+    name: str
+    absmax: float | None  # over finite values
+    how: str = ""  # "" for a plain tensor; "dequantized <format>" for a quantized weight
+    #: non-finite values the dequantization itself makes from finite scales (|code| x scale past float32):
+    #: past every dtype's max
+    overflow_all: bool = False
+
+
+def measured(tensors: list[Any], quantized: list[Any] = (), claimed: set[str] | frozenset = frozenset()
+             ) -> list[Measured]:
+    """What the headroom rules judge: every scanned float tensor no quantized format read (scales, zero
+    points, quant states and codes are the format's, and judged dequantized), then every quantized weight
+    by its dequantized values (``quant.base.QuantizedScan``)."""
+    out = [Measured(t.name, t.absmax) for t in tensors
+           if not t.skipped and t.absmax is not None and t.name not in claimed]
+    code_faults = {t.name for t in tensors if not t.skipped and not t.finite}
+    for q in quantized:
+        # non-finite values from a NaN/Inf scale are weights.quantized's; from NaN codes weights.nonfinite's;
+        # any other non-finite value is an overflow of the dequantization itself
+        made = not q.faulty and q.name not in code_faults and (q.dequant_nonfinite or q.nonfinite_blocks)
+        if q.dequant_absmax is not None or made:
+            out.append(Measured(q.name, q.dequant_absmax, f"dequantized {q.format}", bool(made)))
+    return out
+
+
+def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config, quantized: list[Any] = (),
+                  claimed: set[str] | frozenset = frozenset()) -> list[RuleResult]:
+    """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors, quantized weights
+    (``QuantizedScan``, judged dequantized) and the names the quantized formats read (``claimed``)."""
     out: list[RuleResult] = []
-    bad = [t for t in tensors if not t.skipped and not t.finite]
+    # a NaN/Inf in a checked quantized weight's scale tensor is that weight's bad scale (weights.quantized)
+    scales = {q.scale for q in quantized if q.faulty}
+    bad = [t for t in tensors if not t.skipped and not t.finite and t.name not in scales]
     floating = [t for t in tensors if not t.skipped]
     if bad:
         status = FAIL if cfg.check.fail_on_nonfinite_weights else WARN
-        first = ", ".join(f"{t.name} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at {t.first_index})"
-                          for t in bad[:3])
+        first = ", ".join(f"{t.name}{_in_shard(t)} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at "
+                          f"{t.first_index})" for t in bad[:3])
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         out.append(RuleResult("weights.nonfinite", ck_path, status,
                               f"{len(bad)} of {len(floating)} floating tensors hold NaN/Inf: {first}{more}",
@@ -131,30 +166,45 @@ def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Conf
     else:
         out.append(RuleResult("weights.nonfinite", ck_path, PASS,
                               f"no NaN/Inf in {len(floating)} floating tensors", value=0.0))
+    sized = measured(tensors, quantized, claimed)
     for dt in dtypes:
         th = cfg.check.headroom.weights.get(dt)
         if th is None:
             continue
         rule = f"weights.headroom.{dt}"
-        sized = [t for t in floating if t.absmax is not None]
         if not sized:
             out.append(RuleResult(rule, ck_path, PASS, "no floating-point tensors to measure", dt))
             continue
         mx = _range_max(dt)
-        top = max(sized, key=lambda t: t.absmax)
-        frac = top.absmax / mx
-        n_warn = sum(1 for t in sized if t.absmax / mx > th.warn)
+
+        def frac_of(m: Measured, mx: float = mx) -> float:
+            return math.inf if m.overflow_all else (m.absmax or 0.0) / mx
+
+        top = max(sized, key=frac_of)
+        frac = frac_of(top)
+        n_warn = sum(1 for m in sized if frac_of(m) > th.warn)
         status = _grade(frac, th)
-        msg = (f"max |w| {top.absmax:.6g} in {top.name} {_share(frac, dt, mx)}; "
-               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
-        if frac > 1:
-            msg += f"; it becomes inf when cast to {dt}"
+        what = f"{top.name} ({top.how})" if top.how else top.name
+        if top.overflow_all:
+            msg = f"{what} dequantizes to inf (|code| x scale past float32's max): no {dt} holds it"
+        else:
+            msg = (f"max |w| {top.absmax:.6g} in {what} {_share(frac, dt, mx)}; "
+                   f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
+            if frac > 1:
+                msg += f"; it becomes inf when cast to {dt}"
         if n_warn > 1:
             msg += f"; {n_warn} tensors above {th.warn:.0%}"
-        details = [] if status == PASS else [
-            f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)"]
-        out.append(RuleResult(rule, ck_path, status, msg, dt, frac, details))
+        fix = (f"fix: {top.name}'s scales put its dequantized values past {dt}'s max: run it in bf16 (or fp32), "
+               "or re-quantize it with smaller scales" if top.how else
+               f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)")
+        details = [] if status == PASS else [fix]
+        out.append(RuleResult(rule, ck_path, status, msg, dt, frac if math.isfinite(frac) else None, details))
     return out
+
+
+def _in_shard(t: Any) -> str:
+    f = getattr(t, "file", None)
+    return f" in {f}" if f else ""
 
 
 def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[RuleResult]:
@@ -239,6 +289,8 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
     run.notes += p.notes
     run_mode_on_ranks(p, mode_for(generate=opts.generate, batch=opts.batch), run, split=opts.split)
     run.add_context(texts=p.texts)  # inputs[i].text, as scan gives it
+    if p.quantized is not None and run.run is not None:
+        run.run["quantized"] = p.quantized
     return run
 
 
@@ -249,19 +301,32 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
     rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg), mode="check")
-    results = weights_rules(label, ws.tensors, dtypes, cfg)
+    results = weights_rules(label, ws.tensors, dtypes, cfg, ws.quantized, ws.claimed)
     results += [RuleResult(**r) for r in weights_extra_rules(label, rep.weights)]
     if baseline is not None:
         rules, rep.baseline = baseline_rules(label, ws.tensors, baseline[1].tensors, baseline[0], dtypes, cfg)
         results += [RuleResult(**r) for r in rules]
     runs: dict[str, Report] = {}
     for dt in dtypes:
-        got = forward_in(ck, dt, opts, cfg, rep.weights)
+        try:
+            got = forward_in(ck, dt, opts, cfg, rep.weights)
+        except BadInput as e:
+            if not (ws.quantized or ws.quantized_unchecked):
+                raise
+            # a quantized model transformers cannot build here (GPTQ/AWQ without their kernel packages):
+            # the weights verdict stands, with one line saying why nothing ran
+            got = f"forward not run: {e}"
         if isinstance(got, str):  # no model or no inputs: the same for every dtype
             rep.notes.append(got)
             break
-        runs[dt] = got
-        results += forward_rules(label, dt, got, cfg)
+        method = (got.run or {}).get("quantized")
+        ran = (got.run or {}).get("dtype", dt) if method else dt
+        runs[ran] = got
+        results += forward_rules(label, ran, got, cfg)
+        if method:  # one forward: the quantized form is the same whatever dtype was asked
+            rep.notes.append(f"the {method} model ran once, in its own quantized form ({ran}); --dtypes "
+                             f"{','.join(dtypes)} judge its weights")
+            break
     if runs:
         # The report's run/modules/diagnosis are those of the first failing forward, else the first.
         shown = next((d for d, r in runs.items() if r.first_nonfinite is not None), next(iter(runs)))
@@ -302,6 +367,14 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
     dts = parse_dtypes(dtypes, cfg)
     opts = CheckOptions(**options)
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
+    if opts.has_inputs and not opts.arch:
+        # refused before anything runs, naming the checkpoint: a mixed list (model directories and a bare
+        # .safetensors file) with --prompt/--inputs/--data
+        for path, ck in cks:
+            if not builds_a_model(ck, None):
+                given = "--prompt" if opts.prompts else "--inputs" if opts.inputs else "--data"
+                raise BadInput(f"{path}: cannot take {given}: no model can be built from it (no config.json; "
+                               "pass --arch file.py:factory, or check it in a separate run without inputs)")
     base = None
     if baseline is not None:
 

@@ -52,10 +52,10 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
             prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data,
                                opts.dtype, opts.device, cfg, opts.attn, placement=opts.placement)
     except BadInput as e:
-        if not (ws.nonfinite or bad_scales(ws)):
+        if not (ws.nonfinite or bad_scales(ws) or ws.quantized or ws.quantized_unchecked):
             raise
         # the weights already hold the answer (a quantized model transformers cannot build here, e.g. GPTQ
-        # without optimum): report it rather than exit 2
+        # without optimum): the weights verdict, and one line saying why nothing ran, rather than exit 2
         rep.notes.append(f"weights-only scan: the model was not built ({e})")
         weights_verdict(rep, cfg, ws)
         return rep
@@ -76,6 +76,8 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         with stage("trace"):
             rep.notes.append(write_trace(prepared, mode, opts.tracing))
     run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split)
+    if prepared.quantized is not None and rep.run is not None:  # run in its own quantized form
+        rep.run["quantized"] = prepared.quantized
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled  # lazy: torch
 

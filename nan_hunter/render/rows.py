@@ -9,6 +9,7 @@ Strings here are raw (untrusted names included); each view escapes them for its 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,9 +156,9 @@ def cut_middle(name: str, width: int, sep: str = ".") -> str:
         return name
     if width <= 1:
         return "…"[:max(0, width)]
-    for cand in middle_candidates(name, sep):
-        if cells(cand) <= width:
-            return cand
+    best = elided(name, width, sep)
+    if best is not None:
+        return best
     tail = ""
     for ch in reversed(name):
         if cells(ch + tail) > width - 1:
@@ -166,57 +167,91 @@ def cut_middle(name: str, width: int, sep: str = ".") -> str:
     return "…" + tail
 
 
-#: a parameter's own name: shortened, ``mlp.down_proj.weight`` keeps ``down_proj.weight``
-PARAMETER_LEAVES = ("weight", "bias")
+#: a parameter's own name: shortened, ``mlp.down_proj.weight`` keeps ``down_proj.weight`` (and a quantized
+#: weight's tensors their module: ``down_proj.weight_scale_inv``)
+PARAMETER_LEAVES = ("weight", "bias", "weight_scale_inv", "weight_scale", "qweight", "qzeros", "scales", "absmax",
+                    "SCB", "input_scale")
 
 
-def middle_candidates(name: str, sep: str = ".") -> list[str]:
-    """Shortened forms of ``name``, best first, that replace runs of whole components by "…" —
-    never the leaf, nor the layer index; forms that keep the index's parent (``layers.11``) first,
-    then those with one "…" rather than two, then the longest; the leaf alone (``…dense``) last."""
+def elided(name: str, width: int, sep: str = ".") -> str | None:
+    """The best form of ``name`` in at most ``width`` cells that replaces runs of whole components by
+    "…" — never the leaf, nor the layer index: forms that keep the index's parent (``layers.11``)
+    first, then one "…" rather than two, then the longest; the leaf alone (``…dense``) last; None
+    when none fits.
+
+    The components left free sit in at most two segments (before and after the layer index), and
+    a form drops at most one run from each, so a run is judged by the cells it removes, from prefix
+    sums, without building its text: one run by two pointers, two runs by a sorted merge of each
+    segment's runs (quadratic in the components, never in their combinations; a 285-character name
+    takes milliseconds)."""
     parts = name.split(sep)
     n = len(parts)
     if n < 2:
-        return []
+        return None
     # the leaf: the last component, with its module for a parameter (``down_proj.weight``)
     leaf = 2 if n >= 3 and parts[-1] in PARAMETER_LEAVES else 1
     idx = max((i for i, p in enumerate(parts[:-leaf]) if p.isdigit()), default=None)
-    protected = set(range(n - leaf, n)) | ({idx} if idx is not None else set())
-    segments: list[list[int]] = [[]]
-    for i in range(n):
-        if i in protected:
-            segments.append([])
-        else:
-            segments[-1].append(i)
-    choices: list[list[set[int]]] = []
-    for seg in (s for s in segments if s):
-        runs = [set(seg[a:b]) for a in range(len(seg)) for b in range(a + 1, len(seg) + 1)]
-        choices.append([set(), *runs])
+    segs = [(0, idx), (idx + 1, n - leaf)] if idx is not None else [(0, n - leaf)]
+    segs = [(a, b) for a, b in segs if b > a]
+    pre = [0]
+    for p in parts:
+        pre.append(pre[-1] + cells(p))
+    need = cells(name) - width  # cells a form must remove
+    ls = cells(sep)
 
-    def shown(dropped: set[int]) -> str:
-        tokens = [None if i in dropped else p for i, p in enumerate(parts) if not (i in dropped and i - 1 in dropped)]
-        text = ""
-        for k, tok in enumerate(tokens):
-            if tok is None:
-                text += (sep if k else "") + "…"
-            else:
-                text += (sep if k and tokens[k - 1] is not None else "") + tok
-        return text
+    def removed(a: int, b: int) -> int:
+        """Cells removed by dropping components ``a .. b - 1``: their cells and one separator each,
+        "…" (one cell) put back (no separator follows it)."""
+        return pre[b] - pre[a] + (b - a) * ls - 1
 
-    scored = []
-    combos: list[set[int]] = [set()]
-    for options in choices:
-        combos = [c | o for c in combos for o in options]
-    for dropped in combos:
-        if not dropped:
-            continue
-        runs = sum(1 for i in dropped if i - 1 not in dropped)
-        parent_kept = idx is None or idx == 0 or idx - 1 not in dropped
-        text = shown(dropped)
-        scored.append(((not parent_kept, runs, -cells(text)), text))
-    out = [text for _, text in sorted(scored)]
-    out.append("…" + sep.join(parts[n - leaf:]))
-    return [c for c in dict.fromkeys(out) if cells(c) < cells(name)]
+    def parent_dropped(a: int, b: int) -> bool:
+        return idx is not None and idx > 0 and a <= idx - 1 < b
+
+    def text(runs: list[tuple[int, int]]) -> str:
+        out, prev_kept = "", False
+        k = 0
+        while k < n:
+            run = next((r for r in runs if r[0] == k), None)
+            if run is not None:
+                out += (sep if k else "") + "…"
+                k, prev_kept = run[1], False
+                continue
+            out += (sep if k and prev_kept else "") + parts[k]
+            prev_kept = True
+            k += 1
+        return out
+
+    found: list[tuple[tuple[bool, int, int], list[tuple[int, int]]]] = []
+    spans = {seg: [(removed(a, b), a, b) for a in range(*seg) for b in range(a + 1, seg[1] + 1)] for seg in segs}
+    for seg in segs:  # one run: the fewest cells removed that are enough, per (parent kept or not)
+        for dropped_parent in (False, True):
+            ok = [(d, a, b) for d, a, b in spans[seg] if d >= need and parent_dropped(a, b) == dropped_parent]
+            if ok:
+                d = min(x[0] for x in ok)
+                found += [((dropped_parent, 1, d), [(a, b)]) for x, a, b in ok if x == d]
+    if len(segs) == 2:  # two runs, one per segment: the least total that is enough
+        first, second = (sorted(spans[s]) for s in segs)
+        for dropped_parent in (False, True):
+            lead = [x for x in first if parent_dropped(x[1], x[2]) == dropped_parent]
+            if not lead or not second:
+                continue
+            totals = [x[0] for x in second]
+            best, pairs = None, []
+            for d, a, b in lead:
+                k = bisect_left(totals, need - d)
+                if k == len(totals):
+                    continue
+                t = d + totals[k]
+                if best is None or t < best:
+                    best, pairs = t, []
+                if t == best:
+                    pairs += [((a, b), (a2, b2)) for d2, a2, b2 in second[k:] if d + d2 == t]
+            found += [((dropped_parent, 2, best), list(p)) for p in pairs]
+    if found:
+        key = min(k for k, _ in found)
+        return min(text(runs) for k, runs in found if k == key)
+    alone = "…" + sep.join(parts[n - leaf:])
+    return alone if cells(alone) <= width and cells(alone) < cells(name) else None
 
 
 def short_op(op: str | None) -> str | None:
@@ -311,9 +346,13 @@ def _fault_line(rep: Report, width: int) -> str:
         return fitted(parts, width, {0: where})
     w = rep.weights or {}
     bad = w.get("nonfinite") or []
+    if cause == "bad_scale" and d is not None and d.param:  # the weights verdict names the quantized weight
+        return fitted([(head + "bad scale in {}", False), (f": {d.summary}", True)], width, {0: d.param})
     if bad:
-        what = head + f"{len(bad)} checkpoint tensor(s) hold NaN/Inf, first " + "{}"
-        return fitted([(what, False)], width, {0: bad[0]["name"]})
+        first = next((b for b in bad if d is None or not d.param or b["name"] == d.param), bad[0])
+        more = f" (+{len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        return fitted([(head + "NaN/Inf in {}", False), (more, True)], width,
+                      {0: first["name"]})
     if d is not None:
         subject = d.module if d.module else None
         if subject:

@@ -126,8 +126,11 @@ class Awq:
         else:
             stripe_of = np.arange(lay.groups * lay.n_out, dtype=np.int64) // lay.n_out
             n_stripes, per = lay.groups, lay.group_size * lay.n_out * 4 * 2
+        per_group = np.maximum(0, np.minimum(lay.group_size, lay.n_in - np.arange(scales.shape[1] if lay.gemv else
+                                                                                    scales.shape[0], dtype=np.int64) * lay.group_size))
+        sizes = np.tile(per_group, lay.n_out) if lay.gemv else np.repeat(per_group, lay.n_out)
         return Blocks(scales.reshape(-1), list(lay.scale_shape), bound.reshape(-1), stripe_of, n_stripes, per,
-                      known=known)
+                      known=known, sizes=sizes)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
 

@@ -84,6 +84,9 @@ class Blocks:
     absolute: bool = False
     #: blocks excluded from the absmax besides those with a non-finite scale (a NaN dmin)
     exclude: np.ndarray | None = None
+    #: values each block dequantizes to (an int for all, or int64 [n_blocks]: a partial last block holds
+    #: fewer); None when the format cannot say (then ``dequant_nonfinite`` is null where it is not 0)
+    sizes: int | np.ndarray | None = None
 
 
 @dataclass
@@ -94,8 +97,12 @@ class QuantizedScan:
     n_blocks: int
     bad_blocks: list[dict[str, Any]] = field(default_factory=list)
     n_bad: int = 0  # bad blocks, all of them (bad_blocks lists the first MAX_BAD_BLOCKS)
-    dequant_absmax: float | None = None
-    overflows: dict[str, bool | None] = field(default_factory=dict)
+    dequant_absmax: float | None = None  # over the finite dequantized values; None when there are none
+    overflows: dict[str, bool | None] = field(default_factory=dict)  # non-finite or past the dtype's max
+    #: non-finite values after dequantization (every value of a block with a NaN/Inf scale: 0 x inf is NaN;
+    #: the data's own NaN/Inf codes are added by the weights scan); None when the count is not known
+    dequant_nonfinite: int | None = 0
+    nonfinite_blocks: int = 0  # blocks whose scale (or dmin, or global scale) makes every value non-finite
     skipped: str | None = None  # why it could not be checked (then it is listed in weights.unchecked)
     n_faults: int = 0  # bad blocks that are faults (all of them, listed or not)
     stripes_read: int = 0  # how many stripes of data were read to answer (for the benchmark)
@@ -107,7 +114,7 @@ class QuantizedScan:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "format": self.format, "scale": self.scale, "n_blocks": self.n_blocks,
                 "bad_blocks": self.bad_blocks, "n_bad": self.n_bad, "dequant_absmax": self.dequant_absmax,
-                "overflows": self.overflows}
+                "dequant_nonfinite": self.dequant_nonfinite, "overflows": self.overflows}
 
 
 def is_fault(entry: dict[str, Any], block: dict[str, Any]) -> bool:
@@ -115,6 +122,13 @@ def is_fault(entry: dict[str, Any], block: dict[str, Any]) -> bool:
     but a negative weight scale (a sign some formats use on purpose); for an activation, KV or
     global scale (``format: "scale"``) a negative value is a fault too."""
     return block["problem"] != "negative" or entry.get("format") == "scale"
+
+
+def severity(entry: dict[str, Any]) -> int:
+    """How bad a ``weights.quantized`` entry's faults are, worst first: 0 a NaN/Inf scale (values become
+    NaN/Inf), 1 a zero scale on data (values become 0), 2 anything else (a zero point, a negative scale)."""
+    problems = {b["problem"] for b in entry["bad_blocks"] if is_fault(entry, b)}
+    return 0 if problems & {"nan", "inf"} else 1 if "zero" in problems else 2
 
 
 @dataclass

@@ -142,8 +142,11 @@ class Bnb4bit:
         g = self._grid(lay)
         stripe_of = g.stripe_of()[: -(-lay.n_values // lay.blocksize)]  # the last row of blocks may be short
         # a window's bytes become int64 indices and float32 magnitudes: budget 12 bytes per stored byte
+        sizes = np.full(values.size, lay.blocksize, dtype=np.int64)
+        if sizes.size:
+            sizes[-1] = lay.n_values - (sizes.size - 1) * lay.blocksize
         return Blocks(values, [values.size], bound, stripe_of, g.n_stripes, g.row_bytes * 12, extra_bad=extra,
-                      extra_faults=faults)
+                      extra_faults=faults, sizes=sizes)
 
     @staticmethod
     def _grid(lay: Bnb4Layout) -> Grid:
@@ -209,11 +212,14 @@ class Bnb8bit:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         g: Grid = q.layout
         scb = scale_values(ck, q.scale)
-        return Blocks(scb, [scb.size], 128.0 / 127.0, g.stripe_of(), g.n_stripes, g.row_bytes)
+        # bitsandbytes dequantizes as code x SCB x (1/127) (``int8_vectorwise_dequant``), in float32: the
+        # product is taken first, as the library takes it, so an SCB near float32's max overflows here too
+        return Blocks(scb, [scb.size], 128.0, g.stripe_of(), g.n_stripes, g.row_bytes, multiplier=1.0 / 127.0,
+                      sizes=g.sizes())
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         return window(ck, q.name, q.layout, first, count, lambda m, _r: np.abs(m.view(np.int8).astype(np.int16)),
-                      lambda red: red.astype(np.float32) / np.float32(127.0))
+                      lambda red: red.astype(np.float32))
 
 
 def _row_format(ctx: Context, name: str) -> bool:

@@ -66,7 +66,7 @@ class Fp8:
         g = lay.grid
         values = scale_values(ck, q.scale, e8m0=lay.e8m0)
         return Blocks(values, list(lay.scale_shape), float(fp8_mag_table(lay.tag).max()), g.stripe_of(), g.n_stripes,
-                      g.br * g.row_bytes)
+                      g.br * g.row_bytes, sizes=g.sizes())
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         lay: Fp8Layout = q.layout

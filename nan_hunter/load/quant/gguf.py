@@ -323,7 +323,7 @@ class Gguf:
         n_stripes = -(-lay.n_blocks // STRIPE_BLOCKS)
         return Blocks(d, list(lay.shape), bound, stripe_of, n_stripes, STRIPE_BLOCKS * lay.size * 8,
                       negative_listed=False, extra_bad=extra, extra_faults=int(bad_m.sum()),
-                      bound_only=kind.dequant is None, absolute=True, exclude=bad_m)
+                      bound_only=kind.dequant is None, absolute=True, exclude=bad_m, sizes=lay.block)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         lay: GgufLayout = q.layout

@@ -167,8 +167,12 @@ class Gptq:
             stripe_of = (np.arange(n, dtype=np.int64) // lay.n_out) // g
             n_stripes = -(-lay.groups // g)
             per = g * lay.group_size * lay.n_out * 4 * 2  # int32 codes, twice (max and min)
+        sizes = None  # act-order: g_idx decides how many inputs a group holds
+        if lay.group_size is not None:
+            per_group = np.minimum(lay.group_size, lay.n_in - np.arange(lay.groups, dtype=np.int64) * lay.group_size)
+            sizes = np.repeat(np.maximum(per_group, 0), lay.n_out)
         return Blocks(scales, [lay.groups, lay.n_out], bound, stripe_of,
-                      n_stripes, per, extra_bad=extra, extra_faults=faults)
+                      n_stripes, per, extra_bad=extra, extra_faults=faults, sizes=sizes)
 
     @staticmethod
     def _convention(stored, lay: GptqLayout, scales) -> tuple[list[dict[str, Any]], int]:

@@ -144,18 +144,49 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
         out.bad_blocks.append({"index": unravel(i, b.shape), "scale": "nan" if v != v else (
             "inf" if math.isinf(v) else v), "problem": problem})
     gm = abs(b.multiplier)
+    out.nonfinite_blocks, out.dequant_nonfinite = _nonfinite(b, unusable, n, gm)
     if r.best >= 0 and math.isfinite(gm):
         out.dequant_absmax = r.best * gm
+    if out.dequant_absmax is not None and not math.isfinite(out.dequant_absmax):
+        # |code| x scale past float32's range: non-finite values, how many is not counted
+        out.dequant_absmax, out.dequant_nonfinite = None, None
+        out.nonfinite_blocks = max(1, out.nonfinite_blocks)
+    some_nonfinite = out.nonfinite_blocks > 0 or bool(out.dequant_nonfinite)
+    if out.nonfinite_blocks == n and n:  # every value non-finite: no finite absmax to give
+        out.dequant_absmax = None
     if b.bound_only:
         bound = out.dequant_absmax
         out.dequant_absmax = None
-        out.overflows = {"fp16": False if bound is not None and bound <= FP16_MAX else None,
-                         "bf16": False if bound is not None and bound <= BF16_MAX else None}
+        out.overflows = {"fp16": True if some_nonfinite else False if bound is not None and bound <= FP16_MAX
+                         else None,
+                         "bf16": True if some_nonfinite else False if bound is not None and bound <= BF16_MAX
+                         else None}
     else:
         a = out.dequant_absmax
-        out.overflows = {"fp16": bool(a is not None and a > FP16_MAX), "bf16": bool(a is not None and a > BF16_MAX)}
+        out.overflows = {"fp16": some_nonfinite or bool(a is not None and a > FP16_MAX),
+                         "bf16": some_nonfinite or bool(a is not None and a > BF16_MAX)}
     out.stripes_read = r.n_read
     return out
+
+
+def _nonfinite(b: Blocks, unusable: np.ndarray, n: int, gm: float) -> tuple[int, int | None]:
+    """(blocks, values) that dequantize to NaN/Inf because of a scale: every value of a block whose
+    scale (or dmin) is NaN/Inf (a zero code times inf is NaN, too), every block under a NaN/Inf global
+    scale. The count is None where the format gives no block sizes, or a bad table (a NaN quant map
+    entry) makes some codes non-finite."""
+    if not math.isfinite(gm):
+        blocks = np.arange(n, dtype=np.int64)
+    else:
+        blocks = unusable
+        if any(not e.get("index") and e.get("problem") in ("nan", "inf") for e in b.extra_bad):
+            return max(1, int(blocks.size)), None
+    if not blocks.size:
+        return 0, 0
+    if b.sizes is None:
+        return int(blocks.size), None
+    if isinstance(b.sizes, (int, np.integer)):
+        return int(blocks.size), int(blocks.size) * int(b.sizes)
+    return int(blocks.size), int(np.asarray(b.sizes, dtype=np.int64).reshape(-1)[blocks].sum())
 
 
 def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, known) -> None:

@@ -51,6 +51,13 @@ class Grid:
     def stripe_of(self):
         return np.arange(self.n_blocks, dtype=np.int64) // self.nbc
 
+    def sizes(self, per_unit: int = 1) -> np.ndarray:
+        """Values each block holds (int64 [n_blocks], storage order): ``br`` rows x ``bu`` units of
+        ``per_unit`` values, fewer in the last block row of each expert and the last block column."""
+        r = np.minimum(self.br, self.rows - np.arange(self.nbr, dtype=np.int64) * self.br)
+        c = np.minimum(self.bu, self.units - np.arange(self.nbc, dtype=np.int64) * self.bu) * per_unit
+        return np.tile(np.outer(r, c).reshape(-1), self.lead)
+
 
 #: per-row magnitudes of raw rows: ``codes(m uint8 [n, row_bytes], first_row) -> [n, units]`` (any
 #: integer or float dtype ordered like the magnitudes), and their values: ``value(reduced) -> float32``

@@ -95,7 +95,7 @@ class IntGroup:
         g = lay.grid
         grow = 2 * (32 // lay.bits if lay.packed else 4)  # int32 codes (and their temporaries) per stored byte
         return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), float(1 << lay.bits), g.stripe_of(),
-                      g.n_stripes, g.br * g.row_bytes * grow)
+                      g.n_stripes, g.br * g.row_bytes * grow, sizes=g.sizes())
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         lay: IntLayout = q.layout

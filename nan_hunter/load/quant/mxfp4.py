@@ -84,7 +84,7 @@ class Mxfp4:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         g = q.layout.grid
         return Blocks(scale_values(ck, q.scale, e8m0=True), list(q.layout.scale_shape), 6.0, g.stripe_of(),
-                      g.n_stripes, g.row_bytes)
+                      g.n_stripes, g.row_bytes, sizes=g.sizes(2))  # two fp4 values a byte
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         return fp4_window(ck, q, first, count)

@@ -61,7 +61,7 @@ class Nvfp4:
                 extra.append({"index": [], "scale": "nan" if gscale != gscale else ("inf" if gscale else 0.0),
                               "problem": problem})
         return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), 6.0, g.stripe_of(), g.n_stripes, g.row_bytes,
-                      multiplier=gscale, extra_bad=extra, extra_faults=len(extra))
+                      multiplier=gscale, sizes=g.sizes(2), extra_bad=extra, extra_faults=len(extra))
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         return fp4_window(ck, q, first, count)

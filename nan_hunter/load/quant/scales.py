@@ -37,7 +37,7 @@ class StandaloneScales:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         v = scale_values(ck, q.scale)
         return Blocks(v, list(q.layout), 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
-                      known=np.ones(v.size, dtype=np.float32))
+                      known=np.ones(v.size, dtype=np.float32), sizes=1)
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
         return iter(())  # no data besides the scale itself

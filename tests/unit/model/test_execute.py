@@ -76,3 +76,19 @@ def test_weights_as_rebinds_for_the_duration_and_never_writes_the_users_tensors(
     assert torch.equal(w.detach(), before) and torch.equal(other["lin.weight"], torch.full((2, 2), 7.0))
     with weights_as(m, None):
         assert torch.equal(m.lin.weight.detach(), before)
+
+
+def test_quantized_form_names_the_method_and_keeps_the_model_uncast():
+    from types import SimpleNamespace
+
+    from nan_hunter.model.execute import own_compute_dtype, quantized_form
+
+    plain = torch.nn.Linear(2, 2)
+    assert quantized_form(plain) is None
+    q = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    q.is_quantized = True
+    q.config = SimpleNamespace(quantization_config={"quant_method": "bitsandbytes"})
+    q.dtype = torch.bfloat16
+    assert quantized_form(q) == "bitsandbytes" and own_compute_dtype(q) == "bf16"
+    # cast_model leaves a quantized model's dtype alone (transformers refuses to cast bitsandbytes models)
+    assert cast_model(q, RunDtype.of("fp16"), torch.device("cpu")).weight.dtype == torch.bfloat16

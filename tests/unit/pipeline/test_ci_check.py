@@ -17,3 +17,20 @@ def test_check_options_are_frozen_and_checked_once():
         o.device = "cuda"  # type: ignore[misc]
     with pytest.raises(BadInput, match=r"--stats 'exact': use fast or full"):
         CheckOptions(stats="exact")
+
+
+def test_a_mixed_check_names_the_checkpoint_that_cannot_take_a_prompt():
+    """issue 48, item 5: model directories and a bare .safetensors file with --prompt: exit 2 naming the
+    file, before anything runs (it was "inputs were given but no model can be built", no name)."""
+    from pathlib import Path
+
+    import pytest
+
+    from nan_hunter.errors import BadInput
+    from nan_hunter.pipeline.ci_check import check
+
+    root = Path(__file__).resolve().parents[3]
+    bare = str(root / "examples" / "corrupt.safetensors")
+    with pytest.raises(BadInput) as e:
+        check([str(root / "examples" / "tiny-llama-fp16"), bare], prompts=["hi"])
+    assert str(e.value).startswith(f"{bare}: cannot take --prompt: no model can be built")

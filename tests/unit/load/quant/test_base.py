@@ -117,7 +117,7 @@ def test_quantized_scan():
     r = QuantizedScan("l.weight", "fp8_block", "l.weight_scale_inv", 9, n_faults=0)
     assert not r.faulty and r.to_dict() == {"name": "l.weight", "format": "fp8_block", "scale": "l.weight_scale_inv",
                                             "n_blocks": 9, "bad_blocks": [], "n_bad": 0, "dequant_absmax": None,
-                                            "overflows": {}}
+                                            "dequant_nonfinite": 0, "overflows": {}}
     r.n_faults = 1
     assert r.faulty
 

@@ -48,7 +48,10 @@ def test_overflow_of_fp16_and_bf16(tmp_path, scale, absmax, fp16, bf16):
 
 def test_every_scale_bad_leaves_no_absmax(tmp_path):
     r = grade.check(*_fp8(tmp_path, torch.ones(2, 2), torch.tensor([[math.inf]])))
-    assert r.dequant_absmax is None and r.overflows == {"fp16": False, "bf16": False} and r.faulty
+    # contract v1.4: every value is non-finite after dequantization (0 x inf is NaN too), so no finite
+    # absmax, and the tensor overflows every dtype
+    assert r.dequant_absmax is None and r.overflows == {"fp16": True, "bf16": True} and r.faulty
+    assert r.dequant_nonfinite == 4
 
 
 def test_the_list_is_capped_the_count_is_not(tmp_path):

@@ -55,3 +55,11 @@ def test_a_stripe_larger_than_a_piece_is_read_in_chunks(tmp_path, monkeypatch):
         out.update(zip(idx.tolist(), vals.tolist()))
     assert out == {0: 31.0, 1: 63.0, 2: 79.0}
     assert sum(reads) == 80 and max(reads) <= 16  # every byte read once, never more than a piece at a time
+
+
+def test_sizes_count_the_values_of_partial_blocks():
+    from nan_hunter.load.quant.grid import Grid
+
+    g = Grid(2, 5, 10, 2, 10, 4)  # 2 experts of 5 rows; blocks of 2 rows x 4 units: 3 block rows, 3 columns
+    assert g.sizes().reshape(2, 3, 3).tolist() == [[[8, 8, 4], [8, 8, 4], [4, 4, 2]]] * 2
+    assert int(g.sizes(2).sum()) == 2 * 5 * 10 * 2  # two values a unit (packed fp4)

@@ -376,8 +376,14 @@ def bisect_lines(rep: Report) -> list[tuple[str, str]]:
                 for i in (b.failing_inputs or [])]
     out = [("keep", f"{m} → {b.keep_dtype}") for m in b.keep_modules]
     if b.keep_in_fp32_modules:
-        names = ", ".join(f'"{m}"' for m in b.keep_in_fp32_modules)
-        out.append(("transformers", f"_keep_in_fp32_modules = [{names}]"))
+        # one name a line: a bracketed list is one word to the wrapper, shortened mid-name at 80 columns
+        names = b.keep_in_fp32_modules
+        if len(names) == 1:
+            out.append(("transformers", f'_keep_in_fp32_modules = ["{names[0]}"]'))
+        else:
+            out.append(("transformers", "_keep_in_fp32_modules = ["))
+            out += [("", f'    "{m}",') for m in names]
+            out.append(("", "]"))
     return out
 
 

@@ -181,6 +181,18 @@ DENOMINATOR_STATE = {"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "exp_i
 
 @rule("optimizer_step")
 def optimizer_step(ev: Evidence) -> Diagnosis | None:
+    """An optimizer step that made a parameter non-finite; the mechanism from what the step divided
+    by (``_optimizer_step``) when no op was re-run: a zero denominator gives 0/0 (NaN) or x/0 (±inf)."""
+    d = _optimizer_step(ev)
+    if d is not None and d.mechanism is None and ev.mechanism is None:
+        if d.cause == "division_by_zero":
+            d.mechanism = "0/0" if ev.kind == "nan" else "x/0"
+        elif d.cause == "overflow":
+            d.mechanism = "overflow"
+    return d
+
+
+def _optimizer_step(ev: Evidence) -> Diagnosis | None:
     o = ev.optimizer
     if ev.phase != "optimizer" or not o:
         return None

@@ -69,3 +69,23 @@ def test_log_zero_times_zero_is_zero_times_inf_not_unknown():
     d = w.report().diagnosis
     assert d.mechanism == "0*inf" and d.cause == "invalid_operation", d
     assert d.cause != "unknown"
+
+
+def test_adam_eps_rounding_to_zero_in_fp16_has_a_mechanism():
+    """The optimizer-update family: Adam's eps 1e-8 is 0 in fp16; where a weight's gradient is 0 the
+    update is 0 / (sqrt(0) + 0) = 0/0. The step is located without an op, but not without a mechanism."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4).half()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3, eps=1e-8)
+    x = torch.randn(2, 4).half()
+    x[:, 0] = 0  # weight column 0 gets a zero gradient
+    with nan_hunter.watch(m, backward=True, optimizer=opt) as w:
+        for _ in range(2):
+            loss = m(x).float().pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    rep = w.report()
+    f, d = rep.first_nonfinite, rep.diagnosis
+    assert f.phase == "optimizer" and f.dtype == "fp16"
+    assert (d.cause, d.mechanism, d.subject) == ("division_by_zero", "0/0", "optimizer_state"), d

@@ -18,6 +18,7 @@ from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
 from ..explain.assemble import run_info
+from ..explain.keep_fix import output_error
 from ..explain.weights_verdict import weights_section
 from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
@@ -140,7 +141,7 @@ class MixedRunner:
             self.last_max_err = math.inf
             return False, None
         outs, producer = got
-        err = max((compare(o, r).error for o, r in zip(outs, self.ref)), default=0.0)
+        err = max((output_error(o, r) for o, r in zip(outs, self.ref)), default=0.0)
         self.last_max_err = err
         if producer is None and err <= self.rtol:
             return True, None
@@ -249,7 +250,7 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
             for kw, ref in zip(runner.batches, runner.ref):
                 outs = runner.mode.run_input(m, runner._inputs(kw, runner.run), rec)
                 if outs or ref:
-                    errs.append(compare(outs, ref).error)
+                    errs.append(output_error(outs, ref))
     finally:
         handle.remove()
     finite = first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None

@@ -298,7 +298,8 @@ def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
         return None
     if not _finite(outs.values()):  # an output the comparison leaves out must be finite too
         return None
-    return compare([outs[k] for k in keys], [ref[k] for k in keys]).finite_rel_err
+    errs = [compare([outs[k]], [ref[k]]).finite_rel_err for k in keys]  # per output (keep_fix.output_error)
+    return None if any(e is None for e in errs) else max(errs)
 
 
 @dataclass
@@ -479,8 +480,12 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
         except Exception:  # a change the model's code cannot take (mixed dtypes downstream...)
             continue
         fine = got.region_finite and _finite(got.outputs.values())
-        tried.append((ch, FixVerified(ch.text, fine, _rel(got.outputs, ref_cache[scope]), scope,
-                                      applied_as=ch.applied_as(run, region.name)), None))
+        rel = _rel(got.outputs, ref_cache[scope])
+        if scope == "model" and rel is not None and rel > tol:
+            # contract v1.4: verified = the model's outputs finite AND within the tolerance of fp32
+            # (a finite answer far from fp32 is no fix; the fix oracle found bf16/SDPA at 0.45)
+            fine = False
+        tried.append((ch, FixVerified(ch.text, fine, rel, scope, applied_as=ch.applied_as(run, region.name)), None))
     ran = [t for t in tried if t[1] is not None]
     if not ran:
         return Verdict(why="control_finite" if no_control else "not_applicable")

@@ -572,6 +572,9 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
         if fv.scope != "model":  # contract v1.4: "verified" means the whole model's outputs were judged
             return f"checked on a copy of {where} only, not the whole model: {fv.change} → finite{err}", "none"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
+    if fv.scope == "model" and fv.max_rel_err is not None:  # finite, but too far from the reference
+        return (f"✘ tried on a copy of {where}: {fv.change} → finite, but max rel err {fmt(fv.max_rel_err)} vs "
+                f"{fv.reference}, past the tolerance: not a fix"), "bad"
     at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
     return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
@@ -600,7 +603,9 @@ def alternative_line(a: dict) -> str:
     elif finite:
         tag = "(checked on the failing module only)"
     else:
-        tag = "(✘ tried: still non-finite)"
+        err = fv.get("max_rel_err") if isinstance(fv, dict) else getattr(fv, "max_rel_err", None)
+        tag = (f"(✘ tried: finite, but max rel err {fmt(err)} vs fp32, past the tolerance)" if err is not None
+               else "(✘ tried: still non-finite)")
     return f"{a.get('fix')} {tag}"
 
 

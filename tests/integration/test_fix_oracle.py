@@ -5,8 +5,8 @@ from the checkpoint directory, run on the same inputs: the model's outputs must 
 within the bisect tolerance (0.05) of fp32. Nothing is "verified" unless the oracle agrees.
 
 Matrix: the shipped quick-start example, and planted faults (an MLP output past fp16's max, which
-a policy fixes; q·kᵀ past fp16's max in eager attention, which SDPA or bf16 fixes) × the four
-oracle models (Llama, Qwen2, GPT-2, T5). Default slice: the example and Llama; the rest is
+a policy or bf16 fixes; ``oracle.planted``'s q·kᵀ trigger; q and k projections ×1000, which SDPA
+or bf16 fixes) × the four oracle models (Llama, Qwen2, GPT-2, T5). Default slice: the example and Llama; the rest is
 ``matrix_full`` (``NANHUNTER_FULL_MATRIX=1``).
 """
 
@@ -63,9 +63,7 @@ def test_quick_start_fix_applied_as_printed_makes_the_example_finite(cli_main):
     assert "policy" in _oracle_agrees(EXAMPLE, batch, d)
 
 
-def _plant_mlp(model, family: str, batch: dict) -> None:
-    """Scale the layer-1 MLP output projection so its fp32 output is ~1.5e5 (past fp16's max)."""
-    name = MLP_OUT[family]
+def _absmax_of(model, name: str, batch: dict) -> float:
     seen = {}
 
     def see(mod, args, out):  # returns None: the output is left as it is
@@ -75,8 +73,34 @@ def _plant_mlp(model, family: str, batch: dict) -> None:
     with torch.no_grad():
         model(**batch)
     h.remove()
-    with torch.no_grad():
-        model.get_submodule(name).weight.mul_(1.5e5 / seen["a"])
+    return seen["a"]
+
+
+@torch.no_grad()
+def _plant_mlp(model, family: str, batch: dict, target: float = 1.5e5) -> None:
+    """Layer 1's MLP output to ~``target`` in fp32 (past fp16's max) with every weight still fitting
+    fp16 (|w| ≤ 1000): the output projection is scaled first, then the gain of the norm before it."""
+    out = model.get_submodule(MLP_OUT[family]).weight
+    gain = model.get_submodule(P.norm_name(model)).weight
+    for _ in range(12):
+        a = _absmax_of(model, MLP_OUT[family], batch)
+        if a >= 0.8 * target:
+            return
+        r = target / a
+        room = 1000.0 / float(out.abs().max())
+        if room > 1.01:
+            out.mul_(min(r, room))
+        else:
+            gain.mul_(min(r, 30.0))
+
+
+@torch.no_grad()
+def _plant_qk_scaled(model) -> None:
+    """q and k projections ×1000 (as test_fix_verified's SDPA case): eager q·kᵀ past fp16's max."""
+    for name, mod in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("q_proj", "k_proj", "q", "k", "c_attn") and ".0." in f".{name}.":
+            mod.weight.mul_(1000.0)
 
 
 def _batch(family: str, trigger: bool) -> dict:
@@ -87,10 +111,21 @@ def _batch(family: str, trigger: bool) -> dict:
     return b
 
 
+#: the default slice, and the fix kinds each must have verified (and the oracle re-applied)
+EXPECT = {("llama", "mlp_overflow"): "policy", ("llama", "qk_scaled"): "option"}
+
+
+#: disagreements the oracle found and nanhunter has not fixed yet
+KNOWN = {("qwen2", "qk_scaled"): "scan verifies on the weights prepare() already cast to the run dtype; from the "
+                                 "checkpoint's fp32 weights (as the oracle applies it) bf16 is 0.46 off fp32"}
+
+
 def _params():
     for family in ("llama", "qwen2", "gpt2", "t5"):
-        for fault in ("mlp_overflow", "qk_overflow"):
-            marks = [] if family == "llama" else [pytest.mark.matrix_full]
+        for fault in ("mlp_overflow", "qk_overflow", "qk_scaled"):
+            marks = [] if (family, fault) in EXPECT else [pytest.mark.matrix_full]
+            if (family, fault) in KNOWN:
+                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN[family, fault]))
             if marks and not FULL:
                 marks.append(pytest.mark.skip(reason="full matrix: NANHUNTER_FULL_MATRIX=1"))
             yield pytest.param(family, fault, marks=marks, id=f"{family}-{fault}")
@@ -104,6 +139,8 @@ def test_verified_fixes_hold_under_the_oracle(cli_main, tmp_path, family, fault)
     batch = _batch(family, fault == "qk_overflow")
     if fault == "mlp_overflow":
         _plant_mlp(model, family, batch)
+    elif fault == "qk_scaled":
+        _plant_qk_scaled(model)
     else:
         P.plant_qk_overflow(model, torch.float16)
     d_dir = P.save_hf_dir(model, tmp_path / family)
@@ -117,3 +154,5 @@ def test_verified_fixes_hold_under_the_oracle(cli_main, tmp_path, family, fault)
         pytest.skip(f"{family} stays finite in fp16 with this plant (no fault to fix)")
     kinds = _oracle_agrees(d_dir, batch, d)
     print(f"{family}-{fault}: cause {d['cause']}, verified kinds re-applied by the oracle: {kinds}")
+    if (family, fault) in EXPECT:
+        assert EXPECT[family, fault] in kinds, (d["cause"], d["fix_verified"], kinds)

@@ -44,6 +44,8 @@ class FirstNonfinite:
     # contract v1.2: ``source`` split so editors can link to it
     source_file: str | None = None
     source_line: int | None = None
+    # contract v1.4: the dtype the located op computed in (under autocast, the op's own: not every op is lowered)
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         self.sync_source()
@@ -78,6 +80,9 @@ class FixVerified:
     max_rel_err: float | None
     scope: str = "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
     reference: str = "fp32"  # what max_rel_err is against: the all-fp32 run, or "eager" for a compiled run
+    #: contract v1.4: exactly what the user applies: {kind: policy|dtype|option|code, policy: {module: dtype}|null,
+    #: dtype: str|null, option: str|null}
+    applied_as: dict[str, Any] | None = None
 
 
 @dataclass
@@ -93,6 +98,13 @@ class Diagnosis:
     param: str | None = None  # the parameter named as the cause (one that does not fit the run's dtype)
     #: why ``fix_verified`` is null when the fix has a mechanical change (``explain.fix_check.UNVERIFIED``)
     fix_unverified: str | None = None
+    #: contract v1.4: how IEEE arithmetic made the first non-finite element (``capture.mechanism.Mechanism``);
+    #: null only when the op cannot be evaluated (a note says so)
+    mechanism: str | None = None
+    #: contract v1.4: what in the model it happened to (``explain.facts.Subject``), or null
+    subject: str | None = None
+    #: contract v1.4: other proposals, each with its own verification: [{fix, fix_verified}]
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ..config import Config, as_config
 from ..dtypes import RunDtype
 from ..errors import BadInput
 from ..explain.assemble import run_info
+from ..explain.keep_fix import output_error
 from ..explain.weights_verdict import weights_section
 from ..kernels.compare import compare
 from ..load.checkpoint import open_checkpoint
@@ -29,6 +30,7 @@ from ..model.prepare import prepare, run_dtype
 from ..modes.failing_prefix import shortest_failing_prefix
 from ..modes.registry import mode_for
 from ..report import BisectResult, Report
+from .keep_in_fp32 import is_transformers_model, try_keep_in_fp32
 from .options import BisectOptions
 from .search import minimal_keep_set
 
@@ -139,7 +141,7 @@ class MixedRunner:
             self.last_max_err = math.inf
             return False, None
         outs, producer = got
-        err = max((compare(o, r).error for o, r in zip(outs, self.ref)), default=0.0)
+        err = max((output_error(o, r) for o, r in zip(outs, self.ref)), default=0.0)
         self.last_max_err = err
         if producer is None and err <= self.rtol:
             return True, None
@@ -184,7 +186,7 @@ def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], 
     low_ok, blamed = runner.passes(frozenset())
     if low_ok:
         rep.bisect = BisectResult(dt, keep, [], runner.runs, True, runner.last_max_err, gran, over=over,
-                                  already_finite=True, keep_in_fp32_modules=[])
+                                  already_finite=True)
         rep.notes.append(f"the run in {dt} is already finite in every module output and within rtol {tol:g} of "
                          f"{keep}: nothing needs to be kept in {keep}")
         return rep
@@ -217,8 +219,14 @@ def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], 
     failed = [i for i, o in enumerate(runner.outputs(frozenset()) or [])
               if not all(bool(torch.isfinite(t).all()) for t in o)]
     rep.run["failed_inputs"] = failed
+    # transformers' own mechanism only where loading with it was tried on this architecture and worked
+    kif = None
+    if keep == "fp32" and finite_after and is_transformers_model(p.model) and ck.format == "hf":
+        worked, line = try_keep_in_fp32(str(ck.path), p.model, list(res.keep), runner.run, runner.batches)
+        kif = list(res.keep) if worked else None
+        rep.notes.append(line)
     rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands),
-                              over=over, keep_in_fp32_modules=list(res.keep) if keep == "fp32" else None)
+                              over=over, keep_in_fp32_modules=kif)
     if opts.policy_out:
         write_policy(opts.policy_out, dt, keep, list(res.keep))
     return rep
@@ -242,7 +250,7 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
             for kw, ref in zip(runner.batches, runner.ref):
                 outs = runner.mode.run_input(m, runner._inputs(kw, runner.run), rec)
                 if outs or ref:
-                    errs.append(compare(outs, ref).error)
+                    errs.append(output_error(outs, ref))
     finally:
         handle.remove()
     finite = first_finding(rec.calls, rec.sink.rows()) is None and rec.first_failed is None

@@ -32,6 +32,7 @@ from ..kernels.compare import compare
 from ..kernels.reference import Unreadable, plain
 from ..model.copy_run import run_copy
 from ..tree import float_tensors
+from .mechanism import mechanism_of
 
 # Directories with a trailing separator, so that ``torchao/`` or ``torchvision/`` never count as
 # inside torch, nor a user's ``nan_hunter_tests/`` as inside nanhunter.
@@ -82,6 +83,7 @@ class OpEvent:
     rel_err: float | None = None  # that module output's relative error against float64
     grad_fn: str | None = None  # in a backward pass: the autograd node running the op (``SqrtBackward0``)
     call: Any = field(default=None, repr=False, compare=False)  # level "ops": the module call running it, until judged
+    mechanism: str | None = None  # contract v1.4: how IEEE arithmetic made the first new element (capture.mechanism)
 
 
 def operand_stats(i: int, x: Any) -> OperandStats | None:
@@ -327,12 +329,13 @@ def parameter_storages(module: torch.nn.Module, prefix: str = "") -> dict[int, s
 
 
 def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | None = None,
-                  params: dict[int, str] | None = None) -> OpEvent | None:
+                  params: dict[int, str] | None = None, mechanism: bool = True) -> OpEvent | None:
     """An event when ``func`` introduced a non-finite class (NaN, +inf or -inf) that none of its
     operands held: the op that *made* the value, as opposed to ops that carried it along (and to
     -inf masks written in on purpose, whose operand already is -inf). ``args``/``kwargs`` are the
     operands as the op saw them (``before_op`` for in-place ops); ``params`` (``parameter_storages``)
-    names the operands that are parameters."""
+    names the operands that are parameters; ``mechanism``: classify the first new element
+    (``capture.mechanism``; level "ops" records absorbed values and leaves it out)."""
     outs = _float_tensors(out)
     if not outs:
         return None
@@ -354,6 +357,14 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
         ev.source = forward_source(node) or ev.source
     if (pos or neg) and not nan and not (in_nan or in_pos or in_neg):
         ev.exact_absmax, ev.exact_dtype = exact_absmax(func, args, kwargs)
+    prefer = "nan" if nan and not in_nan else "posinf" if pos and not in_pos else "neginf"
+    if not mechanism:
+        return ev
+    try:
+        m = mechanism_of(func, args, kwargs, out, prefer)
+    except Exception:  # noqa: BLE001 - an op the classifier cannot evaluate: mechanism stays null, a note says so
+        m = None
+    ev.mechanism = m.value if m is not None else None
     return ev
 
 
@@ -476,7 +487,7 @@ class OpWatch(TorchDispatchMode):
         seen = before_op(func, args, kwargs)
         out = func(*args, **kwargs)
         a, kw = seen if seen is not None else (args, kwargs)
-        ev = new_nonfinite(func, a, kw, out)
+        ev = new_nonfinite(func, a, kw, out, mechanism=False)
         if ev is not None:
             stack = self.watch._stack
             ev.module = stack[-1].module if stack else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from ..dtypes import canonical
 from ..locate.located import Located
 from ..locate.region import BackwardRegion, OptimizerRegion, Region
 from ..progress import stage
@@ -93,10 +94,26 @@ def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: 
         replay=replay if replay is not None else loc.replay, weights_nonfinite=weights_nonfinite or [],
         is_block=loc.is_block, input_label=loc.input_label, failed_inputs=list(failed), n_inputs=n_inputs,
         config=cfg.diagnosis if cfg is not None else None, op_absmax=ev.exact_absmax if ev is not None else None,
-        phase=f.phase, grad_fn=f.grad_fn, optimizer=loc.optimizer_facts))
+        phase=f.phase, grad_fn=f.grad_fn, optimizer=loc.optimizer_facts,
+        mechanism=ev.mechanism if ev is not None else None, op_dtype=op_dtype(loc)))
     if d is not None and d.param and f.param is None:
         f.param = d.param  # the parameter that does not fit the run's dtype (contract v1.3)
     return d
+
+
+def op_dtype(loc: Located) -> str | None:
+    """The dtype the located op computed in (contract v1.4 ``first_nonfinite.dtype``): its output's,
+    under autocast too (CPU autocast leaves div/std in fp32); without an op, the run's compute dtype
+    for a producer, else None."""
+    ev = loc.event
+    if ev is not None and ev.out_dtype:
+        try:
+            return canonical(ev.out_dtype)
+        except (KeyError, ValueError):
+            return ev.out_dtype
+    if loc.first.role == "producer" and loc.run is not None:
+        return loc.run.compute
+    return None
 
 
 def compile_verdict(rep: Report, run: RunDtype, cfg: Config, kind: str | None, module: str, module_type: str,
@@ -161,6 +178,8 @@ def assemble(rep: Report, loc: Located, cfg: Config | None, replay: bool = True,
     n = rep.run.n_inputs if rep.run is not None else 1
     explain(loc, cfg, failed, n, (rep.weights or {}).get("nonfinite") or [], replay, device, rank)
     rep.first_nonfinite = loc.first
+    if loc.first.dtype is None:
+        loc.first.dtype = op_dtype(loc)
     rep.replay = loc.replay
     rep.diagnosis = loc.diagnosis
     rep.notes += [n for n in loc.notes if n not in rep.notes]

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import DiagnosisConfig, default_config
-from ..dtypes import Limits, RunDtype, limits
+from ..dtypes import Limits, RunDtype, canonical, limits
 from ..load.quant.base import is_fault
 from ..report import Diagnosis
+from .facts import MECHANISM_WORDS, Subject, cause_of, subject_of, why_unknown
 
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
 DIV_OPS = {"div", "reciprocal", "true_divide", "divide", "rsqrt", "remainder", "fmod"}
@@ -50,6 +51,8 @@ class Evidence:
     grad_fn: str | None = None  # backward: the autograd node that ran the op
     optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
     bad_scales: list[dict] = field(default_factory=list)  # weights.quantized entries with a faulty block
+    mechanism: str | None = None  # contract v1.4: the located op's IEEE mechanism (capture.mechanism)
+    op_dtype: str | None = None  # the dtype the located op computed in (under autocast not every op is lowered)
     run: RunDtype | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -58,8 +61,24 @@ class Evidence:
         elif self.dtype is not None:
             self.run = RunDtype.of(self.dtype)
             self.dtype = self.run.name
+        # the op's own dtype is what the rules reason from: CPU autocast leaves div/std in fp32 under a
+        # bf16 run (an fp8 run's ops compute in its compute dtype, which its RunDtype already knows)
+        if self.op_dtype is not None and self.run is not None and not self.run.is_fp8:
+            try:
+                own = canonical(self.op_dtype)
+            except (KeyError, ValueError):
+                own = None
+            if own is not None and own != self.run.compute and own in ("fp16", "bf16", "fp32", "fp64"):
+                self.run = RunDtype.of(own)
+                self.dtype = self.run.name
         if self.config is None:
             self.config = default_config().diagnosis
+
+    @property
+    def subject(self) -> Subject | None:
+        """What in the model it happened to (``facts.subject_of``)."""
+        return subject_of(role=self.role, phase=self.phase, module=self.module, module_type=self.module_type,
+                          op=self.op, is_block=self.is_block)
 
     @property
     def range(self) -> Limits | None:
@@ -162,6 +181,18 @@ DENOMINATOR_STATE = {"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "exp_i
 
 @rule("optimizer_step")
 def optimizer_step(ev: Evidence) -> Diagnosis | None:
+    """An optimizer step that made a parameter non-finite; the mechanism from what the step divided
+    by (``_optimizer_step``) when no op was re-run: a zero denominator gives 0/0 (NaN) or x/0 (±inf)."""
+    d = _optimizer_step(ev)
+    if d is not None and d.mechanism is None and ev.mechanism is None:
+        if d.cause == "division_by_zero":
+            d.mechanism = "0/0" if ev.kind == "nan" else "x/0"
+        elif d.cause == "overflow":
+            d.mechanism = "overflow"
+    return d
+
+
+def _optimizer_step(ev: Evidence) -> Diagnosis | None:
     o = ev.optimizer
     if ev.phase != "optimizer" or not o:
         return None
@@ -404,7 +435,16 @@ def division_by_zero(ev: Evidence) -> Diagnosis | None:
     num = ev.operands[0] if len(ev.operands) > 1 else None
     what = "0/0" if (num is not None and num.zeros and ev.kind == "nan") else "x/0"
     lines = [f"{ev.op}: divisor has {divisor.zeros} zero(s) of {divisor.numel} → {what} = {ev.kind}"]
-    fix = "Add an eps the dtype can hold (fp16's smallest normal is 6.1e-05) or compute the norm/denominator in fp32."
+    if ev.dtype in ("fp32", "fp64"):
+        # the op already computed in fp32 (under CPU autocast too): a wider dtype cannot help
+        lines.append(f"{ev.opname} computed in {ev.dtype}: the divisor is exactly zero there, not rounded to zero")
+        fix = ("Guard the denominator: divide by (d + eps) or d.clamp_min(eps), or leave out the rows where it is "
+               f"zero (an empty mask, every element ignored); the division ran in {ev.dtype}, so a wider dtype does "
+               "not help.")
+    else:
+        fix = (f"Add an eps {ev.dtype or 'the dtype'} can hold (its smallest normal is "
+               f"{limits(ev.dtype).smallest_normal:.2g}) or compute the norm/denominator in fp32."
+               if ev.dtype else "Add an eps the dtype can hold or compute the norm/denominator in fp32.")
     if ev.dtype in ("fp16", "bf16") and "fp32" in ev.finite_in():
         lines.append(f"finite in fp32 but not in {ev.dtype}: an eps such as 1e-12 rounds to zero in {ev.dtype} "
                      f"(smallest subnormal {limits(ev.dtype).smallest_subnormal:.3g})")
@@ -485,8 +525,8 @@ def _param_overflow(ev: Evidence, p: Any, lines: list[str], holds: list[str]) ->
     if "bf16" in holds:
         ways.append("run in bf16, which has fp32's range (under torch.autocast: dtype=torch.bfloat16)")
     if "fp32" in holds:
-        ways.append(f"keep {module} in fp32 (under torch.autocast: autocast disabled around it; else "
-                    "`nanhunter bisect` or transformers' _keep_in_fp32_modules)")
+        ways.append(f"keep {module} in fp32 (under torch.autocast: autocast disabled around it; else the policy "
+                    "`nanhunter bisect` writes)")
     why = (f"{p.param} grew to {_g(a)}: find out why (a learning rate too high, a diverging update, a bad load "
            "or an in-place write), restore it from a checkpoint, and clip gradients or lower the learning rate so "
            "it does not grow again.")
@@ -531,14 +571,13 @@ def overflow(ev: Evidence) -> Diagnosis | None:
         fix = ("In fp8, check the scaling recipe: scale by amax (rowwise for activations with outliers), compute "
                "amax/scale in fp32 and clamp amax with an eps; keep this module in bf16 if needed (`nanhunter bisect`).")
         what = "fp8"
-    elif ev.is_attention() and ev.opname in MATMUL_OPS:
+    elif ev.subject == Subject.ATTENTION_SCORES and ev.opname in MATMUL_OPS:
         fix = ("Attention scores overflow: " + (f"run in {run_in}, " if run_in else "")
                + "use fused SDPA / flash attention (it scales before the matmul)"
                + (", or upcast q and k to fp32 for the q·kᵀ scores" if keep else "")
                + (f"; {_no_dtype(ev)}: rescale q and k." if not holds else "."))
         what = "attention scores"
-    elif ev.opname in {"add", "add_", "sub"} and (ev.is_block or "layer" in (ev.module_type or "").lower()
-                                                   or "block" in (ev.module_type or "").lower()):
+    elif ev.subject == Subject.RESIDUAL:
         fix = ("The residual stream passed the dtype's max: " + (f"run in {run_in}; " if run_in else "")
                + "clamp or rescale activations (e.g. clamp to finfo.max − 1000 as T5 does)"
                + (" or keep the residual in fp32." if keep else "."))
@@ -548,8 +587,8 @@ def overflow(ev: Evidence) -> Diagnosis | None:
                + (f"run in {run_in}, or " if run_in else "") + "rescale the values before the cast.")
         what = f"cast to {ev.range.name if ev.range else run}"
     elif ev.opname in MATMUL_OPS or "linear" in (ev.module_type or "").lower():
-        ways = [f"keep {ev.module or 'this module'} in fp32 (`nanhunter bisect --dtype {dt or 'fp16'}` finds the "
-                "smallest such set; transformers' _keep_in_fp32_modules)"] if keep else []
+        ways = [f"keep {ev.module or 'this module'} in fp32 with the modules it needs (`nanhunter bisect --dtype "
+                f"{dt or 'fp16'}` finds the smallest such set)"] if keep else []
         ways += ["run in bf16"] if "bf16" in holds else []
         fix = (", or ".join(ways) + "." if ways else
                f"No dtype holds the result ({_no_dtype(ev)}): rescale the values that feed it.")
@@ -593,13 +632,50 @@ def compile_divergence(ev: Evidence) -> Diagnosis | None:
     return _diag(ev, "compile_divergence", f"torch.compile parts from eager at {where}", lines, fix)
 
 
+#: what to do, by the cause a mechanism makes (the rules above give their own, more specific fixes)
+MECHANISM_FIX = {
+    "overflow": "Run in a dtype with a wider range (bf16 or fp32) or rescale the values that feed it.",
+    "division_by_zero": "Guard the denominator: divide by (d + eps) or d.clamp_min(eps), or leave out the rows "
+                        "where it is zero.",
+    "domain_error": "Clamp the argument into the op's domain (x.clamp_min(eps) before log/sqrt) or fix the upstream "
+                    "value that left it.",
+    "invalid_operation": "An infinity made earlier met a zero (0 × ∞) or another infinity (∞ − ∞, ∞/∞): find where "
+                         "the infinity was made (log(0), x/0, an overflow) and guard that op; masking the result "
+                         "afterwards does not remove the NaN from the gradient.",
+    "empty_reduction": "A mean over no elements: make sure something is left to reduce (a loss whose every target "
+                       "is ignore_index, a fully masked batch, a variance of one element) — skip the batch, or use "
+                       "reduction='sum' divided by max(count, 1).",
+    "masked_softmax": "A softmax over a row that is entirely −inf: make sure no row is fully masked, or use a safe "
+                      "softmax (SDPA's) that gives zeros there.",
+    "nonfinite_input": "The op received a non-finite operand from upstream: find where it was made.",
+    "nonfinite_weights": "The op read non-finite weights: restore them from a checkpoint.",
+}
+
+
+@rule("mechanism")
+def mechanism(ev: Evidence) -> Diagnosis | None:
+    """A located op that no rule above explains, explained by its IEEE mechanism: the cause
+    follows from mechanism and subject (``facts.cause_of``)."""
+    if ev.role != "producer" or ev.mechanism is None:
+        return None
+    cause = cause_of(ev.mechanism, ev.subject, ev.role).value
+    what = MECHANISM_WORDS.get(ev.mechanism, ev.mechanism)
+    subj = f" ({ev.subject.value.replace('_', ' ')})" if ev.subject is not None else ""
+    ops = ", ".join(f"#{o.index} {o.dtype}{list(o.shape)} absmax {_g(o.absmax)}, {o.zeros} zero(s), "
+                    f"{o.nan + o.posinf + o.neginf} non-finite" for o in ev.tensor_operands()[:3])
+    return _diag(ev, cause, f"{ev.mechanism}: {what} at {ev.where}{subj}",
+                 [f"the op re-run in float64 at the first non-finite element: {ev.mechanism} ({what})",
+                  f"operands: {ops}" if ops else None],
+                 MECHANISM_FIX.get(cause, "Guard the op's operands."))
+
+
 @rule("unknown")
 def unknown(ev: Evidence) -> Diagnosis | None:
     if ev.role is None and not ev.weights_nonfinite:
         return None
     ops = ", ".join(f"{o.dtype}{o.shape} absmax {_g(o.absmax)}" for o in ev.tensor_operands()[:3])
     return _diag(ev, "unknown", f"{ev.kind} first appears at {ev.where}; no rule explains it",
-                 [f"operands: {ops}" if ops else None],
+                 [f"operands: {ops}" if ops else None, why_unknown(ev.op) if ev.op else None],
                  "Inspect the op's operands (see the replay matrix); try bf16/fp32 or keep this module in fp32 "
                  "(`nanhunter bisect`).")
 
@@ -616,10 +692,25 @@ BACKWARD_FIX = {
 }
 
 
+def _facts(ev: Evidence, d: Diagnosis) -> Diagnosis:
+    """The typed facts on ``d`` (contract v1.4): mechanism (a non-finite operand for weights and
+    data), subject; cause ``unknown`` only where the mechanism is null."""
+    if d.mechanism is None:
+        arrived = ev.role in ("weights", "input") or d.cause in ("nonfinite_weights", "nonfinite_input")
+        d.mechanism = "nonfinite_operand" if arrived else ev.mechanism
+    if d.subject is None:
+        subj = Subject.SCALE if d.cause == "scale_underflow" else ev.subject
+        d.subject = subj.value if subj is not None else None
+    if d.cause == "unknown" and d.mechanism is not None:
+        d.cause = cause_of(d.mechanism, d.subject, ev.role).value
+    return d
+
+
 def diagnose(ev: Evidence) -> Diagnosis | None:
     for _, fn in RULES:
         d = fn(ev)
         if d is not None:
+            _facts(ev, d)
             if ev.phase == "backward" and ev.role == "producer":
                 node = f" ({ev.grad_fn})" if ev.grad_fn else ""
                 d.summary = f"backward{node}: {d.summary}"

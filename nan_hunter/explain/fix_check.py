@@ -29,9 +29,10 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config import default_config
 from ..dtypes import RunDtype as RD
 from ..kernels.compare import compare
 from ..locate.region import Region
@@ -40,13 +41,14 @@ from ..model.policy import apply_policy
 from ..report import Diagnosis, FixVerified
 from ..tree import float_tensors
 from .fix_words import MECHANICAL, NO_FIX, UNVERIFIED, no_mechanical_fix
+from .keep_fix import KeepFix, find_keep_set
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
     from ..dtypes import RunDtype
 
-__all__ = ["MECHANICAL", "NO_FIX", "UNVERIFIED", "FixVerified", "Region", "from_emulate_precision_casts",
+__all__ = ["MECHANICAL", "NO_FIX", "UNVERIFIED", "FixVerified", "Region", "Verdict", "from_emulate_precision_casts",
            "no_mechanical_fix", "verify_fix", "with_verdict"]
 
 #: attributes holding an epsilon, as torch and transformers name them
@@ -64,6 +66,19 @@ class Change:
     text: str
     apply: Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]
     whole_model: bool = True  # meaningful on a copy of the whole model (else: the region only)
+    #: contract v1.4 ``applied_as``: kind policy | dtype | option | code, and its one value
+    kind: str = "code"
+    value: Any = None
+    #: on the whole model, the keep set is searched (``keep_fix``: bisect's search), not this module alone
+    keep_search: bool = False
+
+    def applied_as(self, run: RunDtype, name: str) -> dict[str, Any]:
+        """What the user applies (``FixVerified.applied_as``)."""
+        if self.kind == "policy":
+            return {"kind": "policy", "policy": self.value or {name: "fp32"}, "dtype": run.name, "option": None}
+        if self.kind == "dtype":
+            return {"kind": "dtype", "policy": None, "dtype": self.value, "option": None}
+        return {"kind": self.kind, "policy": None, "dtype": None, "option": self.value}
 
 
 # --- the changes ---------------------------------------------------------------------------------
@@ -220,33 +235,37 @@ class _NotApplicable(Exception):
 
 def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Change]:
     name = d.module or "the root module"
-    keep32 = Change(f"keep {name} in fp32 (apply_policy)", _keep("fp32"))
+    keep32 = Change(f"keep {name} in fp32 (apply_policy)", _keep("fp32"), kind="policy", keep_search=True)
     # a transformers model in eager attention (else not applicable): the smallest change a user can make,
     # the run's dtype kept, so tried first where SDPA is the fix
-    sdpa = Change('attn_implementation="sdpa" instead of "eager"', _sdpa)
+    sdpa = Change('attn_implementation="sdpa" instead of "eager"', _sdpa, kind="option",
+                  value='attn_implementation="sdpa"')
     if d.cause == "overflow":
         if run.is_fp8:  # fp8 emulation covers every matmul of the run: keeping one module higher is not mechanical
             return []
-        summary = d.summary.lower()
-        bf16 = Change("run in bf16", _run_in("bf16"))
-        if "attention scores" in summary:
+        # chosen from the typed subject (contract v1.4), never from the summary's words
+        bf16 = Change("run in bf16", _run_in("bf16"), kind="dtype", value="bf16")
+        if d.subject == "attention_scores":
             changes = [sdpa, bf16, keep32] if run.compute != "bf16" else [sdpa, keep32, bf16]
-        elif "residual stream" in summary and run.compute != "bf16":
+        elif d.subject == "residual" and run.compute != "bf16":
             changes = [bf16, keep32]
         else:
             changes = [keep32, bf16] if run.compute != "fp32" else []
         # never the dtype the run already computed in: no change at all
         return [c for c in changes if not (c is keep32 and run.compute == "fp32" or c is bf16 and run.compute == "bf16")]
     if d.cause == "division_by_zero":
-        return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds),
+        if d.dtype in ("fp32", "fp64"):  # the division already ran in fp32 (CPU autocast): no dtype helps
+            return []
+        return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds,
+                       kind="option", value=f"{name}: eps ≥ {run.range.smallest_normal:.2g}"),
                 keep32]
     if d.cause == "scale_underflow":
-        return [Change(f"compute the scale in fp32 (keep {name} in fp32, apply_policy)", _keep("fp32")),
+        return [Change(f"compute the scale in fp32 (keep {name} in fp32, apply_policy)", _keep("fp32"), kind="policy"),
                 Change(f"a clamped scale in {name} (|divisor| ≥ 1/{run.range.name} max)", _clamped_scale,
                        whole_model=False)]
     if d.cause == "masked_softmax":
         return [sdpa, Change(f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)", _safe_softmax,
-                             whole_model=False)]
+                             kind="code")]
     return []
 
 
@@ -279,7 +298,8 @@ def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
         return None
     if not _finite(outs.values()):  # an output the comparison leaves out must be finite too
         return None
-    return compare([outs[k] for k in keys], [ref[k] for k in keys]).finite_rel_err
+    errs = [compare([outs[k]], [ref[k]]).finite_rel_err for k in keys]  # per output (keep_fix.output_error)
+    return None if any(e is None for e in errs) else max(errs)
 
 
 @dataclass
@@ -342,23 +362,71 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
     whole ``model`` with ``batch`` when both are given (and the model is small enough to copy),
     else on the ``region``. A change holds when the failing region's outputs (and the copy's) are
     finite with it, while an unchanged control copy still fails there. The first change that holds
-    is reported, else the first tried. None when the cause has no mechanical fix, the control does
-    not fail (nothing to verify against), or nothing could run (``verdict`` says which)."""
-    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type)[0]
+    on the whole model is reported (else the first that holds on the region, else the first tried).
+    None when the cause has no mechanical fix, the control does not fail (nothing to verify
+    against), or nothing could run (``verdict`` says which)."""
+    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type).fix_verified
+
+
+@dataclass
+class Verdict:
+    """Every change tried for a diagnosis: the one reported (``fix_verified``), why there is none
+    (``why``: a key of ``UNVERIFIED``), the text saying how to apply it, and the others
+    (``alternatives``, each with its own verification or null when it was not run)."""
+
+    fix_verified: FixVerified | None = None
+    why: str | None = None
+    text: str | None = None
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _how(ch: Change, fv: FixVerified, run: RunDtype, name: str, kept: KeepFix | None) -> str:
+    """How to apply a verified change, as the user will."""
+    if fv.applied_as and fv.applied_as["kind"] == "policy":
+        mods = list(fv.applied_as["policy"])
+        pol = {"dtype": run.name, "keep_dtype": "fp32", "modules": fv.applied_as["policy"]}
+        text = (f"Keep {', '.join(mods)} in fp32 with a policy: nan_hunter.apply_policy(model, {pol!r}) on the model "
+                f"loaded at full precision (`nanhunter bisect --dtype {run.name} --policy-out keep.yaml` writes the "
+                f"same policy as a file). Its hooks cast a kept module's inputs to fp32 and its output back to "
+                f"{run.name} where it fits {run.name}'s range")
+        if kept is not None and kept.stayed_high:
+            back = [m for m in mods if m not in kept.stayed_high]
+            text += (f"; the output of {', '.join(kept.stayed_high)} does not fit and stays fp32 (torch's type "
+                     "promotion carries the activations on in fp32)"
+                     + (f" until {back[-1]}, whose output returns to {run.name}" if back else
+                        ", to the model's outputs"))
+        return text + "."
+    if fv.applied_as and fv.applied_as["kind"] == "dtype":
+        dt = fv.applied_as["dtype"]
+        return (f"Run in {dt}: load or cast the model in {dt} (torch_dtype=torch.bfloat16, model.to(torch.bfloat16)) "
+                f"or run it under torch.autocast(dtype=torch.bfloat16).")
+    if ch.value == 'attn_implementation="sdpa"':
+        return ('Load the model with attn_implementation="sdpa" (or call model.set_attn_implementation("sdpa")): '
+                "fused attention scales q before the matmul, keeping the run's dtype.")
+    if ch.kind == "option":
+        return f"Set {ch.value} (the dtype's smallest normal number, so the eps no longer rounds to zero)."
+    return ch.text[0].upper() + ch.text[1:] + "."
+
+
+def _alt(text: str, fv: FixVerified | None) -> dict[str, Any]:
+    return {"fix": text, "fix_verified": fv}
 
 
 def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
             model: nn.Module | None = None, batch: dict[str, Any] | None = None,
-            module_type: str | None = None) -> tuple[FixVerified | None, str | None]:
-    """``verify_fix``'s result and, when it is None, why (a key of ``UNVERIFIED``)."""
+            module_type: str | None = None, rtol: float | None = None) -> Verdict:
+    """Every mechanical change for the diagnosis tried on a copy (see ``verify_fix``). On the whole
+    model, "keep in fp32" is the smallest keep set that makes the model's outputs finite and within
+    ``rtol`` of fp32 (``keep_fix``: bisect's search), applied with ``apply_policy`` to a fresh copy."""
     if diagnosis is None:
-        return None, None
+        return Verdict()
     changes = _changes(diagnosis, run, module_type)
     if not changes:
-        return None, "no_change"
+        return Verdict(why="no_change")
     if region is None:
-        return None, "not_rerun"
+        return Verdict(why="not_rerun")
     whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
+    tol = rtol if rtol is not None else default_config().bisect.rtol
 
     fp32 = RD.of("fp32", run.recipe)
 
@@ -379,12 +447,29 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
         return control[scope]
 
     ref_cache: dict[str, dict[str, Any] | None] = {}
-    results: list[FixVerified] = []
+    tried: list[tuple[Change, FixVerified | None, KeepFix | None]] = []
     no_control = False
     for ch in changes:
         scope = "model" if whole and ch.whole_model and fails("model") else "region"
         if not fails(scope):
             no_control = True
+            continue
+        if ch.keep_search and scope == "model":
+            if any(fv is not None and fv.finite and fv.scope == "model" for _, fv, _ in tried):
+                tried.append((ch, None, None))  # a keep search costs many runs: not run once a fix holds
+                continue
+            try:
+                kept = find_keep_set(model, batch, run, region.name, tol)
+            except Exception:  # noqa: BLE001 - the model's code cannot take the policy at all
+                kept = None
+            if kept is None:
+                fv = FixVerified(ch.text, False, None, "model", applied_as=ch.applied_as(run, region.name))
+            else:
+                fv = FixVerified(f"keep {', '.join(kept.keep)} in fp32 (apply_policy)", kept.finite,
+                                 kept.max_rel_err, "model",
+                                 applied_as=Change("", _keep("fp32"), kind="policy",
+                                                   value=dict(kept.policy["modules"])).applied_as(run, region.name))
+            tried.append((ch, fv, kept))
             continue
         try:
             if scope not in ref_cache:
@@ -395,13 +480,22 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
         except Exception:  # a change the model's code cannot take (mixed dtypes downstream...)
             continue
         fine = got.region_finite and _finite(got.outputs.values())
-        fv = FixVerified(ch.text, fine, _rel(got.outputs, ref_cache[scope]), scope)
-        if fv.finite:
-            return fv, None
-        results.append(fv)
-    if results:
-        return results[0], None
-    return None, "control_finite" if no_control else "not_applicable"
+        rel = _rel(got.outputs, ref_cache[scope])
+        if scope == "model" and rel is not None and rel > tol:
+            # contract v1.4: verified = the model's outputs finite AND within the tolerance of fp32
+            # (a finite answer far from fp32 is no fix; the fix oracle found bf16/SDPA at 0.45)
+            fine = False
+        tried.append((ch, FixVerified(ch.text, fine, rel, scope, applied_as=ch.applied_as(run, region.name)), None))
+    ran = [t for t in tried if t[1] is not None]
+    if not ran:
+        return Verdict(why="control_finite" if no_control else "not_applicable")
+    order = ([t for t in ran if t[1].finite and t[1].scope == "model"] + [t for t in ran if t[1].finite]
+             + ran)
+    ch, fv, kept = order[0]
+    text = _how(ch, fv, run, region.name, kept) if fv.finite and fv.scope == "model" else None
+    alts = [_alt(_how(c, f, run, region.name, k) if f is not None and f.finite and f.scope == "model"
+                 else c.text, f) for c, f, k in tried if c is not ch]
+    return Verdict(fv, None, text, alts)
 
 
 def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> FixVerified | None:
@@ -412,22 +506,32 @@ def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> F
     err = block.get("max_rel_err")
     err = err if isinstance(err, float) and math.isfinite(err) else None
     ok = bool(block.get("compiled_finite")) and err is not None and err <= rtol
-    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager")
+    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager",
+                       applied_as={"kind": "option", "policy": None, "dtype": None,
+                                   "option": "torch._inductor.config.emulate_precision_casts = True"})
 
 
-def with_verdict(diagnosis: Diagnosis, fv: FixVerified | None, why: str | None = None) -> Diagnosis:
-    """Record ``fv`` (or, when None, ``why``: a key of ``UNVERIFIED``) on the diagnosis; its fix
-    text says "verified" only when the fix made the failing input finite."""
+def with_verdict(diagnosis: Diagnosis, fv: FixVerified | Verdict | None, why: str | None = None) -> Diagnosis:
+    """Record the verdict (or a bare ``fv`` and, when None, ``why``: a key of ``UNVERIFIED``) on the
+    diagnosis. Its fix text says "Verified" only for a fix applied to the whole model whose outputs
+    were finite (contract v1.4): the text is then that fix's, said as the user applies it, and the
+    rule's other advice moves to ``alternatives`` (unverified), never merged into it."""
+    v = fv if isinstance(fv, Verdict) else Verdict(fv, why if fv is None else None)
+    fv = v.fix_verified
     diagnosis.fix_verified = fv
-    diagnosis.fix_unverified = why if fv is None else None
-    if fv is not None and fv.finite:
+    diagnosis.fix_unverified = v.why if fv is None else None
+    diagnosis.alternatives = list(v.alternatives)
+    if fv is not None and fv.finite and fv.scope == "model":
         err = f", max rel err {fv.max_rel_err:.3g} vs {fv.reference}" if fv.max_rel_err is not None else ""
-        diagnosis.fix += f" Verified: {fv.change} makes the failing input finite{err}."
+        if v.text is not None:
+            diagnosis.alternatives.append(_alt(diagnosis.fix, None))
+            diagnosis.fix = v.text
+        diagnosis.fix += f" Verified: {fv.change} makes the model's outputs finite{err}."
     return diagnosis
 
 
 def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **kw: Any) -> None:
-    """``verify_fix`` then ``with_verdict``: the one call each diagnosis point makes."""
+    """``verdict`` then ``with_verdict``: the one call each diagnosis point makes."""
     if diagnosis is None:
         return
-    with_verdict(diagnosis, *verdict(diagnosis, region, run, **kw))
+    with_verdict(diagnosis, verdict(diagnosis, region, run, **kw))

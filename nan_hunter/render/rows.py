@@ -415,8 +415,14 @@ def bisect_lines(rep: Report) -> list[tuple[str, str]]:
                 for i in (b.failing_inputs or [])]
     out = [("keep", f"{m} → {b.keep_dtype}") for m in b.keep_modules]
     if b.keep_in_fp32_modules:
-        names = ", ".join(f'"{m}"' for m in b.keep_in_fp32_modules)
-        out.append(("transformers", f"_keep_in_fp32_modules = [{names}]"))
+        # one name a line: a bracketed list is one word to the wrapper, shortened mid-name at 80 columns
+        names = b.keep_in_fp32_modules
+        if len(names) == 1:
+            out.append(("transformers", f'_keep_in_fp32_modules = ["{names[0]}"]'))
+        else:
+            out.append(("transformers", "_keep_in_fp32_modules = ["))
+            out += [("", f'    "{m}",') for m in names]
+            out.append(("", "]"))
     return out
 
 
@@ -580,6 +586,8 @@ class DiagnosisView:
     fix: str
     check: str  # what re-running the fix on a copy showed (or why there is nothing to re-run)
     check_tone: str  # ok | bad | none
+    #: contract v1.4 ``alternatives``, each with what its own re-run showed (never merged into ``fix``)
+    alternatives: tuple[str, ...] = ()
 
 
 VERIFIED = " Verified: "  # how explain/fix_check.with_verdict appends the verified sentence to the fix
@@ -600,7 +608,12 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
     if fv.finite:
         err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
             f" (the {fv.reference} run is not finite to compare with)"
+        if fv.scope != "model":  # contract v1.4: "verified" means the whole model's outputs were judged
+            return f"checked on a copy of {where} only, not the whole model: {fv.change} → finite{err}", "none"
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
+    if fv.scope == "model" and fv.max_rel_err is not None:  # finite, but too far from the reference
+        return (f"✘ tried on a copy of {where}: {fv.change} → finite, but max rel err {fmt(fv.max_rel_err)} vs "
+                f"{fv.reference}, past the tolerance: not a fix"), "bad"
     at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
     return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
@@ -611,7 +624,28 @@ def diagnosis(rep: Report) -> DiagnosisView | None:
         return None
     where = (module_name(d.module), d.op or "", str(d.dtype)) if d.module is not None or d.op else None
     check, tone = fix_check_line(rep)
-    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix.split(VERIFIED)[0], check, tone)
+    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix.split(VERIFIED)[0], check, tone,
+                         tuple(alternative_line(a) for a in d.alternatives or []))
+
+
+def alternative_line(a: dict) -> str:
+    """One of ``diagnosis.alternatives``: its text and what its own re-run showed."""
+    fv = a.get("fix_verified")
+    if isinstance(fv, dict):
+        finite, scope = fv.get("finite"), fv.get("scope")
+    else:
+        finite, scope = getattr(fv, "finite", None), getattr(fv, "scope", None)
+    if fv is None:
+        tag = "(not verified)"
+    elif finite and scope == "model":
+        tag = "(✔ also verified on the whole model)"
+    elif finite:
+        tag = "(checked on the failing module only)"
+    else:
+        err = fv.get("max_rel_err") if isinstance(fv, dict) else getattr(fv, "max_rel_err", None)
+        tag = (f"(✘ tried: finite, but max rel err {fmt(err)} vs fp32, past the tolerance)" if err is not None
+               else "(✘ tried: still non-finite)")
+    return f"{a.get('fix')} {tag}"
 
 
 REPLAY_HEAD = ["dtype", "finite", "NaN", "+inf", "−inf", "absmax", "rel err vs fp64"]

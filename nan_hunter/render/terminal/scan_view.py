@@ -144,6 +144,7 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
     lines.append((Text("fix", style="bold green"), t(d.fix)))
     if d.check:
         lines.append((Text("check", style="dim"), t(d.check, CHECK_STYLE[d.check_tone])))
+    lines += [(Text("or", style="dim"), t(a)) for a in d.alternatives]
     inner = width - PANEL_CHROME
     parts: list[RenderableType] = [hanging(lines, inner)]
     tab = replay_table(rep)

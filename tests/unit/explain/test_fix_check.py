@@ -12,7 +12,9 @@ from nan_hunter.report import Diagnosis, FixVerified
 
 def test_emulate_precision_casts_as_a_verified_fix():
     ok = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 1e-3}, rtol=1e-2)
-    assert ok == FixVerified("torch._inductor.config.emulate_precision_casts = True", True, 1e-3, "model", "eager")
+    opt = "torch._inductor.config.emulate_precision_casts = True"
+    assert ok == FixVerified(opt, True, 1e-3, "model", "eager",
+                             {"kind": "option", "policy": None, "dtype": None, "option": opt})
     far = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 0.5}, rtol=1e-2)
     assert far is not None and not far.finite
     bad = from_emulate_precision_casts({"compiled_finite": False, "max_rel_err": math.inf}, rtol=1e-2)
@@ -24,8 +26,10 @@ def test_fix_text_says_verified_only_when_finite():
     d = Diagnosis("overflow", "fp16", "fc", None, "s", [], "Keep fc in fp32.")
     with_verdict(d, FixVerified("keep fc in fp32", False, None))
     assert "verified" not in d.fix.lower() and d.fix_verified.finite is False
-    with_verdict(d, FixVerified("keep fc in fp32", True, 0.0))
-    assert d.fix.endswith("Verified: keep fc in fp32 makes the failing input finite, max rel err 0 vs fp32.")
+    with_verdict(d, FixVerified("keep fc in fp32", True, 0.0))  # region scope: checked, not "verified" (v1.4)
+    assert "verified" not in d.fix.lower()
+    with_verdict(d, FixVerified("keep fc in fp32", True, 0.0, "model"))
+    assert d.fix.endswith("Verified: keep fc in fp32 makes the model's outputs finite, max rel err 0 vs fp32.")
 
 
 # --- SDPA instead of eager attention: a real transformers model, the fault really in eager -------
@@ -69,7 +73,8 @@ def _logits(model, batch):
 
 QK = "model.layers.0.self_attn"
 QK_OVERFLOW = Diagnosis("overflow", "fp16", QK, "aten.bmm.default",
-                        f"attention scores overflow in fp16 at aten.bmm.default in {QK}", [], "fix")
+                        f"attention scores overflow in fp16 at aten.bmm.default in {QK}", [], "fix",
+                        mechanism="overflow", subject="attention_scores")
 
 
 @pytest.mark.parametrize("whole", [True, False], ids=["model", "region"])
@@ -170,3 +175,28 @@ def test_sdpa_does_not_apply_where_attention_is_not_eager():
     nd = NoDispatch()
     with pytest.raises(_NotApplicable, match="never ran"), _sdpa(nd, "", run):
         nd(torch.ones(2, 4))
+
+
+def test_change_follows_the_subject_not_the_summary_words():
+    """Issue 43: the mechanical fix was picked by searching the summary for "attention scores";
+    rewording the summary changed which fix was verified. The typed subject decides now."""
+    from nan_hunter.dtypes import RunDtype
+    from nan_hunter.explain.fix_check import _changes
+
+    run = RunDtype.of("fp16")
+    reworded = Diagnosis("overflow", "fp16", QK, "aten.bmm.default", "q·kᵀ went past fp16's max", [], "fix",
+                         mechanism="overflow", subject="attention_scores")
+    assert _changes(reworded, run, None)[0].text == SDPA
+    worded_but_mlp = Diagnosis("overflow", "fp16", "mlp.fc", "aten.mm.default",
+                               "attention scores overflow (words only)", [], "fix", mechanism="overflow", subject="mlp")
+    assert all(c.text != SDPA for c in _changes(worded_but_mlp, run, None))
+
+
+def test_division_that_ran_in_fp32_gets_no_dtype_change():
+    """Issue 43: a 0/0 that computed in fp32 (CPU autocast leaves div in fp32 under bf16) must not be
+    'fixed' by keeping the module in fp32: that is what already happened."""
+    from nan_hunter.dtypes import RunDtype
+    from nan_hunter.explain.fix_check import _changes
+
+    d = Diagnosis("division_by_zero", "fp32", "head", "aten.div.Tensor", "s", [], "fix", mechanism="0/0")
+    assert _changes(d, RunDtype.of("bf16"), None) == []

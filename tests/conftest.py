@@ -5,12 +5,34 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _thread_share() -> int | None:
+    """torch's intra-op threads for one pytest-xdist worker: its share of the cores. Each torch
+    otherwise starts one OpenMP thread per core, so ``pytest -n 2`` on 2 cores runs 4 compute threads
+    on 2 cores, and a thread waiting at an OpenMP barrier spins while the one it waits for is not
+    running: the oracle matrix's cells took 2.3x the CPU seconds with torch's default on a loaded
+    2-core machine (issue 44). Not a worker, or fewer workers than cores: torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    cores = os.cpu_count() or 1
+    if "PYTEST_XDIST_WORKER" not in os.environ or workers < cores:
+        return None
+    return max(1, cores // workers)
+
+
+# before torch starts (OpenMP reads it once); inherited by the processes tests start (a test that
+# needs a thread count sets its own: test_trace_diff's 1 against 2 threads)
+if _thread_share() is not None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_thread_share()))
+    if "torch" in sys.modules:  # a plugin imported it first: too late for the variable
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _no_cuda() -> bool:

@@ -1,8 +1,8 @@
 """``scan --trace`` and ``nanhunter diff``: the real uses, through the real command (in this
 process, ``invoke``; in a process of its own where the thread count or the interpreter differs).
 
-- torch 2.13 against another torch (the interpreter in ``NANHUNTER_OTHER_PYTHON``; CI's compat
-  pass sets it to a torch 2.14.1 venv) on a tiny Llama built from a config with fixed weights;
+- this torch against another torch (the interpreter in ``NANHUNTER_OTHER_PYTHON``; CI's torch 2.15.0
+  and 2.14.1 passes set it to the floors venv's, torch 2.13.0) on a tiny Llama built from a config with fixed weights;
 - ``torch.set_flush_denormal(True)`` against the default on a model that divides by a subnormal:
   the first divergence is that division;
 - 1 against 2 threads: within tolerance, exit 0, the thread count named as a difference;
@@ -155,7 +155,7 @@ def test_capsule_replay_writes_a_trace(tmp_path):
 
 
 @pytest.mark.skipif(not OTHER_PYTHON, reason="NANHUNTER_OTHER_PYTHON is not set: no second torch to compare with "
-                                              "(CI's compat pass sets it to a torch 2.14.1 venv)")
+                                              "(CI's torch 2.15.0 and 2.14.1 passes set it to the floors venv's)")
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_two_torch_versions_on_a_tiny_llama(tmp_path, dtype):
     probe = subprocess.run([OTHER_PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import time
 from pathlib import Path
@@ -46,16 +47,18 @@ def test_every_shipped_key_is_in_the_schema():
     assert shipped == set(config_keys())
 
 
-def _attributes_read() -> dict[str, set[str]]:
+@functools.cache
+def _attributes_read() -> dict[str, frozenset[str]]:
     """Attribute names read (``x.max_listed``) in each module of the package but config.py: code,
-    not comments or docstrings."""
-    out: dict[str, set[str]] = {}
+    not comments or docstrings. Parsed once for all the keys' tests (each asks the same question of
+    the same sources)."""
+    out: dict[str, frozenset[str]] = {}
     for p in PKG.rglob("*.py"):
         if p.name == "config.py":
             continue
         tree = ast.parse(p.read_text())
-        out[str(p.relative_to(PKG))] = {n.attr for n in ast.walk(tree)
-                                        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
+        out[str(p.relative_to(PKG))] = frozenset(n.attr for n in ast.walk(tree)
+                                                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load))
     return out
 
 

@@ -3,11 +3,13 @@ the range a user is promised and the versions CI tests cannot drift apart (docs/
 
 from __future__ import annotations
 
+import os
 import sys
+import tomllib
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -16,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = {"pytest", "pytest-xdist", "hypothesis", "ruff"}
 
 
-def _requirements() -> list[Requirement]:
-    if sys.version_info < (3, 11):
-        pytest.skip("tomllib needs Python 3.11")
-    import tomllib
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+def _requirements() -> list[Requirement]:
+    project = _project()
     lines = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
     return [Requirement(line) for line in lines]
 
@@ -80,3 +82,15 @@ def test_every_compat_test_path_exists():
     paths = [line.split("#")[0].strip().split("::")[0] for line in lines]
     missing = [p for p in paths if p and not (root / p).exists()]
     assert paths and missing == []
+
+
+def test_requires_python_is_the_python_ci_runs():
+    """``requires-python`` promises only what CI tests: its lower bound is the interpreter .ci/run
+    runs every pass on (CI=true), and this interpreter is inside it everywhere."""
+    spec = SpecifierSet(_project()["requires-python"])
+    here = ".".join(map(str, sys.version_info[:3]))
+    assert here in spec, f"Python {here} is outside requires-python {spec}"
+    (floor,) = [s for s in spec if s.operator == ">="]
+    if os.environ.get("CI") == "true":
+        assert floor.version == f"{sys.version_info[0]}.{sys.version_info[1]}", \
+            f"CI runs Python {here}, requires-python's floor is {floor.version}"

@@ -19,7 +19,7 @@ None only when the op cannot be evaluated (no float64/float32 kernel, a tensor s
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..kernels.reference import Unreadable, plain
 
 
-class Mechanism(str, Enum):
+class Mechanism(StrEnum):
     """The IEEE mechanism of the first non-finite element (string values: the report's)."""
 
     OVERFLOW = "overflow"

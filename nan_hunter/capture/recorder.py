@@ -217,6 +217,12 @@ class Recorder:
         for c in self.companions:
             c.attach()
 
+    @property
+    def root_hooked(self) -> nn.Module:
+        """The module whose hooks are the root's: the compiled wrapper when the watch was given one
+        (its hooks run around the compiled call), else the eager model (capture.compiled_regions)."""
+        return self._wrapper if self._wrapper is not None else self.model
+
     def add_companion(self, companion: Any) -> None:
         """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
         recorder does (``watch(trace=PATH)``'s trace); attached now if this recorder is."""

@@ -12,10 +12,10 @@ Imports no torch: the terminal view and weights-only reports read it.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Cause(str, Enum):
+class Cause(StrEnum):
     """Cause codes of ``diagnosis.cause``."""
 
     NONFINITE_WEIGHTS = "nonfinite_weights"
@@ -35,7 +35,7 @@ class Cause(str, Enum):
     UNKNOWN = "unknown"
 
 
-class Subject(str, Enum):
+class Subject(StrEnum):
     """What in the model the fault happened to (``diagnosis.subject``)."""
 
     ATTENTION_SCORES = "attention_scores"

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..capture.compiled_regions import outside_compile
 from .alone import fails_alone
 from .packed import PackedStep, failed_rows, is_packed, logits_of, packed_step
 
@@ -84,8 +85,12 @@ class PackedBatches:
         if self._handles:
             return
         model = self.w.model
-        self._handles.append(model.register_forward_pre_hook(self._pre, with_kwargs=True))
-        self._handles.append(model.register_forward_hook(self._post, with_kwargs=True))
+        # the root's hooks, where and as the recorder puts its own (capture.compiled_regions): on the
+        # compiled wrapper when the watch was given one, run eagerly, so a compiled model's program
+        # gains no graph break and no guard
+        root = self.w.root_hooked
+        self._handles.append(root.register_forward_pre_hook(outside_compile(self._pre), with_kwargs=True))
+        self._handles.append(root.register_forward_hook(outside_compile(self._post), with_kwargs=True))
         init = getattr(model, "init_continuous_batching", None)
         if init is not None and "init_continuous_batching" not in vars(model):
             def init_watched(*a: Any, **k: Any) -> Any:

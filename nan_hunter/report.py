@@ -135,6 +135,9 @@ class RunInfo:
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
     skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop
+    level: str | None = None  # contract v1.4: watch(level=...) as it ran: sentinel | blocks | modules | ops
+    sample_every: int | None = None  # contract v1.4: sentinel, full block statistics every N-th step (0: never)
+    latent: list[dict[str, Any]] | None = None  # sentinel, sampled steps: [{step, module}] non-finite inside, finite out
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -9,7 +9,7 @@ Levels: ``"sentinel"`` hooks only the root, and judges no parameter per call: a 
 by its root outputs, and in training by one fused reduction over the gradients after backward and
 over the parameters and optimizer state after ``optimizer.step()`` (``capture.sentinel``); only a
 failing step is measured in detail, and ``report()`` replays it in full. ``sample_every=N`` hooks
-the blocks too on every N-th step (statistics for headroom; a non-finite block output the root's
+the blocks too on every N-th step (steps N-1, 2N-1, ...) (statistics for headroom; a non-finite block output the root's
 outputs do not show is ``latent``, not a fault). ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
 model's main ModuleList and the root (the cheap always-on mode; a block's parameters are those of
 its whole subtree, the root's those outside every block); ``"ops"`` adds per-op checks (a
@@ -375,7 +375,9 @@ class Recorder:
             stack = self._stack
             if not stack:  # a root call: one input of the data set
                 self._root_starts(args, kwargs)
-                if self.sample_every and self._forward % self.sample_every == 0 and not compiling():
+                # steps N-1, 2N-1...: a watch around one forward (or fewer than N) samples none
+                if self.sample_every and self._forward % self.sample_every == self.sample_every - 1 \
+                        and not compiling():
                     self._start_sample()
             count = self._count
             idx = count.get(name, 0)

@@ -149,14 +149,14 @@ def test_a_masked_fault_is_latent_on_a_sampled_step_and_not_a_fault():
     with torch.no_grad():
         m.layers[1].bias[0] = float("nan")
     with nan_hunter.watch(m, level="sentinel", sample_every=2) as w, torch.no_grad():
-        for _ in range(3):
+        for _ in range(4):
             out = m(torch.randn(2, 8))
     assert torch.isfinite(out).all()
     rep = w.report()
     assert rep.first_nonfinite is None
-    assert rep.run["latent"] == [{"step": 0, "module": "layers.1"}, {"step": 2, "module": "layers.1"}]
+    assert rep.run["latent"] == [{"step": 1, "module": "layers.1"}, {"step": 3, "module": "layers.1"}]
     assert rep.run["sample_every"] == 2
-    assert any(n.startswith("latent: at sampled step 0 layers.1") for n in rep.notes)
+    assert any(n.startswith("latent: at sampled step 1 layers.1") for n in rep.notes)
 
 
 class Exp(nn.Module):

@@ -114,10 +114,10 @@ def test_a_finite_step_hooks_only_the_root_and_a_sampled_one_the_blocks_too():
             m(torch.randn(2, 4))
         assert _hooks(m) == 2 + 1  # the root's two hooks (and the test's own)
     assert _hooks(m) == 1
-    assert seen == [1 + 2 + 4, 1 + 2, 1 + 2, 1 + 2 + 4]  # steps 0 and 3: two blocks' hooks too
-    assert rec.sampled_steps == 2
-    assert {c.module for c in rec.calls if c.input_index == 3} == {"", "layers.0", "layers.1"}
-    assert {c.module for c in rec.calls if c.input_index == 2} == {""}
+    assert seen == [1 + 2, 1 + 2, 1 + 2 + 4, 1 + 2]  # step 2 (the 3rd): two blocks' hooks too
+    assert rec.sampled_steps == 1
+    assert {c.module for c in rec.calls if c.input_index == 2} == {"", "layers.0", "layers.1"}
+    assert {c.module for c in rec.calls if c.input_index == 3} == {""}
     assert all(not c.params for c in rec.calls)  # no parameter is judged per call
 
 
@@ -146,11 +146,11 @@ def test_a_masked_fault_on_a_sampled_step_is_latent_not_a_fault():
     m.poison = m.mask = True
     rec = Recorder(m, level="sentinel", sample_every=2)
     with rec, torch.no_grad():
-        for _ in range(3):
+        for _ in range(4):
             m(torch.randn(2, 4))
     assert rec.first_failed is None
-    assert rec.latent == [{"step": 0, "module": "layers.1"}, {"step": 2, "module": "layers.1"}]
-    assert all(c.module == "" for c in rec.calls if c.input_index == 0)  # its inner calls are not a finding
+    assert rec.latent == [{"step": 1, "module": "layers.1"}, {"step": 3, "module": "layers.1"}]
+    assert all(c.module == "" for c in rec.calls if c.input_index == 1)  # its inner calls are not a finding
 
 
 def test_a_masked_fault_on_an_unsampled_step_is_not_seen():

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .records import Call
-from .sentinel import any_nonfinite, float_tensors_of, optimizer_state_tensors
+from .sentinel import any_nonfinite, float_tensors_of, nonfinite_flag, optimizer_state_tensors
 
 
 def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
@@ -150,9 +150,19 @@ class OptimizerHooks:
         rec = self.rec
         params = [p for p, _, _, _ in items]
         states = optimizer_state_tensors(self.optimizer, params)
-        if not any_nonfinite(float_tensors_of(params + [v for st in states for _, v in st])):
+        tensors = float_tensors_of(params + [v for st in states for _, v in st])
+        flag = nonfinite_flag(tensors)
+        grads = rec.take_grad_flag()  # a device: the backward's flag, read here with this one
+        if grads is not None:
+            flag = grads[1] if flag is None else flag | grads[1].to(flag.device)
+        if flag is None or not bool(flag):  # the step's one read-back
             rec.on_optimizer_end(f, [])
             return
+        if grads is not None and bool(grads[1]):
+            rec.measure_gradients(grads[0])
+            if not any_nonfinite(tensors):  # the gradients alone: a backward fault
+                rec.on_optimizer_end(f, [])
+                return
         calls = []
         for i, ((p, name, owner, otype), st) in enumerate(zip(items, states)):
             ins = rec.measure([(f"grad of {name}", _plain(p.grad))], step=f)

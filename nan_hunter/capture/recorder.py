@@ -59,7 +59,7 @@ from .listener import CaptureListener
 from .ops import OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
-from .sentinel import any_nonfinite, float_tensors_of
+from .sentinel import float_tensors_of, nonfinite_flag
 from .sink import StatsSink
 from .snapshot import Snapshot
 
@@ -130,6 +130,7 @@ class Recorder:
         self.level = level
         self.sentinel = level == "sentinel"  # root only; gradients, parameters judged by one reduction each
         self.sample_every = sample_every if self.sentinel else 0  # sentinel: blocks hooked every N-th step
+        self._grad_flag: tuple[int, torch.Tensor] | None = None  # sentinel on a device: read with the update's
         self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
         self.sampled_steps = 0
         self.latent: list[dict[str, Any]] = []  # sampled steps: {step, module} non-finite inside, finite out
@@ -837,10 +838,25 @@ class Recorder:
         call of the latest step the pass went through, for the producer rule and the report's replay."""
         if self.paused:
             return
-        named = [(n, p.grad) for n, p in self._named_params if p.grad is not None]
-        if not named or not any_nonfinite(float_tensors_of(g for _, g in named)):
+        flag = nonfinite_flag(float_tensors_of(p.grad for _, p in self._named_params))
+        if flag is None:
             return
-        f = forwards[-1]
+        if not self._rows_on_host() and self.optimizer is not None and not self.listener.judge_late_now():
+            self._grad_flag = (forwards[-1], flag)  # a device: read once per step, with the update's
+            return
+        if bool(flag):
+            self.measure_gradients(forwards[-1])
+
+    def take_grad_flag(self) -> tuple[int, torch.Tensor] | None:
+        """Sentinel on a device: (step, device flag) of the latest backward pass, not read yet; the
+        optimizer step reads it with its own (one read-back per training step)."""
+        flag, self._grad_flag = self._grad_flag, None
+        return flag
+
+    def measure_gradients(self, f: int) -> None:
+        """Sentinel, gradients judged non-finite: every parameter's gradient measured into the
+        root's backward call of step ``f`` (rows the producer rule and the replay read)."""
+        named = [(n, p.grad) for n, p in self._named_params if p.grad is not None]
         detail = self._detail.get(f)
         root = next((c for c in detail or () if c.parent is None and c.phase == "forward"), None)
         if root is None or self.grads is None:

@@ -210,3 +210,24 @@ def test_nonfinite_gradients_are_a_backward_fault_of_their_step():
             m.zero_grad()
     assert rec.first_failed == 1
     assert [c.phase for c in rec.calls if c.input_index == 1 and c.outputs and c.phase == "backward"]
+
+
+def test_on_a_device_the_gradients_flag_is_read_with_the_updates(monkeypatch):
+    """A device sink reads one flag per training step: the backward pass leaves its flag unread
+    (``take_grad_flag``) and ``optimizer.step()`` reads it with its own; the gradients are then
+    measured into the step's backward call, as the host path measures them at once."""
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    rec = Recorder(m, level="sentinel", backward=True, optimizer=opt)
+    with rec:
+        m.poison, m.mask = True, True  # a finite forward, non-finite gradients (NaN × 0)
+        loss = m(torch.randn(2, 4)).sum()
+        monkeypatch.setattr(rec, "_rows_on_host", lambda: False)  # as a CUDA sink answers
+        loss.backward()
+        monkeypatch.undo()
+        assert rec._grad_flag is not None and rec.first_failed is None  # nothing read yet
+        opt.step()
+        assert rec._grad_flag is None
+        assert rec.judge_backward([0])  # as a device sink's fold or report() reads the step's rows
+    assert rec.first_failed == 0
+    assert [c for c in rec.calls if c.phase == "backward" and c.outputs]

@@ -9,11 +9,12 @@ Levels: ``"sentinel"`` hooks only the root, and judges no parameter per call: a 
 by its root outputs, and in training by one fused reduction over the gradients after backward and
 over the parameters and optimizer state after ``optimizer.step()`` (``capture.sentinel``); only a
 failing step is measured in detail, and ``report()`` replays it in full. ``sample_every=N`` hooks
-the blocks too on every N-th step (steps N-1, 2N-1, ...) (statistics for headroom; a non-finite block output the root's
-outputs do not show is ``latent``, not a fault). ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
-model's main ModuleList and the root (the cheap always-on mode; a block's parameters are those of
-its whole subtree, the root's those outside every block); ``"ops"`` adds per-op checks (a
-TorchDispatchMode) that also see intermediates absorbed before a module output.
+the blocks too on steps N-1, 2N-1, ... (statistics for headroom; a non-finite block output the
+root's outputs do not show is ``latent``, not a fault). ``"modules"`` hooks every module;
+``"blocks"`` hooks only the repeated children of the model's main ModuleList and the root (a
+block's parameters are those of its whole subtree, the root's those outside every block);
+``"ops"`` adds per-op checks (a TorchDispatchMode) that also see intermediates absorbed before a
+module output.
 
 Bounded memory in long loops: the calls and rows of the latest ``retain`` forwards and of the
 first failing forward are kept in full; every other forward is folded into per-module
@@ -59,7 +60,7 @@ from .listener import CaptureListener
 from .ops import OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
-from .sentinel import float_tensors_of, nonfinite_flag
+from .sentinel import float_tensors_of, host_nonfinite, nonfinite_flag
 from .sink import StatsSink
 from .snapshot import Snapshot
 
@@ -132,6 +133,7 @@ class Recorder:
         self.sample_every = sample_every if self.sentinel else 0  # sentinel: blocks hooked every N-th step
         self._grad_flag: tuple[int, torch.Tensor] | None = None  # sentinel on a device: read with the update's
         self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
+        self._lean = False  # the running root call took the sentinel's lean path
         self.sampled_steps = 0
         self.latent: list[dict[str, Any]] = []  # sampled steps: {step, module} non-finite inside, finite out
         self.retain = retain
@@ -212,6 +214,8 @@ class Recorder:
         try:
             for name, m in targets:
                 pre, post = self._pre(name), self._post(name)
+                if name == "" and self._lean_root():
+                    pre, post = self._sentinel_pre(pre), self._sentinel_post(post)
                 if name == "":  # the root runs eagerly even when called compiled (capture.compiled_regions)
                     m = self._wrapper if self._wrapper is not None else m
                     pre, post = outside_compile(pre), outside_compile(post)
@@ -400,6 +404,65 @@ class Recorder:
             if self.grads is not None:
                 self.grads.on_inputs(call, items, module)
         return hook
+
+    def _lean_root(self) -> bool:
+        """Whether the root's finite steps take the sentinel's lean path: no grad capture, a host
+        sink, no op-level mode (a device sink keeps its flags: no read-back per forward)."""
+        return self.sentinel and self.grads is None and not self.sink._device_rows
+
+    def _sentinel_pre(self, full: Any):
+        """The sentinel's root pre-hook: the step's bookkeeping and what a replay needs (its inputs,
+        ambient context), no statistics. A sampled step, or a root called inside itself, takes
+        the full path (``full``)."""
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.paused or compiling():
+                return
+            n = self.sample_every
+            if self._stack or (n and (self._forward + 1) % n == n - 1):
+                self._lean = False
+                return full(module, args, kwargs)
+            self._lean = True
+            self._root_starts(args, kwargs)
+            call = Call(self._starts, "", type(self.model).__name__, 0, 0, None, self._forward, [], [], [])
+            self._starts += 1
+            self._current.append(call)
+            self._stack.append(call)
+        return hook
+
+    def _sentinel_post(self, full: Any):
+        """The sentinel's root post-hook: one reduction over the outputs and one read. Only a
+        forward whose outputs went non-finite is measured (inputs, outputs, every parameter), so
+        the producer rule and ``report()`` see it as a full capture of the root would."""
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._lean:
+                return full(module, args, kwargs, output)
+            stack = self._stack
+            if not stack or self.paused or compiling():
+                return
+            del stack[:]  # the root's own call (nothing inside it is hooked)
+            call = self._current[0]
+            call.seq = self._seq
+            self._seq += 1
+            items = float_items(output)
+            if items and host_nonfinite([t for _, t in items]):
+                self._measure_failing_root(call, args, kwargs, items)
+            f = call.input_index
+            if self._wrapper is not None:
+                self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
+            self._finish(f)
+            if self.opaque_forwards:
+                self.opaque_forwards.intersection_update(self._detail)
+        return hook
+
+    def _measure_failing_root(self, call: Call, args: tuple, kwargs: dict, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Sentinel, outputs non-finite: the root call's inputs, outputs and every parameter and
+        buffer of the model (as the forward used them) measured into the step's rows."""
+        call.inputs = self._measure_hook(call_items(args, kwargs))
+        call.outputs = self._measure_hook(items)
+        named = list(self.model.named_parameters()) + list(self.model.named_buffers())
+        own = [(n, local_shard(p.detach())) for n, p in named
+               if p is not None and p.is_floating_point() and p.device.type != "meta"]
+        call.params = self._measure_hook(own)
 
     def _start_sample(self) -> None:
         """Sentinel, a sampled step: the blocks are hooked for this root call only (removed when it
@@ -620,9 +683,11 @@ class Recorder:
                     self._ops.module_done(call, module, args, kwargs, output)
             if not stack:
                 f = call.input_index
-                if self._sample_handles:
+                sampled = bool(self._sample_handles)
+                if sampled:
                     self._end_sample()
-                if self._n_hooked > 1 and len(self._detail.get(f, ())) == 1:
+                inside = self._n_hooked > 1 or sampled or (self.sentinel and self._wrapper is not None)
+                if inside and len(self._detail.get(f, ())) == 1:
                     self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
                 self._finish(f)
                 if self.opaque_forwards:
@@ -696,7 +761,9 @@ class Recorder:
                 self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
         elif foldable and self.first_failed is None and self._early is None and forward in self._inputs:
             self._flag(forward)
-        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows else 1):
+        # a device sink folds in batches (one read-back each); so does the sentinel (the fixed part
+        # of a fold spread over FOLD_BATCH forwards of one call each)
+        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows or self.sentinel else 1):
             old = done[:len(done) - self.window]
             self._done = done[len(old):]
             self._fold(old)

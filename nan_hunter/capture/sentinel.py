@@ -10,6 +10,7 @@ stats rows (``Recorder``), and ``report()`` replays the step in full.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -43,6 +44,20 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
         if any(n.device != device for n in norms):  # a model across devices: gathered for one read
             norms = [n.to(device) for n in norms]
         return torch.stack(norms).isfinite().all().logical_not()  # stack promotes mixed dtypes
+
+
+def host_nonfinite(tensors: list[torch.Tensor]) -> bool:
+    """``any_nonfinite`` for tensors a host reads at once (a CPU sink, per forward): the ord-∞
+    norms, their max, one ``item()`` — fewer torch calls than the device flag."""
+    norms = torch._foreach_norm(tensors, _INF)
+    if len(norms) > 1:
+        device = norms[0].device
+        if any(n.device != device for n in norms):
+            norms = [n.to(device) for n in norms]
+        v = torch.stack(norms).max().item()
+    else:
+        v = norms[0].item()
+    return not math.isfinite(v)
 
 
 def any_nonfinite(tensors: list[torch.Tensor]) -> bool:

@@ -231,3 +231,19 @@ def test_on_a_device_the_gradients_flag_is_read_with_the_updates(monkeypatch):
         assert rec.judge_backward([0])  # as a device sink's fold or report() reads the step's rows
     assert rec.first_failed == 0
     assert [c for c in rec.calls if c.phase == "backward" and c.outputs]
+
+
+def test_a_finite_inference_step_takes_no_stats_row_and_a_failing_one_measures_the_root():
+    """No grad capture on a host sink: the root's finite steps are judged by one reduction and
+    keep no row; the failing step's root call gets its outputs and every parameter measured
+    (the producer rule can then name a weight that went NaN, as a blocks capture of the root does)."""
+    m = Net()
+    rec = Recorder(m, level="sentinel", sample_every=0)
+    with rec, torch.no_grad():
+        m(torch.randn(2, 4))
+        assert rec.sink.rows_in_use == 0
+        m.head.weight[0, 0] = float("nan")
+        m(torch.randn(2, 4))
+    assert rec.first_failed == 1
+    (root,) = [c for c in rec.calls if c.input_index == 1]
+    assert root.outputs and {label for label, _ in root.params} >= {"head.weight", "layers.0.lin.weight"}

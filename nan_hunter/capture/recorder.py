@@ -134,6 +134,7 @@ class Recorder:
         self._grad_flag: tuple[int, torch.Tensor] | None = None  # sentinel on a device: read with the update's
         self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
         self._lean = False  # the running root call took the sentinel's lean path
+        self._lengths: dict[str, int] | None = None  # its KV caches' lengths, when its inputs are kept late
         self.sampled_steps = 0
         self.latent: list[dict[str, Any]] = []  # sampled steps: {step, module} non-finite inside, finite out
         self.retain = retain
@@ -422,7 +423,9 @@ class Recorder:
                 self._lean = False
                 return full(module, args, kwargs)
             self._lean = True
-            self._root_starts(args, kwargs)
+            # a decode step's KV cache is snapshotted only if the step fails (Snapshot.cropped)
+            self._lengths = Snapshot.cache_lengths(args, kwargs) if self.listener.keeps_inputs() else None
+            self._root_starts(args, kwargs, keep=self._lengths is None)
             call = Call(self._starts, "", type(self.model).__name__, 0, 0, None, self._forward, [], [], [])
             self._starts += 1
             self._current.append(call)
@@ -444,9 +447,11 @@ class Recorder:
             call.seq = self._seq
             self._seq += 1
             items = float_items(output)
+            f = call.input_index
             if items and host_nonfinite([t for _, t in items]):
                 self._measure_failing_root(call, args, kwargs, items)
-            f = call.input_index
+                if self._lengths is not None:
+                    self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
             if self._wrapper is not None:
                 self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
             self._finish(f)
@@ -480,8 +485,9 @@ class Recorder:
             h.remove()
         self._sample_handles.clear()
 
-    def _root_starts(self, args: tuple, kwargs: dict) -> None:
-        """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept."""
+    def _root_starts(self, args: tuple, kwargs: dict, keep: bool = True) -> None:
+        """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept (unless
+        ``keep`` is False: the sentinel's lean path keeps them at the end, for a failing step only)."""
         capturing = self._cuda and torch.cuda.is_current_stream_capturing()
         if self._ops is not None and capturing:
             raise RuntimeError(
@@ -496,7 +502,7 @@ class Recorder:
         self._weights_at[f] = self.weights_version()
         self._current = self._detail[f] = []
         self._owned_now = self._owned[f] = []
-        if self.listener.keeps_inputs():
+        if keep and self.listener.keeps_inputs():
             self._inputs[f] = Snapshot.of(args, kwargs)
             self._drop_old_inputs()
         self.listener.on_root_call(f)

@@ -2,8 +2,9 @@
 
 ``watch(level="sentinel")`` hooks no module on a finite step. After backward it asks this of every
 gradient, after ``optimizer.step()`` of every parameter and optimizer-state tensor: one fused
-reduction (``torch._foreach_norm`` with ord ∞, which propagates NaN and ±inf and cannot overflow a
-finite value, unlike a sum or an L2 norm), one device bool, and — only when that bool is read —
+reduction (``torch._foreach_norm`` with ord ∞ on a GPU; on a CPU one ``aminmax`` per tensor, cheaper
+there; both propagate NaN and ±inf and cannot overflow a finite value, unlike a sum or an L2 norm),
+one device bool, and — only when that bool is read —
 one read-back. Only the failing step pays for detail: its tensors are then measured one by one into
 stats rows (``Recorder``), and ``report()`` replays the step in full.
 """
@@ -39,6 +40,8 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     if not tensors:
         return None
     with torch.no_grad():
+        if tensors[0].device.type == "cpu":
+            return _extremes(tensors).isfinite().all().logical_not()
         norms = torch._foreach_norm(tensors, _INF)
         device = tensors[0].device
         if any(n.device != device for n in norms):  # a model across devices: gathered for one read
@@ -46,18 +49,25 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
         return torch.stack(norms).isfinite().all().logical_not()  # stack promotes mixed dtypes
 
 
+def _extremes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's min and max (NaN and ±inf propagate), stacked: on a CPU ``aminmax`` reads
+    ~1.4 instructions an element where the ord-∞ norm takes ~13 (callgrind, MiniLM's parameters)."""
+    ext = []
+    for t in tensors:
+        mn, mx = torch.aminmax(t.cpu() if t.device.type != "cpu" else t)
+        ext += (mn, mx)
+    return torch.stack(ext)
+
+
 def host_nonfinite(tensors: list[torch.Tensor]) -> bool:
-    """``any_nonfinite`` for tensors a host reads at once (a CPU sink, per forward): the ord-∞
-    norms, their max, one ``item()`` — fewer torch calls than the device flag."""
-    norms = torch._foreach_norm(tensors, _INF)
-    if len(norms) > 1:
-        device = norms[0].device
-        if any(n.device != device for n in norms):
-            norms = [n.to(device) for n in norms]
-        v = torch.stack(norms).max().item()
-    else:
-        v = norms[0].item()
-    return not math.isfinite(v)
+    """``any_nonfinite`` for tensors a host reads at once (a CPU sink, per forward): one
+    ``aminmax`` each, one read."""
+    if len(tensors) == 1:
+        mn, mx = torch.aminmax(tensors[0])
+        return not (math.isfinite(mn.item()) and math.isfinite(mx.item()))
+    if any(t.device.type != "cpu" for t in tensors):
+        return any_nonfinite(tensors)
+    return not all(math.isfinite(v) for v in _extremes(tensors).tolist())
 
 
 def any_nonfinite(tensors: list[torch.Tensor]) -> bool:

@@ -350,7 +350,7 @@ def trees(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--level", default="blocks", choices=["blocks", "modules"])
+    ap.add_argument("--level", default="blocks", choices=["sentinel", "blocks", "modules"])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--forwards", type=int, default=200, help="forwards per round")
     ap.add_argument("--batch", type=int, default=2)

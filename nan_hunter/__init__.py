@@ -65,8 +65,8 @@ def _keywords_checked(fn: F) -> F:
 
 
 @_keywords_checked
-def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | None = None, device: Any = None,
-          dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
+def watch(model: Any, *, level: str = "blocks", sample_every: int | None = None, retain: int = 4,
+          backend: str | None = None, device: Any = None, dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
           scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
           trace: str | None = None, trace_level: str = "modules") -> Watch:
     """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
@@ -77,12 +77,19 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
 
     Args:
         model: the ``nn.Module`` to watch (also a ``torch.compile``d one, DDP or FSDP2).
-        level: what is hooked while the model runs:
+        level: what is hooked while the model runs: ``"sentinel"`` (nearly free): only the root;
+            per step the outputs, after backward every gradient and after ``optimizer.step()``
+            every parameter and optimizer-state tensor are judged by one fused reduction each;
+            the failing step is replayed in full on ``report()`` (same fields as ``"blocks"``; a
+            replay that stays finite gives cause ``not_reproducible``).
             ``"blocks"`` (default, cheapest): the transformer blocks and the root; a fault is
             refined to the leaf module and the aten op on ``report()`` by re-running the failing
             forward. ``"modules"``: every module. ``"ops"``: every aten op as well (a dispatch
             mode reads each op's result on the host: slowest, and not under CUDA-graph capture;
             names the op at once, with no re-run).
+        sample_every: level ``"sentinel"``: hook the blocks too on every N-th step, for
+            statistics (headroom, aggregates) and latent faults (a non-finite block output masked
+            before the model's outputs: ``run.latent``, not a fault); 0: never; default 100.
         retain: how many recent forwards to keep in full (inputs and per-call statistics); older
             ones fold into per-module aggregates.
         backend: statistics kernels, ``"triton"`` or ``"reference"`` (torch) (default: Triton on a
@@ -117,7 +124,7 @@ def watch(model: Any, *, level: str = "blocks", retain: int = 4, backend: str | 
     from .session.options import WatchOptions  # lazy: `import nan_hunter` stays light
     from .session.watcher import Watch  # lazy: `import nan_hunter` stays light
 
-    w = Watch(model, WatchOptions(level=level, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
+    w = Watch(model, WatchOptions(level=level, sample_every=sample_every, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
                                   backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
                                   arch=arch, on_fault=on_fault, trace=trace, trace_level=trace_level))
     w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank

@@ -177,6 +177,9 @@ class RunInfo:
     #: the quantization method of a model run in its own quantized form (bitsandbytes: not cast to ``dtype``
     #: asked, its unquantized parts in ``dtype``); null for a plain model
     quantized: str | None = None
+    level: str | None = None  # contract v1.4: watch(level=...) as it ran: sentinel | blocks | modules | ops
+    sample_every: int | None = None  # contract v1.4: sentinel, full block statistics every N-th step (0: never)
+    latent: list[dict[str, Any]] | None = None  # sentinel, sampled steps: [{step, module}] non-finite inside, finite out
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .records import Call
+from .sentinel import any_nonfinite, float_tensors_of, nonfinite_flag, optimizer_state_tensors
 
 
 def parameter_owners(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
@@ -97,6 +98,10 @@ class OptimizerHooks:
         if rec.paused or f < 0 or rec.calls_of(f) is None:
             return
         items = self.params()
+        if rec.sentinel:  # nothing measured before the step: parameters and gradients were judged finite
+            self._pending = (f, items, None)
+            rec.on_optimizer_start(f, self)
+            return
         # a parameter the forward measured, unchanged since, and a gradient the backward measured,
         # the very storage autograd then stored as .grad, are not read again
         known = [rec.param_row(n, p, f) for p, n, _, _ in items]
@@ -123,6 +128,9 @@ class OptimizerHooks:
         detail = rec.calls_of(f)
         if detail is None:
             return
+        if refs is None:
+            self._sentinel_post(f, items, detail)
+            return
         after = rec.measure([(f"{n} after the step", p.detach()) for p, n, _, _ in items], step=f)
         rec.measured_after_step([p for p, _, _, _ in items], after, f)  # the next forward's parameter rows
         n = len(items)
@@ -131,5 +139,36 @@ class OptimizerHooks:
             c = Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=[refs[i], refs[n + i]],
                      outputs=[after[i]], seq=i, phase="optimizer", param=name)
             calls.append(c)
+        detail.extend(calls)
+        rec.on_optimizer_end(f, calls)
+
+    def _sentinel_post(self, f: int, items: list[tuple[torch.Tensor, str, str, str]], detail: list[Call]) -> None:
+        """Sentinel: every parameter and optimizer-state tensor after the step, judged by one fused
+        reduction and one read. Only a step that made one non-finite is measured, one ``Call`` per
+        parameter (inputs: its gradient, judged finite after backward; outputs: the parameter and
+        its state after the step), so locate finds the first parameter by the usual rule."""
+        rec = self.rec
+        params = [p for p, _, _, _ in items]
+        states = optimizer_state_tensors(self.optimizer, params)
+        tensors = float_tensors_of(params + [v for st in states for _, v in st])
+        flag = nonfinite_flag(tensors)
+        grads = rec.take_grad_flag()  # a device: the backward's flag, read here with this one
+        if grads is not None:
+            flag = grads[1] if flag is None else flag | grads[1].to(flag.device)
+        if flag is None or not bool(flag):  # the step's one read-back
+            rec.on_optimizer_end(f, [])
+            return
+        if grads is not None and bool(grads[1]):
+            rec.measure_gradients(grads[0])
+            if not any_nonfinite(tensors):  # the gradients alone: a backward fault
+                rec.on_optimizer_end(f, [])
+                return
+        calls = []
+        for i, ((p, name, owner, otype), st) in enumerate(zip(items, states)):
+            ins = rec.measure([(f"grad of {name}", _plain(p.grad))], step=f)
+            outs = rec.measure([(f"{name} after the step", p.detach())] + [(f"{k} of {name}", v) for k, v in st],
+                               step=f)
+            calls.append(Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=ins, outputs=outs, seq=i,
+                              phase="optimizer", param=name))
         detail.extend(calls)
         rec.on_optimizer_end(f, calls)

@@ -5,10 +5,16 @@ so outputs with and without capture are bitwise identical, and hooks are removed
 when forward raises. The public ``nan_hunter.watch`` (``session.Watch``) builds on it and adds
 ``report()``.
 
-Levels: ``"modules"`` hooks every module; ``"blocks"`` hooks only the repeated children of the
-model's main ModuleList and the root (the cheap always-on mode; a block's parameters are those of
-its whole subtree, the root's those outside every block); ``"ops"`` adds per-op checks (a
-TorchDispatchMode) that also see intermediates absorbed before a module output.
+Levels: ``"sentinel"`` hooks only the root, and judges no parameter per call: a step is judged
+by its root outputs, and in training by one fused reduction over the gradients after backward and
+over the parameters and optimizer state after ``optimizer.step()`` (``capture.sentinel``); only a
+failing step is measured in detail, and ``report()`` replays it in full. ``sample_every=N`` hooks
+the blocks too on steps N-1, 2N-1, ... (statistics for headroom; a non-finite block output the
+root's outputs do not show is ``latent``, not a fault). ``"modules"`` hooks every module;
+``"blocks"`` hooks only the repeated children of the model's main ModuleList and the root (a
+block's parameters are those of its whole subtree, the root's those outside every block);
+``"ops"`` adds per-op checks (a TorchDispatchMode) that also see intermediates absorbed before a
+module output.
 
 Bounded memory in long loops: the calls and rows of the latest ``retain`` forwards and of the
 first failing forward are kept in full; every other forward is folded into per-module
@@ -54,10 +60,11 @@ from .listener import CaptureListener
 from .ops import OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
+from .sentinel import float_tensors_of, host_nonfinite, nonfinite_flag
 from .sink import StatsSink
 from .snapshot import Snapshot
 
-LEVELS = ("blocks", "modules", "ops")
+LEVELS = ("sentinel", "blocks", "modules", "ops")
 FOLD_BATCH = 32  # device sinks: forwards folded per read-back (one transfer for all of them)
 _VERSION = operator.attrgetter("_version")
 
@@ -110,7 +117,7 @@ class Recorder:
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
                  backend: str | None = None, device: Any = None, backward: bool = False,
                  optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None,
-                 underflow: bool = True):
+                 underflow: bool = True, sample_every: int = 0):
         """``first_step``: the step number of the first root call (a re-run of step k records as
         step k); ``listener``: who is told of root calls, faults and optimizer steps; ``underflow``:
         abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``). ``level`` is one
@@ -122,6 +129,14 @@ class Recorder:
         self.model = model = model.module if isinstance(model, ddp) else model  # torch.compile(DDP(m))
         self.opaque_forwards: set[int] = set()  # forwards that ran compiled: capture saw only the root
         self.level = level
+        self.sentinel = level == "sentinel"  # root only; gradients, parameters judged by one reduction each
+        self.sample_every = sample_every if self.sentinel else 0  # sentinel: blocks hooked every N-th step
+        self._grad_flag: tuple[int, torch.Tensor] | None = None  # sentinel on a device: read with the update's
+        self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
+        self._lean = False  # the running root call took the sentinel's lean path
+        self._lengths: dict[str, int] | None = None  # its KV caches' lengths, when its inputs are kept late
+        self.sampled_steps = 0
+        self.latent: list[dict[str, Any]] = []  # sampled steps: {step, module} non-finite inside, finite out
         self.retain = retain
         self.window = max(1, retain)  # forwards kept in full besides the first failing one
         if device is None:
@@ -151,6 +166,7 @@ class Recorder:
         self._ops = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._params_all = [p for p in model.parameters() if not p.is_inference()]
+        self._named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._weights_at: dict[int, int] = {}  # forward -> weights_version() when it started
         # per forward, while it is kept in full
         self._detail: dict[int, list[Call]] = {}
@@ -188,7 +204,9 @@ class Recorder:
         if self._handles:
             return
         targets: list[tuple[str, nn.Module]]
-        if self.level == "blocks":
+        if self.sentinel:
+            targets = [("", self.model)]
+        elif self.level == "blocks":
             blocks = set(main_blocks(self.model))
             targets = [(n, m) for n, m in eager_named_modules(self.model) if n == "" or n in blocks]
         else:
@@ -197,6 +215,8 @@ class Recorder:
         try:
             for name, m in targets:
                 pre, post = self._pre(name), self._post(name)
+                if name == "" and self._lean_root():
+                    pre, post = self._sentinel_pre(pre), self._sentinel_post(post)
                 if name == "":  # the root runs eagerly even when called compiled (capture.compiled_regions)
                     m = self._wrapper if self._wrapper is not None else m
                     pre, post = outside_compile(pre), outside_compile(post)
@@ -240,6 +260,7 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._end_sample()
         if self.grads is not None:
             self.grads.detach()
         if self.optimizer is not None:
@@ -366,6 +387,10 @@ class Recorder:
             stack = self._stack
             if not stack:  # a root call: one input of the data set
                 self._root_starts(args, kwargs)
+                # steps N-1, 2N-1...: a watch around one forward (or fewer than N) samples none
+                if self.sample_every and self._forward % self.sample_every == self.sample_every - 1 \
+                        and not compiling():
+                    self._start_sample()
             count = self._count
             idx = count.get(name, 0)
             count[name] = idx + 1
@@ -387,8 +412,88 @@ class Recorder:
                 self.grads.on_inputs(call, items, module)
         return hook
 
-    def _root_starts(self, args: tuple, kwargs: dict) -> None:
-        """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept."""
+    def _lean_root(self) -> bool:
+        """Whether the root's finite steps take the sentinel's lean path: no grad capture, a host
+        sink, no op-level mode (a device sink keeps its flags: no read-back per forward)."""
+        return self.sentinel and self.grads is None and not self.sink._device_rows
+
+    def _sentinel_pre(self, full: Any):
+        """The sentinel's root pre-hook: the step's bookkeeping and what a replay needs (its inputs,
+        ambient context), no statistics. A sampled step, or a root called inside itself, takes
+        the full path (``full``)."""
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.paused or compiling():
+                return
+            n = self.sample_every
+            if self._stack or (n and (self._forward + 1) % n == n - 1):
+                self._lean = False
+                return full(module, args, kwargs)
+            self._lean = True
+            # a decode step's KV cache is snapshotted only if the step fails (Snapshot.cropped)
+            self._lengths = Snapshot.cache_lengths(args, kwargs) if self.listener.keeps_inputs() else None
+            self._root_starts(args, kwargs, keep=self._lengths is None)
+            call = Call(self._starts, "", type(self.model).__name__, 0, 0, None, self._forward, [], [], [])
+            self._starts += 1
+            self._current.append(call)
+            self._stack.append(call)
+        return hook
+
+    def _sentinel_post(self, full: Any):
+        """The sentinel's root post-hook: one reduction over the outputs and one read. Only a
+        forward whose outputs went non-finite is measured (inputs, outputs, every parameter), so
+        the producer rule and ``report()`` see it as a full capture of the root would."""
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._lean:
+                return full(module, args, kwargs, output)
+            stack = self._stack
+            if not stack or self.paused or compiling():
+                return
+            del stack[:]  # the root's own call (nothing inside it is hooked)
+            call = self._current[0]
+            call.seq = self._seq
+            self._seq += 1
+            items = float_items(output)
+            f = call.input_index
+            if items and host_nonfinite([t for _, t in items]):
+                self._measure_failing_root(call, args, kwargs, items)
+                if self._lengths is not None:
+                    self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
+            if self._wrapper is not None:
+                self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
+            self._finish(f)
+            if self.opaque_forwards:
+                self.opaque_forwards.intersection_update(self._detail)
+        return hook
+
+    def _measure_failing_root(self, call: Call, args: tuple, kwargs: dict, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Sentinel, outputs non-finite: the root call's inputs, outputs and every parameter and
+        buffer of the model (as the forward used them) measured into the step's rows."""
+        call.inputs = self._measure_hook(call_items(args, kwargs))
+        call.outputs = self._measure_hook(items)
+        named = list(self.model.named_parameters()) + list(self.model.named_buffers())
+        own = [(n, local_shard(p.detach())) for n, p in named
+               if p is not None and p.is_floating_point() and p.device.type != "meta"]
+        call.params = self._measure_hook(own)
+
+    def _start_sample(self) -> None:
+        """Sentinel, a sampled step: the blocks are hooked for this root call only (removed when it
+        ends), so the step is recorded at level "blocks" (statistics, aggregates, latent faults)."""
+        blocks = set(main_blocks(self.model))
+        for name, m in eager_named_modules(self.model):
+            if name in blocks:
+                self._sample_handles.append(m.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+                self._sample_handles.append(m.register_forward_hook(self._post(name), with_kwargs=True,
+                                                                    always_call=True))
+        self.sampled_steps += 1
+
+    def _end_sample(self) -> None:
+        for h in self._sample_handles:
+            h.remove()
+        self._sample_handles.clear()
+
+    def _root_starts(self, args: tuple, kwargs: dict, keep: bool = True) -> None:
+        """Per-forward bookkeeping at a root call: a new step, its records, its inputs kept (unless
+        ``keep`` is False: the sentinel's lean path keeps them at the end, for a failing step only)."""
         capturing = self._cuda and torch.cuda.is_current_stream_capturing()
         if self._ops is not None and capturing:
             raise RuntimeError(
@@ -403,7 +508,7 @@ class Recorder:
         self._weights_at[f] = self.weights_version()
         self._current = self._detail[f] = []
         self._owned_now = self._owned[f] = []
-        if self.listener.keeps_inputs():
+        if keep and self.listener.keeps_inputs():
             self._inputs[f] = Snapshot.of(args, kwargs)
             self._drop_old_inputs()
         self.listener.on_root_call(f)
@@ -441,7 +546,10 @@ class Recorder:
     def _params(self, name: str, module: nn.Module) -> Refs:
         """Rows of the call's parameters and buffers: measured at the module's first call, and
         again whenever one changed in place since (an optimizer step between forwards of one
-        capture), so every call is judged against the weights it actually used."""
+        capture), so every call is judged against the weights it actually used. The sentinel
+        judges parameters after each optimizer step instead: none per call."""
+        if self.sentinel:
+            return []
         st = self._pstate.get(name)
         if st is None:
             own = self._own[name] = self._param_tensors(name, module)
@@ -532,7 +640,10 @@ class Recorder:
         return hit[0]
 
     def _grad_params(self, name: str, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The parameters whose gradients belong to a call's backward (as ``_param_tensors``)."""
+        """The parameters whose gradients belong to a call's backward (as ``_param_tensors``); none
+        for the sentinel, which judges them all at once when the backward pass ends."""
+        if self.sentinel:
+            return []
         if self.level == "blocks":
             blocks = set(main_blocks(self.model)) if name == "" else set()
             named = [(n, p) for n, p in module.named_parameters() if not any(n.startswith(b + ".") for b in blocks)]
@@ -584,7 +695,11 @@ class Recorder:
                     self._ops.module_done(call, module, args, kwargs, output)
             if not stack:
                 f = call.input_index
-                if self._n_hooked > 1 and len(self._detail.get(f, ())) == 1:
+                sampled = bool(self._sample_handles)
+                if sampled:
+                    self._end_sample()
+                inside = self._n_hooked > 1 or sampled or (self.sentinel and self._wrapper is not None)
+                if inside and len(self._detail.get(f, ())) == 1:
                     self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
                 self._finish(f)
                 if self.opaque_forwards:
@@ -658,7 +773,9 @@ class Recorder:
                 self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
         elif foldable and self.first_failed is None and self._early is None and forward in self._inputs:
             self._flag(forward)
-        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows else 1):
+        # a device sink folds in batches (one read-back each); so does the sentinel (the fixed part
+        # of a fold spread over FOLD_BATCH forwards of one call each)
+        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows or self.sentinel else 1):
             old = done[:len(done) - self.window]
             self._done = done[len(old):]
             self._fold(old)
@@ -692,7 +809,11 @@ class Recorder:
         rows = rows if rows is not None else self._rows_of(forwards)
         for f in forwards:
             self._judged_upto = f
-            if not _failed(self._detail.get(f, []), rows):
+            calls = self._detail.get(f, [])
+            if self.sentinel and not _failed([c for c in calls if c.parent is None], rows):
+                self._note_latent(f, calls, rows)
+                continue
+            if not _failed(calls, rows):
                 continue
             phase = _phase_of(self._detail.get(f, []), rows)
             if phase != "forward" and not self.listener.accept_fault(f, phase):
@@ -707,6 +828,18 @@ class Recorder:
                 if snap is not None:
                     snap.pin()  # a copy later forwards cannot change
                 self.listener.on_first_fault(f, phase)
+
+    def _note_latent(self, f: int, calls: list[Call], rows: Raw | list) -> None:
+        """Sentinel, a step whose root outputs are finite: a non-finite block output (a sampled
+        step) was masked before the outputs. It is latent, not a fault: noted, and its calls
+        inside the root are dropped so that no later judge of the recording takes it for one."""
+        bad = [c for c in calls if c.parent is not None and c.phase == "forward" and c.seq >= 0
+               and any(_nonfinite(rows[r]) for _, r in c.outputs)]
+        if not bad:
+            return
+        first = min(bad, key=lambda c: c.seq)
+        self.latent.append({"step": f, "module": first.module})
+        calls[:] = [c for c in calls if c.parent is None or c.phase != "forward"]
 
     def _fold(self, forwards: list[int]) -> None:
         """Fold forwards into the per-module aggregates and give their rows back, except the first
@@ -770,10 +903,57 @@ class Recorder:
     def on_backward_end(self, forwards: list[int]) -> None:
         """A backward pass ended: on a host sink, judge the steps it went through now (while the
         weights are still those of the step). A device sink judges them when folded or reported,
-        unless ``_judge_late_now`` asks for it now (one read-back per backward pass)."""
+        unless ``_judge_late_now`` asks for it now (one read-back per backward pass). The sentinel
+        judges every gradient here, by one reduction (``_sentinel_backward``)."""
+        if self.sentinel and forwards:
+            self._sentinel_backward(forwards)
         if not self._rows_on_host() and not self.listener.judge_late_now():
             return
         self.judge_backward(forwards)
+
+    def _sentinel_backward(self, forwards: list[int]) -> None:
+        """Sentinel: the gradients of every parameter, judged by one fused reduction and one read.
+        Only when one is non-finite are they measured one by one, as outputs of the root's backward
+        call of the latest step the pass went through, for the producer rule and the report's replay."""
+        if self.paused:
+            return
+        flag = nonfinite_flag(float_tensors_of(p.grad for _, p in self._named_params))
+        if flag is None:
+            return
+        if not self._rows_on_host() and self.optimizer is not None and not self.listener.judge_late_now():
+            self._grad_flag = (forwards[-1], flag)  # a device: read once per step, with the update's
+            return
+        if bool(flag):
+            self.measure_gradients(forwards[-1])
+
+    def take_grad_flag(self) -> tuple[int, torch.Tensor] | None:
+        """Sentinel on a device: (step, device flag) of the latest backward pass, not read yet; the
+        optimizer step reads it with its own (one read-back per training step)."""
+        flag, self._grad_flag = self._grad_flag, None
+        return flag
+
+    def measure_gradients(self, f: int) -> None:
+        """Sentinel, gradients judged non-finite: every parameter's gradient measured into the
+        root's backward call of step ``f`` (rows the producer rule and the replay read)."""
+        named = [(n, p.grad) for n, p in self._named_params if p.grad is not None]
+        detail = self._detail.get(f)
+        root = next((c for c in detail or () if c.parent is None and c.phase == "forward"), None)
+        if root is None or self.grads is None:
+            return
+        per = self.grads.calls.setdefault(f, {})
+        bc = per.get(root.start)
+        if bc is None:
+            bc = per[root.start] = Call(root.start, root.module, root.module_type, root.call_index, 0, None, f,
+                                        phase="backward")
+            detail.append(bc)
+        items = [(f"grad of {n}", g.detach()) for n, g in named if g.is_floating_point()]
+        refs = self.measure(items, step=f)
+        events = self.grads.events
+        bc.outputs += refs
+        bc.order += list(range(events, events + len(refs)))  # parameter order stands for autograd's
+        if bc.seq < 0:
+            bc.seq = events
+        self.grads.events += len(refs)
 
     def judge_backward(self, steps: Iterable[int]) -> bool:
         """Read the gradient rows of ``steps`` now and mark each step whose backward produced a

@@ -80,6 +80,39 @@ class Snapshot:
         k = {key: put(v) for key, v in kwargs.items()}
         return cls(a, k, vs)
 
+    @staticmethod
+    def cache_lengths(args: tuple, kwargs: dict) -> dict[str, int] | None:
+        """Keyword -> length of each KV cache among a forward's arguments (an object with
+        ``get_seq_length`` and ``crop``: a transformers ``DynamicCache``), when every other argument
+        is a plain tensor or scalar: then ``cropped`` can rebuild the inputs after the forward ran.
+        None otherwise (take ``of`` before the forward)."""
+        lengths: dict[str, int] = {}
+        for v in args:
+            if type(v) not in _PLAIN:
+                return None
+        for k, v in kwargs.items():
+            if type(v) in _PLAIN:
+                continue
+            length, crop = getattr(v, "get_seq_length", None), getattr(v, "crop", None)
+            if length is None or crop is None:
+                return None
+            lengths[k] = length()
+        return lengths
+
+    @classmethod
+    def cropped(cls, args: tuple, kwargs: dict, lengths: dict[str, int]) -> Snapshot:
+        """A forward's inputs taken after it ran (pinned copies), each KV cache cropped back to the
+        length it had when the forward started (``cache_lengths``): a decode step only appends to
+        its cache. The sentinel takes it for the one failing step instead of ``of`` on every step."""
+        snap = cls.of(args, kwargs)
+        snap.pin()
+        for k, n in lengths.items():
+            cache = snap.kwargs[k]
+            grown = cache.get_seq_length() - n
+            if grown > 0:
+                cache.crop(-grown)  # a negative count: the tokens to remove, in every transformers version
+        return snap
+
     def pin(self) -> None:
         """Replace the references by copies (of the values as the forward started, when no one
         changed them in place since; otherwise as they are now, counted in ``changed``)."""

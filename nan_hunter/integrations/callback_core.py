@@ -84,9 +84,10 @@ def loss_of(output: Any) -> Any:
 
 class CallbackCore:
     def __init__(self, level: str, on_fault: str, capsule_dir: str | None, report_path: str | None,
-                 arch: str | None, logger: logging.Logger) -> None:
+                 arch: str | None, logger: logging.Logger, sample_every: int | None = None) -> None:
         self.kind = OnFault.parse(on_fault, has_optimizer=True)  # the framework's optimizer: checked at start
         self.level, self.on_fault = level, self.kind.value
+        self.sample_every = sample_every  # level "sentinel": blocks sampled every N-th step (None: the default)
         self.capsule_dir, self.report_path, self.arch = capsule_dir, report_path, arch
         self.logger = logger
         self.watch: Any = None
@@ -104,8 +105,9 @@ class CallbackCore:
         if mode.needs_optimizer and opt is None:
             raise ValueError("NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found")
         self.scaler = scaler
-        self.watch = nan_hunter.watch(model, level=self.level, backward=True, optimizer=opt, scaler=scaler,
-                                      capsule_dir=self.capsule_dir, arch=self.arch, on_fault=mode)
+        self.watch = nan_hunter.watch(model, level=self.level, sample_every=self.sample_every, backward=True,
+                                      optimizer=opt, scaler=scaler, capsule_dir=self.capsule_dir, arch=self.arch,
+                                      on_fault=mode)
         self.watch.__enter__()
 
     def step_begin(self, global_step: int) -> None:

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..capture.context import ForwardContext, outside_users_autocast, users_state_kept
+from ..capture.floats import float_items
 from ..capture.listener import KeepSteps
 from ..capture.recorder import Recorder
+from ..capture.sentinel import any_nonfinite, float_tensors_of
 from ..distributed import collectives as dist
 from ..distributed.global_report import combine, local_reruns
 from ..dtypes import autocast_of
 from ..explain.assemble import assemble, run_info
 from ..locate.first_fault import locate
 from ..locate.recording import Recording
+from ..model.execute import weights_as
 from ..report import Report
 from ..serving import outcome as serving
 from ..serving.tracker import PackedBatches
@@ -35,6 +39,8 @@ from .fault_policy import FaultPolicy
 from .options import WatchOptions
 from .training import TrainingState, WatchRerun
 from .watch_report import WATCH_CHECKPOINT, WatchReport
+
+REPLAYS = 2  # extra replays of a failing step that did not reproduce (transient or non-deterministic?)
 
 
 class SessionListener(KeepSteps):
@@ -88,7 +94,7 @@ class Watch(Recorder):
         o = options if options is not None else WatchOptions(**kw)
         super().__init__(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
                          backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
-                         underflow=False)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
+                         underflow=False, sample_every=o.sample_every)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
         self.listener.model = self.model  # the unwrapped module (not a compiled or DDP wrapper)
         self.options = o
         self.run = o.run
@@ -156,11 +162,45 @@ class Watch(Recorder):
                            autocast=autocast_of(ctx.autocast if ctx is not None else (), self.sink.device.type))
         rep.modules = loc.table if loc is not None and loc.table is not None else rec.table()
         t.finish(rep)  # what training adds: its notes (GradScaler skips, the capsule)
+        self._level_facts(rep)
         if loc is not None:
+            if loc.first.reproducible is False and loc.first.phase == "forward":
+                rep.notes.append(self._replays_again(loc.first.step))
             assemble(rep, loc, None, device=str(self.sink.device), rank=dist.rank() if dist.active() else None)
         self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
         serving.finish(self.serving, rep, rec)  # run.requests, run.evict
         return WatchReport(rep, loc, self._aggregates())
+
+    def _level_facts(self, rep: Report) -> None:
+        """``run.level``, ``run.sample_every`` and, for a sentinel, the latent faults its sampled
+        steps saw (a non-finite block output the root's outputs did not show: not a fault)."""
+        rep.run["level"] = self.level
+        rep.run["sample_every"] = self.sample_every if self.sentinel else None
+        if self.sentinel:
+            rep.run["latent"] = [dict(x) for x in self.latent]
+            for x in self.latent[:3]:
+                rep.notes.append(f"latent: at sampled step {self.policy.label(x['step'])} {x['module'] or '(root)'} "
+                                 "gave a non-finite output that was masked before the model's outputs (not a fault)")
+
+    def _replays_again(self, step: int, times: int = REPLAYS) -> str:
+        """The failing forward did not fault again when re-run: re-run it ``times`` more, to tell
+        a transient (every replay finite: hardware, a flipped bit, a value changed once) from
+        non-determinism (some replays fault again)."""
+        fwd = self.rerun.forward(step)
+        state = self.rerun.weights(step)
+        if fwd is None:
+            return f"step {step} could not be replayed again: its inputs are no longer kept"
+        bad = 0
+        for _ in range(times):
+            with torch.no_grad(), weights_as(self.model, state):
+                out = fwd()
+            if any_nonfinite(float_tensors_of(t for _, t in float_items(out))):
+                bad += 1
+        if bad == 0:
+            return (f"not reproducible: step {step} replayed {times + 1} times from its kept inputs, every "
+                    "replay finite — a transient (hardware, a flipped bit, a value changed once), not the model")
+        return (f"not reproducible: step {step} replayed {times + 1} times, {bad} of them non-finite — "
+                "the model is non-deterministic here (a nondeterministic kernel or a race)")
 
     def step_forward(self, input_index: int) -> Any:
         """A function that re-runs forward ``input_index`` from copies of its kept inputs, under the

@@ -64,7 +64,8 @@ def test_hooks_installed_while_attached_and_removed_after(level):
     n_modules = len(list(m.modules()))
     rec = Recorder(m, level=level)
     with rec:
-        expected = 1 + 3 if level == "blocks" else n_modules  # blocks: the root and the three layers
+        # blocks: the root and the three layers; sentinel: the root alone
+        expected = {"blocks": 1 + 3, "sentinel": 1}.get(level, n_modules)
         assert _hooks(m) == 2 * expected  # one pre-hook and one forward hook each
     assert _hooks(m) == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from nan_hunter.capture.snapshot import Snapshot
@@ -49,3 +50,25 @@ def test_inference_tensors_are_kept_without_a_version():
         t = torch.ones(2)
     s = Snapshot.of((t,), {})
     assert s.versions == [] and s.changed_since() == 0
+
+
+def test_a_kv_cache_taken_after_the_forward_is_cropped_back_to_its_length_before():
+    """The sentinel keeps a failing decode step's inputs at its end: ``cropped`` copies them and
+    removes what the step appended to its cache, so the copy equals one taken before it ran."""
+    pytest.importorskip("transformers")
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    k = torch.randn(1, 2, 3, 4)
+    cache.update(k, k + 1, 0)
+    ids = torch.tensor([[5]])
+    lengths = Snapshot.cache_lengths((), {"input_ids": ids, "past_key_values": cache, "use_cache": True})
+    assert lengths == {"past_key_values": 3}
+    before = Snapshot.of((), {"input_ids": ids, "past_key_values": cache}).rerun()[1]["past_key_values"]
+    cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), 0)  # the step appends its token
+    snap = Snapshot.cropped((), {"input_ids": ids, "past_key_values": cache}, lengths)
+    after = snap.rerun()[1]["past_key_values"]
+    assert cache.get_seq_length() == 4 and after.get_seq_length() == 3  # the user's cache untouched
+    assert torch.equal(after.layers[0].keys, before.layers[0].keys)
+    assert torch.equal(after.layers[0].values, before.layers[0].values)
+    assert Snapshot.cache_lengths(([1, 2],), {}) is None  # a container: taken before the forward

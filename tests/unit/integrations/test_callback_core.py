@@ -161,3 +161,14 @@ def test_skip_needs_the_frameworks_optimizer():
     core = CallbackCore("modules", "skip", None, None, None, logging.getLogger("test.cb"))
     with pytest.raises(ValueError, match="needs the framework's optimizer"):
         core.start(_model(), None)
+
+
+def test_the_sentinel_level_and_its_sampling_reach_the_watch():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    core = CallbackCore("sentinel", "record", None, None, None, logging.getLogger("test.callback"), sample_every=3)
+    core.start(model, opt)
+    try:
+        assert (core.watch.level, core.watch.sample_every) == ("sentinel", 3)
+    finally:
+        core.watch.__exit__(None, None, None)

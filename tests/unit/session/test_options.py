@@ -24,7 +24,7 @@ def test_checked_values_are_typed_and_frozen():
 
 
 @pytest.mark.parametrize("kw, says", [
-    ({"level": "layers"}, "level must be one of ('blocks', 'modules', 'ops'), got 'layers'"),
+    ({"level": "layers"}, "level must be one of ('sentinel', 'blocks', 'modules', 'ops'), got 'layers'"),
     ({"retain": -1}, "retain must be a number of forwards"),
     ({"retain": 2.5}, "retain must be a number of forwards"),
     ({"retain": True}, "retain must be a number of forwards"),

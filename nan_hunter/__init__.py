@@ -65,7 +65,7 @@ def _keywords_checked(fn: F) -> F:
 
 
 @_keywords_checked
-def watch(model: Any, *, level: str = "blocks", sample_every: int | None = None, retain: int = 4,
+def watch(model: Any, *, level: str | None = None, sample_every: int | None = None, retain: int = 4,
           backend: str | None = None, device: Any = None, dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
           scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
           trace: str | None = None, trace_level: str = "modules") -> Watch:
@@ -77,12 +77,14 @@ def watch(model: Any, *, level: str = "blocks", sample_every: int | None = None,
 
     Args:
         model: the ``nn.Module`` to watch (also a ``torch.compile``d one, DDP or FSDP2).
-        level: what is hooked while the model runs: ``"sentinel"`` (nearly free): only the root;
+        level: what is hooked while the model runs (default: ``"sentinel"``; ``"blocks"`` under an
+            initialised torch.distributed group, where a replay cannot copy sharded weights):
+            ``"sentinel"`` (nearly free): only the root;
             per step the outputs, after backward every gradient and after ``optimizer.step()``
             every parameter and optimizer-state tensor are judged by one fused reduction each;
             the failing step is replayed in full on ``report()`` (same fields as ``"blocks"``; a
             replay that stays finite gives cause ``not_reproducible``).
-            ``"blocks"`` (default, cheapest): the transformer blocks and the root; a fault is
+            ``"blocks"``: the transformer blocks and the root; a fault is
             refined to the leaf module and the aten op on ``report()`` by re-running the failing
             forward. ``"modules"``: every module. ``"ops"``: every aten op as well (a dispatch
             mode reads each op's result on the host: slowest, and not under CUDA-graph capture;

@@ -83,7 +83,7 @@ def loss_of(output: Any) -> Any:
 
 
 class CallbackCore:
-    def __init__(self, level: str, on_fault: str, capsule_dir: str | None, report_path: str | None,
+    def __init__(self, level: str | None, on_fault: str, capsule_dir: str | None, report_path: str | None,
                  arch: str | None, logger: logging.Logger, sample_every: int | None = None) -> None:
         self.kind = OnFault.parse(on_fault, has_optimizer=True)  # the framework's optimizer: checked at start
         self.level, self.on_fault = level, self.kind.value

@@ -28,7 +28,7 @@ def _scaler(trainer: Any) -> Any:
 
 
 class NanHunterCallback(Callback):
-    def __init__(self, level: str = "blocks", on_fault: str = "stop", capsule_dir: str | None = None,
+    def __init__(self, level: str | None = None, on_fault: str = "stop", capsule_dir: str | None = None,
                  report_path: str | None = None, arch: str | None = None, sample_every: int | None = None) -> None:
         self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch, logging.getLogger("lightning.pytorch"),
                                  sample_every)

@@ -19,7 +19,7 @@ from .callback_core import CallbackCore, loss_of
 
 
 class NanHunterCallback(TrainerCallback):
-    def __init__(self, level: str = "blocks", on_fault: str = "stop", capsule_dir: str | None = None,
+    def __init__(self, level: str | None = None, on_fault: str = "stop", capsule_dir: str | None = None,
                  report_path: str | None = None, arch: str | None = None, sample_every: int | None = None) -> None:
         self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch,
                                  hf_logging.get_logger("transformers.trainer"), sample_every)

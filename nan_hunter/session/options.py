@@ -19,11 +19,24 @@ from .fault_policy import OnFault
 SAMPLE_EVERY = 100
 
 
+def default_level() -> str:
+    """``"sentinel"`` (contract v1.4), except under an initialised torch.distributed group, where it
+    stays ``"blocks"``: a sentinel replay re-runs the failing step from the weights kept for it, and
+    sharded (FSDP2) parameters cannot be copied mid-step, nor can a one-rank transient be placed on
+    its block without the per-block record (docs/distributed.md)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # not imported: no group can be open
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return "blocks"
+    return "sentinel"
+
+
 @dataclass(frozen=True)
 class WatchOptions:
     """A watch's options, validated (``nan_hunter.watch``'s docstring says what each does)."""
 
-    level: str = "blocks"  # sentinel | blocks | modules | ops
+    level: str | None = None  # sentinel | blocks | modules | ops; None: default_level()
     sample_every: int | None = None  # sentinel: full block statistics every N-th step; 0: never; None: SAMPLE_EVERY
     retain: int = 4  # forwards kept in full besides the first failing one
     backend: str | None = None  # triton | reference; None: Triton on a GPU when installed (checked with the device)
@@ -41,6 +54,8 @@ class WatchOptions:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.level is None:
+            set_(self, "level", default_level())
         if self.level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
         if self.sample_every is None:

@@ -344,6 +344,11 @@ class FaultPolicy:
         import logging
 
         self.skipped.append(forward)
+        if self.kind.stops:
+            # stop with optimizer=: a step undone here stops the loop too, also on a rank that saw the
+            # fault only in its gradients after DDP's all-reduce (it never located one of its own):
+            # every rank then leaves the loop at the same step, none waits alone in the next all-reduce
+            self.should_stop = True
         logging.getLogger("nan_hunter").warning(
             "nanhunter: step %s went non-finite; its optimizer update was undone (on_fault=%r)",
             self.label(forward), self.on_fault)

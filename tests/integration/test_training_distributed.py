@@ -58,6 +58,19 @@ def _scenarios(rank: int) -> dict[str, Any]:
     out["skip_same_on_ranks"] = bool(torch.equal(everyone[0], everyone[1]))
     out["skip"] = _summary(w.report())
 
+    # on_fault="stop" with optimizer=: both ranks leave the loop after step 1 (rank 0 sees the fault
+    # only in its all-reduced gradients); a rank that ran on alone would wait in the next all-reduce
+    model, opt = _ddp_model()
+    stopped_after = None
+    with nan_hunter.watch(model, backward=True, optimizer=opt, on_fault="stop") as w:
+        for step in range(4):
+            _steps(model, opt, [step], rank, {(1, 1): "big"})
+            if w.should_stop:
+                stopped_after = step
+                break
+    out["stop_after"] = stopped_after
+    out["stop"] = _summary(w.report())
+
     # FSDP2 (fully_shard, DTensor parameters): the same two
     from test_watch_distributed import Tiny
     from torch.distributed.fsdp import fully_shard
@@ -140,6 +153,14 @@ def test_skip_is_the_same_on_every_rank(runs):
         assert r["skip_finite"] and r["skip_same_on_ranks"]
         assert r["skip"]["run"]["skipped_steps"] == [1]
         assert r["skip"]["first_nonfinite"]["rank"] == 1
+
+
+def test_stop_leaves_the_loop_on_every_rank_at_the_same_step(runs):
+    """v1.3 stop with optimizer= under DDP: the rank whose own forward was finite stops too (it
+    hung in the next all-reduce, waiting for the rank that had stopped)."""
+    for r in runs:
+        assert r["stop_after"] == 1
+        assert r["stop"]["run"]["skipped_steps"] == [1]
 
 
 def test_fsdp2_leaf_and_skip(runs):

@@ -16,6 +16,7 @@ import torch
 
 from ..dtypes import RunDtype
 from ..model.execute import cast_batch, run_context
+from ..model.placement import dtype_keyword
 from ..tree import float_tensors
 
 
@@ -34,8 +35,9 @@ def try_keep_in_fp32(path: str, model: Any, keep: list[str], run: RunDtype,
         return False, f"transformers' _keep_in_fp32_modules not tried: it applies to fp16/bf16 loading, not {run.name}"
     sub = type(name, (cls,), {"_keep_in_fp32_modules": list(keep), "__module__": cls.__module__})
     try:
-        m = sub.from_pretrained(path, dtype=run.torch_compute, local_files_only=True, trust_remote_code=False,
-                                attn_implementation=getattr(model.config, "_attn_implementation", None)).eval()
+        m = sub.from_pretrained(path, local_files_only=True, trust_remote_code=False,  # dtype: by version
+                                attn_implementation=getattr(model.config, "_attn_implementation", None),
+                                **{dtype_keyword(): run.torch_compute}).eval()
         dev = next(m.parameters()).device
         with torch.no_grad(), run_context(run):
             for kw in batches:

@@ -30,7 +30,11 @@ def load(model_dir: str, dtype: torch.dtype = torch.float32, attn: str = "eager"
 
     cfg = AutoConfig.from_pretrained(model_dir)
     cls = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
-    return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn).eval()
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # the keyword's name before 4.56
+    return cls.from_pretrained(model_dir, attn_implementation=attn, **{key: dtype}).eval()
 
 
 def _floats(obj: Any) -> list[torch.Tensor]:

@@ -29,7 +29,7 @@ def test_the_view_and_the_policy_to_stdout(overflow_model, capsys):
     assert bisect_cmd.command(**_model(overflow_model), dtype="fp16", policy_out="-") == 0
     out, err = capsys.readouterr()
     assert "down" in json.dumps(yaml.safe_load(out))  # stdout: the policy alone
-    assert "keep         down → fp32" in err and err.splitlines()[-1].startswith("✔ keep 1 module(s) in fp32")
+    assert "keep down → fp32" in err and err.splitlines()[-1].startswith("✔ keep 1 module(s) in fp32")
 
 
 @pytest.mark.parametrize("dtype, why", [

@@ -148,16 +148,13 @@ def test_plain_watch_names_leaf_and_op_after_optimizer_steps(runs):
         assert f["reproducible"] is True and r["leaf"]["diagnosis"]["cause"] == "overflow"
 
 
-def test_skip_is_the_same_on_every_rank(runs):
+def test_skip_and_stop_are_the_same_on_every_rank(runs):
     for r in runs:
         assert r["skip_finite"] and r["skip_same_on_ranks"]
         assert r["skip"]["run"]["skipped_steps"] == [1]
         assert r["skip"]["first_nonfinite"]["rank"] == 1
-
-
-def test_stop_leaves_the_loop_on_every_rank_at_the_same_step(runs):
-    """v1.3 stop with optimizer= under DDP: the rank whose own forward was finite stops too (it
-    hung in the next all-reduce, waiting for the rank that had stopped)."""
+    # stop with optimizer= (v1.3): the rank whose own forward was finite stops at the same step too
+    # (it ran on alone and hung in the next all-reduce, waiting for the rank that had stopped)
     for r in runs:
         assert r["stop_after"] == 1
         assert r["stop"]["run"]["skipped_steps"] == [1]

@@ -95,15 +95,16 @@ class TensorStats:
         """How many non-zero finite values become zero when cast to ``target`` (one of
         ``dtypes.HEADROOM_DTYPES``), or None when the row did not count them."""
 
-        return getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
+        flushed: int | None = getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
+        return flushed
 
     @classmethod
     def from_row(cls, ints: list[int], floats: list[float]) -> TensorStats:
         kw: dict[str, Any] = {}
         for name, v in zip(INT_FIELDS, ints):
             kw[name] = None if v < 0 and name not in ("numel",) else int(v)
-        for name, v in zip(FLOAT_FIELDS, floats):
-            kw[name] = None if math.isnan(v) else float(v)
+        for name, f in zip(FLOAT_FIELDS, floats):
+            kw[name] = None if math.isnan(f) else float(f)
         # counts that are always computed
         for name in ("nan", "posinf", "neginf"):
             kw[name] = kw[name] or 0

@@ -144,7 +144,7 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
     with rerun.around(name), contextlib.ExitStack() as stack:
         rerun.context(idx).enter(stack)
 
-        def op_level() -> tuple[Any, nn.Module, tuple, dict]:
+        def op_level() -> tuple[Any, nn.Module, tuple[Any, ...], dict[str, Any]]:
             return locate_op(model, fwd, f, rerun.run, grad=None)
 
         as_ran = op_level()

@@ -27,12 +27,12 @@ class Region:
 
     name: str
     module: nn.Module
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     #: (model, batch): the fix may be checked on a copy of the whole model run on the failing input
     whole: tuple[nn.Module, dict[str, Any]] | None = field(default=None, repr=False)
     #: a context that puts the module's weights in place while it runs (``--device-map`` offload)
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 @dataclass
@@ -42,10 +42,10 @@ class BackwardRegion:
 
     name: str
     module: nn.Module
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     grads: list[Any]
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 @dataclass
@@ -54,7 +54,7 @@ class OptimizerRegion:
 
     param: str
     pieces: OptimizerPieces
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 AnyRegion = Region | BackwardRegion | OptimizerRegion

@@ -1,0 +1,144 @@
+"""Each option defined once: a field of a frozen option group that carries its flag.
+
+An option of ``scan``, ``bisect`` or ``check`` is one dataclass field made by ``option(...)``: its
+default, and in its metadata the command line's flag (name, metavar, help, panel, how the string is
+parsed) and the Python API's docstring line. The typer parameters are generated from the fields
+(``cli/options.command``), the API functions' keywords and docstrings are held against them
+(tests/unit/test_options.py), and the validation lives in the group's ``__post_init__``. Choices are
+``StrEnum``s whose values are the strings users type (``"modules"``, ``"ops"``), so a value compares
+equal to its string and nothing a user passes changes.
+
+Light on purpose: ``nanhunter --help`` reads these fields, so nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from .errors import BadInput
+
+
+class Panel(StrEnum):
+    """The help panels, in the order they appear in ``--help``."""
+
+    MODEL = "Model: how it is built"
+    INPUTS = "Inputs: one per file, prompt or line"
+    RUN = "Precision and device"
+    MODE = "What to run"
+    OUTPUT = "Output"
+
+
+class TraceLevel(StrEnum):
+    """``--trace-level``: one trace entry per module call, or per aten op."""
+
+    MODULES = "modules"
+    OPS = "ops"
+
+
+class CompileBackend(StrEnum):
+    """``--compile-backend``: the ``torch.compile`` backend a compiled run uses."""
+
+    INDUCTOR = "inductor"
+    AOT_EAGER = "aot_eager"
+    EAGER = "eager"
+
+
+class Granularity(StrEnum):
+    """``bisect --granularity``: the candidates, leaf modules or whole transformer blocks."""
+
+    LEAF = "leaf"
+    BLOCK = "block"
+
+
+class Over(StrEnum):
+    """``bisect --over``: a minimal set of modules to keep, or which inputs fail."""
+
+    MODULES = "modules"
+    INPUTS = "inputs"
+
+
+class KeepDtype(StrEnum):
+    """``bisect --keep-dtype``: the precision kept modules run in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+def choices(enum: type[StrEnum]) -> str:
+    """A choice's metavar, ``modules|ops``: the enum's values in order."""
+    return "|".join(m.value for m in enum)
+
+
+def choice(enum: type[StrEnum], value: Any, refusal: str) -> Any:
+    """``value`` as a member of ``enum`` (None stays None); anything else exits 2 with ``refusal``
+    (the one line the flag's refusal has always said, e.g. ``--over x: use modules or inputs``)."""
+    if value is None or isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except ValueError:
+        raise BadInput(refusal) from None
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one option appears on the command line and in the API's docstring."""
+
+    names: tuple[str, ...]  # ("--prompt",); a flag taking no value: ("--backward",) with metavar None
+    help: str  # the --help text (its default is appended as argparse did, unless the text states it)
+    panel: Panel
+    doc: str  # the API docstring's description of the keyword (what follows ``name:``)
+    metavar: str | None = None  # None: a flag, it takes no value
+    number: type | None = None  # int or float: the string converted with argparse's refusal
+    repeatable: bool = False  # given several times; the field holds a tuple
+    shown_default: Any = None  # the default the help states ("(default: fast)")
+    param: str | None = None  # the CLI parameter's name where it is not the field's (--prompt: prompt)
+    inverted: bool = False  # --no-replay: the field is the flag's negation (replay=False)
+
+    @property
+    def cli_name(self) -> str:
+        return self.param or self.names[0].lstrip("-").replace("-", "_")
+
+
+def option(default: Any, *names: str, help: str, panel: Panel, doc: str, metavar: str | None = None,
+           number: type | None = None, repeatable: bool = False, shown: Any = None, param: str | None = None,
+           inverted: bool = False) -> Any:
+    """A dataclass field that is an option: ``default`` and the flag ``names`` with their help (the
+    group's ``__post_init__`` validates the value)."""
+    flag = Flag(names, help, panel, doc, metavar, number, repeatable, shown, param, inverted)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("an option's default is immutable (a tuple, not a list)")
+    return field(default=default, metadata={"flag": flag})
+
+
+def flag_of(f: Field) -> Flag | None:
+    """The flag a field carries, or None for a field that is no option (``checkpoint``, derived ones)."""
+    return f.metadata.get("flag")
+
+
+def option_fields(cls: type) -> Iterator[tuple[Field, Flag]]:
+    """The options of an option group (or of a class made of groups), in help order: by panel,
+    then in field order."""
+    order = list(Panel)
+    flagged = [(f, fl) for f in fields(cls) if (fl := flag_of(f)) is not None]
+    return iter(sorted(flagged, key=lambda x: order.index(x[1].panel)))
+
+
+def default_of(f: Field) -> Any:
+    return f.default if f.default is not MISSING else None
+
+
+def values_from_cli(cls: type, args: Any) -> dict[str, Any]:
+    """The group's keyword arguments from the parsed command line (``cli.options.namespace``): a flag
+    not given keeps the field's default; a repeatable one becomes a tuple; ``--no-replay`` is
+    ``replay=False``."""
+    out: dict[str, Any] = {}
+    for f, fl in option_fields(cls):
+        v = getattr(args, fl.cli_name, None)
+        if v is None or (fl.metavar is None and v is False):
+            continue
+        out[f.name] = (not v) if fl.inverted else tuple(v) if fl.repeatable else v
+    return out

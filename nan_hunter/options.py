@@ -72,13 +72,15 @@ def choices(enum: type[StrEnum]) -> str:
     return "|".join(m.value for m in enum)
 
 
-def choice(enum: type[StrEnum], value: Any, refusal: str) -> Any:
-    """``value`` as a member of ``enum`` (None stays None); anything else exits 2 with ``refusal``
-    (the one line the flag's refusal has always said, e.g. ``--over x: use modules or inputs``)."""
-    if value is None or isinstance(value, enum):
-        return value
+def choice(enum: type[StrEnum], value: Any, refusal: str) -> str | None:
+    """``value`` checked against ``enum`` and given back as its plain string (None stays None), so
+    what is stored, written to YAML or JSON and compared is the string users typed; anything else
+    exits 2 with ``refusal`` (the one line the flag has always said: ``--over x: use modules or
+    inputs``)."""
+    if value is None:
+        return None
     try:
-        return enum(value)
+        return enum(value).value
     except ValueError:
         raise BadInput(refusal) from None
 

@@ -28,7 +28,7 @@ class BisectPrecision:
         help="the low precision that fails",
         doc='the low precision that fails (``--dtype``): ``"fp16"``, ``"bf16"``, ``"fp8-e4m3"`` or ``"fp8-e5m2"``.')
     keep_dtype: str = option(
-        KeepDtype.FP32, "--keep-dtype", metavar=choices(KeepDtype), panel=Panel.RUN, shown="fp32",
+        KeepDtype.FP32.value, "--keep-dtype", metavar=choices(KeepDtype), panel=Panel.RUN, shown="fp32",
         help="the precision kept modules run in",
         doc='the precision kept modules run in, ``"fp32"`` or ``"bf16"`` (``--keep-dtype``).')
 
@@ -53,7 +53,7 @@ class SearchOptions:
         doc='candidates are ``"leaf"`` modules or whole transformer ``"block"``s (``--granularity``; default: '
             "``bisect.granularity`` in the config).")
     over: str = option(
-        Over.MODULES, "--over", metavar=choices(Over), panel=Panel.MODE, shown="modules",
+        Over.MODULES.value, "--over", metavar=choices(Over), panel=Panel.MODE, shown="modules",
         help="modules: a minimal keep set; inputs: which inputs of the data set fail",
         doc='``"modules"`` (a minimal keep set) or ``"inputs"`` (which inputs of the data set fail) (``--over``).')
     rtol: float | None = option(

@@ -19,16 +19,14 @@ from ..config import Config, Thresholds, as_config
 from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
 from ..explain.weights_verdict import weights_section, weights_verdict
-from ..kernels.stats import parse_stats_level
 from ..load.checkpoint import Checkpoint, open_checkpoint
 from ..load.weights import scan_weights
 from ..load.weights_sections import bad_scales
 from ..model.inputs import one_or_many
-from ..model.options import DecodeOptions, LoadOptions
 from ..model.prepare import builds_a_model, prepare
-from ..options import Panel, option
 from ..report import Report, write_json
 from .checkpoint_rules import baseline_rules, weights_extra_rules
+from .options import CheckOptions
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -42,44 +40,6 @@ class RuleResult:
     dtype: str | None = None
     value: float | None = None  # what was measured (a fraction of the dtype max, a count)
     details: list[str] = field(default_factory=list)  # evidence and fix, for failure bodies
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckPrecision:
-    """``--dtypes``: the precisions each checkpoint's forward runs in (the policy's ``dtypes:`` when
-    not given; resolved against the configuration by ``parse_dtypes``)."""
-
-    dtypes: str | tuple[str, ...] | None = option(
-        None, "--dtypes", metavar="DTYPE,DTYPE", panel=Panel.RUN,
-        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)",
-        doc='precisions to check, ``"fp16,bf16"`` or a list (``--dtypes``; default: ``dtypes:`` in configs/ci.yaml).')
-
-
-@dataclass(frozen=True, kw_only=True)
-class BaselineOption:
-    """``--baseline OLD``: a previous checkpoint each tensor is compared with."""
-
-    baseline: str | None = option(
-        None, "--baseline", metavar="OLD", panel=Panel.RUN,
-        help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and rule "
-             "headroom_regression.<dtype> fails when one now overflows a dtype it fit or its headroom fell below "
-             "min_headroom_db (configs/ci.yaml, 20 dB)",
-        doc="a previous checkpoint (e.g. the last release); each tensor present in both is compared (rule "
-            "``headroom_regression.<dtype>``) (``--baseline``).")
-
-
-@dataclass(frozen=True)
-class CheckOptions(DecodeOptions, BaselineOption, LoadOptions, CheckPrecision):
-    """The options of one check, shared by every checkpoint it checks: the loading and decoding
-    groups of ``scan`` (``model/options.py``) and check's own, frozen, each validated once, here."""
-
-    stats: str = "fast"
-    split: Any = None  # modes.rank_split.RankSplit: the data set split across torchrun ranks (not an option)
-
-    def __post_init__(self) -> None:
-        self.check_loading()
-        parse_stats_level(self.stats)
-        self.check_decoding()
 
 
 # --- policy (configs/ci.yaml, validated by config.load_config) ----------------------------------

@@ -118,7 +118,7 @@ class ScanModeOptions:
         doc="also run under ``torch.compile`` and compare with eager (``--compile``); a backend name "
             '(``"aot_eager"``) is ``compile=True, compile_backend=...``.')
     compile_backend: str = option(
-        CompileBackend.INDUCTOR, "--compile-backend", metavar=choices(CompileBackend), panel=Panel.MODE,
+        CompileBackend.INDUCTOR.value, "--compile-backend", metavar=choices(CompileBackend), panel=Panel.MODE,
         shown="inductor", help="--compile: the torch.compile backend",
         doc='``"inductor"``, ``"aot_eager"`` or ``"eager"`` (``--compile-backend``).')
     rtol: float = option(
@@ -136,7 +136,7 @@ class TraceOutput:
         help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for `nanhunter diff`",
         doc="write a numerics trace of the run for ``nan_hunter.diff`` (``--trace PATH``).")
     trace_level: str = option(
-        TraceLevel.MODULES, "--trace-level", metavar=choices(TraceLevel), panel=Panel.OUTPUT, shown="modules",
+        TraceLevel.MODULES.value, "--trace-level", metavar=choices(TraceLevel), panel=Panel.OUTPUT, shown="modules",
         help="--trace: one entry per module call, or per aten op (with producer links)",
         doc='``"modules"`` or ``"ops"`` (``--trace-level``).')
     repeat: int | None = option(
@@ -215,3 +215,44 @@ class ScanOptions(TraceOutput, BackwardOptions, DecodeOptions, ScanModeOptions, 
             raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "
                            "process (without torchrun)")
         return TraceOptions(self.trace, self.trace_level, self.repeat, self.compile)
+
+
+# --- check ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckPrecision:
+    """``--dtypes``: the precisions each checkpoint's forward runs in (the policy's ``dtypes:`` when
+    not given; resolved against the configuration by ``parse_dtypes``)."""
+
+    dtypes: str | tuple[str, ...] | None = option(
+        None, "--dtypes", metavar="DTYPE,DTYPE", panel=Panel.RUN,
+        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)",
+        doc='precisions to check, ``"fp16,bf16"`` or a list (``--dtypes``; default: ``dtypes:`` in configs/ci.yaml).')
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineOption:
+    """``--baseline OLD``: a previous checkpoint each tensor is compared with."""
+
+    baseline: str | None = option(
+        None, "--baseline", metavar="OLD", panel=Panel.RUN,
+        help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and rule "
+             "headroom_regression.<dtype> fails when one now overflows a dtype it fit or its headroom fell below "
+             "min_headroom_db (configs/ci.yaml, 20 dB)",
+        doc="a previous checkpoint (e.g. the last release); each tensor present in both is compared (rule "
+            "``headroom_regression.<dtype>``) (``--baseline``).")
+
+
+@dataclass(frozen=True)
+class CheckOptions(DecodeOptions, BaselineOption, LoadOptions, CheckPrecision):
+    """The options of one check, shared by every checkpoint it checks: the loading and decoding
+    groups of ``scan`` (``model/options.py``) and check's own, frozen, each validated once, here."""
+
+    stats: str = "fast"
+    split: Any = None  # modes.rank_split.RankSplit: the data set split across torchrun ranks (not an option)
+
+    def __post_init__(self) -> None:
+        self.check_loading()
+        parse_stats_level(self.stats)
+        self.check_decoding()

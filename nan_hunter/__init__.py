@@ -4,7 +4,9 @@ Public API (torch is imported only when these are called): ``watch(model)``, ``s
 ``bisect(checkpoint)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``. Keywords take
 the names of the command line's flags (``--keep-dtype`` → ``keep_dtype=``; a repeatable flag's
 keyword is plural: ``--prompt`` → ``prompts=``); a mistyped one is a ``TypeError`` naming the one
-meant, as the CLI does for a flag.
+meant, as the CLI does for a flag. ``scan``'s and ``bisect``'s keywords are the fields of
+``ScanOptions`` and ``BisectOptions`` (one field per option, ``nan_hunter/options.py``), with the
+same defaults: tests/unit/test_options.py holds signature, defaults and docstrings against them.
 """
 
 from __future__ import annotations
@@ -189,10 +191,10 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
     from .pipeline.scan_checkpoint import scan as _scan  # lazy: `import nan_hunter` stays light
     from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
-    backend = compile if isinstance(compile, str) else compile_backend if compile else None
     return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
                  prompts=prompts, data=data, dtype=dtype, device=device, device_map=device_map,
-                 max_memory=max_memory, stats=stats, replay=replay, compile=backend, rtol=rtol, generate=generate,
+                 max_memory=max_memory, stats=stats, replay=replay, compile=compile, compile_backend=compile_backend,
+                 rtol=rtol, generate=generate,
                  batch=batch, backward=backward, loss=loss, trace=trace, trace_level=trace_level, repeat=repeat))
 
 

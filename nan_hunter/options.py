@@ -2,9 +2,9 @@
 
 An option of ``scan``, ``bisect`` or ``check`` is one dataclass field made by ``option(...)``: its
 default, and in its metadata the command line's flag (name, metavar, help, panel, how the string is
-parsed) and the Python API's docstring line. The typer parameters are generated from the fields
-(``cli/options.command``), the API functions' keywords and docstrings are held against them
-(tests/unit/test_options.py), and the validation lives in the group's ``__post_init__``. Choices are
+parsed). The typer parameters are generated from the fields (``cli/options.command``), the API
+functions' keywords, defaults and docstring lines are held against them both ways
+(tests/unit/test_options.py), and the validation lives in the group's ``check_*`` methods. Choices are
 ``StrEnum``s whose values are the strings users type (``"modules"``, ``"ops"``), so a value compares
 equal to its string and nothing a user passes changes.
 
@@ -87,12 +87,11 @@ def choice(enum: type[StrEnum], value: Any, refusal: str) -> str | None:
 
 @dataclass(frozen=True)
 class Flag:
-    """How one option appears on the command line and in the API's docstring."""
+    """How one option appears on the command line."""
 
     names: tuple[str, ...]  # ("--prompt",); a flag taking no value: ("--backward",) with metavar None
     help: str  # the --help text (its default is appended as argparse did, unless the text states it)
     panel: Panel
-    doc: str  # the API docstring's description of the keyword (what follows ``name:``)
     metavar: str | None = None  # None: a flag, it takes no value
     number: type | None = None  # int or float: the string converted with argparse's refusal
     repeatable: bool = False  # given several times; the field holds a tuple
@@ -105,12 +104,12 @@ class Flag:
         return self.param or self.names[0].lstrip("-").replace("-", "_")
 
 
-def option(default: Any, *names: str, help: str, panel: Panel, doc: str, metavar: str | None = None,
+def option(default: Any, *names: str, help: str, panel: Panel, metavar: str | None = None,
            number: type | None = None, repeatable: bool = False, shown: Any = None, param: str | None = None,
            inverted: bool = False) -> Any:
     """A dataclass field that is an option: ``default`` and the flag ``names`` with their help (the
     group's ``__post_init__`` validates the value)."""
-    flag = Flag(names, help, panel, doc, metavar, number, repeatable, shown, param, inverted)
+    flag = Flag(names, help, panel, metavar, number, repeatable, shown, param, inverted)
     if isinstance(default, (list, dict, set)):
         raise TypeError("an option's default is immutable (a tuple, not a list)")
     return field(default=default, metadata={"flag": flag})

@@ -25,12 +25,10 @@ class BisectPrecision:
 
     dtype: str = option(
         "fp16", "--dtype", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2", panel=Panel.RUN, shown="fp16",
-        help="the low precision that fails",
-        doc='the low precision that fails (``--dtype``): ``"fp16"``, ``"bf16"``, ``"fp8-e4m3"`` or ``"fp8-e5m2"``.')
+        help="the low precision that fails")
     keep_dtype: str = option(
         KeepDtype.FP32.value, "--keep-dtype", metavar=choices(KeepDtype), panel=Panel.RUN, shown="fp32",
-        help="the precision kept modules run in",
-        doc='the precision kept modules run in, ``"fp32"`` or ``"bf16"`` (``--keep-dtype``).')
+        help="the precision kept modules run in")
 
     def check_precision(self) -> None:
         dt = parse_dtype(self.dtype) or "fp16"
@@ -49,23 +47,17 @@ class SearchOptions:
 
     granularity: str | None = option(
         None, "--granularity", metavar=choices(Granularity), panel=Panel.MODE,
-        help="candidates: leaf modules, or whole transformer blocks (default: leaf)",
-        doc='candidates are ``"leaf"`` modules or whole transformer ``"block"``s (``--granularity``; default: '
-            "``bisect.granularity`` in the config).")
+        help="candidates: leaf modules, or whole transformer blocks (default: leaf)")
     over: str = option(
         Over.MODULES.value, "--over", metavar=choices(Over), panel=Panel.MODE, shown="modules",
-        help="modules: a minimal keep set; inputs: which inputs of the data set fail",
-        doc='``"modules"`` (a minimal keep set) or ``"inputs"`` (which inputs of the data set fail) (``--over``).')
+        help="modules: a minimal keep set; inputs: which inputs of the data set fail")
     rtol: float | None = option(
         None, "--rtol", metavar="FLOAT", panel=Panel.MODE, number=float,
         help="a run passes when its outputs are within this of the run all in --keep-dtype "
-             "(default: bisect.rtol in the config)",
-        doc="a run passes when its outputs are within this relative error of the run all in ``keep_dtype`` "
-            "(``--rtol``; default: ``bisect.rtol`` in the config).")
+             "(default: bisect.rtol in the config)")
     generate: int | None = option(
         None, "--generate", metavar="N", panel=Panel.MODE, number=int,
-        help="judge each run by greedy decoding of N tokens per input instead of one forward",
-        doc="judge each run by greedy decoding of N tokens per input instead of one forward (``--generate N``).")
+        help="judge each run by greedy decoding of N tokens per input instead of one forward")
 
     def check_search(self) -> None:
         set_ = object.__setattr__
@@ -85,8 +77,7 @@ class BisectOptions(BackwardOptions, SearchOptions, LoadOptions, BisectPrecision
     checkpoint: str  # a .safetensors file, a sharded index or a model directory
     policy_out: str | None = option(
         None, "--policy-out", metavar="PATH.yaml", panel=Panel.OUTPUT,
-        help="write the policy YAML here ('-' for stdout); apply it with nan_hunter.apply_policy",
-        doc="write the policy YAML here, for ``apply_policy`` (``--policy-out``).")
+        help="write the policy YAML here ('-' for stdout); apply it with nan_hunter.apply_policy")
 
     def __post_init__(self) -> None:
         self.check_loading()

@@ -23,30 +23,22 @@ class LoadOptions:
     arch: str | None = option(
         None, "--arch", metavar="FILE.py:FACTORY", panel=Panel.MODEL,
         help="the model: path/to/file.py:factory or package.module:factory; factory() returns the nn.Module "
-             "the weights load into (default: config.json of a model directory)",
-        doc='``"file.py:factory"`` or ``"package.module:factory"`` building the model the weights load into '
-            "(``--arch``; default: the directory's ``config.json``).")
+             "the weights load into (default: config.json of a model directory)")
     attn: str | None = option(
         None, "--attn", metavar="eager|sdpa", panel=Panel.MODEL,
-        help="transformers attn_implementation (default: the model's own)",
-        doc='transformers ``attn_implementation``, ``"eager"`` or ``"sdpa"`` (``--attn``).')
+        help="transformers attn_implementation (default: the model's own)")
     inputs: tuple[str, ...] = option(
         (), "--inputs", metavar="FILE", panel=Panel.INPUTS, repeatable=True,
-        help="a .safetensors of forward() kwargs (repeatable)",
-        doc="``.safetensors`` files of ``forward()`` keyword arguments, one input each; a single path is one "
-            "file (``--inputs``, repeatable).")
+        help="a .safetensors of forward() kwargs (repeatable)")
     prompts: tuple[str, ...] = option(
         (), "--prompt", metavar="TEXT", panel=Panel.INPUTS, repeatable=True, param="prompt",
-        help="text to tokenize (repeatable)",
-        doc="texts for the checkpoint's tokenizer; a single string is one prompt (``--prompt``, repeatable).")
+        help="text to tokenize (repeatable)")
     data: str | None = option(
         None, "--data", metavar="FILE.jsonl", panel=Panel.INPUTS,
-        help='a .jsonl file with {"text": ...} per line',
-        doc='a ``.jsonl`` file of ``{"text": ...}`` lines, one input each (``--data``).')
+        help='a .jsonl file with {"text": ...} per line')
     device: str = option(
         "auto", "--device", metavar="auto|cpu|cuda", panel=Panel.RUN, shown="auto",
-        help="where the model runs (auto: cuda when available)",
-        doc='``"auto"`` (cuda when available), ``"cpu"`` or ``"cuda"`` (``--device``).')
+        help="where the model runs (auto: cuda when available)")
 
     def check_loading(self) -> None:
         """Repeatable options as tuples (a string is one item), ``data`` one path."""
@@ -60,22 +52,16 @@ class LoadOptions:
         return bool(self.inputs or self.prompts or self.data)
 
 
-GENERATE_DOC = "greedy decoding of up to N new tokens per input, every step captured (``--generate N``)."
-
-
 @dataclass(frozen=True, kw_only=True)
 class BackwardOptions:
     """``--backward`` and the ``--loss`` it differentiates (``scan`` and ``bisect``)."""
 
     backward: bool = option(
         False, "--backward", panel=Panel.MODE,
-        help="forward then backward of a loss for each input; the backward is captured too",
-        doc="forward then backward of a loss per input, the backward captured too (``--backward``).")
+        help="forward then backward of a loss for each input; the backward is captured too")
     loss: str | None = option(
         None, "--loss", metavar="FILE.py:FN", panel=Panel.MODE,
-        help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, labels = input_ids)",
-        doc='with ``backward``, ``"file.py:fn"`` computing ``fn(outputs, batch) -> scalar`` (``--loss``; default: '
-            "a causal LM's own loss).")
+        help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, labels = input_ids)")
 
     def check_loss(self) -> None:
         if self.loss is not None and not self.backward:
@@ -95,11 +81,9 @@ class DecodeOptions:
     generate: int | None = option(
         None, "--generate", metavar="N", panel=Panel.MODE, number=int,
         help="greedy decoding of up to N new tokens per input through the model's generate(), every step "
-             "captured; stops at the first non-finite value",
-        doc=GENERATE_DOC)
+             "captured; stops at the first non-finite value")
     batch: bool = option(
-        False, "--batch", panel=Panel.MODE, help="--generate: decode all inputs together as one left-padded batch",
-        doc="with ``generate``, decode the inputs together, left-padded (``--batch``).")
+        False, "--batch", panel=Panel.MODE, help="--generate: decode all inputs together as one left-padded batch")
 
     def check_decoding(self) -> None:
         check_generate(self.generate)

@@ -75,9 +75,7 @@ class ScanPrecision:
 
     dtype: str | None = option(
         None, "--dtype", metavar="|".join(RUN_DTYPES), panel=Panel.RUN,
-        help="precision of the run (default: the checkpoint's own dtype)",
-        doc='the run\'s precision, ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8-e4m3"`` or ``"fp8-e5m2"`` '
-            "(``--dtype``; default: the checkpoint's own).")
+        help="precision of the run (default: the checkpoint's own dtype)")
 
     @property
     def run_dtype(self) -> RunDtype | None:
@@ -92,12 +90,10 @@ class PlacementOptions:
     device_map: str | None = option(
         None, "--device-map", metavar="auto", panel=Panel.RUN,
         help="place a model bigger than one device with accelerate (GPUs, then CPU memory, then disk offload); "
-             "overrides --device",
-        doc='``"auto"``: place a model bigger than one device with accelerate (``--device-map``).')
+             "overrides --device")
     max_memory: tuple[str, ...] = option(
         (), "--max-memory", metavar="DEV=SIZE", panel=Panel.RUN, repeatable=True,
-        help="--device-map: memory cap per device, e.g. cpu=200MB or cuda:0=10GiB (repeatable)",
-        doc='with ``device_map``, caps per device such as ``"cpu=200MB"`` (``--max-memory``).')
+        help="--device-map: memory cap per device, e.g. cpu=200MB or cuda:0=10GiB (repeatable)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,25 +102,19 @@ class ScanModeOptions:
 
     stats: str = option(
         "fast", "--stats", metavar="fast|full", panel=Panel.MODE, shown="fast",
-        help="fast: sampled underflow statistics; full: exact, slower",
-        doc='``"fast"`` (sampled underflow statistics) or ``"full"`` (exact) (``--stats``).')
+        help="fast: sampled underflow statistics; full: exact, slower")
     replay: bool = option(
         True, "--no-replay", panel=Panel.MODE, inverted=True,
-        help="skip the replay of the failing region per dtype",
-        doc="re-run the failing region in every dtype (``replay=False`` is ``--no-replay``).")
+        help="skip the replay of the failing region per dtype")
     compile: bool | str | None = option(
         False, "--compile", panel=Panel.MODE,
-        help="also run under torch.compile and compare with eager",
-        doc="also run under ``torch.compile`` and compare with eager (``--compile``); a backend name "
-            '(``"aot_eager"``) is ``compile=True, compile_backend=...``.')
+        help="also run under torch.compile and compare with eager")
     compile_backend: str = option(
         CompileBackend.INDUCTOR.value, "--compile-backend", metavar=choices(CompileBackend), panel=Panel.MODE,
-        shown="inductor", help="--compile: the torch.compile backend",
-        doc='``"inductor"``, ``"aot_eager"`` or ``"eager"`` (``--compile-backend``).')
+        shown="inductor", help="--compile: the torch.compile backend")
     rtol: float = option(
         1e-2, "--rtol", metavar="FLOAT", panel=Panel.MODE, number=float, shown=0.01,
-        help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| exceeds this",
-        doc="with ``compile``, the compiled run parts from eager above this relative error (``--rtol``).")
+        help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| exceeds this")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,16 +123,13 @@ class TraceOutput:
 
     trace: str | None = option(
         None, "--trace", metavar="PATH", panel=Panel.OUTPUT,
-        help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for `nanhunter diff`",
-        doc="write a numerics trace of the run for ``nan_hunter.diff`` (``--trace PATH``).")
+        help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for `nanhunter diff`")
     trace_level: str = option(
         TraceLevel.MODULES.value, "--trace-level", metavar=choices(TraceLevel), panel=Panel.OUTPUT, shown="modules",
-        help="--trace: one entry per module call, or per aten op (with producer links)",
-        doc='``"modules"`` or ``"ops"`` (``--trace-level``).')
+        help="--trace: one entry per module call, or per aten op (with producer links)")
     repeat: int | None = option(
         None, "--repeat", metavar="N", panel=Panel.OUTPUT, number=int,
-        help="--trace: run each input N times (N >= 2) and store each entry's run-to-run spread",
-        doc="with ``trace``, run each input N times and store the run-to-run spread (``--repeat N``).")
+        help="--trace: run each input N times (N >= 2) and store each entry's run-to-run spread")
 
 
 @dataclass(frozen=True)
@@ -227,8 +214,7 @@ class CheckPrecision:
 
     dtypes: str | tuple[str, ...] | None = option(
         None, "--dtypes", metavar="DTYPE,DTYPE", panel=Panel.RUN,
-        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)",
-        doc='precisions to check, ``"fp16,bf16"`` or a list (``--dtypes``; default: ``dtypes:`` in configs/ci.yaml).')
+        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,9 +225,7 @@ class BaselineOption:
         None, "--baseline", metavar="OLD", panel=Panel.RUN,
         help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and rule "
              "headroom_regression.<dtype> fails when one now overflows a dtype it fit or its headroom fell below "
-             "min_headroom_db (configs/ci.yaml, 20 dB)",
-        doc="a previous checkpoint (e.g. the last release); each tensor present in both is compared (rule "
-            "``headroom_regression.<dtype>``) (``--baseline``).")
+             "min_headroom_db (configs/ci.yaml, 20 dB)")
 
 
 @dataclass(frozen=True)

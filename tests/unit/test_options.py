@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (command, its options class, its API function or None, the API keywords that are no option)
 COMMANDS = [("scan", ScanOptions, nan_hunter.scan, {"checkpoint", "config", "progress"}),
             ("bisect", BisectOptions, nan_hunter.bisect, {"checkpoint", "config", "progress"}),
-            ("check", CheckOptions, None, set())]
+            ("check", CheckOptions, nan_hunter.check, {"checkpoints", "config", "progress"})]
 #: flags only the command line has (outputs, the configuration file): no option field
 CLI_ONLY = {"--json", "--report", "--strip", "--no-strip", "--quiet", "-q", "--config", "--junit", "--help", "-h"}
 
@@ -113,5 +113,5 @@ def test_values_from_cli_keeps_defaults_and_turns_flags_into_fields():
 
 def test_an_option_default_is_immutable():
     with pytest.raises(TypeError, match="immutable"):
-        option([], "--x", help="h", panel=Panel.MODE, doc="d")
+        option([], "--x", help="h", panel=Panel.MODE)
     assert all(not isinstance(f.default, list) for f in fields(ScanOptions))

@@ -77,10 +77,13 @@ class ScanPrecision:
         None, "--dtype", metavar="|".join(RUN_DTYPES), panel=Panel.RUN,
         help="precision of the run (default: the checkpoint's own dtype)")
 
-    @property
-    def run_dtype(self) -> RunDtype | None:
-        """The run's precision with the default fp8 recipe (the configured one: ``model.prepare``)."""
-        return RunDtype.of(self.dtype) if self.dtype is not None else None
+    #: the run's precision, parsed once from ``dtype`` (default fp8 recipe; the configured one is
+    #: applied where the model is prepared, ``model.prepare``); None: the checkpoint's own
+    run_dtype: RunDtype | None = field(default=None, init=False, compare=False)
+
+    def check_precision(self) -> None:
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "run_dtype", RunDtype.of(self.dtype) if self.dtype is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +162,7 @@ class ScanOptions(TraceOutput, BackwardOptions, DecodeOptions, ScanModeOptions, 
                 raise BadInput(f"{NOT_WITH_CAPSULE[bad[0]]} does not apply to a capsule: {self.checkpoint} holds the "
                                "failing step's own inputs, dtype and phase; drop the flag (or scan the model's "
                                "checkpoint instead)")
-        set_(self, "dtype", parse_dtype(self.dtype))
+        self.check_precision()
         parse_stats_level(self.stats)
         self.check_loss()
         self.check_decoding()

@@ -14,7 +14,7 @@ Light on purpose: ``nanhunter --help`` reads these fields, so nothing here impor
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +29,13 @@ class Panel(StrEnum):
     RUN = "Precision and device"
     MODE = "What to run"
     OUTPUT = "Output"
+
+
+class StatsLevel(StrEnum):
+    """``--stats``: sampled underflow statistics, or exact ones."""
+
+    FAST = "fast"
+    FULL = "full"
 
 
 class TraceLevel(StrEnum):
@@ -126,10 +133,6 @@ def option_fields(cls: type) -> Iterator[tuple[Field, Flag]]:
     order = list(Panel)
     flagged = [(f, fl) for f in fields(cls) if (fl := flag_of(f)) is not None]
     return iter(sorted(flagged, key=lambda x: order.index(x[1].panel)))
-
-
-def default_of(f: Field) -> Any:
-    return f.default if f.default is not MISSING else None
 
 
 def values_from_cli(cls: type, args: Any) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from ..errors import BadInput
 from ..model.options import BackwardOptions, LoadOptions, check_generate
 from ..options import Granularity, KeepDtype, Over, Panel, choice, choices, option
 
-GRANULARITIES = tuple(m.value for m in Granularity)
 OVER = tuple(m.value for m in Over)
 KEEP_DTYPES = tuple(m.value for m in KeepDtype)
 

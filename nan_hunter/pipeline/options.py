@@ -34,7 +34,7 @@ from ..load.capsule import is_capsule
 from ..model.inputs import one_or_many
 from ..model.options import BackwardOptions, DecodeOptions, LoadOptions
 from ..model.placement import parse as parse_placement
-from ..options import CompileBackend, Panel, TraceLevel, choice, choices, option
+from ..options import CompileBackend, Panel, StatsLevel, TraceLevel, choice, choices, option
 
 #: options users reach for by another tool's name (or the flag's own), and ours: ``--html`` →
 #: ``--report``. The CLI suggests the flag, ``nan_hunter.scan``/``bisect`` the keyword
@@ -104,7 +104,7 @@ class ScanModeOptions:
     """What ``scan`` runs besides the forward: statistics, the replay, ``torch.compile``."""
 
     stats: str = option(
-        "fast", "--stats", metavar="fast|full", panel=Panel.MODE, shown="fast",
+        StatsLevel.FAST.value, "--stats", metavar=choices(StatsLevel), panel=Panel.MODE, shown="fast",
         help="fast: sampled underflow statistics; full: exact, slower")
     replay: bool = option(
         True, "--no-replay", panel=Panel.MODE, inverted=True,

@@ -102,7 +102,6 @@ class Flag:
     metavar: str | None = None  # None: a flag, it takes no value
     number: type | None = None  # int or float: the string converted with argparse's refusal
     repeatable: bool = False  # given several times; the field holds a tuple
-    shown_default: Any = None  # the default the help states ("(default: fast)")
     param: str | None = None  # the CLI parameter's name where it is not the field's (--prompt: prompt)
     inverted: bool = False  # --no-replay: the field is the flag's negation (replay=False)
 
@@ -112,11 +111,12 @@ class Flag:
 
 
 def option(default: Any, *names: str, help: str, panel: Panel, metavar: str | None = None,
-           number: type | None = None, repeatable: bool = False, shown: Any = None, param: str | None = None,
+           number: type | None = None, repeatable: bool = False, param: str | None = None,
            inverted: bool = False) -> Any:
-    """A dataclass field that is an option: ``default`` and the flag ``names`` with their help (the
-    group's ``__post_init__`` validates the value)."""
-    flag = Flag(names, help, panel, metavar, number, repeatable, shown, param, inverted)
+    """A dataclass field that is an option: ``default`` (stated in ``--help`` as ``(default: X)``
+    unless the help says it) and the flag ``names`` with their help; the group's ``check_*``
+    methods validate the value."""
+    flag = Flag(names, help, panel, metavar, number, repeatable, param, inverted)
     if isinstance(default, (list, dict, set)):
         raise TypeError("an option's default is immutable (a tuple, not a list)")
     return field(default=default, metadata={"flag": flag})

@@ -23,10 +23,10 @@ class BisectPrecision:
     """The precision that fails, and the one kept modules run in."""
 
     dtype: str = option(
-        "fp16", "--dtype", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2", panel=Panel.RUN, shown="fp16",
+        "fp16", "--dtype", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2", panel=Panel.RUN,
         help="the low precision that fails")
     keep_dtype: str = option(
-        KeepDtype.FP32.value, "--keep-dtype", metavar=choices(KeepDtype), panel=Panel.RUN, shown="fp32",
+        KeepDtype.FP32.value, "--keep-dtype", metavar=choices(KeepDtype), panel=Panel.RUN,
         help="the precision kept modules run in")
 
     def check_precision(self) -> None:
@@ -48,7 +48,7 @@ class SearchOptions:
         None, "--granularity", metavar=choices(Granularity), panel=Panel.MODE,
         help="candidates: leaf modules, or whole transformer blocks (default: leaf)")
     over: str = option(
-        Over.MODULES.value, "--over", metavar=choices(Over), panel=Panel.MODE, shown="modules",
+        Over.MODULES.value, "--over", metavar=choices(Over), panel=Panel.MODE,
         help="modules: a minimal keep set; inputs: which inputs of the data set fail")
     rtol: float | None = option(
         None, "--rtol", metavar="FLOAT", panel=Panel.MODE, number=float,

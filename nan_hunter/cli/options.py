@@ -78,6 +78,7 @@ Quiet = Annotated[bool, flag("--quiet", "-q", panel=OUTPUT, help="no terminal re
 Config = Annotated[str | None, opt(
     "--config", metavar="FILE", panel=OUTPUT, help="YAML merged over configs/default.yaml")]
 
+
 def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
     """The typer parameter of one option field: a flag (no metavar) is a bool; a repeatable option a
     list of strings; a number a string converted by ``number``. Its CLI default is the field's (what
@@ -86,7 +87,7 @@ def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
     if fl.metavar is None:
         info, kind = flag(*fl.names, help=fl.help, panel=fl.panel.value), bool
     else:
-        info = opt(*fl.names, metavar=fl.metavar, panel=fl.panel.value, default=fl.shown_default, help=fl.help,
+        info = opt(*fl.names, metavar=fl.metavar, panel=fl.panel.value, default=cli_default, help=fl.help,
                    callback=number(fl.number, fl.names[0]) if fl.number is not None else None)
         kind = list[str] | None if fl.repeatable else str | None
     if fl.inverted:

@@ -37,7 +37,7 @@ class LoadOptions:
         None, "--data", metavar="FILE.jsonl", panel=Panel.INPUTS,
         help='a .jsonl file with {"text": ...} per line')
     device: str = option(
-        "auto", "--device", metavar="auto|cpu|cuda", panel=Panel.RUN, shown="auto",
+        "auto", "--device", metavar="auto|cpu|cuda", panel=Panel.RUN,
         help="where the model runs (auto: cuda when available)")
 
     def check_loading(self) -> None:

@@ -104,7 +104,7 @@ class ScanModeOptions:
     """What ``scan`` runs besides the forward: statistics, the replay, ``torch.compile``."""
 
     stats: str = option(
-        StatsLevel.FAST.value, "--stats", metavar=choices(StatsLevel), panel=Panel.MODE, shown="fast",
+        StatsLevel.FAST.value, "--stats", metavar=choices(StatsLevel), panel=Panel.MODE,
         help="fast: sampled underflow statistics; full: exact, slower")
     replay: bool = option(
         True, "--no-replay", panel=Panel.MODE, inverted=True,
@@ -113,10 +113,9 @@ class ScanModeOptions:
         False, "--compile", panel=Panel.MODE,
         help="also run under torch.compile and compare with eager")
     compile_backend: str = option(
-        CompileBackend.INDUCTOR.value, "--compile-backend", metavar=choices(CompileBackend), panel=Panel.MODE,
-        shown="inductor", help="--compile: the torch.compile backend")
+        CompileBackend.INDUCTOR.value, "--compile-backend", metavar=choices(CompileBackend), panel=Panel.MODE, help="--compile: the torch.compile backend")
     rtol: float = option(
-        1e-2, "--rtol", metavar="FLOAT", panel=Panel.MODE, number=float, shown=0.01,
+        1e-2, "--rtol", metavar="FLOAT", panel=Panel.MODE, number=float,
         help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| exceeds this")
 
 
@@ -128,7 +127,7 @@ class TraceOutput:
         None, "--trace", metavar="PATH", panel=Panel.OUTPUT,
         help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for `nanhunter diff`")
     trace_level: str = option(
-        TraceLevel.MODULES.value, "--trace-level", metavar=choices(TraceLevel), panel=Panel.OUTPUT, shown="modules",
+        TraceLevel.MODULES.value, "--trace-level", metavar=choices(TraceLevel), panel=Panel.OUTPUT,
         help="--trace: one entry per module call, or per aten op (with producer links)")
     repeat: int | None = option(
         None, "--repeat", metavar="N", panel=Panel.OUTPUT, number=int,

@@ -79,7 +79,7 @@ def test_command_is_generated_from_the_option_fields():
     @dataclass(frozen=True)
     class Opts:
         steps: int | None = option(None, "--max-steps", metavar="N", panel=Panel.MODE, number=int, help="stop after N")
-        name: str = option("x", "--name", metavar="NAME", panel=Panel.MODEL, shown="x", help="a name")
+        name: str = option("x", "--name", metavar="NAME", panel=Panel.MODEL, help="a name")
         fast: bool = option(True, "--no-fast", panel=Panel.MODE, inverted=True, help="slowly")
         prompts: tuple[str, ...] = option((), "--prompt", metavar="TEXT", panel=Panel.INPUTS, repeatable=True,
                                           param="prompt", help="text (repeatable)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES, canonical
-from ..errors import BadInput
+from ..options import StatsLevel, choice
 
 INT_FIELDS: tuple[str, ...] = (
     "numel",
@@ -120,11 +120,9 @@ class TensorStats:
 
 
 #: ``--stats``: fast (underflow statistics from a sample of each large tensor) or full (exact)
-STATS_LEVELS = ("fast", "full")
+STATS_LEVELS = tuple(m.value for m in StatsLevel)  # "fast", "full"
 
 
 def parse_stats_level(value: str) -> str:
     """``--stats`` / ``stats=`` checked, for scan and check alike: exit 2 (BadInput) naming the choices."""
-    if value not in STATS_LEVELS:
-        raise BadInput(f"--stats {value!r}: use fast or full")
-    return value
+    return choice(StatsLevel, value, f"--stats {value!r}: use fast or full")

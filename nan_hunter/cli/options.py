@@ -85,6 +85,7 @@ def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
     ``run`` reads, e.g. ``args.device``); a repeatable option not given is None."""
     cli_default = None if fl.repeatable else default
     if fl.metavar is None:
+        kind: Any
         info, kind = flag(*fl.names, help=fl.help, panel=fl.panel.value), bool
     else:
         info = opt(*fl.names, metavar=fl.metavar, panel=fl.panel.value, default=cli_default, help=fl.help,

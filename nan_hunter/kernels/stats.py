@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES, canonical
+from ..errors import BadInput
 from ..options import StatsLevel, choice
 
 INT_FIELDS: tuple[str, ...] = (
@@ -125,4 +126,7 @@ STATS_LEVELS = tuple(m.value for m in StatsLevel)  # "fast", "full"
 
 def parse_stats_level(value: str) -> str:
     """``--stats`` / ``stats=`` checked, for scan and check alike: exit 2 (BadInput) naming the choices."""
-    return choice(StatsLevel, value, f"--stats {value!r}: use fast or full")
+    level = choice(StatsLevel, value, f"--stats {value!r}: use fast or full")
+    if level is None:
+        raise BadInput(f"--stats {value!r}: use fast or full")
+    return level

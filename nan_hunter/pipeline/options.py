@@ -203,7 +203,8 @@ class ScanOptions(TraceOutput, BackwardOptions, DecodeOptions, ScanModeOptions, 
         if launched():
             raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "
                            "process (without torchrun)")
-        return TraceOptions(self.trace, self.trace_level, self.repeat, self.compile)
+        backend = self.compile if isinstance(self.compile, str) else None  # a backend name after __post_init__
+        return TraceOptions(self.trace, self.trace_level, self.repeat, backend)
 
 
 # --- check ------------------------------------------------------------------------------------------

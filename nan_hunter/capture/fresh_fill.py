@@ -30,7 +30,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..tree import detached_copy, float_tensors
-from .ops import ALLOCATIONS, VIEW_OPS, OpEvent, _counts, _float_tensors, _kind, _storage, operand_stats, user_source
+from .ops import (
+    ALLOCATIONS,
+    VIEW_OPS,
+    OpEvent,
+    _counts,
+    _float_tensors,
+    _kind,
+    _storage,
+    operand_stats,
+    user_source,
+)
 
 #: ops that move a value without computing with it: their result is as fresh as their operand
 MOVES = VIEW_OPS | {"_to_copy", "to", "copy", "cat", "stack", "slice", "select", "narrow", "as_strided",

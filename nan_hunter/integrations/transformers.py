@@ -6,7 +6,15 @@ step began.
 The Trainer's own trap: with ``logging_nan_inf_filter=True`` (its default) a step whose loss is
 NaN or Inf is left out of the logged ``loss``, which then averages the finite steps — the curve
 looks healthy. The callback reads the loss of each training forward (``output.loss``, as a device
-flag) and, when the Trainer logs, names the steps the filter hid."""
+flag) and, when the Trainer logs, names the steps the filter hid.
+
+Evaluation is watched too (``integrations.eval_loops``, ``run.eval``): ``evaluate()`` and
+``predict()``, during training or on their own. The Trainer has no event before an evaluation
+loop, so the callback keeps a paused sentinel watch and a gate (a forward pre-hook that runs
+first) on the model from ``on_init_end`` (or ``on_train_begin``): the first forward in eval mode
+opens the loop, ``on_evaluate``/``on_predict`` closes it. Since transformers 5,
+``logging_nan_inf_filter`` also leaves non-finite eval losses out of ``eval_loss`` (the mean of
+the finite ones); the callback counts them and says so. ``close()`` removes the hooks."""
 
 from __future__ import annotations
 
@@ -29,10 +37,56 @@ class NanHunterCallback(TrainerCallback):
         """The report of the first fault (same shape as ``watch().report()``); None on a clean run."""
         return self.core.report
 
+    @property
+    def eval_report(self) -> Any:
+        """The report of the first failing eval step (located like a training fault, ``run.eval``
+        filled); None when every eval step was finite."""
+        return self.core.eval.report
+
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._watch_evaluation(model)
+
+    def _watch_evaluation(self, model: Any) -> None:
+        if model is None or getattr(self, "_eval_hooks", None):
+            return
+        self._training, self._done = getattr(self, "_training", False), getattr(self, "_done", 0)
+        self.core.eval.attach(model)
+        self._eval_hooks = [model.register_forward_pre_hook(self._eval_gate, prepend=True),
+                            model.register_forward_hook(self._eval_loss)]
+
+    def _eval_gate(self, module: Any, args: Any) -> None:
+        if not module.training and not self.core.eval.active:  # evaluation_loop called model.eval()
+            self.core.eval_begin(module, self._done if self._training else None)
+
+    def _eval_loss(self, module: Any, args: Any, output: Any) -> None:
+        if self.core.eval.active:
+            self.core.eval.loss(loss_of(output))
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.core.eval_end(self._eval_hiders(args))
+
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.core.eval_end(self._eval_hiders(args))
+
+    def _eval_hiders(self, args: Any) -> list[str]:
+        if not getattr(args, "logging_nan_inf_filter", False):
+            return []
+        return ["transformers' logging_nan_inf_filter (True by default) leaves non-finite eval losses out of "
+                "'eval_loss', which then averages the finite ones (transformers 5; TrainingArguments("
+                "logging_nan_inf_filter=False) keeps them)"]
+
+    def close(self) -> None:
+        """Remove the evaluation hooks (the training watch is removed when training ends)."""
+        for h in getattr(self, "_eval_hooks", None) or []:
+            h.remove()
+        self._eval_hooks = []
+        self.core.eval.detach()
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
+        self._watch_evaluation(model)  # a model from model_init: not there at on_init_end
         self.core.start(model, optimizer, getattr(optimizer, "scaler", None))  # accelerate's GradScaler
-        self._step = state.global_step
+        self._step, self._done, self._training = state.global_step, state.global_step, True
         self._loss_hook = model.register_forward_hook(self._loss_seen) if model is not None else None
 
     def _loss_seen(self, module: Any, args: Any, output: Any) -> None:
@@ -58,6 +112,7 @@ class NanHunterCallback(TrainerCallback):
         return why + self.core.scaler_phrase()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._done = state.global_step  # steps done: what an evaluation after it ran after (run.eval.after_step)
         if self.core.step_end():
             control.should_training_stop = True
 
@@ -66,4 +121,5 @@ class NanHunterCallback(TrainerCallback):
         if hook is not None:
             hook.remove()
         self.core.hidden_losses(self._hiders(args))  # the steps after the last log
+        self._training = False
         self.core.end()

@@ -43,6 +43,7 @@ class EvalLoops:
         self._loop_start = 0
         self._paused: Any = None  # the training watch paused by this loop, and its state before
         self._global_step: int | None = None
+        self._base = 0
         self.sample_every = sample_every
 
     def attach(self, model: Any) -> None:
@@ -51,6 +52,7 @@ class EvalLoops:
 
         if self.watch is not None or model is None:
             return
+        self._base = self.steps  # eval steps counted by earlier watches: this one's step 0 is eval step _base
         self.watch = nan_hunter.watch(model, level="sentinel", sample_every=0, backward=False, on_fault="record")
         self.watch.__enter__()
         self.watch.paused = True
@@ -74,7 +76,7 @@ class EvalLoops:
         import torch
 
         if self.active and not self.watch.paused and isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.numel():
-            self._pending.append((self.watch.n_forwards - 1, torch.isfinite(loss.detach()).logical_not().sum()))
+            self._pending.append((self._base + self.watch.n_forwards - 1, torch.isfinite(loss.detach()).logical_not().sum()))
 
     def end(self, hidden_by: list[str] | None = None) -> None:
         """The loop ended: count, locate the first failing eval step (once per run), log, and give
@@ -91,12 +93,13 @@ class EvalLoops:
             self.nonfinite_losses += new
             w.poll_flags(wait=True)
             faulted = w.first_failed is not None and w.first_failed >= self._loop_start
-            failed_now = bad[:1] + ([w.first_failed] if faulted else [])
+            failed_now = bad[:1] + ([self._base + w.first_failed] if faulted else [])
             first_here = self.first_failed is None and bool(failed_now)
             if first_here:
                 self.first_failed = min(failed_now)
                 self.at_step = self._global_step
                 if faulted:
+                    w.policy.step_label[w.first_failed] = self._base + w.first_failed  # steps over every loop
                     self.report = w.report()  # the sentinel replays the failing eval step in full
                     self.report.run["eval"] = self.as_run()
             if new or faulted:

@@ -24,6 +24,8 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
+from torch import Tensor
+
 from .callback_core import CallbackCore, loss_of
 
 
@@ -54,7 +56,7 @@ class NanHunterCallback(Callback):
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        self.core.eval.loss(loss_of(outputs))
+        self.core.eval.loss(outputs if isinstance(outputs, Tensor) else loss_of(outputs))  # per-sample: a vector
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self.core.eval_end()

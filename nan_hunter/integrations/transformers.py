@@ -12,9 +12,12 @@ Evaluation is watched too (``integrations.eval_loops``, ``run.eval``): ``evaluat
 ``predict()``, during training or on their own. The Trainer has no event before an evaluation
 loop, so the callback keeps a paused sentinel watch and a gate (a forward pre-hook that runs
 first) on the model from ``on_init_end`` (or ``on_train_begin``): the first forward in eval mode
-opens the loop, ``on_evaluate``/``on_predict`` closes it. Since transformers 5,
-``logging_nan_inf_filter`` also leaves non-finite eval losses out of ``eval_loss`` (the mean of
-the finite ones); the callback counts them and says so. ``close()`` removes the hooks."""
+opens the loop, ``on_evaluate``/``on_predict`` closes it. When training ends every hook goes (the
+model is left as it was: it can be pickled, compiled, saved); ``evaluate()`` after ``train()`` is
+watched again after ``callback.watch_evaluation(trainer.model)``, and ``close()`` removes the
+hooks of a Trainer that never trains. Since transformers 5, ``logging_nan_inf_filter`` also leaves
+non-finite eval losses out of ``eval_loss`` (the mean of the finite ones); the callback counts
+them and says so."""
 
 from __future__ import annotations
 
@@ -44,9 +47,11 @@ class NanHunterCallback(TrainerCallback):
         return self.core.eval.report
 
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._watch_evaluation(model)
+        self.watch_evaluation(model)
 
-    def _watch_evaluation(self, model: Any) -> None:
+    def watch_evaluation(self, model: Any) -> None:
+        """Watch the evaluation loops of ``model`` (the Trainer's): done at the Trainer's start;
+        again, after ``train()`` ended, for ``evaluate()``/``predict()`` calls after it."""
         if model is None or getattr(self, "_eval_hooks", None):
             return
         self._training, self._done = getattr(self, "_training", False), getattr(self, "_done", 0)
@@ -84,7 +89,7 @@ class NanHunterCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
-        self._watch_evaluation(model)  # a model from model_init: not there at on_init_end
+        self.watch_evaluation(model)  # a model from model_init: not there at on_init_end
         self.core.start(model, optimizer, getattr(optimizer, "scaler", None))  # accelerate's GradScaler
         self._step, self._done, self._training = state.global_step, state.global_step, True
         self._loss_hook = model.register_forward_hook(self._loss_seen) if model is not None else None
@@ -123,3 +128,4 @@ class NanHunterCallback(TrainerCallback):
         self.core.hidden_losses(self._hiders(args))  # the steps after the last log
         self._training = False
         self.core.end()
+        self.close()  # the model is left without hooks (run.eval stays in the report)

@@ -313,4 +313,10 @@ def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, mon
              for h in t1.state.log_history]
     assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
                      for h in t2.state.log_history]
+    assert not m1._forward_pre_hooks and not m1._forward_hooks  # training over: every hook gone
+    cb.watch_evaluation(t1.model)  # evaluate() after train(): watched again, steps counted on
+    t1.evaluate()
+    ev = cb.core.eval.as_run()
+    assert (ev["steps"], ev["nonfinite_losses"], ev["first_failed"]) == (18, 3, EVAL_BAD)
     cb.close()
+    assert not m1._forward_pre_hooks and not m1._forward_hooks

@@ -80,7 +80,8 @@ class EvalLoops:
 
     def end(self, hidden_by: list[str] | None = None) -> None:
         """The loop ended: count, locate the first failing eval step (once per run), log, and give
-        training back its watch."""
+        training back its watch. ``hidden_by``: what in the framework hid this loop's non-finite
+        losses (phrases, said when there were some)."""
         if not self.active:
             return
         try:
@@ -118,7 +119,7 @@ class EvalLoops:
             parts.append(f"first at eval step {self.first_failed}")
             parts.append(verdict_line(self.report) if self.report is not None else
                          "not located: the model's outputs were finite (the loss was computed outside its forward)")
-        return " · ".join(parts + hidden_by)
+        return " · ".join(parts + (hidden_by if new else []))
 
     def as_run(self) -> dict[str, Any] | None:
         """``run.eval``: null when no evaluation ran."""

@@ -21,6 +21,7 @@ them and says so."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import TrainerCallback
@@ -67,14 +68,18 @@ class NanHunterCallback(TrainerCallback):
         if self.core.eval.active:
             self.core.eval.loss(loss_of(output))
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.core.eval_end(self._eval_hiders(args))
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.core.eval_end(self._eval_hiders(args, metrics))
 
-    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.core.eval_end(self._eval_hiders(args))
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.core.eval_end(self._eval_hiders(args, metrics))
 
-    def _eval_hiders(self, args: Any) -> list[str]:
-        if not getattr(args, "logging_nan_inf_filter", False):
+    def _eval_hiders(self, args: Any, metrics: Any) -> list[str]:
+        """The filter, named when it hid something: the loop's loss metric is finite (transformers 5
+        filters eval losses; 4.x reports a NaN ``eval_loss`` as it is). Said only when the loop had
+        non-finite losses (``EvalLoops.end``)."""
+        loss = next((v for k, v in (metrics or {}).items() if k.endswith("_loss")), None)
+        if not getattr(args, "logging_nan_inf_filter", False) or not isinstance(loss, float) or not math.isfinite(loss):
             return []
         return ["transformers' logging_nan_inf_filter (True by default) leaves non-finite eval losses out of "
                 "'eval_loss', which then averages the finite ones (transformers 5; TrainingArguments("

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 
@@ -266,8 +267,8 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
         t1, metrics, pred = _evaluate(tmp_path / "a", True, cb)
     _, metrics0, pred0 = _evaluate(tmp_path / "b", True)
     clock = ("runtime", "per_second", "preparation_time")
-    assert {k: v for k, v in metrics.items() if not k.endswith(clock)} == \
-        {k: v for k, v in metrics0.items() if not k.endswith(clock)}
+    assert repr({k: v for k, v in metrics.items() if not k.endswith(clock)}) == \
+        repr({k: v for k, v in metrics0.items() if not k.endswith(clock)})  # repr: NaN equals NaN, floats exact
     assert (pred.predictions.view("int32") == pred0.predictions.view("int32")).all()  # bitwise, NaN included
     assert cb.report is None  # no training fault
     rep = cb.eval_report
@@ -278,7 +279,10 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
     assert cb.core.eval.as_run()["steps"] == 12 and cb.core.eval.as_run()["nonfinite_losses"] == 2
     said = [r.getMessage() for r in caplog.records if "evaluation" in r.getMessage()]
     assert any("1 non-finite eval loss value(s) in 6 eval step(s)" in m and f"first at eval step {EVAL_BAD}" in m
-               and "logging_nan_inf_filter" in m for m in said), said
+               for m in said), said
+    # transformers 5 filters the NaN out of eval_loss, and the line says so; 4.x reports eval_loss NaN itself
+    hidden = math.isfinite(metrics["eval_loss"])
+    assert any("logging_nan_inf_filter" in m for m in said) == hidden
     cb.close()
     assert not t1.model._forward_pre_hooks and not t1.model._forward_hooks
 
@@ -311,8 +315,8 @@ def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, mon
         assert torch.equal(a, b), n
     strip = [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
              for h in t1.state.log_history]
-    assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
-                     for h in t2.state.log_history]
+    assert repr(strip) == repr([{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+                                for h in t2.state.log_history])  # repr: a NaN eval_loss (transformers 4) equal
     assert not m1._forward_pre_hooks and not m1._forward_hooks  # training over: every hook gone
     cb.watch_evaluation(t1.model)  # evaluate() after train(): watched again, steps counted on
     t1.evaluate()

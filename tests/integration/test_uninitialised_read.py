@@ -98,10 +98,11 @@ def test_padding_rows_read_by_a_sum_are_an_uninitialised_read():
     torch.manual_seed(0)
     m, x = Pooled(), torch.randn(3, 4)
     rng = torch.get_rng_state()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     with deterministic():
         rep = _watched(m, x)
-        assert torch.are_deterministic_algorithms_enabled()
-    assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.are_deterministic_algorithms_enabled()  # the user's setting, as it was during the report
+        assert torch.utils.deterministic.fill_uninitialized_memory == fill
     assert torch.equal(torch.get_rng_state(), rng)
     f, d = rep["first_nonfinite"], rep["diagnosis"]
     assert (f["module"], f["op"], f["kind"]) == ("pool", "aten.sum.dim_IntList", "nan")

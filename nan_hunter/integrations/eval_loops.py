@@ -101,7 +101,9 @@ class EvalLoops:
                 self.at_step = self._global_step
                 if faulted:
                     w.policy.step_label[w.first_failed] = self._base + w.first_failed  # steps over every loop
-                    self.report = w.report()  # the sentinel replays the failing eval step in full
+                    # the sentinel replays the failing eval step in full; this rank's own report (under
+                    # torch.distributed the global one is a collective the other ranks would not join)
+                    self.report = w.policy.local_report()
                     self.report.run["eval"] = self.as_run()
             if new or faulted:
                 self.logger.warning(self._line(n, new, first_here, hidden_by or []))

@@ -63,6 +63,8 @@ class NanHunterCallback(TrainerCallback):
     def _eval_gate(self, module: Any, args: Any) -> None:
         if not module.training and not self.core.eval.active:  # evaluation_loop called model.eval()
             self.core.eval_begin(module, self._done if self._training else None)
+        elif module.training and self.core.eval.active:  # an eval-mode forward outside evaluate() (a user's
+            self.core.eval_end()  # own generation): training is watched again at its next forward
 
     def _eval_loss(self, module: Any, args: Any, output: Any) -> None:
         if self.core.eval.active:

@@ -35,6 +35,9 @@ class NanHunterCallback(TrainerCallback):
                  report_path: str | None = None, arch: str | None = None, sample_every: int | None = None) -> None:
         self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch,
                                  hf_logging.get_logger("transformers.trainer"), sample_every)
+        self._eval_hooks: list[Any] = []  # the evaluation gate and loss hook (watch_evaluation)
+        self._training = False  # between on_train_begin and on_train_end
+        self._step = self._done = 0  # the step running (begun) and the steps done
 
     @property
     def report(self) -> Any:
@@ -53,9 +56,8 @@ class NanHunterCallback(TrainerCallback):
     def watch_evaluation(self, model: Any) -> None:
         """Watch the evaluation loops of ``model`` (the Trainer's): done at the Trainer's start;
         again, after ``train()`` ended, for ``evaluate()``/``predict()`` calls after it."""
-        if model is None or getattr(self, "_eval_hooks", None):
+        if model is None or self._eval_hooks:
             return
-        self._training, self._done = getattr(self, "_training", False), getattr(self, "_done", 0)
         self.core.eval.attach(model)
         self._eval_hooks = [model.register_forward_pre_hook(self._eval_gate, prepend=True),
                             model.register_forward_hook(self._eval_loss)]
@@ -89,7 +91,7 @@ class NanHunterCallback(TrainerCallback):
 
     def close(self) -> None:
         """Remove the evaluation hooks (the training watch is removed when training ends)."""
-        for h in getattr(self, "_eval_hooks", None) or []:
+        for h in self._eval_hooks:
             h.remove()
         self._eval_hooks = []
         self.core.eval.detach()

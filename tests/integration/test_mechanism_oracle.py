@@ -6,6 +6,8 @@ Each fault is made inside a small module from finite inputs and weights, run onc
 oracle and once under ``nanhunter.watch``; compared: the op, the mechanism, and that the cause is
 never ``unknown`` with a mechanism. The default slice runs every case in fp32 and every precision
 on a few cases; the full cross product is ``matrix_full`` (``NANHUNTER_FULL_MATRIX=1``).
+``uninitialised_read`` is held against the fill oracle (``tests/oracle/fill.py``): a padded key
+matrix read by the scores matmul, and an overflow beside a fully written ``torch.empty`` buffer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle.fill import fill_cause
 from oracle.ieee import classify, first_new  # tests/ is on sys.path, as for tests/models
 from torch import nn
 
@@ -130,3 +133,54 @@ def test_backward_formula_sqrt_at_zero_agrees():
         m(x).backward()
     d = w.report().diagnosis
     assert truth == "x/0" and d.mechanism == truth and d.subject == "gradient", d
+
+
+class PaddedScores(nn.Module):
+    """Keys padded to 6 rows with torch.empty and read by the scores matmul (an uninitialised read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        k = torch.empty(6, x.shape[-1], dtype=x.dtype)
+        k[: x.shape[0]] = self.lin(x)
+        return (x @ k.t()).softmax(-1)
+
+
+class WrittenThenOverflow(nn.Module):
+    """A torch.empty buffer written in full, then an overflow: arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        buf = torch.empty_like(x)
+        buf.copy_(self.lin(x))
+        return (buf * _big(x.dtype)).exp()
+
+
+@pytest.mark.parametrize(("model", "expected"), [(PaddedScores, "uninitialised_read"), (WrittenThenOverflow, None)])
+def test_uninitialised_read_agrees_with_the_fill_oracle(model, expected):
+    """The fill oracle (``tests/oracle/fill.py``) and nanhunter agree on whether the fault follows the fill of
+    fresh allocations, and on the op that read them. The original run is made to fault as a user's does,
+    under ``torch.use_deterministic_algorithms(True)`` (fresh float memory filled with NaN by torch)."""
+    torch.manual_seed(0)
+    m, x = model().eval(), torch.rand(2, 4) + 0.5
+    truth, reader = fill_cause(lambda: m(x))
+    assert truth == expected
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with nan_hunter.watch(m) as w:
+            m(x)
+        rep = w.report()
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    d, f = rep.diagnosis, rep.first_nonfinite
+    if truth is None:
+        assert d.mechanism == "overflow" and d.cause == "overflow"
+        return
+    assert (d.mechanism, d.cause) == (truth, truth)
+    assert f.op.split(".")[1] == reader == "mm"

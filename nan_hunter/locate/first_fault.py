@@ -173,7 +173,7 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
                    notes=mask_notes(fine.calls, rows) + notes, row=row)
 
 
-def _read_of_fresh_memory(target: nn.Module, args: tuple, kwargs: dict, ev: Any, run: Any,
+def _read_of_fresh_memory(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], ev: Any, run: Any,
                           notes: list[str]) -> Any:
     """The failing module re-run with fresh allocations NaN-filled, then zero-filled
     (``capture.fresh_fill``): when the fault follows the fill, the op that read the unwritten

@@ -45,7 +45,7 @@ class WholeModel:
     def weights(self) -> dict[str, torch.Tensor]:
         """The full-precision weights copies are cast from (``master``, else the model's own)."""
         if self.master is not None:
-            return self.master
+            return {k: v for k, v in self.master.items() if v.is_floating_point()}
         return {k: v.detach() for k, v in self.model.state_dict().items() if v.is_floating_point()}
 
     def fresh(self, at: RunDtype) -> tuple[nn.Module, tuple, dict[str, Any]]:

@@ -29,6 +29,7 @@ from ..locate.producer import first_finding
 from ..locate.rerun import KeptSteps
 from ..locate.training import OptimizerPieces, constructor_hyperparameters, optimizer_facts
 from ..model.execute import weights_copy
+from ..model.whole import WholeModel
 from ..report import Report
 from ..version import __version__
 
@@ -278,6 +279,19 @@ class WatchRerun(KeptSteps):
 
     def kept(self) -> Any:
         return self.w.state_kept()
+
+    def whole(self, step: int) -> WholeModel | None:
+        """The whole model on the step's kept inputs, for its fix check on a fresh copy (contract v1.4
+        scope "model"): as the step ran — the weights it used, its train/eval mode, its RNG (dropout).
+        None (the failing module is checked alone, and the report says so) when the inputs are not
+        kept, under autocast (a copy cast to the autocast dtype is not the run the user made) or for a
+        sharded model (it cannot be copied whole)."""
+        snap, ctx = self.inputs(step), self.context(step)
+        if snap is None or ctx.autocast or self.w.training._sharded():
+            return None
+        args, kwargs = snap.rerun()
+        training = ctx.training if ctx.training is not None else self.model.training
+        return WholeModel(self.model, args, kwargs, self.weights(step), training, ctx.seed)
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:

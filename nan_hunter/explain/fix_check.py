@@ -1,8 +1,9 @@
 """Verified fixes (contract v1.2): the fix a diagnosis proposes, applied to a copy and re-run.
 
-``verify_fix(diagnosis, region, run, model=, batch=)`` picks the mechanical change for the
+``verify_fix(diagnosis, region, run, whole=)`` picks the mechanical change for the
 diagnosis' cause, applies it to a deep copy of the failing region (the module with the inputs
-it was called with) — or, given the whole model and the failing input, to a copy of the model —
+it was called with) — or, given the whole model and the failing input (``model.whole.WholeModel``),
+to a fresh copy of the model whose weights are cast from full precision, as the user loads it —
 re-runs it, and returns a ``FixVerified``: whether the output is finite and how far it is from
 the all-fp32 run. Neither the user's model nor the captured inputs are changed.
 

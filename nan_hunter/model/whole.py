@@ -11,6 +11,7 @@ checkpoint, within tolerance from the fp16 copy). The user's model and inputs ar
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ class WholeModel:
 
     ``master``: full-precision weights by ``state_dict()`` name (None: the model's own weights are
     what the user holds); ``training``: the copy's train/eval mode as the step ran; ``seed``: puts
-    the RNG as the step had it (dropout masks) — the caller restores the user's RNG after."""
+    the RNG as the step had it (dropout masks) — the caller restores the user's RNG after; ``around``:
+    a context each run of a copy is made in (a watch: compiled submodules run eagerly)."""
 
     model: nn.Module
     args: tuple = ()
@@ -41,6 +43,7 @@ class WholeModel:
     master: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     training: bool = False
     seed: Callable[[], None] | None = field(default=None, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The full-precision weights copies are cast from (``master``, else the model's own)."""
@@ -60,9 +63,10 @@ class WholeModel:
 
     def call(self, m: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
         """``m`` run on ``args``/``kwargs`` with the step's RNG (``seed``) put in place first."""
-        if self.seed is not None:
-            self.seed()
-        return m(*args, **kwargs)
+        with self.around():
+            if self.seed is not None:
+                self.seed()
+            return m(*args, **kwargs)
 
 
 def master_of(model: nn.Module, run: RunDtype, limit: int) -> dict[str, torch.Tensor] | None:

@@ -286,10 +286,12 @@ class WatchRerun(KeptSteps):
         scope "model"): as the step ran — the weights it used, its train/eval mode, its RNG (dropout).
         None (the failing module is checked alone, and the report says so) when the inputs are not
         kept, under autocast (a copy cast to the autocast dtype is not the run the user made), for a
-        sharded model or under torch.distributed (a wrapped or sharded model cannot be copied whole)."""
+        packed serving batch, for a sharded model or under torch.distributed (a wrapped or sharded
+        model cannot be copied whole)."""
         snap, ctx = self.inputs(step), self.context(step)
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if snap is None or ctx.autocast or dist or self.w.training._sharded():
+        packed = step in self.w.serving.packed  # a packed serving batch: its inputs hold the whole paged cache
+        if snap is None or ctx.autocast or dist or packed or self.w.training._sharded():
             return None
         args, kwargs = snap.rerun()
         training = ctx.training if ctx.training is not None else self.model.training

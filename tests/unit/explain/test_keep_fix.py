@@ -11,6 +11,7 @@ import torch
 
 from nan_hunter.dtypes import RunDtype
 from nan_hunter.explain.keep_fix import find_keep_set, verify_policy
+from nan_hunter.model.placement import dtype_keyword
 from nan_hunter.model.whole import WholeModel
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-llama-fp16"
@@ -20,7 +21,8 @@ def _llama():
     """The quick start's shipped example (a real Llama checkpoint), at full precision, on its prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m = AutoModelForCausalLM.from_pretrained(EXAMPLE, dtype=torch.float32, attn_implementation="eager").eval()
+    m = AutoModelForCausalLM.from_pretrained(EXAMPLE, attn_implementation="eager",
+                                             **{dtype_keyword(): torch.float32}).eval()  # torch_dtype before 4.56
     tok = AutoTokenizer.from_pretrained(EXAMPLE)
     return m, dict(tok("the quick brown fox", return_tensors="pt"))
 

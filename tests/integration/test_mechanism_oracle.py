@@ -69,12 +69,23 @@ CASES = {
                    .softmax(-1), "all_masked_row"),
     "layer_norm eps 0": ("norm", lambda m, x: F.layer_norm(_zero_p(x), (4,), eps=0.0), "0*inf"),
     "all targets ignored": ("loss", lambda m, x: F.cross_entropy(x, torch.full((2,), -100)), "empty_reduction"),
+    # batch norm in eval divides by sqrt(running_var + eps): a zero running variance with eps 0 (x/0),
+    # a corrupted negative one (the root of a negative); group norm's groups of one element (or of equal
+    # values): biased variance 0, x − mean 0, times rsqrt(0 + eps 0) = ∞ (F.batch_norm refuses eps 0
+    # and one value per channel in training, so those cannot be planted through it)
+    "batch_norm running var 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
+                                                                  torch.zeros(4, dtype=x.dtype), eps=0.0), "x/0"),
+    "batch_norm running var < 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
+                                                                    -torch.ones(4, dtype=x.dtype)), "domain"),
+    "group_norm group of one": ("norm", lambda m, x: F.group_norm(x, 4, eps=0.0), "0*inf"),
+    "group_norm equal values": ("norm", lambda m, x: F.group_norm(_zero_p(x).reshape(2, 2, 2) + 1, 2, eps=0.0),
+                                "0*inf"),
 }
 
 PRECISIONS = ["fp32", "bf16", "fp16", "autocast-bf16"]
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "autocast-bf16": torch.float32}
 #: the default slice: every case in fp32, every precision on these
-SLICE = {"0/0", "matmul overflow", "masked row", "all targets ignored", "0*inf"}
+SLICE = {"0/0", "matmul overflow", "masked row", "all targets ignored", "0*inf", "group_norm group of one"}
 
 
 def _params():

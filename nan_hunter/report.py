@@ -280,7 +280,7 @@ class Report:
             d["check"] = self.check
         if self.baseline is not None:
             d["baseline"] = self.baseline
-        return _clean(d)
+        return json_safe(d)
 
 
 def torch_version() -> str | None:
@@ -316,14 +316,14 @@ def torch_version() -> str | None:
         return None
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON has no NaN/Infinity: non-finite floats become null (strict JSON parsers accept it)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 

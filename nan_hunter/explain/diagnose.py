@@ -49,7 +49,7 @@ class Evidence:
     op_absmax: float | None = None  # |result| of the op re-run on its operands in float64 (ops.OpEvent)
     phase: str = "forward"  # forward | backward | optimizer (training faults)
     grad_fn: str | None = None  # backward: the autograd node that ran the op
-    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
+    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training_phases.optimizer_facts
     bad_scales: list[dict] = field(default_factory=list)  # weights.quantized entries with a faulty block
     mechanism: str | None = None  # contract v1.4: the located op's IEEE mechanism (capture.mechanism)
     op_dtype: str | None = None  # the dtype the located op computed in (under autocast not every op is lowered)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..kernels.compare import compare, flat
-from ..locate.training import fresh_optimizer
+from ..locate.training_phases import fresh_optimizer
 from ..model.copy_run import copy_at, precision, run_copy, torch_dtype_of
 from ..tree import float_tensors, map_tensors
 

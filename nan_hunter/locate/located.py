@@ -26,7 +26,7 @@ class Located:
     region: AnyRegion | None = None  # what the replay and the fix check re-run; this process only
     is_block: bool = False  # the module is one of the model's repeated blocks
     input_label: str | None = None
-    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
+    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: locate.training_phases.optimizer_facts
     table: list[dict[str, Any]] | None = None  # module rows of the failing step as its re-run saw them
     notes: list[str] = field(default_factory=list)
     row: int | None = None  # the batch row holding it (a decode step of several prompts: which prompt)

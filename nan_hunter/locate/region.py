@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from .training import OptimizerPieces
+from .training_phases import OptimizerPieces
 
 
 @dataclass

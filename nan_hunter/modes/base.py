@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..capture.run import forward
 from ..locate.rerun import KeptSteps
-from .recording import Capture
+from .protocol import Capture
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.recorder import Recorder
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ModeBase:
-    """The defaults of the ``Mode`` protocol (``modes.recording``)."""
+    """The defaults of the ``Mode`` protocol (``modes.protocol``)."""
 
     name = "base"
     one_step_table = False

@@ -38,7 +38,7 @@ from ..load.safetensors_header import show
 from ..load.weights import scan_weights
 from ..locate.backward_op import backward_roots
 from ..locate.rerun import KeptSteps
-from ..locate.training import OptimizerPieces, constructor_hyperparameters
+from ..locate.training_phases import OptimizerPieces, constructor_hyperparameters
 from ..model.build import build_from_arch, hub_offline, listed_keys, load_strict, quiet_while_loading
 from ..model.execute import resolve_device, run_context
 from ..model.prepare import Prepared
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
     from ..report import Report
-    from .recording import Capture
+    from .protocol import Capture
 
 def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats: str = "fast",
                  config: Config | None = None, progress: Callable[[str, int], None] | None = None,

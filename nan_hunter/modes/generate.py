@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..locate.located import Located
     from ..locate.rerun import Rerun
     from ..report import Report
-    from .recording import Capture
+    from .protocol import Capture
 
 
 def check_can_generate(model: nn.Module) -> None:

@@ -30,12 +30,12 @@ from ..explain.assemble import explain
 from ..locate.located import Located
 from ..report import FirstNonfinite
 from .harness import locate_first, record, run_mode
-from .recording import ModeRun, fill
+from .protocol import ModeRun, fill
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
     from ..report import Report
-    from .recording import Mode
+    from .protocol import Mode
 
 # --- the split run --------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from ..explain.assemble import assemble, failed_note, input_rows, near_misses, r
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.listener import KeepSteps
     from ..capture.recorder import Recorder
+    from ..locate.judged_recording import Recording
     from ..locate.located import Located
-    from ..locate.recording import Recording
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
     from ..report import Report

@@ -4,8 +4,8 @@ Capture (``capture.Recorder``) records calls and rows and keeps every root call'
 context; ``report()`` is the one staircase every report takes: the recording judged by the
 producer rule (``locate.judged_recording``), the first fault located by re-running its step
 (``locate.first_fault.locate``, with the watch's re-runs: ``WatchRerun``), then explained and
-assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once) of which
-``WatchReport`` is a view. Re-runs happen at the watch's precision (the one dtype rule: fp8
+assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once), returned as
+a ``WatchReport`` (that report, printable, with the watch's extras). Re-runs happen at the watch's precision (the one dtype rule: fp8
 watches re-run under fp8 emulation) and under the context the forward ran in (autocast, grad or
 inference mode, the RNG state, train/eval mode), on copies of its inputs. A report never changes
 the user's model, cache, inputs or RNG: buffers and train/eval modes are restored, the RNG is

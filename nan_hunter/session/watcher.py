@@ -5,11 +5,11 @@ context; ``report()`` is the one staircase every report takes: the recording jud
 producer rule (``locate.judged_recording``), the first fault located by re-running its step
 (``locate.first_fault.locate``, with the watch's re-runs: ``WatchRerun``), then explained and
 assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once), returned as
-a ``WatchReport`` (that report, printable, with the watch's extras). Re-runs happen at the watch's precision (the one dtype rule: fp8
-watches re-run under fp8 emulation) and under the context the forward ran in (autocast, grad or
-inference mode, the RNG state, train/eval mode), on copies of its inputs. A report never changes
-the user's model, cache, inputs or RNG: buffers and train/eval modes are restored, the RNG is
-forked, and the watch's own hooks are paused while it re-runs.
+a ``WatchReport`` (that report, printable, with the watch's extras). Re-runs happen at the watch's
+precision (the one dtype rule: fp8 watches re-run under fp8 emulation) and under the context the
+forward ran in (autocast, grad or inference mode, the RNG state, train/eval mode), on copies of its
+inputs. A report never changes the user's model, cache, inputs or RNG: buffers and train/eval
+modes are restored, the RNG is forked, and the watch's own hooks are paused while it re-runs.
 """
 
 from __future__ import annotations

@@ -69,6 +69,63 @@ def split_source(source: str | None) -> tuple[str | None, int | None, str | None
     return m["file"], int(m["line"]), (m["code"] or None)
 
 
+class Keyed:
+    """A typed row whose fields read as keys too (``row["finite"]``, ``row.get("rel_err")``,
+    ``dict(row)``): the dicts it replaced were read so. Its JSON form is ``to_dict()``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # a subclass is a dataclass
+
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def __getitem__(self, key: str) -> Any:
+        d = self.to_dict()
+        if key not in d:
+            raise KeyError(key)
+        return d[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+
+@dataclass
+class ReplayRow(Keyed):
+    """One dtype of the replay matrix (``replay[dtype]``): the failing region re-run in that dtype,
+    its non-finite counts, the largest finite |output| and ``rel_err`` against float64 (null when
+    not comparable)."""
+
+    finite: bool
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    absmax: float | None = None
+    rel_err: float | None = None
+    error: str | None = None  # the run raised (its first line); the key is in the JSON only then
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"finite": self.finite, "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
+                             "absmax": self.absmax, "rel_err": self.rel_err}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+
+def replay_json(replay: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """The replay matrix at the JSON edge (a row given as a plain dict stays one)."""
+    if replay is None:
+        return None
+    return {d: r.to_dict() if isinstance(r, ReplayRow) else r for d, r in replay.items()}
+
+
+def replay_from_json(replay: dict[str, dict[str, Any]] | None) -> dict[str, ReplayRow] | None:
+    """A replay matrix that crossed ranks as JSON, typed again."""
+    return {d: ReplayRow(**r) for d, r in replay.items()} if replay is not None else None
+
+
 @dataclass
 class FixVerified:
     """Contract v1.2 "Verified fixes": the proposed fix applied to a copy of the failing region or
@@ -207,7 +264,7 @@ class Report:
     weights: dict[str, Any] | None = None
     run: RunInfo | None = None
     first_nonfinite: FirstNonfinite | None = None
-    replay: dict[str, dict[str, Any]] | None = None
+    replay: dict[str, ReplayRow] | None = None
     diagnosis: Diagnosis | None = None
     bisect: BisectResult | None = None
     # extensions
@@ -256,7 +313,7 @@ class Report:
             "weights": self.weights,
             "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
             "first_nonfinite": None,
-            "replay": self.replay,
+            "replay": replay_json(self.replay),
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
             "notes": self.notes,
             "near_misses": self.near_misses,

@@ -28,7 +28,7 @@ from ..distributed.global_report import diagnosis_from_json
 from ..distributed.ranks import RankSplit, agree, share
 from ..explain.assemble import explain
 from ..locate.located import Located
-from ..report import FirstNonfinite
+from ..report import FirstNonfinite, replay_from_json, replay_json
 from .harness import locate_first, record, run_mode
 from .protocol import ModeRun, fill
 
@@ -74,13 +74,13 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
             # replayed, diagnosed and its fix verified here, where the failing region is
             explain(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [], replay,
                     device=str(p.device), rank=split.rank)
-            sent = {"first": asdict(loc.first), "replay": loc.replay, "is_block": loc.is_block,
+            sent = {"first": asdict(loc.first), "replay": replay_json(loc.replay), "is_block": loc.is_block,
                     "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
                     "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts,
                     "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
         found = agree(sent)[holder]
         located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
-                          replay=found["replay"], is_block=found["is_block"], input_label=found["input_label"],
+                          replay=replay_from_json(found["replay"]), is_block=found["is_block"], input_label=found["input_label"],
                           optimizer_facts=found["optimizer_facts"], notes=found["notes"], extra=found["extra"],
                           diagnosis=diagnosis_from_json(found["diagnosis"]))
     if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 import math
 
-from nan_hunter.report import SCHEMA, BisectResult, Diagnosis, FirstNonfinite, Report, json_text
+from nan_hunter.report import (
+    SCHEMA,
+    BisectResult,
+    Diagnosis,
+    FirstNonfinite,
+    ReplayRow,
+    Report,
+    json_text,
+    replay_from_json,
+    replay_json,
+)
 
 V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
            "replay", "diagnosis"}
@@ -22,6 +32,18 @@ def test_nonfinite_floats_become_null_and_the_json_is_strict():
     text = json_text(rep)
     assert "Infinity" not in text and "NaN" not in text
     assert json.loads(text)["replay"]["fp16"] == {"finite": False, "absmax": None, "rel_err": None}
+
+
+def test_replay_rows_are_typed_and_keyed_and_json_at_the_edge():
+    """issue 44: a replay row is a dataclass; its keys read as the dict it replaced did, and its JSON
+    has the contract's six keys (``error`` only when a dtype's run raised)."""
+    ok, bad = ReplayRow(True, absmax=2.0, rel_err=math.inf), ReplayRow(False, error="RuntimeError: no kernel")
+    assert ok["finite"] is True and ok.get("error") is None and "error" not in ok and dict(ok) == ok.to_dict()
+    assert set(ok.to_dict()) == {"finite", "nan", "posinf", "neginf", "absmax", "rel_err"}
+    assert bad.to_dict()["error"] == "RuntimeError: no kernel" and bad["error"] == bad.error
+    d = json.loads(json_text(Report(replay={"fp32": ok, "fp16": bad})))
+    assert d["replay"]["fp32"] == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 2.0, "rel_err": None}
+    assert replay_from_json(replay_json({"fp16": bad})) == {"fp16": bad} and replay_json(None) is None
 
 
 def test_first_nonfinite_and_diagnosis_round_trip():

@@ -114,6 +114,20 @@ class ReplayRow(Keyed):
         return d
 
 
+@dataclass
+class CompileResult(Keyed):
+    """Contract v1.1 ``compile`` (``scan --compile``): the run under ``torch.compile`` against eager."""
+
+    backend: str
+    eager_finite: bool
+    compiled_finite: bool
+    first_divergent_module: str | None = None  # the module whose compiled form parts from eager first
+    max_rel_err: float | None = None  # over every input, compiled against eager
+    #: inductor only, when they part: the compiled run again with emulate_precision_casts:
+    #: {compiled_finite, max_rel_err}
+    emulate_precision_casts: dict[str, Any] | None = None
+
+
 def replay_json(replay: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
     """The replay matrix at the JSON edge (a row given as a plain dict stays one)."""
     if replay is None:
@@ -273,7 +287,7 @@ class Report:
     modules: list[dict[str, Any]] | None = None  # per-module-call stats in execution order
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
-    compile: dict[str, Any] | None = None  # scan --compile: eager against torch.compile
+    compile: CompileResult | None = None  # scan --compile: eager against torch.compile
     baseline: dict[str, Any] | None = None  # check --baseline OLD: {path, compared, regressions}
     mode: str = "scan"
 
@@ -319,7 +333,7 @@ class Report:
             "near_misses": self.near_misses,
             "modules": self.modules,
             "inputs": self.inputs,
-            "compile": self.compile,
+            "compile": self.compile.to_dict() if isinstance(self.compile, CompileResult) else self.compile,
             "mode": self.mode,
         }
         if isinstance(d["run"], dict):

@@ -8,6 +8,7 @@ import math
 from nan_hunter.report import (
     SCHEMA,
     BisectResult,
+    CompileResult,
     Diagnosis,
     FirstNonfinite,
     ReplayRow,
@@ -44,6 +45,15 @@ def test_replay_rows_are_typed_and_keyed_and_json_at_the_edge():
     d = json.loads(json_text(Report(replay={"fp32": ok, "fp16": bad})))
     assert d["replay"]["fp32"] == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 2.0, "rel_err": None}
     assert replay_from_json(replay_json({"fp16": bad})) == {"fp16": bad} and replay_json(None) is None
+
+
+def test_the_compile_block_is_typed_with_the_contract_keys():
+    c = CompileResult("inductor", eager_finite=True, compiled_finite=False, max_rel_err=math.inf)
+    c.first_divergent_module = "layers.0"
+    assert c["backend"] == "inductor" and {**c}["first_divergent_module"] == "layers.0"
+    d = json.loads(json_text(Report(compile=c)))["compile"]
+    assert d == {"backend": "inductor", "eager_finite": True, "compiled_finite": False,
+                 "first_divergent_module": "layers.0", "max_rel_err": None, "emulate_precision_casts": None}
 
 
 def test_first_nonfinite_and_diagnosis_round_trip():

@@ -71,25 +71,34 @@ def split_source(source: str | None) -> tuple[str | None, int | None, str | None
 
 class Keyed:
     """A typed row whose fields read as keys too (``row["finite"]``, ``row.get("rel_err")``,
-    ``dict(row)``): the dicts it replaced were read so. Its JSON form is ``to_dict()``."""
+    ``dict(row)``, ``row["step"] = k``): the dicts it replaced were read and written so. Its JSON
+    form is ``to_dict()``: every field but those ``omitted()`` (keys the JSON has only when set)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # a subclass is a dataclass
+    def omitted(self) -> tuple[str, ...]:
+        return ()
 
     def keys(self) -> list[str]:
-        return list(self.to_dict())
+        gone = self.omitted()
+        return [k for k in self.__dataclass_fields__ if k not in gone]  # type: ignore[attr-defined]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.keys()}
 
     def __getitem__(self, key: str) -> Any:
-        d = self.to_dict()
-        if key not in d:
+        if key not in self.__dataclass_fields__ or key in self.omitted():  # type: ignore[attr-defined]
             raise KeyError(key)
-        return d[key]
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(f"{type(self).__name__} has no field {key!r}")
+        setattr(self, key, value)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.to_dict()
+        return key in self.__dataclass_fields__ and key not in self.omitted()  # type: ignore[attr-defined]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
+        return getattr(self, key) if key in self else default
 
 
 @dataclass
@@ -106,12 +115,8 @@ class ReplayRow(Keyed):
     rel_err: float | None = None
     error: str | None = None  # the run raised (its first line); the key is in the JSON only then
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"finite": self.finite, "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
-                             "absmax": self.absmax, "rel_err": self.rel_err}
-        if self.error is not None:
-            d["error"] = self.error
-        return d
+    def omitted(self) -> tuple[str, ...]:
+        return ("error",) if self.error is None else ()
 
 
 @dataclass
@@ -126,6 +131,44 @@ class CompileResult(Keyed):
     #: inductor only, when they part: the compiled run again with emulate_precision_casts:
     #: {compiled_finite, max_rel_err}
     emulate_precision_casts: dict[str, Any] | None = None
+
+
+@dataclass
+class ModuleRow(Keyed):
+    """One module call of the report's ``modules`` table (``locate.producer.call_table``), in
+    completion order: its output's absmax and non-finite counts, the largest |input|, abs-min,
+    the subnormal share in its own dtype and, per target dtype, the share a cast flushes to zero."""
+
+    module: str
+    module_type: str
+    call_index: int
+    input_index: int
+    depth: int
+    absmax: float | None
+    in_absmax: float | None
+    nan: int
+    posinf: int
+    neginf: int
+    min_nonzero: float | None
+    subnormal_frac: float | None
+    flush_frac: dict[str, float | None]
+    phase: str = "forward"  # in the JSON only for backward and optimizer rows
+    param: str | None = None  # an optimizer row's parameter (in the JSON only then)
+    step: int | None = None  # v1.1 --generate: the decode step (in the JSON only then)
+
+    def omitted(self) -> tuple[str, ...]:
+        return tuple(k for k, gone in (("phase", self.phase == "forward"), ("param", not self.param),
+                                       ("step", self.step is None)) if gone)
+
+
+def rows_json(rows: list[Any] | None) -> list[dict[str, Any]] | None:
+    """Typed rows at the JSON edge (a row given as a plain dict stays one)."""
+    return [r.to_dict() if isinstance(r, Keyed) else r for r in rows] if rows is not None else None
+
+
+def module_rows_from_json(rows: list[dict[str, Any]]) -> list[ModuleRow]:
+    """A module table that crossed ranks as JSON, typed again."""
+    return [ModuleRow(**r) for r in rows]
 
 
 def replay_json(replay: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
@@ -284,7 +327,7 @@ class Report:
     # extensions
     notes: list[str] = field(default_factory=list)
     near_misses: list[dict[str, Any]] = field(default_factory=list)
-    modules: list[dict[str, Any]] | None = None  # per-module-call stats in execution order
+    modules: list[ModuleRow] | None = None  # per-module-call stats in execution order
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
     compile: CompileResult | None = None  # scan --compile: eager against torch.compile
@@ -331,7 +374,7 @@ class Report:
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
             "notes": self.notes,
             "near_misses": self.near_misses,
-            "modules": self.modules,
+            "modules": rows_json(self.modules),
             "inputs": self.inputs,
             "compile": self.compile.to_dict() if isinstance(self.compile, CompileResult) else self.compile,
             "mode": self.mode,

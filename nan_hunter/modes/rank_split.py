@@ -28,7 +28,7 @@ from ..distributed.global_report import diagnosis_from_json
 from ..distributed.ranks import RankSplit, agree, share
 from ..explain.assemble import explain
 from ..locate.located import Located
-from ..report import FirstNonfinite, replay_from_json, replay_json
+from ..report import FirstNonfinite, module_rows_from_json, replay_from_json, replay_json, rows_json
 from .harness import locate_first, record, run_mode
 from .protocol import ModeRun, fill
 
@@ -60,7 +60,7 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
 
     mine = split.share(len(p.batches))
     rec = record(p, mode, mine) if mine else ModeRun(None, [], [])
-    got = agree({"failed": rec.failed, "modules": rec.table, "masks": rec.notes, "first": rec.first_input,
+    got = agree({"failed": rec.failed, "modules": rows_json(rec.table), "masks": rec.notes, "first": rec.first_input,
                  "absorbed": rec.absorbed, "extra": rec.extra})
     firsts = [(g["first"], r) for r, g in enumerate(got) if g["first"] is not None]
     located = None
@@ -89,7 +89,8 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
     else:
         table = [row for g in got for row in g["modules"]]
     merged = ModeRun(located.first.input_index if located else None, sorted({i for g in got for i in g["failed"]}),
-                     table, [], [m for g in got for m in g["absorbed"]], mode.merge([g["extra"] for g in got]))
+                     module_rows_from_json(table), [], [m for g in got for m in g["absorbed"]],
+                     mode.merge([g["extra"] for g in got]))
     for note in (n for g in got for n in g["masks"]):
         if note not in merged.notes:
             merged.notes.append(note)

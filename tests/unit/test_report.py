@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from nan_hunter.report import (
     SCHEMA,
     BisectResult,
     CompileResult,
     Diagnosis,
     FirstNonfinite,
+    ModuleRow,
     ReplayRow,
     Report,
     json_text,
+    module_rows_from_json,
     replay_from_json,
     replay_json,
+    rows_json,
 )
 
 V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
@@ -54,6 +59,21 @@ def test_the_compile_block_is_typed_with_the_contract_keys():
     d = json.loads(json_text(Report(compile=c)))["compile"]
     assert d == {"backend": "inductor", "eager_finite": True, "compiled_finite": False,
                  "first_divergent_module": "layers.0", "max_rel_err": None, "emulate_precision_casts": None}
+
+
+def test_module_rows_are_typed_and_their_json_keys_are_as_before():
+    """issue 44: ``phase`` only for backward and optimizer rows, ``param`` only for an optimizer row,
+    ``step`` only under --generate, as the dict rows had them."""
+    fwd = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 1, 0, 0.5, None, {"fp16": 0.0})
+    opt = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 0, 0, 0.5, None, {}, phase="optimizer", param="w")
+    assert "phase" not in fwd and fwd.get("phase", "forward") == "forward" and fwd["posinf"] == 1
+    assert list(fwd.to_dict())[-1] == "flush_frac" and opt.to_dict()["phase"] == "optimizer" and opt["param"] == "w"
+    fwd["step"], fwd["input_index"] = fwd["input_index"], 0  # what --generate does to a row
+    assert fwd.to_dict()["step"] == 2 and fwd.input_index == 0
+    with pytest.raises(KeyError):
+        fwd["no_such_key"] = 1
+    d = json.loads(json_text(Report(modules=[fwd, opt])))["modules"]
+    assert module_rows_from_json(d) == [fwd, opt] and rows_json(None) is None
 
 
 def test_first_nonfinite_and_diagnosis_round_trip():

@@ -157,7 +157,7 @@ def _frames_inside() -> list[traceback.FrameSummary]:
 _WRAPPERS = tuple(f"-packages{os.sep}{name}{os.sep}" for name in ("accelerate",))
 
 
-def _is_model_code(filename: str) -> bool:
+def is_model_code(filename: str) -> bool:
     """The model's own code: not torch's package (directory with its separator, so ``torchao/``
     and ``torchvision/`` are model code), not the standard library, not accelerate's hooks."""
     fn = os.path.abspath(filename)
@@ -174,7 +174,7 @@ def _where(frame: traceback.FrameSummary) -> str:
 def call_site() -> str | None:
     """The innermost frame in the model's own code of the running re-run (``file.py:line  code``),
     or None when there is none (a torch module re-run on its own)."""
-    frame = next((f for f in _frames_inside() if _is_model_code(f.filename)), None)
+    frame = next((f for f in _frames_inside() if is_model_code(f.filename)), None)
     return _where(frame) if frame is not None else None
 
 
@@ -183,7 +183,7 @@ def user_source(fallback: str | None = None) -> str | None:
     (``call_site``); else ``fallback`` (where the re-run module was called from, in the model's
     code); else the torch module's own frame (``nn/modules/linear.py``)."""
     inside = _frames_inside()
-    frame = next((f for f in inside if _is_model_code(f.filename)), None)
+    frame = next((f for f in inside if is_model_code(f.filename)), None)
     if frame is not None:
         return _where(frame)
     if fallback is not None:
@@ -208,7 +208,7 @@ def forward_source(node: Any) -> str | None:
     frames = [m for m in _FRAME.finditer("".join(tb))]
     for m in reversed(frames):
         fn = os.path.abspath(m["file"])
-        if fn.startswith(_PKG_DIR) or not _is_model_code(fn):
+        if fn.startswith(_PKG_DIR) or not is_model_code(fn):
             continue
         code = m["code"].strip()
         return f"{m['file']}:{m['line']}" + (f"  {code}" if code else "")

@@ -25,7 +25,7 @@ from .compiled import fresh_compiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
-    from .recording import Mode
+    from .protocol import Mode
 
 TRACE_LEVELS = tuple(m.value for m in TraceLevel)
 

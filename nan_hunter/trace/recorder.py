@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 from ..capture.compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
-from ..capture.ops import _is_model_code
+from ..capture.ops import is_model_code
 from ..tree import float_tensors
 from .env import environment, inputs_hash, model_identity
 from .format import LEVELS, TraceWriter, entry_line
@@ -76,7 +76,7 @@ class _Where:
         if k is None:
             path = os.path.abspath(fn)
             # nanhunter's measuring code: 2; its driver code (modes, cli) is a library: 0
-            k = 2 if path.startswith(_OWN_DIRS) else 0 if path.startswith(_PKG) else 1 if _is_model_code(path) else 0
+            k = 2 if path.startswith(_OWN_DIRS) else 0 if path.startswith(_PKG) else 1 if is_model_code(path) else 0
             self._kind[fn] = k
         return k
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.text import Text
 
+from ...config import default_config
 from ...outputs import stdout_closed
 from ...report import Report
-from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
+from ..rows import FORECAST_MAX_LISTED, NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
 from .check_view import check_verdict, results_table
 from .scan_view import (
     bisect_view,
@@ -52,13 +53,13 @@ def console(stderr: bool = False) -> Console:
 
 def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
                 weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS,
-                first: Text | None = None) -> None:
+                first: Text | None = None, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
     """Header, ``first`` (the verdict, stated up front), weights, headroom strip (``strip`` and
     module rows), producer and diagnosis panels, near misses and notes."""
     width = c.width
     rest = [*weights_tables(rep, width, weights_max_rows, weights_targets),
             headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
-            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed)]
+            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed, forecast_max_listed)]
     # stated up front only when something comes between it and the verdict at the end
     parts = [header(rep, width), first if any(p is not None for p in rest) else None, *rest]
     for part in parts:
@@ -68,13 +69,13 @@ def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_l
 
 def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr: bool = False,
            near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
-           weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+           weights_targets: Sequence[str] = WEIGHTS_TARGETS, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
     """The full terminal view of one report on ``c`` (default: ``console(stderr)``); ``strip``
     adds the per-module headroom strip."""
     c = c or console(stderr)
     line = verdict(rep, c.width)
     render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
-                weights_targets=weights_targets, first=line)
+                weights_targets=weights_targets, first=line, forecast_max_listed=forecast_max_listed)
     found = bisect_view(rep, c.width)
     if found is not None:
         c.print(found)
@@ -90,7 +91,7 @@ def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -
     buf = io.StringIO()
     c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
                 highlight=False, color_system=None)
-    render(rep, c, strip=strip)
+    render(rep, c, strip=strip, forecast_max_listed=default_config().forecast.max_listed)
     return buf.getvalue()
 
 

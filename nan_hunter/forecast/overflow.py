@@ -37,7 +37,7 @@ def forecast(signals: Signals | None, run_dtype: str | None, targets: tuple[str,
             dtypes.append(d)
     out: list[dict[str, Any]] = []
     for (module, signal), pts in signals.series.items():
-        trend = fit([(s, signal_level(signal, v)) for s, v in pts[-window:]])
+        trend = fit([(s, signal_level(signal, v)) for s, v in pts[-window:]] if window > 0 else [])
         if trend is None or not trend.rising:
             continue
         for d in dtypes:

@@ -80,7 +80,7 @@ def register(rule: type) -> type:
 
 
 def _growth(pts: list[tuple[int, float]], level: Any, window: int) -> Trend | None:
-    return fit([(s, level(v)) for s, v in pts[-window:]])
+    return fit([(s, level(v)) for s, v in pts[-window:]] if window > 0 else [])
 
 
 def _rise(trend: Trend, pts: list[tuple[int, float]], window: int) -> float:

@@ -54,3 +54,8 @@ def test_run_dtype_comes_first_and_defaults_to_fp32():
     assert {e["dtype"] for e in fc} == {"fp32", "fp16"}
     fp32 = next(e for e in fc if e["dtype"] == "fp32")
     assert fp32["headroom_db"] == pytest.approx(level_db(limits("fp32").max) - signal_level(LOGSUMEXP, 7.9), abs=0.01)
+
+
+def test_a_window_of_zero_fits_nothing():
+    grow = _signals({("layers.0", ABSMAX): [(s, 100.0 * 2 ** (s / 10)) for s in range(1, 60, 2)]})
+    assert forecast(grow, "fp16", (), 0) == []

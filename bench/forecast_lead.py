@@ -10,7 +10,8 @@ Per seed, three tiny models trained on CPU under fp16 autocast with AdamW and
 
 Prints, per seed: the first non-finite step, the first warning (and its code), the lead, the
 first fp16 crossing the forecast projected (the step it was made at, the step it named) and the
-projection at the last sampled step; then the warnings on the mitigated and clean runs (false
+projection at the last sampled step, and the first sampled step from which every projection
+names the actual NaN step within 10 % (``acc@``); then the warnings on the mitigated and clean runs (false
 alarms). Writes the rows as JSON to ``bench/_out/forecast_lead.json``.
 
     python bench/forecast_lead.py --seeds 0,1,2,3
@@ -42,7 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     print(f"{'seed':>4} {'run':<10} {'nan':>5} {'warn':>5} {'lead':>5} {'codes':<34} {'fc@':>4} {'fc→':>5} "
-          f"{'last→':>6} {'s':>5}")
+          f"{'last→':>6} {'acc@':>5} {'s':>5}")
     for seed in [int(s) for s in a.seeds.split(",")]:
         for kind, (arch, lr, z) in RUNS.items():
             r = train(arch, lr, seed, z, a.steps, a.sample_every, a.attn)
@@ -51,15 +52,18 @@ def main() -> None:
                    "nan_step": r.nan_step, "watch_step": r.watch_step, "first_warning": r.first_warning,
                    "lead": r.lead(r.first_warning), "codes": codes, "warnings": len(r.warnings),
                    "forecast_step": r.forecast_step, "forecast_projected": r.forecast_projected,
-                   "last_projected": r.last_projected, "seconds": round(r.seconds, 1)}
+                   "last_projected": r.last_projected, "accurate_from": r.first_accurate(),
+                   "forecast_lead": r.lead(r.first_accurate()), "seconds": round(r.seconds, 1)}
             rows.append(row)
             print(f"{seed:>4} {kind:<10} {_s(r.nan_step):>5} {_s(r.first_warning):>5} {_s(row['lead']):>5} "
                   f"{codes:<34} {_s(r.forecast_step):>4} {_s(r.forecast_projected):>5} {_s(r.last_projected):>6} "
-                  f"{r.seconds:>5.1f}", flush=True)
+                  f"{_s(row['accurate_from']):>5} {r.seconds:>5.1f}", flush=True)
     div = [r for r in rows if r["run"] == "diverging"]
     quiet = [r for r in rows if r["run"] != "diverging"]
     print(f"diverging runs warned before their NaN: {sum(1 for r in div if (r['lead'] or 0) >= 1)}/{len(div)}; "
           f"leads {[r['lead'] for r in div]}")
+    print(f"forecast within 10% of the NaN step (and staying there) from: leads {[r['forecast_lead'] for r in rows if r['nan_step'] is not None]} "
+          f"(runs that reached a NaN, diverging and mitigated)")
     print(f"false alarms: {sum(1 for r in quiet if r['warnings'])}/{len(quiet)} mitigated+clean runs warned "
           f"(mitigated {sum(1 for r in quiet if r['run'] == 'mitigated' and r['warnings'])}, "
           f"clean {sum(1 for r in quiet if r['run'] == 'clean' and r['warnings'])})")

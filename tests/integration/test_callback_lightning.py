@@ -228,3 +228,20 @@ def test_model_checkpoint_ranking_a_nan_loss_is_named(tmp_path, caplog):
     assert said and said[0].startswith(f"nanhunter: the loss of step {FAULT} was non-finite, and ModelCheckpoint("
                                        "monitor='loss') ranks a NaN loss as ±inf"), said
     assert len(said) == 1  # each step is named once
+
+
+def test_sampled_steps_log_the_forecast_to_the_trainers_logger(tmp_path):
+    """issue 46: with steps sampled (``sample_every=1``) the callback logs ``nanhunter/`` scalars
+    through ``trainer.logger.log_metrics`` every ``log_every_n_steps``: a CSVLogger's file has them."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    logger = CSVLogger(str(tmp_path))
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=logger, log_every_n_steps=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[NanHunterCallback(sample_every=1)])
+    trainer.fit(Tiny(), _data(False))
+    rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
+    assert any(r.get("nanhunter/warnings") == "0.0" for r in rows), rows[:2]

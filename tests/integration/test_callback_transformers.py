@@ -226,3 +226,15 @@ def test_logging_nan_inf_filter_hiding_the_loss_is_named(tmp_path, monkeypatch, 
                         "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"]
     else:
         assert not all(torch.isfinite(torch.tensor(x)) for x in logged) and said == []
+
+
+def test_sampled_steps_log_the_forecast_as_scalars(tmp_path, monkeypatch):
+    """issue 46: with steps sampled (``sample_every=1``) each log step of a clean run gains the
+    ``nanhunter/`` scalars (the warning count, the forecast's top entries) in its ``log_history``
+    entry; nothing else changes."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(sample_every=1)
+    trainer, _ = _train(tmp_path, False, cb)
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert logged and all(h.get("nanhunter/warnings") == 0.0 for h in logged)
+    assert cb.report is None

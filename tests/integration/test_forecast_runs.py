@@ -40,6 +40,7 @@ def test_diverging_run_is_warned_and_forecast_before_its_first_nan(seed):
     assert first["evidence"] and first["fix"] and first["module"].endswith("self_attn")
     assert r.forecast_step is not None and r.lead(r.forecast_step) >= 1
     assert r.last_projected is not None and abs(r.last_projected - r.nan_step) <= 10
+    assert r.lead(r.first_accurate()) >= 1  # projections name the NaN's step (±10 %) before it comes
 
 
 @pytest.mark.parametrize("seed", SEEDS)

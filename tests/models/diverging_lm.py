@@ -52,11 +52,26 @@ class RunResult:
     forecast_step: int | None = None  # first sampled step with an fp16 crossing projected (medium/high)
     forecast_projected: int | None = None  # the step that projection named
     last_projected: int | None = None  # the fp16 crossing projected at the last sampled step
+    projections: list[tuple[int, int]] = field(default_factory=list)  # (sampled step, fp16 crossing projected)
     seconds: float = 0.0
 
     @property
     def first_warning(self) -> int | None:
         return min((w["step"] for w in self.warnings), default=None)
+
+    def first_accurate(self, tolerance: float = 0.1) -> int | None:
+        """The first sampled step from which every projection names the actual NaN step within
+        ``tolerance`` of it (at least 3 steps); None without a NaN or such a step."""
+        if self.nan_step is None:
+            return None
+        tol = max(3.0, tolerance * self.nan_step)
+        out = None
+        for step, p in self.projections:
+            if abs(p - self.nan_step) <= tol:
+                out = step if out is None else out
+            else:
+                out = None
+        return out
 
     def lead(self, step: int | None) -> int | None:
         return self.nan_step - step if self.nan_step is not None and step is not None else None
@@ -96,6 +111,7 @@ def train(arch: str = "llama", lr: float = 0.1, seed: int = 0, z_loss: float = 0
                 p = _fp16_projection(w.forecast("fp16"))
                 if p is not None:
                     res.last_projected = p
+                    res.projections.append((step, p))
                     if res.forecast_step is None:
                         res.forecast_step, res.forecast_projected = step, p
         rep = w.report()

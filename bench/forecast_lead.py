@@ -34,13 +34,65 @@ from models.diverging_lm import train  # noqa: E402
 RUNS = {"diverging": ("llama", 0.1, 0.0), "mitigated": ("qwen3", 0.1, 1e-4), "clean": ("llama", 1e-3, 0.0)}
 
 
+def cost(rounds: int, steps: int) -> None:
+    """Median seconds per training step of the clean run's model: unwatched; sentinel never sampling
+    (``sample_every=0``); sentinel with steps left unsampled (``sample_every`` past the run: the
+    forecast's state exists, nothing is hooked); every step sampled with and without the forecast's
+    signals (``w.samplers`` emptied). Variants interleaved, ``rounds`` rounds."""
+    import statistics
+    import time
+
+    import torch
+    from models.diverging_lm import batch, build
+
+    import nan_hunter
+
+    def run(kind: str) -> float:
+        model = build("llama", 0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(0)
+        every = {"sentinel, sample_every=0": 0, "sentinel, none sampled": 10 ** 6}.get(kind, 1)
+        w = nan_hunter.watch(model, optimizer=opt, sample_every=every) if kind != "plain" else None
+        if w is not None:
+            w.__enter__()
+            if kind == "every step sampled, no signals":
+                w.samplers.clear()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            x = batch(g)
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        dt = (time.perf_counter() - t0) / steps
+        if w is not None:
+            w.__exit__(None, None, None)
+        return dt
+
+    kinds = ["plain", "sentinel, sample_every=0", "sentinel, none sampled", "every step sampled, no signals",
+             "every step sampled, with signals"]
+    got: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for k in kinds:
+            got[k].append(run(k))
+    base = statistics.median(got["plain"])
+    for k in kinds:
+        m = statistics.median(got[k])
+        print(f"{k:<36} {1e3 * m:8.2f} ms/step  {m / base:5.3f}x plain  (rounds: "
+              f"{', '.join(f'{1e3 * v:.2f}' for v in got[k])})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     ap.add_argument("--steps", type=int, default=160, help="training steps at most per run")
     ap.add_argument("--sample-every", type=int, default=2)
     ap.add_argument("--attn", default="sdpa", help="sdpa | eager")
+    ap.add_argument("--cost", type=int, default=0, metavar="ROUNDS",
+                    help="instead: the cost per step, ROUNDS interleaved rounds of --steps steps")
     a = ap.parse_args()
+    if a.cost:
+        return cost(a.cost, a.steps)
     rows = []
     print(f"{'seed':>4} {'run':<10} {'nan':>5} {'warn':>5} {'lead':>5} {'codes':<34} {'fc@':>4} {'fc→':>5} "
           f"{'last→':>6} {'acc@':>5} {'s':>5}")

@@ -128,6 +128,7 @@ class _AttentionScores(TorchFunctionMode):
     def __init__(self, seen: list[float]) -> None:
         super().__init__()
         self.seen = seen
+        self.entered = False  # entered by the module's pre-hook (not inside a compiled region)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -237,7 +238,7 @@ class SampledSignals:
 
     def _exit(self, name: str, mode: _AttentionScores, seen: list[float]):
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            if getattr(mode, "entered", False):
+            if mode.entered:
                 mode.entered = False
                 mode.__exit__(None, None, None)
             if seen:

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from ..config import default_config
 from ..report import Diagnosis, FirstNonfinite, Report, RunInfo, write_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +64,16 @@ class WatchReport:
         return self.report.modules or []
 
     @property
+    def forecast(self) -> list[dict[str, Any]] | None:
+        """Contract v1.4: the overflow forecast from the sampled steps (docs/forecast.md)."""
+        return self.report.forecast
+
+    @property
+    def warnings(self) -> list[dict[str, Any]]:
+        """Contract v1.4: the precursor warnings (never faults)."""
+        return self.report.warnings
+
+    @property
     def failed_inputs(self) -> list[int]:
         return list(self.run.failed_inputs) if self.run is not None else []
 
@@ -96,7 +107,7 @@ class WatchReport:
                 "run": self.run.to_dict() if self.run is not None else None,
                 "modules": self.calls, "failed_inputs": self.failed_inputs, "notes": self.notes,
                 "aggregates": self.aggregates, "n_forwards": self.n_forwards, "ranks": self.ranks,
-                "replay": self.replay}
+                "replay": self.replay, "forecast": self.forecast, "warnings": self.warnings}
 
     def as_report(self) -> Report:
         """This watch's report v1 (what ``nanhunter scan`` writes; no checkpoint was read)."""
@@ -115,7 +126,8 @@ class WatchReport:
         buf = io.StringIO()
         c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
                     highlight=False, color_system=None)
-        render(self.report, c, strip=self.first_nonfinite is not None)
+        render(self.report, c, strip=self.first_nonfinite is not None,
+               forecast_max_listed=default_config().forecast.max_listed)
         return buf.getvalue()
 
     def __str__(self) -> str:

@@ -28,7 +28,7 @@ def test_keys_are_those_of_the_json_report():
     assert r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
     assert r.first_nonfinite.step == 2 and r.diagnosis.cause == "sqrt_at_zero"  # and attributes
     assert set(r.to_dict()) == {"first_nonfinite", "diagnosis", "run", "modules", "failed_inputs", "notes",
-                                "aggregates", "n_forwards", "ranks", "replay"}
+                                "aggregates", "n_forwards", "ranks", "replay", "forecast", "warnings"}
     json.dumps(r.to_dict(), allow_nan=False)  # plain JSON values only
 
 
@@ -47,3 +47,14 @@ def test_a_view_not_a_second_report():
     g = r.replaced(ranks=[{"rank": 0}], notes=["rank 0: n"])
     assert g.notes == ["rank 0: n"] and r.notes == ["n"] and g.ranks == [{"rank": 0}]  # a copy: the local one stays
     assert g.first_nonfinite is r.first_nonfinite and g.aggregates == r.aggregates
+
+
+def test_forecast_and_warnings_are_the_reports():
+    from nan_hunter.report import Report
+    from nan_hunter.session.watch_report import WatchReport
+
+    rep = Report(mode="watch")
+    rep.forecast, rep.warnings = [], [{"code": "grad_norm_spike", "step": 3, "module": None, "evidence": [], "fix": ""}]
+    view = WatchReport(rep)
+    assert view.forecast == [] and view["warnings"] == rep.warnings
+    assert rep.to_dict()["forecast"] == [] and "forecast" not in Report().to_dict()

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..dtypes import name_of
 from .compiled_regions import compiling
 
 ABSMAX, ATTENTION, LOGSUMEXP = "absmax", "attention_logits", "output_logsumexp"
@@ -59,6 +60,7 @@ class Signals:
     grad_norms: list[tuple[int, float]] = field(default_factory=list)
     adam: list[AdamState] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)  # the sampled steps, in order
+    dtype: str | None = None  # what the latest sampled forward computed in (its autocast dtype, else the weights')
 
     def add(self, module: str, signal: str, step: int, value: float) -> None:
         if not math.isfinite(value):
@@ -197,6 +199,7 @@ class SampledSignals:
         self._remove(self._opt_handles)
         self._step = step
         self.signals.steps.append(step)
+        self.signals.dtype = self._compute_dtype()
         for name, m in self._attention:
             seen: list[float] = []
             mode = _AttentionScores(seen)
@@ -206,6 +209,14 @@ class SampledSignals:
         if opt is not None and hasattr(opt, "register_step_pre_hook"):
             self._opt_handles = [opt.register_step_pre_hook(self._before_step),
                                  opt.register_step_post_hook(self._after_step)]
+
+    def _compute_dtype(self) -> str | None:
+        p = next(iter(self.model.parameters()), None)
+        if p is None:
+            return None
+        dev = p.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else p.dtype
+        return name_of(dt)
 
     def sample_end(self, step: int, blocks: list[tuple[str, float]], output: Any) -> None:
         """The sampled step's forward ended: ``blocks`` are the recorder's (module, output absmax)."""

@@ -186,7 +186,7 @@ class Watch(Recorder):
         steps saw (a non-finite block output the root's outputs did not show: not a fault)."""
         rep.run["level"] = self.level
         rep.run["sample_every"] = self.sample_every if self.sentinel else None
-        rep.forecast = self.forecast(rep.run.get("compute_dtype") or rep.run.get("dtype"))
+        rep.forecast = self.forecast()
         rep.warnings = [{**w.to_dict(), "step": self.policy.label(w.step)} for w in self.precursors()]
         if self.sentinel:
             rep.run["latent"] = [dict(x) for x in self.latent]
@@ -197,9 +197,13 @@ class Watch(Recorder):
     def forecast(self, run_dtype: str | None = None) -> list[dict[str, Any]] | None:
         """Contract v1.4 ``forecast`` from the sampled steps so far (``forecast.overflow``); None when
         none was sampled. ``run_dtype``: the precision the headroom is measured against first."""
+        if self.signals is None:
+            return None
+        sig = self.signals.signals
+        if run_dtype is None:  # the watch's dtype, else what the latest sampled step computed in (autocast)
+            run_dtype = self.run.compute if self.run is not None else sig.dtype
         cfg = default_config().forecast
-        return forecast(self.signals.signals if self.signals is not None else None, run_dtype or (self.run.compute if self.run is not None else None),
-                        cfg.targets, cfg.window)
+        return forecast(sig, run_dtype, cfg.targets, cfg.window)
 
     def precursors(self) -> list[Precursor]:
         """The precursor warnings raised so far (``forecast.precursors``), each judged on the history

@@ -132,3 +132,17 @@ def test_sampled_signals_alone_record_absmax_per_block():
     sig.sample_end(4, [("layers.0", 3.0), ("", float("nan"))], {"logits": torch.tensor([[0.0, 0.0]])})
     assert sig.signals.series[("layers.0", "absmax")] == [(4, 3.0)] and ("", "absmax") not in sig.signals.series
     assert sig.signals.series[("", LOGSUMEXP)][0][1] == pytest.approx(math.log(2))
+
+
+def test_the_forecast_is_measured_against_the_autocast_dtype_first():
+    model = _llama("sdpa")
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    with nan_hunter.watch(model, sample_every=1) as w:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            for _ in range(3):
+                model(input_ids=x)
+                with torch.no_grad():
+                    model.model.embed_tokens.weight.mul_(4.0)  # the blocks' outputs grow 4x a step
+        fc = w.forecast()
+    assert fc and fc[0]["dtype"] in ("bf16", "fp16", "fp8-e4m3")
+    assert {e["dtype"] for e in fc} >= {"bf16", "fp16", "fp8-e4m3"} and "fp32" not in {e["dtype"] for e in fc}

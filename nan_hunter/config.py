@@ -66,6 +66,28 @@ class BisectConfig:
 
 
 @dataclass(frozen=True)
+class ForecastConfig:
+    window: int  # the latest sampled points a signal's growth is fitted over
+    targets: tuple[str, ...]  # dtypes forecast besides the run's own (a planned switch)
+    max_listed: int  # entries the terminal lists
+
+
+@dataclass(frozen=True)
+class PrecursorsConfig:
+    """Thresholds of the precursor warnings (``forecast.precursors``); sources in the YAML."""
+
+    window: int  # sampled points a rule's trend is fitted over
+    attention_logit_min: float  # attention_logit_growth: max |q·k|/√d at least this
+    attention_rise_db: float  # ... and risen at least this many dB over the window
+    logz_min: float  # output_logit_divergence: max |log Z| at least this
+    logz_rise: float  # ... and drifted up at least this much over the window
+    z_loss: float  # the z-loss coefficient the fix names
+    update_collapse_fraction: float  # update_collapse: share of elements with sqrt(v̂) < eps
+    grad_spike_factor: float  # grad_norm_spike: this many times the recent median
+    grad_spike_history: int  # ... of this many sampled steps before it
+
+
+@dataclass(frozen=True)
 class Thresholds:
     warn: float
     fail: float
@@ -99,6 +121,8 @@ class Config:
     fp8: Fp8Config
     bisect: BisectConfig
     check: CheckConfig
+    forecast: ForecastConfig
+    precursors: PrecursorsConfig
 
 
 # --- value checkers: each returns the typed value or raises ValueError("expected ...") ----------
@@ -189,6 +213,11 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "fp8": {"scaling": _choice(*FP8_SCALINGS), "amax_eps": _positive, "overflow": _choice(*FP8_OVERFLOWS),
             "compute": _fp8_compute},
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},
+    "forecast": {"window": _count, "targets": _dtype_list, "max_listed": _count},
+    "precursors": {"window": _count, "attention_logit_min": _positive, "attention_rise_db": _positive,
+                   "logz_min": _positive, "logz_rise": _positive, "z_loss": _positive,
+                   "update_collapse_fraction": _fraction, "grad_spike_factor": _positive,
+                   "grad_spike_history": _count},
 }
 CHECK_KEYS = {"dtypes": _dtype_list, "fail_on_nonfinite_weights": _flag, "fail_on_nonfinite_forward": _flag,
               "warn_on_absorbed": _flag, "min_headroom_db": _non_negative}
@@ -197,7 +226,7 @@ RETIRED_KEYS = {"max_headroom_drop_db": "headroom_regression no longer fails on 
                                         "inside the dtype's range; set min_headroom_db, the floor in dB a "
                                         "tensor's headroom may not fall below (default 20)"}
 _SECTIONS = {"near_miss": NearMissConfig, "weights": WeightsConfig, "diagnosis": DiagnosisConfig,
-             "fp8": Fp8Config, "bisect": BisectConfig}
+             "fp8": Fp8Config, "bisect": BisectConfig, "forecast": ForecastConfig, "precursors": PrecursorsConfig}
 
 
 def _merge(base: dict, over: dict) -> dict:

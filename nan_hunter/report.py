@@ -334,6 +334,11 @@ class Report:
     compile: CompileResult | None = None  # scan --compile: eager against torch.compile
     baseline: dict[str, Any] | None = None  # check --baseline OLD: {path, compared, regressions}
     mode: str = "scan"
+    #: contract v1.4, watch reports: the overflow forecast from the sentinel's sampled steps
+    #: ([{module, signal, dtype, headroom_db, rate_db_per_100_steps, projected_step, confidence}];
+    #: null when no step was sampled) and the precursor warnings ([{code, step, module, evidence, fix}])
+    forecast: list[dict[str, Any]] | None = None
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def nonfinite_found(self) -> bool:
@@ -395,6 +400,8 @@ class Report:
             d["check"] = self.check
         if self.baseline is not None:
             d["baseline"] = self.baseline
+        if self.mode == "watch":
+            d["forecast"], d["warnings"] = self.forecast, self.warnings
         return json_safe(d)
 
 

@@ -136,6 +136,8 @@ class Recorder:
         self._lean = False  # the running root call took the sentinel's lean path
         self._lengths: dict[str, int] | None = None  # its KV caches' lengths, when its inputs are kept late
         self.sampled_steps = 0
+        self._sampling: int | None = None  # the sampled step whose forward runs now
+        self.samplers: list[Any] = []  # told of each sampled step (capture.signals.SampledSignals)
         self.latent: list[dict[str, Any]] = []  # sampled steps: {step, module} non-finite inside, finite out
         self.retain = retain
         self.window = max(1, retain)  # forwards kept in full besides the first failing one
@@ -485,6 +487,26 @@ class Recorder:
                 self._sample_handles.append(m.register_forward_hook(self._post(name), with_kwargs=True,
                                                                     always_call=True))
         self.sampled_steps += 1
+        self._sampling = self._forward
+        for s in self.samplers:
+            s.sample_start(self._forward)
+
+    def _sample_done(self, f: int, output: Any) -> None:
+        """A sampled step's root forward ended: its modules' output absmax, from this step's rows, and
+        its outputs go to the samplers (``capture.signals``); only sampled steps read rows here."""
+        self._sampling = None
+        if not self.samplers:
+            return
+        calls = [c for c in self._detail.get(f, ()) if c.phase == "forward" and c.outputs]
+        rows = self._rows_of([f])
+        top: dict[str, float] = {}
+        for c in calls:
+            for _, r in c.outputs:
+                a = rows[r][1][0]  # absmax (stats.FLOAT_FIELDS[0]); NaN when not computed
+                if a == a and a != float("inf") and a > top.get(c.module, -1.0):
+                    top[c.module] = a
+        for s in self.samplers:
+            s.sample_end(f, list(top.items()), output)
 
     def _end_sample(self) -> None:
         for h in self._sample_handles:
@@ -698,6 +720,8 @@ class Recorder:
                 sampled = bool(self._sample_handles)
                 if sampled:
                     self._end_sample()
+                if self._sampling == f:
+                    self._sample_done(f, output)
                 inside = self._n_hooked > 1 or sampled or (self.sentinel and self._wrapper is not None)
                 if inside and len(self._detail.get(f, ())) == 1:
                     self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen

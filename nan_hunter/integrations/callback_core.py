@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import NonFiniteError
 from ..report import write_json
 from ..session.fault_policy import OnFault, verdict_line
+from .early_warning import WarningLog, scalars
 from .eval_loops import EvalLoops
 
 
@@ -96,6 +97,14 @@ class CallbackCore:
         self.scaler: Any = None
         self.losses = LossFlags()
         self.eval = EvalLoops(logger)  # evaluation loops: run.eval, their own watch (integrations.eval_loops)
+        self.warning_log = WarningLog()
+
+    def early_warning(self) -> dict[str, float]:
+        """At a framework's log step: the forecast and warnings as scalars for its loggers
+        (``integrations.early_warning``); each new warning logged once, never a fault."""
+        for line in self.warning_log.new_lines(self.watch):
+            self.logger.warning(line)
+        return scalars(self.watch)
 
     def start(self, model: Any, optimizer: Any, scaler: Any = None) -> None:
         import nan_hunter

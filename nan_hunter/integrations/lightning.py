@@ -79,6 +79,9 @@ class NanHunterCallback(Callback):
         every = getattr(trainer, "log_every_n_steps", 50) or 50
         if (batch_idx + 1) % every == 0:  # Lightning reads the loss to log it now anyway
             self.core.hidden_losses(self._hiders(trainer))
+            extra = self.core.early_warning()  # the forecast and warnings as scalars
+            if extra and getattr(trainer, "logger", None) is not None:
+                trainer.logger.log_metrics(extra, step=trainer.global_step)
 
     def _hiders(self, trainer: Any) -> list[str]:
         why = self.core.scaler_phrase()

@@ -116,6 +116,11 @@ class NanHunterCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if logs and "loss" in logs:
             self.core.hidden_losses(self._hiders(args))
+        if logs is not None:  # the forecast and warnings as scalars: to the loggers after this callback, and
+            extra = self.core.early_warning()  # to trainer_state.json's log history
+            logs.update(extra)
+            if extra and state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(extra)
 
     def _hiders(self, args: Any) -> list[str]:
         why = []

@@ -21,6 +21,7 @@ from ..version import __version__
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
 NEAR_MISS_MAX_LISTED = 10  # near_miss.max_listed
 WEIGHTS_MAX_ROWS = 20  # weights.max_rows
+FORECAST_MAX_LISTED = 5  # forecast.max_listed
 WEIGHTS_TARGETS: tuple[str, ...] = ("fp16", "fp8-e4m3", "fp8-e5m2")  # weights.targets
 LEAD_CALLS = 5  # calls shown before the producer
 ROOT = "<root>"
@@ -809,3 +810,25 @@ def tensor_rows(rep: Report, max_rows: int = 200) -> tuple[list[list[str]], int]
                      f"{room:.3g}x" if isinstance(room, float) else "—",
                      "—" if zero is None else f"{zero:.2%}"])
     return rows, max(0, len(ts) - len(rows))
+
+
+def forecast_lines(rep: Report, max_listed: int) -> tuple[list[str], int]:
+    """The overflow forecast's first ``max_listed`` entries (``forecast.max_listed``) as lines, and how
+    many more: soonest projected crossing first (the report's order)."""
+    entries = getattr(rep, "forecast", None) or []
+    lines = []
+    for e in entries[:max(0, max_listed)]:
+        when = (f"crosses at step {e['projected_step']}" if e["projected_step"] is not None
+                else "no projection (trend too noisy)")
+        lines.append(f"{e['module'] or '(root)'} {e['signal']}: {e['headroom_db']:.1f} dB below the {e['dtype']} max, "
+                     f"{e['rate_db_per_100_steps']:+.1f} dB/100 steps, {when} ({e['confidence']} confidence)")
+    return lines, max(0, len(entries) - max(0, max_listed))
+
+
+def warning_lines(rep: Report) -> list[str]:
+    """The precursor warnings (never faults): code, step, module, evidence, fix."""
+    out = []
+    for w in getattr(rep, "warnings", None) or []:
+        where = f" in {w['module']}" if w.get("module") else ""
+        out.append(f"{w['code']} at step {w['step']}{where}: {'; '.join(w['evidence'])} — fix: {w['fix']}")
+    return out

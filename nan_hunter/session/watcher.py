@@ -24,10 +24,14 @@ from ..capture.floats import float_items
 from ..capture.listener import KeepSteps
 from ..capture.recorder import Recorder
 from ..capture.sentinel import any_nonfinite, float_tensors_of
+from ..capture.signals import SampledSignals
+from ..config import default_config
 from ..distributed import collectives as dist
 from ..distributed.global_report import combine, local_reruns
 from ..dtypes import autocast_of
 from ..explain.assemble import assemble, run_info
+from ..forecast.overflow import forecast
+from ..forecast.precursors import Precursor, PrecursorWatch
 from ..locate.first_fault import locate
 from ..locate.judged_recording import Recording
 from ..model.execute import weights_as
@@ -106,6 +110,12 @@ class Watch(Recorder):
         # continuous batching: requests of packed forwards, on_fault="abort" (serving.tracker)
         self.serving = PackedBatches(self, abort=o.policy.aborts_requests)
         self.add_companion(self.serving)
+        # the forecast and the precursors (contract v1.4): recorded on sampled steps only
+        self.signals = SampledSignals(self.model, o.optimizer) if self.sample_every else None
+        self.precursor_watch = PrecursorWatch()  # thresholds: configs/default.yaml, precursors
+        if self.signals is not None:
+            self.samplers.append(self.signals)
+            self.add_companion(self.signals)
         if o.trace is not None:  # a numerics trace of every forward, beside the capture (trace.recorder)
             self.add_companion(TraceRecorder(model, str(o.trace), o.trace_level,
                                              dtype=self.run.name if self.run is not None else None,
@@ -176,11 +186,34 @@ class Watch(Recorder):
         steps saw (a non-finite block output the root's outputs did not show: not a fault)."""
         rep.run["level"] = self.level
         rep.run["sample_every"] = self.sample_every if self.sentinel else None
+        rep.forecast = self.forecast()
+        rep.warnings = [{**w.to_dict(), "step": self.policy.label(w.step)} for w in self.precursors()]
         if self.sentinel:
             rep.run["latent"] = [dict(x) for x in self.latent]
             for x in self.latent[:3]:
                 rep.notes.append(f"latent: at sampled step {self.policy.label(x['step'])} {x['module'] or '(root)'} "
                                  "gave a non-finite output that was masked before the model's outputs (not a fault)")
+
+    def forecast(self, run_dtype: str | None = None) -> list[dict[str, Any]] | None:
+        """Contract v1.4 ``forecast`` from the sampled steps so far (``forecast.overflow``); None when
+        none was sampled. ``run_dtype``: the precision the headroom is measured against first."""
+        if self.signals is None:
+            return None
+        sig = self.signals.signals
+        if run_dtype is None:  # the watch's dtype, else what the latest sampled step computed in (autocast)
+            run_dtype = self.run.compute if self.run is not None else sig.dtype
+        cfg = default_config().forecast
+        return forecast(sig, run_dtype, cfg.targets, cfg.window)
+
+    def precursors(self) -> list[Precursor]:
+        """The precursor warnings raised so far (``forecast.precursors``), each judged on the history
+        up to its sampled step; never faults. A sampled step whose optimizer step has not run yet
+        waits for the next call."""
+        if self.signals is None:
+            return []
+        sig = self.signals
+        self.precursor_watch.update(sig.signals, before=sig.signals.steps[-1] if sig.step_pending else None)
+        return list(self.precursor_watch.found)
 
     def _replays_again(self, step: int, times: int = REPLAYS) -> str:
         """The failing forward did not fault again when re-run: re-run it ``times`` more, to tell

@@ -278,3 +278,20 @@ def test_validation_is_counted_per_sample_and_located_without_stopping_training(
     for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), n
     assert not m1._forward_pre_hooks and not m1._forward_hooks
+
+
+def test_sampled_steps_log_the_forecast_to_the_trainers_logger(tmp_path):
+    """issue 46: with steps sampled (``sample_every=1``) the callback logs ``nanhunter/`` scalars
+    through ``trainer.logger.log_metrics`` every ``log_every_n_steps``: a CSVLogger's file has them."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    logger = CSVLogger(str(tmp_path))
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=logger, log_every_n_steps=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[NanHunterCallback(sample_every=1)])
+    trainer.fit(Tiny(), _data(False))
+    rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
+    assert any(r.get("nanhunter/warnings") == "0.0" for r in rows), rows[:2]

@@ -324,3 +324,15 @@ def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, mon
     assert (ev["steps"], ev["nonfinite_losses"], ev["first_failed"]) == (18, 3, EVAL_BAD)
     cb.close()
     assert not m1._forward_pre_hooks and not m1._forward_hooks
+
+
+def test_sampled_steps_log_the_forecast_as_scalars(tmp_path, monkeypatch):
+    """issue 46: with steps sampled (``sample_every=1``) each log step of a clean run gains the
+    ``nanhunter/`` scalars (the warning count, the forecast's top entries) in its ``log_history``
+    entry; nothing else changes."""
+    _sequential(monkeypatch)
+    cb = NanHunterCallback(sample_every=1)
+    trainer, _ = _train(tmp_path, False, cb)
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert logged and all(h.get("nanhunter/warnings") == 0.0 for h in logged)
+    assert cb.report is None

@@ -153,7 +153,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),  # building, inputs, placement, casting, fp8 emulation
     ("capture",),  # hooks → records
     ("trace",),  # records → a numerics trace
-    ("divergence",),  # two recordings → where they part (the one comparison of two runs)
+    ("divergence", "forecast"),  # two recordings → where they part; sampled statistics → forecast, precursors
     ("locate",),  # a recording and its re-runs → where (a re-run judged against its recording by divergence)
     ("distributed", "explain"),  # ranks; replay, diagnosis, fix check, the one assembler
     ("serving",),  # packed batches: requests, their replays alone, abort

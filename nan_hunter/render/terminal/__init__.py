@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.text import Text
 
+from ...config import default_config
 from ...outputs import stdout_closed
 from ...report import Report
-from ..rows import NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
+from ..rows import FORECAST_MAX_LISTED, NEAR_MISS_MAX_LISTED, WEIGHTS_MAX_ROWS, WEIGHTS_TARGETS
 from .check_view import check_verdict, results_table
 from .scan_view import (
     bisect_view,
@@ -54,13 +55,13 @@ def console(stderr: bool = False) -> Console:
 
 def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
                 weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS,
-                first: Text | None = None) -> None:
+                first: Text | None = None, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
     """Header, ``first`` (the verdict, stated up front), weights, headroom strip (``strip`` and
     module rows), producer and diagnosis panels, near misses and notes."""
     width = c.width
     rest = [*weights_tables(rep, width, weights_max_rows, weights_targets),
             headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
-            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed)]
+            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed, forecast_max_listed)]
     # stated up front only when something comes between it and the verdict at the end
     parts = [header(rep, width), first if any(p is not None for p in rest) else None, *rest]
     for part in parts:
@@ -70,13 +71,13 @@ def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_l
 
 def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr: bool = False,
            near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
-           weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+           weights_targets: Sequence[str] = WEIGHTS_TARGETS, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
     """The full terminal view of one report on ``c`` (default: ``console(stderr)``); ``strip``
     adds the per-module headroom strip."""
     c = c or console(stderr)
     line = verdict(rep, c.width)
     render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
-                weights_targets=weights_targets, first=line)
+                weights_targets=weights_targets, first=line, forecast_max_listed=forecast_max_listed)
     found = bisect_view(rep, c.width)
     if found is not None:
         c.print(found)
@@ -87,7 +88,7 @@ def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -
     """``render`` as plain text (no colour), ``width`` columns (default: the terminal's): what
     ``print(report)`` shows."""
     buf = io.StringIO()
-    render(rep, plain_console(buf, width), strip=strip)
+    render(rep, plain_console(buf, width), strip=strip, forecast_max_listed=default_config().forecast.max_listed)
     return buf.getvalue()
 
 

@@ -154,12 +154,19 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
     return Panel(Group(*parts), title=title, title_align="left", border_style="yellow")
 
 
-def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED) -> Table | None:
-    """Near misses (at most ``max_listed``) and notes, wrapped lines indented."""
+def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED,
+             forecast_max_listed: int = R.FORECAST_MAX_LISTED) -> Table | None:
+    """Near misses (at most ``max_listed``), precursor warnings, the forecast's top entries (at most
+    ``forecast_max_listed``) and notes, wrapped lines indented."""
     near, more = R.near_miss_lines(rep, max_listed)
     lines = [(Text("near miss", style="yellow"), t(m)) for m in near]
     if more:
         lines.append((Text("near miss", style="yellow"), Text(f"… {more} more (see --json)", style="dim")))
+    lines += [(Text("warning", style="yellow"), t(w)) for w in R.warning_lines(rep)]
+    fc, more = R.forecast_lines(rep, forecast_max_listed)
+    lines += [(Text("forecast", style="cyan"), t(f)) for f in fc]
+    if more:
+        lines.append((Text("forecast", style="cyan"), Text(f"… {more} more (see --json)", style="dim")))
     lines += [(Text("note", style="dim"), t(n)) for n in rep.notes]
     return hanging(lines, width) if lines else None
 

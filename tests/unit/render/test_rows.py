@@ -139,3 +139,19 @@ def _strip_text(rep: Report) -> str:
     buf = io.StringIO()
     render(rep, Console(file=buf, width=120), strip=True)
     return buf.getvalue()
+
+
+def test_forecast_and_warning_lines():
+    rep = Report(mode="watch")
+    rep.forecast = [{"module": m, "signal": "absmax", "dtype": "fp16", "headroom_db": 6.5,
+                     "rate_db_per_100_steps": -12.25, "projected_step": p, "confidence": c}
+                    for m, p, c in (("layers.0", 140, "high"), ("", None, "low"), ("layers.1", 300, "medium"))]
+    rep.warnings = [{"code": "attention_logit_growth", "step": 9, "module": "layers.0.attn",
+                     "evidence": ["max |q·k|/√d = 52 at step 9", "rising"], "fix": "qk-layernorm"}]
+    lines, more = R.forecast_lines(rep, 2)
+    assert more == 1 and lines[0].startswith("layers.0 absmax: 6.5 dB below the fp16 max, -12.2 dB/100 steps")
+    assert "crosses at step 140 (high confidence)" in lines[0]
+    assert lines[1].startswith("(root)") and "no projection" in lines[1]
+    assert R.warning_lines(rep) == ["attention_logit_growth at step 9 in layers.0.attn: max |q·k|/√d = 52 at step 9; "
+                                    "rising — fix: qk-layernorm"]
+    assert R.forecast_lines(Report(), 5) == ([], 0) and R.warning_lines(Report()) == []

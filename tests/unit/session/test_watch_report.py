@@ -67,3 +67,14 @@ def test_a_view_not_a_second_report():
     g = r.replaced(ranks=[{"rank": 0}], notes=["rank 0: n"])
     assert g.notes == ["rank 0: n"] and r.notes == ["n"] and g.ranks == [{"rank": 0}]  # a copy: the local one stays
     assert g.first_nonfinite is r.first_nonfinite and g.aggregates == r.aggregates
+
+
+def test_forecast_and_warnings_are_the_reports():
+    from nan_hunter.report import Report
+    from nan_hunter.session.watch_report import WatchReport
+
+    rep = Report(mode="watch")
+    rep.forecast, rep.warnings = [], [{"code": "grad_norm_spike", "step": 3, "module": None, "evidence": [], "fix": ""}]
+    view = WatchReport(rep)
+    assert view.forecast == [] and view["warnings"] == rep.warnings
+    assert rep.to_dict()["forecast"] == [] and "forecast" not in Report().to_dict()

@@ -18,6 +18,10 @@ the same counts every ``--every`` steps. A healthy run: no fault to report, and 
 say so.
 
     python bench/watch_memory.py --train 10000 --every 1000 --level blocks
+
+``--level sentinel`` measures the default level; ``--tracemalloc`` adds Python's traced memory to
+every sample. At the end both print their least-squares slope per 1,000 forwards/steps from the
+second sample on (the first holds the warm-up and, for forwards, the kept failing one).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import torch
@@ -62,10 +67,40 @@ class MLP(nn.Module):
         return self.head(x)
 
 
+def _counts(w) -> dict:
+    sink = getattr(w, "sink", None)
+    n = getattr(sink, "n", 0)
+    return {"calls_kept": len(getattr(w, "calls", ())), "rows_in_use": getattr(sink, "rows_in_use", n),
+            "row_capacity": n}
+
+
+def _traced_mb() -> float | None:
+    return tracemalloc.get_traced_memory()[0] / 2**20 if tracemalloc.is_tracing() else None
+
+
 def _sample(i: int, w, t0: float) -> dict:
-    return {"step": i, "rss_mb": round(rss_mb(), 1), "calls_kept": len(w.calls),
-            "rows_in_use": getattr(w.sink, "rows_in_use", w.sink.n), "row_capacity": w.sink.n,
+    return {"step": i, "rss_mb": round(rss_mb(), 1), **_counts(w), "traced_mb": _traced_mb(),
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def slope(samples: list[dict], x: str, y: str, skip: int = 1) -> float | None:
+    """Least-squares slope of ``y`` over ``x`` (per 1,000), from the ``skip``-th sample on (the first
+    ones hold the warm-up and the kept failing step)."""
+    pts = [(s[x], s[y]) for s in samples[skip:] if s.get(y) is not None]
+    if len(pts) < 2:
+        return None
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return None if den == 0 else 1000 * sum((p[0] - mx) * (p[1] - my) for p in pts) / den
+
+
+def _slopes(samples: list[dict], x: str) -> dict:
+    out = {f"{y}_per_1k": slope(samples, x, y) for y in ("rss_mb", "traced_mb")}
+    print("slope from the second sample on: RSS " + (f"{out['rss_mb_per_1k']:+.4f} MB" if out["rss_mb_per_1k"]
+                                                        is not None else "n/a")
+          + (f", tracemalloc {out['traced_mb_per_1k']:+.5f} MB" if out["traced_mb_per_1k"] is not None else "")
+          + f" per 1,000 {x}")
+    return out
 
 
 def train(a) -> None:
@@ -95,7 +130,7 @@ def train(a) -> None:
     print(f"report(): first_nonfinite {r.first_nonfinite}; RSS after report: {rss_mb():.1f} MB")
     out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                        "load_avg": os.getloadavg()},
-           "level": a.level, "train_steps": a.train, "samples": samples,
+           "level": a.level, "train_steps": a.train, "samples": samples, "slope": _slopes(samples, "step"),
            "fault": r.first_nonfinite is not None, "rss_after_report_mb": round(rss_mb(), 1)}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
@@ -109,10 +144,13 @@ def main() -> None:
     ap.add_argument("--forwards", type=int, default=100_000)
     ap.add_argument("--train", type=int, default=0, help="training steps instead of forwards (see above)")
     ap.add_argument("--every", type=int, default=10_000)
-    ap.add_argument("--level", default="modules", choices=["blocks", "modules", "ops"])
+    ap.add_argument("--level", default="modules", choices=["sentinel", "blocks", "modules", "ops"])
+    ap.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (slower)")
     ap.add_argument("--fail-at", type=int, default=1000)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
+    if a.tracemalloc:
+        tracemalloc.start()
     if a.train:
         train(a)
         return
@@ -128,9 +166,8 @@ def main() -> None:
     with torch.no_grad(), nan_hunter.watch(model, level=a.level) as w:
         for i in range(a.forwards + 1):
             if i % a.every == 0:
-                s = {"forwards": i, "rss_mb": round(rss_mb(), 1), "calls_kept": len(w.calls),
-                     "rows_in_use": getattr(w.sink, "rows_in_use", w.sink.n), "row_capacity": w.sink.n,
-                     "seconds": round(time.perf_counter() - t0, 1)}
+                s = {"forwards": i, "rss_mb": round(rss_mb(), 1),
+                              **_counts(w), "traced_mb": _traced_mb(), "seconds": round(time.perf_counter() - t0, 1)}
                 samples.append(s)
                 print(f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
                       f"{s['row_capacity']:>12} {s['seconds']:>7}", flush=True)
@@ -147,6 +184,7 @@ def main() -> None:
     out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                        "load_avg": os.getloadavg()},
            "level": a.level, "forwards": a.forwards, "fail_at": a.fail_at, "samples": samples,
+           "slope": _slopes(samples, "forwards"),
            "report": {"seconds": round(report_s, 2), "input_index": f.input_index, "module": f.module,
                       "op": f.op, "failed_inputs": r.failed_inputs}, "rss_after_report_mb": round(rss_mb(), 1)}
     if a.json:

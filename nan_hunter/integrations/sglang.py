@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..serving.packed import PackedRequest, PackedStep
+from ..serving.packed import PackedRequest, PackedStep, failing_forward
 
 log = logging.getLogger("nan_hunter")
 
@@ -80,9 +80,7 @@ class ForwardSentinel:
             return None
         step = forward_batch_step(fb)
         failed = [step.requests[i].id for i in bad if i < len(step.requests)]
-        entry = {"forward": self.forwards - 1, "failed": failed,
-                 "requests": [{"id": r.id, "positions": r.positions, "tokens": r.tokens, "kv_slots": r.blocks}
-                              for r in step.requests]}
+        entry = failing_forward(self.forwards - 1, step, failed)
         self.failures.append(entry)
         log.warning("nanhunter: forward %d: non-finite logits for request(s) %s", entry["forward"], failed)
         if self.log_path:

@@ -8,14 +8,22 @@ sits in a weight every request reads (the recording's first finding is a paramet
 request seen fails alone), each request is an origin and the report says the weight is shared,
 naming no single request as the culprit. The report's ``first_nonfinite``/``diagnosis`` are
 located on the first origin run alone (``origin_rerun``).
+
+A request's ``token.text`` is the token decoded by the tokenizer saved with the model's checkpoint
+(``tokenizer_of``: a model loaded from a local Hugging Face directory holding one, with no remote
+code); null when there is none — the watch is given a model, not a tokenizer.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
+from ..errors import BadInput
 from ..locate.judged_recording import Recording
 from ..locate.rerun import Rerun
+from ..model.build import TOKENIZER_FILES, custom_code
 from ..report import Eviction, Report, RequestOutcome
 from .alone import AloneRerun
 from .tracker import PackedBatches, RequestTrace
@@ -92,6 +100,37 @@ class NotKept(AloneRerun):
         return None
 
 
+def tokenizer_of(model: Any) -> Any | None:
+    """The tokenizer saved beside the checkpoint ``model`` was loaded from (``config._name_or_path``
+    a local directory with tokenizer files and no remote code; read with ``local_files_only``),
+    else None."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if not isinstance(name, str) or not name or not Path(name).is_dir():
+        return None
+    d = Path(name)
+    try:
+        if not any((d / f).is_file() for f in TOKENIZER_FILES) or custom_code(d, ("tokenizer_config.json",)) \
+                or custom_code(d, ("config.json",), ("AutoTokenizer",)):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
+    except (BadInput, OSError, ValueError):
+        return None
+
+
+def _token(tok: Any, token: int | None) -> dict[str, Any] | None:
+    if token is None:
+        return None
+    text = None
+    if tok is not None:
+        try:
+            text = tok.decode([int(token)])
+        except Exception:  # noqa: BLE001 - an id outside the tokenizer's vocabulary: the text is unknown
+            text = None
+    return {"id": token, "text": text}
+
+
 def finish(pb: PackedBatches, rep: Report, rec: Recording) -> None:
     """``run.requests``, ``run.evict`` and the serving notes into ``rep`` (a watch that saw packed
     forwards; the report's ``first_nonfinite``/``diagnosis`` are already the first origin's)."""
@@ -105,13 +144,14 @@ def finish(pb: PackedBatches, rep: Report, rec: Recording) -> None:
         if t.first_forward is not None and pb.judge_alone(t):
             origins_by_forward.setdefault(t.first_forward, t.id)
     out: list[RequestOutcome] = []
+    tok = tokenizer_of(pb.w.model) if any(t.token is not None for t in _failed(pb)) else None
     for t in sorted(pb.requests.values(), key=lambda t: _natural(t.id)):
         failed = t.first_forward is not None
         origin = bool(failed and pb.judge_alone(t))
         o = RequestOutcome(t.id, failed, origin)
         if failed:
             o.step, o.position = t.decode_step, t.position
-            o.token = {"id": t.token, "text": None} if t.token is not None else None
+            o.token = _token(tok, t.token)
             if not origin:
                 o.poisoned_by = origins_by_forward.get(t.first_forward)  # type: ignore[arg-type]
             elif f is not None and (shared or (first is not None and t.id == first.id)):

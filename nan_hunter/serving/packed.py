@@ -46,6 +46,16 @@ class PackedStep:
         return [i for r in self.requests if r.id in ids for i in range(r.start, r.stop)]
 
 
+def failing_forward(forward: int, step: PackedStep, failed: list[str]) -> dict[str, Any]:
+    """One engine hook's line for a forward with non-finite rows (SGLang's and vLLM's, the same
+    shape): the forward's index, the failing requests, and every request of the forward with the
+    positions and tokens it read and the KV slots it wrote — what ``run.requests``/``run.evict``
+    are made from."""
+    return {"forward": forward, "failed": failed,
+            "requests": [{"id": r.id, "positions": r.positions, "tokens": r.tokens, "kv_slots": r.blocks}
+                         for r in step.requests]}
+
+
 def is_packed(kwargs: dict[str, Any]) -> bool:
     """Whether a root forward's keywords are a continuous-batching packed batch (a paged cache with
     ``cu_seq_lens_q`` and ``logits_indices``)."""

@@ -72,3 +72,28 @@ def test_a_weight_fault_is_shared(model):
     pb = _batches(model, [_failed("req_0", [1, 14])])
     assert outcome.shared_weight(pb, rec)
     assert outcome.origin_rerun(_batches(model, []), rec, "base") == "base"  # no packed forward seen
+
+
+def test_token_text_from_the_checkpoint_tokenizer(tmp_path):
+    """A model loaded from a directory holding its tokenizer: the failing token's text is decoded;
+    without one it is null (the watch is given a model, not a tokenizer)."""
+    from models.serving_llama import HOT, VOCAB, serving_llama
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    model = serving_llama("sdpa")
+    traces = [_failed("req_0", [1, 3, 4, 5, HOT])]
+    rec = SimpleNamespace(finding=SimpleNamespace(role="producer", call=SimpleNamespace(input_index=1)))
+    rep = Report(run=RunInfo(dtype="fp16", device="cpu", n_inputs=1))
+    outcome.finish(_batches(model, traces), rep, rec)
+    assert rep.run.requests[0].token == {"id": HOT, "text": None}
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0").save_pretrained(tmp_path)
+    model.config.save_pretrained(tmp_path)
+    model.config._name_or_path = str(tmp_path)
+    outcome.finish(_batches(model, traces), rep, rec)
+    assert rep.run.requests[0].token == {"id": HOT, "text": f"w{HOT}"}
+    assert outcome.tokenizer_of(SimpleNamespace(config=SimpleNamespace(_name_or_path="org/not-here"))) is None

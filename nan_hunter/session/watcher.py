@@ -106,10 +106,9 @@ class Watch(Recorder):
         # continuous batching: requests of packed forwards, on_fault="abort" (serving.tracker)
         self.serving = PackedBatches(self, abort=o.policy.aborts_requests)
         self.add_companion(self.serving)
-        if o.trace is not None:  # a numerics trace of every forward, beside the capture (trace.recorder)
-            self.add_companion(TraceRecorder(model, str(o.trace), o.trace_level,
-                                             dtype=self.run.name if self.run is not None else None,
-                                             paused=lambda: self.paused))
+        if o.trace is not None:  # a numerics trace of every forward, an observer of this recording (trace.recorder)
+            self.add_observer(TraceRecorder(None, str(o.trace), o.trace_level,
+                                            dtype=self.run.name if self.run is not None else None))
 
     @property
     def contexts(self) -> dict[int, ForwardContext]:

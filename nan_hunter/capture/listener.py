@@ -6,6 +6,7 @@ session needs none."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from .context import ForwardContext
@@ -91,6 +92,18 @@ class CallObserver:
     def op_mode(self) -> Any:
         """A ``TorchDispatchMode`` the recorder enters while attached (after its own), or None."""
         return None
+
+    def input(self, index: int) -> Any:
+        """A context: the root calls inside are data-set input ``index`` (``Recorder.input_run``)."""
+        return contextlib.nullcontext()
+
+    def run(self, r: int) -> Any:
+        """A context: run ``r`` of the current input (0 first; later ones: its ``repeats``)."""
+        return contextlib.nullcontext()
+
+    def repeats(self) -> int:
+        """How many times each input is run (a trace's ``--repeat N``; 1: once)."""
+        return 1
 
     def detached(self) -> None:
         """The recorder's hooks are gone (a trace writes what it holds and closes its file)."""

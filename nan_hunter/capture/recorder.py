@@ -211,6 +211,7 @@ class Recorder:
         self.observers: list[CallObserver] = list(observers or [])
         self._observer_modes: list[Any] = []  # their dispatch modes, entered while attached
         self._observers_only = False  # paused for the capture, not for the observers (observers_only)
+        self.rerun_steps: int | None = None  # an input's re-run for the observers: its first run's root calls
         self.sites = ModelSites()  # the model's source line of the running code, for observers
 
     # -- context manager ------------------------------------------------------------------
@@ -311,6 +312,40 @@ class Recorder:
             yield
         finally:
             self.paused, self._observers_only = was
+
+    def input_run(self, index: int, run: Any, again: Any = None) -> Any:
+        """``run()``: one input of a data set (what a mode runs for it), its root calls seen by the
+        observers as input ``index``. An observer asking for N runs per input (a trace's
+        ``--repeat N``) gets N-1 more of ``again`` (default ``run``) from the same RNG state, the
+        capture paused for them (``observers_only``) and the RNG left as after the first run;
+        ``rerun_steps`` is the first run's root calls while they run (a decoding stops there)."""
+        if not self.observers:
+            return run()
+        n = max(o.repeats() for o in self.observers)
+        with contextlib.ExitStack() as inside:
+            for o in self.observers:
+                inside.enter_context(o.input(index))
+            state = torch.get_rng_state() if n > 1 else None
+            before = self._forward
+            with contextlib.ExitStack() as first:
+                for o in self.observers:
+                    first.enter_context(o.run(0))
+                out = run()
+            if n > 1:
+                devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                    else []
+                self.rerun_steps = self._forward - before
+                try:
+                    with torch.random.fork_rng(devices=devices):
+                        for r in range(1, n):
+                            torch.set_rng_state(state)  # every re-run draws the same random numbers
+                            with contextlib.ExitStack() as later, self.observers_only():
+                                for o in self.observers:
+                                    later.enter_context(o.run(r))
+                                (again or run)()
+                finally:
+                    self.rerun_steps = None
+        return out
 
     def source_site(self, skip: int = 1) -> tuple[str, int] | None:
         """(file, line) of the model's own code that runs now (``capture.ops.ModelSites``)."""

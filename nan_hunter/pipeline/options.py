@@ -154,4 +154,7 @@ class ScanOptions:
         if launched():
             raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "
                            "process (without torchrun)")
+        if self.batch and self.generate is not None:
+            raise BadInput("--trace with --generate --batch: the trace is written in the capture's own pass, where the "
+                           "prompts decode as one left-padded batch, not one by one; drop --batch to trace them")
         return TraceOptions(self.trace, self.trace_level, self.repeat, self.compile)

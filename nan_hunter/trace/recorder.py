@@ -127,6 +127,7 @@ class TraceRecorder(CallObserver):
         self.model: nn.Module | None = None  # the recorder's unwrapped model
         self._compiled = False  # the recorder's root is a compiled wrapper
         self._alone: Any = None
+        self.keep_open = False  # the file outlives each recorder it observes (a scan's groups): see close
         self.path = os.fspath(path)
         self.level = level
         self.repeat = repeat
@@ -168,18 +169,28 @@ class TraceRecorder(CallObserver):
             alone.detach()
 
     def attached(self, recorder: Any) -> None:
-        if self.writer is not None and not self.writer.closed:
-            return
         self.rec = recorder
         self.model = recorder.model
         self._compiled = recorder.root_hooked is not recorder.model
-        self.writer = TraceWriter(self.path)
+        if self.writer is None or self.writer.closed:
+            self.writer = TraceWriter(self.path)
 
     def op_mode(self) -> Any:
         return _OpTrace(self) if self.level == "ops" else None
 
+    def repeats(self) -> int:
+        return self.repeat or 1
+
     def detached(self) -> None:
+        """The recorder is gone: what is pending is written, and the file closed unless the trace
+        spans several recordings (``keep_open``: a scan's groups; its pass calls ``close``)."""
         self._stack.clear()
+        if self.writer is not None and not self.writer.closed:
+            self._flush()
+            if not self.keep_open:
+                self.close()
+
+    def close(self) -> None:
         if self.writer is not None and not self.writer.closed:
             self._flush()
             if self.writer.entries == 0 and not self._header_written:

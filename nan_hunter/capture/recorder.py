@@ -365,7 +365,7 @@ class Recorder:
 
     def add_companion(self, companion: Any) -> None:
         """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
-        recorder does (``watch(trace=PATH)``'s trace); attached now if this recorder is."""
+        recorder does (a watch's ``serving.PackedBatches``); attached now if this recorder is."""
         self.companions.append(companion)
         if self._handles:
             companion.attach()

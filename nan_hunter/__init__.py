@@ -1,10 +1,13 @@
 """nanhunter: find the first module and aten op that turned finite values into NaN/Inf.
 
 Public API (torch is imported only when these are called): ``watch(model)``, ``scan(checkpoint)``,
-``bisect(checkpoint)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``. Keywords take
+``bisect(checkpoint)``, ``check(checkpoints)``, ``diff(a, b)``, ``apply_policy(model, policy)``, ``Report``. Keywords take
 the names of the command line's flags (``--keep-dtype`` → ``keep_dtype=``; a repeatable flag's
 keyword is plural: ``--prompt`` → ``prompts=``); a mistyped one is a ``TypeError`` naming the one
-meant, as the CLI does for a flag.
+meant, as the CLI does for a flag. ``scan``'s, ``bisect``'s and ``check``'s keywords are the fields
+of ``ScanOptions``, ``BisectOptions`` and ``CheckOptions`` (one field per option,
+``nan_hunter/options.py``), with the same defaults: tests/unit/test_options.py holds signatures,
+defaults and docstrings against them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import NonFiniteError
 from .version import __version__
 
-__all__ = ["watch", "scan", "bisect", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
+__all__ = ["watch", "scan", "bisect", "check", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -57,7 +60,7 @@ def _keywords_checked(fn: F) -> F:
             elif k in _OUTPUT_KEYWORDS:
                 hint = f"; {fn.__name__}() returns the report: {_OUTPUT_KEYWORDS[k]}"
             else:
-                hint = f"; its keywords are {', '.join(names[1:] if names[0] in ('model', 'checkpoint') else names)}"
+                hint = f"; its keywords are {', '.join(names[1:] if names[0] in ('model', 'checkpoint', 'checkpoints') else names)}"
             raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {k!r}{hint}")
         return fn(*args, **kwargs)
 
@@ -189,10 +192,10 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
     from .pipeline.scan_checkpoint import scan as _scan  # lazy: `import nan_hunter` stays light
     from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
-    backend = compile if isinstance(compile, str) else compile_backend if compile else None
     return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
                  prompts=prompts, data=data, dtype=dtype, device=device, device_map=device_map,
-                 max_memory=max_memory, stats=stats, replay=replay, compile=backend, rtol=rtol, generate=generate,
+                 max_memory=max_memory, stats=stats, replay=replay, compile=compile, compile_backend=compile_backend,
+                 rtol=rtol, generate=generate,
                  batch=batch, backward=backward, loss=loss, trace=trace, trace_level=trace_level, repeat=repeat))
 
 
@@ -244,6 +247,36 @@ def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str =
     return printable(_bisect(checkpoint, dtype=dtype, keep_dtype=keep_dtype, arch=arch, inputs=inputs, prompts=prompts,
                    data=data, device=device, config=config, attn=attn, granularity=granularity, over=over, rtol=rtol,
                    policy_out=policy_out, progress=progress, generate=generate, backward=backward, loss=loss))
+
+
+@_keywords_checked
+def check(checkpoints: str | PathLike | list[str | PathLike], *, arch: str | None = None, attn: str | None = None,
+          inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None, dtypes: Any = None,
+          device: str = "auto", baseline: str | PathLike | None = None, generate: int | None = None,
+          batch: bool = False, config: str | Config | None = None,
+          progress: Callable[[str, int], None] | None = None) -> list[PrintableReport]:
+    """``nanhunter check CHECKPOINT...`` as a function: the CI smoke check (the weights scan, then one
+    forward per dtype where a model and inputs are given, judged by the policy in configs/ci.yaml).
+    Returns one report per checkpoint, in order; ``report.check["passed"]`` is its verdict (the
+    command exits 1 when one has not passed), ``print(report)`` and ``report.to_json(path)`` as for
+    ``scan``.
+
+    Args:
+        checkpoints: checkpoints to check (files or model directories); a single one is one.
+        arch, attn, inputs, prompts, data, device, generate, batch: as for ``scan``.
+        dtypes: the precisions to check, ``"fp16,bf16"`` or a list (``--dtypes``; default: ``dtypes:``
+            in configs/ci.yaml).
+        baseline: a previous checkpoint (e.g. the last release); each tensor present in both is
+            compared (rule ``headroom_regression.<dtype>``) (``--baseline``).
+        config: a YAML policy merged over configs/ci.yaml, or a ``config.Config`` (``--config``).
+        progress: called as ``progress(tensor_name, bytes_done)`` while the weights are scanned.
+    """
+    from .pipeline.ci_check import check as _check  # lazy: `import nan_hunter` stays light
+    from .render.report_view import printable  # lazy: `import nan_hunter` stays light
+
+    return [printable(r) for r in _check(checkpoints, dtypes=dtypes, config=config, progress=progress,
+                                         baseline=baseline, arch=arch, attn=attn, inputs=inputs, prompts=prompts,
+                                         data=data, device=device, generate=generate, batch=batch)]
 
 
 def apply_policy(model: Any, policy: Any) -> Any:

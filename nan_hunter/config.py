@@ -20,10 +20,11 @@ from typing import Any
 
 from .dtypes import FP8_COMPUTES, FP8_OVERFLOWS, FP8_SCALINGS, RUN_DTYPES, Fp8Recipe, UnknownDtype, canonical
 from .errors import BadInput
+from .options import Granularity
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few hundred bytes; refuse anything huge
-GRANULARITIES = ("leaf", "block")
+GRANULARITIES = tuple(m.value for m in Granularity)  # "leaf", "block": bisect --granularity's choices
 
 
 @dataclass(frozen=True)

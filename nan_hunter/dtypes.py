@@ -72,11 +72,12 @@ def is_fp8(name: str) -> bool:
 def torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, _TORCH_NAMES[canonical(name)])
+    dtype: torch.dtype = getattr(torch, _TORCH_NAMES[canonical(name)])
+    return dtype
 
 
-def name_of(dtype: torch.dtype) -> str | None:
-    """CLI name of a torch dtype, or None for non-float dtypes."""
+def name_of(dtype: torch.dtype | str) -> str | None:
+    """CLI name of a torch dtype (or of its ``str()``, with or without ``torch.``), or None for non-float dtypes."""
     s = str(dtype).removeprefix("torch.")
     for k, v in _TORCH_NAMES.items():
         if v == s:

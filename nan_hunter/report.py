@@ -180,6 +180,7 @@ class RunInfo:
     level: str | None = None  # contract v1.4: watch(level=...) as it ran: sentinel | blocks | modules | ops
     sample_every: int | None = None  # contract v1.4: sentinel, full block statistics every N-th step (0: never)
     latent: list[dict[str, Any]] | None = None  # sentinel, sampled steps: [{step, module}] non-finite inside, finite out
+    eval: dict[str, Any] | None = None  # contract v1.4: the callbacks' evaluation loops (integrations.eval_loops)
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:

@@ -9,7 +9,8 @@ operands widened to float64, and reads the operands that made that element:
 - else, by op family: pointwise (``0*inf``, ``inf-inf``, ``0/0``, ``x/0``, ``inf/inf``,
   ``log(0)``, ``domain``, ``overflow``), matmuls (the products and the sum that make the element),
   reductions (``empty_reduction``: a mean over nothing, a variance with correction ≥ n), softmax
-  and logsumexp (``all_masked_row``), norms, losses (``nll_loss`` with every target ignored), and
+  and logsumexp (``all_masked_row``), norms (layer, RMS, batch — running or batch statistics —
+  and group norm: ``0*inf``, ``x/0``, ``domain`` under the root), losses (``nll_loss`` with every target ignored), and
   ``nonfinite_operand`` when the element's own operands were non-finite.
 
 None only when the op cannot be evaluated (no float64/float32 kernel, a tensor subclass, an
@@ -61,7 +62,10 @@ MEANS = {"mean", "nanmean"}
 VARS = {"var", "std", "var_mean", "std_mean"}
 SUMS = {"sum", "nansum", "prod", "cumsum", "linalg_vector_norm", "norm"}
 SOFTMAX = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
-NORMS = {"native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm", "native_group_norm", "group_norm"}
+NORMS = {"native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm"}
+#: batch norm (its running statistics in eval, the batch's per channel in training) and group norm
+BATCH_NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"}
+GROUP_NORMS = {"native_group_norm"}
 NLL = {"nll_loss_forward", "nll_loss", "nll_loss2d_forward", "nll_loss_nd", "cross_entropy_loss"}
 
 
@@ -301,10 +305,67 @@ def _softmax(name: str, a: tuple, idx: int, shape: list[int]) -> Mechanism | Non
     return M.OVERFLOW
 
 
+def _normalised(vals: torch.Tensor, xv: float, mean: float, var: float, eps: float,
+                affine: list[float]) -> Mechanism | None:
+    """One element of (x − mean) · rsqrt(var + eps) · w + b, from the values it was normalised over
+    (``vals``; empty when the statistics are given) and its own: a non-finite operand, a negative
+    var + eps under the root (``domain``: a corrupted running variance), a zero one — rsqrt(0) = ∞
+    times x − mean: 0 (a group of one element, a constant one: ``0*inf``) or not (``x/0``)."""
+    if not (bool(torch.isfinite(vals).all()) and math.isfinite(xv) and math.isfinite(mean) and math.isfinite(var)
+            and all(math.isfinite(v) for v in affine)):
+        return M.NONFINITE_OPERAND
+    d = var + eps
+    if d < 0:
+        return M.DOMAIN
+    if d == 0:
+        return M.ZERO_TIMES_INF if xv - mean == 0 else M.X_DIV_0
+    return M.OVERFLOW
+
+
+def _affine(a: tuple, c: int) -> list[float]:
+    """The element's weight and bias (a[1], a[2]) where given."""
+    return [float(t.reshape(-1)[c]) for t in a[1:3] if isinstance(t, torch.Tensor) and t.numel()]
+
+
+def _batch_norm(name: str, a: tuple, kw: dict, idx: int) -> Mechanism | None:
+    """native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    (``_no_training``: without ``training``): per channel, the batch's statistics in training
+    (the biased variance over N and the spatial dims), the running ones in eval."""
+    x = a[0]
+    training = bool(a[5]) if name != "_native_batch_norm_legit_no_training" and len(a) > 5 else False
+    eps = float(a[-1]) if isinstance(a[-1], (int, float)) and not isinstance(a[-1], bool) else float(kw.get("eps", 0))
+    chans = x.shape[1] if x.dim() > 1 else 1
+    inner = x[0, 0].numel() if x.dim() > 1 else 1
+    c = (idx // max(inner, 1)) % chans
+    xv = float(x.reshape(-1)[idx])
+    if training or not isinstance(a[4], torch.Tensor):
+        vals = x.movedim(1, 0)[c].reshape(-1) if x.dim() > 1 else x.reshape(-1)
+        if not vals.numel():
+            return M.EMPTY_REDUCTION
+        mean = float(vals.mean())
+        var = float(((vals - mean) ** 2).mean())
+    else:
+        vals = x.new_empty(0)
+        mean, var = float(a[3].reshape(-1)[c]), float(a[4].reshape(-1)[c])
+    return _normalised(vals, xv, mean, var, eps, _affine(a, c))
+
+
+def _group_norm(a: tuple, idx: int) -> Mechanism | None:
+    """native_group_norm(input, weight, bias, N, C, HxW, group, eps): the biased variance over each
+    group of C/group channels × HxW (a group of one element: var 0, x − mean 0)."""
+    x, n_, chans, hxw, group, eps = a[0], int(a[3]), int(a[4]), int(a[5]), int(a[6]), float(a[7])
+    n, c = idx // max(chans * hxw, 1), (idx // max(hxw, 1)) % max(chans, 1)
+    g = c // max(chans // max(group, 1), 1)
+    vals = x.reshape(n_, group, -1)[n, g]
+    if not vals.numel():
+        return M.EMPTY_REDUCTION
+    mean = float(vals.mean())
+    var = float(((vals - mean) ** 2).mean())
+    return _normalised(vals, float(x.reshape(-1)[idx]), mean, var, eps, _affine(a, c))
+
+
 def _norm(name: str, a: tuple, kw: dict, idx: int, shape: list[int]) -> Mechanism | None:
     x = a[0]
-    if name in {"native_group_norm", "group_norm"}:
-        return M.NONFINITE_OPERAND if not bool(torch.isfinite(x).all()) else None
     nshape = a[1] if len(a) > 1 and isinstance(a[1], (list, tuple)) else [x.shape[-1]]
     k = len(nshape)
     red = list(range(x.dim() - k, x.dim()))
@@ -381,6 +442,10 @@ def mechanism_of(func: Any, args: tuple, kwargs: dict, out: Any, prefer: str | N
             return _softmax(name, a, idx, shape)
         if name in NORMS:
             return _norm(name, a, kw, idx, shape)
+        if name in BATCH_NORMS and which == 0:  # (not a saved statistic: an element of the output)
+            return _batch_norm(name, a, kw, idx)
+        if name in GROUP_NORMS and which == 0:
+            return _group_norm(a, idx)
         if name in NLL:
             return _nll(a, kw)
         if name in MEANS | VARS | SUMS:

@@ -427,6 +427,12 @@ def overflowed_to_neginf(ev: OpEvent) -> bool:
     return all(o.finite for o in ev.operands) and not any(_sentinel(o, ev.out_dtype) for o in ev.operands)
 
 
+#: the factories whose result is memory nobody wrote: what they hold is no op's result (under
+#: ``torch.use_deterministic_algorithms(True)`` torch fills them with NaN); a read of it is judged by
+#: ``capture.fresh_fill``
+ALLOCATIONS = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
+
+
 class FirstBadOp(TorchDispatchMode):
     """Finds the op that made the first non-finite value of a module call.
 
@@ -457,7 +463,7 @@ class FirstBadOp(TorchDispatchMode):
         seen = before_op(func, args, kwargs) if self.first is None else None
         out = func(*args, **kwargs)
         self.n_ops += 1
-        if self.first is not None:
+        if self.first is not None or func._opname in ALLOCATIONS:
             return out
         a, kw = seen if seen is not None else (args, kwargs)
         ev = new_nonfinite(func, a, kw, out, self.site, self.params)

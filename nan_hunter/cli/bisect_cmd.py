@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
+from ..bisection.options import BisectOptions
+from ..options import values_from_cli
 from . import options as o
 from .output import check_command_outputs, planned_outputs, say, terminal_limits, was_written, write_json
 
@@ -18,42 +20,6 @@ EXAMPLES = o.examples(
      "    --dtype fp8-e4m3 --keep-dtype bf16 --granularity block"),
     ("which inputs of a data set fail in fp16", "nanhunter bisect ./my-model --data prompts.jsonl --over inputs"),
 )
-
-
-def command(
-    checkpoint: o.Checkpoint,
-    arch: o.Arch = None,
-    attn: o.Attn = None,
-    inputs: o.Inputs = None,
-    prompt: o.Prompt = None,
-    data: o.Data = None,
-    dtype: Annotated[str, o.opt("--dtype", metavar="fp16|bf16|fp8-e4m3|fp8-e5m2", panel=o.RUN, default="fp16",
-                                help="the low precision that fails")] = "fp16",
-    keep_dtype: Annotated[str, o.opt("--keep-dtype", metavar="fp32|bf16", panel=o.RUN, default="fp32",
-                                     help="the precision kept modules run in")] = "fp32",
-    device: o.Device = "auto",
-    granularity: Annotated[str | None, o.opt(
-        "--granularity", metavar="leaf|block", panel=o.MODE,
-        help="candidates: leaf modules, or whole transformer blocks (default: leaf)")] = None,
-    over: Annotated[str, o.opt("--over", metavar="modules|inputs", panel=o.MODE, default="modules",
-                               help="modules: a minimal keep set; inputs: which inputs of the data set fail")] = "modules",
-    rtol: Annotated[str | None, o.opt(
-        "--rtol", metavar="FLOAT", panel=o.MODE, callback=o.number(float, "--rtol"),
-        help="a run passes when its outputs are within this of the run all in --keep-dtype "
-             "(default: bisect.rtol in the config)")] = None,
-    generate: Annotated[str | None, o.opt(
-        "--generate", metavar="N", panel=o.MODE, callback=o.number(int, "--generate"),
-        help="judge each run by greedy decoding of N tokens per input instead of one forward")] = None,
-    backward: o.Backward = False,
-    loss: o.Loss = None,
-    json: o.Json = None,
-    policy_out: Annotated[str | None, o.opt(
-        "--policy-out", metavar="PATH.yaml", panel=o.OUTPUT,
-        help="write the policy YAML here ('-' for stdout); apply it with nan_hunter.apply_policy")] = None,
-    quiet: o.Quiet = False,
-    config: o.Config = None,
-) -> int:
-    return run(o.namespace(locals()))
 
 
 def run(args: Any) -> int:
@@ -71,11 +37,7 @@ def run(args: Any) -> int:
         prog = BisectProgress()
         cb = prog.update
     try:
-        rep = bisect(args.checkpoint, dtype=args.dtype, keep_dtype=args.keep_dtype, arch=args.arch,
-                     inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
-                     config=cfg, attn=args.attn, granularity=args.granularity, over=args.over,
-                     rtol=args.rtol, policy_out=args.policy_out, progress=cb,
-                     generate=args.generate, backward=args.backward, loss=args.loss)
+        rep = bisect(args.checkpoint, config=cfg, progress=cb, **values_from_cli(BisectOptions, args))
     finally:
         if prog is not None:
             prog.close()
@@ -102,3 +64,9 @@ def _no_policy(rep: Any, args: Any) -> None:
     else:
         why = f"no set of modules kept in {args.keep_dtype} makes the run finite"
     say(f"--policy-out {args.policy_out}: not written: {why}")
+
+
+#: the typer command: ``CHECKPOINT``, one flag per ``BisectOptions`` field, then the outputs
+command = o.command(BisectOptions, lambda args: run(args),  # run looked up when called: tests replace it
+                    [("checkpoint", o.Checkpoint)],
+                    [("json", o.Json, None), "policy_out", ("quiet", o.Quiet, False), ("config", o.Config, None)])

@@ -9,7 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from ..options import values_from_cli
 from ..outputs import STDOUT, write_text
+from ..pipeline.options import CheckOptions
 from . import options as o
 from .output import (
     check_command_outputs,
@@ -33,42 +35,6 @@ EXAMPLES = o.examples(
 )
 
 
-def command(
-    checkpoints: Annotated[list[str], typer.Argument(
-        metavar="CHECKPOINT", show_default=False,
-        help="checkpoints to check (files or model directories), e.g. the changed files a pre-commit hook passes")],
-    arch: o.Arch = None,
-    attn: o.Attn = None,
-    inputs: o.Inputs = None,
-    prompt: o.Prompt = None,
-    data: o.Data = None,
-    dtypes: Annotated[str | None, o.opt(
-        "--dtypes", metavar="DTYPE,DTYPE", panel=o.RUN,
-        help="comma-separated precisions to check, e.g. fp16,bf16 (default: dtypes: in configs/ci.yaml)")] = None,
-    device: o.Device = "auto",
-    baseline: Annotated[str | None, o.opt(
-        "--baseline", metavar="OLD", panel=o.RUN,
-        help="a previous checkpoint (e.g. the last release): each tensor present in both is compared, and rule "
-             "headroom_regression.<dtype> fails when one now overflows a dtype it fit or its headroom fell below "
-             "min_headroom_db (configs/ci.yaml, 20 dB)")] = None,
-    generate: o.Generate = None,
-    batch: o.Batch = False,
-    json: Annotated[str | None, o.opt(
-        "--json", metavar="PATH", panel=o.OUTPUT,
-        help="write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")] = None,
-    junit: Annotated[str | None, o.opt(
-        "--junit", metavar="PATH", panel=o.OUTPUT,
-        help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")] = None,
-    report: o.Report = None,
-    strip: o.Strip = None,
-    quiet: o.Quiet = False,
-    config: Annotated[str | None, o.opt(
-        "--config", metavar="FILE", panel=o.OUTPUT,
-        help="YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")] = None,
-) -> int:
-    return run(o.namespace(locals()))
-
-
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
     # the baseline is read too: no output may overwrite it
@@ -82,10 +48,8 @@ def run(args: Any) -> int:
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() else (None, None)
         try:
-            reps = check(args.checkpoints, dtypes=args.dtypes, config=cfg, progress=cb, arch=args.arch,
-                         inputs=args.inputs, prompts=args.prompt, data=args.data, device=args.device,
-                         attn=args.attn, generate=args.generate, batch=args.batch, split=split,
-                         baseline=args.baseline)
+            reps = check(args.checkpoints, config=cfg, progress=cb, split=split,
+                         **values_from_cli(CheckOptions, args))
         finally:
             if prog is not None:
                 prog.close()
@@ -117,3 +81,21 @@ def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
         else:  # a reader of stdout that went away drops them, as it drops the terminal view
             write_text("GitHub annotations", STDOUT, text)
     write_report_file(reps, args.report, args.quiet)
+
+
+#: the typer command: ``CHECKPOINT...``, one flag per ``CheckOptions`` field, then the outputs
+command = o.command(
+    CheckOptions, lambda args: run(args),  # run looked up when called: tests replace it
+    [("checkpoints", Annotated[list[str], typer.Argument(
+        metavar="CHECKPOINT", show_default=False,
+        help="checkpoints to check (files or model directories), e.g. the changed files a pre-commit hook passes")])],
+    [("json", Annotated[str | None, o.opt(
+        "--json", metavar="PATH", panel=o.OUTPUT,
+        help="write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")], None),
+     ("junit", Annotated[str | None, o.opt(
+         "--junit", metavar="PATH", panel=o.OUTPUT,
+         help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")], None),
+     ("report", o.Report, None), ("strip", o.Strip, None), ("quiet", o.Quiet, False),
+     ("config", Annotated[str | None, o.opt(
+         "--config", metavar="FILE", panel=o.OUTPUT,
+         help="YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")], None)])

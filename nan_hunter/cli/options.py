@@ -1,29 +1,27 @@
-"""The flags commands share (loading, inputs, device, outputs), declared once for typer.
+"""The typer parameters, generated from the option groups (``nan_hunter/options.py``).
 
-Each shared flag is an ``Annotated`` type: a command lists it as a parameter (``arch: Arch =
-None``) and gets the same name, metavar, help and help panel as every other command. Values are
+A command's options are the fields of its options class (``ScanOptions``, ``BisectOptions``,
+``CheckOptions``): ``command`` turns each field's ``Flag`` into a typer parameter (name, metavar,
+help, help panel), so a new option is one field. What only the command line has (its arguments,
+``--json``, ``--report``, ``--quiet``, ``--config``) is an ``Annotated`` type here. Values are
 parsed as strings and converted here (``number``), so that a bad number says what argparse said
 (``argument --rtol: invalid float value: 'abc'``) and parsing imports no validation library.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
+from ..options import Flag, Panel, option_fields
 from ..outputs import Output
 from .output import collect_written
 
-DTYPES_HELP = "fp32|bf16|fp16|fp8-e4m3|fp8-e5m2"
-
 #: help panels, in the order they appear in ``--help``
-MODEL = "Model: how it is built"
-INPUTS = "Inputs: one per file, prompt or line"
-RUN = "Precision and device"
-MODE = "What to run"
-OUTPUT = "Output"
+MODEL, INPUTS, RUN, MODE, OUTPUT = (p.value for p in Panel)
 PANELS = (MODEL, INPUTS, RUN, MODE, OUTPUT)
 
 
@@ -68,43 +66,6 @@ def number(kind: type, flag: str) -> Callable[..., Any]:
 CHECKPOINT_HELP = "a .safetensors file, a *.safetensors.index.json, or a model directory"
 Checkpoint = Annotated[str, typer.Argument(metavar="CHECKPOINT", help=CHECKPOINT_HELP, show_default=False)]
 
-# --- model and inputs (every command but diff) ------------------------------------------------------
-Arch = Annotated[str | None, opt(
-    "--arch", metavar="FILE.py:FACTORY", panel=MODEL,
-    help="the model: path/to/file.py:factory or package.module:factory; factory() returns the nn.Module "
-         "the weights load into (default: config.json of a model directory)")]
-Attn = Annotated[str | None, opt(
-    "--attn", metavar="eager|sdpa", panel=MODEL, help="transformers attn_implementation (default: the model's own)")]
-Inputs = Annotated[list[str] | None, opt(
-    "--inputs", metavar="FILE", panel=INPUTS, help="a .safetensors of forward() kwargs (repeatable)")]
-Prompt = Annotated[list[str] | None, opt(
-    "--prompt", metavar="TEXT", panel=INPUTS, help="text to tokenize (repeatable)")]
-Data = Annotated[str | None, opt(
-    "--data", metavar="FILE.jsonl", panel=INPUTS, help='a .jsonl file with {"text": ...} per line')]
-Device = Annotated[str, opt(
-    "--device", metavar="auto|cpu|cuda", panel=RUN, default="auto",
-    help="where the model runs (auto: cuda when available)")]
-DeviceMap = Annotated[str | None, opt(
-    "--device-map", metavar="auto", panel=RUN,
-    help="place a model bigger than one device with accelerate (GPUs, then CPU memory, then disk offload); "
-         "overrides --device")]
-MaxMemory = Annotated[list[str] | None, opt(
-    "--max-memory", metavar="DEV=SIZE", panel=RUN,
-    help="--device-map: memory cap per device, e.g. cpu=200MB or cuda:0=10GiB (repeatable)")]
-
-# --- what to run ------------------------------------------------------------------------------------
-Generate = Annotated[str | None, opt(
-    "--generate", metavar="N", panel=MODE, callback=number(int, "--generate"),
-    help="greedy decoding of up to N new tokens per input through the model's generate(), every step "
-         "captured; stops at the first non-finite value")]
-Batch = Annotated[bool, flag(
-    "--batch", panel=MODE, help="--generate: decode all inputs together as one left-padded batch")]
-Backward = Annotated[bool, flag(
-    "--backward", panel=MODE, help="forward then backward of a loss for each input; the backward is captured too")]
-Loss = Annotated[str | None, opt(
-    "--loss", metavar="FILE.py:FN", panel=MODE,
-    help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, labels = input_ids)")]
-
 # --- output ---------------------------------------------------------------------------------------
 JSON_HELP = "write the JSON report here ('-' for stdout)"
 Json = Annotated[str | None, opt("--json", metavar="PATH", panel=OUTPUT, help=JSON_HELP)]
@@ -116,15 +77,57 @@ Strip = Annotated[bool | None, flag(
 Quiet = Annotated[bool, flag("--quiet", "-q", panel=OUTPUT, help="no terminal report and no progress on stderr")]
 Config = Annotated[str | None, opt(
     "--config", metavar="FILE", panel=OUTPUT, help="YAML merged over configs/default.yaml")]
-Trace = Annotated[str | None, opt(
-    "--trace", metavar="PATH", panel=OUTPUT,
-    help="write a numerics trace of the run (nanhunter.trace/v1, JSON lines; .gz: gzip) for `nanhunter diff`")]
-TraceLevel = Annotated[str, opt(
-    "--trace-level", metavar="modules|ops", panel=OUTPUT, default="modules",
-    help="--trace: one entry per module call, or per aten op (with producer links)")]
-Repeat = Annotated[str | None, opt(
-    "--repeat", metavar="N", panel=OUTPUT, callback=number(int, "--repeat"),
-    help="--trace: run each input N times (N >= 2) and store each entry's run-to-run spread")]
+
+
+def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
+    """The typer parameter of one option field: a flag (no metavar) is a bool; a repeatable option a
+    list of strings; a number a string converted by ``number``. Its CLI default is the field's (what
+    ``run`` reads, e.g. ``args.device``); a repeatable option not given is None."""
+    cli_default = None if fl.repeatable else default
+    if fl.metavar is None:
+        kind: Any
+        info, kind = flag(*fl.names, help=fl.help, panel=fl.panel.value), bool
+    else:
+        info = opt(*fl.names, metavar=fl.metavar, panel=fl.panel.value, default=cli_default, help=fl.help,
+                   callback=number(fl.number, fl.names[0]) if fl.number is not None else None)
+        kind = list[str] | None if fl.repeatable else str | None
+    if fl.inverted:
+        cli_default = False
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=cli_default,
+                             annotation=Annotated[kind, info])
+
+
+def command(options: type, run: Callable[[Any], int], arguments: list[tuple[str, Any]],
+            outputs: list[str | tuple[str, Any, Any]]) -> Callable[..., int]:
+    """A command's typer function, generated: its ``arguments`` (name, ``Annotated`` type), then one
+    parameter per option field of ``options`` in help order (by panel, then field order), then its
+    ``outputs`` panel in the order given — a name is an output field of ``options`` (``policy_out``),
+    a (name, type, default) a command-line-only flag (``--json``); output fields not named come
+    first. Calling it runs ``run`` on the parsed flags (``namespace``)."""
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a) for n, a in arguments]
+    named = {x for x in outputs if isinstance(x, str)}
+    by_name = {}
+    for f, fl in option_fields(options):
+        by_name[f.name] = parameter_of(fl.cli_name, fl, f.default)
+        if f.name not in named:
+            params.append(by_name[f.name])
+    for x in outputs:
+        if isinstance(x, str):
+            params.append(by_name[x])
+        else:
+            name, ann, default = x
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann))
+
+    signature = inspect.Signature(params, return_annotation=int)
+
+    def cmd(*args: Any, **values: Any) -> int:
+        bound = signature.bind(*args, **values)  # called from Python (tests): a flag not given takes its default
+        bound.apply_defaults()
+        return run(namespace(dict(bound.arguments)))
+
+    cmd.__signature__ = signature  # type: ignore[attr-defined]
+    cmd.__annotations__ = {p.name: p.annotation for p in params} | {"return": int}
+    return cmd
 
 
 def examples(*lines: tuple[str, str]) -> list[tuple[str, str]]:

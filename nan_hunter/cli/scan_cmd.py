@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
+from ..options import values_from_cli
+from ..pipeline.options import ScanOptions
 from . import options as o
 from .output import (
     check_command_outputs,
@@ -33,49 +35,6 @@ EXAMPLES = o.examples(
 )
 
 
-def command(
-    checkpoint: o.Checkpoint,
-    arch: o.Arch = None,
-    attn: o.Attn = None,
-    inputs: o.Inputs = None,
-    prompt: o.Prompt = None,
-    data: o.Data = None,
-    dtype: Annotated[str | None, o.opt("--dtype", metavar=o.DTYPES_HELP, panel=o.RUN,
-                                          help="precision of the run (default: the checkpoint's own dtype)")] = None,
-    device: o.Device = "auto",
-    device_map: o.DeviceMap = None,
-    max_memory: o.MaxMemory = None,
-    stats: Annotated[str, o.opt("--stats", metavar="fast|full", panel=o.MODE, default="fast",
-                                help="fast: sampled underflow statistics; full: exact, slower")] = "fast",
-    no_replay: Annotated[bool, o.flag("--no-replay", panel=o.MODE,
-                                     help="skip the replay of the failing region per dtype")] = False,
-    compile: Annotated[bool, o.flag("--compile", panel=o.MODE,
-                                   help="also run under torch.compile and compare with eager")] = False,
-    compile_backend: Annotated[str, o.opt("--compile-backend", metavar="inductor|aot_eager|eager", panel=o.MODE,
-                                          default="inductor", help="--compile: the torch.compile backend")] = "inductor",
-    rtol: Annotated[str | None, o.opt(
-        "--rtol", metavar="FLOAT", panel=o.MODE, default=0.01, callback=o.number(float, "--rtol"),
-        help="--compile: the compiled run parts from eager when max |compiled − eager| / max |eager| exceeds "
-             "this")] = None,
-    generate: o.Generate = None,
-    batch: o.Batch = False,
-    backward: o.Backward = False,
-    loss: o.Loss = None,
-    trace: o.Trace = None,
-    trace_level: o.TraceLevel = "modules",
-    repeat: o.Repeat = None,
-    json: o.Json = None,
-    report: o.Report = None,
-    strip: o.Strip = None,
-    quiet: o.Quiet = False,
-    config: o.Config = None,
-) -> int:
-    args = o.namespace(locals())
-    if args.rtol is None:
-        args.rtol = 1e-2
-    return run(args)
-
-
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json")]) + o.trace_output(args)
     stdout_taken = check_command_outputs(outs, args, [args.checkpoint])
@@ -83,17 +42,10 @@ def run(args: Any) -> int:
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
     from ..distributed.ranks import finish, process_group, writes  # lazy: --help stays light
-    from ..pipeline.options import ScanOptions  # lazy: --help stays light
     from ..pipeline.scan_checkpoint import run_scan  # lazy: --help stays light
     from ..progress import using  # lazy: --help stays light
 
-    opts = ScanOptions(args.checkpoint, arch=args.arch, inputs=tuple(args.inputs or ()),
-                       prompts=tuple(args.prompt or ()), data=args.data, dtype=args.dtype, device=args.device,
-                       stats=args.stats, attn=args.attn, replay=not args.no_replay,
-                       compile=args.compile_backend if args.compile else None, rtol=args.rtol,
-                       generate=args.generate, batch=args.batch, backward=args.backward, loss=args.loss,
-                       device_map=args.device_map, max_memory=tuple(args.max_memory or ()),
-                       trace=args.trace, trace_level=args.trace_level, repeat=args.repeat)
+    opts = ScanOptions(args.checkpoint, **values_from_cli(ScanOptions, args))
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() and not args.quiet else (None, None)
         stages = stage_progress(args.quiet) if writes() else None
@@ -119,3 +71,10 @@ def run(args: Any) -> int:
                        **terminal_limits(cfg))
             write_report_file(rep, args.report, args.quiet)
         return finish(code)
+
+
+#: the typer command: ``CHECKPOINT``, one flag per ``ScanOptions`` field, then the outputs
+command = o.command(ScanOptions, lambda args: run(args),  # run looked up when called: tests replace it
+                    [("checkpoint", o.Checkpoint)],
+                    [("json", o.Json, None), ("report", o.Report, None), ("strip", o.Strip, None),
+                     ("quiet", o.Quiet, False), ("config", o.Config, None)])

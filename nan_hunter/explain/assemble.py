@@ -161,9 +161,9 @@ def explain(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
     if loc.diagnosis is not None and loc.run is not None:
         # only a forward call is re-run with a fix applied; any other fault's fix says why it is unverified
         call = region if isinstance(region, Region) else None
-        whole = {"model": call.whole[0], "batch": call.whole[1]} if call is not None and call.whole else {}
+        whole = call.whole if call is not None else None
         with stage("fix"), (call.around() if call is not None else contextlib.nullcontext()):
-            fix_check.check(loc.diagnosis, call, loc.run, **whole)
+            fix_check.check(loc.diagnosis, call, loc.run, whole=whole)
     if f.reproducible is False:
         # the fault did not come back when its region was re-run: numerics do not explain it
         dtype = loc.diagnosis.dtype if loc.diagnosis is not None else (loc.run.name if loc.run else None)

@@ -344,6 +344,21 @@ def bad_zero_point(ev: Evidence) -> Diagnosis | None:
                  "is dequantized one scale step off", lines, fix)
 
 
+@rule("uninitialised_read")
+def uninitialised_read(ev: Evidence) -> Diagnosis | None:
+    """The fault follows the fill of fresh allocations (``capture.fresh_fill``: NaN-filled re-run
+    non-finite, zero-filled finite): the op read memory nobody wrote, whatever its arithmetic."""
+    if ev.role != "producer" or ev.mechanism != "uninitialised_read":
+        return None
+    d = _diag(ev, "uninitialised_read", f"uninitialised_read: {ev.where} read memory that was never written",
+              ["the failing module re-run with its fresh allocations (torch.empty, empty_like, new_empty, "
+               "empty_strided) filled with NaN was non-finite, filled with zeros finite: the result depends on "
+               "memory nothing wrote"],
+              MECHANISM_FIX["uninitialised_read"])
+    d.mechanism = "uninitialised_read"
+    return d
+
+
 @rule("nonfinite_weights")
 def nonfinite_weights(ev: Evidence) -> Diagnosis | None:
     if ev.role != "weights" and not (ev.role is None and ev.weights_nonfinite):
@@ -648,6 +663,9 @@ MECHANISM_FIX = {
     "masked_softmax": "A softmax over a row that is entirely −inf: make sure no row is fully masked, or use a safe "
                       "softmax (SDPA's) that gives zeros there.",
     "nonfinite_input": "The op received a non-finite operand from upstream: find where it was made.",
+    "uninitialised_read": "Write every element before it is read: allocate with torch.zeros (or new_zeros) instead "
+                          "of torch.empty, or mask the rows that are padding before they reach a sum, a matmul or "
+                          "an attention; a stale cache block must be cleared or masked when it is reused.",
     "nonfinite_weights": "The op read non-finite weights: restore them from a checkpoint.",
 }
 

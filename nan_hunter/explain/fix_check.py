@@ -1,8 +1,9 @@
 """Verified fixes (contract v1.2): the fix a diagnosis proposes, applied to a copy and re-run.
 
-``verify_fix(diagnosis, region, run, model=, batch=)`` picks the mechanical change for the
+``verify_fix(diagnosis, region, run, whole=)`` picks the mechanical change for the
 diagnosis' cause, applies it to a deep copy of the failing region (the module with the inputs
-it was called with) — or, given the whole model and the failing input, to a copy of the model —
+it was called with) — or, given the whole model and the failing input (``model.whole.WholeModel``),
+to a fresh copy of the model whose weights are cast from full precision, as the user loads it —
 re-runs it, and returns a ``FixVerified``: whether the output is finite and how far it is from
 the all-fp32 run. Neither the user's model nor the captured inputs are changed.
 
@@ -38,6 +39,7 @@ from ..kernels.compare import compare
 from ..locate.region import Region
 from ..model.copy_run import copy_at, precision
 from ..model.policy import apply_policy
+from ..model.whole import COPY_LIMIT, WholeModel
 from ..report import Diagnosis, FixVerified
 from ..tree import float_tensors
 from .fix_words import MECHANICAL, NO_FIX, UNVERIFIED, no_mechanical_fix
@@ -54,7 +56,7 @@ __all__ = ["MECHANICAL", "NO_FIX", "UNVERIFIED", "FixVerified", "Region", "Verdi
 #: attributes holding an epsilon, as torch and transformers name them
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps", "rms_norm_eps")
 #: the largest model (parameter bytes) copied whole for a model-level check; bigger: the region only
-MODEL_COPY_LIMIT = 2 << 30
+MODEL_COPY_LIMIT = COPY_LIMIT
 
 
 
@@ -330,10 +332,11 @@ def _region_run(r: Region, run: RunDtype, change: Change | None) -> Outcome:
     return Outcome(outs, _finite(outs.values()))
 
 
-def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype, change: Change | None) -> Outcome:
-
+def _model_run(whole: WholeModel, name: str, run: RunDtype, change: Change | None) -> Outcome:
+    """A fresh copy of the whole model at ``run``'s precision (or the change's own dtype), its weights
+    cast from full precision (``WholeModel.fresh``: as the user loads it), the change applied."""
     at = _at(run, change)
-    m, _, kw = copy_at(model, (), batch, at)
+    m, a, kw = whole.fresh(at)
     seen = {"finite": True}
 
     def watch_region(mod: nn.Module, args: Any, out: Any) -> None:
@@ -343,7 +346,7 @@ def _model_run(model: nn.Module, batch: dict[str, Any], name: str, run: RunDtype
     ctx = change.apply(m, name, at) if change else contextlib.nullcontext()
     try:
         with ctx, precision(at):
-            outs = _outputs(lambda: m(**kw))
+            outs = _outputs(lambda: whole.call(m, a, kw))
     finally:
         h.remove()
     return Outcome(outs, seen["finite"])
@@ -357,15 +360,17 @@ def _model_bytes(model: nn.Module) -> int:
 
 def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
                model: nn.Module | None = None, batch: dict[str, Any] | None = None,
-               module_type: str | None = None) -> FixVerified | None:
+               module_type: str | None = None, whole: WholeModel | None = None) -> FixVerified | None:
     """The diagnosis' mechanical fix applied to a copy and re-run on the failing input: on the
     whole ``model`` with ``batch`` when both are given (and the model is small enough to copy),
     else on the ``region``. A change holds when the failing region's outputs (and the copy's) are
     finite with it, while an unchanged control copy still fails there. The first change that holds
     on the whole model is reported (else the first that holds on the region, else the first tried).
     None when the cause has no mechanical fix, the control does not fail (nothing to verify
-    against), or nothing could run (``verdict`` says which)."""
-    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type).fix_verified
+    against), or nothing could run (``verdict`` says which). ``whole``: the model, the failing step's
+    inputs and its full-precision weights (``model``/``batch``: a model whose weights are full precision)."""
+    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type,
+                   whole=whole).fix_verified
 
 
 @dataclass
@@ -414,10 +419,12 @@ def _alt(text: str, fv: FixVerified | None) -> dict[str, Any]:
 
 def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
             model: nn.Module | None = None, batch: dict[str, Any] | None = None,
-            module_type: str | None = None, rtol: float | None = None) -> Verdict:
+            module_type: str | None = None, rtol: float | None = None, whole: WholeModel | None = None) -> Verdict:
     """Every mechanical change for the diagnosis tried on a copy (see ``verify_fix``). On the whole
     model, "keep in fp32" is the smallest keep set that makes the model's outputs finite and within
-    ``rtol`` of fp32 (``keep_fix``: bisect's search), applied with ``apply_policy`` to a fresh copy."""
+    ``rtol`` of fp32 (``keep_fix``: bisect's search), applied with ``apply_policy`` to a fresh copy.
+    Every whole-model copy — the fp32 reference, the control, each change — is cast from the
+    full-precision weights (``whole.master``), as the user loads the model at that dtype."""
     if diagnosis is None:
         return Verdict()
     changes = _changes(diagnosis, run, module_type)
@@ -425,13 +432,16 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
         return Verdict(why="no_change")
     if region is None:
         return Verdict(why="not_rerun")
-    whole = model is not None and batch is not None and _model_bytes(model) <= MODEL_COPY_LIMIT
+    if whole is None and model is not None and batch is not None:
+        whole = WholeModel(model, (), batch)
+    if whole is not None and _model_bytes(whole.model) > MODEL_COPY_LIMIT:
+        whole = None
     tol = rtol if rtol is not None else default_config().bisect.rtol
 
     fp32 = RD.of("fp32", run.recipe)
 
     def run_copy(scope: str, at: RunDtype, change: Change | None) -> Outcome:
-        return (_model_run(model, batch, region.name, at, change) if scope == "model"
+        return (_model_run(whole, region.name, at, change) if scope == "model" and whole is not None
                 else _region_run(region, at, change))
 
     # a verification needs a failing control: the unchanged copy, at the run's precision, must
@@ -450,16 +460,16 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
     tried: list[tuple[Change, FixVerified | None, KeepFix | None]] = []
     no_control = False
     for ch in changes:
-        scope = "model" if whole and ch.whole_model and fails("model") else "region"
+        scope = "model" if whole is not None and ch.whole_model and fails("model") else "region"
         if not fails(scope):
             no_control = True
             continue
-        if ch.keep_search and scope == "model":
+        if ch.keep_search and scope == "model" and whole is not None:
             if any(fv is not None and fv.finite and fv.scope == "model" for _, fv, _ in tried):
                 tried.append((ch, None, None))  # a keep search costs many runs: not run once a fix holds
                 continue
             try:
-                kept = find_keep_set(model, batch, run, region.name, tol)
+                kept = find_keep_set(whole, run, region.name, tol)
             except Exception:  # noqa: BLE001 - the model's code cannot take the policy at all
                 kept = None
             if kept is None:

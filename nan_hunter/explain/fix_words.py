@@ -15,6 +15,7 @@ NO_FIX = {
     "bad_zero_point": "the zero points follow another convention than the checkpoint declares: re-export it "
                       "with the right checkpoint_format",
     "domain_error": "the argument is outside the op's domain: the fix is upstream (a clamp changes the meaning)",
+    "uninitialised_read": "the model reads memory it never wrote: the fix is in its code (write or mask it)",
     "not_reproducible": "the fault did not reproduce: there is nothing to re-run",
     "unknown": "no rule explains the fault, so no change can be derived",
 }

@@ -24,10 +24,11 @@ from ..capture.targeted import first_call_order
 from ..dtypes import RunDtype
 from ..kernels.compare import compare
 from ..locate.producer import first_finding
-from ..model.execute import cast_batch, run_context
+from ..model.execute import run_context
 from ..model.keep_search import minimal_keep_set
 from ..model.policy import apply_policy, install_hooks, set_precision
-from ..tree import float_tensors
+from ..model.whole import WholeModel
+from ..tree import cast_floats, detached_copy, float_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -68,19 +69,19 @@ def _finite(ts: list[torch.Tensor]) -> bool:
 
 class _Runner:
     """One copy of the model, cast per query from full-precision master weights (as bisect's
-    ``MixedRunner``): the keep set in ``keep``, the rest in ``run``."""
+    ``MixedRunner``; ``WholeModel.weights``: the checkpoint's, not the run's rounded copy): the keep
+    set in ``keep``, the rest in ``run``."""
 
-    def __init__(self, model: nn.Module, batch: dict[str, Any], run: RunDtype, keep: RunDtype):
-        self.run, self.keep = run, keep
-        self.master = {k: v.detach().to(keep.torch_compute).clone() for k, v in model.state_dict().items()
-                       if v.is_floating_point()}
-        self.model = copy.deepcopy(model).eval()
-        self.batch = batch
+    def __init__(self, whole: WholeModel, run: RunDtype, keep: RunDtype):
+        self.run, self.keep, self.whole = run, keep, whole
+        self.master = {k: v.detach().to(keep.torch_compute).clone() for k, v in whole.weights().items()}
+        self.model = copy.deepcopy(whole.model).train(whole.training)
         self.device = next(iter(self.master.values())).device if self.master else torch.device("cpu")
         self.runs = 0
 
-    def _inputs(self, at: RunDtype) -> dict[str, Any]:
-        return cast_batch(self.batch, at, self.device)
+    def forward(self, m: nn.Module, at: RunDtype) -> Any:
+        """``m`` on copies of the step's inputs cast to ``at`` (the step's RNG put in place first)."""
+        return run_whole(self.whole, m, at, self.device)
 
     def observe(self, keep: frozenset[str] | None) -> tuple[list[torch.Tensor], str | None] | None:
         """Outputs and the first module whose output went non-finite (None: none did); None when
@@ -98,7 +99,7 @@ class _Runner:
         rec = Recorder(self.model, level="modules", retain=1)
         try:
             with rec, torch.no_grad(), run_context(at):
-                outs = _outs(self.model(**self._inputs(at)))
+                outs = _outs(self.forward(self.model, at))
         except RuntimeError:
             return None
         finally:
@@ -119,13 +120,21 @@ def candidates(model: nn.Module, runner: _Runner, blamed: str | None) -> list[st
     return [n for n in order if n in wanted]
 
 
-def find_keep_set(model: nn.Module, batch: dict[str, Any], run: RunDtype, blamed: str | None, rtol: float,
+def run_whole(whole: WholeModel, m: nn.Module, at: RunDtype, device: Any) -> Any:
+    """``m`` (a copy of ``whole.model``) run on fresh copies of the step's inputs cast to ``at`` (a
+    KV cache among them is copied, never grown)."""
+    args, kwargs = cast_floats(detached_copy((whole.args, whole.kwargs)), at.torch_compute, device)
+    return whole.call(m, args, kwargs)
+
+
+def find_keep_set(whole: WholeModel, run: RunDtype, blamed: str | None, rtol: float,
                   keep_dtype: str = "fp32", max_runs: int = MAX_RUNS) -> KeepFix | None:
-    """The smallest keep set for ``batch`` (see the module docstring), verified on a fresh copy with
-    ``apply_policy``; None when the all-``keep_dtype`` run is itself non-finite, the search finds no
-    set within ``max_runs``, or keeping every candidate still fails."""
+    """The smallest keep set for the step's inputs (see the module docstring), verified on a fresh
+    copy with ``apply_policy``; None when the all-``keep_dtype`` run is itself non-finite, the search
+    finds no set within ``max_runs``, or keeping every candidate still fails."""
     keep_run = RunDtype.of(keep_dtype)
-    runner = _Runner(model, batch, run, keep_run)
+    model = whole.model
+    runner = _Runner(whole, run, keep_run)
     ref = runner.observe(None)
     if ref is None or ref[1] is not None or not _finite(ref[0]):
         return None
@@ -156,16 +165,16 @@ def find_keep_set(model: nn.Module, batch: dict[str, Any], run: RunDtype, blamed
     if not res.solvable or not res.keep:
         return None
     policy = {"dtype": run.name, "keep_dtype": keep_dtype, "modules": {m: keep_dtype for m in res.keep}}
-    finite, err, high = verify_policy(model, runner.master, batch, run, policy, ref_outs)
+    finite, err, high = verify_policy(whole, runner.master, run, policy, ref_outs)
     return KeepFix(list(res.keep), runner.runs + 1, finite and err is not None and err <= rtol, err, policy, high)
 
 
-def verify_policy(model: nn.Module, master: dict[str, torch.Tensor], batch: dict[str, Any], run: RunDtype,
+def verify_policy(whole: WholeModel, master: dict[str, torch.Tensor], run: RunDtype,
                   policy: dict[str, Any], ref: list[torch.Tensor]) -> tuple[bool, float | None, list[str]]:
     """``policy`` applied the public way (``apply_policy``) to a fresh copy of the model at full
-    precision, run on ``batch``: (outputs finite, max rel err against ``ref``, kept modules whose
-    output stayed in the kept dtype because it did not fit the run's)."""
-    m = copy.deepcopy(model).eval()
+    precision, run on the step's inputs: (outputs finite, max rel err against ``ref``, kept modules
+    whose output stayed in the kept dtype because it did not fit the run's)."""
+    m = copy.deepcopy(whole.model).train(whole.training)
     set_precision(m, RunDtype.of(policy["keep_dtype"]), {}, master)  # the model as loaded, at full precision
     handle = apply_policy(m, policy)
     high: list[str] = []
@@ -177,7 +186,7 @@ def verify_policy(model: nn.Module, master: dict[str, torch.Tensor], batch: dict
         watchers.append(m.get_submodule(name).register_forward_hook(seen))  # after the policy's own hook
     try:
         with torch.no_grad(), run_context(run):
-            outs = _outs(m(**cast_batch(batch, run, next(iter(master.values())).device)))
+            outs = _outs(run_whole(whole, m, run, next(iter(master.values())).device))
     except RuntimeError:
         return False, None, high
     finally:

@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import NonFiniteError
 from ..report import write_json
 from ..session.fault_policy import OnFault, _verdict_line
+from .eval_loops import EvalLoops
 
 
 def torch_optimizer(opt: Any) -> Any:
@@ -94,6 +95,7 @@ class CallbackCore:
         self.report: Any = None
         self.scaler: Any = None
         self.losses = LossFlags()
+        self.eval = EvalLoops(logger)  # evaluation loops: run.eval, their own watch (integrations.eval_loops)
 
     def start(self, model: Any, optimizer: Any, scaler: Any = None) -> None:
         import nan_hunter
@@ -160,6 +162,22 @@ class CallbackCore:
         if self.report_path and self.report is not None:
             write_json(self.report.as_report(), self.report_path)
 
+    def eval_begin(self, model: Any, global_step: int | None) -> None:
+        """An evaluation loop starts: training's watch paused, the eval watch on (attached now if it
+        was not)."""
+        self.eval.attach(model)
+        self.eval.begin(global_step, self.watch)
+
+    def eval_end(self, hidden_by: list[str] | None = None) -> None:
+        """An evaluation loop ended: counted, its first failing step located, ``run.eval`` updated."""
+        self.eval.end(hidden_by)
+        self._eval_into_report()
+
+    def _eval_into_report(self) -> None:
+        if self.report is not None and self.report.run is not None:
+            self.report.run["eval"] = self.eval.as_run()
+            self._write()
+
     def end(self) -> None:
         w, self.watch = self.watch, None
         if w is None:
@@ -168,3 +186,4 @@ class CallbackCore:
         if self.report is not None and self.kind is OnFault.SKIP:
             self.report = w.local_report()  # every skipped step, not only the first
             self._write()
+        self._eval_into_report()

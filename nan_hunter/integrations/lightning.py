@@ -7,7 +7,12 @@ is the LightningModule: its ``training_step`` calls ``self(...)`` (its ``forward
 What hides a non-finite loss under Lightning: mixed precision (``precision="16-mixed"``) steps
 through a GradScaler, which skips the optimizer step of a NaN/Inf loss without a word and goes
 on; and ``ModelCheckpoint(monitor=...)`` ranks a NaN monitored value as ±inf. The callback reads
-each ``training_step`` loss (as a device flag, read when Lightning logs) and names the steps."""
+each ``training_step`` loss (as a device flag, read when Lightning logs) and names the steps.
+
+Validation is watched too (``integrations.eval_loops``, ``run.eval``): every validation loop
+(the sanity check's, those during ``fit`` and ``trainer.validate()``), between
+``on_validation_start`` and ``on_validation_end``; the loss counted is what ``validation_step``
+returns (a tensor, or ``{"loss": ...}``; a per-sample vector is counted per sample)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+from torch import Tensor
 
 from .callback_core import CallbackCore, loss_of
 
@@ -37,6 +44,25 @@ class NanHunterCallback(Callback):
     def report(self) -> Any:
         """The report of the first fault (same shape as ``watch().report()``); None on a clean run."""
         return self.core.report
+
+    @property
+    def eval_report(self) -> Any:
+        """The report of the first failing validation step (located like a training fault,
+        ``run.eval`` filled); None when every validation step was finite."""
+        return self.core.eval.report
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self.core.eval_begin(pl_module, None if trainer.sanity_checking else trainer.global_step)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self.core.eval.loss(outputs if isinstance(outputs, Tensor) else loss_of(outputs))  # per-sample: a vector
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.core.eval_end()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.core.eval.detach()  # the end of fit, validate or test: the validation hooks go
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         opts = list(getattr(trainer, "optimizers", []) or [])
@@ -68,4 +94,5 @@ class NanHunterCallback(Callback):
         self.core.end()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.core.end()  # the hooks are removed whatever happened
+        self.core.end()
+        self.core.eval.detach()  # the hooks are removed whatever happened

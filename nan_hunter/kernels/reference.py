@@ -66,7 +66,8 @@ def plain(t: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
                 v = deq()
             if type(v) in _PLAIN_TYPES and v.shape == t.shape:
-                return v.detach()
+                plain: torch.Tensor = v.detach()
+                return plain
         except Exception:  # noqa: BLE001 - fall back to the inner data
             pass
     inner = _inner_floats(t)
@@ -330,10 +331,11 @@ def _magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None
             lo_i = int(buf.amin()) + 1  # mask + 1 when every value is zero
         lo_all = min(lo_all, lo_i)
         for i, (lim, counted) in enumerate(zip(lims, _COUNTED)):
-            if lo_i > lim or flushed[i] is None:
+            so_far = flushed[i]
+            if lo_i > lim or so_far is None:
                 continue
             # 0 < |x| <= limit: bits <= lim, or in the shifted form (zeros at the top) bits < lim
-            flushed[i] = flushed[i] + int(torch.count_nonzero(buf < lim + (0 if shifted else 1))) if counted else None
+            flushed[i] = so_far + int(torch.count_nonzero(buf < lim + (0 if shifted else 1))) if counted else None
     absmax = float(torch.tensor(top, dtype=int_dtype).view(x.dtype))
     min_nz = math.inf if lo_all > mask else float(torch.tensor(lo_all, dtype=int_dtype).view(x.dtype))
     return absmax, min_nz, flushed

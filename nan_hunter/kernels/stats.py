@@ -13,6 +13,7 @@ from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES, canonical
 from ..errors import BadInput
+from ..options import StatsLevel, choice
 
 INT_FIELDS: tuple[str, ...] = (
     "numel",
@@ -95,15 +96,16 @@ class TensorStats:
         """How many non-zero finite values become zero when cast to ``target`` (one of
         ``dtypes.HEADROOM_DTYPES``), or None when the row did not count them."""
 
-        return getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
+        flushed: int | None = getattr(self, UNDER_FIELDS[HEADROOM_DTYPES.index(canonical(target))])
+        return flushed
 
     @classmethod
     def from_row(cls, ints: list[int], floats: list[float]) -> TensorStats:
         kw: dict[str, Any] = {}
         for name, v in zip(INT_FIELDS, ints):
             kw[name] = None if v < 0 and name not in ("numel",) else int(v)
-        for name, v in zip(FLOAT_FIELDS, floats):
-            kw[name] = None if math.isnan(v) else float(v)
+        for name, f in zip(FLOAT_FIELDS, floats):
+            kw[name] = None if math.isnan(f) else float(f)
         # counts that are always computed
         for name in ("nan", "posinf", "neginf"):
             kw[name] = kw[name] or 0
@@ -119,11 +121,12 @@ class TensorStats:
 
 
 #: ``--stats``: fast (underflow statistics from a sample of each large tensor) or full (exact)
-STATS_LEVELS = ("fast", "full")
+STATS_LEVELS = tuple(m.value for m in StatsLevel)  # "fast", "full"
 
 
 def parse_stats_level(value: str) -> str:
     """``--stats`` / ``stats=`` checked, for scan and check alike: exit 2 (BadInput) naming the choices."""
-    if value not in STATS_LEVELS:
+    level = choice(StatsLevel, value, f"--stats {value!r}: use fast or full")
+    if level is None:
         raise BadInput(f"--stats {value!r}: use fast or full")
-    return value
+    return level

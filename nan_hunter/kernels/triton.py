@@ -60,7 +60,8 @@ SUPPORTED_DTYPES = tuple(_FORMATS)
 
 def _f32_bits(x: float) -> int:
     """The fp32 bit pattern of ``x`` as a non-negative int (``x`` >= 0)."""
-    return struct.unpack("<i", struct.pack("<f", x))[0]
+    bits: int = struct.unpack("<i", struct.pack("<f", x))[0]
+    return bits
 
 
 class _Constant(tl.constexpr):
@@ -403,7 +404,7 @@ def _plan(numels: list[int], block: int, max_programs: int) -> tuple[int, list[i
     return iters, [triton.cdiv(n, block * iters) for n in numels]
 
 
-def _on(device: torch.device):
+def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
@@ -509,7 +510,9 @@ def stats_many_into(
     if len(set(rows)) != len(rows):
         raise ValueError("stats_many_into: two tensors share a row")
     keep = []  # tensors read by the kernel (``.contiguous()`` copies among them) live to the launch
-    aligned, unaligned, empty = [], [], []
+    aligned: list[list[int]] = []
+    unaligned: list[list[int]] = []
+    empty: list[list[int]] = []
     for t, row in zip(tensors, rows):
         if t.device != device:
             raise ValueError(f"stats_many_into: tensors on {device} and {t.device}")

@@ -93,7 +93,7 @@ def float32_table(tag: str) -> np.ndarray:
     return np.array(code_values(tag), dtype=np.float32)
 
 
-def byte_counts(piece) -> np.ndarray:
+def byte_counts(piece: np.ndarray) -> np.ndarray:
     """int64 [256]: how many times each byte value occurs in 1-D uint8 ``piece`` (only read)."""
     out = np.zeros(256, dtype=np.int64)
     for s in range(0, piece.size, HIST_BYTES):
@@ -112,7 +112,7 @@ class CodeHistogram:
     def __post_init__(self) -> None:
         self.counts = [0] * len(code_values(self.tag))
 
-    def add(self, first_byte: int, piece) -> None:
+    def add(self, first_byte: int, piece: np.ndarray) -> None:
         """Bytes ``first_byte ..`` of the tensor (a 1-D numpy uint8 view, only read; a whole number of
         groups)."""
         _, group_bytes, per_group = BIT_TAGS[self.tag]

@@ -61,7 +61,7 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
-def write(root: str | os.PathLike, step: int, *, weights: dict[str, Any], args: tuple, kwargs: dict,
+def write(root: str | os.PathLike[str], step: int, *, weights: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any],
           meta: dict[str, Any], grad_outputs: list[tuple[str, Any]] | None = None,
           optimizer: dict[str, Any] | None = None) -> Path:
     """Write ``root/step-<step>/``; returns its path. ``meta`` goes into capsule.json (phase, dtype,
@@ -115,19 +115,20 @@ class Capsule:
 
     @property
     def phase(self) -> str:
-        return self.meta.get("phase", "forward")
+        phase: str = self.meta.get("phase", "forward")
+        return phase
 
     @property
     def step(self) -> int:
         return int(self.meta.get("step", 0))
 
 
-def is_capsule(path: str | os.PathLike) -> bool:
+def is_capsule(path: str | os.PathLike[str]) -> bool:
     p = Path(path)
     return p.is_dir() and (p / "capsule.json").is_file()
 
 
-def read(path: str | os.PathLike, arch_given: bool = False) -> Capsule:
+def read(path: str | os.PathLike[str], arch_given: bool = False) -> Capsule:
     """Read and validate ``capsule.json`` (bounded, strict JSON); bad content is ``BadInput``.
     ``arch_given``: the caller builds the model itself (``--arch``), so the capsule need not say how."""
 

@@ -131,7 +131,7 @@ class Checkpoint:
     entries: dict[str, TensorEntry] = field(default_factory=dict)
     config_path: Path | None = None
     _files: dict[Path, SafetensorsFile] = field(default_factory=dict, repr=False)
-    _torch_sd: dict | None = field(default=None, repr=False)
+    _torch_sd: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def n_tensors(self) -> int:
@@ -234,7 +234,7 @@ class Checkpoint:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.tensor(n) for n in self.names()}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "format": self.format, "n_tensors": self.n_tensors, "bytes": self.nbytes}
 
 
@@ -275,7 +275,7 @@ def _torch_skip_reason(dtype: torch.dtype, name: str) -> str | None:
     return None
 
 
-def _torch_items(sd: dict) -> Iterator[ScanItem]:
+def _torch_items(sd: dict[str, torch.Tensor]) -> Iterator[ScanItem]:
     """A torch checkpoint's tensors for the weights scan: numpy views of their memory, as a safetensors
     file of the same tags would give them."""
 
@@ -290,12 +290,12 @@ def _torch_items(sd: dict) -> Iterator[ScanItem]:
         nbytes = t.numel() * t.element_size()
         ftag = _TORCH_FLOATS.get(dname)
         skip = None if ftag else _torch_skip_reason(t.dtype, dname)
-        pieces = None
+        floats: Iterator[tuple[int, int, np.ndarray]] | None = None
         if ftag and t.numel():
             flat = _torch_array(t).reshape(-1)
             step = max(1, sf.PIECE // max(1, t.element_size()))
-            pieces = ((s, min(step, flat.size - s), flat[s: s + step]) for s in range(0, flat.size, step))
-        yield ScanItem(name, dname, ftag, list(t.shape), t.numel(), nbytes, pieces, None, skip)
+            floats = ((s, min(step, flat.size - s), flat[s: s + step]) for s in range(0, flat.size, step))
+        yield ScanItem(name, dname, ftag, list(t.shape), t.numel(), nbytes, floats, None, skip)
 
 
 def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = None) -> SafetensorsFile:
@@ -415,7 +415,7 @@ def _open_directory(p: Path) -> Checkpoint:
     return ck
 
 
-def open_safetensors(path: str | os.PathLike, what: str = "checkpoint") -> Checkpoint:
+def open_safetensors(path: str | os.PathLike[str], what: str = "checkpoint") -> Checkpoint:
     """A single safetensors file (a checkpoint, or an ``--inputs`` file) through the strict parser."""
     p = Path(path)
     ck = Checkpoint(p, "safetensors", [p])
@@ -444,7 +444,7 @@ def _has_gguf_magic(p: Path) -> bool:
         return False
 
 
-def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open any supported checkpoint layout; raises BadInput with a one-line fix otherwise."""
     p = Path(path)
     try:

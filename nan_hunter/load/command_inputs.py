@@ -43,7 +43,7 @@ def _index_shards(index: Path) -> list[Path]:
     return [index.parent / f for f in shards]
 
 
-def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
     """Every file nanhunter may read for this checkpoint: the file itself; an index and its shards;
     for a directory, every file in it (weights, index, config, tokenizer, ...) and the shards its
     indexes name."""

@@ -56,7 +56,7 @@ class FloatBits:
         """The magnitude bits of Inf (every magnitude above is NaN)."""
         return ((1 << self.exp_bits) - 1) << self.man_bits
 
-    def bits(self, piece) -> np.ndarray:
+    def bits(self, piece: np.ndarray) -> np.ndarray:
         """``piece`` (the tag's numpy dtype, or its unsigned bits) as unsigned bits: a view, no copy."""
         return piece if piece.dtype == self.unsigned else piece.view(self.unsigned)
 
@@ -66,7 +66,7 @@ class FloatBits:
             return float(np.array([magnitude << 16], dtype=np.uint32).view(np.float32)[0])
         return float(np.array([magnitude], dtype=self.unsigned).view(self.float_dtype)[0])
 
-    def float32(self, bits) -> np.ndarray:
+    def float32(self, bits: np.ndarray) -> np.ndarray:
         """The values of unsigned bits ``bits`` as float32 (exact for F32, F16 and BF16; F64 rounded to
         nearest, as a cast rounds it)."""
         if self.float_dtype is None:
@@ -83,7 +83,7 @@ FLOATS: dict[str, FloatBits] = {
 }
 
 
-def top_magnitude(fb: FloatBits, bits) -> int:
+def top_magnitude(fb: FloatBits, bits: np.ndarray) -> int:
     """The largest magnitude bits in 1-D unsigned ``bits`` (-1 when empty): NaN/±Inf included, so the
     piece is all-finite exactly when the answer is below ``fb.inf``."""
     signed = bits.view(fb.signed)
@@ -97,7 +97,7 @@ def top_magnitude(fb: FloatBits, bits) -> int:
     return top
 
 
-def exact_counts(fb: FloatBits, bits) -> tuple[int, int, int, int | None, int]:
+def exact_counts(fb: FloatBits, bits: np.ndarray) -> tuple[int, int, int, int | None, int]:
     """(NaN, +Inf, −Inf, flat index of the first of them or None, largest finite magnitude bits (0 when
     none is finite)) of 1-D unsigned ``bits``, ``CHUNK`` elements at a time."""
     nan = posinf = neginf = 0

@@ -24,6 +24,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Literal, overload
 
 from ..errors import BadInput
 from .regular_file import open_regular
@@ -71,7 +72,7 @@ class GgufHeader:
 class _Bytes:
     """Sequential reads of the header region, each bounded by what is left of the file."""
 
-    def __init__(self, f, size: int, where: str):
+    def __init__(self, f: BinaryIO, size: int, where: str) -> None:
         self.f, self.size, self.where = f, size, where
         self.pos = 0
         self.buf = b""
@@ -102,8 +103,20 @@ class _Bytes:
             self.take(k, what)
             n -= k
 
-    def unpack(self, fmt: str, what: str):
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+    def unpack(self, fmt: str, what: str) -> int:
+        """An integer field (``fmt`` an integer struct format)."""
+        return int(self.scalar(fmt, what))
+
+    def scalar(self, fmt: str, what: str) -> int | float:
+        """A scalar field of struct format ``fmt`` (a bool, an integer or a float)."""
+        value: int | float = struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+        return value
+
+    @overload
+    def string(self, what: str, limit: int = MAX_STRING, keep: Literal[True] = True) -> str: ...
+
+    @overload
+    def string(self, what: str, limit: int = MAX_STRING, *, keep: bool) -> str | None: ...
 
     def string(self, what: str, limit: int = MAX_STRING, keep: bool = True) -> str | None:
         n = self.unpack("<Q", f"{what} length")
@@ -119,9 +132,9 @@ class _Bytes:
             raise self.bad(f"{what} is not UTF-8 (invalid byte at offset {e.start})") from None
 
 
-def _value(r: _Bytes, vtype: int, key: str, keep: bool):
+def _value(r: _Bytes, vtype: int, key: str, keep: bool) -> int | float | str | None:
     if vtype in _SCALARS:
-        return r.unpack(_SCALARS[vtype], f"value of {key!r}")
+        return r.scalar(_SCALARS[vtype], f"value of {key!r}")
     if vtype == _STRING:
         return r.string(f"string value of {key!r}", keep=keep)
     if vtype == _ARRAY:
@@ -145,7 +158,7 @@ def _value(r: _Bytes, vtype: int, key: str, keep: bool):
     raise r.bad(f"metadata {key!r} has unknown value type {vtype}")
 
 
-def parse_gguf(f, size: int, where: str) -> GgufHeader:
+def parse_gguf(f: BinaryIO, size: int, where: str) -> GgufHeader:
     """Validate the header, metadata and tensor infos of a GGUF file ``f`` of ``size`` bytes."""
     r = _Bytes(f, size, where)
     if size < 24 or r.take(4, "magic") != MAGIC:
@@ -160,7 +173,9 @@ def parse_gguf(f, size: int, where: str) -> GgufHeader:
     if n_kv > MAX_KV or n_kv * 13 > size:
         raise r.bad(f"{n_kv} metadata entries: more than {MAX_KV:,} or than the file can hold")
     keys: set[str] = set()
-    alignment, arch, file_type = 32, None, None
+    alignment = 32
+    arch: str | None = None
+    file_type: int | None = None
     for _ in range(n_kv):
         key = r.string("metadata key", limit=65535)
         if key in keys:
@@ -170,7 +185,7 @@ def parse_gguf(f, size: int, where: str) -> GgufHeader:
         small = key in ("general.alignment", "general.architecture", "general.file_type")
         v = _value(r, vtype, key, keep=small)
         if key == "general.alignment":
-            if vtype != 4 or not v or v & (v - 1):
+            if vtype != 4 or not isinstance(v, int) or not v or v & (v - 1):
                 raise r.bad(f"general.alignment is {v!r}: ggml needs a power of two (u32)")
             alignment = v
         elif key == "general.architecture" and isinstance(v, str):
@@ -178,7 +193,7 @@ def parse_gguf(f, size: int, where: str) -> GgufHeader:
         elif key == "general.file_type" and isinstance(v, int):
             file_type = v
     del keys
-    infos = []
+    infos: list[tuple[str, str, tuple[int, ...], int, int]] = []
     names: set[str] = set()
     for i in range(n_tensors):
         name = r.string(f"name of tensor {i}", limit=1 << 16)
@@ -209,7 +224,7 @@ def parse_gguf(f, size: int, where: str) -> GgufHeader:
     data_start = -(-r.pos // alignment) * alignment
     data_len = size - data_start
     expected = 0
-    tensors = []
+    tensors: list[tuple[str, str, tuple[int, ...], int, int]] = []
     for name, tname, shape, offset, nbytes in infos:
         if offset != expected:
             raise r.bad(f"tensor {name!r} has offset {offset}, expected {expected} (each tensor follows the one "

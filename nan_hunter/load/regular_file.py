@@ -32,7 +32,7 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def require_regular(path: str | os.PathLike, what: str) -> os.stat_result:
+def require_regular(path: str | os.PathLike[str], what: str) -> os.stat_result:
     """``os.stat`` of ``path`` (symlinks followed); exit 2 unless it is an existing regular file."""
     try:
         st = os.stat(path)
@@ -46,7 +46,7 @@ def require_regular(path: str | os.PathLike, what: str) -> os.stat_result:
     return st
 
 
-def open_regular(path: str | os.PathLike, what: str) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
     """Open a regular file read-only (unbuffered); never blocks on a FIFO or device."""
     st = require_regular(path, what)
     try:
@@ -76,7 +76,7 @@ def read_exact(f: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def read_regular(path: str | os.PathLike, what: str, limit: int) -> bytes:
+def read_regular(path: str | os.PathLike[str], what: str, limit: int) -> bytes:
     """The whole of a small regular file; exit 2 when it is over ``limit`` bytes."""
     with open_regular(path, what) as f:
         size = os.fstat(f.fileno()).st_size
@@ -88,7 +88,7 @@ def read_regular(path: str | os.PathLike, what: str, limit: int) -> bytes:
     return data
 
 
-def read_text(path: str | os.PathLike, what: str, limit: int) -> str:
+def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
     """A small regular file as UTF-8 text; exit 2 naming the byte offset when it is not UTF-8."""
     data = read_regular(path, what, limit)
     try:

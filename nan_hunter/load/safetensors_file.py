@@ -22,7 +22,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -102,7 +102,7 @@ class SafetensorsFile:
             name: TensorEntry(name, path, tag, shape, begin, end) for name, tag, shape, begin, end in header.entries
         }
 
-    def _open(self):
+    def _open(self) -> BinaryIO:
         """The file, re-opened read-only; exit 2 if it is no longer the file whose header was read."""
         f = open_regular(self.real, self.what)
         st = os.fstat(f.fileno())
@@ -214,7 +214,7 @@ class _Windows:
         except OSError as e:  # ENXIO: only holes from ``off`` on; anything else: read it as data
             return e.errno == errno.ENXIO
 
-    def _map(self, off: int, nbytes: int):
+    def _map(self, off: int, nbytes: int) -> tuple[mmap.mmap, int]:
         if not (self.mm is not None and self.lo <= off and off + nbytes <= self.hi):
             self.mm = None
             lo = off - off % mmap.ALLOCATIONGRANULARITY

@@ -74,11 +74,11 @@ class _Malformed(ValueError):
     """Raised inside the JSON hooks; becomes one BadInput line."""
 
 
-class _Entry(tuple):
+class _Entry(tuple[Any, ...]):
     """A valid tensor entry, reduced while parsing: (dtype, shape, begin, end)."""
 
 
-class _Obj(list):
+class _Obj(list[tuple[str, Any]]):
     """Any other JSON object, kept as its (key, value) pairs (duplicates stay visible)."""
 
 
@@ -253,10 +253,10 @@ def parse_header(raw: bytes, data_len: int, where: str, hint: str) -> Header:
         if name in names:
             raise bad(f"tensor {show(name)} is given twice")
         names.add(name)
-        e = v if type(v) is _Entry else (_entry(*v) if type(v) is list and len(v) == 3 else None)
-        if e is None:
+        entry = v if type(v) is _Entry else (_entry(*v) if type(v) is list and len(v) == 3 else None)
+        if entry is None:
             raise bad(f"tensor {show(name)}: {_why_not_entry(v)}")
-        entries.append((name, *e))
+        entries.append((name, *entry))
     del top, names
     entries.sort(key=lambda t: (t[3], t[4]))
     start = 0

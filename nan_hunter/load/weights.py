@@ -22,9 +22,9 @@ writes to an array it is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from .bit_dtypes import BIT_TAGS, CodeHistogram, code_values
 from .checkpoint import Checkpoint, ScanItem, _torch_items
 from .float_bits import CACHE_BYTES, CHUNK, FLOATS, FloatBits, exact_counts
 from .quant.registry import scan_quantized_claims
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 SAMPLE = 65536
 
@@ -62,14 +65,14 @@ class TensorScan:
     def finite(self) -> bool:
         return not (self.nan or self.posinf or self.neginf)
 
-    def nonfinite_dict(self) -> dict:
-        d = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
+    def nonfinite_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
              "posinf": self.posinf, "neginf": self.neginf, "first_index": self.first_index}
         if self.file is not None:
             d["file"] = self.file
         return d
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         if d["file"] is None:
             del d["file"]
@@ -83,7 +86,7 @@ class WeightsScan:
     n_skipped: int
     bytes: int
     quantized: list[Any] = field(default_factory=list)  # quant.base.QuantizedScan, one per quantized weight
-    quantized_unchecked: list[dict] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
+    quantized_unchecked: list[dict[str, str]] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
     claimed: set[str] = field(default_factory=set)  # tensors a quantized format read (data, scales, zeros, states)
 
     @property
@@ -91,7 +94,7 @@ class WeightsScan:
         return [t for t in self.tensors if not t.finite]
 
     @property
-    def unchecked(self) -> list[dict]:
+    def unchecked(self) -> list[dict[str, Any]]:
         """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
         return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors
                 if t.unchecked and t.name not in self.claimed] + self.quantized_unchecked
@@ -110,7 +113,7 @@ def _unravel(flat: int, shape: list[int]) -> list[int]:
     return list(reversed(out))
 
 
-def _count_underflow(fb: FloatBits, bits, chunk: int, c: list) -> None:
+def _count_underflow(fb: FloatBits, bits: np.ndarray, chunk: int, c: list[float]) -> None:
     """Add to ``c`` = [finite, flushed to 0 in fp16, fp16 subnormal, min |x| > 0] the values of 1-D
     unsigned ``bits``.
 
@@ -136,7 +139,7 @@ def _count_underflow(fb: FloatBits, bits, chunk: int, c: list) -> None:
             c[3] = min(c[3], float(np.where(gt0, a, math.inf).min()))  # +inf never wins, NaN is masked
 
 
-def _value_stats(fb: FloatBits, bits) -> tuple[int, int, int, int | None, float | None]:
+def _value_stats(fb: FloatBits, bits: np.ndarray) -> tuple[int, int, int, int | None, float | None]:
     """(nan, posinf, neginf, flat index of the first non-finite value, absmax over finite values) of
     1-D unsigned ``bits``, in one pass (``exact_counts``): two integer reductions per ``CHUNK``-element
     slice, and only slices holding NaN/Inf counted exactly.
@@ -164,7 +167,7 @@ class TensorStatsAccumulator:
         self.absmax: float | None = None
         self.underflow = tag != "F16" or exact  # already fp16: nothing changes when cast
         self.step = numel // SAMPLE if not exact and numel > SAMPLE else 0
-        self.counts: list = [0, 0, 0, math.inf]
+        self.counts: list[float] = [0, 0, 0, math.inf]
 
     def _absmax(self, a: float | None) -> None:
         if a is not None:
@@ -176,7 +179,7 @@ class TensorStatsAccumulator:
         k_hi = min(SAMPLE, -(-(first + count) // self.step))
         return k_lo * self.step - first, max(0, k_hi - k_lo)
 
-    def add(self, first: int, piece) -> None:
+    def add(self, first: int, piece: np.ndarray) -> None:
         """Elements ``first .. first + piece.size`` of the flattened tensor (``piece`` is 1-D, only read)."""
         bits = self.fb.bits(piece)
         nan, posinf, neginf, bad, a = _value_stats(self.fb, bits)
@@ -239,7 +242,7 @@ def _finish_limits(ts: TensorScan) -> None:
 FAST_FP8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
 
 
-def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
+def _fp8_fast(item: ScanItem, pieces: Iterator[tuple[int, int, Any]], ts: TensorScan) -> TensorScan:
     """fp8 from its bits at memory speed: sign-magnitude codes order like their magnitudes, so the
     largest positive magnitude is the int8 max of the bytes and the largest negative one the uint8 max
     minus 0x80 (two read-only reductions, no temporary). NaN/Inf codes are the largest magnitudes
@@ -255,7 +258,7 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
     sample = CodeHistogram(tag)
     step = max(1, item.numel // SAMPLE)
     best = -1  # largest finite magnitude code (E8M0: largest code)
-    for first, count, piece in item.pieces:
+    for first, count, piece in pieces:
         if piece is None:
             sample.add_zeros(len(range(-first % step, count, step)))
             best = max(best, 0)
@@ -266,7 +269,7 @@ def _fp8_fast(item: ScanItem, ts: TensorScan) -> TensorScan:
         else:
             lo, hi, neg = _byte_extremes(piece, signed=True, low=tag.endswith("FNUZ"))
             top = max(hi if hi >= 0 else 0, neg - 0x80 if neg >= 0x80 else 0)
-            bad = (lo == -128) if tag.endswith("FNUZ") else (top >= bad_mag)
+            bad = (lo == -128) if tag.endswith("FNUZ") else (bad_mag is not None and top >= bad_mag)
         if bad:
             hist.add(first, piece)
         else:
@@ -299,7 +302,7 @@ def scan_bits(item: ScanItem, exact: bool = False) -> TensorScan:
         _mark(ts, "empty" if item.numel == 0 else f"dtype {item.dtype} is not scanned")
         return ts
     if not exact and item.bits in FAST_FP8:
-        return _fp8_fast(item, ts)
+        return _fp8_fast(item, item.pieces, ts)
     hist = CodeHistogram(item.bits or "")
     for first, count, piece in item.pieces:
         if piece is None:
@@ -320,7 +323,7 @@ def scan_bits(item: ScanItem, exact: bool = False) -> TensorScan:
     return ts
 
 
-def _byte_extremes(piece, signed: bool, low: bool = False) -> tuple[int, int, int]:
+def _byte_extremes(piece: np.ndarray, signed: bool, low: bool = False) -> tuple[int, int, int]:
     """(int8 min (only with ``low``, else 0), int8 max (uint8 max unless ``signed``), uint8 max) of 1-D
     uint8 ``piece``, a cache-sized slice at a time so each slice is read from memory once."""
     s8 = piece.view(np.int8)
@@ -335,7 +338,7 @@ def _byte_extremes(piece, signed: bool, low: bool = False) -> tuple[int, int, in
     return lo, (hi if signed else neg), neg
 
 
-def scan_tensor(name: str, t, exact: bool = False) -> TensorScan:
+def scan_tensor(name: str, t: torch.Tensor, exact: bool = False) -> TensorScan:
     """Scan one in-memory torch tensor (read only), as a torch checkpoint's tensor is scanned."""
 
     return scan_item(next(_torch_items({name: t})), exact)

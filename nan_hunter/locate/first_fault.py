@@ -30,13 +30,14 @@ from typing import Any
 from torch import nn
 
 from ..capture.blocks import main_blocks
+from ..capture.fresh_fill import fill_verdict
 from ..capture.recorder import Recorder
 from ..capture.snapshot import Snapshot
 from ..capture.targeted import backward_region
 from ..divergence.compare import compare_recordings
 from ..divergence.recordings import from_calls
 from ..model.copy_run import call
-from ..model.execute import weights_as
+from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from .backward_op import rerun_backward
 from .first_op import locate_op
@@ -144,11 +145,13 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
     with rerun.around(name), contextlib.ExitStack() as stack:
         rerun.context(idx).enter(stack)
 
-        def op_level() -> tuple[Any, nn.Module, tuple, dict]:
+        def op_level() -> tuple[Any, nn.Module, tuple[Any, ...], dict[str, Any]]:
             return locate_op(model, fwd, f, rerun.run, grad=None)
 
         as_ran = op_level()
         ev, target, margs, mkw = through_slow_path(as_ran, op_level, notes)  # a fused MHA op: its slow path's op
+        if f.role == "producer":
+            ev = _read_of_fresh_memory(target, margs, mkw, ev, rerun.run, notes)
         fnf = to_first_nonfinite(f, ev)
         if f.role != "input":  # which token row holds it (a decode step: its position in the sequence)
             tp = token_position(call(target, margs, mkw, rerun.run), snap.kwargs)
@@ -168,6 +171,21 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
                         around=lambda: rerun.around(name))
     return Located(fnf, rerun.precision(idx, "forward"), ev, region, table=call_table(fine.calls, rows),
                    notes=mask_notes(fine.calls, rows) + notes, row=row)
+
+
+def _read_of_fresh_memory(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], ev: Any, run: Any,
+                          notes: list[str]) -> Any:
+    """The failing module re-run with fresh allocations NaN-filled, then zero-filled
+    (``capture.fresh_fill``): when the fault follows the fill, the op that read the unwritten
+    memory, with mechanism ``uninitialised_read``; else ``ev`` (arithmetic, as located)."""
+    with run_context(run):
+        verdict = fill_verdict(target, args, kwargs)
+    if verdict is None or not verdict.uninitialised or verdict.op is None:
+        return ev
+    notes.append(f"the fault follows the fill of fresh allocations: {verdict.allocations} allocation(s) "
+                 "(torch.empty and the like) filled with NaN gave a non-finite result, filled with zeros a finite "
+                 f"one — {verdict.op.op} read memory that was never written")
+    return verdict.op
 
 
 def _owner_of_weights(model: nn.Module, f: Finding, fnf: FirstNonfinite) -> FirstNonfinite:

@@ -17,7 +17,7 @@ from .producer import Finding
 
 
 def locate_op(model: nn.Module, rerun: Callable[[], Any], finding: Finding,
-              run: RunDtype | None = None, grad: bool | None = False) -> tuple[OpEvent | None, nn.Module, tuple, dict]:
+              run: RunDtype | None = None, grad: bool | None = False) -> tuple[OpEvent | None, nn.Module, tuple[Any, ...], dict[str, Any]]:
     """Re-run (``rerun``, a forward of ``model``) to copy the finding's module inputs, then replay
     that module under ``FirstBadOp`` at ``run``'s precision. Returns (op event or None, module,
     args, kwargs); data that was bad on arrival (role "input") has no producing op. ``grad``: the

@@ -24,8 +24,8 @@ def fast_path_disabled() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(prev)
 
 
-def through_slow_path(located: tuple[Any, Any, tuple, dict], locate: Callable[[], tuple[Any, Any, tuple, dict]],
-                      notes: list[str]) -> tuple[Any, Any, tuple, dict]:
+def through_slow_path(located: tuple[Any, Any, tuple[Any, ...], dict[str, Any]], locate: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]],
+                      notes: list[str]) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
     """``located`` (op event, module, args, kwargs) as it is, unless its op is the fused MHA op:
     then ``locate()`` again with the fast path disabled, and that answer when it names another op
     (saying so in ``notes``)."""

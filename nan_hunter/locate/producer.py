@@ -39,7 +39,7 @@ class Finding:
     received_by: Call | None = None  # for role "input": first module that received the bad data
 
 
-def _bad(rows: list[TensorStats], refs: list[tuple[str, int]]) -> tuple[str, TensorStats] | None:
+def _bad(rows: Rows, refs: list[tuple[str, int]]) -> tuple[str, TensorStats] | None:
     """First non-finite tensor among refs, preferring NaN/+inf over −inf-only."""
     hits = [(label, rows[r]) for label, r in refs if not rows[r].finite]
     if not hits:
@@ -81,6 +81,7 @@ def _backward_finding(calls: list[Call], rows: Rows) -> Finding | None:
             firsts.append((min(bad), c.depth, c.start, c))
     for _, _, _, c in sorted(firsts, key=lambda x: (x[0], -x[1], x[2])):
         out_bad = _bad(rows, c.outputs)
+        assert out_bad is not None  # c is in firsts: one of its outputs is non-finite
         if _bad(rows, c.inputs) is None:
             return Finding(c, "producer", _kind_of(out_bad[1]), out_bad[0])
         cur = c

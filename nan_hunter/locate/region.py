@@ -2,7 +2,7 @@
 every dtype and, for a forward fault, the fix check): what was called and what it was given.
 
 - ``Region``: a forward fault's module call, with copies of its inputs; ``whole`` is the model and
-  the failing input when the fix may be checked on a copy of the whole model; ``around`` puts the
+  the failing input (``model.whole.WholeModel``) when the fix may be checked on a copy of the whole model; ``around`` puts the
   module's weights in place while it runs (``--device-map`` offload).
 - ``BackwardRegion``: a backward fault's module call, its inputs and the gradients that reached
   its outputs.
@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import nn
 
+from ..model.whole import WholeModel
 from .training import OptimizerPieces
 
 
@@ -27,12 +28,13 @@ class Region:
 
     name: str
     module: nn.Module
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    #: (model, batch): the fix may be checked on a copy of the whole model run on the failing input
-    whole: tuple[nn.Module, dict[str, Any]] | None = field(default=None, repr=False)
+    #: the model, the failing input and its full-precision weights: the fix may be checked on a fresh
+    #: copy of the whole model (``model.whole``)
+    whole: WholeModel | None = field(default=None, repr=False)
     #: a context that puts the module's weights in place while it runs (``--device-map`` offload)
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 @dataclass
@@ -42,10 +44,10 @@ class BackwardRegion:
 
     name: str
     module: nn.Module
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     grads: list[Any]
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 @dataclass
@@ -54,7 +56,7 @@ class OptimizerRegion:
 
     param: str
     pieces: OptimizerPieces
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
 
 
 AnyRegion = Region | BackwardRegion | OptimizerRegion

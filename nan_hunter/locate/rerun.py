@@ -26,6 +26,7 @@ from ..capture.recorder import Recorder
 from ..capture.snapshot import Snapshot
 from ..dtypes import RunDtype, step_precision
 from ..model.execute import run_context
+from ..model.whole import WholeModel
 from .backward_op import rerun_backward
 from .training import OptimizerPieces
 
@@ -62,13 +63,13 @@ class Rerun(Protocol):
     def optimizer_facts(self, step: int, param: str | None) -> dict[str, Any] | None:
         """What explains ``param`` going non-finite, read right after the live step (None: not read)."""
 
-    def around(self, module: str) -> contextlib.AbstractContextManager:
+    def around(self, module: str) -> contextlib.AbstractContextManager[object]:
         """A context that puts ``module``'s weights in place while a region of it runs."""
 
-    def whole(self, step: int) -> tuple[nn.Module, dict[str, Any]] | None:
-        """(model, batch) when a fix may be checked on a copy of the whole model run on the step's input."""
+    def whole(self, step: int) -> WholeModel | None:
+        """The model and the step's inputs when a fix may be checked on a copy of the whole model."""
 
-    def kept(self) -> contextlib.AbstractContextManager:
+    def kept(self) -> contextlib.AbstractContextManager[object]:
         """Everything re-runs may change of the model's state, restored after."""
 
 
@@ -76,8 +77,8 @@ class KeptSteps:
     """The re-runs of a recorder that kept its steps' inputs and contexts (``capture.listener.KeepSteps``)."""
 
     def __init__(self, recorder: Recorder, contexts: Mapping[int, ForwardContext], run: RunDtype | None, *,
-                 around: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                 whole: Callable[[int], tuple[nn.Module, dict[str, Any]] | None] | None = None,
+                 around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
+                 whole: Callable[[int], WholeModel | None] | None = None,
                  optimizer: OptimizerPieces | None = None) -> None:
         self.recorder = recorder
         self.model = recorder.model
@@ -133,11 +134,11 @@ class KeptSteps:
     def optimizer_facts(self, step: int, param: str | None) -> dict[str, Any] | None:
         return None
 
-    def around(self, module: str) -> contextlib.AbstractContextManager:
+    def around(self, module: str) -> contextlib.AbstractContextManager[object]:
         return self._around(module) if self._around is not None else contextlib.nullcontext()
 
-    def whole(self, step: int) -> tuple[nn.Module, dict[str, Any]] | None:
+    def whole(self, step: int) -> WholeModel | None:
         return self._whole(step) if self._whole is not None else None
 
-    def kept(self) -> contextlib.AbstractContextManager:
+    def kept(self) -> contextlib.AbstractContextManager[object]:
         return users_state_kept(self.model)

@@ -40,6 +40,9 @@ class Prepared:
     texts: list[str | None] = field(default_factory=list)  # per input: its prompt or data line (None: a file)
     #: the quantization method of a model run in its own quantized form (not cast to the asked dtype)
     quantized: str | None = None
+    #: the weights as loaded, before the cast to the run's dtype (``whole.master_of``): what a fix is
+    #: checked from on a fresh copy of the whole model (bf16 from the checkpoint, not from fp16)
+    master: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def dtype(self) -> str:
@@ -97,6 +100,7 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         quantized_form,
         resolve_device,
     )
+    from .whole import COPY_LIMIT, master_of  # lazy: torch
 
     if placement is not None:
 
@@ -129,7 +133,10 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
             notes.append(f"a {quantized} model runs in its own quantized form: its unquantized parts in {own}, "
                          f"not cast to {run.name}")
         run = run_dtype(own, cfg)
+    master = None
     if placement is None:
+        if quantized is None:
+            master = master_of(model, run, COPY_LIMIT)  # by reference: the cast gives the parameters new tensors
         model = cast_model(model, run, dev)
     else:
 
@@ -137,4 +144,4 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
         notes += placement_notes(model)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]
     return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes,
-                    [b.text for b in batches], quantized)
+                    [b.text for b in batches], quantized, master)

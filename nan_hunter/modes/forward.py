@@ -13,6 +13,7 @@ from ..explain.assemble import near_misses
 from ..kernels.compare import flat
 from ..locate.rerun import KeptSteps
 from ..model.placement import materialized
+from ..model.whole import WholeModel
 from .base import ModeBase
 from .harness import capture
 
@@ -46,4 +47,5 @@ class ForwardMode(ModeBase):
         # (--device-map) keeps offloaded weights on meta between calls, so its failing module is checked alone
         placed = getattr(p.model, "hf_device_map", None) is not None
         return KeptSteps(cap.recorder, cap.keep.contexts, p.run, around=lambda name: materialized(p.model, name),
-                         whole=None if placed else lambda step: (p.model, p.batches[self.input_of(cap, step)]))
+                         whole=None if placed else lambda step: WholeModel(p.model, (), p.batches[self.input_of(cap, step)],
+                                                                           p.master))

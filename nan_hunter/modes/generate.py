@@ -21,6 +21,7 @@ from ..errors import BadInput
 from ..locate.rerun import KeptSteps
 from ..model.execute import run_context
 from ..model.prepare import Prepared
+from ..model.whole import WholeModel
 from .base import ModeBase
 from .failing_prefix import shortest_failing_prefix
 from .harness import capture
@@ -213,7 +214,8 @@ class GenerateMode(ModeBase):
 
     def rerun(self, p: Prepared, cap: Capture) -> Rerun:
         # the prompt's own forward (step 0, one prompt) may be checked on a copy of the whole model
-        whole = None if self.batched else lambda step: (p.model, p.batches[cap.group[0]]) if step == 0 else None
+        whole = None if self.batched else \
+            lambda step: WholeModel(p.model, (), p.batches[cap.group[0]], p.master) if step == 0 else None
         return KeptSteps(cap.recorder, cap.keep.contexts, p.run, whole=whole)
 
     def place(self, p: Prepared, cap: Capture, loc: Located) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput
+from ..options import TraceLevel, choice
 from ..trace.env import inputs_hash
 from ..trace.recorder import TraceRecorder
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
     from .recording import Mode
 
-TRACE_LEVELS = ("modules", "ops")
+TRACE_LEVELS = tuple(m.value for m in TraceLevel)
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class TraceOptions:
     def __post_init__(self) -> None:
         if not self.path or "\0" in self.path:
             raise BadInput(f"--trace {self.path!r}: not a usable file name")
-        if self.level not in TRACE_LEVELS:
-            raise BadInput(f"--trace-level {self.level!r}: use modules or ops")
+        object.__setattr__(self, "level", choice(TraceLevel, self.level,
+                                                 f"--trace-level {self.level!r}: use modules or ops"))
         if self.repeat is not None and (isinstance(self.repeat, bool) or not isinstance(self.repeat, int)
                                         or self.repeat < 2):
             raise BadInput(f"--repeat {self.repeat!r}: give the number of runs per input, at least 2")

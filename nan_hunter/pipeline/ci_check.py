@@ -19,14 +19,14 @@ from ..config import Config, Thresholds, as_config
 from ..dtypes import RunDtype, parse_dtype
 from ..errors import BadInput
 from ..explain.weights_verdict import weights_section, weights_verdict
-from ..kernels.stats import parse_stats_level
 from ..load.checkpoint import Checkpoint, open_checkpoint
 from ..load.weights import scan_weights
 from ..load.weights_sections import bad_scales
-from ..model.inputs import one_or_many, one_path
+from ..model.inputs import one_or_many
 from ..model.prepare import builds_a_model, prepare
 from ..report import Report, write_json
 from .checkpoint_rules import baseline_rules, weights_extra_rules
+from .options import CheckOptions
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -40,35 +40,6 @@ class RuleResult:
     dtype: str | None = None
     value: float | None = None  # what was measured (a fraction of the dtype max, a count)
     details: list[str] = field(default_factory=list)  # evidence and fix, for failure bodies
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    """The loading/input options of ``scan``, shared by every checkpoint of one check: frozen, each
-    option validated once, here."""
-
-    arch: str | None = None
-    inputs: list[str] | None = None
-    prompts: list[str] | None = None
-    data: str | None = None
-    device: str = "auto"
-    attn: str | None = None
-    stats: str = "fast"
-    generate: int | None = None  # greedy decoding of this many tokens instead of one forward
-    batch: bool = False
-    split: Any = None  # modes.rank_split.RankSplit: the data set split across torchrun ranks
-
-    def __post_init__(self) -> None:
-
-        set_ = object.__setattr__
-        set_(self, "inputs", list(one_or_many(self.inputs, "inputs")) or None)
-        set_(self, "prompts", list(one_or_many(self.prompts, "prompts")) or None)  # a string is one prompt
-        set_(self, "data", one_path(self.data, "data"))
-        parse_stats_level(self.stats)
-
-    @property
-    def has_inputs(self) -> bool:
-        return bool(self.inputs or self.prompts or self.data)
 
 
 # --- policy (configs/ci.yaml, validated by config.load_config) ----------------------------------
@@ -277,7 +248,8 @@ def run_summary(run: Report) -> dict[str, Any]:
 def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
 
-    p = prepare(ck, opts.arch, opts.inputs, opts.prompts, opts.data, dtype, opts.device, cfg, opts.attn)
+    p = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data, dtype, opts.device, cfg,
+                opts.attn)
     if p is None:
         return "weights-only check: no --arch and no config.json, so no forward was run"
     if not p.batches:
@@ -354,8 +326,8 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
           progress: Callable[[str, int], None] | None = None, baseline: str | None = None,
           **options: Any) -> list[Report]:
     """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
-    ``baseline``: a previous checkpoint; each tensor present in both is compared
-    (rule ``headroom_regression.<dtype>``).
+    ``options`` are ``CheckOptions`` fields; ``baseline``: a previous checkpoint; each tensor
+    present in both is compared (rule ``headroom_regression.<dtype>``).
 
     All checkpoints are opened first, so a bad path fails (exit 2) before anything runs.
     """
@@ -365,7 +337,7 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
         raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
     cfg = as_config(config)
     dts = parse_dtypes(dtypes, cfg)
-    opts = CheckOptions(**options)
+    opts = CheckOptions(dtypes=dtypes, baseline=baseline, **options)
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
     if opts.has_inputs and not opts.arch:
         # refused before anything runs, naming the checkpoint: a mixed list (model directories and a bare
@@ -376,12 +348,12 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
                 raise BadInput(f"{path}: cannot take {given}: no model can be built from it (no config.json; "
                                "pass --arch file.py:factory, or check it in a separate run without inputs)")
     base = None
-    if baseline is not None:
+    if opts.baseline is not None:
 
         try:
-            base = (baseline, scan_weights(open_checkpoint(baseline)))
+            base = (opts.baseline, scan_weights(open_checkpoint(opts.baseline)))
         except BadInput as e:  # named as the baseline: the user gave two checkpoints
-            raise BadInput(f"--baseline {baseline}: {e}") from None
+            raise BadInput(f"--baseline {opts.baseline}: {e}") from None
     return [check_checkpoint(ck, path, dts, opts, cfg, progress, base) for path, ck in cks]
 
 

@@ -27,6 +27,7 @@ from .rows import (
     WEIGHTS_HEAD,
     WEIGHTS_MAX_ROWS,
     Verdict,
+    alternative_line,
     caveat_rows,
     check_rows,
     check_verdict,
@@ -80,6 +81,8 @@ pre.cmd { white-space: pre-wrap; word-break: break-all; background: #f5f5f5; pad
 .fix { background: #e8f5e9; border: 1px solid #c8e6c9; border-radius: 8px; padding: 10px 14px; margin-top: 10px; }
 .check { margin-top: 6px; font-size: 13px; } .check.ok { color: #1b5e20; font-weight: 600; } .check.bad { color: #b71c1c; font-weight: 600; } .check.none { color: #666; }
 .fix b { color: var(--green); }
+.alts { border: 1px solid #ddd; border-radius: 8px; padding: 8px 14px; margin-top: 8px; font-size: 13px; color: #444; }
+.alts li.ok { color: #1b5e20; } .alts li.bad { color: #b71c1c; }
 ul.ev { margin: 6px 0 0; padding-left: 20px; } ul.ev li { margin: 2px 0; }
 img.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 .note { color: var(--mute); } .nm { color: var(--amber); }
@@ -178,6 +181,27 @@ def _strip(s: Strip) -> str:
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)
 
 
+def _alt_tone(a: dict) -> str:
+    """ok: verified on the whole model; bad: tried and failed; none: not verified or region only."""
+    fv = a.get("fix_verified")
+    get = fv.get if isinstance(fv, dict) else (lambda k: getattr(fv, k, None))
+    if fv is None:
+        return "none"
+    if get("finite"):
+        return "ok" if get("scope") == "model" else "none"
+    return "bad"
+
+
+def _alternatives(rep: Report) -> str:
+    """``diagnosis.alternatives`` (contract v1.4), outside the fix's box: each with its own check, never
+    shown as the fix."""
+    alts = (rep.diagnosis.alternatives if rep.diagnosis is not None else None) or []
+    if not alts:
+        return ""
+    items = "".join(f'<li class="{_alt_tone(a)}">{prose(alternative_line(a))}</li>' for a in alts)
+    return f'<div class="alts"><b>Other proposals</b> (each with its own check)<ul>{items}</ul></div>'
+
+
 def _diagnosis(rep: Report) -> list[str]:
     d = diagnosis(rep)
     h = ['<div class="card diag"><h2>Diagnosis</h2>']
@@ -191,6 +215,7 @@ def _diagnosis(rep: Report) -> list[str]:
             h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{prose(e)}</li>" for e in d.evidence) + "</ul>")
         h.append(f'<div class="fix"><b>Fix</b> {prose(d.fix)}'
                  + (f'<div class="check {d.check_tone}">{prose(d.check)}</div>' if d.check else "") + "</div>")
+        h.append(_alternatives(rep))
     if rep.first_nonfinite is not None:
         h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep), _source_links(rep))}")
         rows, hit = lead_rows(rep)

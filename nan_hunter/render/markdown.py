@@ -82,6 +82,8 @@ def _diagnosis(rep: Report) -> list[str]:
             module, op, dtype = d.where
             md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
         md += [f"- {prose(e)}" for e in d.evidence] + ["", f"**Fix**: {prose(d.fix)}", ""] + ([f"*{prose(d.check)}*", ""] if d.check else [])
+        if d.alternatives:  # contract v1.4: each with its own check, never merged into the fix
+            md += ["Other proposals (each with its own check):", ""] + [f"- {prose(a)}" for a in d.alternatives] + [""]
     if rep.first_nonfinite is not None:
         md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
         rows, hit = lead_rows(rep)

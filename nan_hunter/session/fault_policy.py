@@ -135,6 +135,9 @@ def _verdict_line(rep: Any) -> str:
     return f"nanhunter: first non-finite value ({f.kind}) at step {f.step}, {f.phase}: {where}{cause}"
 
 
+verdict_line = _verdict_line  # the public name, for the framework callbacks (integrations/)
+
+
 class _Event:
     """A CUDA event recorded now; on other devices (the interpreted test path) one already done."""
 

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..capture.compiled_regions import eager_only
 from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
 from ..locate.producer import first_finding
 from ..locate.rerun import KeptSteps
 from ..locate.training import OptimizerPieces, constructor_hyperparameters, optimizer_facts
 from ..model.execute import weights_copy
+from ..model.whole import WholeModel
 from ..report import Report
 from ..version import __version__
 
@@ -321,6 +323,23 @@ class WatchRerun(KeptSteps):
 
     def kept(self) -> Any:
         return self.w.state_kept()
+
+    def whole(self, step: int) -> WholeModel | None:
+        """The whole model on the step's kept inputs, for its fix check on a fresh copy (contract v1.4
+        scope "model"): as the step ran — the weights it used, its train/eval mode, its RNG (dropout).
+        None (the failing module is checked alone, and the report says so) when the inputs are not
+        kept, under autocast (a copy cast to the autocast dtype is not the run the user made), for a
+        packed serving batch, for a sharded model or under torch.distributed (a wrapped or sharded
+        model cannot be copied whole)."""
+        snap, ctx = self.inputs(step), self.context(step)
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        packed = step in self.w.serving.packed  # a packed serving batch: its inputs hold the whole paged cache
+        if snap is None or ctx.autocast or dist or packed or self.w.training._sharded():
+            return None
+        args, kwargs = snap.rerun()
+        training = ctx.training if ctx.training is not None else self.model.training
+        # compiled submodules of the copy run eagerly, as every re-run of the watch does
+        return WholeModel(self.model, args, kwargs, self.weights(step), training, ctx.seed, around=eager_only)
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:

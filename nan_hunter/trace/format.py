@@ -17,8 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import IO, Any
 
+from ..options import TraceLevel
+
 SCHEMA = "nanhunter.trace/v1"
-LEVELS = ("modules", "ops")
+LEVELS = tuple(m.value for m in TraceLevel)  # "modules", "ops": the one list is nan_hunter.options.TraceLevel
 PHASES = ("forward", "backward", "optimizer")
 #: the keys of an entry line, in the order they are written (op level adds ``producers`` and, on the
 #: entries that made the root call's outputs, ``output: true``; module level adds ``input``: the

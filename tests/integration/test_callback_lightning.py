@@ -228,3 +228,53 @@ def test_model_checkpoint_ranking_a_nan_loss_is_named(tmp_path, caplog):
     assert said and said[0].startswith(f"nanhunter: the loss of step {FAULT} was non-finite, and ModelCheckpoint("
                                        "monitor='loss') ranks a NaN loss as ±inf"), said
     assert len(said) == 1  # each step is named once
+
+
+# -- validation (contract v1.4 run.eval) --------------------------------------------------------------
+
+VAL_BAD = 5  # the validation sample that overflows exp() in layers.0.act
+
+
+class Validated(Tiny):
+    """``validation_step`` returns the per-sample losses (reduction none): counted per sample."""
+
+    def validation_step(self, batch, batch_idx):
+        (x,) = batch
+        return self(x).pow(2).mean(-1)
+
+
+def _val_data():
+    g = torch.Generator().manual_seed(2)
+    xs = torch.randn(8, 8, generator=g) * 0.1
+    xs[VAL_BAD] = 400.0
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=4, shuffle=False)
+
+
+def _fit_validated(callback=None):
+    torch.manual_seed(0)
+    model = Validated()
+    trainer = L.Trainer(max_steps=4, val_check_interval=2, num_sanity_val_steps=0, accelerator="cpu", devices=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, deterministic=True, callbacks=[callback] if callback else [])
+    trainer.fit(model, _data(False), _val_data())
+    return trainer, model
+
+
+def test_validation_is_counted_per_sample_and_located_without_stopping_training():
+    """Two validation loops during ``fit`` (after steps 2 and 4), one bad sample in a batch of 4 each time:
+    ``run.eval`` counts 2 per-sample losses in 4 validation steps, the first located at layers.0.act's exp like
+    a training fault; training is not stopped (no on_fault for validation) and its weights are bitwise those of
+    a run without the callback; the hooks are gone after fit."""
+    cb = NanHunterCallback()
+    trainer, m1 = _fit_validated(cb)
+    _, m2 = _fit_validated()
+    assert trainer.global_step == 4 and cb.report is None
+    ev = cb.core.eval.as_run()
+    assert (ev["steps"], ev["nonfinite_losses"], ev["first_failed"], ev["after_step"]) == (4, 2, 1, 2)
+    rep = cb.eval_report
+    f = rep.first_nonfinite
+    assert (f.step, f.module, f.op) == (1, "layers.0.act", "aten.exp.default")
+    assert rep.diagnosis.cause == "overflow" and rep.run["eval"]["first_failed"] == 1
+    for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert not m1._forward_pre_hooks and not m1._forward_hooks

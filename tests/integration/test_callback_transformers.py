@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 
@@ -226,3 +227,100 @@ def test_logging_nan_inf_filter_hiding_the_loss_is_named(tmp_path, monkeypatch, 
                         "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"]
     else:
         assert not all(torch.isfinite(torch.tensor(x)) for x in logged) and said == []
+
+
+# -- evaluation (contract v1.4 run.eval) --------------------------------------------------------------
+
+EVAL_BAD = 3  # the eval sample that is all token 0 (its RMSNorm divides by zero)
+
+
+class EvalData(torch.utils.data.Dataset):
+    def __init__(self, fault: bool):
+        g = torch.Generator().manual_seed(5)
+        self.rows = [torch.randint(1, 32, (8,), generator=g) for _ in range(6)]
+        if fault:
+            self.rows[EVAL_BAD] = torch.zeros(8, dtype=torch.long)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def _evaluate(tmp_path, fault, callback=None, nan_inf_filter=True):
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=1, report_to=[],
+                             use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
+                             logging_nan_inf_filter=nan_inf_filter)
+    trainer = Trainer(model=_model(), args=args, eval_dataset=EvalData(fault),
+                      callbacks=[callback] if callback else [])
+    return trainer, trainer.evaluate(), trainer.predict(EvalData(fault))
+
+
+def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
+    """``Trainer.evaluate()`` on its own (no training): the one NaN eval sample (batch size 1: one loss per
+    sample) is counted and located like a training fault, at the RMSNorm of layer 0; the filter that left it
+    out of ``eval_loss`` is named; the metrics and predictions are bitwise those of a run without the callback;
+    nothing stops or raises."""
+    cb = NanHunterCallback(on_fault="raise")
+    with caplog.at_level(logging.WARNING):
+        t1, metrics, pred = _evaluate(tmp_path / "a", True, cb)
+    _, metrics0, pred0 = _evaluate(tmp_path / "b", True)
+    clock = ("runtime", "per_second", "preparation_time")
+    assert repr({k: v for k, v in metrics.items() if not k.endswith(clock)}) == \
+        repr({k: v for k, v in metrics0.items() if not k.endswith(clock)})  # repr: NaN equals NaN, floats exact
+    assert (pred.predictions.view("int32") == pred0.predictions.view("int32")).all()  # bitwise, NaN included
+    assert cb.report is None  # no training fault
+    rep = cb.eval_report
+    assert rep.first_nonfinite.step == EVAL_BAD and rep.first_nonfinite.module == "model.layers.0.input_layernorm"
+    assert rep.first_nonfinite.op is not None and rep.diagnosis.cause == "division_by_zero"
+    # evaluate() then predict(): 12 eval steps, the bad sample once in each loop; the first one located
+    assert rep.run["eval"]["first_failed"] == EVAL_BAD and rep.run["eval"]["after_step"] is None
+    assert cb.core.eval.as_run()["steps"] == 12 and cb.core.eval.as_run()["nonfinite_losses"] == 2
+    said = [r.getMessage() for r in caplog.records if "evaluation" in r.getMessage()]
+    assert any("1 non-finite eval loss value(s) in 6 eval step(s)" in m and f"first at eval step {EVAL_BAD}" in m
+               for m in said), said
+    # transformers 5 filters the NaN out of eval_loss, and the line says so; 4.x reports eval_loss NaN itself
+    hidden = math.isfinite(metrics["eval_loss"])
+    assert any("logging_nan_inf_filter" in m for m in said) == hidden
+    cb.close()
+    assert not t1.model._forward_pre_hooks and not t1.model._forward_hooks
+
+
+def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, monkeypatch):
+    """``eval_strategy="steps"``: the eval forwards are not training steps (the training watch is paused:
+    no fault, no stop) and ``run.eval`` counts them; a clean training run keeps ``report`` None and trains
+    bitwise as without the callback."""
+    _sequential(monkeypatch)
+
+    def train(path, callback):
+        model = _model()
+        args = TrainingArguments(output_dir=str(path), per_device_train_batch_size=2, per_device_eval_batch_size=1,
+                                 max_steps=4, eval_strategy="steps", eval_steps=2, learning_rate=1e-2,
+                                 logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                                 seed=0, data_seed=0, dataloader_num_workers=0)
+        t = Trainer(model=model, args=args, train_dataset=Data(False), eval_dataset=EvalData(True),
+                    callbacks=[callback] if callback else [])
+        t.train()
+        return t, model
+
+    cb = NanHunterCallback()
+    t1, m1 = train(tmp_path / "a", cb)
+    t2, m2 = train(tmp_path / "b", None)
+    assert t1.state.global_step == 4 and cb.report is None
+    ev = cb.core.eval.as_run()
+    assert (ev["steps"], ev["nonfinite_losses"], ev["first_failed"], ev["after_step"]) == (12, 2, EVAL_BAD, 2)
+    assert (ev["module"], ev["cause"]) == ("model.layers.0.input_layernorm", "division_by_zero")
+    for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), n
+    strip = [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+             for h in t1.state.log_history]
+    assert repr(strip) == repr([{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+                                for h in t2.state.log_history])  # repr: a NaN eval_loss (transformers 4) equal
+    assert not m1._forward_pre_hooks and not m1._forward_hooks  # training over: every hook gone
+    cb.watch_evaluation(t1.model)  # evaluate() after train(): watched again, steps counted on
+    t1.evaluate()
+    ev = cb.core.eval.as_run()
+    assert (ev["steps"], ev["nonfinite_losses"], ev["first_failed"]) == (18, 3, EVAL_BAD)
+    cb.close()
+    assert not m1._forward_pre_hooks and not m1._forward_hooks

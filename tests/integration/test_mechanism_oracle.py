@@ -6,6 +6,8 @@ Each fault is made inside a small module from finite inputs and weights, run onc
 oracle and once under ``nanhunter.watch``; compared: the op, the mechanism, and that the cause is
 never ``unknown`` with a mechanism. The default slice runs every case in fp32 and every precision
 on a few cases; the full cross product is ``matrix_full`` (``NANHUNTER_FULL_MATRIX=1``).
+``uninitialised_read`` is held against the fill oracle (``tests/oracle/fill.py``): a padded key
+matrix read by the scores matmul, and an overflow beside a fully written ``torch.empty`` buffer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle.fill import fill_cause
 from oracle.ieee import classify, first_new  # tests/ is on sys.path, as for tests/models
 from torch import nn
 
@@ -66,12 +69,23 @@ CASES = {
                    .softmax(-1), "all_masked_row"),
     "layer_norm eps 0": ("norm", lambda m, x: F.layer_norm(_zero_p(x), (4,), eps=0.0), "0*inf"),
     "all targets ignored": ("loss", lambda m, x: F.cross_entropy(x, torch.full((2,), -100)), "empty_reduction"),
+    # batch norm in eval divides by sqrt(running_var + eps): a zero running variance with eps 0 (x/0),
+    # a corrupted negative one (the root of a negative); group norm's groups of one element (or of equal
+    # values): biased variance 0, x − mean 0, times rsqrt(0 + eps 0) = ∞ (F.batch_norm refuses eps 0
+    # and one value per channel in training, so those cannot be planted through it)
+    "batch_norm running var 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
+                                                                  torch.zeros(4, dtype=x.dtype), eps=0.0), "x/0"),
+    "batch_norm running var < 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
+                                                                    -torch.ones(4, dtype=x.dtype)), "domain"),
+    "group_norm group of one": ("norm", lambda m, x: F.group_norm(x, 4, eps=0.0), "0*inf"),
+    "group_norm equal values": ("norm", lambda m, x: F.group_norm(_zero_p(x).reshape(2, 2, 2) + 1, 2, eps=0.0),
+                                "0*inf"),
 }
 
 PRECISIONS = ["fp32", "bf16", "fp16", "autocast-bf16"]
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "autocast-bf16": torch.float32}
 #: the default slice: every case in fp32, every precision on these
-SLICE = {"0/0", "matmul overflow", "masked row", "all targets ignored", "0*inf"}
+SLICE = {"0/0", "matmul overflow", "masked row", "all targets ignored", "0*inf", "group_norm group of one"}
 
 
 def _params():
@@ -130,3 +144,54 @@ def test_backward_formula_sqrt_at_zero_agrees():
         m(x).backward()
     d = w.report().diagnosis
     assert truth == "x/0" and d.mechanism == truth and d.subject == "gradient", d
+
+
+class PaddedScores(nn.Module):
+    """Keys padded to 6 rows with torch.empty and read by the scores matmul (an uninitialised read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        k = torch.empty(6, x.shape[-1], dtype=x.dtype)
+        k[: x.shape[0]] = self.lin(x)
+        return (x @ k.t()).softmax(-1)
+
+
+class WrittenThenOverflow(nn.Module):
+    """A torch.empty buffer written in full, then an overflow: arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        buf = torch.empty_like(x)
+        buf.copy_(self.lin(x))
+        return (buf * _big(x.dtype)).exp()
+
+
+@pytest.mark.parametrize(("model", "expected"), [(PaddedScores, "uninitialised_read"), (WrittenThenOverflow, None)])
+def test_uninitialised_read_agrees_with_the_fill_oracle(model, expected):
+    """The fill oracle (``tests/oracle/fill.py``) and nanhunter agree on whether the fault follows the fill of
+    fresh allocations, and on the op that read them. The original run is made to fault as a user's does,
+    under ``torch.use_deterministic_algorithms(True)`` (fresh float memory filled with NaN by torch)."""
+    torch.manual_seed(0)
+    m, x = model().eval(), torch.rand(2, 4) + 0.5
+    truth, reader = fill_cause(lambda: m(x))
+    assert truth == expected
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with nan_hunter.watch(m) as w:
+            m(x)
+        rep = w.report()
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    d, f = rep.diagnosis, rep.first_nonfinite
+    if truth is None:
+        assert d.mechanism == "overflow" and d.cause == "overflow"
+        return
+    assert (d.mechanism, d.cause) == (truth, truth)
+    assert f.op.split(".")[1] == reader == "mm"

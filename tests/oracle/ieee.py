@@ -10,7 +10,9 @@ reads that op's operands at the first element of the new class, with Python floa
 - else, by the rule that makes it: a product 0·∞ (``0*inf``, in a matmul's dot product too), a sum
   of +∞ and −∞ (``inf-inf``), a quotient 0/0, x/0, ∞/∞, log of 0 (``log(0)``), a function outside
   its domain (``domain``), a mean or variance over too few elements (``empty_reduction``), a
-  softmax row all −∞ (``all_masked_row``), or an operand already non-finite (``nonfinite_operand``).
+  softmax row all −∞ (``all_masked_row``), a normalisation (layer, batch, group norm) dividing by
+  sqrt(var + eps) = 0 (``0*inf`` where x − mean = 0, ``x/0`` elsewhere) or taking the root of a
+  negative (``domain``), or an operand already non-finite (``nonfinite_operand``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,46 @@ def _wide(x: Any) -> Any:
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
+def _normalised(vals: list[float], x: float, mean: float, var: float, eps: float) -> str | None:
+    """(x − mean) / sqrt(var + eps), in Python floats: a root of a negative, or of zero times 0 or not."""
+    if not all(math.isfinite(v) for v in [*vals, x, mean, var]):
+        return "nonfinite_operand"
+    d = var + eps
+    if d < 0:
+        return "domain"
+    if d == 0:
+        return "0*inf" if x - mean == 0.0 else "x/0"
+    return None
+
+
+def _normalisation(op: str, a: tuple, i: int) -> str | None:
+    """Batch norm (running statistics in eval, the channel's biased ones in training) and group norm
+    (the biased statistics of the element's group), at flat output index ``i``."""
+    x = a[0].double()
+    flat = x.reshape(-1).tolist()
+    if op == "native_group_norm":
+        n_, c_, hw, groups, eps = a[3], a[4], a[5], a[6], a[7]
+        n, c = i // (c_ * hw), (i // hw) % c_
+        per = (c_ // groups) * hw
+        g = c // (c_ // groups)
+        vals = x.reshape(n_, groups, per)[n, g].tolist()
+        train = True
+    else:
+        train = bool(a[5]) if op == "native_batch_norm" else False
+        eps = a[-1]
+        c_, hw = x.shape[1], math.prod(x.shape[2:])
+        c = (i // hw) % c_
+        vals = x.transpose(0, 1)[c].reshape(-1).tolist()
+    if train:
+        if not vals:
+            return "empty_reduction"
+        mean = math.fsum(vals) / len(vals)
+        var = math.fsum((v - mean) ** 2 for v in vals) / len(vals)
+    else:
+        mean, var, vals = float(a[3][c]), float(a[4][c]), []
+    return _normalised(vals, flat[i], mean, var, eps)
+
+
 def classify(ev: Event) -> str | None:
     """The mechanism of ``ev``'s first element of its new class, by IEEE rules."""
     i = _index(ev.out, ev.new)
@@ -195,6 +237,8 @@ def classify(ev: Event) -> str | None:
         row = x.reshape(-1, n)[i // n]
         if bool((row == 0).all()) and a[-1] == 0:
             return "0*inf"
+    if op in ("native_batch_norm", "_native_batch_norm_legit_no_training", "native_group_norm"):
+        return _normalisation(op, a, i)
     if op == "nll_loss_forward":
         target, ignore = a[1], a[4]
         if a[3] == 1 and bool((target == ignore).all()):

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 #: test tools: their versions are not part of what the tool claims to run with
-TOOLS = {"pytest", "pytest-xdist", "hypothesis", "ruff"}
+TOOLS = {"pytest", "pytest-xdist", "hypothesis", "ruff", "mypy", "types-pyyaml"}
 
 
 def _project() -> dict:

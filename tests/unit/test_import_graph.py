@@ -146,7 +146,7 @@ def cycle_path(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 #: import is still a dependency. A new folder or top-level module gets a layer here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("version", "errors", "progress", "tree"),  # leaves: nothing of the package below them
-    ("dtypes", "outputs"),  # the one dtype rule, the one writer
+    ("dtypes", "outputs", "options"),  # the one dtype rule, the one writer, options defined once
     ("config", "report"),
     ("kernels",),  # statistics (the row layout, the Triton kernel, the torch reference), the one comparison
     ("load",),  # checkpoints, headers, weights scans, quantized formats, capsules

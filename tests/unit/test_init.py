@@ -64,3 +64,15 @@ def test_apply_policy_keeps_a_module_in_its_dtype():
     m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)).half()
     nan_hunter.apply_policy(m, {"dtype": "fp16", "modules": {"1": "fp32"}})
     assert m[1].weight.dtype == torch.float32 and m[0].weight.dtype == torch.float16
+
+
+def test_check_returns_one_printable_report_per_checkpoint(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bad, good = _ck(tmp_path / "a", float("nan")), _ck(tmp_path / "b")
+    reps = nan_hunter.check([bad, good], dtypes="fp16")
+    assert [type(r) for r in reps] == [PrintableReport, PrintableReport]
+    assert [r.check["passed"] for r in reps] == [False, True]
+    assert nan_hunter.check(good)[0].check["dtypes"] == ["fp16", "bf16"]  # a single path is one; the policy's dtypes
+    with pytest.raises(TypeError, match="did you mean prompts=?"):
+        nan_hunter.check(good, prompt="hi")

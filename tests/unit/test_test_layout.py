@@ -51,7 +51,8 @@ NO_MIRROR: dict[str, str] = {
 #: top-level files of ``tests/unit/`` that test no one module: the layout of the package and of
 #: the tests, the oracle beside the tool, the pins CI installs, hints across the code and docs
 CROSS_CUTTING = {"test_import_graph.py", "test_test_layout.py", "test_oracle_independent.py",
-                 "test_oracle_truth.py", "test_floors.py", "test_install_hints.py"}
+                 "test_oracle_truth.py", "test_floors.py", "test_install_hints.py",
+                 "test_type_check.py"}
 
 
 # --- modules with logic and their mirrored tests ------------------------------------------------------

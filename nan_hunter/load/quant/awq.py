@@ -14,6 +14,7 @@ Zero points are stored as they are (``w = (q - z) * s``); AWQ is asymmetric.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,13 +42,13 @@ class AwqLayout:
     scale_shape: tuple[int, ...]
 
 
-def unpack_nibbles(words):
+def unpack_nibbles(words: np.ndarray) -> np.ndarray:
     """int32 ``[r, w]`` → 4-bit codes ``[r, w, 8]`` in packed-slot order (slot k at shift 4k)."""
     shifts = np.arange(0, 32, 4, dtype=np.int32)
     return (words.astype(np.int32, copy=False)[..., None] >> shifts) & 15
 
 
-def awq_columns(words):
+def awq_columns(words: np.ndarray) -> np.ndarray:
     """GEMM words ``[r, w]`` → codes ``[r, w * 8]`` in output-column order."""
     c = unpack_nibbles(words)
     return c[:, :, list(AWQ_REVERSE_ORDER)].reshape(words.shape[0], -1)
@@ -83,14 +84,14 @@ class Awq:
                 continue
             if gemv:
                 n_out, n_in = qs[0], qs[1] * 8
-                gs = gs_cfg if type(gs_cfg) is int and gs_cfg > 0 else None
+                gs = gs_cfg if type(gs_cfg) is int and gs_cfg > 0 else 0
                 groups = n_in // gs if gs and n_in % gs == 0 else 0
-                ok = ss[0] == n_out and zs[0] == n_out and groups and ss[1] >= groups and zs[1] * 8 >= groups
+                ok = bool(ss[0] == n_out and zs[0] == n_out and groups and ss[1] >= groups and zs[1] * 8 >= groups)
             else:
                 n_in, n_out = qs[0], qs[1] * 8
                 groups = ss[0]
                 gs = n_in // groups if groups and n_in % groups == 0 else 0
-                ok = ss[1] == n_out and zs == [groups, qs[1]] and gs
+                ok = bool(ss[1] == n_out and zs == [groups, qs[1]] and gs)
             if not ok:
                 ctx.skip(qw, "I32", f"AWQ {version} qweight {qs}, qzeros {zs}, scales {ss} do not fit one layout",
                          qz, sc)
@@ -100,7 +101,7 @@ class Awq:
             ctx.claim(qw, qz, sc)
         return found
 
-    def _zeros(self, ck: Checkpoint, lay: AwqLayout):
+    def _zeros(self, ck: Checkpoint, lay: AwqLayout) -> np.ndarray:
         """Zero codes in the scales' own layout: GEMM ``[groups, out]``, GEMV ``[out, groups]``."""
         qz = ck.array(lay.qzeros).astype(np.int32)
         if lay.gemv:
@@ -112,7 +113,7 @@ class Awq:
         z = q.cache["zero"] = self._zeros(ck, lay)
         bound = np.maximum(z, 15 - z).astype(np.float32)
         scales = scale_values(ck, q.scale).reshape(lay.scale_shape)
-        known = None
+        known: np.ndarray | None = None
         if lay.gemv:  # groups past the input's end are padding: no data (magnitude 0)
             width = scales.shape[1]
             b = np.full((lay.n_out, width), 15.0, dtype=np.float32)
@@ -132,7 +133,7 @@ class Awq:
         return Blocks(scales.reshape(-1), list(lay.scale_shape), bound.reshape(-1), stripe_of, n_stripes, per,
                       known=known, sizes=sizes)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
 
         lay: AwqLayout = q.layout
         z = q.cache["zero"]

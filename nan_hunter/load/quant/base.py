@@ -179,7 +179,7 @@ class QuantFormat(Protocol):
         """The scales of ``q`` as ``grade`` judges them."""
 
     def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
-               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+               ) -> Iterator[tuple[np.ndarray, ...]]:
         """Stripes ``first .. first + count`` dequantized: ``(block indices int64, largest |code - zero|
         float32)`` for every block they hold (several pairs may come, none overlapping); a third item,
         when given, says which blocks hold data (else: a magnitude above 0)."""
@@ -222,9 +222,11 @@ def float32_values(tag: str, a: np.ndarray, e8m0: bool = False) -> np.ndarray:
         return e8m0_values(a, 127)
     if tag in FLOATS:
         with np.errstate(over="ignore"):  # an F64 scale beyond float32's range is inf, as a cast makes it
-            return FLOATS[tag].float32(FLOATS[tag].bits(a)).astype(np.float32, copy=True)
+            values: np.ndarray = FLOATS[tag].float32(FLOATS[tag].bits(a)).astype(np.float32, copy=True)
+        return values
     if tag in FP8_TAGS:
-        return float32_table(tag)[a]
+        decoded: np.ndarray = float32_table(tag)[a]
+        return decoded
     return a.astype(np.float32)
 
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,7 +113,7 @@ class Bnb4bit:
             ctx.claim(w, st, *parts.values())
         return found
 
-    def _absmax(self, ck: Checkpoint, lay: Bnb4Layout):
+    def _absmax(self, ck: Checkpoint, lay: Bnb4Layout) -> tuple[np.ndarray, list[dict[str, Any]]]:
         """The blocks' absmax as bitsandbytes computes it (nested: ``nested_quant_map[code] *
         nested_absmax[k // nested_blocksize] + offset``), and bad entries of the nested absmax."""
         if lay.nested is None:
@@ -156,7 +157,7 @@ class Bnb4bit:
         rows = -(-n_blocks // per_row)
         return Grid(1, rows, per_row * lay.blocksize // 2, 1, per_row * lay.blocksize // 2, lay.blocksize // 2)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         lay: Bnb4Layout = q.layout
         qmap = np.nan_to_num(np.abs(scale_values(ck, lay.quant_map)), nan=0.0)
         g = self._grid(lay)
@@ -164,8 +165,9 @@ class Bnb4bit:
         # magnitudes are |quant_map| of the codes; a byte's two codes reduce to the larger one
         pair = np.maximum(np.repeat(qmap, 16), np.tile(qmap, 16))  # byte b: max(|map[b >> 4]|, |map[b & 15]|)
 
-        def codes(m, _row0):
-            return pair[m.astype(np.int64)]
+        def codes(m: np.ndarray, _row0: int) -> np.ndarray:
+            mags: np.ndarray = pair[m.astype(np.int64)]
+            return mags
 
         for idx, vals in window(_Tail(ck, nbytes), q.name, g, first, count, codes, lambda red: red):
             keep = idx < -(-lay.n_values // lay.blocksize)
@@ -176,10 +178,10 @@ class _Tail:
     """A checkpoint view whose tensor reads past ``nbytes`` come back as zero bytes (the last stripe of
     a 4-bit weight is shorter than a whole row of blocks)."""
 
-    def __init__(self, ck: Checkpoint, nbytes: int):
+    def __init__(self, ck: Checkpoint, nbytes: int) -> None:
         self.ck, self.nbytes = ck, nbytes
 
-    def read_bytes(self, name: str, offset: int, n: int):
+    def read_bytes(self, name: str, offset: int, n: int) -> np.ndarray:
         got = self.ck.read_bytes(name, offset, max(0, min(n, self.nbytes - offset)))
         if got.size < n:
             got = np.concatenate([got, np.zeros(n - got.size, dtype=np.uint8)])
@@ -217,7 +219,7 @@ class Bnb8bit:
         return Blocks(scb, [scb.size], 128.0, g.stripe_of(), g.n_stripes, g.row_bytes, multiplier=1.0 / 127.0,
                       sizes=g.sizes())
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         return window(ck, q.name, q.layout, first, count, lambda m, _r: np.abs(m.view(np.int8).astype(np.int16)),
                       lambda red: red.astype(np.float32))
 

@@ -33,7 +33,7 @@ def fp4_mag_table() -> np.ndarray:
     return np.array([abs(v) for v in code_values("F4")[:8]], dtype=np.float32)
 
 
-def fp8_block_mags(tag: str, m, br: int, bc: int):
+def fp8_block_mags(tag: str, m: np.ndarray, br: int, bc: int) -> np.ndarray:
     """Largest |value| per block of fp8 bytes ``m`` ``[rows, cols]`` (uint8), blocks of ``br`` rows and
     ``bc`` columns (a last partial block is padded with zeros): float32 ``[ceil(rows/br), ceil(cols/bc)]``.
     The rows of a block are reduced first (an element-wise max along the row), then its columns."""
@@ -47,7 +47,7 @@ def fp8_block_mags(tag: str, m, br: int, bc: int):
     return fp8_mag_table(tag)[codes.astype(np.int64)]
 
 
-def reduce_blocks(m, br: int, bc: int):
+def reduce_blocks(m: np.ndarray, br: int, bc: int) -> np.ndarray:
     """amax of ``m`` ``[rows, cols]`` over blocks of ``br`` rows x ``bc`` columns (zero padding)."""
     rows, cols = m.shape
     k = -(-rows // br)
@@ -60,7 +60,7 @@ def reduce_blocks(m, br: int, bc: int):
     return r.reshape(k, nb, bc).max(axis=-1) if bc > 1 else r
 
 
-def unpack_bits(words, bits: int):
+def unpack_bits(words: np.ndarray, bits: int) -> np.ndarray:
     """int32 ``[r, w]`` → unsigned ``bits``-bit codes ``[r, w * 32 // bits]`` (int32), the little-endian
     bit stream of each row."""
     r, w = words.shape
@@ -73,4 +73,5 @@ def unpack_bits(words, bits: int):
     stream = ((b[..., None] >> np.arange(8, dtype=np.uint8)) & 1).reshape(r, -1)
     n = stream.shape[1] // bits
     weights = np.left_shift(1, np.arange(bits, dtype=np.int32))
-    return (stream[:, : n * bits].reshape(r, n, bits).astype(np.int32) * weights).sum(-1, dtype=np.int32)
+    codes: np.ndarray = (stream[:, : n * bits].reshape(r, n, bits).astype(np.int32) * weights).sum(-1, dtype=np.int32)
+    return codes

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,17 +69,17 @@ class Fp8:
         return Blocks(values, list(lay.scale_shape), float(fp8_mag_table(lay.tag).max()), g.stripe_of(), g.n_stripes,
                       g.br * g.row_bytes, sizes=g.sizes())
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         lay: Fp8Layout = q.layout
         table = fp8_mag_table(lay.tag)
 
-        def codes(m, _row0):
+        def codes(m: np.ndarray, _row0: int) -> np.ndarray:
             return fp8_codes(lay.tag, m)
 
         return grid.window(ck, q.name, lay.grid, first, count, codes, lambda red: table[red.astype(np.int64)])
 
 
-def fp8_codes(tag: str, m):
+def fp8_codes(tag: str, m: np.ndarray) -> np.ndarray:
     """Magnitude codes of fp8 bytes, NaN/Inf codes as 0 (the plain scan reports them)."""
 
     mag = m & 0x7F

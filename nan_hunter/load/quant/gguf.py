@@ -18,9 +18,9 @@ first), the last one counted in blocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,26 +40,26 @@ F32 = np.float32
 _U8 = np.uint8
 
 
-def _f16(b, off):
+def _f16(b: np.ndarray, off: int) -> np.ndarray:
     return np.ascontiguousarray(b[:, off: off + 2]).view("<f2").astype(F32).reshape(-1)
 
 
-def _nibbles(qs):
+def _nibbles(qs: np.ndarray) -> np.ndarray:
     """Bytes ``[n, k]`` → ``[n, 2k]``: low nibbles first, then high nibbles (ggml's order in a run)."""
     return np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int32)
 
 
-def _bits(b, n: int):
+def _bits(b: np.ndarray, n: int) -> np.ndarray:
     """Bytes ``[blocks, k]`` → bits ``[blocks, n]``, LSB first."""
     return ((b[..., None] >> np.arange(8, dtype=_U8)) & 1).reshape(b.shape[0], -1)[:, :n].astype(np.int32)
 
 
-def _shifted(x, shifts, shape):
+def _shifted(x: np.ndarray, shifts: list[int], shape: tuple[int, ...]) -> np.ndarray:
     """``x`` (uint8) shifted right by each of ``shifts`` along a new axis (``shape`` places it)."""
     return x >> np.array(shifts, dtype=_U8).reshape(shape)
 
 
-def _scale_min_k4(sc):
+def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K: 12 bytes → 8 six-bit scales and 8 six-bit mins."""
     s = sc.reshape(-1, 3, 4).astype(np.int32)
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
@@ -68,35 +68,39 @@ def _scale_min_k4(sc):
     return scale.astype(F32), mins.astype(F32)
 
 
+#: (blocks uint8 [n, size], d [n], dmin [n]) -> values [n, elements]: a dequantization or a bound
+Dequant = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
 # each dequant: (blocks uint8 [n, size], d [n], dmin [n]) -> values [n, elements], float32 throughout
 # (an integer operand is made float32 first: every step rounds as ggml's float arithmetic does)
 
-def _q4_0(b, d, _m):
+def _q4_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * (_nibbles(b[:, 2:18]) - 8).astype(F32)
 
 
-def _q4_1(b, d, m):
+def _q4_1(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     return d[:, None] * _nibbles(b[:, 4:20]).astype(F32) + m[:, None]
 
 
-def _q5(b, off, d):
+def _q5(b: np.ndarray, off: int, d: np.ndarray | None) -> np.ndarray:
     qh = _bits(b[:, off: off + 4], 32)
     return _nibbles(b[:, off + 4: off + 20]) | (qh << 4) if d is not None else np.empty(0)
 
 
-def _q5_0(b, d, _m):
+def _q5_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * (_q5(b, 2, d) - 16).astype(F32)
 
 
-def _q5_1(b, d, m):
+def _q5_1(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     return d[:, None] * _q5(b, 4, d).astype(F32) + m[:, None]
 
 
-def _q8_0(b, d, _m):
+def _q8_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * np.ascontiguousarray(b[:, 2:34]).view(np.int8).astype(F32)
 
 
-def _q2_k(b, d, m):
+def _q2_k(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     sc = b[:, :16].astype(np.int32)
     q = _shifted(b[:, 16:80].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
@@ -105,7 +109,7 @@ def _q2_k(b, d, m):
             - (m[:, None] * (sc >> 4).astype(F32))[:, :, None]).reshape(n, 256)
 
 
-def _q3_k(b, d, _m):
+def _q3_k(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     hmask, qs, scales = b[:, :32], b[:, 32:96], b[:, 96:108]
     lo = _shifted(scales[:, :8].reshape(n, 1, 8), [0, 4], (1, 2, 1)).reshape(n, 16)
@@ -117,7 +121,7 @@ def _q3_k(b, d, _m):
     return ((d[:, None] * s)[:, :, None] * q.astype(F32)).reshape(n, 256)
 
 
-def _q4_k(b, d, m):
+def _q4_k(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
     q = _shifted(b[:, 16:144].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 15
@@ -125,7 +129,7 @@ def _q4_k(b, d, m):
     return ((d[:, None] * sc)[:, :, None] * q - (m[:, None] * mn)[:, :, None]).reshape(n, 256)
 
 
-def _q5_k(b, d, m):
+def _q5_k(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
     ql = _shifted(b[:, 48:176].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 15
@@ -134,7 +138,7 @@ def _q5_k(b, d, m):
     return ((d[:, None] * sc)[:, :, None] * q - (m[:, None] * mn)[:, :, None]).reshape(n, 256)
 
 
-def _q6_k(b, d, _m):
+def _q6_k(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     sc = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(F32)
     ql = _shifted(b[:, :128].reshape(n, 2, 1, 64), [0, 4], (1, 1, 2, 1)) & 15
@@ -147,11 +151,11 @@ _IQ4 = np.array(IQ4_VALUES, dtype=F32)
 _MXFP4 = np.array(MXFP4_VALUES, dtype=F32)
 
 
-def _iq4_nl(b, d, _m):
+def _iq4_nl(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * _IQ4[_nibbles(b[:, 2:18])]
 
 
-def _iq4_xs(b, d, _m):
+def _iq4_xs(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     sh = np.ascontiguousarray(b[:, 2:4]).view("<i2").astype(np.int32).reshape(n, 1) & 0xFFFF
     sl = b[:, 4:8].astype(np.int32)
@@ -162,13 +166,13 @@ def _iq4_xs(b, d, _m):
     return (dl[:, :, None] * _IQ4[q]).reshape(n, 256)
 
 
-def _tq2_0(b, d, _m):
+def _tq2_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     q = _shifted(b[:, :64].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
     return d[:, None] * (q.reshape(n, 256).astype(F32) - 1)
 
 
-def _mxfp4(b, d, _m):
+def _mxfp4(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * _MXFP4[_nibbles(b[:, 1:17])]
 
 
@@ -176,18 +180,18 @@ def _mxfp4(b, d, _m):
 class Kind:
     d: tuple[int, str]  # (byte offset, "f16" | "e8m0_half")
     m: int | None  # byte offset of an fp16 dmin / m, if any
-    bound: Callable  # (blocks, d, m) -> upper bound of each block's max |value| (its sub-scales read)
-    dequant: Callable | None  # None: d judged, absmax by the bound only
+    bound: Dequant  # (blocks, d, m) -> upper bound of each block's max |value| (its sub-scales read)
+    dequant: Dequant | None  # None: d judged, absmax by the bound only
     zero_is_code: bool = True  # "holds data" from the codes (dequant with d=1, m=0); else any non-d byte
 
 
-def _ends(lo, hi):
+def _ends(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Largest |value| of a sub-block whose values run linearly from ``lo`` (code 0) to ``hi`` (top code)."""
     return np.maximum(np.abs(lo), np.abs(hi)).max(axis=1)
 
 
-def _k_bound(qmax: int):
-    def bound(b, d, m):  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
+def _k_bound(qmax: int) -> Dequant:
+    def bound(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
         s = b[:, 4:16]  # the 6-bit scales and mins decoded in uint8 (no int32 copies, no concatenation)
         lo, mi, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
         sc = np.stack([lo & 63, (hi & 15) | ((lo >> 2) & 48)], axis=1).reshape(-1, 8).astype(F32)
@@ -198,13 +202,13 @@ def _k_bound(qmax: int):
     return bound
 
 
-def _q2_k_bound(b, d, m):
+def _q2_k_bound(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     sc = b[:, :16].astype(F32)
     low = -(m[:, None] * np.floor(sc / 16))
     return _ends(low, d[:, None] * np.remainder(sc, 16) * 3 + low)
 
 
-def _q3_k_bound(b, d, _m):
+def _q3_k_bound(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     scales = b[:, 96:108]
     lo = _shifted(scales[:, :8].reshape(n, 1, 8), [0, 4], (1, 2, 1)).reshape(n, 16)
@@ -213,15 +217,15 @@ def _q3_k_bound(b, d, _m):
     return np.abs(d) * sc * 4
 
 
-def _q6_k_bound(b, d, _m):
+def _q6_k_bound(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return np.abs(d) * np.abs(np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.int32)).max(axis=1).astype(F32) * 32
 
 
-def _const(k: float):
+def _const(k: float) -> Dequant:
     return lambda b, d, m: np.abs(d) * k
 
 
-def max_abs(a, b):
+def max_abs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.maximum(np.abs(a), np.abs(b))
 
 
@@ -289,7 +293,7 @@ class Gguf:
             found.append(QuantizedWeight(name, f"gguf:{tname}", name, self, lay))
         return found
 
-    def _fields(self, ck: Checkpoint, q: QuantizedWeight):
+    def _fields(self, ck: Checkpoint, q: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every block's d (and dmin), read in bounded windows of whole blocks."""
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
@@ -314,7 +318,7 @@ class Gguf:
         kind = KINDS[lay.type]
         d, m, bound = self._fields(ck, q)
         bad_m = ~np.isfinite(m)
-        extra = []
+        extra: list[dict[str, Any]] = []
         for i in np.flatnonzero(bad_m)[:100].tolist():
             v = float(m[i])
             extra.append({"index": unravel(i, list(lay.shape)), "scale": "nan" if v != v else "inf",
@@ -325,7 +329,8 @@ class Gguf:
                       negative_listed=False, extra_bad=extra, extra_faults=int(bad_m.sum()),
                       bound_only=kind.dequant is None, absolute=True, exclude=bad_m, sizes=lay.block)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+               ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
         for s in range(first, first + count):
@@ -349,7 +354,7 @@ class Gguf:
             yield idx, np.nan_to_num(np.abs(w), nan=0.0).max(axis=1), holds
 
 
-def _d(b, kind: Kind):
+def _d(b: np.ndarray, kind: Kind) -> np.ndarray:
     off, how = kind.d
     if how == "e8m0_half":  # ggml's GGML_E8M0_TO_FP32_HALF: 2**(e - 128); 0xFF is NaN
 

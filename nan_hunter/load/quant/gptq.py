@@ -16,6 +16,7 @@ the other is loaded one step off in every group: ``bad_zero_point``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ class GptqLayout:
     groups_per_stripe: int
 
 
-def gptq_codes(words, bits: int):
+def gptq_codes(words: np.ndarray, bits: int) -> np.ndarray:
     """int32 ``[rows, cols]`` packed along dim 0 (GPTQ's qweight) → codes ``[rows * 32 / bits, cols]``
     (int32). Rows of 3-bit words come in triples (32 codes in 96 bits)."""
     rows, cols = words.shape
@@ -63,7 +64,7 @@ def gptq_codes(words, bits: int):
     return np.stack(parts, axis=1).reshape(rows // 3 * 32, cols).astype(np.int32)
 
 
-def _declared(qc: dict[str, Any]) -> tuple[str | None, bool | None]:
+def _declared(qc: dict[str, Any]) -> tuple[str, bool | None]:
     fmt = qc.get("checkpoint_format", qc.get("format"))
     fmt = fmt if isinstance(fmt, str) else "gptq"
     sym = qc.get("sym")
@@ -88,8 +89,8 @@ class Gptq:
         bits_cfg = bits_cfg if type(bits_cfg) is int else None
         found = []
         for x in group_names(ctx, "gptq"):
-            qw, qz, sc, gi = x + ".qweight", x + ".qzeros", x + ".scales", x + ".g_idx"
-            gi = gi if gi in ctx.names else None
+            qw, qz, sc = x + ".qweight", x + ".qzeros", x + ".scales"
+            gi: str | None = x + ".g_idx" if x + ".g_idx" in ctx.names else None
             qs, zs, ss = ctx.shape(qw), ctx.shape(qz), ctx.shape(sc)
             if len(qs) != 2 or len(zs) != 2 or len(ss) != 2 or qs[1] != ss[1]:
                 continue  # not GPTQ's layout (AWQ's shares the names): left to the formats after this one
@@ -144,7 +145,7 @@ class Gptq:
             return gs
         return None
 
-    def _zeros(self, ck: Checkpoint, lay: GptqLayout):
+    def _zeros(self, ck: Checkpoint, lay: GptqLayout) -> np.ndarray:
         """Stored zero codes ``[groups, out]`` (int32), as the file holds them."""
         qz = ck.array(lay.qzeros).astype(np.int32)
         return gptq_codes(np.ascontiguousarray(qz.T), lay.bits).T[: lay.groups, : lay.n_out]
@@ -175,7 +176,7 @@ class Gptq:
                       n_stripes, per, extra_bad=extra, extra_faults=faults, sizes=sizes)
 
     @staticmethod
-    def _convention(stored, lay: GptqLayout, scales) -> tuple[list[dict[str, Any]], int]:
+    def _convention(stored: np.ndarray, lay: GptqLayout, scales: np.ndarray) -> tuple[list[dict[str, Any]], int]:
         """With ``sym: true``, the zero points against the declared convention (one summary entry);
         ``scales``: float32, flat."""
         if lay.sym is not True:
@@ -195,7 +196,7 @@ class Gptq:
                  "declared": lay.convention, "found": found, "n_groups": int(wrong.sum())}
         return [entry], 1
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         lay: GptqLayout = q.layout
         zero = q.cache["zero"]
         row_bytes = lay.n_out * 4
@@ -222,10 +223,11 @@ class Gptq:
         m = np.maximum(np.maximum(hi - z, z - lo), 0).astype(np.float32)
         yield np.arange(g0 * lay.n_out, g1 * lay.n_out, dtype=np.int64), m.reshape(-1)
 
-    def _scattered(self, ck: Checkpoint, q: QuantizedWeight, zero):
+    def _scattered(self, ck: Checkpoint, q: QuantizedWeight, zero: np.ndarray) -> np.ndarray:
         """Act-order: ``max |q - z|`` per (group, out), inputs gathered to their group by ``g_idx``."""
 
         lay: GptqLayout = q.layout
+        assert lay.g_idx is not None  # act-order (no group size) is found from a g_idx only
         g_idx = ck.array(lay.g_idx).reshape(-1).astype(np.int64)
         out = np.zeros((lay.groups, lay.n_out), dtype=np.int32)
         row_bytes = lay.n_out * 4

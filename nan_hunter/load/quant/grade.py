@@ -37,7 +37,8 @@ class _Reader:
     """Stripes read so far; the magnitudes they gave, kept only where they are needed (the blocks with a
     zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
 
-    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight, usable_exc, zero_idx):
+    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight: np.ndarray, usable_exc: np.ndarray,
+                 zero_idx: np.ndarray) -> None:
 
         self.ck, self.q, self.b = ck, q, b
         self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)
@@ -49,7 +50,7 @@ class _Reader:
         self.n_read = 0
         self.best = -1.0
 
-    def stripes(self, wanted) -> None:
+    def stripes(self, wanted: np.ndarray) -> None:
         """Read the stripes in ``wanted`` (int64 array) not read yet, runs of consecutive ones
         together, at most ``per_window`` stripes per window."""
         s = np.unique(wanted)
@@ -110,7 +111,7 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     weight = np.ones_like(s) if b.absolute else np.abs(s)
     r = _Reader(ck, q, b, weight, unusable, zero_idx)
     known = b.known
-    reads = b.stripe_of is not None and b.n_stripes > 0
+    stripe_of = b.stripe_of if b.n_stripes > 0 else None  # None: no data to read
     limit = max(1, b.n_stripes // FULL_PASS_FRACTION)
     if known is not None:  # magnitudes known without reading (padding, activation scales)
         k = np.asarray(known, dtype=np.float32).reshape(-1)
@@ -123,14 +124,14 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
                 hit = np.isin(zero_idx, got)
                 r.zero_holds[hit] = k[zero_idx[hit]] > 0
     need = zero_idx if known is None else zero_idx[np.asarray(known).reshape(-1)[zero_idx] < 0]  # padding is known empty
-    if reads and not b.zero_is_fault and need.size:
-        wanted = np.unique(b.stripe_of[need])
+    if stripe_of is not None and not b.zero_is_fault and need.size:
+        wanted = np.unique(stripe_of[need])
         if wanted.size > limit:
             r.everything()
         else:
             r.stripes(wanted)
-    if reads:
-        _absmax_candidates(r, weight, unusable, b, limit, known)
+    if stripe_of is not None:
+        _absmax_candidates(r, weight, unusable, b, stripe_of, limit, known)
     zero_bad = zero_idx if b.zero_is_fault else zero_idx[r.zero_holds]
     listed = [nonfinite, zero_bad] + ([neg_idx] if b.negative_listed else [])
     bad = np.sort(np.concatenate(listed))
@@ -189,7 +190,8 @@ def _nonfinite(b: Blocks, unusable: np.ndarray, n: int, gm: float) -> tuple[int,
     return int(blocks.size), int(np.asarray(b.sizes, dtype=np.int64).reshape(-1)[blocks].sum())
 
 
-def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, known) -> None:
+def _absmax_candidates(r: _Reader, weight: np.ndarray, unusable: np.ndarray, b: Blocks, stripe_of: np.ndarray,
+                       limit: int, known: np.ndarray | None) -> None:
     """Read stripes, largest possible contribution first, until no unread block can beat the
     largest known ``m * |scale|`` (or read them all when that is cheaper). The bound of every block
     outside the ``k`` largest is at most the ``k + 1``-th largest, so the ``k + 1`` largest answer it."""
@@ -206,7 +208,7 @@ def _absmax_candidates(r: _Reader, weight, unusable, b: Blocks, limit: int, know
         vals, idx = _largest(upper, min(n, k + 1))
         if float(vals[0]) < 0 or float(vals[0]) <= r.best:
             return
-        wanted = np.unique(b.stripe_of[idx[:k]])
+        wanted = np.unique(stripe_of[idx[:k]])
         wanted = wanted[~r.read[wanted]]
         if r.n_read + wanted.size > limit:
             r.everything()

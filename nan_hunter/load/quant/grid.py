@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .. import safetensors_file as sf
 from .codes import reduce_blocks
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ class Grid:
     def n_stripes(self) -> int:
         return self.lead * self.nbr
 
-    def stripe_of(self):
+    def stripe_of(self) -> np.ndarray:
         return np.arange(self.n_blocks, dtype=np.int64) // self.nbc
 
     def sizes(self, per_unit: int = 1) -> np.ndarray:
@@ -65,7 +62,13 @@ Codes = Callable[[np.ndarray, int], np.ndarray]
 Value = Callable[[np.ndarray], np.ndarray]
 
 
-def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Codes, value: Value
+class ByteSource(Protocol):
+    """What ``window`` reads from: a ``Checkpoint``, or a view of one (``bnb._Tail``)."""
+
+    def read_bytes(self, name: str, offset: int, nbytes: int) -> np.ndarray: ...
+
+
+def window(ck: ByteSource, name: str, g: Grid, first: int, count: int, codes: Codes, value: Value
            ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stripes ``first .. first + count`` of ``name``: each block's largest magnitude, read in pieces
     of about ``PIECE`` bytes (whole stripes; a stripe larger than that in row chunks)."""
@@ -83,13 +86,15 @@ def window(ck: Checkpoint, name: str, g: Grid, first: int, count: int, codes: Co
             m = ck.read_bytes(name, r0 * g.row_bytes, (r1 - r0) * g.row_bytes).reshape(r1 - r0, g.row_bytes)
             red = reduce_blocks(codes(m, r0), g.br, g.bu)
         else:  # one stripe bigger than a piece: its rows in chunks, maxima combined
-            red = None
+            chunks: np.ndarray | None = None
             step = max(1, sf.PIECE // 8 // max(1, g.row_bytes))  # codes may be 4-8x the bytes: smaller reads
             for c0 in range(r0, r1, step):
                 c1 = min(r1, c0 + step)
                 m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(c1 - c0, g.row_bytes)
                 part = reduce_blocks(codes(m, c0), c1 - c0, g.bu)
-                red = part if red is None else np.maximum(red, part)
+                chunks = part if chunks is None else np.maximum(chunks, part)
+            assert chunks is not None  # r1 > r0: at least one chunk was read
+            red = chunks
         vals = value(red)
         idx = np.arange(s * g.nbc, (s + (i1 - i0)) * g.nbc, dtype=np.int64)
         yield idx, vals.reshape(-1)

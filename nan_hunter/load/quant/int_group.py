@@ -9,6 +9,7 @@ stored as ``q + 2**(bits-1)``), ``X.weight_scale`` ``[out, in/group]``, optional
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +62,7 @@ class IntGroup:
             rows, cols = rows_cols(ds)
             srows, scols = rows_cols(ss)
             n_scales = math.prod(ss)
-            zp = p.prefix + "_zero_point"
-            zp = zp if zp in ctx.names else None
+            zp: str | None = p.prefix + "_zero_point" if p.prefix + "_zero_point" in ctx.names else None
             lay = None
             if dt == "I32":
                 shp = p.prefix + "_shape"
@@ -97,7 +97,7 @@ class IntGroup:
         return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), float(1 << lay.bits), g.stripe_of(),
                       g.n_stripes, g.br * g.row_bytes * grow, sizes=g.sizes())
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         lay: IntLayout = q.layout
         g = lay.grid
         zp = None
@@ -109,14 +109,16 @@ class IntGroup:
                 zp = zt.astype(np.int32)
             zp = zp.reshape(g.rows, -1)[:, : g.nbc]
 
-        def codes(m, row0):
+        def codes(m: np.ndarray, row0: int) -> np.ndarray:
             if not lay.packed:
-                return np.abs(m.view(np.int8).astype(np.int32))
+                mags: np.ndarray = np.abs(m.view(np.int8).astype(np.int32))
+                return mags
             v = unpack_bits(m.view(np.int32), lay.bits)[:, : g.units] - (1 << (lay.bits - 1))
             if zp is not None:
                 n = m.shape[0]
                 v = v - np.repeat(zp[row0: row0 + n], g.bu, axis=1)[:, : g.units]
-            return np.abs(v)
+            centred: np.ndarray = np.abs(v)
+            return centred
 
         return grid.window(ck, q.name, g, first, count, codes, lambda red: red.astype(np.float32))
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,13 @@ class Fp4Layout:
     global_divides: bool = False
 
 
-def fp4_codes(m, _row0):
+def fp4_codes(m: np.ndarray, _row0: int) -> np.ndarray:
     """Per byte, the larger magnitude code of its two fp4 values."""
-    return np.maximum(m & 0x7, (m >> 4) & 0x7)
+    larger: np.ndarray = np.maximum(m & 0x7, (m >> 4) & 0x7)
+    return larger
 
 
-def fp4_window(ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+def fp4_window(ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     table = fp4_mag_table()
     return grid.window(ck, q.name, q.layout.grid, first, count, fp4_codes, lambda red: table[red.astype(np.int64)])
 
@@ -53,7 +55,7 @@ class Mxfp4:
                 continue
             ds, ss = ctx.shape(data), ctx.shape(s)
             if len(ds) >= 2 and ds[:-1] == ss and ds[-1] == 16 and ctx.tag(data) == "U8" \
-                    and ctx.tag(s) in ("U8", "F8_E8M0") and math.prod(ds):
+                    and ctx.tag(s) in ("U8", "F8_E8M0") and math.prod(ds) != 0:
                 g = grid.Grid(1, rows_cols(ss)[0], ss[-1] * 16, 1, ss[-1] * 16, 16)
                 found.append(QuantizedWeight(data, "mxfp4", s, self, Fp4Layout(g, tuple(ss))))
                 ctx.claim(data, s)
@@ -86,5 +88,5 @@ class Mxfp4:
         return Blocks(scale_values(ck, q.scale, e8m0=True), list(q.layout.scale_shape), 6.0, g.stripe_of(),
                       g.n_stripes, g.row_bytes, sizes=g.sizes(2))  # two fp4 values a byte
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         return fp4_window(ck, q, first, count)

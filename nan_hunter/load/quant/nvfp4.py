@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import grid
 from .base import SCALE_TAGS, Blocks, Context, QuantizedWeight, block_of, rows_cols, scale_values
@@ -16,6 +16,10 @@ from .mxfp4 import Fp4Layout, fp4_window
 from .pairs import weight_scale_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
+    import numpy as np
+
     from ..checkpoint import Checkpoint
 
 
@@ -52,7 +56,8 @@ class Nvfp4:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         lay: Fp4Layout = q.layout
         g = lay.grid
-        gscale, extra = 1.0, []
+        gscale = 1.0
+        extra: list[dict[str, Any]] = []
         if lay.global_scale is not None:
             v = float(scale_values(ck, lay.global_scale)[0])
             gscale = (1.0 / v) if lay.global_divides and v != 0 else (math.inf if lay.global_divides else v)
@@ -63,5 +68,5 @@ class Nvfp4:
         return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), 6.0, g.stripe_of(), g.n_stripes, g.row_bytes,
                       multiplier=gscale, sizes=g.sizes(2), extra_bad=extra, extra_faults=len(extra))
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         return fp4_window(ck, q, first, count)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import FP8_TAGS, Context, QuantizedWeight
+from .base import FP8_TAGS, Blocks, Context, QuantizedWeight
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
+    import numpy as np
+
     from ..checkpoint import Checkpoint
 
 WEIGHT_NAMES = (".weight", ".qweight", ".weight_packed", "_blocks")
@@ -25,8 +29,8 @@ class ScalesNotFound:
                 ctx.skip(n, tag, "scales not found")
         return []
 
-    def blocks(self, ck: Checkpoint, q: QuantizedWeight):  # pragma: no cover - detect finds none
+    def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:  # pragma: no cover - detect finds none
         raise AssertionError(q.name)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):  # pragma: no cover
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:  # pragma: no cover
         raise AssertionError(q.name)

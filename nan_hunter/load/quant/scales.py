@@ -7,6 +7,7 @@ NaN, Inf, zero or negative is ``bad_scale`` (an activation divided or multiplied
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,5 +40,5 @@ class StandaloneScales:
         return Blocks(v, list(q.layout), 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
                       known=np.ones(v.size, dtype=np.float32), sizes=1)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int):
+    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
         return iter(())  # no data besides the scale itself

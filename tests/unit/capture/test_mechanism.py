@@ -55,6 +55,20 @@ CASES = [
      "_softmax", "all_masked_row"),
     ("layer_norm of a zero row, eps 0", "norm", lambda d: F.layer_norm(torch.zeros(2, 4, dtype=d), (4,), eps=0.0),
      "native_layer_norm", "0*inf"),
+    ("batch_norm eval, running var 0, eps 0", "norm",
+     lambda d: F.batch_norm(torch.ones(2, 3, dtype=d), torch.zeros(3, dtype=d), torch.zeros(3, dtype=d), eps=0.0),
+     "native_batch_norm", "x/0"),
+    ("batch_norm eval, x = running mean, running var 0", "norm",
+     lambda d: F.batch_norm(torch.ones(2, 3, dtype=d), torch.ones(3, dtype=d), torch.zeros(3, dtype=d), eps=0.0),
+     "native_batch_norm", "0*inf"),
+    ("batch_norm eval, running var < 0", "norm",
+     lambda d: F.batch_norm(torch.ones(2, 3, dtype=d), torch.zeros(3, dtype=d), -torch.ones(3, dtype=d)),
+     "native_batch_norm", "domain"),
+    ("group_norm, groups of one element, eps 0", "norm",
+     lambda d: F.group_norm(t([[1.0, 2.0], [3.0, 4.0]], d), 2, eps=0.0),
+     "native_group_norm", "0*inf"),
+    ("group_norm, a group of unequal values, eps 0, another of equal ones", "norm",
+     lambda d: F.group_norm(t([[1.0, 2.0, 3.0, 3.0]], d), 2, eps=0.0), "native_group_norm", "0*inf"),
     ("cross_entropy, every target ignored", "loss",
      lambda d: F.cross_entropy(torch.randn(3, 5, dtype=d), torch.tensor([-100, -100, -100])),
      "nll_loss_forward", "empty_reduction"),
@@ -128,3 +142,16 @@ def test_mechanism_enum_values_are_the_contract_strings():
 def test_an_op_that_cannot_be_evaluated_gives_none():
     """An out= buffer, or no non-finite element: nothing to classify."""
     assert mechanism_of(torch.ops.aten.add.Tensor, (t([1.0]), t([1.0])), {}, t([1.0])) is None
+
+
+def test_batch_and_group_norm_of_a_nonfinite_operand():
+    """A NaN running mean in eval, an inf in the group being normalised: the operand, not the norm."""
+    x = torch.ones(2, 3)
+    assert mechanism_of(torch.ops.aten.native_batch_norm.default,
+                        (x, None, None, t([math.nan, 0.0, 0.0]), torch.ones(3), False, 0.1, 1e-5), {},
+                        torch.ops.aten.native_batch_norm.default(x, None, None, t([math.nan, 0.0, 0.0]), torch.ones(3),
+                                                                 False, 0.1, 1e-5)) == Mechanism.NONFINITE_OPERAND
+    y = t([[1.0, INF, 1.0, 2.0]])
+    out = torch.ops.aten.native_group_norm.default(y, None, None, 1, 4, 1, 2, 1e-5)
+    assert mechanism_of(torch.ops.aten.native_group_norm.default, (y, None, None, 1, 4, 1, 2, 1e-5), {}, out) \
+        == Mechanism.NONFINITE_OPERAND

@@ -66,3 +66,32 @@ def test_trace_output(trace, outs):
 def test_panels_in_help_order():
     assert o.PANELS == (o.MODEL, o.INPUTS, o.RUN, o.MODE, o.OUTPUT)
     assert o.examples(("a", "b"), ("c", "d")) == [("a", "b"), ("c", "d")]
+
+
+def test_command_is_generated_from_the_option_fields():
+    """One parameter per option field, in help order, the outputs as given; called from Python, a
+    flag not given takes its default, and ``run`` gets the parsed flags."""
+    import inspect
+    from dataclasses import dataclass
+
+    from nan_hunter.options import Panel, option
+
+    @dataclass(frozen=True)
+    class Opts:
+        steps: int | None = option(None, "--max-steps", metavar="N", panel=Panel.MODE, number=int, help="stop after N")
+        name: str = option("x", "--name", metavar="NAME", panel=Panel.MODEL, help="a name")
+        fast: bool = option(True, "--no-fast", panel=Panel.MODE, inverted=True, help="slowly")
+        prompts: tuple[str, ...] = option((), "--prompt", metavar="TEXT", panel=Panel.INPUTS, repeatable=True,
+                                          param="prompt", help="text (repeatable)")
+
+    seen = []
+    cmd = o.command(Opts, seen.append, [("checkpoint", o.Checkpoint)], [("quiet", o.Quiet, False)])
+    params = inspect.signature(cmd).parameters
+    assert list(params) == ["checkpoint", "name", "prompt", "max_steps", "no_fast", "quiet"]
+    assert [params[n].default for n in params][1:] == ["x", None, None, False, False]
+    cmd("ck", max_steps="3")
+    args = seen[0]
+    assert (args.checkpoint, args.name, args.max_steps, args.no_fast, args.prompt) == ("ck", "x", "3", False, None)
+    from nan_hunter.options import values_from_cli
+
+    assert values_from_cli(Opts, args) == {"name": "x", "steps": "3"}

@@ -28,8 +28,17 @@ def ev(**kw):
 def test_registry_names_every_cause():
     names = [n for n, _ in RULES]
     for cause in ("nonfinite_weights", "nonfinite_input", "overflow", "scale_underflow", "division_by_zero",
-                  "domain_error", "masked_softmax", "unknown"):
+                  "domain_error", "masked_softmax", "uninitialised_read", "unknown"):
         assert cause in names
+
+
+def test_uninitialised_read_is_named_before_the_arithmetic_rules():
+    """The fill re-runs (``capture.fresh_fill``) set the op's mechanism: no overflow or operand rule
+    claims it first, and the fix says to write or mask the memory."""
+    d = diagnose(ev(kind="nan", op="aten.sum.dim_IntList", op_absmax=7e4, mechanism="uninitialised_read"))
+    assert (d.cause, d.mechanism) == ("uninitialised_read", "uninitialised_read")
+    assert "torch.zeros" in d.fix and "never written" in d.summary
+    assert diagnose(ev(op_absmax=7e4)).cause == "overflow"
 
 
 def test_overflow_linear_numbers_and_fix():

@@ -16,7 +16,8 @@ def test_mechanical_causes(cause):
 
 
 @pytest.mark.parametrize("cause", ["nonfinite_input", "nonfinite_weights", "bad_scale", "not_reproducible",
-                                   "domain_error", "unknown", "a_cause_added_later"])
+                                   "domain_error", "unknown", "uninitialised_read",
+                                   "a_cause_added_later"])
 def test_causes_without_a_mechanical_fix_say_why(cause):
     assert no_mechanical_fix(cause)
 

@@ -11,6 +11,8 @@ import torch
 
 from nan_hunter.dtypes import RunDtype
 from nan_hunter.explain.keep_fix import find_keep_set, verify_policy
+from nan_hunter.model.placement import dtype_keyword
+from nan_hunter.model.whole import WholeModel
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-llama-fp16"
 
@@ -19,7 +21,8 @@ def _llama():
     """The quick start's shipped example (a real Llama checkpoint), at full precision, on its prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m = AutoModelForCausalLM.from_pretrained(EXAMPLE, dtype=torch.float32, attn_implementation="eager").eval()
+    m = AutoModelForCausalLM.from_pretrained(EXAMPLE, attn_implementation="eager",
+                                             **{dtype_keyword(): torch.float32}).eval()  # torch_dtype before 4.56
     tok = AutoTokenizer.from_pretrained(EXAMPLE)
     return m, dict(tok("the quick brown fox", return_tensors="pt"))
 
@@ -31,7 +34,7 @@ def test_keep_set_is_down_proj_and_the_final_norm():
     m16 = m.half()
     with torch.no_grad():
         assert not torch.isfinite(m16(**batch).logits).all()  # the fault is real
-    kf = find_keep_set(m16, batch, RunDtype.of("fp16"), "model.layers.1.mlp.down_proj", rtol=0.05)
+    kf = find_keep_set(WholeModel(m16, (), batch), RunDtype.of("fp16"), "model.layers.1.mlp.down_proj", rtol=0.05)
     assert kf is not None and kf.finite, kf
     assert "model.layers.1.mlp.down_proj" in kf.keep and len(kf.keep) >= 2
     assert kf.policy == {"dtype": "fp16", "keep_dtype": "fp32", "modules": {k: "fp32" for k in kf.keep}}
@@ -48,5 +51,5 @@ def test_down_proj_alone_does_not_work_as_printed_before():
     with torch.no_grad():
         ref = [m(**batch).logits]
     pol = {"dtype": "fp16", "keep_dtype": "fp32", "modules": {"model.layers.1.mlp.down_proj": "fp32"}}
-    finite, err, _ = verify_policy(m, master, batch, RunDtype.of("fp16"), pol, ref)
+    finite, err, _ = verify_policy(WholeModel(m, (), batch), master, RunDtype.of("fp16"), pol, ref)
     assert not finite and err is None

@@ -116,9 +116,9 @@ def test_rerun_checks_a_fix_on_the_whole_model_only_when_it_is_not_placed():
     cap = capture(p, mode, [1, 0])  # the group in another order: step 1 is data-set input 0
     rerun = mode.rerun(p, cap)
     assert isinstance(rerun, KeptSteps)
-    model, batch = rerun.whole(1)
-    assert model is m and batch is p.batches[0]
-    assert rerun.whole(0)[1] is p.batches[1]
+    whole = rerun.whole(1)
+    assert whole.model is m and whole.kwargs is p.batches[0] and whole.master is p.master
+    assert rerun.whole(0).kwargs is p.batches[1]
     with rerun.around(MLP):  # an unplaced model: nothing to put in place
         pass
     m.hf_device_map = {"": "cpu"}  # placed with --device-map: offloaded weights stay on meta

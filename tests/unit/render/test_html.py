@@ -63,3 +63,29 @@ def test_weights_without_findings_say_so():
     rep = clean()
     rep.weights = {"n_tensors": 7, "nonfinite": []}
     assert '<p class="note">7 tensors: none non-finite, none near a dtype limit.</p>' in render_html([rep], [(None, None)])
+
+
+def _with_alternatives():
+    from nan_hunter.report import FixVerified
+
+    rep = overflow()
+    rep.diagnosis.alternatives = [
+        {"fix": "run in <bf16> & co", "fix_verified": FixVerified("run in bf16", False, 0.46, "model")},
+        {"fix": "keep down in fp32", "fix_verified": None},
+        {"fix": "SDPA", "fix_verified": {"change": "sdpa", "finite": True, "max_rel_err": 0.0, "scope": "region"}}]
+    return rep
+
+
+def test_alternatives_are_listed_escaped_outside_the_fix_with_their_own_check():
+    """Contract v1.4 ``alternatives``: shown in the HTML view as in the terminal's, each with its own
+    verification, never inside the verified fix's box."""
+    html = render_html([_with_alternatives()], [(None, None)])
+    alts = html[html.index('<div class="alts">'):]
+    alts = alts[:alts.index("</div>")]
+    assert "run in &lt;bf16&gt; &amp; co" in alts and "<bf16>" not in html
+    assert '<li class="bad">' in alts and "past the tolerance" in alts
+    assert '<li class="none">keep down in fp32 (not verified)</li>' in alts
+    assert "SDPA (checked on the failing module only)" in alts
+    fix_box = html[html.index('<div class="fix">'):html.index('<div class="alts">')]
+    assert "&lt;bf16&gt;" not in fix_box and "not verified" not in fix_box  # the fix's box holds the fix only
+    assert '<div class="alts">' not in render_html([overflow()], [(None, None)])  # none: no section

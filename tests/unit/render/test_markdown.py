@@ -67,3 +67,17 @@ def test_check_reports_one_section_each_with_results():
 def test_bisect_verdict():
     assert "> **✔ keep 1 module(s) in fp32: the fp16 run is finite, max rel err 0 (4 runs)**" in render_markdown(
         [bisect()], [(None, None)])
+
+
+def test_alternatives_are_listed_escaped_with_their_own_check():
+    """Contract v1.4 ``alternatives`` in the Markdown view, each with its own verification, after the fix."""
+    from .test_html import _with_alternatives
+
+    md = render_markdown([_with_alternatives()], [(None, None)])
+    lines = md.splitlines()
+    at = lines.index("Other proposals (each with its own check):")
+    assert any(ln.startswith("**Fix**:") for ln in lines[:at])
+    alts = [ln for ln in lines[at + 1:at + 6] if ln.startswith("- ")]
+    assert len(alts) == 3 and "<bf16>" not in md and "past the tolerance" in alts[0]
+    assert alts[1] == "- keep down in fp32 (not verified)"
+    assert "Other proposals" not in render_markdown([overflow()], [(None, None)])

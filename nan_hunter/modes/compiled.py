@@ -193,7 +193,8 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
     if trace is None:
         outs = [_call(fn, (), kw, run, what) for kw in batches]
     else:
-        with traced(trace), Recorder(fn, capture=False, observers=[trace]) as rec:
+        wrapper: Any = fn  # torch.compile's OptimizedModule: a module the recorder unwraps
+        with traced(trace), Recorder(wrapper, capture=False, observers=[trace]) as rec:
             outs = [rec.input_run(i, lambda kw=kw: _call(fn, (), kw, run, what)) for i, kw in enumerate(batches)]
     per = compare_runs(eager_outs, outs)
     total = per[0]

@@ -155,9 +155,10 @@ class Watch:
         when no framework labels steps)."""
         return self.policy.label(forward)
 
-    def label_step(self, global_step: int) -> None:
-        """The framework's step counter at the next forward (the callbacks call it as a step begins)."""
-        self.policy.step_label[self.n_forwards] = int(global_step)
+    def label_step(self, global_step: int, forward: int | None = None) -> None:
+        """The framework's step counter from forward ``forward`` on (default: the next forward; the
+        callbacks call it as a step begins)."""
+        self.policy.step_label[self.n_forwards if forward is None else forward] = int(global_step)
 
     def local_report(self) -> WatchReport:
         """This rank's report, never the global one (a collective: not from inside a hook or a

@@ -105,7 +105,7 @@ PARTS = (
                                                                     "_foreach", "'tolist'")),
     ("walking arguments and outputs for float tensors", ("floats.py:", "tree.py:")),
     ("root call (step bookkeeping, snapshot, context)", ("snapshot.py", "context.py", "_root_starts",
-                                                        "on_root_call", "training.py", "get_rng_state",
+                                                        "on_root_call", "training_state.py", "get_rng_state",
                                                         "weights_version", "_drop_old_inputs", "keeps_inputs",
                                                         "get_state")),
     ("parameter rows (_params)", ("_params",)),

@@ -69,6 +69,120 @@ def split_source(source: str | None) -> tuple[str | None, int | None, str | None
     return m["file"], int(m["line"]), (m["code"] or None)
 
 
+class Keyed:
+    """A typed row whose fields read as keys too (``row["finite"]``, ``row.get("rel_err")``,
+    ``dict(row)``, ``row["step"] = k``): the dicts it replaced were read and written so. Its JSON
+    form is ``to_dict()``: every field but those ``omitted()`` (keys the JSON has only when set)."""
+
+    def omitted(self) -> tuple[str, ...]:
+        return ()
+
+    def keys(self) -> list[str]:
+        gone = self.omitted()
+        return [k for k in self.__dataclass_fields__ if k not in gone]  # type: ignore[attr-defined]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.keys()}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__ or key in self.omitted():  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(f"{type(self).__name__} has no field {key!r}")
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__ and key not in self.omitted()  # type: ignore[attr-defined]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self else default
+
+
+@dataclass
+class ReplayRow(Keyed):
+    """One dtype of the replay matrix (``replay[dtype]``): the failing region re-run in that dtype,
+    its non-finite counts, the largest finite |output| and ``rel_err`` against float64 (null when
+    not comparable)."""
+
+    finite: bool
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    absmax: float | None = None
+    rel_err: float | None = None
+    error: str | None = None  # the run raised (its first line); the key is in the JSON only then
+
+    def omitted(self) -> tuple[str, ...]:
+        return ("error",) if self.error is None else ()
+
+
+@dataclass
+class CompileResult(Keyed):
+    """Contract v1.1 ``compile`` (``scan --compile``): the run under ``torch.compile`` against eager."""
+
+    backend: str
+    eager_finite: bool
+    compiled_finite: bool
+    first_divergent_module: str | None = None  # the module whose compiled form parts from eager first
+    max_rel_err: float | None = None  # over every input, compiled against eager
+    #: inductor only, when they part: the compiled run again with emulate_precision_casts:
+    #: {compiled_finite, max_rel_err}
+    emulate_precision_casts: dict[str, Any] | None = None
+
+
+@dataclass
+class ModuleRow(Keyed):
+    """One module call of the report's ``modules`` table (``locate.producer.call_table``), in
+    completion order: its output's absmax and non-finite counts, the largest |input|, abs-min,
+    the subnormal share in its own dtype and, per target dtype, the share a cast flushes to zero."""
+
+    module: str
+    module_type: str
+    call_index: int
+    input_index: int
+    depth: int
+    absmax: float | None
+    in_absmax: float | None
+    nan: int
+    posinf: int
+    neginf: int
+    min_nonzero: float | None
+    subnormal_frac: float | None
+    flush_frac: dict[str, float | None]
+    phase: str = "forward"  # in the JSON only for backward and optimizer rows
+    param: str | None = None  # an optimizer row's parameter (in the JSON only then)
+    step: int | None = None  # v1.1 --generate: the decode step (in the JSON only then)
+
+    def omitted(self) -> tuple[str, ...]:
+        return tuple(k for k, gone in (("phase", self.phase == "forward"), ("param", not self.param),
+                                       ("step", self.step is None)) if gone)
+
+
+def rows_json(rows: list[Any] | None) -> list[dict[str, Any]] | None:
+    """Typed rows at the JSON edge (a row given as a plain dict stays one)."""
+    return [r.to_dict() if isinstance(r, Keyed) else r for r in rows] if rows is not None else None
+
+
+def module_rows_from_json(rows: list[dict[str, Any]]) -> list[ModuleRow]:
+    """A module table that crossed ranks as JSON, typed again."""
+    return [ModuleRow(**r) for r in rows]
+
+
+def replay_json(replay: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """The replay matrix at the JSON edge (a row given as a plain dict stays one)."""
+    if replay is None:
+        return None
+    return {d: r.to_dict() if isinstance(r, ReplayRow) else r for d, r in replay.items()}
+
+
+def replay_from_json(replay: dict[str, dict[str, Any]] | None) -> dict[str, ReplayRow] | None:
+    """A replay matrix that crossed ranks as JSON, typed again."""
+    return {d: ReplayRow(**r) for d, r in replay.items()} if replay is not None else None
+
+
 @dataclass
 class FixVerified:
     """Contract v1.2 "Verified fixes": the proposed fix applied to a copy of the failing region or
@@ -208,16 +322,16 @@ class Report:
     weights: dict[str, Any] | None = None
     run: RunInfo | None = None
     first_nonfinite: FirstNonfinite | None = None
-    replay: dict[str, dict[str, Any]] | None = None
+    replay: dict[str, ReplayRow] | None = None
     diagnosis: Diagnosis | None = None
     bisect: BisectResult | None = None
     # extensions
     notes: list[str] = field(default_factory=list)
     near_misses: list[dict[str, Any]] = field(default_factory=list)
-    modules: list[dict[str, Any]] | None = None  # per-module-call stats in execution order
+    modules: list[ModuleRow] | None = None  # per-module-call stats in execution order
     inputs: list[dict[str, Any]] | None = None  # per input: finite, first_nonfinite summary
     check: dict[str, Any] | None = None
-    compile: dict[str, Any] | None = None  # scan --compile: eager against torch.compile
+    compile: CompileResult | None = None  # scan --compile: eager against torch.compile
     baseline: dict[str, Any] | None = None  # check --baseline OLD: {path, compared, regressions}
     mode: str = "scan"
 
@@ -257,13 +371,13 @@ class Report:
             "weights": self.weights,
             "run": self.run.to_dict() if isinstance(self.run, RunInfo) else self.run,
             "first_nonfinite": None,
-            "replay": self.replay,
+            "replay": replay_json(self.replay),
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None,
             "notes": self.notes,
             "near_misses": self.near_misses,
-            "modules": self.modules,
+            "modules": rows_json(self.modules),
             "inputs": self.inputs,
-            "compile": self.compile,
+            "compile": self.compile.to_dict() if isinstance(self.compile, CompileResult) else self.compile,
             "mode": self.mode,
         }
         if isinstance(d["run"], dict):
@@ -281,7 +395,7 @@ class Report:
             d["check"] = self.check
         if self.baseline is not None:
             d["baseline"] = self.baseline
-        return _clean(d)
+        return json_safe(d)
 
 
 def torch_version() -> str | None:
@@ -317,14 +431,14 @@ def torch_version() -> str | None:
         return None
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON has no NaN/Infinity: non-finite floats become null (strict JSON parsers accept it)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 

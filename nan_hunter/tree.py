@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 MAX_DEPTH = 8  # deeper than any real module signature; bounds hostile or cyclic structures
-_LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Generator,
-           torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
+LEAF_TYPES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Generator,
+               torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -45,7 +45,7 @@ def float_tensors(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     A DTensor (FSDP2 parameters, tensor parallelism) is given as this rank's local shard."""
     if isinstance(obj, torch.Tensor):
         return [(prefix or "out", local_shard(obj))] if is_float_tensor(obj) else []
-    if depth > MAX_DEPTH or isinstance(obj, _LEAVES):
+    if depth > MAX_DEPTH or isinstance(obj, LEAF_TYPES):
         return []
     out: list[tuple[str, torch.Tensor]] = []
     if isinstance(obj, dict):
@@ -108,7 +108,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             if id(x) not in memo:
                 memo[id(x)] = fn(x)
             return memo[id(x)]
-        if isinstance(x, _LEAVES) or depth > MAX_DEPTH:
+        if isinstance(x, LEAF_TYPES) or depth > MAX_DEPTH:
             return x
         if id(x) in memo:
             return memo[id(x)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..tree import _LEAVES, MAX_DEPTH, float_tensors
+from ..tree import LEAF_TYPES, MAX_DEPTH, float_tensors
 
 _TENSOR = torch.Tensor
 _PARAMETER = torch.nn.Parameter
@@ -80,7 +80,7 @@ def _kind(tp: type) -> int:
     if kind is None:
         if issubclass(tp, torch.Tensor):
             kind = _GENERAL
-        elif issubclass(tp, _LEAVES):
+        elif issubclass(tp, LEAF_TYPES):
             kind = _SKIP_KIND
         elif issubclass(tp, dict):
             kind = _MAPPING

@@ -158,7 +158,7 @@ def _frames_inside() -> list[traceback.FrameSummary]:
 _WRAPPERS = tuple(f"-packages{os.sep}{name}{os.sep}" for name in ("accelerate",))
 
 
-def _is_model_code(filename: str) -> bool:
+def is_model_code(filename: str) -> bool:
     """The model's own code: not torch's package (directory with its separator, so ``torchao/``
     and ``torchvision/`` are model code), not the standard library, not accelerate's hooks."""
     fn = os.path.abspath(filename)
@@ -169,7 +169,7 @@ def _is_model_code(filename: str) -> bool:
 
 class ModelSites:
     """The model's own source line of the running code, fast enough to ask per module call and per
-    op: the innermost frame in model code (``_is_model_code``; nanhunter's own frames never are),
+    op: the innermost frame in model code (``is_model_code``; nanhunter's own frames never are),
     with each file's verdict cached (a dict lookup per frame). What a ``Recorder``'s observers
     name their entries' ``source`` by (``Recorder.source_site``)."""
 
@@ -183,7 +183,7 @@ class ModelSites:
         if k is None:
             # <frozen runpy>, <string>: not the model's source; nanhunter's own code: a library here
             k = self._model[fn] = not fn.startswith("<") and not os.path.abspath(fn).startswith(_PKG_DIR) \
-                and _is_model_code(fn)
+                and is_model_code(fn)
         return k
 
     def site(self, skip: int = 1) -> tuple[str, int] | None:
@@ -206,7 +206,7 @@ def _where(frame: traceback.FrameSummary) -> str:
 def call_site() -> str | None:
     """The innermost frame in the model's own code of the running re-run (``file.py:line  code``),
     or None when there is none (a torch module re-run on its own)."""
-    frame = next((f for f in _frames_inside() if _is_model_code(f.filename)), None)
+    frame = next((f for f in _frames_inside() if is_model_code(f.filename)), None)
     return _where(frame) if frame is not None else None
 
 
@@ -215,7 +215,7 @@ def user_source(fallback: str | None = None) -> str | None:
     (``call_site``); else ``fallback`` (where the re-run module was called from, in the model's
     code); else the torch module's own frame (``nn/modules/linear.py``)."""
     inside = _frames_inside()
-    frame = next((f for f in inside if _is_model_code(f.filename)), None)
+    frame = next((f for f in inside if is_model_code(f.filename)), None)
     if frame is not None:
         return _where(frame)
     if fallback is not None:
@@ -240,7 +240,7 @@ def forward_source(node: Any) -> str | None:
     frames = [m for m in _FRAME.finditer("".join(tb))]
     for m in reversed(frames):
         fn = os.path.abspath(m["file"])
-        if fn.startswith(_PKG_DIR) or not _is_model_code(fn):
+        if fn.startswith(_PKG_DIR) or not is_model_code(fn):
             continue
         code = m["code"].strip()
         return f"{m['file']}:{m['line']}" + (f"  {code}" if code else "")

@@ -67,9 +67,9 @@ def run(args: Any) -> int:
     if args.json:
         import json
 
-        from ..report import _clean  # lazy: --help stays light
+        from ..report import json_safe  # lazy: --help stays light
 
-        write_text("--json", args.json, json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
+        write_text("--json", args.json, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
     if args.report:
         from ..render.diff_html import page  # lazy: --help stays light
 

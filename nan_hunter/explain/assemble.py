@@ -24,7 +24,7 @@ from ..dtypes import canonical
 from ..locate.located import Located
 from ..locate.region import BackwardRegion, OptimizerRegion, Region
 from ..progress import stage
-from ..report import Diagnosis, Report, RunInfo
+from ..report import Diagnosis, ModuleRow, ReplayRow, Report, RunInfo
 from . import fix_check
 from .diagnose import Evidence, diagnose, not_reproducible
 from .replay import backward_replay, optimizer_replay, replay
@@ -57,7 +57,7 @@ def failed_note(labels: list[str], failed: list[int]) -> str | None:
     return None
 
 
-def near_misses(table: list[dict], run: RunDtype, cfg: Config, absorbed: list[Any]) -> list[dict]:
+def near_misses(table: list[ModuleRow], run: RunDtype, cfg: Config, absorbed: list[Any]) -> list[dict]:
     """Module outputs within ``near_miss.overflow_fraction`` of the run's range (for an fp8 run,
     the compute dtype's: activations are stored there, only scaled matmul operands are fp8),
     and op results that went non-finite but were absorbed before any module output."""
@@ -126,7 +126,7 @@ def compile_verdict(rep: Report, run: RunDtype, cfg: Config, kind: str | None, m
         fix_check.with_verdict(rep.diagnosis, fix_check.from_emulate_precision_casts(emulated, rtol))
 
 
-def replay_region(region: Region | BackwardRegion | OptimizerRegion, run: RunDtype | None) -> dict[str, dict]:
+def replay_region(region: Region | BackwardRegion | OptimizerRegion, run: RunDtype | None) -> dict[str, ReplayRow]:
     """The failing region re-run in every dtype against float64 (``replay``): a forward call, a
     backward call from the gradients at its outputs, or one parameter's optimizer step."""
     if isinstance(region, Region):

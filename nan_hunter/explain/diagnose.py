@@ -15,7 +15,7 @@ from typing import Any
 from ..config import DiagnosisConfig, default_config
 from ..dtypes import Limits, RunDtype, canonical, limits
 from ..load.quant.base import is_fault
-from ..report import Diagnosis
+from ..report import Diagnosis, ReplayRow
 from .facts import MECHANISM_WORDS, Subject, cause_of, subject_of, why_unknown
 
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
@@ -38,7 +38,7 @@ class Evidence:
     op: str | None  # "aten.addmm.default"
     operands: list[Any] = field(default_factory=list)  # ops.OperandStats
     dtype: RunDtype | str | None = None  # the run's precision (a name is read with the default fp8 recipe)
-    replay: dict[str, dict] | None = None
+    replay: dict[str, ReplayRow] | None = None
     weights_nonfinite: list[dict] = field(default_factory=list)
     is_block: bool = False
     input_label: str | None = None
@@ -49,7 +49,7 @@ class Evidence:
     op_absmax: float | None = None  # |result| of the op re-run on its operands in float64 (ops.OpEvent)
     phase: str = "forward"  # forward | backward | optimizer (training faults)
     grad_fn: str | None = None  # backward: the autograd node that ran the op
-    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
+    optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training_phases.optimizer_facts
     bad_scales: list[dict] = field(default_factory=list)  # weights.quantized entries with a faulty block
     mechanism: str | None = None  # contract v1.4: the located op's IEEE mechanism (capture.mechanism)
     op_dtype: str | None = None  # the dtype the located op computed in (under autocast not every op is lowered)

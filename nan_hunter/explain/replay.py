@@ -16,8 +16,9 @@ from torch import nn
 
 from ..dtypes import REPLAY_DTYPES, RunDtype
 from ..kernels.compare import compare, flat
-from ..locate.training import fresh_optimizer
+from ..locate.training_phases import fresh_optimizer
 from ..model.copy_run import copy_at, precision, run_copy, torch_dtype_of
+from ..report import ReplayRow
 from ..tree import float_tensors, map_tensors
 
 
@@ -32,7 +33,7 @@ def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | tor
     return float_outputs(run_copy(module, args, kwargs, run))
 
 
-def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[str, Any]:
+def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> ReplayRow:
     nan = pos = neg = 0
     absmax = None
     for t in outs:
@@ -47,10 +48,10 @@ def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> dict[
             absmax = a if absmax is None else max(absmax, a)
     finite = not (nan or pos or neg)
     rel = compare(outs, ref).finite_rel_err if ref is not None else None
-    return {"finite": finite, "nan": nan, "posinf": pos, "neginf": neg, "absmax": absmax, "rel_err": rel}
+    return ReplayRow(finite, nan, pos, neg, absmax, rel)
 
 
-def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = None) -> dict[str, dict]:
+def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = None) -> dict[str, ReplayRow]:
     """The replay matrix: each of fp32, bf16, fp16, fp8-e4m3, fp8-e5m2 (and fp64 as reference),
     fp8 columns with ``run``'s fp8 recipe."""
     run = run or RunDtype.of("fp32")
@@ -58,14 +59,13 @@ def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = 
         ref = run_region(module, args, kwargs, torch.float64)
     except Exception:  # some ops have no float64 kernel on this device
         ref = None
-    matrix: dict[str, dict] = {}
+    matrix: dict[str, ReplayRow] = {}
     for d in REPLAY_DTYPES:
         try:
             outs = run_region(module, args, kwargs, run.with_name(d))
             matrix[d] = summarize(outs, ref)
         except Exception as e:
-            matrix[d] = {"finite": False, "nan": 0, "posinf": 0, "neginf": 0, "absmax": None, "rel_err": None,
-                         "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            matrix[d] = failed_row(e)
     if ref is not None:
         matrix["fp64"] = summarize(ref, ref)
     return matrix
@@ -108,7 +108,7 @@ def run_backward_region(module: nn.Module, args: tuple, kwargs: dict, grads: lis
 
 
 def backward_replay(module: nn.Module, args: tuple, kwargs: dict, grads: list[Any],
-                    run: RunDtype | None = None) -> dict[str, dict]:
+                    run: RunDtype | None = None) -> dict[str, ReplayRow]:
     """The replay matrix of a backward fault: the failing module's forward and backward from its
     captured inputs and the gradient that reached its outputs, in each dtype; the entries measure
     the gradients it produces (w.r.t. its inputs and parameters) against float64."""
@@ -117,24 +117,24 @@ def backward_replay(module: nn.Module, args: tuple, kwargs: dict, grads: list[An
         ref = run_backward_region(module, args, kwargs, grads, torch.float64)
     except Exception:  # some ops have no float64 kernel on this device
         ref = None
-    matrix: dict[str, dict] = {}
+    matrix: dict[str, ReplayRow] = {}
     for d in REPLAY_DTYPES:
         try:
             matrix[d] = summarize(run_backward_region(module, args, kwargs, grads, run.with_name(d)), ref)
         except Exception as e:
-            matrix[d] = _failed_entry(e)
+            matrix[d] = failed_row(e)
     if ref is not None:
         matrix["fp64"] = summarize(ref, ref)
     return matrix
 
 
-def _failed_entry(e: Exception) -> dict[str, Any]:
-    return {"finite": False, "nan": 0, "posinf": 0, "neginf": 0, "absmax": None, "rel_err": None,
-            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+def failed_row(e: Exception) -> ReplayRow:
+    """The row of a dtype whose run raised: not finite, nothing measured, the error's first line."""
+    return ReplayRow(False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
 def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad: torch.Tensor,
-                     state: dict[str, torch.Tensor], run: RunDtype | None = None) -> dict[str, dict]:
+                     state: dict[str, torch.Tensor], run: RunDtype | None = None) -> dict[str, ReplayRow]:
     """The replay matrix of an optimizer fault: one parameter's ``step()`` from its value, gradient
     and optimizer state before the step, with a fresh optimizer of the same class and
     hyperparameters, parameter, gradient and floating state cast to each dtype; the entries
@@ -154,12 +154,12 @@ def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, gra
         ref = one(torch.float64)
     except Exception:
         ref = None
-    matrix: dict[str, dict] = {}
+    matrix: dict[str, ReplayRow] = {}
     for d in REPLAY_DTYPES:
         try:
             matrix[d] = summarize(one(run.with_name(d)), ref)
         except Exception as e:
-            matrix[d] = _failed_entry(e)
+            matrix[d] = failed_row(e)
     if ref is not None:
         matrix["fp64"] = summarize(ref, ref)
     return matrix

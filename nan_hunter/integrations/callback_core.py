@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import NonFiniteError
 from ..report import write_json
-from ..session.fault_policy import OnFault, _verdict_line
+from ..session.fault_policy import OnFault, verdict_line
 from .eval_loops import EvalLoops
 
 
@@ -127,13 +127,13 @@ class CallbackCore:
             self.logger.warning(self.log_line())
             if self.kind.raises:
                 self.end()
-                raise NonFiniteError(self.report, _verdict_line(self.report))
+                raise NonFiniteError(self.report, verdict_line(self.report))
         return self.kind.stops
 
     def log_line(self) -> str:
         """The verdict line, then where the report and the capsule were written (and how to replay
         the capsule)."""
-        parts = [_verdict_line(self.report)]
+        parts = [verdict_line(self.report)]
         if self.report_path:
             parts.append(f"report: {self.report_path}")
         run = self.report.run

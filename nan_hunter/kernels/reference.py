@@ -197,7 +197,7 @@ def quick_row(t: torch.Tensor, underflow: bool = False) -> tuple[list[int], list
         return None
     x = _as_float(t)
     if underflow:
-        found = _magnitudes(x)
+        found = bit_magnitudes(x)
         if found is None:
             return None
         absmax, min_nz, flushed = found
@@ -290,7 +290,7 @@ def _buffer(dtype: torch.dtype, n: int, device: torch.device) -> torch.Tensor:
     return buf[:n]
 
 
-def _magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None:
+def bit_magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | None:
     """(absmax, smallest non-zero |x| (inf when every value is zero), per ``HEADROOM_DTYPES``
     target the values a cast rounds to zero, None where not counted) of a float tensor, or None
     when it holds a NaN or ±Inf.

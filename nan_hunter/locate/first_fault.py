@@ -1,6 +1,6 @@
 """The one locate: ``locate(recording, rerun) -> Located``, whoever recorded the run.
 
-From the first fault the producer rule found in a recording (``locate.recording``), the failing
+From the first fault the producer rule found in a recording (``locate.judged_recording``), the failing
 step is run again (``locate.rerun``: from copies of its kept inputs, under the context it ran in,
 with the weights it ran with) down to the module, the aten op and the region the replay and the
 fix check re-run (``explain``, once). By phase:
@@ -41,14 +41,14 @@ from ..model.execute import run_context, weights_as
 from ..report import FirstNonfinite
 from .backward_op import rerun_backward
 from .first_op import locate_op
+from .judged_recording import Recording
 from .located import Located
 from .mha_slow_path import FUSED, through_slow_path
 from .position import token_position
 from .producer import Finding, call_table, first_finding, mask_notes, to_first_nonfinite
-from .recording import Recording
 from .region import BackwardRegion, OptimizerRegion, Region
 from .rerun import Rerun
-from .training import locate_backward
+from .training_phases import locate_backward
 
 #: why no op is named for an optimizer fault found without the state before the step
 OPTIMIZER_OP_MISSING = ("the op inside optimizer.step() is not named: that needs the state before the step, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..report import Diagnosis, FirstNonfinite
+from ..report import Diagnosis, FirstNonfinite, ModuleRow, ReplayRow
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.ops import OpEvent
@@ -26,11 +26,11 @@ class Located:
     region: AnyRegion | None = None  # what the replay and the fix check re-run; this process only
     is_block: bool = False  # the module is one of the model's repeated blocks
     input_label: str | None = None
-    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: locate.training.optimizer_facts
-    table: list[dict[str, Any]] | None = None  # module rows of the failing step as its re-run saw them
+    optimizer_facts: dict[str, Any] | None = None  # optimizer faults: locate.training_phases.optimizer_facts
+    table: list[ModuleRow] | None = None  # module rows of the failing step as its re-run saw them
     notes: list[str] = field(default_factory=list)
     row: int | None = None  # the batch row holding it (a decode step of several prompts: which prompt)
     op_missing: str | None = None  # the note saying why no op was named (one of ``notes``), if any
     extra: dict[str, Any] = field(default_factory=dict)  # mode fields for ``run`` (generate: the fault's token)
-    replay: dict[str, dict[str, Any]] | None = None  # the failing region in every dtype (``explain``; or from another rank)
+    replay: dict[str, ReplayRow] | None = None  # the failing region in every dtype (``explain``; or from another rank)
     diagnosis: Diagnosis | None = None  # made by ``explain`` (or by the rank that located it)

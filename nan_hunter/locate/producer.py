@@ -25,7 +25,7 @@ from typing import Any
 from ..capture.records import PHASES, Call
 from ..dtypes import HEADROOM_DTYPES
 from ..kernels.stats import TensorStats
-from ..report import FirstNonfinite
+from ..report import FirstNonfinite, ModuleRow
 
 Rows = Sequence[TensorStats]
 
@@ -169,9 +169,9 @@ def mask_notes(calls: Sequence[Call], rows: Rows) -> list[str]:
     return notes
 
 
-def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
+def call_table(calls: Sequence[Call], rows: Rows) -> list[ModuleRow]:
     """Per module call in completion order: name, type, call index, output absmax and counts."""
-    out = []
+    out: list[ModuleRow] = []
     rank = {p: i for i, p in enumerate(PHASES)}
     for c in sorted((c for c in calls if c.seq >= 0), key=lambda c: (c.input_index, rank[c.phase], c.seq)):
         absmax = absmin = None
@@ -191,20 +191,14 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[dict[str, Any]]:
                 n = st.flushed(d)
                 flushed[d] = None if k is None or n is None else k + n
         in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
-        row = {"module": c.module, "module_type": c.module_type, "call_index": c.call_index,
-               "input_index": c.input_index, "depth": c.depth, "absmax": absmax, "in_absmax": in_absmax,
-               "nan": nan, "posinf": pos, "neginf": neg,
-               # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
-               # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
-               "min_nonzero": absmin,
-               "subnormal_frac": subnormal / numel if subnormal is not None and numel else None,
-               # per target dtype, the share of outputs a cast to it rounds to zero (non-zero before)
-               "flush_frac": {d: k / numel if k is not None and numel else None for d, k in flushed.items()}}
-        if c.phase != "forward":
-            row["phase"] = c.phase
-            if c.param:
-                row["param"] = c.param
-        out.append(row)
+        out.append(ModuleRow(
+            c.module, c.module_type, c.call_index, c.input_index, c.depth, absmax, in_absmax, nan, pos, neg,
+            # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
+            # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
+            min_nonzero=absmin, subnormal_frac=subnormal / numel if subnormal is not None and numel else None,
+            # per target dtype, the share of outputs a cast to it rounds to zero (non-zero before)
+            flush_frac={d: k / numel if k is not None and numel else None for d, k in flushed.items()},
+            phase=c.phase, param=c.param if c.phase != "forward" else None))
     return out
 
 

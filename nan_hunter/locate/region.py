@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..model.whole import WholeModel
-from .training import OptimizerPieces
+from .training_phases import OptimizerPieces
 
 
 @dataclass

@@ -7,7 +7,7 @@ mode, the RNG: ``capture.context``), at the run's precision (fp8 emulation re-ap
 submodules run eagerly so capture sees inside; its backward from the gradients the recorder kept at
 the model's outputs (``locate.backward_op``), so the user's loss is not needed. What differs is
 given to ``KeptSteps``: the watch adds the weights of the failing step (when an optimizer step has
-changed them since) and the optimizer's pre-step state (``session.training``); a capsule gives its
+changed them since) and the optimizer's pre-step state (``session.training_state``); a capsule gives its
 recorded optimizer state; the forward mode says where offloaded weights are put in place
 (``--device-map``) and that the fix may be checked on the whole model.
 """
@@ -28,7 +28,7 @@ from ..dtypes import RunDtype, step_precision
 from ..model.execute import run_context
 from ..model.whole import WholeModel
 from .backward_op import rerun_backward
-from .training import OptimizerPieces
+from .training_phases import OptimizerPieces
 
 NO_CONTEXT = ForwardContext(False, ())  # a step whose context was not recorded: no grad, no autocast
 

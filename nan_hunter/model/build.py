@@ -37,7 +37,8 @@ LOAD_BATCH = 256 << 20  # bytes of owned tensor copies handed to load_state_dict
 _MAX_CONFIG_BYTES = 16 << 20
 
 
-def _offline() -> None:
+def hub_offline() -> None:
+    """Never reach the Hugging Face Hub (a setting the user made stays)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -56,7 +57,7 @@ def _user_code() -> Iterator[None]:
 
 
 @contextmanager
-def _quiet_libraries() -> Iterator[None]:
+def quiet_while_loading() -> Iterator[None]:
     """While transformers loads: its optional imports (torchao, via its quantizers) and accelerate
     (placing a ``--device-map`` model) log warnings that are not the user's business; stderr
     stays for nanhunter's own line."""
@@ -120,7 +121,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
     return fn
 
 
-def _names(keys: list[str], n: int = 4) -> str:
+def listed_keys(keys: list[str], n: int = 4) -> str:
+    """The first ``n`` of ``keys``, shown, and how many more."""
     more = f" and {len(keys) - n} more" if len(keys) > n else ""
     return ", ".join(show(k) for k in keys[:n]) + more
 
@@ -155,9 +157,9 @@ def load_strict(model: Any, ck: Checkpoint) -> None:
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing {len(missing)} keys ({_names(missing)})")
+            parts.append(f"missing {len(missing)} keys ({listed_keys(missing)})")
         if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys ({_names([prefix + k for k in unexpected])})")
+            parts.append(f"unexpected {len(unexpected)} keys ({listed_keys([prefix + k for k in unexpected])})")
         raise BadInput(f"weights do not match --arch: {'; '.join(parts)}; check that --arch builds the model this checkpoint came from")
     for k, ref in expected.items():
         e = ck.entry(prefix + k)
@@ -247,8 +249,8 @@ def build_from_hf(ck: Checkpoint, attn: str | None = None, placed: dict[str, Any
     where = custom_code(ck.path, ("config.json",), ignore=("AutoTokenizer",))
     if where:
         raise _refuse_custom(ck, where)
-    _offline()
-    with _quiet_libraries():
+    hub_offline()
+    with quiet_while_loading():
         return _build_from_hf(ck, attn, placed)
 
 
@@ -288,12 +290,12 @@ def _build_from_hf(ck: Checkpoint, attn: str | None, placed: dict[str, Any] | No
     if missing:
         n = len(model.state_dict())
         raise BadInput(f"{ck.path}: the checkpoint lacks {len(missing)} of the {n} weights {cls.__name__} needs "
-                       f"({_names(missing)}); transformers would fill them with random values, so the scan would "
+                       f"({listed_keys(missing)}); transformers would fill them with random values, so the scan would "
                        "not be of this checkpoint; restore the missing weights or pass --arch file.py:factory")
     mismatched = sorted(info.get("mismatched_keys") or [])
     if mismatched:
         raise BadInput(f"{ck.path}: {len(mismatched)} weights have the wrong shape for {cls.__name__} "
-                       f"({_names([str(m[0]) for m in mismatched])}); check config.json")
+                       f"({listed_keys([str(m[0]) for m in mismatched])}); check config.json")
     return model
 
 
@@ -322,11 +324,11 @@ def load_tokenizer(ck: Checkpoint):
     where = custom_code(d, ("tokenizer_config.json",)) or custom_code(d, ("config.json",), ("AutoTokenizer",))
     if where:
         return RefusedTokenizer(str(_refuse_custom(ck, where)) + " (or pass --inputs FILE.safetensors)")
-    _offline()
+    hub_offline()
     try:
         from transformers import AutoTokenizer
 
-        with _quiet_libraries():
+        with quiet_while_loading():
             return AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
     except Exception as e:
         if "trust_remote_code" in str(e):

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 from ..capture.run import forward
 from ..locate.rerun import KeptSteps
-from .recording import Capture
+from .protocol import Capture
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.recorder import Recorder
     from ..locate.located import Located
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
-    from ..report import Report
+    from ..report import ModuleRow, Report
 
 
 class ModeBase:
-    """The defaults of the ``Mode`` protocol (``modes.recording``)."""
+    """The defaults of the ``Mode`` protocol (``modes.protocol``)."""
 
     name = "base"
     one_step_table = False
@@ -54,7 +54,7 @@ class ModeBase:
     def failed_of(self, p: Prepared, cap: Capture) -> list[int]:
         return [self.input_of(cap, s) for s in cap.recording.failed if 0 <= s < len(cap.group)]
 
-    def renumber(self, cap: Capture, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def renumber(self, cap: Capture, table: list[ModuleRow]) -> list[ModuleRow]:
         for row in table:
             row["input_index"] = self.input_of(cap, row["input_index"])
         return table

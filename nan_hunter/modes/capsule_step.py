@@ -39,8 +39,8 @@ from ..load.safetensors_header import show
 from ..load.weights import scan_weights
 from ..locate.backward_op import backward_roots
 from ..locate.rerun import KeptSteps
-from ..locate.training import OptimizerPieces, constructor_hyperparameters
-from ..model.build import _names, _offline, _quiet_libraries, build_from_arch, load_strict
+from ..locate.training_phases import OptimizerPieces, constructor_hyperparameters
+from ..model.build import build_from_arch, hub_offline, listed_keys, load_strict, quiet_while_loading
 from ..model.execute import resolve_device, run_context
 from ..model.prepare import Prepared
 from ..report import Report
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
     from ..report import Report
-    from .recording import Capture
+    from .protocol import Capture
 
 def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats: str = "fast",
                  config: Config | None = None, progress: Callable[[str, int], None] | None = None,
@@ -190,7 +190,7 @@ def _from_config(cap: Capsule) -> Any:
     if not isinstance(name, str) or not name.isidentifier():
         raise BadInput(f"{where}: model_class {show(name)} is not a transformers class name; pass --arch "
                        "file.py:factory to build the model")
-    _offline()
+    hub_offline()
     try:
         import transformers
     except ImportError:
@@ -201,7 +201,7 @@ def _from_config(cap: Capsule) -> Any:
         raise BadInput(f"{where}: model_class {show(name)} is not a model class of transformers "
                        f"{transformers.__version__}; pass --arch file.py:factory to build the model")
     transformers.utils.logging.set_verbosity_error()
-    with _quiet_libraries():
+    with quiet_while_loading():
         try:
             config = cls.config_class.from_dict(dict(cfg))
             return cls._from_config(config)
@@ -216,8 +216,8 @@ def _strict_keys(model: Any, ck: Checkpoint, cap: Capsule) -> None:
     missing, unexpected = sorted(expected - have), sorted(have - expected)
     if missing or unexpected:
 
-        parts = ([f"missing {len(missing)} keys ({_names(missing)})"] if missing else []) + \
-                ([f"unexpected {len(unexpected)} keys ({_names(unexpected)})"] if unexpected else [])
+        parts = ([f"missing {len(missing)} keys ({listed_keys(missing)})"] if missing else []) + \
+                ([f"unexpected {len(unexpected)} keys ({listed_keys(unexpected)})"] if unexpected else [])
         raise BadInput(f"{cap.path / 'model.safetensors'}: weights do not match the {cap.meta.get('model_class')} "
                        f"built from the capsule's config: {'; '.join(parts)}; pass --arch file.py:factory for "
                        "the model this capsule came from")

@@ -32,6 +32,7 @@ from ..divergence.recordings import from_outputs
 from ..errors import BadInput
 from ..explain.assemble import compile_verdict
 from ..model import copy_run
+from ..report import CompileResult
 from .trace_pass import traced
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -212,9 +213,7 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():
         total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run, trace)
-    block: dict[str, Any] = {"backend": backend, "eager_finite": total.eager_finite,
-                             "compiled_finite": total.compiled_finite, "first_divergent_module": None,
-                             "max_rel_err": total.rel_err, "emulate_precision_casts": None}
+    block = CompileResult(backend, total.eager_finite, total.compiled_finite, max_rel_err=total.rel_err)
     rep.compile = block
     rep.notes.append(f"torch.compile (backend {backend}): {len(p.batches)} input(s) compiled and run in "
                      f"{took:.1f} s; max_rel_err {_fmt(total.rel_err)} against eager (rtol {rtol:g})")
@@ -223,13 +222,13 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
         return
     idx = parted[0]
     div = first_divergent(p.model, p.batches[idx], per[idx], backend, rtol, p.run)
-    block["first_divergent_module"] = div.module
+    block.first_divergent_module = div.module
     emu = None
     if backend == "inductor":
         with fresh_compiles(emulate_precision_casts=True):
             emu, _, _ = _whole(p.model, p.batches, eager_outs, backend, p.run)
-        block["emulate_precision_casts"] = {"compiled_finite": emu.compiled_finite,
-                                            "max_rel_err": emu.rel_err if emu.rel_err is not None else math.inf}
+        block.emulate_precision_casts = {"compiled_finite": emu.compiled_finite,
+                                         "max_rel_err": emu.rel_err if emu.rel_err is not None else math.inf}
     if not per[idx].eager_finite:
         if per[idx].compiled_finite:
             rep.notes.append(f"torch.compile ({backend}) stays finite where eager does not: they first part at "
@@ -238,12 +237,12 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
         return
     if rep.first_nonfinite is not None or rep.diagnosis is not None:
         return  # eager already failed on another input: that is the diagnosis
-    evidence = {**block, "rtol": rtol, "input_index": idx, "input_label": p.labels[idx],
+    evidence = {**block.to_dict(), "rtol": rtol, "input_index": idx, "input_label": p.labels[idx],
                 "compiled_kind": per[idx].compiled_kind, "children_alike": div.children_alike,
                 "skipped": div.skipped, "module_rel_err": div.parting.rel_err,
                 "module_compiled_finite": div.parting.compiled_finite}
     compile_verdict(rep, p.run, p.cfg, per[idx].compiled_kind, div.module, div.module_type, evidence,
-                    block["emulate_precision_casts"], rtol)
+                    block.emulate_precision_casts, rtol)
 
 
 def _fmt(x: float | None) -> str:

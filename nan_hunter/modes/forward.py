@@ -20,7 +20,7 @@ from .harness import capture
 if TYPE_CHECKING:  # pragma: no cover
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
-    from .recording import Capture
+    from .protocol import Capture
 
 
 class ForwardMode(ModeBase):

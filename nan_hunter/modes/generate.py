@@ -29,8 +29,8 @@ from .harness import capture
 if TYPE_CHECKING:  # pragma: no cover
     from ..locate.located import Located
     from ..locate.rerun import Rerun
-    from ..report import Report
-    from .recording import Capture
+    from ..report import ModuleRow, Report
+    from .protocol import Capture
 
 
 def check_can_generate(model: nn.Module) -> None:
@@ -202,7 +202,7 @@ class GenerateMode(ModeBase):
         rows = rows_holding_faults(p.model, cap.recorder.inputs_of(bad), run_context(p.run))
         return [cap.group[r] for r in rows]
 
-    def renumber(self, cap: Capture, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def renumber(self, cap: Capture, table: list[ModuleRow]) -> list[ModuleRow]:
         """Module rows of a decoding: the recorder counts steps; the report names the data-set input."""
         for row in table:
             row["step"], row["input_index"] = row["input_index"], cap.group[0]

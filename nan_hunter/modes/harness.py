@@ -1,13 +1,13 @@
 """The one harness: every mode runs behind the same protocol, and the harness does the rest.
 
-A ``Mode`` (``forward``, ``generate``, ``backward``, a capsule's step; ``modes.recording``) says
+A ``Mode`` (``forward``, ``generate``, ``backward``, a capsule's step; ``modes.protocol``) says
 what one input runs (``run_input``) and how its failing step is re-run (``rerun``); ``ModeBase``
 (``modes.base``) is everything else unless a mode says otherwise. The harness owns the loop:
 
 - ``capture``: a group of inputs run under a bare ``capture.Recorder`` at module level that keeps
   every step's inputs and context (``capture.listener.KeepSteps``), gradients captured when the
   mode runs with grad, the optimizer a mode gives; judged by the producer rule
-  (``locate.recording``);
+  (``locate.judged_recording``);
 - ``record``: every group of the inputs asked, into a ``ModeRun`` in data-set numbering (the
   failed inputs, the module table, mask notes, near misses of a clean run, the mode's facts);
 - ``locate_first``: the first fault located by the one locate (``locate.first_fault``) with the
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from ..capture.listener import CallObserver, KeepSteps
 from ..capture.recorder import Recorder
 from ..locate.first_fault import locate
-from ..locate.recording import Recording
+from ..locate.judged_recording import Recording
 from ..progress import stage
-from .recording import Capture, Mode, ModeRun, fill
+from .protocol import Capture, Mode, ModeRun, fill
 from .trace_pass import traced
 
 if TYPE_CHECKING:  # pragma: no cover

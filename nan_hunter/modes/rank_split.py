@@ -28,14 +28,14 @@ from ..distributed.global_report import diagnosis_from_json
 from ..distributed.ranks import RankSplit, agree, share
 from ..explain.assemble import explain
 from ..locate.located import Located
-from ..report import FirstNonfinite
+from ..report import FirstNonfinite, module_rows_from_json, replay_from_json, replay_json, rows_json
 from .harness import locate_first, record, run_mode
-from .recording import ModeRun, fill
+from .protocol import ModeRun, fill
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
     from ..report import Report
-    from .recording import Mode
+    from .protocol import Mode
 
 # --- the split run --------------------------------------------------------------------------------
 
@@ -61,7 +61,7 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
 
     mine = split.share(len(p.batches))
     rec = record(p, mode, mine) if mine else ModeRun(None, [], [])
-    got = agree({"failed": rec.failed, "modules": rec.table, "masks": rec.notes, "first": rec.first_input,
+    got = agree({"failed": rec.failed, "modules": rows_json(rec.table), "masks": rec.notes, "first": rec.first_input,
                  "absorbed": rec.absorbed, "extra": rec.extra})
     firsts = [(g["first"], r) for r, g in enumerate(got) if g["first"] is not None]
     located = None
@@ -75,13 +75,13 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
             # replayed, diagnosed and its fix verified here, where the failing region is
             explain(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [], replay,
                     device=str(p.device), rank=split.rank)
-            sent = {"first": asdict(loc.first), "replay": loc.replay, "is_block": loc.is_block,
+            sent = {"first": asdict(loc.first), "replay": replay_json(loc.replay), "is_block": loc.is_block,
                     "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
                     "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts,
                     "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
         found = agree(sent)[holder]
         located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
-                          replay=found["replay"], is_block=found["is_block"], input_label=found["input_label"],
+                          replay=replay_from_json(found["replay"]), is_block=found["is_block"], input_label=found["input_label"],
                           optimizer_facts=found["optimizer_facts"], notes=found["notes"], extra=found["extra"],
                           diagnosis=diagnosis_from_json(found["diagnosis"]))
     if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)
@@ -90,7 +90,8 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
     else:
         table = [row for g in got for row in g["modules"]]
     merged = ModeRun(located.first.input_index if located else None, sorted({i for g in got for i in g["failed"]}),
-                     table, [], [m for g in got for m in g["absorbed"]], mode.merge([g["extra"] for g in got]))
+                     module_rows_from_json(table), [], [m for g in got for m in g["absorbed"]],
+                     mode.merge([g["extra"] for g in got]))
     for note in (n for g in got for n in g["masks"]):
         if note not in merged.notes:
             merged.notes.append(note)

@@ -17,7 +17,7 @@ from .forward import ForwardMode
 from .generate import GenerateMode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .recording import Mode
+    from .protocol import Mode
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from ..trace.recorder import TraceRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.prepare import Prepared
-    from .recording import Mode
+    from .protocol import Mode
 
 TRACE_LEVELS = tuple(m.value for m in TraceLevel)
 

@@ -9,7 +9,6 @@ Strings here are raw (untrusted names included); each view escapes them for its 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,12 +158,11 @@ def cut_middle(name: str, width: int, sep: str = ".") -> str:
     best = elided(name, width, sep)
     if best is not None:
         return best
-    tail = ""
-    for ch in reversed(name):
-        if cells(ch + tail) > width - 1:
-            break
-        tail = ch + tail
-    return "…" + tail
+    kept, used = len(name), 0
+    while kept and used + cells(name[kept - 1]) <= width - 1:
+        kept -= 1
+        used += cells(name[kept])
+    return "…" + name[kept:]
 
 
 #: a parameter's own name: shortened, ``mlp.down_proj.weight`` keeps ``down_proj.weight`` (and a quantized
@@ -174,84 +172,74 @@ PARAMETER_LEAVES = ("weight", "bias", "weight_scale_inv", "weight_scale", "qweig
 
 
 def elided(name: str, width: int, sep: str = ".") -> str | None:
-    """The best form of ``name`` in at most ``width`` cells that replaces runs of whole components by
-    "…" — never the leaf, nor the layer index: forms that keep the index's parent (``layers.11``)
-    first, then one "…" rather than two, then the longest; the leaf alone (``…dense``) last; None
-    when none fits.
+    """``name`` in at most ``width`` cells with whole components replaced by "…", or None when no
+    such form fits.
 
-    The components left free sit in at most two segments (before and after the layer index), and
-    a form drops at most one run from each, so a run is judged by the cells it removes, from prefix
-    sums, without building its text: one run by two pointers, two runs by a sorted merge of each
-    segment's runs (quadratic in the components, never in their combinations; a 285-character name
-    takes milliseconds)."""
+    Components go one at a time, the one nearest the middle of the name first (its centre, in
+    cells, nearest half the name's width): never the leaf (with its module for a parameter:
+    ``down_proj.weight``) nor the layer index (the last all-digit component before it), and the
+    index's parent (``layers`` of ``layers.11``) only once nothing else is left; neighbouring
+    dropped components share one "…". Once the name fits, the cells left over go back to the
+    components dropped before the last, the outermost first (each that still fits). The width after
+    a drop or a restore follows from the component's two neighbours alone, and the order is a merge
+    of the components left and right of the middle, so a name of n components costs O(n): no text
+    is built before the one returned. When dropping all of them is not enough, the leaf alone
+    (``…down_proj``)."""
     parts = name.split(sep)
     n = len(parts)
     if n < 2:
         return None
-    # the leaf: the last component, with its module for a parameter (``down_proj.weight``)
     leaf = 2 if n >= 3 and parts[-1] in PARAMETER_LEAVES else 1
-    idx = max((i for i, p in enumerate(parts[:-leaf]) if p.isdigit()), default=None)
-    segs = [(0, idx), (idx + 1, n - leaf)] if idx is not None else [(0, n - leaf)]
-    segs = [(a, b) for a, b in segs if b > a]
-    pre = [0]
-    for p in parts:
-        pre.append(pre[-1] + cells(p))
-    need = cells(name) - width  # cells a form must remove
+    idx = next((i for i in range(n - leaf - 1, -1, -1) if parts[i].isdigit()), None)
+    parent = idx - 1 if idx is not None and idx > 0 else None
     ls = cells(sep)
+    w = [cells(p) for p in parts]
+    total = sum(w) + (n - 1) * ls
+    centre, at = [], 0
+    for c in w:
+        centre.append(at + c / 2)
+        at += c + ls
+    mid = total / 2
+    free = [i for i in range(n - leaf) if i != idx and i != parent]
+    k = next((j for j, i in enumerate(free) if centre[i] > mid), len(free))
+    left, right = free[k - 1::-1] if k else [], free[k:]  # nearest the middle first on either side
+    order: list[int] = []
+    a = b = 0
+    while a < len(left) or b < len(right):
+        if b == len(right) or (a < len(left) and mid - centre[left[a]] <= centre[right[b]] - mid):
+            order.append(left[a])
+            a += 1
+        else:
+            order.append(right[b])
+            b += 1
+    if parent is not None:
+        order.append(parent)
+    dropped = [False] * n
 
-    def removed(a: int, b: int) -> int:
-        """Cells removed by dropping components ``a .. b - 1``: their cells and one separator each,
-        "…" (one cell) put back (no separator follows it)."""
-        return pre[b] - pre[a] + (b - a) * ls - 1
+    def change(i: int) -> int:
+        """Cells dropping component ``i`` removes (restoring it adds), its neighbours as they are: a
+        new "…" (one cell) that takes the separator after it; one more component of a run; two runs
+        made one. The leaf is never dropped, so ``i + 1 < n``."""
+        joins = (i > 0 and dropped[i - 1]) + dropped[i + 1]
+        return w[i] + ls - 1 if joins == 0 else w[i] + ls if joins == 1 else w[i] + ls + 1
 
-    def parent_dropped(a: int, b: int) -> bool:
-        return idx is not None and idx > 0 and a <= idx - 1 < b
-
-    def text(runs: list[tuple[int, int]]) -> str:
-        out, prev_kept = "", False
-        k = 0
-        while k < n:
-            run = next((r for r in runs if r[0] == k), None)
-            if run is not None:
-                out += (sep if k else "") + "…"
-                k, prev_kept = run[1], False
-                continue
-            out += (sep if k and prev_kept else "") + parts[k]
-            prev_kept = True
-            k += 1
-        return out
-
-    found: list[tuple[tuple[bool, int, int], list[tuple[int, int]]]] = []
-    spans = {seg: [(removed(a, b), a, b) for a in range(*seg) for b in range(a + 1, seg[1] + 1)] for seg in segs}
-    for seg in segs:  # one run: the fewest cells removed that are enough, per (parent kept or not)
-        for dropped_parent in (False, True):
-            ok = [(d, a, b) for d, a, b in spans[seg] if d >= need and parent_dropped(a, b) == dropped_parent]
-            if ok:
-                d = min(x[0] for x in ok)
-                found += [((dropped_parent, 1, d), [(a, b)]) for x, a, b in ok if x == d]
-    if len(segs) == 2:  # two runs, one per segment: the least total that is enough
-        first, second = (sorted(spans[s]) for s in segs)
-        for dropped_parent in (False, True):
-            lead = [x for x in first if parent_dropped(x[1], x[2]) == dropped_parent]
-            if not lead or not second:
-                continue
-            totals = [x[0] for x in second]
-            best, pairs = None, []
-            for d, a, b in lead:
-                k = bisect_left(totals, need - d)
-                if k == len(totals):
-                    continue
-                t = d + totals[k]
-                if best is None or t < best:
-                    best, pairs = t, []
-                if t == best:
-                    pairs += [((a, b), (a2, b2)) for d2, a2, b2 in second[k:] if d + d2 == t]
-            found += [((dropped_parent, 2, best), list(p)) for p in pairs]
-    if found:
-        key = min(k for k, _ in found)
-        return min(text(runs) for k, runs in found if k == key)
+    length = total
+    for last, i in enumerate(order):
+        length -= change(i)
+        dropped[i] = True
+        if length <= width:
+            # the cells left over go back to the components dropped before, the outermost first
+            for j in reversed(order[:last]):
+                dropped[j] = False
+                if length + change(j) <= width:
+                    length += change(j)
+                else:
+                    dropped[j] = True
+            return "".join(("" if i and dropped[i - 1] else (sep if i else "") + "…") if d
+                           else (sep if i and not dropped[i - 1] else "") + p
+                           for i, (p, d) in enumerate(zip(parts, dropped)))
     alone = "…" + sep.join(parts[n - leaf:])
-    return alone if cells(alone) <= width and cells(alone) < cells(name) else None
+    return alone if cells(alone) <= width and cells(alone) < total else None
 
 
 def short_op(op: str | None) -> str | None:

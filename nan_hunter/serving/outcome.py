@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ..locate.recording import Recording
+from ..locate.judged_recording import Recording
 from ..locate.rerun import Rerun
 from ..report import Eviction, Report, RequestOutcome
 from .alone import AloneRerun

@@ -42,7 +42,7 @@ from ..errors import NonFiniteError
 from ..tree import local_shard
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .training import TrainingState
+    from .training_state import TrainingState
 
 
 class PolicyHost(Protocol):
@@ -126,7 +126,7 @@ class OnFault(enum.Enum):
 ON_FAULT = tuple(p.value for p in OnFault)
 
 
-def _verdict_line(rep: Any) -> str:
+def verdict_line(rep: Any) -> str:
     f = rep.first_nonfinite
     if f is None:
         return "nanhunter: a non-finite value was seen"
@@ -135,7 +135,6 @@ def _verdict_line(rep: Any) -> str:
     return f"nanhunter: first non-finite value ({f.kind}) at step {f.step}, {f.phase}: {where}{cause}"
 
 
-verdict_line = _verdict_line  # the public name, for the framework callbacks (integrations/)
 
 
 class _Event:
@@ -189,7 +188,7 @@ class FaultPolicy:
         if self.kind.raises and not self._raised:
             self._raised = True
             rep = self.local_report()
-            raise NonFiniteError(rep, _verdict_line(rep))
+            raise NonFiniteError(rep, verdict_line(rep))
 
     def local_report(self) -> Any:
         """This rank's explained report (the global one is a collective: not from inside a hook)."""

@@ -2,16 +2,16 @@
 
 A ``Watch`` holds one capture ``Recorder`` (it records calls and rows and keeps every root call's
 inputs and context; a numerics trace, ``trace=``, is an observer of the same recording) and the
-session's parts, each given the narrow view of the watch it needs (``training.TrainingHost``,
+session's parts, each given the narrow view of the watch it needs (``training_state.TrainingHost``,
 ``fault_policy.PolicyHost``); ``report()`` is the one staircase every report takes: the recording judged by the
-producer rule (``locate.recording``), the first fault located by re-running its step
+producer rule (``locate.judged_recording``), the first fault located by re-running its step
 (``locate.first_fault.locate``, with the watch's re-runs: ``WatchRerun``), then explained and
-assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once) of which
-``WatchReport`` is a view. Re-runs happen at the watch's precision (the one dtype rule: fp8
-watches re-run under fp8 emulation) and under the context the forward ran in (autocast, grad or
-inference mode, the RNG state, train/eval mode), on copies of its inputs. A report never changes
-the user's model, cache, inputs or RNG: buffers and train/eval modes are restored, the RNG is
-forked, and the watch's own hooks are paused while it re-runs.
+assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once), returned as
+a ``WatchReport`` (that report, printable, with the watch's extras). Re-runs happen at the watch's
+precision (the one dtype rule: fp8 watches re-run under fp8 emulation) and under the context the
+forward ran in (autocast, grad or inference mode, the RNG state, train/eval mode), on copies of its
+inputs. A report never changes the user's model, cache, inputs or RNG: buffers and train/eval
+modes are restored, the RNG is forked, and the watch's own hooks are paused while it re-runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..distributed.global_report import combine, local_reruns
 from ..dtypes import autocast_of
 from ..explain.assemble import assemble, run_info
 from ..locate.first_fault import locate
-from ..locate.recording import Recording
+from ..locate.judged_recording import Recording
 from ..model.execute import weights_as
 from ..report import Report
 from ..serving import outcome as serving
@@ -39,7 +39,7 @@ from ..serving.tracker import PackedBatches
 from ..trace.recorder import TraceRecorder
 from .fault_policy import FaultPolicy
 from .options import WatchOptions
-from .training import TrainingState, WatchRerun
+from .training_state import TrainingState, WatchRerun
 from .watch_report import WATCH_CHECKPOINT, WatchReport
 
 REPLAYS = 2  # extra replays of a failing step that did not reproduce (transient or non-deterministic?)

@@ -6,7 +6,7 @@ non-zero |x|), ``total`` and ``sumsq`` (for ``mean`` and ``l2``), the NaN/+inf/â
 absmax/absmin take the max/min, and the hash chains every tensor in order.
 
 - Finiteness, absmax and absmin come from the capture's own pass over the bit patterns
-  (``kernels.reference._magnitudes``: one ``aminmax`` of ``bits & mask``); a tensor holding a
+  (``kernels.reference.bit_magnitudes``: one ``aminmax`` of ``bits & mask``); a tensor holding a
   NaN or Â±inf takes the masked path.
 - ``total`` and ``sumsq`` are ``torch.sum`` and ``torch.linalg.vector_norm`` accumulated in fp32
   (a float64 reduction costs 3-8x more on CPU) and read as Python floats. Devices reduce in
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..dtypes import name_of
-from ..kernels.reference import Unreadable, _magnitudes, plain
+from ..kernels.reference import Unreadable, bit_magnitudes, plain
 
 #: above this |x|, squares are scaled first: (1e18)^2 is well inside fp32's 3.4e38
 _SCALE_ABOVE = 1e18
@@ -110,7 +110,7 @@ def digest(t: torch.Tensor, hash: bool = True) -> Digest:
     if n == 0:
         return Digest(shape, dtype, 0, 0, 0, 0, None, None, 0.0, 0.0, 0, crc)
     w = _wide(x)
-    found = _magnitudes(w) if w.element_size() in (2, 4, 8) else None
+    found = bit_magnitudes(w) if w.element_size() in (2, 4, 8) else None
     if found is not None:  # every value finite: the fast path
         absmax, absmin, _ = found
         total, sumsq = _sums(w.reshape(-1), absmax)

@@ -181,9 +181,9 @@ def test_source_line_is_the_models_own_code_not_torch_linear():
 def test_only_torch_itself_counts_as_inside_torch():
     """torchao/ and torchvision/ sit beside torch/ in site-packages: they are model code."""
     site = os.path.dirname(ops._TORCH_DIR.rstrip(os.sep))
-    assert not ops._is_model_code(os.path.join(site, "torch", "nn", "modules", "linear.py"))
-    assert ops._is_model_code(os.path.join(site, "torchao", "quantization", "linear.py"))
-    assert ops._is_model_code(os.path.join(site, "torchvision", "models", "resnet.py"))
+    assert not ops.is_model_code(os.path.join(site, "torch", "nn", "modules", "linear.py"))
+    assert ops.is_model_code(os.path.join(site, "torchao", "quantization", "linear.py"))
+    assert ops.is_model_code(os.path.join(site, "torchvision", "models", "resnet.py"))
 
 
 class SelfAttention(nn.Module):

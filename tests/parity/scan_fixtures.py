@@ -20,7 +20,7 @@ from nan_hunter.errors import BadInput
 from nan_hunter.explain.weights_verdict import weights_section
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
-from nan_hunter.report import _clean
+from nan_hunter.report import json_safe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def weights_blocks(p: Path) -> dict:
     out = {}
     for level, exact in (("fast", False), ("full", True)):
         try:
-            out[level] = _clean(weights_section(scan_weights(open_checkpoint(p), exact=exact), default_config()))
+            out[level] = json_safe(weights_section(scan_weights(open_checkpoint(p), exact=exact), default_config()))
         except BadInput as e:
             out[level] = {"error": str(e).replace(str(ROOT) + "/", "")}
     return out

@@ -61,9 +61,9 @@ def _wrap(mod) -> None:
         try:
             from nan_hunter.config import default_config
             from nan_hunter.explain.weights_verdict import weights_section
-            from nan_hunter.report import _clean
+            from nan_hunter.report import json_safe
 
-            rec["weights"] = _clean(weights_section(ws, default_config()))
+            rec["weights"] = json_safe(weights_section(ws, default_config()))
         except Exception as e:  # noqa: BLE001
             rec["record_error"] = repr(e)
         _write(rec)

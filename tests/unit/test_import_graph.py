@@ -365,3 +365,51 @@ def test_torch_free_parts_load_no_torch(tmp_path):
     assert steps["the integrations core"]["got"] is True
     assert steps["a weights-only prepare"]["got"] == [True, True]
     assert steps["nan_hunter.scan and check on weights only"]["got"] == [1, True]
+
+
+# --- no private name across folders (issue 44) ------------------------------------------------------
+def private_imports_across_units(root: Path = ROOT) -> list[str]:
+    """``path:line: name`` of every ``from ... import _name`` (one leading underscore: private to its
+    module) whose module is in another unit (``unit_of``: a folder, or a top-level module) than the
+    importing one. A name another folder needs is public in its module."""
+    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in sorted(root.rglob("*.py"))}
+    out = []
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base) + (f".{node.module}" if node.module else "")
+            else:
+                target = node.module or ""
+            if not target.startswith(PKG):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    source = f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target
+                    if unit_of(source) != unit_of(name):
+                        out.append(f"{path.relative_to(root.parent).as_posix()}:{node.lineno}: {a.name}")
+    return sorted(out)
+
+
+def test_no_private_name_is_imported_from_another_folder():
+    found = private_imports_across_units()
+    assert not found, ("private names imported from another folder (make them public where they live, or move "
+                       "them to where they belong):\n" + "\n".join(found))
+
+
+def test_the_private_import_checker_flags_only_other_folders(tmp_path):
+    pkg = tmp_path / PKG
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "b").mkdir()
+    for d in (pkg, pkg / "a", pkg / "b"):
+        (d / "__init__.py").write_text("")
+    (pkg / "tree.py").write_text("_LEAVES = ()\n")
+    (pkg / "a" / "x.py").write_text("_y = 1\ndef _f(): pass\n")
+    (pkg / "a" / "z.py").write_text("from .x import _y, _f\nfrom ..tree import _LEAVES\n")  # same folder: fine
+    (pkg / "b" / "w.py").write_text("from ..a.x import _f, __doc__\ndef g():\n    from nan_hunter.a.x import _y\n")
+    assert private_imports_across_units(pkg) == [f"{PKG}/a/z.py:2: _LEAVES", f"{PKG}/b/w.py:1: _f",
+                                                 f"{PKG}/b/w.py:3: _y"]

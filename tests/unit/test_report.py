@@ -5,7 +5,23 @@ from __future__ import annotations
 import json
 import math
 
-from nan_hunter.report import SCHEMA, BisectResult, Diagnosis, FirstNonfinite, Report, json_text
+import pytest
+
+from nan_hunter.report import (
+    SCHEMA,
+    BisectResult,
+    CompileResult,
+    Diagnosis,
+    FirstNonfinite,
+    ModuleRow,
+    ReplayRow,
+    Report,
+    json_text,
+    module_rows_from_json,
+    replay_from_json,
+    replay_json,
+    rows_json,
+)
 
 V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
            "replay", "diagnosis"}
@@ -22,6 +38,42 @@ def test_nonfinite_floats_become_null_and_the_json_is_strict():
     text = json_text(rep)
     assert "Infinity" not in text and "NaN" not in text
     assert json.loads(text)["replay"]["fp16"] == {"finite": False, "absmax": None, "rel_err": None}
+
+
+def test_replay_rows_are_typed_and_keyed_and_json_at_the_edge():
+    """issue 44: a replay row is a dataclass; its keys read as the dict it replaced did, and its JSON
+    has the contract's six keys (``error`` only when a dtype's run raised)."""
+    ok, bad = ReplayRow(True, absmax=2.0, rel_err=math.inf), ReplayRow(False, error="RuntimeError: no kernel")
+    assert ok["finite"] is True and ok.get("error") is None and "error" not in ok and dict(ok) == ok.to_dict()
+    assert set(ok.to_dict()) == {"finite", "nan", "posinf", "neginf", "absmax", "rel_err"}
+    assert bad.to_dict()["error"] == "RuntimeError: no kernel" and bad["error"] == bad.error
+    d = json.loads(json_text(Report(replay={"fp32": ok, "fp16": bad})))
+    assert d["replay"]["fp32"] == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 2.0, "rel_err": None}
+    assert replay_from_json(replay_json({"fp16": bad})) == {"fp16": bad} and replay_json(None) is None
+
+
+def test_the_compile_block_is_typed_with_the_contract_keys():
+    c = CompileResult("inductor", eager_finite=True, compiled_finite=False, max_rel_err=math.inf)
+    c.first_divergent_module = "layers.0"
+    assert c["backend"] == "inductor" and {**c}["first_divergent_module"] == "layers.0"
+    d = json.loads(json_text(Report(compile=c)))["compile"]
+    assert d == {"backend": "inductor", "eager_finite": True, "compiled_finite": False,
+                 "first_divergent_module": "layers.0", "max_rel_err": None, "emulate_precision_casts": None}
+
+
+def test_module_rows_are_typed_and_their_json_keys_are_as_before():
+    """issue 44: ``phase`` only for backward and optimizer rows, ``param`` only for an optimizer row,
+    ``step`` only under --generate, as the dict rows had them."""
+    fwd = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 1, 0, 0.5, None, {"fp16": 0.0})
+    opt = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 0, 0, 0.5, None, {}, phase="optimizer", param="w")
+    assert "phase" not in fwd and fwd.get("phase", "forward") == "forward" and fwd["posinf"] == 1
+    assert list(fwd.to_dict())[-1] == "flush_frac" and opt.to_dict()["phase"] == "optimizer" and opt["param"] == "w"
+    fwd["step"], fwd["input_index"] = fwd["input_index"], 0  # what --generate does to a row
+    assert fwd.to_dict()["step"] == 2 and fwd.input_index == 0
+    with pytest.raises(KeyError):
+        fwd["no_such_key"] = 1
+    d = json.loads(json_text(Report(modules=[fwd, opt])))["modules"]
+    assert module_rows_from_json(d) == [fwd, opt] and rows_json(None) is None
 
 
 def test_first_nonfinite_and_diagnosis_round_trip():

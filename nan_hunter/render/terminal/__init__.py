@@ -8,6 +8,8 @@ from the configuration; the defaults are those of configs/default.yaml.
 
 from __future__ import annotations
 
+import io
+import shutil
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -84,14 +86,24 @@ def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr
 def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -> str:
     """``render`` as plain text (no colour), ``width`` columns (default: the terminal's): what
     ``print(report)`` shows."""
-    import io
-    import shutil
-
     buf = io.StringIO()
-    c = Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False, emoji=False,
-                highlight=False, color_system=None)
-    render(rep, c, strip=strip)
+    render(rep, plain_console(buf, width), strip=strip)
     return buf.getvalue()
+
+
+def check_text(reps: list[Report], width: int | None = None) -> str:
+    """``render_check`` as plain text (no colour), ``width`` columns (default: the terminal's): what
+    ``print(report)`` shows for a check report."""
+    buf = io.StringIO()
+    render_check(reps, plain_console(buf, width))
+    return buf.getvalue()
+
+
+def plain_console(buf: io.StringIO, width: int | None = None) -> Console:
+    """A console writing plain text (no colour) into ``buf``, ``width`` columns (default: the
+    terminal's)."""
+    return Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False,
+                   emoji=False, highlight=False, color_system=None)
 
 
 def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,

@@ -30,7 +30,7 @@ def test_forward_replay_matrix_shows_which_dtypes_overflow():
     assert matrix["fp32"]["finite"] and matrix["fp32"]["rel_err"] == 0.0
     assert matrix["bf16"]["finite"] and matrix["bf16"]["absmax"] == pytest.approx(1e5, rel=1e-2)
     assert not matrix["fp16"]["finite"] and matrix["fp16"]["posinf"] == 6 and matrix["fp16"]["rel_err"] is None
-    assert matrix["fp64"] == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 1e5, "rel_err": 0.0}
+    assert matrix["fp64"].to_dict() == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 1e5, "rel_err": 0.0}
 
 
 def test_rounding_error_is_measured_against_float64():

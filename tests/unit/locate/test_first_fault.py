@@ -40,10 +40,10 @@ from torch import nn  # noqa: E402
 from nan_hunter.capture.listener import KeepSteps  # noqa: E402
 from nan_hunter.capture.recorder import Recorder  # noqa: E402
 from nan_hunter.locate.first_fault import locate  # noqa: E402
-from nan_hunter.locate.recording import Recording  # noqa: E402
+from nan_hunter.locate.judged_recording import Recording  # noqa: E402
 from nan_hunter.locate.region import BackwardRegion, OptimizerRegion, Region  # noqa: E402
 from nan_hunter.locate.rerun import KeptSteps  # noqa: E402
-from nan_hunter.locate.training import OptimizerPieces  # noqa: E402
+from nan_hunter.locate.training_phases import OptimizerPieces  # noqa: E402
 
 from .test_backward_op import _net  # noqa: E402
 

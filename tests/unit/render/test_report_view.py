@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
-from nan_hunter.render.report_view import PrintableReport, printable
-from nan_hunter.render.terminal import render_text
+import pytest
 
-from .reports import bisect, clean, overflow
+from nan_hunter.render.report_view import PrintableReport, printable
+from nan_hunter.render.terminal import check_text, render_text
+
+from .reports import bisect, check, clean, overflow
 
 
 def test_printable_shares_the_fields():
@@ -32,3 +34,15 @@ def test_to_html_and_to_json(tmp_path):
     rep.to_json(str(tmp_path / "r.json"))
     assert "aten.addmm.default" in (tmp_path / "r.html").read_text()
     assert json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]["module"] == "down"
+
+
+def test_keys_as_the_json_report_and_a_check_report_prints_its_rules():
+    """issue 44: one printable type for scan, bisect, check and watch (``session.watch_report``)."""
+    rep = printable(overflow())
+    assert rep["schema"] == "nanhunter.report/v1" and rep["first_nonfinite"]["module"] == "down"
+    with pytest.raises(KeyError):
+        rep["no_such_key"]
+    failed = printable(check(False))
+    text = failed.render(100)
+    assert text == check_text([failed], 100) and text != render_text(failed, 100)
+    assert str(printable(check(True))).strip()

@@ -10,7 +10,7 @@ from torch import nn
 
 from nan_hunter.errors import NonFiniteError
 from nan_hunter.report import Diagnosis, FirstNonfinite, Report, RunInfo
-from nan_hunter.session.fault_policy import ON_FAULT, OnFault, _verdict_line
+from nan_hunter.session.fault_policy import ON_FAULT, OnFault, verdict_line
 from nan_hunter.session.watcher import Watch
 
 
@@ -20,14 +20,14 @@ def fnf(op: str | None = "aten.exp.default", module: str = "layers.0.act", step:
 
 
 def test_verdict_line_names_kind_step_phase_op_module_and_cause():
-    assert _verdict_line(Report()) == "nanhunter: a non-finite value was seen"
-    assert _verdict_line(Report(first_nonfinite=fnf())) == \
+    assert verdict_line(Report()) == "nanhunter: a non-finite value was seen"
+    assert verdict_line(Report(first_nonfinite=fnf())) == \
         "nanhunter: first non-finite value (nan) at step 3, backward: aten.exp.default in layers.0.act"
-    assert _verdict_line(Report(first_nonfinite=fnf(op=None, module=""))).endswith("backward: <root>")
-    assert _verdict_line(Report(first_nonfinite=fnf(op="aten.mul.Tensor", module=""))).endswith(
+    assert verdict_line(Report(first_nonfinite=fnf(op=None, module=""))).endswith("backward: <root>")
+    assert verdict_line(Report(first_nonfinite=fnf(op="aten.mul.Tensor", module=""))).endswith(
         "aten.mul.Tensor in <root>")
     d = Diagnosis(cause="overflow", dtype="fp16", module=None, op=None, summary="too big", evidence=[], fix="")
-    assert _verdict_line(Report(first_nonfinite=fnf(), diagnosis=d)).endswith("layers.0.act (overflow: too big)")
+    assert verdict_line(Report(first_nonfinite=fnf(), diagnosis=d)).endswith("layers.0.act (overflow: too big)")
 
 
 def test_options_are_checked_before_anything_is_hooked():

@@ -1,5 +1,5 @@
-"""nan_hunter/session/watch_report.py: what ``watch(...).report()`` returns, a view of the report v1,
-as attributes and keys."""
+"""nan_hunter/session/watch_report.py: what ``watch(...).report()`` returns, the report v1 as every
+command's (printable), its fields as attributes and keys, the watch's extras as extra keys."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from nan_hunter.report import Diagnosis, FirstNonfinite, Report, RunInfo
-from nan_hunter.session.watch_report import WATCH_CHECKPOINT, WatchReport
+from nan_hunter.render.report_view import PrintableReport
+from nan_hunter.render.terminal import render_text
+from nan_hunter.report import SCHEMA, Diagnosis, FirstNonfinite, Report, RunInfo, json_text
+from nan_hunter.session.watch_report import WATCH_CHECKPOINT, WATCH_KEYS, WatchReport
 
 
 def _report() -> WatchReport:
@@ -27,9 +29,12 @@ def test_keys_are_those_of_the_json_report():
     assert r["diagnosis"]["fix"] == "add eps" and r["run"]["dtype"] == "fp32" and r["run"]["n_inputs"] == 4
     assert r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
     assert r.first_nonfinite.step == 2 and r.diagnosis.cause == "sqrt_at_zero"  # and attributes
-    assert set(r.to_dict()) == {"first_nonfinite", "diagnosis", "run", "modules", "failed_inputs", "notes",
-                                "aggregates", "n_forwards", "ranks", "replay"}
-    json.dumps(r.to_dict(), allow_nan=False)  # plain JSON values only
+    d = r.to_dict()
+    assert d["schema"] == SCHEMA and r["schema"] == SCHEMA and d["mode"] == "watch"  # issue 44: report v1
+    assert set(d) == set(Report(mode="watch").to_dict()) | set(WATCH_KEYS)  # v1's keys, the extras beside them
+    assert {k: d[k] for k in WATCH_KEYS} == {"failed_inputs": [2], "n_forwards": 4,
+                                             "aggregates": [{"module": "layers.0"}], "ranks": None}
+    json.dumps(d, allow_nan=False)  # plain JSON values only
 
 
 def test_a_clean_run_and_an_unknown_key():
@@ -37,6 +42,21 @@ def test_a_clean_run_and_an_unknown_key():
     assert r["first_nonfinite"] is None and r["diagnosis"] is None and r["ranks"] is None
     with pytest.raises(KeyError):
         r["op_event"]  # not a key of the JSON report
+
+
+def test_one_printable_report_type():
+    """issue 44: the type scan, bisect and check reports print as; the JSON it writes is its to_dict()."""
+    r = _report().replaced(modules=None)  # (its one row is not a whole row of the module table)
+    assert isinstance(r, PrintableReport) and isinstance(r, Report)
+    assert str(r) == r.render() and r.render(90) == render_text(r, 90, strip=True)
+    assert "layers.1.gate" in r.render(90)
+    assert json.loads(json_text(r)) == r.to_dict()
+
+
+def test_non_finite_aggregates_are_null_in_json():
+    r = WatchReport(Report(run=RunInfo(dtype=None, device="cpu", n_inputs=1), mode="watch"),
+                    aggregates=[{"module": "a", "absmax": float("inf")}])
+    assert r.to_dict()["aggregates"] == [{"module": "a", "absmax": None}] and r.aggregates[0]["absmax"] == float("inf")
 
 
 def test_a_view_not_a_second_report():

@@ -22,7 +22,7 @@ LONG = "model.language_model.layers.17.mlp.down_proj"
     (LONG, 100, LONG),
     (LONG, 30, "model.…layers.17.mlp.down_proj"),
     (LONG, 24, "…layers.17.mlp.down_proj"),
-    (LONG, 20, "…17.mlp.down_proj"),
+    (LONG, 20, "model.…17.…down_proj"),  # issue 44: mlp (nearest the middle) before model; model given back
     # issue 32 (6): the layer index stays, whole components go from the middle (once:
     # "…eed_forward_network.output_projection_layer", the index lost and a word cut)
     ("model.layers.11.feed_forward_network.output_projection_layer", 45, "model.layers.11.…output_projection_layer"),

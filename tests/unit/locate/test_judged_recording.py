@@ -1,4 +1,4 @@
-"""``locate.recording.Recording``: a capture judged by the producer rule, the same whoever made it."""
+"""``locate.judged_recording.Recording``: a capture judged by the producer rule, the same whoever made it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from nan_hunter.capture.recorder import Recorder
-from nan_hunter.locate.recording import Recording
+from nan_hunter.locate.judged_recording import Recording
 
 
 def _recorder(inputs: list[torch.Tensor], model: nn.Module | None = None) -> Recorder:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..capture.recorder import Recorder
 from ..capture.records import Call
+from ..report import ModuleRow
 from .producer import Finding, call_table, failed_inputs, first_finding, mask_notes
 
 
@@ -48,7 +49,7 @@ class Recording:
         failed = sorted(set(rec.failed_forwards()) | set(failed_inputs(calls, rows)))
         return cls(rec, calls, rows, first_finding(calls, rows), failed, notes)
 
-    def table(self, steps: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    def table(self, steps: Iterable[int] | None = None) -> list[ModuleRow]:
         """Module rows of the calls judged (of ``steps`` only, when given)."""
         if steps is None:
             return call_table(self.calls, self.rows)

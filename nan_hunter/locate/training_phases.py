@@ -18,6 +18,7 @@ import torch
 from ..capture.ops import FirstBadOp, OpEvent
 from ..capture.recorder import Recorder
 from ..dtypes import name_of
+from ..report import ModuleRow
 from .backward_op import Grads, rerun_backward
 from .producer import Finding, call_table, first_finding
 
@@ -26,7 +27,7 @@ from .producer import Finding, call_table, first_finding
 class BackwardLocation:
     finding: Finding | None  # at module level (None: the re-run's gradients were finite)
     event: OpEvent | None
-    table: list[dict[str, Any]] = field(default_factory=list)
+    table: list[ModuleRow] = field(default_factory=list)
 
 
 def locate_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Grads, step: int,

@@ -1,4 +1,4 @@
-"""nan_hunter/session/training.py, the helpers around a training step: the GradScaler's state
+"""nan_hunter/session/training_state.py, the helpers around a training step: the GradScaler's state
 read without a sync, optimizer hyperparameters as JSON, and the watch's re-runs (``WatchRerun``):
 a model's own precision, the optimizer's pre-step copy as ``OptimizerPieces``."""
 
@@ -9,7 +9,7 @@ import json
 import torch
 from torch import nn
 
-from nan_hunter.session.training import WatchRerun, _enabled, _hyper, _scale_of
+from nan_hunter.session.training_state import WatchRerun, _enabled, _hyper, _scale_of
 from nan_hunter.session.watcher import Watch
 
 

@@ -1,4 +1,4 @@
-"""nan_hunter/locate/training.py: backward location and the facts behind an optimizer fault."""
+"""nan_hunter/locate/training_phases.py: backward location and the facts behind an optimizer fault."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from nan_hunter.locate.training import OptimizerPieces, first_bad_step, locate_backward, optimizer_facts
+from nan_hunter.locate.training_phases import (
+    OptimizerPieces,
+    first_bad_step,
+    locate_backward,
+    optimizer_facts,
+)
 
 from .test_backward_op import _net
 

@@ -29,7 +29,7 @@ from ..load.capsule import write as write_capsule
 from ..locate.backward_op import rerun_backward
 from ..locate.producer import first_finding
 from ..locate.rerun import KeptSteps
-from ..locate.training import OptimizerPieces, constructor_hyperparameters, optimizer_facts
+from ..locate.training_phases import OptimizerPieces, constructor_hyperparameters, optimizer_facts
 from ..model.execute import weights_copy
 from ..model.whole import WholeModel
 from ..report import Report

@@ -1,4 +1,4 @@
-"""``modes.recording``: the harness's protocol (``Mode``), what a capture leaves (``Capture``), what a
+"""``modes.protocol``: the harness's protocol (``Mode``), what a capture leaves (``Capture``), what a
 mode's run leaves (``ModeRun``), and ``fill`` — the one way every mode's run becomes the report:
 the ``run`` block, the module table, the inputs, near misses of a clean run or the located fault
 through the assembler, the mode's own fields, the failed-inputs note."""
@@ -19,12 +19,12 @@ from nan_hunter.capture.listener import KeepSteps  # noqa: E402
 from nan_hunter.capture.recorder import Recorder  # noqa: E402
 from nan_hunter.config import default_config  # noqa: E402
 from nan_hunter.dtypes import RunDtype  # noqa: E402
-from nan_hunter.locate.recording import Recording  # noqa: E402
+from nan_hunter.locate.judged_recording import Recording  # noqa: E402
 from nan_hunter.model.prepare import Prepared  # noqa: E402
 from nan_hunter.modes.base import ModeBase  # noqa: E402
 from nan_hunter.modes.forward import ForwardMode  # noqa: E402
 from nan_hunter.modes.harness import capture, locate_first, record  # noqa: E402
-from nan_hunter.modes.recording import Capture, Mode, ModeRun, fill  # noqa: E402
+from nan_hunter.modes.protocol import Capture, Mode, ModeRun, fill  # noqa: E402
 from nan_hunter.report import Report, RunInfo  # noqa: E402
 
 

@@ -14,11 +14,11 @@ from ..explain.assemble import assemble, failed_note, input_rows, near_misses, r
 if TYPE_CHECKING:  # pragma: no cover
     from ..capture.listener import KeepSteps
     from ..capture.recorder import Recorder
+    from ..locate.judged_recording import Recording
     from ..locate.located import Located
-    from ..locate.recording import Recording
     from ..locate.rerun import Rerun
     from ..model.prepare import Prepared
-    from ..report import Report
+    from ..report import ModuleRow, Report
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ModeRun:
 
     first_input: int | None  # the data-set index of the input holding the first fault
     failed: list[int]  # data-set indices of the inputs that went non-finite
-    table: list[dict[str, Any]]  # module rows (per call), in data-set order
+    table: list[ModuleRow]  # module rows (per call), in data-set order
     notes: list[str] = field(default_factory=list)  # mask notes
     absorbed: list[dict[str, Any]] = field(default_factory=list)  # near misses: ops absorbed before any output
     extra: dict[str, Any] = field(default_factory=dict)  # the mode's own run facts, JSON (merged across ranks)
@@ -79,7 +79,7 @@ class Mode(Protocol):
     def failed_of(self, p: Prepared, cap: Capture) -> list[int]:
         """The data-set indices of ``cap``'s inputs that went non-finite."""
 
-    def renumber(self, cap: Capture, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def renumber(self, cap: Capture, table: list[ModuleRow]) -> list[ModuleRow]:
         """``cap``'s module rows in data-set numbering."""
 
     def absorbed(self, p: Prepared, indices: list[int]) -> list[dict[str, Any]]:

@@ -131,8 +131,8 @@ def watch(model: Any, *, level: str | None = None, sample_every: int | None = No
 
     w = Watch(model, WatchOptions(level=level, sample_every=sample_every, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
                                   backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
-                                  arch=arch, on_fault=on_fault, trace=trace, trace_level=trace_level))
-    w.collective = True  # under torch.distributed its report() is global (nan_hunter.distributed.global_report); the CLI's stay per rank
+                                  arch=arch, on_fault=on_fault, trace=trace, trace_level=trace_level,
+                                  collective=True))  # under torch.distributed its report() is global; the CLI's stay per rank
     return w
 
 

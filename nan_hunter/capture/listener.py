@@ -6,6 +6,7 @@ session needs none."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from .context import ForwardContext
@@ -69,3 +70,40 @@ class KeepSteps(CaptureListener):
 
     def on_forget(self, step: int) -> None:
         self.contexts.pop(step, None)
+
+
+class CallObserver:
+    """Sees every module call of a recording, whatever its level: the ``Recorder`` hooks every
+    module (the root's hooks outside a compiled region, as its own) for its observers and calls
+    them at each call's start and end, never while it is paused (``Recorder.observers_only``
+    excepted) or while dynamo traces. Its own hooks' statistics run with dispatch modes off, so an
+    observer's ``op_mode`` sees the model's ops only. A numerics trace is one
+    (``trace.recorder.TraceRecorder``)."""
+
+    def attached(self, recorder: Any) -> None:
+        """The recorder was attached (its ``model`` is the unwrapped module)."""
+
+    def call_start(self, name: str, module: Any, args: tuple, kwargs: dict) -> None:
+        """A module call starts (pre-hook, after the recorder's own)."""
+
+    def call_end(self, name: str, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        """A module call ended (post-hook, after the recorder's own; also when forward raised)."""
+
+    def op_mode(self) -> Any:
+        """A ``TorchDispatchMode`` the recorder enters while attached (after its own), or None."""
+        return None
+
+    def input(self, index: int) -> Any:
+        """A context: the root calls inside are data-set input ``index`` (``Recorder.input_run``)."""
+        return contextlib.nullcontext()
+
+    def run(self, r: int) -> Any:
+        """A context: run ``r`` of the current input (0 first; later ones: its ``repeats``)."""
+        return contextlib.nullcontext()
+
+    def repeats(self) -> int:
+        """How many times each input is run (a trace's ``--repeat N``; 1: once)."""
+        return 1
+
+    def detached(self) -> None:
+        """The recorder's hooks are gone (a trace writes what it holds and closes its file)."""

@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import re
+import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass, field
@@ -164,6 +165,37 @@ def is_model_code(filename: str) -> bool:
     if fn.startswith(_TORCH_DIR) or any(w in fn for w in _WRAPPERS):
         return False
     return not fn.startswith(_STDLIB_DIR) or "-packages" + os.sep in fn
+
+
+class ModelSites:
+    """The model's own source line of the running code, fast enough to ask per module call and per
+    op: the innermost frame in model code (``is_model_code``; nanhunter's own frames never are),
+    with each file's verdict cached (a dict lookup per frame). What a ``Recorder``'s observers
+    name their entries' ``source`` by (``Recorder.source_site``)."""
+
+    MAX_FRAMES = 64
+
+    def __init__(self) -> None:
+        self._model: dict[str, bool] = {}
+
+    def _is_model(self, fn: str) -> bool:
+        k = self._model.get(fn)
+        if k is None:
+            # <frozen runpy>, <string>: not the model's source; nanhunter's own code: a library here
+            k = self._model[fn] = not fn.startswith("<") and not os.path.abspath(fn).startswith(_PKG_DIR) \
+                and is_model_code(fn)
+        return k
+
+    def site(self, skip: int = 1) -> tuple[str, int] | None:
+        """(file, line) of the innermost model-code frame above the caller's ``skip`` frames."""
+        f = sys._getframe(skip + 1)
+        for _ in range(self.MAX_FRAMES):
+            if f is None:
+                break
+            if self._is_model(f.f_code.co_filename):
+                return f.f_code.co_filename, f.f_lineno
+            f = f.f_back
+        return None
 
 
 def _where(frame: traceback.FrameSummary) -> str:

@@ -39,10 +39,12 @@ captured, nothing is folded.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import operator
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +58,8 @@ from .blocks import main_blocks
 from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
 from .floats import call_items, float_items
 from .gradients import GradientHooks
-from .listener import CaptureListener
-from .ops import OpWatch
+from .listener import CallObserver, CaptureListener
+from .ops import ModelSites, OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
 from .sentinel import float_tensors_of, host_nonfinite, nonfinite_flag
@@ -111,17 +113,31 @@ def _phase_of(calls: list[Call], rows: Raw) -> str:
     return "forward"
 
 
+def _modes_off(hook: Any) -> Any:
+    """``hook`` run with the dispatch modes off (what it measures is not the model's ops)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    @functools.wraps(hook)
+    def off(*args: Any) -> Any:
+        with _disable_current_modes():
+            return hook(*args)
+    return off
+
+
 class Recorder:
     """Capture per-module statistics while the model runs."""
 
     def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
                  backend: str | None = None, device: Any = None, backward: bool = False,
                  optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None,
-                 underflow: bool = True, sample_every: int = 0):
+                 underflow: bool = True, sample_every: int = 0, capture: bool = True,
+                 observers: list[CallObserver] | None = None):
         """``first_step``: the step number of the first root call (a re-run of step k records as
         step k); ``listener``: who is told of root calls, faults and optimizer steps; ``underflow``:
         abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``). ``level`` is one
-        of ``LEVELS``, checked by whoever takes it from a user (``session.options.WatchOptions``)."""
+        of ``LEVELS``, checked by whoever takes it from a user (``session.options.WatchOptions``).
+        ``observers``: who sees every module call (``CallObserver``: a numerics trace); with
+        ``capture=False`` the recorder only hooks the model for them (no statistics of its own)."""
         ddp = nn.parallel.DistributedDataParallel  # watch(DDP(m)): m's names (no "module."), no DDP re-runs
         model = model.module if isinstance(model, ddp) else model
         self._wrapper = model if is_wrapper(model) else None  # watch(torch.compile(m)): its root hooks
@@ -192,7 +208,13 @@ class Recorder:
         self.paused = False  # a report's own re-runs are not recorded
         self.grads: GradientHooks | None = GradientHooks(self) if backward else None
         self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
-        self.companions: list[Any] = []  # attached and detached with this recorder (a trace.TraceRecorder)
+        self.companions: list[Any] = []  # attached and detached with this recorder (serving.PackedBatches)
+        self.capturing = capture
+        self.observers: list[CallObserver] = list(observers or [])
+        self._observer_modes: list[Any] = []  # their dispatch modes, entered while attached
+        self._observers_only = False  # paused for the capture, not for the observers (observers_only)
+        self.rerun_steps: int | None = None  # an input's re-run for the observers: its first run's root calls
+        self.sites = ModelSites()  # the model's source line of the running code, for observers
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -206,7 +228,12 @@ class Recorder:
         if self._handles:
             return
         targets: list[tuple[str, nn.Module]]
-        if self.sentinel:
+        for o in self.observers:
+            o.attached(self)
+        modes = [m for m in (o.op_mode() for o in self.observers) if m is not None]
+        if not self.capturing:
+            targets = []
+        elif self.sentinel:
             targets = [("", self.model)]
         elif self.level == "blocks":
             blocks = set(main_blocks(self.model))
@@ -219,6 +246,8 @@ class Recorder:
                 pre, post = self._pre(name), self._post(name)
                 if name == "" and self._lean_root():
                     pre, post = self._sentinel_pre(pre), self._sentinel_post(post)
+                if modes:  # an observer's op mode sees the model's ops, not the statistics' own
+                    pre, post = _modes_off(pre), _modes_off(post)
                 if name == "":  # the root runs eagerly even when called compiled (capture.compiled_regions)
                     m = self._wrapper if self._wrapper is not None else m
                     pre, post = outside_compile(pre), outside_compile(post)
@@ -228,16 +257,101 @@ class Recorder:
                 self.grads.attach(targets, self._grad_params)
             if self.optimizer is not None:
                 self.optimizer.attach()
+            if self.observers:
+                self._observe(eager_named_modules(self.model))
         except BaseException:
             self.detach()
             raise
-        if self.level == "ops":
+        if self.level == "ops" and self.capturing:
 
             self._ops = OpWatch(self)
             self._ops.__enter__()
+        for m in modes:
+            m.__enter__()
+            self._observer_modes.append(m)
         self._host_hooks = self._ops is None and not self.sink._device_rows
         for c in self.companions:
             c.attach()
+
+    def _observe(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """Hooks on every module for the observers (``CallObserver``), after the capture's own."""
+        for name, m in modules:
+            pre, post = self._observer_pre(name), self._observer_post(name)
+            if name == "":
+                m = self._wrapper if self._wrapper is not None else m
+                pre, post = outside_compile(pre), outside_compile(post)
+            self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
+
+    def _observed(self) -> bool:
+        return (not self.paused or self._observers_only) and not compiling()
+
+    def _observer_pre(self, name: str):
+        observers = self.observers
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self._observed():
+                for o in observers:
+                    o.call_start(name, module, args, kwargs)
+        return hook
+
+    def _observer_post(self, name: str):
+        observers = self.observers
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if self._observed():
+                for o in observers:
+                    o.call_end(name, module, args, kwargs, output)
+        return hook
+
+    @contextlib.contextmanager
+    def observers_only(self) -> Iterator[None]:
+        """Runs inside are seen by the observers only (a trace's ``--repeat`` re-runs): the capture
+        is paused for them."""
+        was = self.paused, self._observers_only
+        self.paused, self._observers_only = True, True
+        try:
+            yield
+        finally:
+            self.paused, self._observers_only = was
+
+    def input_run(self, index: int, run: Any, again: Any = None) -> Any:
+        """``run()``: one input of a data set (what a mode runs for it), its root calls seen by the
+        observers as input ``index``. An observer asking for N runs per input (a trace's
+        ``--repeat N``) gets N-1 more of ``again`` (default ``run``) from the same RNG state, the
+        capture paused for them (``observers_only``) and the RNG left as after the first run;
+        ``rerun_steps`` is the first run's root calls while they run (a decoding stops there)."""
+        if not self.observers:
+            return run()
+        n = max(o.repeats() for o in self.observers)
+        with contextlib.ExitStack() as inside:
+            for o in self.observers:
+                inside.enter_context(o.input(index))
+            state = torch.get_rng_state() if n > 1 else None
+            before = self._forward
+            with contextlib.ExitStack() as first:
+                for o in self.observers:
+                    first.enter_context(o.run(0))
+                out = run()
+            if n > 1:
+                devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                    else []
+                self.rerun_steps = self._forward - before
+                try:
+                    with torch.random.fork_rng(devices=devices):
+                        for r in range(1, n):
+                            torch.set_rng_state(state)  # every re-run draws the same random numbers
+                            with contextlib.ExitStack() as later, self.observers_only():
+                                for o in self.observers:
+                                    later.enter_context(o.run(r))
+                                (again or run)()
+                finally:
+                    self.rerun_steps = None
+        return out
+
+    def source_site(self, skip: int = 1) -> tuple[str, int] | None:
+        """(file, line) of the model's own code that runs now (``capture.ops.ModelSites``)."""
+        return self.sites.site(skip + 1)
 
     @property
     def root_hooked(self) -> nn.Module:
@@ -245,9 +359,15 @@ class Recorder:
         (its hooks run around the compiled call), else the eager model (capture.compiled_regions)."""
         return self._wrapper if self._wrapper is not None else self.model
 
+    def add_observer(self, observer: CallObserver) -> None:
+        """One more observer of every module call (``CallObserver``), before ``attach``."""
+        if self._handles:
+            raise RuntimeError("an observer is added before the recorder is attached")
+        self.observers.append(observer)
+
     def add_companion(self, companion: Any) -> None:
         """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
-        recorder does (``watch(trace=PATH)``'s trace); attached now if this recorder is."""
+        recorder does (a watch's ``serving.PackedBatches``); attached now if this recorder is."""
         self.companions.append(companion)
         if self._handles:
             companion.attach()
@@ -255,6 +375,8 @@ class Recorder:
     def detach(self) -> None:
         for c in self.companions:
             c.detach()
+        while self._observer_modes:
+            self._observer_modes.pop().__exit__(None, None, None)
         if self._ops is not None:
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)
@@ -268,6 +390,8 @@ class Recorder:
         if self.optimizer is not None:
             self.optimizer.detach()
         self._stack.clear()
+        for o in self.observers:
+            o.detached()
 
     # -- what is kept -----------------------------------------------------------------------
     @property
@@ -483,9 +607,11 @@ class Recorder:
         blocks = set(main_blocks(self.model))
         for name, m in eager_named_modules(self.model):
             if name in blocks:
-                self._sample_handles.append(m.register_forward_pre_hook(self._pre(name), with_kwargs=True))
-                self._sample_handles.append(m.register_forward_hook(self._post(name), with_kwargs=True,
-                                                                    always_call=True))
+                pre, post = self._pre(name), self._post(name)
+                if self._observer_modes:
+                    pre, post = _modes_off(pre), _modes_off(post)
+                self._sample_handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+                self._sample_handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
         self.sampled_steps += 1
         self._sampling = self._forward
         for s in self.samplers:

@@ -123,7 +123,7 @@ class CallbackCore:
 
     def step_begin(self, global_step: int) -> None:
         if self.watch is not None:
-            self.watch.policy.step_label[self.watch.n_forwards] = int(global_step)
+            self.watch.label_step(global_step)
 
     def step_end(self) -> bool:
         """After a step: True when the framework should stop training."""
@@ -131,7 +131,7 @@ class CallbackCore:
         if w is None or w.first_failed is None:
             return False
         if self.report is None:
-            self.report = w.policy.local_report()
+            self.report = w.local_report()
             self._write()
             self.logger.warning(self.log_line())
             if self.kind.raises:
@@ -193,6 +193,6 @@ class CallbackCore:
             return
         w.__exit__(None, None, None)
         if self.report is not None and self.kind is OnFault.SKIP:
-            self.report = w.policy.local_report()  # every skipped step, not only the first
+            self.report = w.local_report()  # every skipped step, not only the first
             self._write()
         self._eval_into_report()

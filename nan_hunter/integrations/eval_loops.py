@@ -100,10 +100,10 @@ class EvalLoops:
                 self.first_failed = min(failed_now)
                 self.at_step = self._global_step
                 if faulted:
-                    w.policy.step_label[w.first_failed] = self._base + w.first_failed  # steps over every loop
+                    w.label_step(self._base + w.first_failed, w.first_failed)  # steps over every loop
                     # the sentinel replays the failing eval step in full; this rank's own report (under
                     # torch.distributed the global one is a collective the other ranks would not join)
-                    self.report = w.policy.local_report()
+                    self.report = w.local_report()
                     self.report.run["eval"] = self.as_run()
             if new or faulted:
                 self.logger.warning(self._line(n, new, first_here, hidden_by or []))

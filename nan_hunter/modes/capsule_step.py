@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..capture.run import forward
 from ..config import Config, as_config
 from ..dtypes import RunDtype, UnknownDtype, autocast_of, canonical, step_precision, torch_dtype
 from ..errors import BadInput, install_hint
@@ -46,7 +47,7 @@ from ..report import Report
 from ..tree import detached_copy
 from .base import ModeBase
 from .harness import run_mode
-from .trace_pass import write_trace
+from .trace_pass import trace_for, trace_note
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -81,10 +82,12 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
     step = CapsuleStep(cap, model, dev)
     rep.notes += step.notes
     p = Prepared(ck, model, None, how, [step.kwargs], [f"capsule step-{cap.step}"], step.run_dtype, dev, cfg)
-    if trace is not None:  # ``scan --trace``: the step's forward, traced (modes.trace_pass)
-
-        rep.notes.append(write_trace(p, CapsuleMode(step), trace))
-    run_mode(p, CapsuleMode(step), rep, replay)
+    mode = CapsuleMode(step)
+    # ``scan --trace``: the step's forward traced in the same pass as its capture (modes.trace_pass)
+    tracer = trace_for(p, mode, trace) if trace is not None else None
+    run_mode(p, mode, rep, replay, tracer)
+    if tracer is not None:
+        rep.notes.append(trace_note(tracer, trace, len(p.batches)))
     if rep.first_nonfinite is None:
         rep.notes.append(f"the capsule's step {cap.step} re-ran without a non-finite value on this machine "
                          f"({cap.phase} phase): the fault did not reproduce (a nondeterministic kernel, other hardware "
@@ -117,7 +120,10 @@ class CapsuleMode(ModeBase):
         return [[0]]
 
     def run_group(self, p: Prepared, group: list[int], recorder: Any) -> dict[str, Any]:
-        self.step.run(recorder)
+        kw = p.batches[0]  # a trace's --repeat re-runs the step's forward only (its optimizer steps once)
+        recorder.input_run(0, lambda: self.step.run(recorder),
+                           again=lambda: forward(p.model, kw, p.run, lambda: self.run_input(p.model, kw, recorder),
+                                                 grad=self.grad))
         return {"optimizer_steps": recorder.optimizer.steps if recorder.optimizer is not None else None}
 
     def failed_of(self, p: Prepared, cap: Capture) -> list[int]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..capture.recorder import Recorder
 from ..capture.run import forward
 from ..capture.targeted import child_calls
 from ..divergence.compare import compare_recordings
@@ -32,6 +33,7 @@ from ..errors import BadInput
 from ..explain.assemble import compile_verdict
 from ..model import copy_run
 from ..report import CompileResult
+from .trace_pass import traced
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -182,25 +184,35 @@ def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str
 # -- the stage ----------------------------------------------------------------------------------
 
 
-def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend: str, run: Any
-           ) -> tuple[Parting, list[Parting], float]:
-    """The compiled model on every input against eager's outputs: (over all, per input, seconds)."""
+def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend: str, run: Any,
+           trace: Any = None) -> tuple[Parting, list[Parting], float]:
+    """The compiled model on every input against eager's outputs: (over all, per input, seconds).
+    ``trace`` (``scan --compile --trace``): written by observing this run (``modes.trace_pass``)."""
     t0 = time.perf_counter()
     fn = compile_module(model, backend)
-    per = compare_runs(eager_outs, [_call(fn, (), kw, run, f"torch.compile (backend {backend})") for kw in batches])
+    what = f"torch.compile (backend {backend})"
+    if trace is None:
+        outs = [_call(fn, (), kw, run, what) for kw in batches]
+    else:
+        wrapper: Any = fn  # torch.compile's OptimizedModule: a module the recorder unwraps
+        with traced(trace), Recorder(wrapper, capture=False, observers=[trace]) as rec:
+            outs = [rec.input_run(i, lambda kw=kw: _call(fn, (), kw, run, what)) for i, kw in enumerate(batches)]
+    per = compare_runs(eager_outs, outs)
     total = per[0]
     for p in per[1:]:
         total = total.merge(p)
     return total, per, time.perf_counter() - t0
 
 
-def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL) -> None:
+def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL,
+                     trace: Any = None) -> None:
     """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
-    ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note)."""
+    ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note). ``trace``:
+    a ``TraceRecorder`` written from the compiled run (``scan --compile --trace``)."""
 
     eager_outs = [forward(p.model, kw, p.run) for kw in p.batches]
     with fresh_compiles():
-        total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run)
+        total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run, trace)
     block = CompileResult(backend, total.eager_finite, total.compiled_finite, max_rel_err=total.rel_err)
     rep.compile = block
     rep.notes.append(f"torch.compile (backend {backend}): {len(p.batches)} input(s) compiled and run in "

@@ -80,10 +80,18 @@ def stop_on_fault(watch: Any) -> Any:
     from transformers import StoppingCriteria
 
     class StopOnNonfinite(StoppingCriteria):
+        def __init__(self) -> None:
+            self.steps = 0
+
         def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
             # ``scores`` is None unless generate() was asked for them (transformers 5): not read.
             # On a GPU the rows are judged in batches; the device flags of the forwards so far are
             # read here (decoding reads its stopping verdict on the host every step anyway).
+            self.steps += 1
+            again = getattr(watch, "rerun_steps", None)
+            if again is not None:  # a trace's --repeat re-run, capture paused: it stops where the first run did
+                bad = self.steps >= again
+                return torch.full((input_ids.shape[0],), bad, dtype=torch.bool, device=input_ids.device)
             if watch.first_failed is None and watch.sink._device_rows:
                 watch.judge_flagged()
             bad = watch.first_failed is not None
@@ -167,7 +175,7 @@ class GenerateMode(ModeBase):
         prompt_width = int(kw["input_ids"].shape[-1])
         try:
             with torch.no_grad(), run_context(p.run):
-                out = self._generate(p.model, kw, recorder)
+                out = recorder.input_run(group[0], lambda: self._generate(p.model, kw, recorder))
         except BadInput:
             raise
         except Exception as e:  # noqa: BLE001 - the model's own code raised: bad input, one line

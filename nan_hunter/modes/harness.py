@@ -22,14 +22,16 @@ its share, the rank holding the first fault locates it, and every rank merges th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..capture.listener import KeepSteps
+from ..capture.listener import CallObserver, KeepSteps
 from ..capture.recorder import Recorder
 from ..locate.first_fault import locate
 from ..locate.judged_recording import Recording
 from ..progress import stage
 from .protocol import Capture, Mode, ModeRun, fill
+from .trace_pass import traced
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..locate.located import Located
@@ -37,19 +39,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..report import Report
 
 
-def capture(p: Prepared, mode: Mode, group: list[int], level: str = "modules") -> Capture:
-    """``group`` run by ``mode`` under one capture at ``level``, judged."""
+def capture(p: Prepared, mode: Mode, group: list[int], level: str = "modules",
+            observers: Sequence[CallObserver] = ()) -> Capture:
+    """``group`` run by ``mode`` under one capture at ``level``, judged; ``observers`` see every
+    module call of the same pass (``scan --trace``: ``modes.trace_pass``)."""
     keep = KeepSteps(p.model)
     rec = Recorder(p.model, level=level, retain=mode.retain or max(1, len(group)), backward=mode.grad,
-                   optimizer=mode.optimizer(p), listener=keep)
+                   optimizer=mode.optimizer(p), listener=keep, observers=list(observers))
     with rec:
         facts = mode.run_group(p, group, rec)
     return Capture(group, rec, keep, Recording.of(rec), facts)
 
 
-def record(p: Prepared, mode: Mode, indices: list[int]) -> ModeRun:
+def record(p: Prepared, mode: Mode, indices: list[int], observers: Sequence[CallObserver] = ()) -> ModeRun:
     """The inputs ``indices`` of ``p`` run by ``mode`` under capture, judged in data-set numbering."""
-    caps = [capture(p, mode, g) for g in mode.groups(p, indices) if g]
+    caps = [capture(p, mode, g, observers=observers) for g in mode.groups(p, indices) if g]
     first = next((c for c in caps if c.recording.finding is not None), None)  # the lowest data-set index
     failed = sorted({i for c in caps for i in mode.failed_of(p, c)})
     if not mode.one_step_table:
@@ -77,11 +81,12 @@ def locate_first(p: Prepared, mode: Mode, cap: Capture) -> Located:
     return loc
 
 
-def run_mode(p: Prepared, mode: Mode, rep: Report, replay: bool = True) -> None:
+def run_mode(p: Prepared, mode: Mode, rep: Report, replay: bool = True, trace: Any = None) -> None:
     """Run ``mode`` over every input of ``p`` and fill ``rep`` (under torchrun the layer above,
-    ``modes.rank_split.run_mode_on_ranks``, splits the data set across ranks)."""
+    ``modes.rank_split.run_mode_on_ranks``, splits the data set across ranks). ``trace``: a
+    ``TraceRecorder`` written in the same pass as the capture (``modes.trace_pass``)."""
     mode.check(p)
-    with stage("capture"):
-        run = record(p, mode, list(range(len(p.batches))))
+    with stage("capture"), traced(trace):
+        run = record(p, mode, list(range(len(p.batches))), [trace] if trace is not None else ())
     located = locate_first(p, mode, run.capture) if run.capture is not None else None
     fill(p, mode, rep, run, located, replay)

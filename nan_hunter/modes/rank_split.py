@@ -40,13 +40,14 @@ if TYPE_CHECKING:  # pragma: no cover
 # --- the split run --------------------------------------------------------------------------------
 
 
-def run_mode_on_ranks(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: RankSplit | None = None
-                      ) -> None:
+def run_mode_on_ranks(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: RankSplit | None = None,
+                      trace: Any = None) -> None:
     """The harness (``modes.harness.run_mode``), or with ``split`` (the CLI under torchrun, more than
-    one rank) the harness with the data set split across ranks (``run_split``)."""
+    one rank) the harness with the data set split across ranks (``run_split``; ``--trace`` is
+    refused under torchrun, so ``trace`` is the single process's)."""
 
     if split is None or split.world <= 1:
-        run_mode(p, mode, rep, replay)
+        run_mode(p, mode, rep, replay, trace)
         return
     mode.check(p)
     run_split(p, mode, rep, replay, split)

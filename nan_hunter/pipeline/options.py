@@ -203,6 +203,9 @@ class ScanOptions(TraceOutput, BackwardOptions, DecodeOptions, ScanModeOptions, 
         if launched():
             raise BadInput("--trace under torchrun: each rank would run its own share of the inputs; trace one "
                            "process (without torchrun)")
+        if self.batch and self.generate is not None:
+            raise BadInput("--trace with --generate --batch: the trace is written in the capture's own pass, where the "
+                           "prompts decode as one left-padded batch, not one by one; drop --batch to trace them")
         backend = self.compile if isinstance(self.compile, str) else None  # a backend name after __post_init__
         return TraceOptions(self.trace, self.trace_level, self.repeat, backend)
 

@@ -69,20 +69,24 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     from ..modes.registry import mode_for  # lazy: torch
 
     mode = mode_for(generate=opts.generate, batch=opts.batch, backward=opts.backward, loss=opts.loss)
-    if opts.tracing is not None:  # before the capture: the trace holds what the model computed
-        from ..modes.trace_pass import write_trace  # lazy: torch
+    trace = None
+    if opts.tracing is not None:  # written in the capture's pass (or, --compile, the compiled run's)
+        from ..modes.trace_pass import trace_for  # lazy: torch
 
-        mode.check(prepared)
-        with stage("trace"):
-            rep.notes.append(write_trace(prepared, mode, opts.tracing))
-    run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split)
+        trace = trace_for(prepared, mode, opts.tracing)
+    run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split,
+                      trace=trace if opts.compile is None else None)
     if prepared.quantized is not None and rep.run is not None:  # run in its own quantized form
         rep.run["quantized"] = prepared.quantized
     if opts.compile is not None:
         from ..modes.compiled import compare_compiled  # lazy: torch
 
         with stage("compile"):
-            compare_compiled(prepared, rep, opts.compile, opts.rtol)
+            compare_compiled(prepared, rep, opts.compile, opts.rtol, trace=trace)
+    if trace is not None:
+        from ..modes.trace_pass import trace_note  # lazy: torch
+
+        rep.notes.append(trace_note(trace, opts.tracing, len(prepared.batches)))
     rep.add_context(texts=prepared.texts)
     if rep.diagnosis is None and not rep.weights["nonfinite"]:  # a finite run: corrupt scales are still a fault
         weights_verdict(rep, cfg, ws, scales_only=True)

@@ -123,7 +123,7 @@ class PackedBatches:
         return {fs.state.request_id: fs.state for fs in getattr(io, "requests_in_batch", None) or []}
 
     def _pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        if self._busy or self.w.paused or not is_packed(kwargs):
+        if self._busy or not is_packed(kwargs) or self.w.paused:
             self._current = None
             return
         step = packed_step(kwargs)

@@ -34,12 +34,34 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..errors import NonFiniteError
 from ..tree import local_shard
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .training_state import TrainingState
+
+
+class PolicyHost(Protocol):
+    """What ``FaultPolicy`` reads and calls on the watch it serves (a ``session.Watch``): the
+    recording's verdicts and rows, the optimizer hooks, what training decided, this rank's report."""
+
+    optimizer: Any
+    sink: Any
+    first_failed: int | None
+    current_step: int
+    training: TrainingState
+
+    def rows_on_host(self) -> bool: ...
+    def calls_of(self, step: int) -> list[Any] | None: ...
+    def failed_forwards(self) -> list[int]: ...
+    def judge_finished(self, upto: int) -> None: ...
+    def judge_backward(self, steps: Any) -> bool: ...
+    def judge_optimizer(self, step: int, calls: list[Any]) -> bool: ...
+    def local_report(self) -> Any: ...
 
 
 class OnFault(enum.Enum):
@@ -135,7 +157,7 @@ class _Event:
 class FaultPolicy:
     """The ``on_fault`` half of a ``session.Watch``."""
 
-    def __init__(self, watch: Any, kind: OnFault) -> None:
+    def __init__(self, watch: PolicyHost, kind: OnFault) -> None:
         self.kind = kind  # checked once, by the watch's options (``session.options``)
         self.w = watch
         self.on_fault = self.kind.value  # the name, as reports give it (run["on_fault"])
@@ -170,13 +192,7 @@ class FaultPolicy:
 
     def local_report(self) -> Any:
         """This rank's explained report (the global one is a collective: not from inside a hook)."""
-        w = self.w
-        was = getattr(w, "collective", False)
-        w.collective = False
-        try:
-            return w.report()
-        finally:
-            w.collective = was
+        return self.w.local_report()
 
     # -- skip (and stop with optimizer=): around optimizer.step() ---------------------------------
     def before_step(self, hooks: Any) -> None:

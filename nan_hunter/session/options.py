@@ -51,6 +51,9 @@ class WatchOptions:
     on_fault: OnFault | str = OnFault.RECORD  # record | raise | skip | stop | abort (an OnFault after checking)
     trace: str | None = None  # write a numerics trace here
     trace_level: str = "modules"  # modules | ops
+    # under torch.distributed, report() is global (a collective every rank joins: distributed.global_report);
+    # nan_hunter.watch() sets it, the CLI's own watches stay per rank
+    collective: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -80,6 +83,8 @@ class WatchOptions:
                 raise ValueError(f"{name} must be a path (a str), got {type(v).__name__}")
         if self.trace_level not in TRACE_LEVELS:
             raise ValueError(f"trace_level must be one of {TRACE_LEVELS}, got {self.trace_level!r}")
+        if not isinstance(self.collective, bool):
+            raise ValueError(f"collective must be True or False, got {self.collective!r}")
 
     @property
     def run(self) -> RunDtype | None:

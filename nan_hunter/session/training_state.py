@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import platform
 import shlex
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -33,6 +34,48 @@ from ..model.execute import weights_copy
 from ..model.whole import WholeModel
 from ..report import Report
 from ..version import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..capture.context import ForwardContext
+    from ..capture.recorder import Recorder
+    from ..dtypes import RunDtype
+
+
+class TrainingHost(Protocol):
+    """What ``TrainingState`` reads and calls on the watch it serves (a ``session.Watch``): its
+    recording's steps, rows and hooks, the contexts and precision they ran in, a re-run of a step."""
+
+    model: Any
+    grads: Any
+    optimizer: Any
+    sink: Any
+    paused: bool
+    run: RunDtype | None
+    first_failed: int | None
+    window: int
+    late_phases: bool
+    contexts: Mapping[int, ForwardContext]
+
+    def calls_of(self, step: int) -> list[Any] | None: ...
+    def inputs_of(self, forward: int) -> Any: ...
+    def mark_late_fault(self, f: int, phase: str) -> None: ...
+    def weights_changed_since(self, forward: int) -> bool: ...
+    def step_forward(self, input_index: int) -> Any: ...
+    def state_kept(self) -> Any: ...
+    def step_label(self, forward: int) -> int: ...
+
+
+class RerunHost(Protocol):
+    """What ``WatchRerun`` needs of a watch: its recorder and kept contexts, its precision, what
+    training kept (weights at the fault, the optimizer's pre-step state) and the user's state."""
+
+    recorder: Recorder
+    contexts: Mapping[int, ForwardContext]
+    run: RunDtype | None
+    training: TrainingState
+    optimizer: Any
+
+    def state_kept(self) -> Any: ...
 
 
 def _enabled(scaler: Any) -> bool:
@@ -51,7 +94,7 @@ def _scale_of(scaler: Any) -> Any:
 
 
 class TrainingState:
-    def __init__(self, watch: Any, scaler: Any, capsule_dir: str | None, arch: str | None) -> None:
+    def __init__(self, watch: TrainingHost, scaler: Any, capsule_dir: str | None, arch: str | None) -> None:
         self.w = watch
         self.scaler = scaler if scaler is not None and _enabled(scaler) else None
         self.capsule_dir = capsule_dir
@@ -227,13 +270,13 @@ class TrainingState:
                    "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
                    "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
         args, kwargs = snap.rerun()
-        path = write_capsule(self.capsule_dir, w.policy.label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
+        path = write_capsule(self.capsule_dir, w.step_label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
         import logging
 
         logging.getLogger("nan_hunter").warning("nanhunter: wrote the capsule of step %s to %s (replay it with: "
-                                                "nanhunter scan %s)", w.policy.label(f), path, shlex.quote(str(path)))
+                                                "nanhunter scan %s)", w.step_label(f), path, shlex.quote(str(path)))
 
     # -- the report ----------------------------------------------------------------------------
     def finish(self, rep: Report) -> None:
@@ -254,8 +297,8 @@ class WatchRerun(KeptSteps):
     (copied at the fault when an optimizer step may change them), the optimizer's state before
     the failing step (kept with ``capsule_dir``) and the optimizer facts read right after it."""
 
-    def __init__(self, watch: Any) -> None:
-        super().__init__(watch, watch.listener.contexts, watch.run)
+    def __init__(self, watch: RerunHost) -> None:
+        super().__init__(watch.recorder, watch.contexts, watch.run)
         self.w = watch
 
     def weights(self, step: int) -> dict[str, torch.Tensor] | None:

@@ -1,7 +1,9 @@
 """``nan_hunter.watch(model)``: a recording session that owns ``report()``.
 
-Capture (``capture.Recorder``) records calls and rows and keeps every root call's inputs and
-context; ``report()`` is the one staircase every report takes: the recording judged by the
+A ``Watch`` holds one capture ``Recorder`` (it records calls and rows and keeps every root call's
+inputs and context; a numerics trace, ``trace=``, is an observer of the same recording) and the
+session's parts, each given the narrow view of the watch it needs (``training_state.TrainingHost``,
+``fault_policy.PolicyHost``); ``report()`` is the one staircase every report takes: the recording judged by the
 producer rule (``locate.judged_recording``), the first fault located by re-running its step
 (``locate.first_fault.locate``, with the watch's re-runs: ``WatchRerun``), then explained and
 assembled into a report v1 (``explain.assemble``: replay, diagnosis, verified fix, once), returned as
@@ -86,22 +88,37 @@ class SessionListener(KeepSteps):
         return step == first_failed or step in self.w.training.pending
 
 
-class Watch(Recorder):
+#: what a watch shows of its recording, read through to its ``Recorder`` (``w.first_failed``,
+#: ``w.calls``, ``w.n_forwards``...: names users and the session's parts read on the watch)
+RECORDING_VIEW = (
+    "aggregates", "calls", "calls_of", "current_step", "failed_forwards", "first_failed", "forwards_folded", "grads",
+    "inputs_of", "judge_backward", "judge_finished", "judge_flagged", "judge_optimizer", "late_phases", "latent",
+    "level", "listener", "mark_late_fault", "measure", "model", "n_forwards", "op_records", "opaque_forwards",
+    "optimizer", "poll_flags", "retain", "retained", "root_hooked", "rows_on_host", "sample_every", "sampled_steps",
+    "sentinel", "sink", "stats", "weights_changed_since", "weights_version", "window",
+    "_detail", "_inputs", "_stack",  # read by tests of the recording's bookkeeping
+)
+
+
+class Watch:
     """Capture per-module statistics while the model runs; ``report()`` locates the first NaN/Inf.
 
     ``dtype``: the precision the model runs in (``"fp8-e4m3"`` makes re-runs emulate fp8 as the
     forward did); default: as the model is. ``retain``: forwards kept in full (calls, rows and,
-    until judged on a device sink, inputs) besides the first failing one, which is always kept."""
+    until judged on a device sink, inputs) besides the first failing one, which is always kept.
+    The recording is ``recorder`` (a ``capture.Recorder``); the names in ``RECORDING_VIEW`` read
+    through to it."""
 
     def __init__(self, model: nn.Module, options: WatchOptions | None = None, **kw: Any):
         """``options`` (``session.options.WatchOptions``), or its fields as keywords, checked there once."""
         o = options if options is not None else WatchOptions(**kw)
-        super().__init__(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
-                         backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
-                         underflow=False, sample_every=o.sample_every)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
+        self.recorder = Recorder(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
+                                 backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
+                                 underflow=False, sample_every=o.sample_every)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
         self.listener.model = self.model  # the unwrapped module (not a compiled or DDP wrapper)
         self.options = o
         self.run = o.run
+        self.collective = o.collective  # report() is global under torch.distributed (distributed.global_report)
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, o.scaler, o.capsule_dir, o.arch)
@@ -109,17 +126,59 @@ class Watch(Recorder):
         self.rerun = WatchRerun(self)  # how report() runs a step again (locate.rerun)
         # continuous batching: requests of packed forwards, on_fault="abort" (serving.tracker)
         self.serving = PackedBatches(self, abort=o.policy.aborts_requests)
-        self.add_companion(self.serving)
+        self.recorder.add_companion(self.serving)
         # the forecast and the precursors (contract v1.4): recorded on sampled steps only
         self.signals = SampledSignals(self.model, o.optimizer) if self.sample_every else None
         self.precursor_watch = PrecursorWatch()  # thresholds: configs/default.yaml, precursors
         if self.signals is not None:
-            self.samplers.append(self.signals)
-            self.add_companion(self.signals)
-        if o.trace is not None:  # a numerics trace of every forward, beside the capture (trace.recorder)
-            self.add_companion(TraceRecorder(model, str(o.trace), o.trace_level,
-                                             dtype=self.run.name if self.run is not None else None,
-                                             paused=lambda: self.paused))
+            self.recorder.samplers.append(self.signals)
+            self.recorder.add_companion(self.signals)
+        if o.trace is not None:  # a numerics trace of every forward, an observer of this recording (trace.recorder)
+            self.recorder.add_observer(TraceRecorder(None, str(o.trace), o.trace_level,
+                                                     dtype=self.run.name if self.run is not None else None))
+
+    # -- the recording ----------------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        self.recorder.attach()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.recorder.detach()
+
+    def attach(self) -> None:
+        self.recorder.attach()
+
+    def detach(self) -> None:
+        self.recorder.detach()
+
+    @property
+    def paused(self) -> bool:
+        """While True nothing is recorded (the watch's own re-runs)."""
+        return self.recorder.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.recorder.paused = value
+
+    def step_label(self, forward: int) -> int:
+        """The framework's step (``state.global_step``) forward ``forward`` belongs to (itself
+        when no framework labels steps)."""
+        return self.policy.label(forward)
+
+    def label_step(self, global_step: int, forward: int | None = None) -> None:
+        """The framework's step counter from forward ``forward`` on (default: the next forward; the
+        callbacks call it as a step begins)."""
+        self.policy.step_label[self.n_forwards if forward is None else forward] = int(global_step)
+
+    def local_report(self) -> WatchReport:
+        """This rank's report, never the global one (a collective: not from inside a hook or a
+        callback that only some ranks reach)."""
+        was = self.collective
+        self.collective = False
+        try:
+            return self.report()
+        finally:
+            self.collective = was
 
     @property
     def contexts(self) -> dict[int, ForwardContext]:
@@ -156,7 +215,7 @@ class Watch(Recorder):
     def _locate(self) -> WatchReport:
         t = self.training
         t.settle()
-        rec = Recording.of(self, t.scaler_skipped)
+        rec = Recording.of(self.recorder, t.scaler_skipped)
         rerun = serving.origin_rerun(self.serving, rec, self.rerun)  # a packed fault: its origin request alone
         loc = locate(rec, rerun) if rec.finding is not None else None
         # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
@@ -243,3 +302,11 @@ class Watch(Recorder):
     def state_kept(self) -> Any:
         """The user's RNG, buffers and train/eval modes, restored after a re-run."""
         return users_state_kept(self.model)
+
+
+def _read_through(name: str) -> property:
+    return property(lambda w: getattr(w.recorder, name), doc=f"The recording's ``{name}`` (``capture.Recorder``).")
+
+
+for _name in RECORDING_VIEW:
+    setattr(Watch, _name, _read_through(_name))

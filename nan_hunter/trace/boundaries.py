@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..capture.compiled_regions import eager_named_modules
+from ..capture.listener import CallObserver
+from ..capture.recorder import Recorder
 
 
 @dataclass
@@ -43,39 +44,34 @@ def _copy(obj: Any) -> Any:
     return tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, obj)
 
 
+class _EagerCalls(CallObserver):
+    """Keeps every non-root module call of one eager run, with a copy of its inputs."""
+
+    def __init__(self) -> None:
+        self.calls: list[ModuleCall] = []
+        self.stack: list[ModuleCall] = []
+        self.counts: dict[str, int] = {}
+
+    def call_start(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        k = self.counts.get(name, 0)
+        self.counts[name] = k + 1
+        self.stack.append(ModuleCall(name, module, k, _copy(args), _copy(kwargs)))
+
+    def call_end(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self.stack and self.stack[-1].name == name:
+            call = self.stack.pop()
+            if name:
+                self.calls.append(call)
+
+
 def eager_calls(model: nn.Module, args: tuple, kwargs: dict) -> list[ModuleCall]:
     """Every non-root module call of ``model(*args, **kwargs)`` run eagerly, in completion order,
-    with a copy of its inputs (taken before the call: an in-place op inside cannot change it)."""
-    calls: list[ModuleCall] = []
-    stack: list[ModuleCall] = []
-    counts: dict[str, int] = {}
-    handles = []
-
-    def pre(name: str):
-        def hook(module: nn.Module, a: tuple, kw: dict) -> None:
-            k = counts.get(name, 0)
-            counts[name] = k + 1
-            stack.append(ModuleCall(name, module, k, _copy(a), _copy(kw)))
-        return hook
-
-    def post(name: str):
-        def hook(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
-            if stack and stack[-1].name == name:
-                call = stack.pop()
-                if name:
-                    calls.append(call)
-        return hook
-
-    for name, m in eager_named_modules(model):
-        handles.append(m.register_forward_pre_hook(pre(name), with_kwargs=True))
-        handles.append(m.register_forward_hook(post(name), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    return calls
+    with a copy of its inputs (taken before the call: an in-place op inside cannot change it); seen
+    through a bare ``capture.Recorder`` (no capture of its own) with a call observer."""
+    seen = _EagerCalls()
+    with Recorder(model, capture=False, observers=[seen]), torch.no_grad():
+        model(*args, **kwargs)
+    return seen.calls
 
 
 @contextlib.contextmanager

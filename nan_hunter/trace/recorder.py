@@ -1,6 +1,13 @@
 """``TraceRecorder``: writes a ``nanhunter.trace/v1`` file while the model runs.
 
-Level ``"modules"``: forward hooks on every module; one entry per module call, in completion
+It is an observer of the one recording (``capture.listener.CallObserver``): the capture
+``Recorder`` hooks the model (every module, the root outside a compiled region, the DDP and
+compiled wrappers unwrapped), finds the model's source lines (``Recorder.source_site``) and keeps
+its own statistics out of the trace's op mode; the trace only measures and writes. A watch's, or a
+scan's, trace is written in the same pass as its capture; alone (``with TraceRecorder(model,
+path)``) it runs on a bare recorder that captures nothing itself.
+
+Level ``"modules"``: one entry per module call, in completion
 order (innermost first, so a call's children come before it), with the statistics of its
 floating outputs and, under ``input``, of its floating inputs. Level ``"ops"``: the module hooks
 only keep the stack of running calls, and a ``TorchDispatchMode`` makes one entry per aten op
@@ -12,7 +19,7 @@ dtypes of its floating inputs (``input_dtypes``: what ``diff`` takes the toleran
 ops the entries that made the root call's floating outputs carry ``output: true`` (what ``diff``
 judges the outputs by).
 
-Nothing is changed: hooks and the mode only read, and outputs are bitwise those of a run
+Nothing is changed: the hooks and the mode only read, and outputs are bitwise those of a run
 without them. Statistics of a tensor already measured in this root call (a parent returning its
 last child's output) are reused. Entries are written when a root call ends (``--repeat``: when
 the input's last re-run ends), so memory holds one root call's entries at most.
@@ -30,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,8 +46,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
-from ..capture.compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
-from ..capture.ops import is_model_code
+from ..capture.compiled_regions import compiling, eager_named_modules
+from ..capture.listener import CallObserver
 from ..tree import float_tensors
 from .env import environment, inputs_hash, model_identity
 from .format import LEVELS, TraceWriter, entry_line
@@ -56,46 +62,6 @@ PASS_THROUGH = frozenset((
     "movedim", "diagonal", "_to_copy_same_dtype", "view_as_real", "view_as_complex", "unflatten"))
 #: ops whose output holds whatever memory held: no entry, no producer
 UNWRITTEN = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"))
-#: nanhunter's own measuring code (another capture's hooks): ops it runs are not the model's
-_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_OWN_DIRS = tuple(_PKG + d + os.sep for d in ("capture", "kernels", "session", "trace", "locate", "explain"))
-_MAX_FRAMES = 64
-
-
-class _Where:
-    """Where the running code sits: the innermost frame of the model's own code, and whether
-    nanhunter's measuring code is running (cached per file name: a dict lookup per frame)."""
-
-    def __init__(self) -> None:
-        self._kind: dict[str, int] = {}  # 0: library (torch, stdlib), 1: model code, 2: nanhunter's own
-
-    def _classify(self, fn: str) -> int:
-        k = self._kind.get(fn)
-        if k is None and fn.startswith("<"):  # <frozen runpy>, <string>: not the model's source
-            k = self._kind[fn] = 0
-        if k is None:
-            path = os.path.abspath(fn)
-            # nanhunter's measuring code: 2; its driver code (modes, cli) is a library: 0
-            k = 2 if path.startswith(_OWN_DIRS) else 0 if path.startswith(_PKG) else 1 if is_model_code(path) else 0
-            self._kind[fn] = k
-        return k
-
-    def site(self, skip: int = 2) -> tuple[tuple[str, int] | None, bool]:
-        """(file, line) of the innermost model-code frame, and True when nanhunter's measuring code
-        runs below it (an op of another capture's statistics)."""
-        f = sys._getframe(skip)
-        for _ in range(_MAX_FRAMES):
-            if f is None:
-                break
-            k = self._classify(f.f_code.co_filename)
-            if k == 1:
-                return (f.f_code.co_filename, f.f_lineno), False
-            if k == 2:
-                return None, True
-            f = f.f_back
-        return None, False
-
-
 def _float_dtypes(tensors: Any) -> list[str]:
     """The distinct dtypes of the floating tensors among ``tensors``, in first-seen order."""
     out: list[str] = []
@@ -136,15 +102,19 @@ class _OpTrace(TorchDispatchMode):
         return out
 
 
-class TraceRecorder:
-    """Writes a trace of ``model``'s runs to ``path`` (module docstring).
+class TraceRecorder(CallObserver):
+    """Writes a trace of the model's runs to ``path`` (module docstring): an observer of a
+    ``capture.Recorder`` (``Recorder(..., observers=[trace])``), or alone as a context manager
+    over ``model`` (a bare recorder of its own that captures nothing).
 
-    ``repeat``: with N ≥ 2, each input (``input(i)``) is run N times by the caller (``runs()``)
+    ``repeat``: with N ≥ 2, each input (``input(i)``) is run N times by the caller (``run(r)``)
     and every entry stores the largest run-to-run spread. ``paused``: a callable; while it says
-    True nothing is recorded (a report's own re-runs). ``dtype``/``compile_backend``: recorded in
-    the environment. Without ``input(i)``, every root call is one step of input 0 (a watch)."""
+    True nothing is recorded (the recorder's own pause covers a report's re-runs).
+    ``dtype``/``compile_backend``: recorded in the environment. Without ``input(i)``, every root
+    call is one step of input 0 (a watch)."""
 
-    def __init__(self, model: nn.Module, path: str | os.PathLike, level: str = "modules", repeat: int | None = None,
+    def __init__(self, model: nn.Module | None, path: str | os.PathLike, level: str = "modules",
+                 repeat: int | None = None,
                  dtype: str | None = None, compile_backend: str | None = None,
                  paused: Callable[[], bool] | None = None, inputs: list[dict[str, Any]] | None = None,
                  **header: Any) -> None:
@@ -152,10 +122,12 @@ class TraceRecorder:
             raise ValueError(f"trace level must be one of {LEVELS}, got {level!r}")
         if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 2):
             raise ValueError(f"repeat must be an integer of at least 2, got {repeat!r}")
-        ddp = nn.parallel.DistributedDataParallel
-        model = model.module if isinstance(model, ddp) else model
-        self._wrapper = model if is_wrapper(model) else None
-        self.model = unwrap(model)
+        self.given = model  # alone: the model its own bare recorder hooks
+        self.rec: Any = None  # the capture.Recorder it observes (attached)
+        self.model: nn.Module | None = None  # the recorder's unwrapped model
+        self._compiled = False  # the recorder's root is a compiled wrapper
+        self._alone: Any = None
+        self.keep_open = False  # the file outlives each recorder it observes (a scan's groups): see close
         self.path = os.fspath(path)
         self.level = level
         self.repeat = repeat
@@ -167,9 +139,6 @@ class TraceRecorder:
         self.failures: list[str] = []
         self.first_failed: int | None = None  # the first step with a non-finite entry (generate stops there)
         self.writer: TraceWriter | None = None
-        self._where = _Where()
-        self._handles: list[Any] = []
-        self._mode: _OpTrace | None = None
         self._stack: list[_Call] = []
         self._count: dict[str, int] = {}
         self._cache: dict[int, tuple[weakref.ref, int, Digest]] = {}
@@ -185,35 +154,43 @@ class TraceRecorder:
 
     # -- attaching ----------------------------------------------------------------------------
     def __enter__(self) -> TraceRecorder:
-        self.attach()
+        """Alone: a bare recorder of ``model`` (no capture of its own) with this trace its observer."""
+        from ..capture.recorder import Recorder  # lazy: a trace observing a watch's recorder needs none
+
+        if self.given is None:
+            raise ValueError("TraceRecorder without a model observes a capture.Recorder (observers=[...])")
+        self._alone = Recorder(self.given, capture=False, observers=[self])
+        self._alone.attach()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.detach()
+        alone, self._alone = self._alone, None
+        if alone is not None:
+            alone.detach()
 
-    def attach(self) -> None:
-        if self._handles:
-            return
-        self.writer = TraceWriter(self.path)
-        for name, m in eager_named_modules(self.model):
-            pre, post = self._pre(name), self._post(name)
-            if name == "":
-                m = self._wrapper if self._wrapper is not None else m
-                pre, post = outside_compile(pre), outside_compile(post)
-            self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
-        if self.level == "ops":
-            self._mode = _OpTrace(self)
-            self._mode.__enter__()
+    def attached(self, recorder: Any) -> None:
+        self.rec = recorder
+        self.model = recorder.model
+        self._compiled = recorder.root_hooked is not recorder.model
+        if self.writer is None or self.writer.closed:
+            self.writer = TraceWriter(self.path)
 
-    def detach(self) -> None:
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(None, None, None)
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+    def op_mode(self) -> Any:
+        return _OpTrace(self) if self.level == "ops" else None
+
+    def repeats(self) -> int:
+        return self.repeat or 1
+
+    def detached(self) -> None:
+        """The recorder is gone: what is pending is written, and the file closed unless the trace
+        spans several recordings (``keep_open``: a scan's groups; its pass calls ``close``)."""
         self._stack.clear()
+        if self.writer is not None and not self.writer.closed:
+            self._flush()
+            if not self.keep_open:
+                self.close()
+
+    def close(self) -> None:
         if self.writer is not None and not self.writer.closed:
             self._flush()
             if self.writer.entries == 0 and not self._header_written:
@@ -250,47 +227,43 @@ class TraceRecorder:
     def recording(self) -> bool:
         return bool(self._stack) and not self._quiet and not self.paused() and not compiling()
 
-    # -- hooks --------------------------------------------------------------------------------
-    def _pre(self, name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self._quiet or self.paused() or compiling():
-                return
-            if not self._stack:
-                with _disable_current_modes():
-                    self._root_call(args, kwargs)
-                    if self._wrapper is not None and self.compile_backend and self.level == "modules":
-                        self._boundaries(args, kwargs)
-            idx = self._count.get(name, 0)
-            self._count[name] = idx + 1
-            source, inputs, dtypes = None, None, None
-            if self.level == "modules":  # level ops: entries carry their op's own source line
-                source, _ = self._where.site()
-                with _disable_current_modes():
-                    inputs = self._digest_all((args, kwargs))
-                    dtypes = _float_dtypes(t for _, t in float_tensors((args, kwargs)))
-            self._stack.append(_Call(name, type(module).__name__, idx, source, inputs, dtypes))
-        return hook
+    # -- module calls (the recorder's hooks call these) ------------------------------------------
+    def call_start(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._quiet or self.paused():
+            return
+        if not self._stack:
+            with _disable_current_modes():
+                self._root_call(args, kwargs)
+                if self._compiled and self.compile_backend and self.level == "modules":
+                    self._boundaries(args, kwargs)
+        idx = self._count.get(name, 0)
+        self._count[name] = idx + 1
+        source, inputs, dtypes = None, None, None
+        if self.level == "modules":  # level ops: entries carry their op's own source line
+            source = self.rec.source_site()
+            with _disable_current_modes():
+                inputs = self._digest_all((args, kwargs))
+                dtypes = _float_dtypes(t for _, t in float_tensors((args, kwargs)))
+        self._stack.append(_Call(name, type(module).__name__, idx, source, inputs, dtypes))
 
-    def _post(self, name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self._stack or self._quiet or self.paused() or compiling():
-                return
-            while self._stack[-1].name != name and any(c.name == name for c in self._stack):
-                self._stack.pop()  # calls whose post-hook a compiled region swallowed
-            if self._stack[-1].name != name:
-                return
-            call = self._stack.pop()
-            if self.level == "modules":
-                with _disable_current_modes():
-                    d = self._digest_all(output)
-                if d is not None:
-                    self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs,
-                              call.input_dtypes)
-            elif not self._stack:
-                self._mark_outputs(output)
-            if not self._stack:
-                self._root_done()
-        return hook
+    def call_end(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if not self._stack or self._quiet or self.paused():
+            return
+        while self._stack[-1].name != name and any(c.name == name for c in self._stack):
+            self._stack.pop()  # calls whose post-hook a compiled region swallowed
+        if self._stack[-1].name != name:
+            return
+        call = self._stack.pop()
+        if self.level == "modules":
+            with _disable_current_modes():
+                d = self._digest_all(output)
+            if d is not None:
+                self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs,
+                          call.input_dtypes)
+        elif not self._stack:
+            self._mark_outputs(output)
+        if not self._stack:
+            self._root_done()
 
     def _root_call(self, args: tuple, kwargs: dict) -> None:
         self._step += 1
@@ -394,9 +367,7 @@ class TraceRecorder:
         if not floats:
             self._made_by(outs, None)
             return
-        source, own = self._where.site(3)
-        if own:  # another capture's statistics, run from its hooks: not the model's op
-            return
+        source = self.rec.source_site()
         d = combine([digest(o) for o in floats])
         call = self._stack[-1]
         index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,

@@ -280,10 +280,10 @@ def device_verdicts(monkeypatch):
         pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
     if os.environ.get("TRITON_INTERPRET") != "1":
         return  # a real GPU: the device path as it is, with its CUDA events
-    from nan_hunter.session.watcher import Watch
+    from nan_hunter.capture.recorder import Recorder  # a watch's recording (session.Watch holds one)
 
-    monkeypatch.setattr(Watch, "_rows_on_host", lambda self: False)
-    monkeypatch.setattr(Watch, "_flag", lambda self, forward: None)
+    monkeypatch.setattr(Recorder, "_rows_on_host", lambda self: False)
+    monkeypatch.setattr(Recorder, "_flag", lambda self, forward: None)
 
 
 def test_device_path_skip_is_bitwise(device_verdicts):

@@ -1,7 +1,8 @@
-"""``modes.trace_pass``: ``scan --trace``'s options checked once (``TraceOptions``), and
-``write_trace`` running every input once more through the mode under a ``TraceRecorder``: the file
-it leaves (entries per input, the header's inputs and mode), ``--repeat``'s re-runs from the same
-RNG state, the note it returns, and no file left behind when the run fails."""
+"""``modes.trace_pass``: ``scan --trace``'s options checked once (``TraceOptions``), and the trace
+written in the same pass as the capture (``trace_for`` observed by the harness's recorders,
+``trace_note``): the file it leaves (entries per input, the header's inputs and mode), ``--repeat``'s
+re-runs from the same RNG state with the capture paused, the note, and no file left behind when
+the run fails."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from nan_hunter.dtypes import RunDtype
 from nan_hunter.errors import BadInput
 from nan_hunter.model.prepare import Prepared
 from nan_hunter.modes.forward import ForwardMode
-from nan_hunter.modes.trace_pass import TRACE_LEVELS, TraceOptions, write_trace
+from nan_hunter.modes.harness import run_mode
+from nan_hunter.modes.trace_pass import TRACE_LEVELS, TraceOptions, trace_for, trace_note
+from nan_hunter.report import Report
 from nan_hunter.trace.env import inputs_hash
 from nan_hunter.trace.reader import read_trace
 
@@ -65,7 +68,14 @@ def test_trace_options_refuse_in_one_line(kw, words):
     assert words in str(ei.value) and "\n" not in str(ei.value)
 
 
-# --- write_trace ---------------------------------------------------------------------------------------
+# --- the trace of the capture's pass -------------------------------------------------------------------
+
+
+def write_trace(p: Prepared, mode: Any, opts: TraceOptions, command: list[str] | None = None) -> str:
+    """What ``scan --trace`` does: the harness's one pass with the trace observing it; the note."""
+    trace = trace_for(p, mode, opts, command)
+    run_mode(p, mode, Report(), True, trace)
+    return trace_note(trace, opts, len(p.batches))
 
 
 def test_write_trace_records_every_input_and_returns_its_note(tmp_path):
@@ -89,18 +99,22 @@ def test_write_trace_records_every_input_and_returns_its_note(tmp_path):
     assert t.header.env["dtype"] == "fp32" and t.header.level == "modules"
 
 
-def test_the_traced_run_is_the_modes_run_without_grad(tmp_path):
-    seen: list[bool] = []
+def test_the_traced_run_is_the_captured_run_one_pass(tmp_path):
+    """The data set runs once: the trace observes the capture's own recorder (no second pass)."""
+    seen: list[tuple[bool, Any]] = []
 
     class Spy(ForwardMode):
         def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
-            seen.append(torch.is_grad_enabled())
-            assert recorder.first_failed is None and recorder.sink._device_rows is False
+            seen.append((torch.is_grad_enabled(), recorder))
             return super().run_input(model, kwargs, recorder)
 
     m = Net().eval()
-    write_trace(_prepared(m, [torch.ones(1, 4)]), Spy(), TraceOptions(str(tmp_path / "spy.jsonl")))
-    assert seen == [False]
+    path = tmp_path / "spy.jsonl"
+    write_trace(_prepared(m, [torch.ones(1, 4), torch.ones(2, 4)]), Spy(), TraceOptions(str(path)))
+    observed = [r for _, r in seen if r.observers]  # (a clean run's near-miss pass at level ops: no trace)
+    assert len(observed) == 2 and observed[0] is observed[1]  # one run per input, under the capture's recorder
+    assert observed[0].capturing and observed[0].level == "modules" and not any(g for g, _ in seen)
+    assert len(read_trace(path).entries) == 2 * 4
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())  # detached
 
 
@@ -118,9 +132,11 @@ def test_repeat_re_runs_each_input_from_the_same_rng_state(tmp_path):
     path = tmp_path / "repeat.jsonl"
     p = _prepared(m, [torch.randn(4, 4), torch.randn(4, 4)])
     torch.manual_seed(3)
-    rng = torch.get_rng_state()
+    run_mode(p, ForwardMode(), Report())
+    untraced = torch.get_rng_state()
+    torch.manual_seed(3)
     note = write_trace(p, ForwardMode(), TraceOptions(str(path), repeat=3))
-    assert torch.equal(torch.get_rng_state(), rng)  # the user's RNG is left as it was
+    assert torch.equal(torch.get_rng_state(), untraced)  # the re-runs draw nothing the scan would not
     t = read_trace(path)
     assert t.header.repeat == 3
     assert note.endswith(", each run 3 times (spread per entry)")
@@ -168,6 +184,6 @@ def test_a_run_that_fails_is_bad_input_and_leaves_no_file(tmp_path):
     with pytest.raises(BadInput) as ei:
         write_trace(p, ForwardMode(), TraceOptions(str(path)))
     msg = str(ei.value)
-    assert msg.startswith("the traced run raised RuntimeError: ") and "\n" not in msg
+    assert msg.startswith("the model raised RuntimeError in ") and "\n" not in msg
     assert not path.exists()
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in p.model.modules())

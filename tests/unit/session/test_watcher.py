@@ -275,3 +275,35 @@ def test_fp16_overflow_is_diagnosed_as_overflow():
     assert r.replay["fp32"]["finite"] and not r.replay["fp16"]["finite"]
     with torch.no_grad():
         assert math.isinf(float(m(torch.ones(1, 4, dtype=torch.float16)).max()))
+
+
+def test_a_watch_holds_its_recorder_and_reads_through_to_it():
+    from nan_hunter.capture.recorder import Recorder
+
+    m = nn.Sequential(nn.Linear(2, 2))
+    w = Watch(m, level="modules")
+    assert not isinstance(w, Recorder) and isinstance(w.recorder, Recorder)
+    with w, torch.no_grad():
+        m(torch.ones(1, 2))
+        m(torch.full((1, 2), math.nan))
+    assert (w.n_forwards, w.first_failed, w.level) == (2, 1, "modules")
+    assert w.calls == w.recorder.calls and w.sink is w.recorder.sink and w.model is m
+    w.paused = True
+    assert w.recorder.paused
+    w.paused = False
+    w.label_step(40)  # a framework's step counter at the next forward
+    assert w.step_label(2) == 40 and w.step_label(1) == 1
+
+
+def test_collective_is_an_option_watch_sets():
+    import nan_hunter
+
+    assert WatchOptions().collective is False
+    with pytest.raises(ValueError, match="collective must be True or False"):
+        WatchOptions(collective="yes")
+    m = nn.Linear(2, 2)
+    assert nan_hunter.watch(m).collective is True and Watch(m).collective is False
+    w = Watch(m, collective=True)
+    with w, torch.no_grad():
+        m(torch.ones(1, 2))
+    assert w.local_report().first_nonfinite is None and w.collective is True

@@ -263,7 +263,8 @@ class FaultPolicy:
 
     def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
         w = self.w
-        self._stepped.add(forward)
+        if w.training.scaler is not None:  # read only to tell a step the GradScaler skipped: kept only then (flat memory)
+            self._stepped.add(forward)
         # every forward since the previous step: micro-batches, and a closure's re-evaluations (LBFGS)
         window = range(self._last_step_forward + 1, max(forward, w.current_step) + 1)
         self._last_step_forward = max(forward, w.current_step)

@@ -403,8 +403,9 @@ def _how(ch: Change, fv: FixVerified, run: RunDtype, name: str, kept: KeepFix | 
         return text + "."
     if fv.applied_as and fv.applied_as["kind"] == "dtype":
         dt = fv.applied_as["dtype"]
-        return (f"Run in {dt}: load or cast the model in {dt} (torch_dtype=torch.bfloat16, model.to(torch.bfloat16)) "
-                f"or run it under torch.autocast(dtype=torch.bfloat16).")
+        t = f"torch.{_TORCH_NAMES.get(dt, dt)}"
+        return (f"Run in {dt}: load or cast the model in {dt} ({_from_pretrained_keyword()}={t}, model.to({t})) "
+                f"or run it under torch.autocast(dtype={t}).")
     if ch.value == 'attn_implementation="sdpa"':
         return ('Load the model with attn_implementation="sdpa" (or call model.set_attn_implementation("sdpa")): '
                 "fused attention scales q before the matmul, keeping the run's dtype.")
@@ -545,3 +546,17 @@ def check(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, **k
     if diagnosis is None:
         return
     with_verdict(diagnosis, verdict(diagnosis, region, run, **kw))
+
+
+#: a run dtype's torch name, for the printed fix
+_TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _from_pretrained_keyword() -> str:
+    """The dtype keyword of the installed transformers' ``from_pretrained`` (``dtype`` from 4.56 on,
+    ``torch_dtype`` before), so the printed fix runs as printed; ``dtype`` without transformers."""
+    try:
+        from ..model.placement import dtype_keyword  # lazy: imports transformers
+        return dtype_keyword()
+    except ImportError:
+        return "dtype"

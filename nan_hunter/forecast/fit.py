@@ -15,6 +15,10 @@ from dataclasses import dataclass
 T_MIN = 2.0  # a slope counts as real when it is at least this many standard errors from zero
 HIGH = (6, 0.8)  # (points, R²) for confidence "high"
 MEDIUM = (4, 0.5)  # (points, R²) for confidence "medium"; below: "low" (no projection)
+#: a projection further ahead than this many times the fitted span of steps is at most "medium",
+#: and past ``FAR_SPANS`` "low" (not projected): a line through 80 steps says little about step 1,000
+NEAR_SPANS = 1.0
+FAR_SPANS = 3.0
 
 
 def level_db(value: float) -> float:
@@ -33,6 +37,7 @@ class Trend:
     t: float  # slope / its standard error (inf for a perfect, non-flat line)
     last_step: int
     last_level: float  # the latest observed level
+    first_step: int | None = None  # the earliest fitted point's step (the span the line was fitted over)
 
     @property
     def rising(self) -> bool:
@@ -49,12 +54,35 @@ class Trend:
 
     def crossing(self, level: float) -> int | None:
         """The step at which the line reaches ``level`` (no earlier than the latest point); None when
-        it does not rise or the confidence is low."""
-        if not self.rising or self.confidence == "low":
+        it does not rise, the confidence is low, or the step lies further ahead than ``FAR_SPANS``
+        times the fitted span."""
+        step = self.projection(level)
+        if step is None or self.confidence_at(step) == "low":
+            return None
+        return step
+
+    def projection(self, level: float) -> int | None:
+        """Where the line reaches ``level`` (the latest step when it is there already), however far
+        ahead; None when it does not rise."""
+        if not self.rising:
             return None
         if self.last_level >= level:
             return self.last_step  # crossed already
         return max(self.last_step, math.ceil((level - self.intercept) / self.slope))
+
+    def confidence_at(self, step: int | None) -> str:
+        """The confidence of a projection to ``step``: the line's own (``confidence``), lowered
+        when ``step`` lies far beyond the steps it was fitted over (``NEAR_SPANS``, ``FAR_SPANS``)."""
+        base = self.confidence
+        if step is None or self.first_step is None or base == "low":
+            return base
+        span = max(1, self.last_step - self.first_step)
+        ahead = step - self.last_step
+        if ahead > FAR_SPANS * span:
+            return "low"
+        if ahead > NEAR_SPANS * span and base == "high":
+            return "medium"
+        return base
 
 
 def fit(points: list[tuple[int, float]]) -> Trend | None:
@@ -77,4 +105,4 @@ def fit(points: list[tuple[int, float]]) -> Trend | None:
     r2 = 1.0 - sse / syy if syy > 0 else 0.0
     se = math.sqrt(sse / (n - 2) / sxx)
     t = slope / se if se > 0 else (math.inf if slope > 0 else -math.inf if slope < 0 else 0.0)
-    return Trend(n, slope, intercept, r2, t, pts[-1][0], pts[-1][1])
+    return Trend(n, slope, intercept, r2, t, pts[-1][0], pts[-1][1], pts[0][0])

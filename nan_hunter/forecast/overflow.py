@@ -45,6 +45,7 @@ def forecast(signals: Signals | None, run_dtype: str | None, targets: tuple[str,
             out.append({"module": module, "signal": signal, "dtype": d,
                         "headroom_db": round(top - trend.last_level, 2),
                         "rate_db_per_100_steps": round(-100.0 * trend.slope, 3),
-                        "projected_step": trend.crossing(top), "confidence": trend.confidence})
+                        "projected_step": trend.crossing(top),
+                        "confidence": trend.confidence_at(trend.projection(top))})
     out.sort(key=lambda e: (e["projected_step"] is None, e["projected_step"] or 0, e["headroom_db"]))
     return out

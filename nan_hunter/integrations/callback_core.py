@@ -186,6 +186,10 @@ class CallbackCore:
         if self.report is not None and self.report.run is not None:
             self.report.run["eval"] = self.eval.as_run()
             self._write()
+        elif self.report_path and self.eval.report is not None:
+            # training stayed finite, an evaluation did not: ``report_path`` gets the eval's report (its
+            # ``run.eval`` counts every loop so far), so a job reading that file sees the NaN
+            write_json(self.eval.report.as_report(), self.report_path)
 
     def end(self) -> None:
         w, self.watch = self.watch, None

@@ -105,6 +105,8 @@ class EvalLoops:
                     # torch.distributed the global one is a collective the other ranks would not join)
                     self.report = w.local_report()
                     self.report.run["eval"] = self.as_run()
+            if self.report is not None and self.report.run is not None:
+                self.report.run["eval"] = self.as_run()  # the counts over every loop so far, not the first's
             if new or faulted:
                 self.logger.warning(self._line(n, new, first_here, hidden_by or []))
         finally:

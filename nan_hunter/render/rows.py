@@ -818,9 +818,13 @@ def forecast_lines(rep: Report, max_listed: int) -> tuple[list[str], int]:
     entries = getattr(rep, "forecast", None) or []
     lines = []
     for e in entries[:max(0, max_listed)]:
-        when = (f"crosses at step {e['projected_step']}" if e["projected_step"] is not None
-                else "no projection (trend too noisy)")
-        lines.append(f"{e['module'] or '(root)'} {e['signal']}: {e['headroom_db']:.1f} dB below the {e['dtype']} max, "
+        head = e["headroom_db"]
+        past = head <= 0
+        where = (f"{-head:.1f} dB past the {e['dtype']} max" if past
+                 else f"{head:.1f} dB below the {e['dtype']} max")
+        when = ("already past it" if past else f"crosses at step {e['projected_step']}"
+                if e["projected_step"] is not None else "no projection (too noisy, or too far ahead)")
+        lines.append(f"{e['module'] or '(root)'} {e['signal']}: {where}, "
                      f"{e['rate_db_per_100_steps']:+.1f} dB/100 steps, {when} ({e['confidence']} confidence)")
     return lines, max(0, len(entries) - max(0, max_listed))
 

@@ -262,7 +262,7 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
     sample) is counted and located like a training fault, at the RMSNorm of layer 0; the filter that left it
     out of ``eval_loss`` is named; the metrics and predictions are bitwise those of a run without the callback;
     nothing stops or raises."""
-    cb = NanHunterCallback(on_fault="raise")
+    cb = NanHunterCallback(on_fault="raise", report_path=str(tmp_path / "nan-report.json"))
     with caplog.at_level(logging.WARNING):
         t1, metrics, pred = _evaluate(tmp_path / "a", True, cb)
     _, metrics0, pred0 = _evaluate(tmp_path / "b", True)
@@ -277,6 +277,10 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
     # evaluate() then predict(): 12 eval steps, the bad sample once in each loop; the first one located
     assert rep.run["eval"]["first_failed"] == EVAL_BAD and rep.run["eval"]["after_step"] is None
     assert cb.core.eval.as_run()["steps"] == 12 and cb.core.eval.as_run()["nonfinite_losses"] == 2
+    # the eval report counts every loop (not only the first's), and report_path has it (training was finite)
+    assert (rep.run["eval"]["steps"], rep.run["eval"]["nonfinite_losses"]) == (12, 2)
+    written = json.loads((tmp_path / "nan-report.json").read_text())
+    assert written["run"]["eval"]["nonfinite_losses"] == 2 and written["first_nonfinite"]["step"] == EVAL_BAD
     said = [r.getMessage() for r in caplog.records if "evaluation" in r.getMessage()]
     assert any("1 non-finite eval loss value(s) in 6 eval step(s)" in m and f"first at eval step {EVAL_BAD}" in m
                for m in said), said

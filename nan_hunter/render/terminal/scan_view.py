@@ -161,12 +161,12 @@ def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED,
     near, more = R.near_miss_lines(rep, max_listed)
     lines = [(Text("near miss", style="yellow"), t(m)) for m in near]
     if more:
-        lines.append((Text("near miss", style="yellow"), Text(f"… {more} more (see --json)", style="dim")))
+        lines.append((Text("near miss", style="yellow"), Text(f"… {more} more (see --json, or the report's to_dict())", style="dim")))
     lines += [(Text("warning", style="yellow"), t(w)) for w in R.warning_lines(rep)]
     fc, more = R.forecast_lines(rep, forecast_max_listed)
     lines += [(Text("forecast", style="cyan"), t(f)) for f in fc]
     if more:
-        lines.append((Text("forecast", style="cyan"), Text(f"… {more} more (see --json)", style="dim")))
+        lines.append((Text("forecast", style="cyan"), Text(f"… {more} more (see --json, or the report's to_dict())", style="dim")))
     lines += [(Text("note", style="dim"), t(n)) for n in rep.notes]
     return hanging(lines, width) if lines else None
 

@@ -59,3 +59,15 @@ def test_already_crossed_projects_the_latest_step():
 ])
 def test_too_little_to_fit(name, pts):
     assert fit(pts) is None
+
+
+def test_a_projection_far_beyond_the_fitted_span_is_lowered_then_dropped():
+    """A clean line through steps 100-170 (a clean run's early drift): one span ahead keeps "high",
+    two spans "medium", past three spans "low" and no projected step (the tryout's clean run
+    projected step 1,132 from 80 steps of data with "high")."""
+    tr = fit([(s, 20.0 + 0.1 * s) for s in range(100, 171, 10)])
+    assert tr.confidence == "high" and tr.first_step == 100 and tr.last_step == 170
+    assert tr.confidence_at(230) == "high" and tr.confidence_at(300) == "medium"
+    assert tr.confidence_at(400) == "low"
+    assert tr.projection(20.0 + 0.1 * 1000) == 1000 and tr.crossing(20.0 + 0.1 * 1000) is None
+    assert tr.crossing(20.0 + 0.1 * 300) == 300

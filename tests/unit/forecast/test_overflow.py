@@ -38,7 +38,10 @@ def test_a_doubling_block_is_forecast_against_each_dtype():
     last = 100.0 * 2 ** (59 / 10)
     assert by["fp16"]["headroom_db"] == pytest.approx(level_db(65504.0) - level_db(last), abs=0.01)
     assert by["fp16"]["rate_db_per_100_steps"] == pytest.approx(-60.206, abs=0.01)
-    assert by["fp16"]["projected_step"] == 94 and by["fp16"]["confidence"] == "high"
+    # 35 steps past the latest point, 2.5 fitted spans (steps 45-59): a projection, at most "medium"
+    assert by["fp16"]["projected_step"] == 94 and by["fp16"]["confidence"] == "medium"
+    # bf16's max is ~470 dB away: far past three spans, so not projected ("low")
+    assert by["bf16"]["projected_step"] is None and by["bf16"]["confidence"] == "low"
     assert by["fp8-e4m3"]["projected_step"] == 59  # past 448 already: crossed at the latest sampled step
     assert [e["dtype"] for e in fc] == ["fp8-e4m3", "fp16", "bf16"]  # soonest crossing first
 

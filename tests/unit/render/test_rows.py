@@ -69,7 +69,7 @@ def test_terminal_takes_the_limits_as_parameters():
     default = _text(rep)
     assert "close call 5" in default and "near.fp16" in default and "near.bf16" not in default
     small = _text(rep, near_miss_max_listed=2, weights_max_rows=3, weights_targets=["bf16"])
-    assert "close call 1" in small and "close call 2" not in small and "4 more (see --json)" in small
+    assert "close call 1" in small and "close call 2" not in small and "4 more (see --json" in small
     assert "bad.2" in small and "bad.3" not in small and "2 more tensor(s)" in small
     wide = _text(rep, weights_max_rows=10, weights_targets=["bf16"])
     assert "near.bf16" in wide and "near.fp16" not in wide
@@ -155,3 +155,7 @@ def test_forecast_and_warning_lines():
     assert R.warning_lines(rep) == ["attention_logit_growth at step 9 in layers.0.attn: max |q·k|/√d = 52 at step 9; "
                                     "rising — fix: qk-layernorm"]
     assert R.forecast_lines(Report(), 5) == ([], 0) and R.warning_lines(Report()) == []
+    rep.forecast = [{"module": "layers.0", "signal": "absmax", "dtype": "fp16", "headroom_db": -4.5,
+                     "rate_db_per_100_steps": -12.25, "projected_step": 59, "confidence": "high"}]
+    (past,), _ = R.forecast_lines(rep, 5)  # crossed already: said so, no "below ... crosses at"
+    assert "4.5 dB past the fp16 max" in past and "already past it" in past and "crosses" not in past

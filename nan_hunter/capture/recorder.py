@@ -44,7 +44,7 @@ import functools
 import itertools
 import operator
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,6 +209,11 @@ class Recorder:
         self.grads: GradientHooks | None = GradientHooks(self) if backward else None
         self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
         self.companions: list[Any] = []  # attached and detached with this recorder (serving.PackedBatches)
+        # companions' ``inputs_left_out(kwargs)``: keywords a forward's kept inputs leave out
+        self._left_out: list[Callable[[dict], Collection[str]]] = []
+        # the last forward whose outputs the sentinel's one reduction found finite (companions'
+        # post-hooks run after the recorder's and may skip their own check of those outputs)
+        self.finite_outputs: int | None = None
         self.capturing = capture
         self.observers: list[CallObserver] = list(observers or [])
         self._observer_modes: list[Any] = []  # their dispatch modes, entered while attached
@@ -369,6 +374,9 @@ class Recorder:
         """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
         recorder does (a watch's ``serving.PackedBatches``); attached now if this recorder is."""
         self.companions.append(companion)
+        left_out = getattr(companion, "inputs_left_out", None)
+        if left_out is not None:
+            self._left_out.append(left_out)
         if self._handles:
             companion.attach()
 
@@ -584,6 +592,8 @@ class Recorder:
                 self._measure_failing_root(call, args, kwargs, items)
                 if self._lengths is not None:
                     self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
+            else:
+                self.finite_outputs = f
             if self._wrapper is not None:
                 self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
             self._finish(f)
@@ -657,7 +667,8 @@ class Recorder:
         self._current = self._detail[f] = []
         self._owned_now = self._owned[f] = []
         if keep and self.listener.keeps_inputs():
-            self._inputs[f] = Snapshot.of(args, kwargs)
+            without = [k for left_out in self._left_out for k in left_out(kwargs)] if self._left_out else ()
+            self._inputs[f] = Snapshot.of(args, kwargs, without)
             self._drop_old_inputs()
         self.listener.on_root_call(f)
 

@@ -110,6 +110,11 @@ class PackedBatches:
         self._wrapped.clear()
 
     # -- during the run --------------------------------------------------------------------------
+    def inputs_left_out(self, kwargs: dict) -> tuple[str, ...]:
+        """Keywords the recorder's kept inputs of a forward leave out: a packed forward's paged
+        cache (the whole KV memory; a report re-runs one request alone instead), never walked."""
+        return ("cache",) if is_packed(kwargs) else ()
+
     def _processor(self) -> Any:
         for m in self.managers:
             bp = getattr(m, "batch_processor", None)
@@ -132,6 +137,7 @@ class PackedBatches:
         snap = self.w.inputs_of(f)
         if snap is not None and "cache" in snap.kwargs:
             # the paged cache is the whole KV memory: a report re-runs one request alone instead
+            # (left out of the snapshot already when the recorder asked ``inputs_left_out``)
             cache = snap.kwargs.pop("cache")
             held = {id(t) for t in _tensors_of(cache)}
             snap.versions = [(t, v) for t, v in snap.versions if id(t) not in held]
@@ -170,6 +176,9 @@ class PackedBatches:
         self.steps[f] = step
         for old in [k for k in self.steps if k < f - KEEP_STEPS and not self._failed_in(k)]:
             del self.steps[old]
+        rec = getattr(self.w, "recorder", None)
+        if rec is not None and rec.finite_outputs == f:
+            return None  # the sentinel's reduction over the outputs found every logit finite
         bad = failed_rows(logits)
         if not bad:
             return None

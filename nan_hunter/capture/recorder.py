@@ -124,6 +124,30 @@ def _modes_off(hook: Any) -> Any:
     return off
 
 
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """The floating tensors of ``float_items(output)``, without their labels (the sentinel's one
+    reduction per step needs none; a failing step takes ``float_items`` for its rows): a root's
+    outputs are a tensor or a ``ModelOutput``/tuple/list of tensors, None and objects walked as
+    ``float_items`` walks them (a KV cache: no tensor it reads)."""
+    tp = type(output)
+    if tp is torch.Tensor:
+        return [output] if output.is_floating_point() and not output.is_meta else []
+    if isinstance(output, dict):
+        values: Any = output.values()
+    elif isinstance(output, (tuple, list)):
+        values = output
+    else:
+        return [t for _, t in float_items(output)]
+    out: list[torch.Tensor] = []
+    for v in values:
+        if type(v) is torch.Tensor:
+            if v.is_floating_point() and not v.is_meta:
+                out.append(v)
+        elif v is not None:
+            out += [t for _, t in float_items(v)]
+    return out
+
 class Recorder:
     """Capture per-module statistics while the model runs."""
 
@@ -586,10 +610,10 @@ class Recorder:
             call = self._current[0]
             call.seq = self._seq
             self._seq += 1
-            items = float_items(output)
             f = call.input_index
-            if items and host_nonfinite([t for _, t in items]):
-                self._measure_failing_root(call, args, kwargs, items)
+            tensors = _output_tensors(output)
+            if tensors and host_nonfinite(tensors):
+                self._measure_failing_root(call, args, kwargs, float_items(output))
                 if self._lengths is not None:
                     self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
             else:

@@ -1,9 +1,10 @@
 """What a watch keeps of continuous batching, and ``on_fault="abort"``.
 
-``PackedBatches`` is a companion of the watch's recorder (attached and detached with it): a root
-pre-hook reads each packed forward's bookkeeping (``serving.packed``) and drops the paged cache
-from the step's kept inputs (a report re-runs one request alone, never the packed batch: see
-``serving.alone``); a root post-hook says which requests' logits rows went non-finite. Per request
+``PackedBatches`` is a companion of the watch's recorder (attached and detached with it): it has
+the recorder leave the paged cache out of each packed forward's kept inputs (``inputs_left_out``:
+a report re-runs one request alone, never the packed batch: see ``serving.alone``); a root
+pre-hook reads each packed forward's bookkeeping (``serving.packed``); a root post-hook says which
+requests' logits rows went non-finite (only when the sentinel found the outputs non-finite). Per request
 it keeps the tokens it read by position, its first failing forward, and the KV blocks it wrote
 from then on.
 

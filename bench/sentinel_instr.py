@@ -22,6 +22,9 @@ workloads. Every workload is fp32 on the CPU, one thread, random weights from a 
   Variants: ``plain``, ``sentinel`` = a fresh ``nan_hunter.watch(model)`` per generate.
 * ``minilm_train_sentinel``: the harness's ``minilm_train`` (all-MiniLM-L6-v2, 8 × 128, AdamW)
   with ``plain`` and ``sentinel`` as in ``train_llama``.
+* ``tiny_decode``: the harness's ``decode`` (tiny Llama, greedy ``generate()`` of T = 16 and 32
+  tokens) with ``plain`` and ``sentinel`` = a fresh ``nan_hunter.watch(model)`` per generate (the
+  default level; the harness's own ``watch`` variant is ``blocks``).
 * ``cb_decode``: transformers' continuous batching (``model.generate_batch``, the real
   ``ContinuousBatchingManager``; as bench/serving_overhead.py: the 5.3 M Llama above with sdpa,
   8 requests × 16 prompt tokens, 8 new tokens, paged cache 64 × 32, no CUDA graphs, sync batching).
@@ -161,6 +164,41 @@ def build_llama110m(ir, wanted):
     return cases, info, (lambda out: out)
 
 
+def build_tiny_decode(ir, wanted):
+    """The harness's ``decode`` workload (tiny Llama: hidden 64, 2 layers, vocab 256, tied; greedy
+    ``generate()`` of T = 16 and T = 32 new tokens from a 5-token prompt) at the default level:
+    ``plain`` and ``sentinel`` = a fresh ``nan_hunter.watch(model)`` per generate. (X(T32) -
+    X(T16)) / 16 is one decode forward: the fixed cost per forward of issue 45."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import nan_hunter
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(3, 256, (1, 5), generator=torch.Generator().manual_seed(0))
+    cases = {}
+    for T in (16, 32):
+        def gen(T=T):
+            with torch.no_grad():
+                return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=T,
+                                      min_new_tokens=T, do_sample=False, num_beams=1, pad_token_id=0)
+
+        def watched(gen=gen):
+            with nan_hunter.watch(model):
+                return gen()
+        vs = [ir.Variant("plain", gen, describe="model.generate(...)"),
+              ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate")]
+        cases[f"T{T}"] = [v for v in vs if v.name in wanted]
+    info = {"model": "LlamaForCausalLM(hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256, tied), seed 0",
+            "params": sum(p.numel() for p in model.parameters()), "prompt": list(ids.shape),
+            "iteration": "one greedy generate() of T new tokens (T forwards: 1 prefill + T-1 decode)"}
+    return cases, info, (lambda out: out)
+
+
 def build_cb_decode(ir, wanted):
     import torch
     from transformers import ContinuousBatchingConfig, GenerationConfig
@@ -241,7 +279,8 @@ def build_minilm_train_sentinel(ir, wanted):
 
 
 BUILDERS = {"minilm_train_sentinel": (build_minilm_train_sentinel, 1, 1, False),"train_llama": (build_train_llama, 1, 1, False), "trainer": (build_trainer, 1, 1, False),
-            "llama110m": (build_llama110m, 1, 1, False), "cb_decode": (build_cb_decode, 1, 1, False)}
+            "llama110m": (build_llama110m, 1, 1, False), "cb_decode": (build_cb_decode, 1, 1, False),
+            "tiny_decode": (build_tiny_decode, 1, 1, False)}
 
 
 def load_tool():

@@ -44,7 +44,7 @@ import functools
 import itertools
 import operator
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,30 @@ def _modes_off(hook: Any) -> Any:
             return hook(*args)
     return off
 
+
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """The floating tensors of ``float_items(output)``, without their labels (the sentinel's one
+    reduction per step needs none; a failing step takes ``float_items`` for its rows): a root's
+    outputs are a tensor or a ``ModelOutput``/tuple/list of tensors, None and objects walked as
+    ``float_items`` walks them (a KV cache: no tensor it reads)."""
+    tp = type(output)
+    if tp is torch.Tensor:
+        return [output] if output.is_floating_point() and not output.is_meta else []
+    if isinstance(output, dict):
+        values: Any = output.values()
+    elif isinstance(output, (tuple, list)):
+        values = output
+    else:
+        return [t for _, t in float_items(output)]
+    out: list[torch.Tensor] = []
+    for v in values:
+        if type(v) is torch.Tensor:
+            if v.is_floating_point() and not v.is_meta:
+                out.append(v)
+        elif v is not None:
+            out += [t for _, t in float_items(v)]
+    return out
 
 class Recorder:
     """Capture per-module statistics while the model runs."""
@@ -209,6 +233,11 @@ class Recorder:
         self.grads: GradientHooks | None = GradientHooks(self) if backward else None
         self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
         self.companions: list[Any] = []  # attached and detached with this recorder (serving.PackedBatches)
+        # companions' ``inputs_left_out(kwargs)``: keywords a forward's kept inputs leave out
+        self._left_out: list[Callable[[dict], Collection[str]]] = []
+        # the last forward whose outputs the sentinel's one reduction found finite (companions'
+        # post-hooks run after the recorder's and may skip their own check of those outputs)
+        self.finite_outputs: int | None = None
         self.capturing = capture
         self.observers: list[CallObserver] = list(observers or [])
         self._observer_modes: list[Any] = []  # their dispatch modes, entered while attached
@@ -369,6 +398,9 @@ class Recorder:
         """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
         recorder does (a watch's ``serving.PackedBatches``); attached now if this recorder is."""
         self.companions.append(companion)
+        left_out = getattr(companion, "inputs_left_out", None)
+        if left_out is not None:
+            self._left_out.append(left_out)
         if self._handles:
             companion.attach()
 
@@ -578,12 +610,14 @@ class Recorder:
             call = self._current[0]
             call.seq = self._seq
             self._seq += 1
-            items = float_items(output)
             f = call.input_index
-            if items and host_nonfinite([t for _, t in items]):
-                self._measure_failing_root(call, args, kwargs, items)
+            tensors = _output_tensors(output)
+            if tensors and host_nonfinite(tensors):
+                self._measure_failing_root(call, args, kwargs, float_items(output))
                 if self._lengths is not None:
                     self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
+            else:
+                self.finite_outputs = f
             if self._wrapper is not None:
                 self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
             self._finish(f)
@@ -657,7 +691,8 @@ class Recorder:
         self._current = self._detail[f] = []
         self._owned_now = self._owned[f] = []
         if keep and self.listener.keeps_inputs():
-            self._inputs[f] = Snapshot.of(args, kwargs)
+            without = [k for left_out in self._left_out for k in left_out(kwargs)] if self._left_out else ()
+            self._inputs[f] = Snapshot.of(args, kwargs, without)
             self._drop_old_inputs()
         self.listener.on_root_call(f)
 

@@ -12,6 +12,7 @@ turns the references into copies once the forward is known to be the one a repor
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -36,7 +37,11 @@ class Snapshot:
     changed: int = 0  # tensors changed in place between the forward's start and pin()
 
     @classmethod
-    def of(cls, args: tuple, kwargs: dict) -> Snapshot:
+    def of(cls, args: tuple, kwargs: dict, without: Collection[str] = ()) -> Snapshot:
+        """The snapshot of a forward's arguments; keywords named in ``without`` are not kept (nor
+        walked: a continuous-batching forward's paged cache, which a replay never reads)."""
+        if without:
+            kwargs = {k: v for k, v in kwargs.items() if k not in without}
         values = (*args, *kwargs.values())
         for v in values:
             if type(v) not in _PLAIN:

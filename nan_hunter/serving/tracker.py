@@ -1,9 +1,10 @@
 """What a watch keeps of continuous batching, and ``on_fault="abort"``.
 
-``PackedBatches`` is a companion of the watch's recorder (attached and detached with it): a root
-pre-hook reads each packed forward's bookkeeping (``serving.packed``) and drops the paged cache
-from the step's kept inputs (a report re-runs one request alone, never the packed batch: see
-``serving.alone``); a root post-hook says which requests' logits rows went non-finite. Per request
+``PackedBatches`` is a companion of the watch's recorder (attached and detached with it): it has
+the recorder leave the paged cache out of each packed forward's kept inputs (``inputs_left_out``:
+a report re-runs one request alone, never the packed batch: see ``serving.alone``); a root
+pre-hook reads each packed forward's bookkeeping (``serving.packed``); a root post-hook says which
+requests' logits rows went non-finite (only when the sentinel found the outputs non-finite). Per request
 it keeps the tokens it read by position, its first failing forward, and the KV blocks it wrote
 from then on.
 
@@ -110,6 +111,11 @@ class PackedBatches:
         self._wrapped.clear()
 
     # -- during the run --------------------------------------------------------------------------
+    def inputs_left_out(self, kwargs: dict) -> tuple[str, ...]:
+        """Keywords the recorder's kept inputs of a forward leave out: a packed forward's paged
+        cache (the whole KV memory; a report re-runs one request alone instead), never walked."""
+        return ("cache",) if is_packed(kwargs) else ()
+
     def _processor(self) -> Any:
         for m in self.managers:
             bp = getattr(m, "batch_processor", None)
@@ -132,6 +138,7 @@ class PackedBatches:
         snap = self.w.inputs_of(f)
         if snap is not None and "cache" in snap.kwargs:
             # the paged cache is the whole KV memory: a report re-runs one request alone instead
+            # (left out of the snapshot already when the recorder asked ``inputs_left_out``)
             cache = snap.kwargs.pop("cache")
             held = {id(t) for t in _tensors_of(cache)}
             snap.versions = [(t, v) for t, v in snap.versions if id(t) not in held]
@@ -170,6 +177,9 @@ class PackedBatches:
         self.steps[f] = step
         for old in [k for k in self.steps if k < f - KEEP_STEPS and not self._failed_in(k)]:
             del self.steps[old]
+        rec = getattr(self.w, "recorder", None)
+        if rec is not None and rec.finite_outputs == f:
+            return None  # the sentinel's reduction over the outputs found every logit finite
         bad = failed_rows(logits)
         if not bad:
             return None

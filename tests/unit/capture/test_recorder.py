@@ -338,3 +338,21 @@ def test_parameters_are_measured_again_after_an_in_place_change():
     assert lin0.params == lin1.params
     assert rec.param_row("head.weight", m.head.weight, 1) == w1
     assert rec.param_row("head.weight", m.head.weight, 0) is None  # step 0 used the old values
+
+
+def test_sentinel_output_tensors_are_float_items_tensors() -> None:
+    """The sentinel's label-free walk of a root's outputs finds exactly ``float_items``' tensors, in
+    order, on the shapes models return (a transformers ``ModelOutput`` with a KV cache included)."""
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from nan_hunter.capture.floats import float_items
+    from nan_hunter.capture.recorder import _output_tensors
+
+    f, i = torch.ones(2, 3), torch.ones(2, dtype=torch.long)
+    p = nn.Parameter(torch.zeros(3))
+    cases = [f, i, p, (f, None, i, [f * 2, {"a": f * 3}]), [p, 1, "x"], {"x": f, "y": (f, p)},
+             CausalLMOutputWithPast(logits=f, past_key_values=DynamicCache()), None, 3, torch.empty(2, device="meta")]
+    for out in cases:
+        got, want = _output_tensors(out), [t for _, t in float_items(out)]
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), out

@@ -365,7 +365,8 @@ class Report:
         for row in self.inputs or []:
             i = row.get("index")
             if texts is not None and isinstance(i, int) and 0 <= i < len(texts):
-                row["text"] = texts[i][:TEXT_CHARS] if texts[i] is not None else None
+                text = texts[i]
+                row["text"] = text[:TEXT_CHARS] if text is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -402,7 +403,8 @@ class Report:
             d["baseline"] = self.baseline
         if self.mode == "watch":
             d["forecast"], d["warnings"] = self.forecast, self.warnings
-        return json_safe(d)
+        safe: dict[str, Any] = json_safe(d)  # a dict stays a dict
+        return safe
 
 
 def torch_version() -> str | None:

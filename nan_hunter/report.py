@@ -340,6 +340,10 @@ class Report:
     forecast: list[dict[str, Any]] | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
 
+    def run_fact(self, key: str, default: Any = None) -> Any:
+        """``run[key]``; ``default`` where the key is unset or the report has no ``run`` block."""
+        return self.run.get(key, default) if self.run is not None else default
+
     @property
     def nonfinite_found(self) -> bool:
         if self.weights and self.weights.get("nonfinite"):

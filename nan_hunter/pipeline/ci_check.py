@@ -178,16 +178,11 @@ def _in_shard(t: Any) -> str:
     return f" in {f}" if f else ""
 
 
-def _run_fact(rep: Report, key: str, default: Any = None) -> Any:
-    """``key`` of the report's ``run`` block; ``default`` when it has none."""
-    return rep.run.get(key, default) if rep.run is not None else default
-
-
 def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[RuleResult]:
     """forward.<dtype>.nonfinite and forward.<dtype>.headroom for one forward in ``dtype``."""
     out: list[RuleResult] = []
-    n = _run_fact(run, "n_inputs", 0)
-    failed = _run_fact(run, "failed_inputs") or []
+    n = run.run_fact("n_inputs", 0)
+    failed = run.run_fact("failed_inputs") or []
     f = run.first_nonfinite
     rule = f"forward.{dtype}.nonfinite"
     if f is not None:
@@ -238,8 +233,8 @@ def run_summary(run: Report) -> dict[str, Any]:
     f = run.first_nonfinite
     return {
         "finite": f is None,
-        "failed_inputs": _run_fact(run, "failed_inputs") or [],
-        "n_inputs": _run_fact(run, "n_inputs", 0),
+        "failed_inputs": run.run_fact("failed_inputs") or [],
+        "n_inputs": run.run_fact("n_inputs", 0),
         "first_nonfinite": asdict(f) if f else None,
         "cause": run.diagnosis.cause if run.diagnosis else None,
         "absmax": top["absmax"] if top else None,
@@ -297,8 +292,8 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
         if isinstance(got, str):  # no model or no inputs: the same for every dtype
             rep.notes.append(got)
             break
-        method = _run_fact(got, "quantized")
-        ran = _run_fact(got, "dtype", dt) if method else dt
+        method = got.run_fact("quantized")
+        ran = got.run_fact("dtype", dt) if method else dt
         runs[ran] = got
         results += forward_rules(label, ran, got, cfg)
         if method:  # one forward: the quantized form is the same whatever dtype was asked

@@ -62,7 +62,7 @@ def run(args: Any) -> int:
 def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
     from ..pipeline.ci_check import write_json_reports  # lazy: numpy, after parsing
     from ..render.ci import annotations as github_annotations  # lazy: --help stays light
-    from ..render.ci import write_junit
+    from ..render.ci import write_junit  # lazy: --help stays light
 
     for rep in reps:
         rep.add_context(command=getattr(args, "argv", None))

@@ -55,7 +55,9 @@ class TrainingHost(Protocol):
     first_failed: int | None
     window: int
     late_phases: bool
-    contexts: Mapping[int, ForwardContext]
+
+    @property
+    def contexts(self) -> Mapping[int, ForwardContext]: ...
 
     def calls_of(self, step: int) -> list[Any] | None: ...
     def inputs_of(self, forward: int) -> Any: ...
@@ -71,11 +73,13 @@ class RerunHost(Protocol):
     training kept (weights at the fault, the optimizer's pre-step state) and the user's state."""
 
     recorder: Recorder
-    contexts: Mapping[int, ForwardContext]
     run: RunDtype | None
     training: TrainingState
     optimizer: Any
     serving: PackedBatches
+
+    @property
+    def contexts(self) -> Mapping[int, ForwardContext]: ...
 
     def state_kept(self) -> Any: ...
 

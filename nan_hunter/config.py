@@ -304,7 +304,7 @@ def _build(data: dict, where: str) -> Config:
             except ValueError as e:
                 raise BadInput(f"{where}: {sec}.{k}: {e}") from None
         sections[sec] = _SECTIONS[sec](**values)
-    check_values = {}
+    check_values: dict[str, Any] = {}  # each key its own checker's type (CHECK_KEYS)
     for k, check in CHECK_KEYS.items():
         try:
             check_values[k] = check(data.get(k))

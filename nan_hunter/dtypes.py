@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from .errors import BadInput
 
@@ -229,6 +229,14 @@ def autocast_of(autocast: Sequence[tuple[str, torch.dtype | str]], device_type: 
     dev, dt = next(((d, t) for d, t in autocast if d == device_type), autocast[0])
     name = name_of(dt) or canonical(str(dt))  # a torch dtype, or a name (a capsule's)
     return {"device_type": dev, "dtype": name}
+
+
+@overload
+def parse_dtype(dtype: str, flag: str = "--dtype") -> str: ...
+
+
+@overload
+def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None: ...
 
 
 def parse_dtype(dtype: str | None, flag: str = "--dtype") -> str | None:

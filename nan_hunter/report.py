@@ -340,6 +340,10 @@ class Report:
     forecast: list[dict[str, Any]] | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
 
+    def run_fact(self, key: str, default: Any = None) -> Any:
+        """``run[key]``; ``default`` where the key is unset or the report has no ``run`` block."""
+        return self.run.get(key, default) if self.run is not None else default
+
     @property
     def nonfinite_found(self) -> bool:
         if self.weights and self.weights.get("nonfinite"):
@@ -365,7 +369,8 @@ class Report:
         for row in self.inputs or []:
             i = row.get("index")
             if texts is not None and isinstance(i, int) and 0 <= i < len(texts):
-                row["text"] = texts[i][:TEXT_CHARS] if texts[i] is not None else None
+                text = texts[i]
+                row["text"] = text[:TEXT_CHARS] if text is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -402,7 +407,8 @@ class Report:
             d["baseline"] = self.baseline
         if self.mode == "watch":
             d["forecast"], d["warnings"] = self.forecast, self.warnings
-        return json_safe(d)
+        safe: dict[str, Any] = json_safe(d)  # a dict stays a dict
+        return safe
 
 
 def torch_version() -> str | None:

@@ -33,7 +33,7 @@ def try_keep_in_fp32(path: str, model: Any, keep: list[str], run: RunDtype,
     name = cls.__name__
     if run.is_fp8 or run.compute not in ("fp16", "bf16"):
         return False, f"transformers' _keep_in_fp32_modules not tried: it applies to fp16/bf16 loading, not {run.name}"
-    sub = type(name, (cls,), {"_keep_in_fp32_modules": list(keep), "__module__": cls.__module__})
+    sub: type[Any] = type(name, (cls,), {"_keep_in_fp32_modules": list(keep), "__module__": cls.__module__})
     try:
         m = sub.from_pretrained(path, local_files_only=True, trust_remote_code=False,  # dtype: by version
                                 attn_implementation=getattr(model.config, "_attn_implementation", None),

@@ -278,6 +278,7 @@ def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Repor
             n = shortest_failing_prefix(seq, fails)
             if n is not None:
                 prefixes[str(i)] = n
+    assert rep.run is not None  # run_bisect sets it before the inputs are bisected
     rep.run["failed_inputs"] = failing
     rep.bisect = BisectResult(runner.dtype, runner.keep_dtype, [], runner.runs, not failing, None, gran,
                               failing_inputs=failing, shortest_failing_prefix=prefixes or None, over="inputs")

@@ -23,7 +23,7 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
 def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
     if _any_autocast is not None and not _any_autocast():
         return ()
-    amp = ()
+    amp: tuple[tuple[str, torch.dtype], ...] = ()
     for dev in _AMP_DEVICES:
         try:
             if torch.is_autocast_enabled(dev):

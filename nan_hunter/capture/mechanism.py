@@ -207,6 +207,7 @@ def _sum_terms(terms: torch.Tensor) -> Mechanism | None:
 def _matmul(name: str, a: tuple, idx: int, shape: list[int]) -> Mechanism | None:
     """The element ``idx`` of a matmul's output: its products, then their sum."""
     ts = [x for x in a if isinstance(x, torch.Tensor)]
+    bias: torch.Tensor | None
     if name in {"addmm", "baddbmm", "addmv", "addbmm"}:
         bias, x, w = ts[0], ts[1], ts[2]
     elif name == "linear":

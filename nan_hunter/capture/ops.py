@@ -23,6 +23,7 @@ import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -90,9 +91,9 @@ class OpEvent:
 def operand_stats(i: int, x: Any) -> OperandStats | None:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         v = float(x)
-        fin = math.isfinite(v)
-        return OperandStats(i, "scalar", [], fin, int(math.isnan(v)), int(v == math.inf), int(v == -math.inf),
-                            abs(v) if fin else None, v, v, abs(v) if v and fin else None, int(v == 0),
+        finite = math.isfinite(v)
+        return OperandStats(i, "scalar", [], finite, int(math.isnan(v)), int(v == math.inf), int(v == -math.inf),
+                            abs(v) if finite else None, v, v, abs(v) if v and finite else None, int(v == 0),
                             int(v < 0), 1, scalar=v)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.is_meta:
         return None
@@ -188,7 +189,7 @@ class ModelSites:
 
     def site(self, skip: int = 1) -> tuple[str, int] | None:
         """(file, line) of the innermost model-code frame above the caller's ``skip`` frames."""
-        f = sys._getframe(skip + 1)
+        f: FrameType | None = sys._getframe(skip + 1)
         for _ in range(self.MAX_FRAMES):
             if f is None:
                 break
@@ -380,7 +381,8 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
         return None
     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
     for o in operands if params else ():
-        o.param = params.get(_storage(flat[o.index]))
+        ptr = _storage(flat[o.index])
+        o.param = params.get(ptr) if params and ptr is not None else None
     ev = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(site), operands,
                  str(outs[0].dtype).removeprefix("torch."))
     node = torch._C._current_autograd_node()

@@ -34,6 +34,12 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.requires_grad else t
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``_plain`` of a parameter's gradient (``OptimizerHooks.params`` keeps only parameters that have one)."""
+    assert p.grad is not None
+    return _plain(p.grad)
+
+
 class OptimizerHooks:
     """The optimizer half of a ``Recorder`` (``Recorder(optimizer=opt)``)."""
 
@@ -45,7 +51,7 @@ class OptimizerHooks:
         self.owners = parameter_owners(rec.model)
         self.steps = 0  # optimizer.step() calls seen
         self._handles: list[Any] = []
-        self._pending: tuple[int, list[tuple[torch.Tensor, str, str, str]], list[tuple[str, int]]] | None = None
+        self._pending: tuple[int, list[tuple[torch.Tensor, str, str, str]], list[tuple[str, int]] | None] | None = None
 
     def attach(self) -> None:
         self._handles = [self.optimizer.register_step_pre_hook(self._pre),
@@ -110,7 +116,7 @@ class OptimizerHooks:
         it = iter(fresh)
         before = [(f"{n} before the step", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, known)]
         seen = [rec.grads.grad_row(n, p.grad, f) if rec.grads is not None else None for p, n, _, _ in items]
-        fresh = rec.measure([(f"grad of {n}", _plain(p.grad)) for (p, n, _, _), k in zip(items, seen)
+        fresh = rec.measure([(f"grad of {n}", _grad(p)) for (p, n, _, _), k in zip(items, seen)
                                    if k is None], step=f)
         it = iter(fresh)
         grads = [(f"grad of {n}", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, seen)]
@@ -165,7 +171,7 @@ class OptimizerHooks:
                 return
         calls = []
         for i, ((p, name, owner, otype), st) in enumerate(zip(items, states)):
-            ins = rec.measure([(f"grad of {name}", _plain(p.grad))], step=f)
+            ins = rec.measure([(f"grad of {name}", _grad(p))], step=f)
             outs = rec.measure([(f"{name} after the step", p.detach())] + [(f"{k} of {name}", v) for k, v in st],
                                step=f)
             calls.append(Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=ins, outputs=outs, seq=i,

@@ -518,9 +518,9 @@ class StatsSink:
                 idx = torch.tensor(local, dtype=torch.long, device=seg.block.device)
                 parts.append(seg.block.index_select(0, idx))
                 order += [seg.start + i for i in local]
-        host = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu()
-        ints = host[:, :N_INT].tolist()
-        floats = host[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
+        got = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu()
+        ints = got[:, :N_INT].tolist()
+        floats = got[:, N_INT:].contiguous().view(torch.float32)[:, :N_FLOAT].tolist()
         return {r: self._host_rows.get(r, (i, f)) for r, i, f in zip(order, ints, floats)}
 
     def host_table(self) -> list[tuple[list[int], list[float]]] | None:

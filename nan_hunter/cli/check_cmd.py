@@ -61,7 +61,8 @@ def run(args: Any) -> int:
 
 def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
     from ..pipeline.ci_check import write_json_reports  # lazy: numpy, after parsing
-    from ..render.ci import annotations, write_junit  # lazy: --help stays light
+    from ..render.ci import annotations as github_annotations  # lazy: --help stays light
+    from ..render.ci import write_junit  # lazy: --help stays light
 
     for rep in reps:
         rep.add_context(command=getattr(args, "argv", None))
@@ -74,7 +75,7 @@ def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
 
         render_check(reps, strip=args.strip, stderr=stdout_taken, **terminal_limits(cfg))
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        text = "".join(line + "\n" for line in annotations(reps))
+        text = "".join(line + "\n" for line in github_annotations(reps))
         if stdout_taken:
             sys.stderr.write(text)
             sys.stderr.flush()

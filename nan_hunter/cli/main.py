@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import BadInput
 from ..outputs import stdout_closed
@@ -68,7 +68,7 @@ def _stdout_is_devnull() -> bool:
         return False
 
 
-def _help_on_stderr(cmd: object) -> int:
+def _help_on_stderr(cmd: Any) -> int:
     import contextlib
 
     import typer

@@ -19,11 +19,12 @@ ARGUMENT_NAMES = {"checkpoint": "checkpoint", "checkpoints": "CHECKPOINT", "a": 
 def click_exceptions() -> Any:
     """click's exception classes as typer raises them: its own copy of click (typer ≥ 0.2x
     vendors it as ``typer._click``) or the click package (older typer)."""
+    import importlib
+
     try:
-        from typer._click import exceptions
+        return importlib.import_module("typer._click.exceptions")
     except ImportError:  # typer that depends on click instead of vendoring it
-        from click import exceptions
-    return exceptions
+        return importlib.import_module("click.exceptions")
 
 
 def usage_line(e: Any, argv: list[str]) -> str:

@@ -57,11 +57,11 @@ def failed_note(labels: list[str], failed: list[int]) -> str | None:
     return None
 
 
-def near_misses(table: list[ModuleRow], run: RunDtype, cfg: Config, absorbed: list[Any]) -> list[dict]:
+def near_misses(table: list[ModuleRow], run: RunDtype, cfg: Config, absorbed: list[Any]) -> list[dict[str, Any]]:
     """Module outputs within ``near_miss.overflow_fraction`` of the run's range (for an fp8 run,
     the compute dtype's: activations are stored there, only scaled matmul operands are fp8),
     and op results that went non-finite but were absorbed before any module output."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     frac = cfg.near_miss.overflow_fraction
     rng = run.range
     lim = rng.max
@@ -83,7 +83,8 @@ def near_misses(table: list[ModuleRow], run: RunDtype, cfg: Config, absorbed: li
 
 
 def diagnosis_of(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
-                 weights_nonfinite: list[dict] | None = None, replay: dict | None = None) -> Diagnosis | None:
+                 weights_nonfinite: list[dict[str, Any]] | None = None,
+                 replay: dict[str, ReplayRow] | None = None) -> Diagnosis | None:
     """The one place a located fault becomes a diagnosis (the rules of ``diagnose``); a parameter the
     diagnosis names as the cause becomes ``first_nonfinite.param``."""
 
@@ -140,7 +141,7 @@ def replay_region(region: Region | BackwardRegion | OptimizerRegion, run: RunDty
 
 
 def explain(loc: Located, cfg: Config | None, failed: list[int], n_inputs: int,
-            weights_nonfinite: list[dict] | None = None, replay: bool = True, device: str | None = None,
+            weights_nonfinite: list[dict[str, Any]] | None = None, replay: bool = True, device: str | None = None,
             rank: int | None = None) -> None:
     """``loc.replay``, ``loc.diagnosis`` and its verified fix, made once (a located fault that has
     them already, from the rank that located it, is left as it is). ``replay``: re-run the region

@@ -8,7 +8,7 @@ activations are bounded by its compute dtype, not by the fp8 max).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ class Evidence:
     operands: list[Any] = field(default_factory=list)  # ops.OperandStats
     dtype: RunDtype | str | None = None  # the run's precision (a name is read with the default fp8 recipe)
     replay: dict[str, ReplayRow] | None = None
-    weights_nonfinite: list[dict] = field(default_factory=list)
+    weights_nonfinite: list[dict[str, Any]] = field(default_factory=list)
     is_block: bool = False
     input_label: str | None = None
     failed_inputs: list[int] = field(default_factory=list)
@@ -50,7 +50,7 @@ class Evidence:
     phase: str = "forward"  # forward | backward | optimizer (training faults)
     grad_fn: str | None = None  # backward: the autograd node that ran the op
     optimizer: dict[str, Any] | None = None  # optimizer faults: locate.training_phases.optimizer_facts
-    bad_scales: list[dict] = field(default_factory=list)  # weights.quantized entries with a faulty block
+    bad_scales: list[dict[str, Any]] = field(default_factory=list)  # weights.quantized entries with a faulty block
     mechanism: str | None = None  # contract v1.4: the located op's IEEE mechanism (capture.mechanism)
     op_dtype: str | None = None  # the dtype the located op computed in (under autocast not every op is lowered)
     run: RunDtype | None = field(default=None, init=False)
@@ -79,6 +79,16 @@ class Evidence:
         """What in the model it happened to (``facts.subject_of``)."""
         return subject_of(role=self.role, phase=self.phase, module=self.module, module_type=self.module_type,
                           op=self.op, is_block=self.is_block)
+
+    @property
+    def run_name(self) -> str | None:
+        """The run's dtype name: what ``dtype`` holds after ``__post_init__`` (never a ``RunDtype`` then)."""
+        return self.run.name if self.run is not None else None
+
+    @property
+    def thresholds(self) -> DiagnosisConfig:
+        """``config``, which ``__post_init__`` sets to the default config's when none is given."""
+        return self.config if self.config is not None else default_config().diagnosis
 
     @property
     def range(self) -> Limits | None:
@@ -115,7 +125,8 @@ class Evidence:
         for d in ("fp64", "fp32"):
             r = (self.replay or {}).get(d)
             if r and r.get("finite") and r.get("absmax") is not None:
-                return r["absmax"]
+                absmax: float = r["absmax"]
+                return absmax
         return None
 
     def tensor_operands(self) -> list[Any]:
@@ -129,11 +140,12 @@ class Evidence:
         return self.run is not None and self.run.is_fp8
 
 
-RULES: list[tuple[str, Callable[[Evidence], Diagnosis | None]]] = []
+Rule = Callable[[Evidence], Diagnosis | None]
+RULES: list[tuple[str, Rule]] = []
 
 
-def rule(name: str):
-    def deco(fn: Callable[[Evidence], Diagnosis | None]):
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
         RULES.append((name, fn))
         return fn
     return deco
@@ -157,7 +169,7 @@ def _matrix_line(ev: Evidence) -> str | None:
 
 def _inaccurate_line(ev: Evidence) -> str | None:
     """Replay dtypes that stayed finite but are off from float64 by more than ``rel_err_warn``."""
-    warn = ev.config.rel_err_warn
+    warn = ev.thresholds.rel_err_warn
     off = [(d, r["rel_err"]) for d, r in (ev.replay or {}).items()
            if d != "fp64" and r.get("finite") and r.get("rel_err") is not None and r["rel_err"] > warn]
     if not off:
@@ -167,12 +179,12 @@ def _inaccurate_line(ev: Evidence) -> str | None:
             + f" — more than {limit} off the float64 result")
 
 
-def _diag(ev: Evidence, cause: str, summary: str, evidence: list[str | None], fix: str) -> Diagnosis:
+def _diag(ev: Evidence, cause: str, summary: str, evidence: Sequence[str | None], fix: str) -> Diagnosis:
     lines = [e for e in evidence if e]
     for extra in (_matrix_line(ev), _inaccurate_line(ev)):
         if extra and extra not in lines:
             lines.append(extra)
-    return Diagnosis(cause, ev.dtype, ev.module, ev.op, summary, lines, fix)
+    return Diagnosis(cause, ev.run_name, ev.module, ev.op, summary, lines, fix)
 
 
 #: optimizer state the update divides by (the square root of): Adam/AdamW/Adamax/NAdam/RAdam, RMSprop, Adagrad
@@ -249,13 +261,13 @@ def backward_incoming(ev: Evidence) -> Diagnosis | None:
                  "optimizer.step() directly.")
 
 
-def _scale_faults(q: dict) -> list[dict]:
+def _scale_faults(q: dict[str, Any]) -> list[dict[str, Any]]:
     """The bad blocks of a ``weights.quantized`` entry that are faults, zero points apart."""
 
     return [b for b in q["bad_blocks"] if is_fault(q, b) and b["problem"] != "zero_point"]
 
 
-def _block_words(q: dict, b: dict) -> str:
+def _block_words(q: dict[str, Any], b: dict[str, Any]) -> str:
     """Where a bad block is, in the format's own terms."""
     fmt, idx = q["format"], b["index"]
     if b.get("tensor"):
@@ -423,7 +435,7 @@ def masked_softmax(ev: Evidence) -> Diagnosis | None:
 def scale_underflow(ev: Evidence) -> Diagnosis | None:
     if ev.opname not in DIV_OPS or ev.kind not in ("posinf", "neginf"):
         return None
-    tiny = ev.config.tiny_scale
+    tiny = ev.thresholds.tiny_scale
     divisor = ev.operands[-1] if ev.operands else None
     if ev.opname == "reciprocal" and ev.operands:
         divisor = ev.operands[0]
@@ -518,14 +530,14 @@ def _unfit_param(ev: Evidence) -> Any | None:
     if not lim:
         return None
     unfit = [o for o in ev.tensor_operands() if getattr(o, "param", None) and o.absmax is not None
-             and o.absmax >= ev.config.param_fraction * lim]
+             and o.absmax >= ev.thresholds.param_fraction * lim]
     return max(unfit, key=lambda o: o.absmax, default=None)
 
 
-def _param_overflow(ev: Evidence, p: Any, lines: list[str], holds: list[str]) -> Diagnosis:
+def _param_overflow(ev: Evidence, rng: Limits, p: Any, lines: list[str], holds: list[str]) -> Diagnosis:
     """An overflow caused by a parameter that does not fit the run's dtype: named, with a fix that
-    applies (a dtype the replay showed to hold it, never the one that failed)."""
-    lim, dt = ev.range.max, ev.range.name
+    applies (a dtype the replay showed to hold it, never the one that failed); ``rng``: the run's range."""
+    lim, dt = rng.max, rng.name
     a = p.absmax
     fit = (f"absmax {_g(a)} > {dt} max {lim:.6g}: it cannot be represented in {dt}" if a > lim else
            f"absmax {_g(a)} is {a / lim:.0%} of {dt} max {lim:.6g}: a product with anything ≥ {lim / a:.3g} overflows")
@@ -577,8 +589,8 @@ def overflow(ev: Evidence) -> Diagnosis | None:
         f"#{o.index} {o.dtype}{list(o.shape)} absmax {_g(o.absmax)}" for o in ev.tensor_operands()[:3])
     lines = [head, operand_line]
     unfit = _unfit_param(ev)
-    if unfit is not None:
-        return _param_overflow(ev, unfit, lines, holds)
+    if unfit is not None and ev.range is not None:  # an unfit parameter is one past the range's max
+        return _param_overflow(ev, ev.range, unfit, lines, holds)
     # dtypes are proposed only where they help: never the run's own, never one the replay saw fail
     run_in = " or ".join(holds)
     keep = "fp32" in holds
@@ -632,7 +644,7 @@ def compile_divergence(ev: Evidence) -> Diagnosis | None:
         lines.append(f"its children {', '.join(c['children_alike'])} match eager when compiled alone: the "
                      "difference comes from fusing across them (an intermediate kept in higher precision)")
     emu = c.get("emulate_precision_casts")
-    closes = bool(emu) and emu["compiled_finite"] and emu["max_rel_err"] <= c["rtol"]
+    closes = bool(emu and emu["compiled_finite"] and emu["max_rel_err"] <= c["rtol"])
     if emu:
         lines.append(f"re-run with torch._inductor.config.emulate_precision_casts = True: compiled "
                      f"{'finite' if emu['compiled_finite'] else 'non-finite'}, max_rel_err {_g(emu['max_rel_err'])}"

@@ -66,7 +66,7 @@ class Change:
     copy in, given the copy and the run's precision)."""
 
     text: str
-    apply: Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]
+    apply: Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager[None]]
     whole_model: bool = True  # meaningful on a copy of the whole model (else: the region only)
     #: contract v1.4 ``applied_as``: kind policy | dtype | option | code, and its one value
     kind: str = "code"
@@ -86,7 +86,7 @@ class Change:
 # --- the changes ---------------------------------------------------------------------------------
 
 
-def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]:
+def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager[None]]:
     @contextlib.contextmanager
     def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
 
@@ -98,7 +98,7 @@ def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.Abstrac
     return apply
 
 
-def _run_in(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager]:
+def _run_in(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.AbstractContextManager[None]]:
     @contextlib.contextmanager
     def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
         yield  # the copy and its inputs are cast to ``dtype`` by the caller (``Plan.dtype``)
@@ -134,7 +134,8 @@ def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
            torch.ops.aten._safe_softmax.default}
 
     class SafeSoftmax(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             out = func(*args, **(kwargs or {}))
             if func in ops:
                 x, dim = args[0], args[1]
@@ -145,7 +146,7 @@ def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
     prev = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention: the slow path, whose softmax this is
     try:
-        with SafeSoftmax():
+        with SafeSoftmax():  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init__: unannotated
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(prev)
@@ -169,14 +170,15 @@ def _clamped_scale(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]
         return torch.where(small, torch.sign(d) * floor, d)
 
     class ClampedScale(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             if func is torch.ops.aten.reciprocal.default:
                 args = (clamp(args[0]),)
             elif func is torch.ops.aten.div.Tensor and isinstance(args[1], torch.Tensor):
                 args = (args[0], clamp(args[1]))
             return func(*args, **(kwargs or {}))
 
-    with ClampedScale():
+    with ClampedScale():  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init__: unannotated
         yield
 
 
@@ -219,7 +221,8 @@ def _sdpa(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
     calls = 0
 
     class SeeSDPA(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
+        def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             nonlocal calls
             if func is sdpa:
                 calls += 1
@@ -301,7 +304,8 @@ def _rel(outs: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     if not _finite(outs.values()):  # an output the comparison leaves out must be finite too
         return None
     errs = [compare([outs[k]], [ref[k]]).finite_rel_err for k in keys]  # per output (keep_fix.output_error)
-    return None if any(e is None for e in errs) else max(errs)
+    known = [e for e in errs if e is not None]
+    return max(known) if len(known) == len(errs) else None
 
 
 @dataclass
@@ -497,7 +501,7 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
             # (a finite answer far from fp32 is no fix; the fix oracle found bf16/SDPA at 0.45)
             fine = False
         tried.append((ch, FixVerified(ch.text, fine, rel, scope, applied_as=ch.applied_as(run, region.name)), None))
-    ran = [t for t in tried if t[1] is not None]
+    ran = [(c, f, k) for c, f, k in tried if f is not None]
     if not ran:
         return Verdict(why="control_finite" if no_control else "not_applicable")
     order = ([t for t in ran if t[1].finite and t[1].scope == "model"] + [t for t in ran if t[1].finite]

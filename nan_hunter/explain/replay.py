@@ -27,7 +27,8 @@ def float_outputs(out: Any) -> list[torch.Tensor]:
     return flat(out)
 
 
-def run_region(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | torch.dtype) -> list[torch.Tensor]:
+def run_region(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+               run: RunDtype | torch.dtype) -> list[torch.Tensor]:
     """A deep copy of ``module`` run on ``args``/``kwargs`` at ``run``'s precision (or a plain torch
     dtype such as float64 for the reference); the module and inputs given are not changed."""
     return float_outputs(run_copy(module, args, kwargs, run))
@@ -51,7 +52,8 @@ def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> Repla
     return ReplayRow(finite, nan, pos, neg, absmax, rel)
 
 
-def replay(module: nn.Module, args: tuple, kwargs: dict, run: RunDtype | None = None) -> dict[str, ReplayRow]:
+def replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+           run: RunDtype | None = None) -> dict[str, ReplayRow]:
     """The replay matrix: each of fp32, bf16, fp16, fp8-e4m3, fp8-e5m2 (and fp64 as reference),
     fp8 columns with ``run``'s fp8 recipe."""
     run = run or RunDtype.of("fp32")
@@ -87,7 +89,7 @@ def _leaf_inputs(obj: Any) -> tuple[Any, list[torch.Tensor]]:
     return map_tensors(obj, mark), leaves
 
 
-def run_backward_region(module: nn.Module, args: tuple, kwargs: dict, grads: list[Any],
+def run_backward_region(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grads: list[Any],
                         run: RunDtype | torch.dtype) -> list[torch.Tensor]:
     """A deep copy of ``module`` at ``run``'s precision: forward from copies of ``args``/``kwargs``,
     backward from ``grads`` (cast to it); the gradients it produces w.r.t. its floating inputs and
@@ -107,7 +109,7 @@ def run_backward_region(module: nn.Module, args: tuple, kwargs: dict, grads: lis
     return [g.detach() for g in res if g is not None]
 
 
-def backward_replay(module: nn.Module, args: tuple, kwargs: dict, grads: list[Any],
+def backward_replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grads: list[Any],
                     run: RunDtype | None = None) -> dict[str, ReplayRow]:
     """The replay matrix of a backward fault: the failing module's forward and backward from its
     captured inputs and the gradient that reached its outputs, in each dtype; the entries measure

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..dtypes import HEADROOM_DTYPES, limits
 from ..load.quant.base import severity
 from ..load.weights_sections import bad_scales, weights_sections
-from ..report import Report
+from ..report import Diagnosis, Report
 from .diagnose import Evidence, diagnose
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,12 +76,12 @@ def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, sca
         return min(pos.get(q["name"], end), pos.get(q["scale"], end))
 
     scales.sort(key=lambda q: (severity(q), where(q)))
-    found = []
+    made: list[tuple[int, Diagnosis | None, str]] = []
     if bad:
-        found.append((pos.get(bad[0]["name"], end), _diagnose(cfg, bad, []), bad[0]["name"]))
+        made.append((pos.get(bad[0]["name"], end), _diagnose(cfg, bad, []), bad[0]["name"]))
     if scales:
-        found.append((min(where(q) for q in scales), _diagnose(cfg, [], scales), scales[0]["name"]))
-    found = [(p, d, name) for p, d, name in found if d is not None]
+        made.append((min(where(q) for q in scales), _diagnose(cfg, [], scales), scales[0]["name"]))
+    found = [(p, d, name) for p, d, name in made if d is not None]
     if not found:
         rep.diagnosis = None
         return
@@ -94,7 +94,7 @@ def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, sca
     rep.diagnosis = head
 
 
-def _diagnose(cfg: Config, nonfinite: list[dict], scales: list[dict]):
+def _diagnose(cfg: Config, nonfinite: list[dict[str, Any]], scales: list[dict[str, Any]]) -> Diagnosis | None:
     return diagnose(Evidence(role=None, kind=None, module=None, module_type=None, op=None,
                              weights_nonfinite=nonfinite, config=cfg.diagnosis, bad_scales=scales))
 

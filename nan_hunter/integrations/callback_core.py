@@ -25,7 +25,6 @@ a fault.
 
 from __future__ import annotations
 
-import logging
 import shlex
 from typing import Any
 
@@ -33,7 +32,7 @@ from ..errors import NonFiniteError
 from ..report import write_json
 from ..session.fault_policy import OnFault, verdict_line
 from .early_warning import WarningLog, scalars
-from .eval_loops import EvalLoops
+from .eval_loops import EvalLoops, WarningLogger
 
 
 def torch_optimizer(opt: Any) -> Any:
@@ -86,7 +85,7 @@ def loss_of(output: Any) -> Any:
 
 class CallbackCore:
     def __init__(self, level: str | None, on_fault: str, capsule_dir: str | None, report_path: str | None,
-                 arch: str | None, logger: logging.Logger, sample_every: int | None = None) -> None:
+                 arch: str | None, logger: WarningLogger, sample_every: int | None = None) -> None:
         self.kind = OnFault.parse(on_fault, has_optimizer=True)  # the framework's optimizer: checked at start
         self.level, self.on_fault = level, self.kind.value
         self.sample_every = sample_every  # level "sentinel": blocks sampled every N-th step (None: the default)
@@ -118,7 +117,7 @@ class CallbackCore:
         self.scaler = scaler
         self.watch = nan_hunter.watch(model, level=self.level, sample_every=self.sample_every, backward=True,
                                       optimizer=opt, scaler=scaler, capsule_dir=self.capsule_dir, arch=self.arch,
-                                      on_fault=mode)
+                                      on_fault=mode.value)
         self.watch.__enter__()
 
     def step_begin(self, global_step: int) -> None:

@@ -21,16 +21,22 @@ loop on copies, with the user's RNG and modes put back.
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import Any, Protocol
 
 from ..session.fault_policy import verdict_line
+
+
+class WarningLogger(Protocol):
+    """What the callbacks need of their framework's logger: a ``logging.Logger``, or transformers'
+    (typed by transformers as a protocol of its own)."""
+
+    def warning(self, msg: str) -> None: ...
 
 
 class EvalLoops:
     """The evaluation loops of one training run (or of a ``Trainer``'s ``evaluate()`` calls)."""
 
-    def __init__(self, logger: logging.Logger, sample_every: int | None = 0) -> None:
+    def __init__(self, logger: WarningLogger, sample_every: int | None = 0) -> None:
         self.logger = logger
         self.watch: Any = None  # a sentinel watch of the model, paused outside evaluation loops
         self.active = False

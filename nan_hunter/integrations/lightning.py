@@ -22,7 +22,7 @@ from typing import Any
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # the same class, packaged apart
 
 from torch import Tensor
 

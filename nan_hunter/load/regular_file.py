@@ -9,6 +9,7 @@ swapped for a FIFO in between cannot block either. Read-only is the open mode, n
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from pathlib import Path
@@ -46,7 +47,7 @@ def require_regular(path: str | os.PathLike[str], what: str) -> os.stat_result:
     return st
 
 
-def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], what: str) -> io.FileIO:
     """Open a regular file read-only (unbuffered); never blocks on a FIFO or device."""
     st = require_regular(path, what)
     try:

@@ -47,7 +47,7 @@ def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str,
     """What explains a parameter that went non-finite in ``optimizer.step()``: the algorithm and
     its hyperparameters, eps as the parameter's dtype holds it, and the optimizer state at the
     elements that went bad (read after the step: the state the update divided by)."""
-    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+    group: dict[str, Any] = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
     hp = {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, str, tuple, list))}
     facts: dict[str, Any] = {"optimizer": type(optimizer).__name__, "param": name, "dtype": (name_of(param.dtype) or str(param.dtype).removeprefix("torch.")),
                              "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in hp.items()}}
@@ -89,7 +89,7 @@ def first_bad_step(optimizer: Any) -> OpEvent | None:
     return mode.result
 
 
-def constructor_hyperparameters(cls: type, group: dict[str, Any]) -> dict[str, Any]:
+def constructor_hyperparameters(cls: type[Any], group: dict[str, Any]) -> dict[str, Any]:
     """The one filter from a param group (or its recorded JSON form) to the keyword arguments
     ``cls(params, **kw)`` takes: keys its ``__init__`` accepts, one-element tensors as floats,
     lists as tuples (``betas``)."""

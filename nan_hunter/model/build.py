@@ -79,7 +79,7 @@ def _exited(spec: str, what: str, e: SystemExit) -> BadInput:
                     "nn.Module, so nothing was scanned")
 
 
-def load_factory(spec: str) -> Callable[[], Any]:
+def load_factory(spec: str) -> Callable[..., Any]:
     if ":" not in spec:
         raise BadInput(f"--arch {spec!r}: expected path/to/file.py:factory or package.module:factory")
     target, _, attr = spec.rpartition(":")

@@ -152,7 +152,7 @@ class BackwardMode(ModeBase):
         return flat(out)
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
-        assert self.loss is not None
+        assert self.loss is not None and rep.run is not None  # protocol.fill sets rep.run before finish
         rep.run.backward = True
         rep.run.loss = self.loss.describe
         rep.notes.append(f"--backward: forward then backward of {self.loss.describe} for each input")

@@ -71,10 +71,11 @@ def scan_capsule(path: str, arch: str | None = None, device: str = "auto", stats
         member(cap.path, name, f"capsule {cap.path}")  # symlinks must stay inside the capsule
     ck = open_safetensors(cap.path / "model.safetensors", "capsule weights")
     ws = scan_weights(ck, exact=stats == "full", progress=progress)
-    rep = Report(checkpoint=describe(cap, ck), weights=weights_section(ws, cfg))
+    checkpoint = describe(cap, ck)
+    rep = Report(checkpoint=checkpoint, weights=weights_section(ws, cfg))
     dev = resolve_device(device)
     model, how = build(cap, ck, arch, dev)
-    rep.checkpoint["capsule"]["built_from"] = f"{cap.meta.get('model_class')} config" if how == "config" \
+    checkpoint["capsule"]["built_from"] = f"{cap.meta.get('model_class')} config" if how == "config" \
         else f"--arch {how}"
     rep.notes.append(f"capsule of step {cap.step} ({cap.phase} fault): model rebuilt from "
                      + (f"its {cap.meta.get('model_class')} config" if how == "config" else f"--arch {how}")
@@ -145,6 +146,7 @@ class CapsuleMode(ModeBase):
 
 
         cap = self.step.cap
+        assert rep.run is not None  # protocol.fill sets it before finish
         rep.run.backward = cap.phase == "backward"
         rep.run.autocast = autocast_of(self.step.autocast, torch.device(p.device).type)
         if located is not None:
@@ -203,6 +205,8 @@ def _from_config(cap: Capsule) -> Any:
     transformers.utils.logging.set_verbosity_error()
     with quiet_while_loading():
         try:
+            if cls.config_class is None:
+                raise TypeError(f"{name} has no config_class")
             config = cls.config_class.from_dict(dict(cfg))
             return cls._from_config(config)
         except Exception as e:

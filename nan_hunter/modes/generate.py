@@ -231,6 +231,7 @@ class GenerateMode(ModeBase):
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
         decodings = sorted(extra.get("decodings", []), key=lambda d: d["indices"][0] if d["indices"] else 0)
+        assert rep.run is not None  # protocol.fill sets it before finish
         failed = rep.run.failed_inputs
         block = generate_block(decodings, self.max_new_tokens)
         block["per_input"] = _per_input(decodings, failed)

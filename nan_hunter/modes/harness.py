@@ -55,19 +55,20 @@ def record(p: Prepared, mode: Mode, indices: list[int], observers: Sequence[Call
     """The inputs ``indices`` of ``p`` run by ``mode`` under capture, judged in data-set numbering."""
     caps = [capture(p, mode, g, observers=observers) for g in mode.groups(p, indices) if g]
     first = next((c for c in caps if c.recording.finding is not None), None)  # the lowest data-set index
+    finding = first.recording.finding if first is not None else None
     failed = sorted({i for c in caps for i in mode.failed_of(p, c)})
     if not mode.one_step_table:
         table = [row for c in caps for row in mode.renumber(c, c.recording.table())]
         notes = [n for c in caps for n in c.recording.notes]
-    elif first is not None:  # the failing step's rows
-        step = first.recording.finding.call.input_index
+    elif first is not None and finding is not None:  # the failing step's rows
+        step = finding.call.input_index
         table, notes = mode.renumber(first, first.recording.table([step])), first.recording.step_notes(step)
     elif caps:  # else the last capture's latest kept step
         table, notes = mode.renumber(caps[-1], caps[-1].recording.table()), caps[-1].recording.notes
     else:
         table, notes = [], []
     absorbed = mode.absorbed(p, indices) if first is None else []
-    first_input = mode.input_of(first, first.recording.finding.call.input_index) if first is not None else None
+    first_input = mode.input_of(first, finding.call.input_index) if first is not None and finding is not None else None
     return ModeRun(first_input, failed, table, list(dict.fromkeys(notes)), absorbed, mode.facts(p, caps, failed),
                    first)
 

@@ -54,9 +54,16 @@ class Mode(Protocol):
     name: str
     #: the module table is the failing step's (else the last input's), not every input's (``generate``)
     one_step_table: bool
-    grad: bool  # inputs run with grad on and their backward is captured (``--backward``)
     compares_outputs: bool  # ``run_input`` returns outputs to compare (not a decoding)
-    retain: int | None  # steps kept in full per capture besides the first failing one (None: every step)
+
+    # read only (a class attribute or a property)
+    @property
+    def grad(self) -> bool:
+        """Inputs run with grad on and their backward is captured (``--backward``)."""
+
+    @property
+    def retain(self) -> int | None:
+        """Steps kept in full per capture besides the first failing one (None: every step)."""
 
     def check(self, p: Prepared) -> None:
         """Refuse (``BadInput``) what this model or these inputs cannot do, before anything runs."""

@@ -11,7 +11,7 @@ Rules (ids are JUnit testcase names and never change meaning):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -98,7 +98,7 @@ class Measured:
     overflow_all: bool = False
 
 
-def measured(tensors: list[Any], quantized: list[Any] = (), claimed: set[str] | frozenset = frozenset()
+def measured(tensors: list[Any], quantized: Sequence[Any] = (), claimed: set[str] | frozenset = frozenset()
              ) -> list[Measured]:
     """What the headroom rules judge: every scanned float tensor no quantized format read (scales, zero
     points, quant states and codes are the format's, and judged dequantized), then every quantized weight
@@ -115,7 +115,7 @@ def measured(tensors: list[Any], quantized: list[Any] = (), claimed: set[str] | 
     return out
 
 
-def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config, quantized: list[Any] = (),
+def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config, quantized: Sequence[Any] = (),
                   claimed: set[str] | frozenset = frozenset()) -> list[RuleResult]:
     """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors, quantized weights
     (``QuantizedScan``, judged dequantized) and the names the quantized formats read (``claimed``)."""
@@ -181,8 +181,8 @@ def _in_shard(t: Any) -> str:
 def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[RuleResult]:
     """forward.<dtype>.nonfinite and forward.<dtype>.headroom for one forward in ``dtype``."""
     out: list[RuleResult] = []
-    n = (run.run or {}).get("n_inputs", 0)
-    failed = (run.run or {}).get("failed_inputs") or []
+    n = run.run_fact("n_inputs", 0)
+    failed = run.run_fact("failed_inputs") or []
     f = run.first_nonfinite
     rule = f"forward.{dtype}.nonfinite"
     if f is not None:
@@ -233,8 +233,8 @@ def run_summary(run: Report) -> dict[str, Any]:
     f = run.first_nonfinite
     return {
         "finite": f is None,
-        "failed_inputs": (run.run or {}).get("failed_inputs") or [],
-        "n_inputs": (run.run or {}).get("n_inputs", 0),
+        "failed_inputs": run.run_fact("failed_inputs") or [],
+        "n_inputs": run.run_fact("n_inputs", 0),
         "first_nonfinite": asdict(f) if f else None,
         "cause": run.diagnosis.cause if run.diagnosis else None,
         "absmax": top["absmax"] if top else None,
@@ -272,9 +272,10 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
     """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
-    rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg), mode="check")
+    weights = weights_section(ws, cfg)
+    rep = Report(checkpoint=ck.describe(), weights=weights, mode="check")
     results = weights_rules(label, ws.tensors, dtypes, cfg, ws.quantized, ws.claimed)
-    results += [RuleResult(**r) for r in weights_extra_rules(label, rep.weights)]
+    results += [RuleResult(**r) for r in weights_extra_rules(label, weights)]
     if baseline is not None:
         rules, rep.baseline = baseline_rules(label, ws.tensors, baseline[1].tensors, baseline[0], dtypes, cfg)
         results += [RuleResult(**r) for r in rules]
@@ -291,8 +292,8 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
         if isinstance(got, str):  # no model or no inputs: the same for every dtype
             rep.notes.append(got)
             break
-        method = (got.run or {}).get("quantized")
-        ran = (got.run or {}).get("dtype", dt) if method else dt
+        method = got.run_fact("quantized")
+        ran = got.run_fact("dtype", dt) if method else dt
         runs[ran] = got
         results += forward_rules(label, ran, got, cfg)
         if method:  # one forward: the quantized form is the same whatever dtype was asked
@@ -337,7 +338,7 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
         raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
     cfg = as_config(config)
     dts = parse_dtypes(dtypes, cfg)
-    opts = CheckOptions(dtypes=dtypes, baseline=baseline, **options)
+    opts = CheckOptions(dtypes=tuple(dtypes) if isinstance(dtypes, list) else dtypes, baseline=baseline, **options)
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
     if opts.has_inputs and not opts.arch:
         # refused before anything runs, naming the checkpoint: a mixed list (model directories and a bare

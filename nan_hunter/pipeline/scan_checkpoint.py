@@ -43,7 +43,8 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
 
     ck = open_checkpoint(opts.checkpoint)
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
-    rep = Report(checkpoint=ck.describe(), weights=weights_section(ws, cfg))
+    weights = weights_section(ws, cfg)
+    rep = Report(checkpoint=ck.describe(), weights=weights)
     if ck.format == "gguf" and (opts.arch or opts.inputs or opts.prompts or opts.data):
         raise BadInput(f"{ck.path}: a GGUF file is scanned weights-only (nanhunter does not build llama.cpp "
                        "models); drop --arch/--inputs/--prompt/--data")
@@ -78,7 +79,7 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
                       trace=trace if opts.compile is None else None)
     if prepared.quantized is not None and rep.run is not None:  # run in its own quantized form
         rep.run["quantized"] = prepared.quantized
-    if opts.compile is not None:
+    if isinstance(opts.compile, str):  # a backend name, or None, once ScanOptions is constructed
         from ..modes.compiled import compare_compiled  # lazy: torch
 
         with stage("compile"):
@@ -88,6 +89,6 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
 
         rep.notes.append(trace_note(trace, opts.tracing, len(prepared.batches)))
     rep.add_context(texts=prepared.texts)
-    if rep.diagnosis is None and not rep.weights["nonfinite"]:  # a finite run: corrupt scales are still a fault
+    if rep.diagnosis is None and not weights["nonfinite"]:  # a finite run: corrupt scales are still a fault
         weights_verdict(rep, cfg, ws, scales_only=True)
     return rep

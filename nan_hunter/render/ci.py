@@ -1,8 +1,7 @@
 """CI views of ``nanhunter check`` results: JUnit XML and GitHub Actions annotations (standard
 library only). Every string from the results goes through its sink's escaping."""
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations`` here: the module's function ``annotations`` would redefine it
 import xml.etree.ElementTree as ET
 
 from ..outputs import write_text

@@ -5,12 +5,12 @@ headroom is left. Each view draws it its own way (terminal bar, HTML bar, Markdo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..dtypes import HEADROOM_DTYPES
 from ..report import Report
-from .rows import call_name, fmt, is_bad, kind_of, producer_index, range_dtype, range_max
+from .rows import Row, call_name, fmt, is_bad, kind_of, producer_index, range_dtype, range_max
 
 FLOOR = 1e-4  # the bar starts here: smaller outputs have more headroom than anything can use
 CONTEXT = 4  # calls shown before the producer however small they are
@@ -65,12 +65,12 @@ class Strip:
         return f"headroom per module call ({self.calls} calls, {where} max {self.max:.6g}; bar from {FLOOR:g} to the max)"
 
 
-def fraction(row: dict[str, Any], mx: float) -> float:
+def fraction(row: Row, mx: float) -> float:
     """absmax / max; inf for a non-finite output (it has no headroom at all)."""
     return math.inf if is_bad(row) else (row["absmax"] or 0.0) / mx
 
 
-def pick_rows(rows: list[dict[str, Any]], mx: float, producer: int | None, max_rows: int) -> list[int]:
+def pick_rows(rows: Sequence[Row], mx: float, producer: int | None, max_rows: int) -> list[int]:
     """Indices to show, in execution order: the producer with the few calls that led to it, then
     the tightest calls."""
     if len(rows) <= max_rows:
@@ -93,7 +93,7 @@ def flush_dtype(compute: str) -> str:
     return compute if compute in HEADROOM_DTYPES else "fp16"
 
 
-def flush_text(row: dict[str, Any], dtype: str) -> str:
+def flush_text(row: Row, dtype: str) -> str:
     """The share of a call's outputs that a cast to ``dtype`` rounds to zero (non-zero before):
     "—" when not measured, "0" when none."""
     f = (row.get("flush_frac") or {}).get(dtype)
@@ -104,7 +104,7 @@ def flush_text(row: dict[str, Any], dtype: str) -> str:
     return "<0.1%" if f < 0.001 else f"{f:.1%}" if f < 0.1 else f"{f:.0%}"
 
 
-def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool, flush: str) -> StripCall:
+def _call(row: Row, mx: float, producer: bool, multi: bool, flush: str) -> StripCall:
     kind = kind_of(row)
     a = row["absmax"]
     frac = fraction(row, mx)
@@ -122,7 +122,7 @@ def _call(row: dict[str, Any], mx: float, producer: bool, multi: bool, flush: st
                      flush_text(row, flush))
 
 
-def absmin_text(row: dict[str, Any]) -> str:
+def absmin_text(row: Row) -> str:
     """The smallest non-zero |out| (abs-min), with its share of subnormal values when any."""
     m = row.get("min_nonzero")
     if m is None:
@@ -137,8 +137,8 @@ def strip(rep: Report, max_rows: int = STRIP_ROWS) -> Strip | None:
     rows = rep.modules or []
     if not rows:
         return None
-    run_dtype = (rep.run or {}).get("dtype") or "fp32"
-    dt = (rep.run or {}).get("compute_dtype") or range_dtype(run_dtype)  # fp8.compute: fp32 is recorded
+    run_dtype = rep.run_fact("dtype") or "fp32"
+    dt = rep.run_fact("compute_dtype") or range_dtype(run_dtype)  # fp8.compute: fp32 is recorded
     mx = range_max(dt)
     flush = flush_dtype(dt)
     prod = producer_index(rep)

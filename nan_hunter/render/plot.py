@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Any
+from collections.abc import Sequence
 
 from ..dtypes import limits
 from ..errors import install_hint
 from ..report import Report
 from . import escape
-from .rows import module_name, producer_index
+from .rows import Row, module_name, producer_index
 
 MISSING = f"plot omitted: matplotlib is not installed ({install_hint('plot')})"
 # Limits drawn on every plot (values from torch.finfo via dtypes.limits).
@@ -36,7 +36,7 @@ def _figure():
     return fig, fig.add_subplot()
 
 
-def _kind(row: dict[str, Any]) -> str | None:
+def _kind(row: Row) -> str | None:
     return "nan" if row.get("nan") else "posinf" if row.get("posinf") else "neginf" if row.get("neginf") else None
 
 
@@ -49,7 +49,7 @@ def _draw_limits(ax, xmax: float) -> None:
         ax.text(xmax, y, f"{dt} max {y:.6g}", color=color, fontsize=8, ha="right", va="top" if i == 1 else "bottom")
 
 
-def _points(ax, xs: list[float], ys: list[float | None], kinds: list[str | None], ylabel: str) -> float:
+def _points(ax, xs: Sequence[float], ys: list[float | None], kinds: list[str | None], ylabel: str) -> float:
     """Finite points on a log axis, non-finite ones clipped to a band above them; returns the clip height."""
     fin = [(x, y) for x, y, k in zip(xs, ys, kinds) if k is None and y]
     top = max([65504.0] + [y for _, y in fin])
@@ -105,13 +105,12 @@ def modules_figure(rep: Report):
             ax.text(i - 0.4, clip * 2, f"input #{rows[i]['input_index']}", fontsize=7, color="0.3", va="top")
     names = [(f"#{r['input_index']} " if multi else "") + module_name(r["module"]) for r in rows]
     _ticks(ax, xs, names)
-    p = producer_index(rep)
-    if p is not None:
-        f = rep.first_nonfinite
+    p, f = producer_index(rep), rep.first_nonfinite
+    if p is not None and f is not None:  # a producer row is the first non-finite value's
         p_ = escape.plot
         _mark(ax, p, clip, f"first non-finite: {p_(module_name(f.module))} ({p_(f.module_type)})\n"
                            f"{p_(f.op or '?')} → {p_(f.kind)}", len(rows))
-    dt = escape.plot((rep.run or {}).get("dtype") or "?")
+    dt = escape.plot(rep.run_fact("dtype") or "?")
     ax.set_title(f"output absmax per module call, execution order ({len(rows)} calls, run in {dt})", fontsize=11)
     ax.set_xlabel("module call (execution order)")
     ax.legend(loc="lower left", fontsize=8, framealpha=0.9)

@@ -5,13 +5,17 @@ markup."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from ..progress import STAGES
 from .escape import terminal
 from .terminal.layout import shorten_middle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.status import Status
 
 
 class ScanProgress:
@@ -19,7 +23,7 @@ class ScanProgress:
         self.start = time.monotonic()
         self.delay = delay
         self.bar: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
         self.done = 0
 
     def update(self, name: str, nbytes: int, total: int | None = None) -> None:
@@ -32,7 +36,8 @@ class ScanProgress:
                                 console=Console(stderr=True), transient=True)
             self.bar.start()
             self.task = self.bar.add_task("scan", total=total, name="")
-        self.bar.update(self.task, completed=self.done, name=shorten_middle(terminal(name), 40))
+        if self.task is not None:  # set with the bar
+            self.bar.update(self.task, completed=self.done, name=shorten_middle(terminal(name), 40))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -67,7 +72,7 @@ class StageProgress:
         self.console = console or Console(stderr=True)
         self.lock = threading.Lock()
         self.timer: threading.Timer | None = None
-        self.status = None
+        self.status: Status | None = None
         self.name = ""
         self.total: int | None = None
         self.count = 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..dtypes import RunDtype
 from ..explain.fix_words import UNVERIFIED, no_mechanical_fix
-from ..report import BisectResult, Report, split_source
+from ..report import BisectResult, ModuleRow, Report, split_source
 from ..version import __version__
 
 #: Defaults of the configuration keys the views take as parameters (configs/default.yaml).
@@ -57,11 +57,15 @@ def module_name(name: str | None) -> str:
     return name or ROOT
 
 
-def is_bad(row: dict[str, Any]) -> bool:
+#: a module row: typed (``report.ModuleRow``) or as its dict
+Row = dict[str, Any] | ModuleRow
+
+
+def is_bad(row: Row) -> bool:
     return bool(row.get("nan") or row.get("posinf") or row.get("neginf"))
 
 
-def kind_of(row: dict[str, Any]) -> str | None:
+def kind_of(row: Row) -> str | None:
     """"NaN", "+inf", "−inf" for a row holding that, the first of them in this order; else None."""
     return "NaN" if row.get("nan") else "+inf" if row.get("posinf") else "−inf" if row.get("neginf") else None
 
@@ -302,7 +306,7 @@ def _fault_line(rep: Report, width: int) -> str:
     head = f"✘ {cause}: " if cause else "✘ "
     if cause == "compile_divergence":  # eager is finite: the fault (NaN, or a divergence) is the compiled run's
         where = module_name(d.module) if d is not None else "?"
-        compiled_bad = not (rep.compile or {}).get("compiled_finite", True)
+        compiled_bad = rep.compile is not None and not rep.compile.get("compiled_finite", True)
         how = ", non-finite" if compiled_bad else ", outputs differ"
         return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
     if f is not None:
@@ -329,7 +333,7 @@ def _fault_line(rep: Report, width: int) -> str:
         # a training fault's phase is kept before the op: it says where to look (backward, optimizer)
         parts = [(head + f"{kind} first produced by " + "{}", False), (f" at {op}" if op else "", True),
                  (phase, not phase)]
-        dt = (rep.run or {}).get("dtype")
+        dt = rep.run_fact("dtype")
         if dt:
             parts.append((f" ({dt})", True))
         return fitted(parts, width, {0: where})
@@ -396,7 +400,7 @@ def bisect_lines(rep: Report) -> list[tuple[str, str]]:
     b = rep.bisect
     if b is None:
         return []
-    labels = (rep.run or {}).get("inputs") or []
+    labels = rep.run_fact("inputs") or []
     if b.over == "inputs":
         prefix = b.shortest_failing_prefix or {}
         return [("failing", f"#{i} {labels[i] if i < len(labels) else ''}".rstrip()
@@ -488,6 +492,7 @@ def which_input(rep: Report) -> str:
     """Where the first non-finite value was met: "input #2" of a scan's data set, "step 3 ·
     forward" of a watched (training) run, whose forwards are its steps."""
     f = rep.first_nonfinite
+    assert f is not None  # asked only of a report with a first non-finite value
     if rep.mode == "watch":
         return f"step {f.step} · {f.phase}"
     return f"input #{f.input_index}"
@@ -495,7 +500,7 @@ def which_input(rep: Report) -> str:
 
 def when_row(rep: Report) -> str | None:
     """Under --generate: "step 3, token 9 '6' at position 7, after: '4 5 6'"."""
-    f, g = rep.first_nonfinite, (rep.run or {}).get("generate")
+    f, g = rep.first_nonfinite, rep.run_fact("generate")
     if f is None or not g:
         return None
     parts = [f"step {f.step}" + (" (the prompt's forward)" if f.step == 0 else "")]
@@ -513,11 +518,11 @@ GENERATE_HEAD = ["input", "label", "result", "shortest failing prefix"]
 
 def generate_rows(rep: Report) -> list[list[str]]:
     """Prompt sensitivity under --generate with several inputs: which fail, at which step."""
-    g = (rep.run or {}).get("generate") or {}
+    g = rep.run_fact("generate") or {}
     per = g.get("per_input") or []
     if len(per) < 2:
         return []
-    labels = (rep.run or {}).get("inputs") or []
+    labels = rep.run_fact("inputs") or []
     prefix = g.get("shortest_failing_prefix") or {}
     out = []
     for r in per:
@@ -539,7 +544,7 @@ def producer_index(rep: Report) -> int | None:
                                                                                  else None)), None)
 
 
-def call_name(row: dict[str, Any]) -> str:
+def call_name(row: Row) -> str:
     """A module call row's name: ``∇ name`` for its backward, ``step param`` for an optimizer step."""
     phase = row.get("phase")
     if phase == "backward":
@@ -782,7 +787,7 @@ def command_line(rep: Report) -> str | None:
     """``run.command`` as a shell line (each argument quoted where needed)."""
     import shlex
 
-    cmd = (rep.run or {}).get("command")
+    cmd = rep.run_fact("command")
     return " ".join(shlex.quote(str(a)) for a in cmd) if cmd else None
 
 

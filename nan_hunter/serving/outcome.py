@@ -168,9 +168,9 @@ def finish(pb: PackedBatches, rep: Report, rec: Recording) -> None:
         rep.notes.append(f"every request failed, and each fails alone: the fault is in {where}, a weight shared by "
                          f"all requests ({len(failed_ids)} of {len(out)}), not in one request's input")
     elif first is not None:
-        poisoned = [o.id for o in out if o.poisoned_by is not None]
+        reached = [o.id for o in out if o.poisoned_by is not None]
         rep.notes.append(f"request {first.id} is the origin: it fails alone, at position {first.position}"
-                         + (f"; {', '.join(poisoned)} went non-finite only through the packed batch (0 × NaN in the "
-                            "packed attention) and are finite alone" if poisoned else ""))
+                         + (f"; {', '.join(reached)} went non-finite only through the packed batch (0 × NaN in the "
+                            "packed attention) and are finite alone" if reached else ""))
     rep.notes += [n for n in pb.notes if n not in rep.notes]
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..capture.context import ForwardContext
     from ..capture.recorder import Recorder
     from ..dtypes import RunDtype
+    from ..serving.tracker import PackedBatches
 
 
 class TrainingHost(Protocol):
@@ -54,7 +55,9 @@ class TrainingHost(Protocol):
     first_failed: int | None
     window: int
     late_phases: bool
-    contexts: Mapping[int, ForwardContext]
+
+    @property
+    def contexts(self) -> Mapping[int, ForwardContext]: ...
 
     def calls_of(self, step: int) -> list[Any] | None: ...
     def inputs_of(self, forward: int) -> Any: ...
@@ -70,10 +73,13 @@ class RerunHost(Protocol):
     training kept (weights at the fault, the optimizer's pre-step state) and the user's state."""
 
     recorder: Recorder
-    contexts: Mapping[int, ForwardContext]
     run: RunDtype | None
     training: TrainingState
     optimizer: Any
+    serving: PackedBatches
+
+    @property
+    def contexts(self) -> Mapping[int, ForwardContext]: ...
 
     def state_kept(self) -> Any: ...
 
@@ -206,7 +212,7 @@ class TrainingState:
             self.optimizer_facts = self._facts_now(forward)
         if self.capsule_dir:
             try:
-                self._write_capsule(forward, phase)
+                self._write_capsule(self.capsule_dir, forward, phase)
             except Exception as e:  # noqa: BLE001 - the user's training must go on; the report says why
                 self.notes.append(f"the capsule for step {forward} was not written: {type(e).__name__}: {e}")
 
@@ -231,7 +237,7 @@ class TrainingState:
         return self.fault_state if self.fault_step == forward else None
 
     # -- the capsule ---------------------------------------------------------------------------
-    def _write_capsule(self, f: int, phase: str) -> None:
+    def _write_capsule(self, capsule_dir: str, f: int, phase: str) -> None:
         w = self.w
         snap = w.inputs_of(f)
         if snap is None or self.fault_state is None:
@@ -270,7 +276,7 @@ class TrainingState:
                    "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
                    "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
         args, kwargs = snap.rerun()
-        path = write_capsule(self.capsule_dir, w.step_label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
+        path = write_capsule(capsule_dir, w.step_label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
                              grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
         self.capsule = str(path)
         import logging

@@ -16,7 +16,8 @@ modes are restored, the RNG is forked, and the watch's own hooks are paused whil
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -45,6 +46,14 @@ from .fault_policy import FaultPolicy
 from .options import WatchOptions
 from .training_state import TrainingState, WatchRerun
 from .watch_report import WATCH_CHECKPOINT, WatchReport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..capture.gradients import GradientHooks
+    from ..capture.optimizer_step import OptimizerHooks
+    from ..capture.recorder import ModuleAggregate
+    from ..capture.records import Call
+    from ..capture.sink import StatsSink
+    from ..capture.snapshot import Snapshot
 
 REPLAYS = 2  # extra replays of a failing step that did not reproduce (transient or non-deterministic?)
 
@@ -109,9 +118,38 @@ class Watch:
     The recording is ``recorder`` (a ``capture.Recorder``); the names in ``RECORDING_VIEW`` read
     through to it."""
 
+    if TYPE_CHECKING:  # the names of RECORDING_VIEW the package reads, typed as the recorder has them
+        aggregates: dict[str, ModuleAggregate]
+        current_step: int
+        first_failed: int | None
+        grads: GradientHooks | None
+        late_phases: bool
+        latent: list[dict[str, Any]]
+        level: str
+        listener: SessionListener  # the recorder's, made here
+        model: nn.Module
+        n_forwards: int
+        optimizer: OptimizerHooks | None
+        sample_every: int
+        sentinel: bool
+        sink: StatsSink
+        window: int
+
+        def calls_of(self, step: int) -> list[Call] | None: ...
+        def failed_forwards(self) -> list[int]: ...
+        def inputs_of(self, forward: int) -> Snapshot | None: ...
+        def judge_backward(self, steps: Iterable[int]) -> bool: ...
+        def judge_finished(self, upto: int) -> None: ...
+        def judge_optimizer(self, step: int, calls: list[Call]) -> bool: ...
+        def mark_late_fault(self, f: int, phase: str) -> None: ...
+        def poll_flags(self, wait: bool = False, upto: int = -1) -> None: ...
+        def rows_on_host(self) -> bool: ...
+        def weights_changed_since(self, forward: int) -> bool: ...
+
     def __init__(self, model: nn.Module, options: WatchOptions | None = None, **kw: Any):
         """``options`` (``session.options.WatchOptions``), or its fields as keywords, checked there once."""
         o = options if options is not None else WatchOptions(**kw)
+        assert o.level is not None and o.sample_every is not None  # WatchOptions sets both from their defaults
         self.recorder = Recorder(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
                                  backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
                                  underflow=False, sample_every=o.sample_every)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
@@ -243,6 +281,7 @@ class Watch:
     def _level_facts(self, rep: Report) -> None:
         """``run.level``, ``run.sample_every`` and, for a sentinel, the latent faults its sampled
         steps saw (a non-finite block output the root's outputs did not show: not a fault)."""
+        assert rep.run is not None  # _locate sets it first
         rep.run["level"] = self.level
         rep.run["sample_every"] = self.sample_every if self.sentinel else None
         rep.forecast = self.forecast()

@@ -15,7 +15,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from ..options import TraceLevel
 
@@ -124,7 +124,7 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
-        raw: IO[bytes]
+        raw: io.BufferedIOBase
         if self.path.endswith(".gz"):
             raw = gzip.open(self.path, "wb", compresslevel=6)
         else:

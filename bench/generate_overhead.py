@@ -47,13 +47,25 @@ def build(name: str):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     if name == "tiny":
-        model = AutoModelForCausalLM.from_pretrained(str(ROOT / "examples" / "tiny-llama-fp16"), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(ROOT / "examples" / "tiny-llama-fp16"), dtype=torch.float32
+        )
         ids = torch.tensor([[1, 63, 57, 20, 28]])
     else:
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                          num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
-                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        cfg = LlamaConfig(
+            vocab_size=32000,
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         model = LlamaForCausalLM(cfg)
         ids = torch.randint(3, 32000, (1, 16), generator=torch.Generator().manual_seed(0))
     return model.eval(), ids
@@ -66,13 +78,21 @@ def variants(model, ids, tokens: int):
 
     def gen():
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                  min_new_tokens=tokens, do_sample=False, num_beams=1, pad_token_id=0)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=0,
+            )
 
     def watched(level):
         def run():
             with nan_hunter.watch(model, level=level):
                 return gen()
+
         return run
 
     def duo():
@@ -101,7 +121,7 @@ def measure(name: str, tokens: int, rounds: int, clock=time.perf_counter) -> dic
     times: dict[str, list[float]] = {k: [] for k in vs}
     order = list(vs)
     for r in range(rounds):
-        for k in order[r % len(order):] + order[:r % len(order)]:
+        for k in order[r % len(order) :] + order[: r % len(order)]:
             t = clock()
             vs[k]()
             times[k].append(clock() - t)
@@ -124,8 +144,14 @@ def rss_growth(name: str) -> dict:
     res = {}
     for n in (16, 48, 112):  # the tiny model holds 128 positions
         with nan_hunter.watch(model, level="blocks"), torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
         res[n] = rss_mb()
     return res
 
@@ -141,13 +167,25 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--rss-only", action="store_true", help="only the RSS-against-N measurement")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: CPU time of the measuring thread (use with --threads 1)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: CPU time of the measuring thread (use with --threads 1)",
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     clock = time.thread_time if a.clock == "cpu" else time.perf_counter
-    res = {"machine": {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "clock": a.clock, "load_avg": os.getloadavg()}}
+    res = {
+        "machine": {
+            "cpu": cpu_name(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "clock": a.clock,
+            "load_avg": os.getloadavg(),
+        }
+    }
     if a.rss_only:
         res["rss_mib_after_n_tokens"] = rss_growth(a.models.split(",")[0])
         print("RSS after watched generate of N tokens (MiB):", res["rss_mib_after_n_tokens"])
@@ -157,10 +195,12 @@ def main() -> int:
     for name in a.models.split(","):
         res[name] = measure(name, a.tokens, a.rounds, clock)
         r = res[name]["ratio_vs_plain"]
-        print(f"{name} ({res[name]['params'] / 1e6:.1f}M params, {a.tokens} tokens): plain "
-              f"{res[name]['seconds']['plain']:.3f}s; watch blocks {r['watch_blocks']:.3f}x, modules "
-              f"{r['watch_modules']:.3f}x, DebugUnderflowOverflow {r['duo']:.3f}x; same tokens: "
-              f"{all(res[name]['same_tokens'].values())}")
+        print(
+            f"{name} ({res[name]['params'] / 1e6:.1f}M params, {a.tokens} tokens): plain "
+            f"{res[name]['seconds']['plain']:.3f}s; watch blocks {r['watch_blocks']:.3f}x, modules "
+            f"{r['watch_modules']:.3f}x, DebugUnderflowOverflow {r['duo']:.3f}x; same tokens: "
+            f"{all(res[name]['same_tokens'].values())}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0

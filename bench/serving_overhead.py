@@ -37,9 +37,18 @@ def build():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(0)
@@ -55,14 +64,29 @@ def run(model, prompts, tokens: int, variant: str) -> tuple[float, float, dict]:
     import nan_hunter
 
     gen = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    cbc = ContinuousBatchingConfig(page_size=32, num_blocks=64, max_batch_tokens=256, max_requests_per_batch=8,
-                                   use_cuda_graph=False, use_async_batching=False)
-    ctx = (contextlib.nullcontext() if variant == "plain"
-           else nan_hunter.watch(model, on_fault="abort" if variant == "watch_abort" else "record"))
+    cbc = ContinuousBatchingConfig(
+        page_size=32,
+        num_blocks=64,
+        max_batch_tokens=256,
+        max_requests_per_batch=8,
+        use_cuda_graph=False,
+        use_async_batching=False,
+    )
+    ctx = (
+        contextlib.nullcontext()
+        if variant == "plain"
+        else nan_hunter.watch(model, on_fault="abort" if variant == "watch_abort" else "record")
+    )
     t, c = time.perf_counter(), time.process_time()
     with ctx:
-        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cbc, progress_bar=False)
-    return time.perf_counter() - t, time.process_time() - c, {k: list(v.generated_tokens) for k, v in out.items()}
+        out = model.generate_batch(
+            prompts, generation_config=gen, continuous_batching_config=cbc, progress_bar=False
+        )
+    return (
+        time.perf_counter() - t,
+        time.process_time() - c,
+        {k: list(v.generated_tokens) for k, v in out.items()},
+    )
 
 
 def main() -> None:
@@ -82,7 +106,7 @@ def main() -> None:
     for v in variants:  # warm-up
         run(model, prompts, a.tokens, v)
     for r in range(a.rounds):
-        for v in variants[r % 3:] + variants[:r % 3]:
+        for v in variants[r % 3 :] + variants[: r % 3]:
             w, c, toks = run(model, prompts, a.tokens, v)
             ref = ref if ref is not None else (toks if v == "plain" else None)
             if ref is not None and toks != ref:
@@ -93,16 +117,27 @@ def main() -> None:
     rows = {}
     for v in variants:
         mw, mc = statistics.median(wall[v]), statistics.median(cpu[v])
-        rows[v] = {"wall_s": mw, "cpu_s": mc, "tokens_per_s": n / mw,
-                   "wall_ratio": mw / statistics.median(wall["plain"]),
-                   "cpu_ratio": mc / statistics.median(cpu["plain"]), "spread_wall": [min(wall[v]), max(wall[v])]}
-        print(f"{v:12s} wall {mw:6.2f} s  cpu {mc:6.2f} s  {n / mw:7.1f} tok/s  "
-              f"×{rows[v]['wall_ratio']:.2f} wall  ×{rows[v]['cpu_ratio']:.2f} cpu  "
-              f"(wall {min(wall[v]):.2f}–{max(wall[v]):.2f})")
+        rows[v] = {
+            "wall_s": mw,
+            "cpu_s": mc,
+            "tokens_per_s": n / mw,
+            "wall_ratio": mw / statistics.median(wall["plain"]),
+            "cpu_ratio": mc / statistics.median(cpu["plain"]),
+            "spread_wall": [min(wall[v]), max(wall[v])],
+        }
+        print(
+            f"{v:12s} wall {mw:6.2f} s  cpu {mc:6.2f} s  {n / mw:7.1f} tok/s  "
+            f"×{rows[v]['wall_ratio']:.2f} wall  ×{rows[v]['cpu_ratio']:.2f} cpu  "
+            f"(wall {min(wall[v]):.2f}–{max(wall[v]):.2f})"
+        )
     out = ROOT / "bench" / "_out"
     out.mkdir(exist_ok=True)
-    (out / "serving_overhead.json").write_text(json.dumps({"rounds": a.rounds, "tokens": a.tokens, "requests": 8,
-                                                           "load": os.getloadavg(), "rows": rows}, indent=1))
+    (out / "serving_overhead.json").write_text(
+        json.dumps(
+            {"rounds": a.rounds, "tokens": a.tokens, "requests": 8, "load": os.getloadavg(), "rows": rows},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

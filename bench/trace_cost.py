@@ -56,23 +56,40 @@ def minilm(batch: int, seq: int):
     model = AutoModel.from_pretrained(MODEL_DIR, local_files_only=True).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g)
-    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "all-MiniLM-L6-v2 (22.7 M, fp32, sdpa)"
+    return (
+        model,
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        "all-MiniLM-L6-v2 (22.7 M, fp32, sdpa)",
+    )
 
 
 def llama(batch: int, seq: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                      num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=g)
     n = sum(p.numel() for p in model.parameters()) / 1e6
-    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, \
-        f"LlamaForCausalLM from a config ({n:.1f} M, fp32, 12 layers x 768, sdpa), random init"
+    return (
+        model,
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        f"LlamaForCausalLM from a config ({n:.1f} M, fp32, 12 layers x 768, sdpa), random init",
+    )
 
 
 def _aminmax_only(x):
@@ -116,6 +133,7 @@ def variants(model: Any, inputs: dict, levels: list[str], tmp: Path) -> dict[str
         def step():
             with Recorder(model, level=level, retain=1):
                 return model(**inputs)
+
         return step
 
     def trace(level, bare=False):
@@ -125,6 +143,7 @@ def variants(model: Any, inputs: dict, levels: list[str], tmp: Path) -> dict[str
             ctx = bare_statistics() if bare else contextlib.nullcontext()
             with ctx, TraceRecorder(model, path, level=level):
                 return model(**inputs)
+
         return step
 
     out: dict[str, Any] = {"plain": plain}
@@ -142,8 +161,9 @@ def variants(model: Any, inputs: dict, levels: list[str], tmp: Path) -> dict[str
     return out
 
 
-def measure(name: str, model: Any, inputs: dict, levels: list[str], rounds: int, iters: int, ops_iters: int,
-            tmp: Path) -> dict[str, Any]:
+def measure(
+    name: str, model: Any, inputs: dict, levels: list[str], rounds: int, iters: int, ops_iters: int, tmp: Path
+) -> dict[str, Any]:
     import torch
 
     steps = variants(model, inputs, levels, tmp)
@@ -153,7 +173,7 @@ def measure(name: str, model: Any, inputs: dict, levels: list[str], rounds: int,
     loads = []
     with torch.no_grad():
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 k = ops_iters if "ops" in n else iters
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -170,16 +190,33 @@ def measure(name: str, model: Any, inputs: dict, levels: list[str], rounds: int,
         entries[f"{level}_bytes"] = (tmp / f"trace-{level}.jsonl").stat().st_size
     med = {n: statistics.median(v) for n, v in per.items()}
     cmed = {n: statistics.median(v) for n, v in cpu.items()}
-    res = {"model": name, "median_ms": med, "min_ms": {n: min(v) for n, v in per.items()},
-           "x_plain": {n: med[n] / med["plain"] for n in names},
-           "cpu_median_ms": cmed, "cpu_min_ms": {n: min(v) for n, v in cpu.items()},
-           "cpu_x_plain": {n: cmed[n] / cmed["plain"] for n in names}, "entries_per_forward": entries,
-           "load": [min(loads), max(loads)], "rounds": rounds, "iters": iters, "ops_iters": ops_iters}
+    res = {
+        "model": name,
+        "median_ms": med,
+        "min_ms": {n: min(v) for n, v in per.items()},
+        "x_plain": {n: med[n] / med["plain"] for n in names},
+        "cpu_median_ms": cmed,
+        "cpu_min_ms": {n: min(v) for n, v in cpu.items()},
+        "cpu_x_plain": {n: cmed[n] / cmed["plain"] for n in names},
+        "entries_per_forward": entries,
+        "load": [min(loads), max(loads)],
+        "rounds": rounds,
+        "iters": iters,
+        "ops_iters": ops_iters,
+    }
     for level in levels:
         for key, m in (("overhead_ms", med), ("cpu_overhead_ms", cmed)):
-            cap, tr, bare = (m[f"capture_{level}"] - m["plain"], m[f"trace_{level}"] - m["plain"],
-                             m[f"trace_{level}_bare"] - m["plain"])
-            res[f"{level}_{key}"] = {"capture": cap, "trace": tr, "trace_bare": bare, "extra_statistics": tr - bare}
+            cap, tr, bare = (
+                m[f"capture_{level}"] - m["plain"],
+                m[f"trace_{level}"] - m["plain"],
+                m[f"trace_{level}_bare"] - m["plain"],
+            )
+            res[f"{level}_{key}"] = {
+                "capture": cap,
+                "trace": tr,
+                "trace_bare": bare,
+                "extra_statistics": tr - bare,
+            }
     return res
 
 
@@ -199,7 +236,13 @@ def long_run(n: int, tmp: Path) -> dict[str, Any]:
         for i in range(1, n + 1):
             model(x)
             if i % max(1, n // 10) == 0:
-                samples.append({"forwards": i, "rss_mb": round(rss_mb(), 1), "file_mb": round(path.stat().st_size / 2**20, 2)})
+                samples.append(
+                    {
+                        "forwards": i,
+                        "rss_mb": round(rss_mb(), 1),
+                        "file_mb": round(path.stat().st_size / 2**20, 2),
+                    }
+                )
     return {"forwards": n, "modules_per_forward": 17, "samples": samples}
 
 
@@ -221,10 +264,18 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     levels = args.levels.split(",")
-    out: dict[str, Any] = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                                       "torch": torch.__version__, "transformers": transformers.__version__,
-                                       "threads": args.threads},
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "results": []}
+    out: dict[str, Any] = {
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": args.threads,
+        },
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "results": [],
+    }
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for m in args.models.split(","):

@@ -88,8 +88,17 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the bitwise checks
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("plain", "watch_blocks", "watch_modules", "watch_skip", "callback", "detect_anomaly",
-            "lightning_detect_anomaly", "hf_debug_underflow_overflow", "naive")
+VARIANTS = (
+    "plain",
+    "watch_blocks",
+    "watch_modules",
+    "watch_skip",
+    "callback",
+    "detect_anomaly",
+    "lightning_detect_anomaly",
+    "hf_debug_underflow_overflow",
+    "naive",
+)
 SHAPES = {"minilm": (8, 128), "llama100m": (8, 128), "llama1b": (4, 512), "tiny": (2, 16)}
 
 
@@ -100,10 +109,10 @@ class Variant:
     session: Callable[[], contextlib.AbstractContextManager]  # around a round's steps
     per_step: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # around each step
     check: Callable[[], contextlib.AbstractContextManager] | None = None  # for the checks (default: session)
-    times: list[float] = field(default_factory=list)        # mean seconds per step, per round
-    cpu: list[float] = field(default_factory=list)          # mean process CPU seconds per step, per round
-    enter_exit: list[float] = field(default_factory=list)   # seconds to enter + exit the session, per round
-    loads: list[float] = field(default_factory=list)        # 1-minute load average after each round
+    times: list[float] = field(default_factory=list)  # mean seconds per step, per round
+    cpu: list[float] = field(default_factory=list)  # mean process CPU seconds per step, per round
+    enter_exit: list[float] = field(default_factory=list)  # seconds to enter + exit the session, per round
+    loads: list[float] = field(default_factory=list)  # 1-minute load average after each round
     error: str | None = None
     equal: bool | None = None
     extra: dict = field(default_factory=dict)
@@ -139,35 +148,74 @@ def build(name: str, batch: int, seq: int, device: str = "cpu") -> Workload:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         if name == "llama1b":  # TinyLlama's shape, as bench/overhead.py --device cuda
-            cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                              num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
-                              rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                              pad_token_id=0)
+            cfg = LlamaConfig(
+                vocab_size=32000,
+                hidden_size=2048,
+                intermediate_size=5632,
+                num_hidden_layers=22,
+                num_attention_heads=32,
+                num_key_value_heads=4,
+                max_position_embeddings=4096,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+            )
         elif name == "llama100m":
-            cfg = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                              num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
-                              tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            cfg = LlamaConfig(
+                vocab_size=32000,
+                hidden_size=768,
+                intermediate_size=2048,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                num_key_value_heads=12,
+                max_position_embeddings=1024,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+            )
         else:
-            cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                              tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            cfg = LlamaConfig(
+                vocab_size=256,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                max_position_embeddings=128,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+            )
         torch.manual_seed(0)
         with torch.device(device):
             model = LlamaForCausalLM(cfg)
         ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=g)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-        desc = (f"LlamaForCausalLM(hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
-                f"{cfg.num_attention_heads} heads, intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}, "
-                "tied embeddings), random init")
+        desc = (
+            f"LlamaForCausalLM(hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
+            f"{cfg.num_attention_heads} heads, intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}, "
+            "tied embeddings), random init"
+        )
         loss_desc = "the model's own loss, labels = input_ids"
 
         def loss(out):
             return out.loss
+
     model = model.float().train().to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    info = {"model": desc, "params": sum(p.numel() for p in model.parameters()), "dtype": "float32",
-            "batch": [batch, seq], "loss": loss_desc, "optimizer": "torch.optim.AdamW(lr=1e-4)",
-            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    info = {
+        "model": desc,
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": "float32",
+        "batch": [batch, seq],
+        "loss": loss_desc,
+        "optimizer": "torch.optim.AdamW(lr=1e-4)",
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+    }
     return Workload(model, inputs, loss, info)
 
 
@@ -198,6 +246,7 @@ def naive_session(model) -> Iterator[list[str]]:
         def grad_hook(g):
             if g is not None and not torch.isfinite(g).all().item():
                 bad.append(where)
+
         return grad_hook
 
     def hook(module, args, output):
@@ -241,20 +290,28 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
             if not held:
                 held.append(fresh(level)())
             return held[0]
+
         return session
 
     def watched(level: str) -> Variant:
-        return Variant(f"watch_{level}", f'one nan_hunter.watch(model, level="{level}", backward=True, '
-                       "optimizer=opt) for the whole run, attached for its rounds", whole_run(level),
-                       check=fresh(level))
+        return Variant(
+            f"watch_{level}",
+            f'one nan_hunter.watch(model, level="{level}", backward=True, '
+            "optimizer=opt) for the whole run, attached for its rounds",
+            whole_run(level),
+            check=fresh(level),
+        )
 
     def skip_session():
         held: list[Any] = []
 
         def session():
             if not held:
-                held.append(nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip"))
+                held.append(
+                    nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip")
+                )
             return held[0]
+
         return session
 
     def callback_variant() -> Variant:
@@ -277,8 +334,13 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
             yield
             counter[0] += 1
             core.step_end()
-        return Variant("callback", "NanHunterCallback's per-step work (watch blocks + stop, step begin/end), "
-                       "outside a Trainer", session, per_step=per_step)
+
+        return Variant(
+            "callback",
+            "NanHunterCallback's per-step work (watch blocks + stop, step begin/end), outside a Trainer",
+            session,
+            per_step=per_step,
+        )
 
     @contextlib.contextmanager
     def hf_debug():
@@ -304,22 +366,41 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
                 yield
 
     table = {
-        "watch_skip": Variant("watch_skip", 'the whole-run watch at level "blocks" with on_fault="skip"',
-                              skip_session(), check=lambda: nan_hunter.watch(model, level="blocks", backward=True,
-                                                                            optimizer=opt, on_fault="skip")),
+        "watch_skip": Variant(
+            "watch_skip",
+            'the whole-run watch at level "blocks" with on_fault="skip"',
+            skip_session(),
+            check=lambda: nan_hunter.watch(
+                model, level="blocks", backward=True, optimizer=opt, on_fault="skip"
+            ),
+        ),
         "callback": callback_variant(),
-        "lightning_detect_anomaly": Variant("lightning_detect_anomaly", "torch.autograd.set_detect_anomaly(True) "
-                                            "around the run, as lightning.Trainer(detect_anomaly=True)",
-                                            lightning_anomaly),
-        "hf_debug_underflow_overflow": Variant("hf_debug_underflow_overflow", "transformers DebugUnderflowOverflow"
-                                               "(model), as TrainingArguments(debug='underflow_overflow')", hf_debug),
+        "lightning_detect_anomaly": Variant(
+            "lightning_detect_anomaly",
+            "torch.autograd.set_detect_anomaly(True) "
+            "around the run, as lightning.Trainer(detect_anomaly=True)",
+            lightning_anomaly,
+        ),
+        "hf_debug_underflow_overflow": Variant(
+            "hf_debug_underflow_overflow",
+            "transformers DebugUnderflowOverflow(model), as TrainingArguments(debug='underflow_overflow')",
+            hf_debug,
+        ),
         "plain": Variant("plain", "forward, loss, backward, AdamW step, zero_grad", contextlib.nullcontext),
         "watch_blocks": watched("blocks"),
         "watch_modules": watched("modules"),
-        "detect_anomaly": Variant("detect_anomaly", "torch.autograd.detect_anomaly() around each step",
-                                  contextlib.nullcontext, per_step=quiet_anomaly),
-        "naive": Variant("naive", "isfinite().all().item() hooks: module outputs, their grads, param grads; "
-                         "registered once per round", lambda: naive_session(model)),
+        "detect_anomaly": Variant(
+            "detect_anomaly",
+            "torch.autograd.detect_anomaly() around each step",
+            contextlib.nullcontext,
+            per_step=quiet_anomaly,
+        ),
+        "naive": Variant(
+            "naive",
+            "isfinite().all().item() hooks: module outputs, their grads, param grads; "
+            "registered once per round",
+            lambda: naive_session(model),
+        ),
     }
     return [table[k] for k in wanted]
 
@@ -339,6 +420,7 @@ def make_step(w: Workload, opt, autocast: str | None = None) -> Callable[[], Any
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
+
     return step
 
 
@@ -396,7 +478,9 @@ def check_variants(w: Workload, opt, variants: list[Variant], step: Callable[[],
             params = [p.detach().clone() for p in w.model.parameters()]
             if ref is None:
                 ref = (loss, params)
-            v.equal = bool(torch.equal(loss, ref[0]) and all(torch.equal(a, b) for a, b in zip(params, ref[1])))
+            v.equal = bool(
+                torch.equal(loss, ref[0]) and all(torch.equal(a, b) for a, b in zip(params, ref[1]))
+            )
             if v.name == "naive":
                 v.extra["naive_found"] = list(handle)
         except Exception as e:  # noqa: BLE001 - a variant crashing is a result
@@ -410,8 +494,9 @@ def check_variants(w: Workload, opt, variants: list[Variant], step: Callable[[],
     torch.manual_seed(1)
     loss = step()
     if ref is not None:
-        w.extra_plain_reproducible = bool(torch.equal(loss, ref[0]) and all(
-            torch.equal(a, b) for a, b in zip(w.model.parameters(), ref[1])))
+        w.extra_plain_reproducible = bool(
+            torch.equal(loss, ref[0]) and all(torch.equal(a, b) for a, b in zip(w.model.parameters(), ref[1]))
+        )
     del ref, model_state, opt_state
     for v in variants:  # a watch left on for two steps reports no fault on this healthy model
         if v.error is None and v.name.startswith("watch_"):
@@ -441,11 +526,14 @@ def measure(w: Workload, args) -> dict:
     check_s = time.perf_counter() - t0
     live = [v for v in variants if v.error is None]
     for r in range(args.rounds):
-        order = live[r % len(live):] + live[: r % len(live)]
+        order = live[r % len(live) :] + live[: r % len(live)]
         for v in order:
             run_round(v, step, args.steps, args.settle)
-        print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): "
-              + ", ".join(f"{v.name} {v.times[-1] * 1e3:.0f}ms" for v in live), flush=True)
+        print(
+            f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): "
+            + ", ".join(f"{v.name} {v.times[-1] * 1e3:.0f}ms" for v in live),
+            flush=True,
+        )
     for v in live:  # the whole-run watches: the same verdict after every round's steps
         if v.name.startswith("watch_"):
             r = v.session().report()
@@ -458,17 +546,23 @@ def measure(w: Workload, args) -> dict:
     for v in variants:
         m, c = med.get(v.name), med_cpu.get(v.name)
         base, base_cpu = med.get("plain"), med_cpu.get("plain")
-        rows[v.name] = {"describe": v.describe, "median_ms": m * 1e3 if m else None,
-                        "min_ms": min(v.times) * 1e3 if v.times else None,
-                        "rounds_ms": [t * 1e3 for t in v.times],
-                        "ratio_to_plain": m / base if m and base else None,
-                        "paired_ratio_median": _paired(v.times, plain.times if plain else []),
-                        "cpu_paired_ratio_median": _paired(v.cpu, plain.cpu if plain else []),
-                        "cpu_median_ms": c * 1e3 if c else None, "cpu_rounds_ms": [t * 1e3 for t in v.cpu],
-                        "cpu_ratio_to_plain": c / base_cpu if c and base_cpu else None,
-                        "enter_exit_ms": [t * 1e3 for t in v.enter_exit],
-                        "load1_after_rounds": v.loads,
-                        "bitwise_equal_to_plain": v.equal, "error": v.error, **v.extra}
+        rows[v.name] = {
+            "describe": v.describe,
+            "median_ms": m * 1e3 if m else None,
+            "min_ms": min(v.times) * 1e3 if v.times else None,
+            "rounds_ms": [t * 1e3 for t in v.times],
+            "ratio_to_plain": m / base if m and base else None,
+            "paired_ratio_median": _paired(v.times, plain.times if plain else []),
+            "cpu_paired_ratio_median": _paired(v.cpu, plain.cpu if plain else []),
+            "cpu_median_ms": c * 1e3 if c else None,
+            "cpu_rounds_ms": [t * 1e3 for t in v.cpu],
+            "cpu_ratio_to_plain": c / base_cpu if c and base_cpu else None,
+            "enter_exit_ms": [t * 1e3 for t in v.enter_exit],
+            "load1_after_rounds": v.loads,
+            "bitwise_equal_to_plain": v.equal,
+            "error": v.error,
+            **v.extra,
+        }
     return {"variants": rows, "check_s": check_s, "plain_bitwise_reproducible": w.extra_plain_reproducible}
 
 
@@ -488,35 +582,48 @@ def targets(rows: dict) -> dict:
             x = ratio[name]
             out[f"{name}_le_{limit:.2f}x_plain"] = {"value": x, "met": x is not None and x <= limit}
     if ratio.get("detect_anomaly"):
-        out["detect_anomaly_over_watch"] = {k: (ratio["detect_anomaly"] / ratio[k] if ratio.get(k) else None)
-                                            for k in ("watch_blocks", "watch_modules") if k in ratio}
+        out["detect_anomaly_over_watch"] = {
+            k: (ratio["detect_anomaly"] / ratio[k] if ratio.get(k) else None)
+            for k in ("watch_blocks", "watch_modules")
+            if k in ratio
+        }
     return out
 
 
 def print_summary(res: dict) -> None:
     info = res["workload"]
     print()
-    print(f"{info['model']}, {info['params'] / 1e6:.1f}M params, {info['dtype']} on {info.get('device', 'cpu')} "
-          f"(autocast {info.get('autocast')}), batch "
-          f"{info['batch'][0]}x{info['batch'][1]}, loss {info['loss']}, {info['optimizer']}; "
-          f"{res['threads']} threads, {res['rounds']} rounds x {res['steps']} steps (+{res['settle']} untimed)")
-    print(f"{'variant':<16} {'median ms':>10} {'min ms':>9} {'x plain':>8} {'cpu ms':>9} {'x plain':>8} "
-          f"{'equal':>6}  note")
+    print(
+        f"{info['model']}, {info['params'] / 1e6:.1f}M params, {info['dtype']} on {info.get('device', 'cpu')} "
+        f"(autocast {info.get('autocast')}), batch "
+        f"{info['batch'][0]}x{info['batch'][1]}, loss {info['loss']}, {info['optimizer']}; "
+        f"{res['threads']} threads, {res['rounds']} rounds x {res['steps']} steps (+{res['settle']} untimed)"
+    )
+    print(
+        f"{'variant':<16} {'median ms':>10} {'min ms':>9} {'x plain':>8} {'cpu ms':>9} {'x plain':>8} "
+        f"{'equal':>6}  note"
+    )
     for k, x in res["variants"].items():
         if x["median_ms"] is None:
             print(f"{k:<16} {'-':>10} {'-':>9} {'-':>8} {'-':>9} {'-':>8} {'-':>6}  {x['error']}")
             continue
-        print(f"{k:<16} {x['median_ms']:>10.1f} {x['min_ms']:>9.1f} {x['ratio_to_plain']:>8.3f} "
-              f"{x['cpu_median_ms']:>9.1f} {x['cpu_ratio_to_plain']:>8.3f} "
-              f"{str(x['bitwise_equal_to_plain']):>6}  {x['describe']}")
+        print(
+            f"{k:<16} {x['median_ms']:>10.1f} {x['min_ms']:>9.1f} {x['ratio_to_plain']:>8.3f} "
+            f"{x['cpu_median_ms']:>9.1f} {x['cpu_ratio_to_plain']:>8.3f} "
+            f"{str(x['bitwise_equal_to_plain']):>6}  {x['describe']}"
+        )
     load = res["machine"]
-    print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load['loadavg_before'])}, "
-          f"after {tuple(round(x, 2) for x in load['loadavg_after'])}")
+    print(
+        f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load['loadavg_before'])}, "
+        f"after {tuple(round(x, 2) for x in load['loadavg_after'])}"
+    )
     for k, x in res["variants"].items():  # one line per variant, for scripts and the smoke test
         if x["ratio_to_plain"] is not None:
-            print(f"ratio {k}: {x['ratio_to_plain']:.3f}x plain (process CPU time: {x['cpu_ratio_to_plain']:.3f}x; "
-                  f"median of per-round ratios: wall {x['paired_ratio_median']:.3f}x, "
-                  f"CPU {x['cpu_paired_ratio_median']:.3f}x)")
+            print(
+                f"ratio {k}: {x['ratio_to_plain']:.3f}x plain (process CPU time: {x['cpu_ratio_to_plain']:.3f}x; "
+                f"median of per-round ratios: wall {x['paired_ratio_median']:.3f}x, "
+                f"CPU {x['cpu_paired_ratio_median']:.3f}x)"
+            )
     print("targets:", json.dumps(res["targets"]))
 
 
@@ -530,8 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=int, default=1, help="untimed steps at the start of each round")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--autocast", choices=["none", "bf16", "fp16"], default=None,
-                    help="autocast around forward + loss (default: bf16 on cuda, none on cpu)")
+    ap.add_argument(
+        "--autocast",
+        choices=["none", "bf16", "fp16"],
+        default=None,
+        help="autocast around forward + loss (default: bf16 on cuda, none on cpu)",
+    )
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--quick", action="store_true", help="smoke test: --model tiny --rounds 2 --steps 2")
     ap.add_argument("--json", default=None, help="default bench/_out/train_overhead_<model>.json")
@@ -541,7 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = [x for x in args.variants.split(",") if x]
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown or "plain" not in args.variants:
-        ap.error(f"--variants: must include plain and name only {', '.join(VARIANTS)} (got {unknown or 'no plain'})")
+        ap.error(
+            f"--variants: must include plain and name only {', '.join(VARIANTS)} (got {unknown or 'no plain'})"
+        )
     batch, seq = args.batch or SHAPES[args.model][0], args.seq or SHAPES[args.model][1]
     if args.autocast is None:
         args.autocast = "bf16" if args.device == "cuda" else "none"
@@ -563,27 +676,51 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"workload": w.info}
     res.update(measure(w, args))
     res["targets"] = targets(res["variants"])
-    res.update({
-        "rounds": args.rounds, "steps": args.steps, "settle": args.settle, "threads": torch.get_num_threads(),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_before": load0,
-                    "loadavg_after": os.getloadavg()},
-        "total_s": time.perf_counter() - t_start,
-        "command": " ".join(["bench/train_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
-    })
+    res.update(
+        {
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "settle": args.settle,
+            "threads": torch.get_num_threads(),
+            "machine": {
+                "cpu": cpu_name(),
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "loadavg_before": load0,
+                "loadavg_after": os.getloadavg(),
+            },
+            "total_s": time.perf_counter() - t_start,
+            "command": " ".join(["bench/train_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+        }
+    )
     print_summary(res)
     suffix = "" if args.device == "cpu" else f"_{args.device}"
     out = Path(args.json or HERE / "_out" / f"train_overhead_{args.model}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"wrote {out}")
-    unequal_counts = res["plain_bitwise_reproducible"] is not False  # plain itself differs run to run: no verdict
-    failed = [k for k, x in res["variants"].items() if k.startswith("watch_")
-              and (x["error"] or (unequal_counts and x["bitwise_equal_to_plain"] is not True) or x.get("report_clean") is not True
-                   or x.get("whole_run_report_clean") is False)]
+    unequal_counts = (
+        res["plain_bitwise_reproducible"] is not False
+    )  # plain itself differs run to run: no verdict
+    failed = [
+        k
+        for k, x in res["variants"].items()
+        if k.startswith("watch_")
+        and (
+            x["error"]
+            or (unequal_counts and x["bitwise_equal_to_plain"] is not True)
+            or x.get("report_clean") is not True
+            or x.get("whole_run_report_clean") is False
+        )
+    ]
     if failed:  # a peer crashing is a result; nan_hunter crashing or changing the training is a bug
-        print(f"FAILED: {', '.join(failed)} crashed, changed the step's result or reported a fault", file=sys.stderr)
+        print(
+            f"FAILED: {', '.join(failed)} crashed, changed the step's result or reported a fault",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

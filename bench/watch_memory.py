@@ -70,8 +70,11 @@ class MLP(nn.Module):
 def _counts(w) -> dict:
     sink = getattr(w, "sink", None)
     n = getattr(sink, "n", 0)
-    return {"calls_kept": len(getattr(w, "calls", ())), "rows_in_use": getattr(sink, "rows_in_use", n),
-            "row_capacity": n}
+    return {
+        "calls_kept": len(getattr(w, "calls", ())),
+        "rows_in_use": getattr(sink, "rows_in_use", n),
+        "row_capacity": n,
+    }
 
 
 def _traced_mb() -> float | None:
@@ -79,8 +82,13 @@ def _traced_mb() -> float | None:
 
 
 def _sample(i: int, w, t0: float) -> dict:
-    return {"step": i, "rss_mb": round(rss_mb(), 1), **_counts(w), "traced_mb": _traced_mb(),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "step": i,
+        "rss_mb": round(rss_mb(), 1),
+        **_counts(w),
+        "traced_mb": _traced_mb(),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def slope(samples: list[dict], x: str, y: str, skip: int = 1) -> float | None:
@@ -96,10 +104,12 @@ def slope(samples: list[dict], x: str, y: str, skip: int = 1) -> float | None:
 
 def _slopes(samples: list[dict], x: str) -> dict:
     out = {f"{y}_per_1k": slope(samples, x, y) for y in ("rss_mb", "traced_mb")}
-    print("slope from the second sample on: RSS " + (f"{out['rss_mb_per_1k']:+.4f} MB" if out["rss_mb_per_1k"]
-                                                        is not None else "n/a")
-          + (f", tracemalloc {out['traced_mb_per_1k']:+.5f} MB" if out["traced_mb_per_1k"] is not None else "")
-          + f" per 1,000 {x}")
+    print(
+        "slope from the second sample on: RSS "
+        + (f"{out['rss_mb_per_1k']:+.4f} MB" if out["rss_mb_per_1k"] is not None else "n/a")
+        + (f", tracemalloc {out['traced_mb_per_1k']:+.5f} MB" if out["traced_mb_per_1k"] is not None else "")
+        + f" per 1,000 {x}"
+    )
     return out
 
 
@@ -118,8 +128,11 @@ def train(a) -> None:
             if i % a.every == 0:
                 s = _sample(i, w, t0)
                 samples.append(s)
-                print(f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
-                      f"{s['row_capacity']:>12} {s['seconds']:>7}", flush=True)
+                print(
+                    f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
+                    f"{s['row_capacity']:>12} {s['seconds']:>7}",
+                    flush=True,
+                )
             if i == a.train:
                 break
             loss = (model(x) - y).pow(2).mean()
@@ -128,10 +141,20 @@ def train(a) -> None:
             opt.zero_grad()
     r = w.report()
     print(f"report(): first_nonfinite {r.first_nonfinite}; RSS after report: {rss_mb():.1f} MB")
-    out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                       "load_avg": os.getloadavg()},
-           "level": a.level, "train_steps": a.train, "samples": samples, "slope": _slopes(samples, "step"),
-           "fault": r.first_nonfinite is not None, "rss_after_report_mb": round(rss_mb(), 1)}
+    out = {
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_avg": os.getloadavg(),
+        },
+        "level": a.level,
+        "train_steps": a.train,
+        "samples": samples,
+        "slope": _slopes(samples, "step"),
+        "fault": r.first_nonfinite is not None,
+        "rss_after_report_mb": round(rss_mb(), 1),
+    }
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2))
@@ -162,15 +185,25 @@ def main() -> None:
     bad = torch.full((4, 16), 3e38)  # x + layer(x) passes the fp32 max in the first block
     samples = []
     t0 = time.perf_counter()
-    print(f"{'forwards':>9} {'RSS MB':>8} {'calls kept':>10} {'rows in use':>11} {'row capacity':>12} {'s':>7}")
+    print(
+        f"{'forwards':>9} {'RSS MB':>8} {'calls kept':>10} {'rows in use':>11} {'row capacity':>12} {'s':>7}"
+    )
     with torch.no_grad(), nan_hunter.watch(model, level=a.level) as w:
         for i in range(a.forwards + 1):
             if i % a.every == 0:
-                s = {"forwards": i, "rss_mb": round(rss_mb(), 1),
-                              **_counts(w), "traced_mb": _traced_mb(), "seconds": round(time.perf_counter() - t0, 1)}
+                s = {
+                    "forwards": i,
+                    "rss_mb": round(rss_mb(), 1),
+                    **_counts(w),
+                    "traced_mb": _traced_mb(),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
                 samples.append(s)
-                print(f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
-                      f"{s['row_capacity']:>12} {s['seconds']:>7}", flush=True)
+                print(
+                    f"{i:>9} {s['rss_mb']:>8} {s['calls_kept']:>10} {s['rows_in_use']:>11} "
+                    f"{s['row_capacity']:>12} {s['seconds']:>7}",
+                    flush=True,
+                )
             if i == a.forwards:
                 break
             model(bad if i == a.fail_at else x)
@@ -178,15 +211,32 @@ def main() -> None:
     r = w.report()
     f = r.first_nonfinite
     report_s = time.perf_counter() - t
-    print(f"report() in {report_s:.2f} s: forward {f.input_index}, {f.module} ({f.module_type}), {f.op}, {f.kind}; "
-          f"failed_inputs {r.failed_inputs}")
+    print(
+        f"report() in {report_s:.2f} s: forward {f.input_index}, {f.module} ({f.module_type}), {f.op}, {f.kind}; "
+        f"failed_inputs {r.failed_inputs}"
+    )
     print(f"RSS after report: {rss_mb():.1f} MB")
-    out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                       "load_avg": os.getloadavg()},
-           "level": a.level, "forwards": a.forwards, "fail_at": a.fail_at, "samples": samples,
-           "slope": _slopes(samples, "forwards"),
-           "report": {"seconds": round(report_s, 2), "input_index": f.input_index, "module": f.module,
-                      "op": f.op, "failed_inputs": r.failed_inputs}, "rss_after_report_mb": round(rss_mb(), 1)}
+    out = {
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_avg": os.getloadavg(),
+        },
+        "level": a.level,
+        "forwards": a.forwards,
+        "fail_at": a.fail_at,
+        "samples": samples,
+        "slope": _slopes(samples, "forwards"),
+        "report": {
+            "seconds": round(report_s, 2),
+            "input_index": f.input_index,
+            "module": f.module,
+            "op": f.op,
+            "failed_inputs": r.failed_inputs,
+        },
+        "rss_after_report_mb": round(rss_mb(), 1),
+    }
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2))

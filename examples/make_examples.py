@@ -204,8 +204,13 @@ def _patch_json(path: Path, update: dict, drop: tuple[str, ...] = ()) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def save_hf_layout(model: torch.nn.Module, tokenizer, out: Path, tokenizer_extra: dict | None = None,
-                   generation_extra: dict | None = None) -> None:
+def save_hf_layout(
+    model: torch.nn.Module,
+    tokenizer,
+    out: Path,
+    tokenizer_extra: dict | None = None,
+    generation_extra: dict | None = None,
+) -> None:
     """``model`` and ``tokenizer`` as a Hugging Face directory that transformers 4 and 5 both load."""
     out.mkdir(exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -215,8 +220,11 @@ def save_hf_layout(model: torch.nn.Module, tokenizer, out: Path, tokenizer_extra
     _patch_json(out / "config.json", {"torch_dtype": "float32"})
     # transformers 5 names its fast tokenizer class "TokenizersBackend", which 4.x cannot
     # load; "PreTrainedTokenizerFast" loads in both.
-    _patch_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **(tokenizer_extra or {})},
-                drop=("backend",))
+    _patch_json(
+        out / "tokenizer_config.json",
+        {"tokenizer_class": "PreTrainedTokenizerFast", **(tokenizer_extra or {})},
+        drop=("backend",),
+    )
     if generation_extra and (out / "generation_config.json").exists():
         _patch_json(out / "generation_config.json", generation_extra)
     for path in out.iterdir():

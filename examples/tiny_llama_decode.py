@@ -41,9 +41,19 @@ def decode_config(vocab_size: int):  # -> transformers.LlamaConfig
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=HIDDEN, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, dtype="float32",
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        dtype="float32",
     )
 
 
@@ -88,6 +98,11 @@ def write_tiny_llama_decode(examples: Path, build_tokenizer, save_hf_layout) -> 
     torch.manual_seed(0)
     model = LlamaForCausalLM(decode_config(len(vocab))).eval()
     plant(model, vocab)
-    save_hf_layout(model, tokenizer, out, tokenizer_extra={"padding_side": "left"},
-                   generation_extra={"do_sample": False, "pad_token_id": 2})
+    save_hf_layout(
+        model,
+        tokenizer,
+        out,
+        tokenizer_extra={"padding_side": "left"},
+        generation_extra={"do_sample": False, "pad_token_id": 2},
+    )
     return out

@@ -21,7 +21,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import NonFiniteError
 from .version import __version__
 
-__all__ = ["watch", "scan", "bisect", "check", "diff", "apply_policy", "Report", "NonFiniteError", "__version__"]
+__all__ = [
+    "watch",
+    "scan",
+    "bisect",
+    "check",
+    "diff",
+    "apply_policy",
+    "Report",
+    "NonFiniteError",
+    "__version__",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -32,10 +42,14 @@ if TYPE_CHECKING:  # pragma: no cover
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: command-line outputs that are a report's methods in Python
-_OUTPUT_KEYWORDS = {"json": "write it with report.to_json(path)", "report": "write it with report.to_html(path)",
-                    "html": "write it with report.to_html(path)", "md": "write it with report.to_html('report.md')",
-                    "quiet": "print(report) shows the terminal view",
-                    "strip": "print(report) shows the terminal view (the strip for a failing run)"}
+_OUTPUT_KEYWORDS = {
+    "json": "write it with report.to_json(path)",
+    "report": "write it with report.to_html(path)",
+    "html": "write it with report.to_html(path)",
+    "md": "write it with report.to_html('report.md')",
+    "quiet": "print(report) shows the terminal view",
+    "strip": "print(report) shows the terminal view (the strip for a failing run)",
+}
 
 
 def _keywords_checked(fn: F) -> F:
@@ -68,10 +82,25 @@ def _keywords_checked(fn: F) -> F:
 
 
 @_keywords_checked
-def watch(model: Any, *, level: str | None = None, sample_every: int | None = None, retain: int = 4,
-          backend: str | None = None, device: Any = None, dtype: str | None = None, fp8: Any = None, backward: bool = False, optimizer: Any = None,
-          scaler: Any = None, capsule_dir: str | None = None, arch: str | None = None, on_fault: str = "record",
-          trace: str | None = None, trace_level: str = "modules") -> Watch:
+def watch(
+    model: Any,
+    *,
+    level: str | None = None,
+    sample_every: int | None = None,
+    retain: int = 4,
+    backend: str | None = None,
+    device: Any = None,
+    dtype: str | None = None,
+    fp8: Any = None,
+    backward: bool = False,
+    optimizer: Any = None,
+    scaler: Any = None,
+    capsule_dir: str | None = None,
+    arch: str | None = None,
+    on_fault: str = "record",
+    trace: str | None = None,
+    trace_level: str = "modules",
+) -> Watch:
     """Watch ``model``: inside ``with nan_hunter.watch(model) as w:`` every module's forward is
     captured (fused statistics per output tensor, no host sync per hook on GPU); ``w.report()``
     then names the first module and aten op that produced NaN/Inf, replays it across dtypes,
@@ -129,21 +158,58 @@ def watch(model: Any, *, level: str | None = None, sample_every: int | None = No
     from .session.options import WatchOptions  # lazy: `import nan_hunter` stays light
     from .session.watcher import Watch  # lazy: `import nan_hunter` stays light
 
-    w = Watch(model, WatchOptions(level=level, sample_every=sample_every, retain=retain, backend=backend, device=device, dtype=dtype, fp8=fp8,
-                                  backward=backward, optimizer=optimizer, scaler=scaler, capsule_dir=capsule_dir,
-                                  arch=arch, on_fault=on_fault, trace=trace, trace_level=trace_level,
-                                  collective=True))  # under torch.distributed its report() is global; the CLI's stay per rank
+    w = Watch(
+        model,
+        WatchOptions(
+            level=level,
+            sample_every=sample_every,
+            retain=retain,
+            backend=backend,
+            device=device,
+            dtype=dtype,
+            fp8=fp8,
+            backward=backward,
+            optimizer=optimizer,
+            scaler=scaler,
+            capsule_dir=capsule_dir,
+            arch=arch,
+            on_fault=on_fault,
+            trace=trace,
+            trace_level=trace_level,
+            collective=True,
+        ),
+    )  # under torch.distributed its report() is global; the CLI's stay per rank
     return w
 
 
 @_keywords_checked
-def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | None = None,
-         inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None,
-         dtype: str | None = None, device: str = "auto", device_map: str | None = None, max_memory: Any = None,
-         stats: str = "fast", replay: bool = True, compile: bool | str = False, compile_backend: str = "inductor",
-         rtol: float = 1e-2, generate: int | None = None, batch: bool = False, backward: bool = False,
-         loss: str | None = None, trace: str | None = None, trace_level: str = "modules", repeat: int | None = None,
-         config: str | Config | None = None, progress: Callable[[str, int], None] | None = None) -> PrintableReport:
+def scan(
+    checkpoint: str | PathLike,
+    *,
+    arch: str | None = None,
+    attn: str | None = None,
+    inputs: Any = None,
+    prompts: Any = None,
+    data: str | PathLike | None = None,
+    dtype: str | None = None,
+    device: str = "auto",
+    device_map: str | None = None,
+    max_memory: Any = None,
+    stats: str = "fast",
+    replay: bool = True,
+    compile: bool | str = False,
+    compile_backend: str = "inductor",
+    rtol: float = 1e-2,
+    generate: int | None = None,
+    batch: bool = False,
+    backward: bool = False,
+    loss: str | None = None,
+    trace: str | None = None,
+    trace_level: str = "modules",
+    repeat: int | None = None,
+    config: str | Config | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> PrintableReport:
     """``nanhunter scan CHECKPOINT`` as a function: scan the weights, run the model under hooks,
     locate the first NaN/Inf, replay and diagnose it. Returns the ``Report``: ``print(report)``
     shows the terminal view, ``report.to_html(path)`` / ``report.to_json(path)`` write what
@@ -192,11 +258,34 @@ def scan(checkpoint: str | PathLike, *, arch: str | None = None, attn: str | Non
     from .pipeline.scan_checkpoint import scan as _scan  # lazy: `import nan_hunter` stays light
     from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
-    return printable(_scan(checkpoint, config=config, progress=progress, arch=arch, attn=attn, inputs=inputs,
-                 prompts=prompts, data=data, dtype=dtype, device=device, device_map=device_map,
-                 max_memory=max_memory, stats=stats, replay=replay, compile=compile, compile_backend=compile_backend,
-                 rtol=rtol, generate=generate,
-                 batch=batch, backward=backward, loss=loss, trace=trace, trace_level=trace_level, repeat=repeat))
+    return printable(
+        _scan(
+            checkpoint,
+            config=config,
+            progress=progress,
+            arch=arch,
+            attn=attn,
+            inputs=inputs,
+            prompts=prompts,
+            data=data,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            max_memory=max_memory,
+            stats=stats,
+            replay=replay,
+            compile=compile,
+            compile_backend=compile_backend,
+            rtol=rtol,
+            generate=generate,
+            batch=batch,
+            backward=backward,
+            loss=loss,
+            trace=trace,
+            trace_level=trace_level,
+            repeat=repeat,
+        )
+    )
 
 
 @_keywords_checked
@@ -214,12 +303,27 @@ def diff(a: str | PathLike, b: str | PathLike, *, rtol: float | None = None, fai
 
 
 @_keywords_checked
-def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str = "fp32", arch: str | None = None,
-           attn: str | None = None, inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None,
-           device: str = "auto", granularity: str | None = None, over: str = "modules", rtol: float | None = None,
-           generate: int | None = None, backward: bool = False, loss: str | None = None,
-           policy_out: str | None = None, config: str | Config | None = None,
-           progress: Callable[[int, str], None] | None = None) -> PrintableReport:
+def bisect(
+    checkpoint: str | PathLike,
+    *,
+    dtype: str = "fp16",
+    keep_dtype: str = "fp32",
+    arch: str | None = None,
+    attn: str | None = None,
+    inputs: Any = None,
+    prompts: Any = None,
+    data: str | PathLike | None = None,
+    device: str = "auto",
+    granularity: str | None = None,
+    over: str = "modules",
+    rtol: float | None = None,
+    generate: int | None = None,
+    backward: bool = False,
+    loss: str | None = None,
+    policy_out: str | None = None,
+    config: str | Config | None = None,
+    progress: Callable[[int, str], None] | None = None,
+) -> PrintableReport:
     """``nanhunter bisect CHECKPOINT`` as a function: a 1-minimal set of modules to keep in
     ``keep_dtype`` so that the run in ``dtype`` is finite and within ``rtol`` of the run all in
     ``keep_dtype``. Returns the ``Report`` (``report.bisect.keep_modules``; ``print(report)``,
@@ -244,17 +348,47 @@ def bisect(checkpoint: str | PathLike, *, dtype: str = "fp16", keep_dtype: str =
     from .bisection.runner import bisect as _bisect  # lazy: `import nan_hunter` stays light
     from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
-    return printable(_bisect(checkpoint, dtype=dtype, keep_dtype=keep_dtype, arch=arch, inputs=inputs, prompts=prompts,
-                   data=data, device=device, config=config, attn=attn, granularity=granularity, over=over, rtol=rtol,
-                   policy_out=policy_out, progress=progress, generate=generate, backward=backward, loss=loss))
+    return printable(
+        _bisect(
+            checkpoint,
+            dtype=dtype,
+            keep_dtype=keep_dtype,
+            arch=arch,
+            inputs=inputs,
+            prompts=prompts,
+            data=data,
+            device=device,
+            config=config,
+            attn=attn,
+            granularity=granularity,
+            over=over,
+            rtol=rtol,
+            policy_out=policy_out,
+            progress=progress,
+            generate=generate,
+            backward=backward,
+            loss=loss,
+        )
+    )
 
 
 @_keywords_checked
-def check(checkpoints: str | PathLike | list[str | PathLike], *, arch: str | None = None, attn: str | None = None,
-          inputs: Any = None, prompts: Any = None, data: str | PathLike | None = None, dtypes: Any = None,
-          device: str = "auto", baseline: str | PathLike | None = None, generate: int | None = None,
-          batch: bool = False, config: str | Config | None = None,
-          progress: Callable[[str, int], None] | None = None) -> list[PrintableReport]:
+def check(
+    checkpoints: str | PathLike | list[str | PathLike],
+    *,
+    arch: str | None = None,
+    attn: str | None = None,
+    inputs: Any = None,
+    prompts: Any = None,
+    data: str | PathLike | None = None,
+    dtypes: Any = None,
+    device: str = "auto",
+    baseline: str | PathLike | None = None,
+    generate: int | None = None,
+    batch: bool = False,
+    config: str | Config | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> list[PrintableReport]:
     """``nanhunter check CHECKPOINT...`` as a function: the CI smoke check (the weights scan, then one
     forward per dtype where a model and inputs are given, judged by the policy in configs/ci.yaml).
     Returns one report per checkpoint, in order; ``report.check["passed"]`` is its verdict (the
@@ -274,9 +408,24 @@ def check(checkpoints: str | PathLike | list[str | PathLike], *, arch: str | Non
     from .pipeline.ci_check import check as _check  # lazy: `import nan_hunter` stays light
     from .render.report_view import printable  # lazy: `import nan_hunter` stays light
 
-    return [printable(r) for r in _check(checkpoints, dtypes=dtypes, config=config, progress=progress,
-                                         baseline=baseline, arch=arch, attn=attn, inputs=inputs, prompts=prompts,
-                                         data=data, device=device, generate=generate, batch=batch)]
+    return [
+        printable(r)
+        for r in _check(
+            checkpoints,
+            dtypes=dtypes,
+            config=config,
+            progress=progress,
+            baseline=baseline,
+            arch=arch,
+            attn=attn,
+            inputs=inputs,
+            prompts=prompts,
+            data=data,
+            device=device,
+            generate=generate,
+            batch=batch,
+        )
+    ]
 
 
 def apply_policy(model: Any, policy: Any) -> Any:

@@ -138,8 +138,11 @@ def _number(v: Any, lo: float = 0.0, lo_open: bool = True, hi: float = math.inf)
     if not math.isfinite(x):
         raise ValueError(f"expected a finite number, got {v!r}")
     if x < lo or (lo_open and x == lo) or x > hi:
-        raise ValueError(f"expected a number {'>' if lo_open else '>='} {lo:g}"
-                         + (f" and <= {hi:g}" if math.isfinite(hi) else "") + f", got {v!r}")
+        raise ValueError(
+            f"expected a number {'>' if lo_open else '>='} {lo:g}"
+            + (f" and <= {hi:g}" if math.isfinite(hi) else "")
+            + f", got {v!r}"
+        )
     return x
 
 
@@ -172,6 +175,7 @@ def _choice(*options: str):
         if not isinstance(v, str) or v not in options:
             raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
         return v
+
     return check
 
 
@@ -210,23 +214,48 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "near_miss": {"overflow_fraction": _fraction, "absorbed_intermediates": _flag, "max_listed": _count},
     "weights": {"near_overflow_fraction": _fraction, "targets": _dtype_list, "max_rows": _count},
     "diagnosis": {"tiny_scale": _positive, "rel_err_warn": _positive, "param_fraction": _fraction},
-    "fp8": {"scaling": _choice(*FP8_SCALINGS), "amax_eps": _positive, "overflow": _choice(*FP8_OVERFLOWS),
-            "compute": _fp8_compute},
+    "fp8": {
+        "scaling": _choice(*FP8_SCALINGS),
+        "amax_eps": _positive,
+        "overflow": _choice(*FP8_OVERFLOWS),
+        "compute": _fp8_compute,
+    },
     "bisect": {"rtol": _positive, "granularity": _choice(*GRANULARITIES)},
     "forecast": {"window": _count, "targets": _dtype_list, "max_listed": _count},
-    "precursors": {"window": _count, "attention_logit_min": _positive, "attention_rise_db": _positive,
-                   "logz_min": _positive, "logz_rise": _positive, "z_loss": _positive,
-                   "update_collapse_fraction": _fraction, "grad_spike_factor": _positive,
-                   "grad_spike_history": _count},
+    "precursors": {
+        "window": _count,
+        "attention_logit_min": _positive,
+        "attention_rise_db": _positive,
+        "logz_min": _positive,
+        "logz_rise": _positive,
+        "z_loss": _positive,
+        "update_collapse_fraction": _fraction,
+        "grad_spike_factor": _positive,
+        "grad_spike_history": _count,
+    },
 }
-CHECK_KEYS = {"dtypes": _dtype_list, "fail_on_nonfinite_weights": _flag, "fail_on_nonfinite_forward": _flag,
-              "warn_on_absorbed": _flag, "min_headroom_db": _non_negative}
+CHECK_KEYS = {
+    "dtypes": _dtype_list,
+    "fail_on_nonfinite_weights": _flag,
+    "fail_on_nonfinite_forward": _flag,
+    "warn_on_absorbed": _flag,
+    "min_headroom_db": _non_negative,
+}
 #: keys a past version read, with what replaced them: refused with the way to migrate
-RETIRED_KEYS = {"max_headroom_drop_db": "headroom_regression no longer fails on a fall in dB that stays far "
-                                        "inside the dtype's range; set min_headroom_db, the floor in dB a "
-                                        "tensor's headroom may not fall below (default 20)"}
-_SECTIONS = {"near_miss": NearMissConfig, "weights": WeightsConfig, "diagnosis": DiagnosisConfig,
-             "fp8": Fp8Config, "bisect": BisectConfig, "forecast": ForecastConfig, "precursors": PrecursorsConfig}
+RETIRED_KEYS = {
+    "max_headroom_drop_db": "headroom_regression no longer fails on a fall in dB that stays far "
+    "inside the dtype's range; set min_headroom_db, the floor in dB a "
+    "tensor's headroom may not fall below (default 20)"
+}
+_SECTIONS = {
+    "near_miss": NearMissConfig,
+    "weights": WeightsConfig,
+    "diagnosis": DiagnosisConfig,
+    "fp8": Fp8Config,
+    "bisect": BisectConfig,
+    "forecast": ForecastConfig,
+    "precursors": PrecursorsConfig,
+}
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -244,8 +273,10 @@ def _read(path: Path, where: str) -> dict:
         def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D401
             if self.check_event(yaml.AliasEvent):
                 line = self.peek_event().start_mark.line + 1
-                raise BadInput(f"{where}: line {line}: YAML aliases (*name) are not allowed in a configuration; "
-                               "write the value out")
+                raise BadInput(
+                    f"{where}: line {line}: YAML aliases (*name) are not allowed in a configuration; "
+                    "write the value out"
+                )
             return super().compose_node(parent, index)
 
     try:
@@ -253,8 +284,10 @@ def _read(path: Path, where: str) -> dict:
         if not stat.S_ISREG(st.st_mode):
             raise BadInput(f"{where}: not a regular file; pass a YAML file")
         if st.st_size > MAX_CONFIG_BYTES:
-            raise BadInput(f"{where}: {st.st_size} bytes is too large for a configuration "
-                           f"(limit {MAX_CONFIG_BYTES}); pass a YAML file of thresholds")
+            raise BadInput(
+                f"{where}: {st.st_size} bytes is too large for a configuration "
+                f"(limit {MAX_CONFIG_BYTES}); pass a YAML file of thresholds"
+            )
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
@@ -336,8 +369,10 @@ def _build(data: dict, where: str) -> Config:
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
     """The configuration for one command: the shipped defaults, with ``path`` merged on top."""
-    data = _merge(_read(CONFIG_DIR / "default.yaml", "configs/default.yaml"),
-                  _read(CONFIG_DIR / "ci.yaml", "configs/ci.yaml"))
+    data = _merge(
+        _read(CONFIG_DIR / "default.yaml", "configs/default.yaml"),
+        _read(CONFIG_DIR / "ci.yaml", "configs/ci.yaml"),
+    )
     where = "configs/default.yaml"
     if path:
         where = f"--config {path}"

@@ -41,12 +41,18 @@ _TORCH_NAMES = {
     "fp8-e5m2": "float8_e5m2",
 }
 _ALIASES = {
-    "float64": "fp64", "double": "fp64",
-    "float32": "fp32", "float": "fp32",
+    "float64": "fp64",
+    "double": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
     "bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16",
-    "e4m3": "fp8-e4m3", "float8_e4m3fn": "fp8-e4m3", "fp8": "fp8-e4m3",
-    "e5m2": "fp8-e5m2", "float8_e5m2": "fp8-e5m2",
+    "float16": "fp16",
+    "half": "fp16",
+    "e4m3": "fp8-e4m3",
+    "float8_e4m3fn": "fp8-e4m3",
+    "fp8": "fp8-e4m3",
+    "e5m2": "fp8-e5m2",
+    "float8_e5m2": "fp8-e5m2",
 }
 
 
@@ -59,9 +65,7 @@ def canonical(name: str) -> str:
     key = name.strip().lower().replace("_", "-") if name else ""
     key = _ALIASES.get(key, _ALIASES.get(key.replace("-", "_"), key))
     if key not in _TORCH_NAMES:
-        raise UnknownDtype(
-            f"unknown dtype {name!r}; use one of {', '.join(RUN_DTYPES)}"
-        )
+        raise UnknownDtype(f"unknown dtype {name!r}; use one of {', '.join(RUN_DTYPES)}")
     return key
 
 
@@ -105,8 +109,12 @@ class Limits:
 #: canonical name → (exponent bits, mantissa bits, all-ones exponent is finite): e4m3fn spends only
 #: S.1111.111 on NaN and has no Inf, so its top exponent holds finite values; the others are IEEE-like.
 _LAYOUTS: dict[str, tuple[int, int, bool]] = {
-    "fp64": (11, 52, False), "fp32": (8, 23, False), "bf16": (8, 7, False), "fp16": (5, 10, False),
-    "fp8-e4m3": (4, 3, True), "fp8-e5m2": (5, 2, False),
+    "fp64": (11, 52, False),
+    "fp32": (8, 23, False),
+    "bf16": (8, 7, False),
+    "fp16": (5, 10, False),
+    "fp8-e4m3": (4, 3, True),
+    "fp8-e5m2": (5, 2, False),
 }
 
 
@@ -118,9 +126,9 @@ def limits(name: str) -> Limits:
     if top_finite:  # the all-ones exponent is a normal binade whose all-ones mantissa is NaN
         mx = (2.0 - 2.0 ** (1 - man_bits)) * 2.0 ** ((1 << exp_bits) - 1 - bias)
     else:  # the all-ones exponent is Inf/NaN: the largest finite value has the one below it
-        mx = (2.0 - 2.0 ** -man_bits) * 2.0 ** ((1 << exp_bits) - 2 - bias)
+        mx = (2.0 - 2.0**-man_bits) * 2.0 ** ((1 << exp_bits) - 2 - bias)
     normal = 2.0 ** (1 - bias)
-    return Limits(key, mx, normal, normal * 2.0 ** -man_bits, 2.0 ** -man_bits)
+    return Limits(key, mx, normal, normal * 2.0**-man_bits, 2.0**-man_bits)
 
 
 #: fp8 emulation choices (see ``model/fp8.py`` for the numerics).
@@ -205,8 +213,12 @@ class RunDtype:
         return self.name
 
 
-def step_precision(run: RunDtype | None, autocast: Sequence[tuple[str, torch.dtype]] = (),
-                   device_type: str | None = None, param_dtype: torch.dtype | None = None) -> RunDtype | None:
+def step_precision(
+    run: RunDtype | None,
+    autocast: Sequence[tuple[str, torch.dtype]] = (),
+    device_type: str | None = None,
+    param_dtype: torch.dtype | None = None,
+) -> RunDtype | None:
     """The one answer to "which precision did this step compute in": the run's own (a watch's or
     a capsule's dtype), else the autocast dtype of ``device_type`` (else the first autocast),
     else the parameters' dtype; None when none of them names a run dtype."""
@@ -221,7 +233,9 @@ def step_precision(run: RunDtype | None, autocast: Sequence[tuple[str, torch.dty
     return RunDtype.of(name) if name else None
 
 
-def autocast_of(autocast: Sequence[tuple[str, torch.dtype | str]], device_type: str | None = None) -> dict[str, str] | None:
+def autocast_of(
+    autocast: Sequence[tuple[str, torch.dtype | str]], device_type: str | None = None
+) -> dict[str, str] | None:
     """The report's ``run.autocast``: ``{device_type, dtype}`` of the autocast the ops of
     ``device_type`` ran under (else the first active one), None when none was active."""
     if not autocast:

@@ -110,9 +110,17 @@ class Flag:
         return self.param or self.names[0].lstrip("-").replace("-", "_")
 
 
-def option(default: Any, *names: str, help: str, panel: Panel, metavar: str | None = None,
-           number: type | None = None, repeatable: bool = False, param: str | None = None,
-           inverted: bool = False) -> Any:
+def option(
+    default: Any,
+    *names: str,
+    help: str,
+    panel: Panel,
+    metavar: str | None = None,
+    number: type | None = None,
+    repeatable: bool = False,
+    param: str | None = None,
+    inverted: bool = False,
+) -> Any:
     """A dataclass field that is an option: ``default`` (stated in ``--help`` as ``(default: X)``
     unless the help says it) and the flag ``names`` with their help; the group's ``check_*``
     methods validate the value."""

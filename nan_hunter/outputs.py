@@ -95,7 +95,9 @@ def report_outputs(path: str | None, n_reports: int = 1) -> list[Output]:
 
 def check_report_suffix(path: str) -> None:
     if Path(path).suffix.lower() not in REPORT_SUFFIXES:
-        raise BadInput(f"--report {path}: use a name ending in .html (self-contained page) or .md (Markdown + PNG)")
+        raise BadInput(
+            f"--report {path}: use a name ending in .html (self-contained page) or .md (Markdown + PNG)"
+        )
 
 
 def _check_one(out: Output) -> None:
@@ -110,12 +112,16 @@ def _check_one(out: Output) -> None:
         return
     real = real_path(path)
     if real.is_dir():
-        raise BadInput(f"{out.flag} {path}: is a directory; give a file path such as {Path(path) / 'nanhunter.out'}")
+        raise BadInput(
+            f"{out.flag} {path}: is a directory; give a file path such as {Path(path) / 'nanhunter.out'}"
+        )
     if real.exists() and not real.is_file():
         raise BadInput(f"{out.flag} {path}: not a regular file (a FIFO, socket or device); give a file path")
     parent = real.parent
     if not parent.is_dir():
-        raise BadInput(f"{out.flag} {path}: directory {Path(path).parent} does not exist; create it or pick another path")
+        raise BadInput(
+            f"{out.flag} {path}: directory {Path(path).parent} does not exist; create it or pick another path"
+        )
 
 
 def check_outputs(outputs: Iterable[Output | None], inputs: Iterable[str | os.PathLike] = ()) -> None:
@@ -146,12 +152,16 @@ def check_outputs(outputs: Iterable[Output | None], inputs: Iterable[str | os.Pa
         ident = _identity(r)
         hit = protected.get(r) or (protected_ids.get(ident) if ident is not None else None)
         if hit is not None:
-            raise BadInput(f"{o.flag} {o.path}: is an input of this command ({hit}); nanhunter never writes to "
-                           "its inputs: pick another path")
+            raise BadInput(
+                f"{o.flag} {o.path}: is an input of this command ({hit}); nanhunter never writes to "
+                "its inputs: pick another path"
+            )
         other = seen.get(r) or (seen_ids.get(ident) if ident is not None else None)
         if other is not None:
-            raise BadInput(f"{o.flag} {o.path}: is the same file as {other.flag} {other.path}; give each output "
-                           "its own path")
+            raise BadInput(
+                f"{o.flag} {o.path}: is the same file as {other.flag} {other.path}; give each output "
+                "its own path"
+            )
         seen[r] = o
         if ident is not None:
             seen_ids[ident] = o

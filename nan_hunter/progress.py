@@ -41,10 +41,17 @@ _NONE = NoProgress()
 _CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("nanhunter_progress", default=None)
 
 #: the stages the pipeline reports, in the words the display shows
-STAGES = {"load": "loading the model", "weights": "scanning weights", "capture": "running the model under capture",
-          "locate": "locating the op", "replay": "replaying the failing region per dtype",
-          "fix": "verifying the fix on a copy", "compile": "compiling and comparing with eager",
-          "decode": "decoding", "bisect": "bisect runs"}
+STAGES = {
+    "load": "loading the model",
+    "weights": "scanning weights",
+    "capture": "running the model under capture",
+    "locate": "locating the op",
+    "replay": "replaying the failing region per dtype",
+    "fix": "verifying the fix on a copy",
+    "compile": "compiling and comparing with eager",
+    "decode": "decoding",
+    "bisect": "bisect runs",
+}
 
 
 def current() -> Progress:

@@ -157,8 +157,15 @@ class ModuleRow(Keyed):
     step: int | None = None  # v1.1 --generate: the decode step (in the JSON only then)
 
     def omitted(self) -> tuple[str, ...]:
-        return tuple(k for k, gone in (("phase", self.phase == "forward"), ("param", not self.param),
-                                       ("step", self.step is None)) if gone)
+        return tuple(
+            k
+            for k, gone in (
+                ("phase", self.phase == "forward"),
+                ("param", not self.param),
+                ("step", self.step is None),
+            )
+            if gone
+        )
 
 
 def rows_json(rows: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -192,7 +199,9 @@ class FixVerified:
     change: str
     finite: bool
     max_rel_err: float | None
-    scope: str = "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
+    scope: str = (
+        "region"  # region: the failing module re-run from its captured inputs; model: a whole forward
+    )
     reference: str = "fp32"  # what max_rel_err is against: the all-fp32 run, or "eager" for a compiled run
     #: contract v1.4: exactly what the user applies: {kind: policy|dtype|option|code, policy: {module: dtype}|null,
     #: dtype: str|null, option: str|null}
@@ -247,7 +256,9 @@ class RequestOutcome:
     failed: bool  # its outputs went non-finite in the batch
     origin: bool  # replayed alone, it still fails: its own input or state caused it
     poisoned_by: str | None = None  # the origin request whose fault reached it through the packed batch
-    step: int | None = None  # its own decode step at its first non-finite row (0: the forward reading its prompt)
+    step: int | None = (
+        None  # its own decode step at its first non-finite row (0: the forward reading its prompt)
+    )
     position: int | None = None  # that row's position in its own sequence
     token: dict[str, Any] | None = None  # {id, text} read at that position
     module: str | None = None
@@ -261,7 +272,9 @@ class Eviction:
 
     request: str
     blocks: list[int] = field(default_factory=list)  # KV blocks (the paged cache's block ids)
-    prefixes: list[str] = field(default_factory=list)  # prefix-cache entries (content hashes) pointing at them
+    prefixes: list[str] = field(
+        default_factory=list
+    )  # prefix-cache entries (content hashes) pointing at them
 
 
 @dataclass
@@ -284,17 +297,27 @@ class RunInfo:
     autocast: dict[str, str] | None = None  # {device_type, dtype} of the failing (or latest) step's autocast
     ranks: int | None = None  # under torchrun: how many ranks split the data set
     command: list[str] | None = None  # contract v1.2: the command line as run (argv)
-    skipped_steps: list[int] | None = None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
+    skipped_steps: list[int] | None = (
+        None  # on_fault "skip", or "stop" with optimizer=: steps whose update was undone
+    )
     on_fault: str | None = None  # watch(on_fault=...): record | raise | skip | stop | abort
-    requests: list[RequestOutcome] | None = None  # contract v1.4: a packed batch's requests (continuous batching)
+    requests: list[RequestOutcome] | None = (
+        None  # contract v1.4: a packed batch's requests (continuous batching)
+    )
     evict: list[Eviction] | None = None  # contract v1.4: KV blocks and prefix entries a failing request wrote
     #: the quantization method of a model run in its own quantized form (bitsandbytes: not cast to ``dtype``
     #: asked, its unquantized parts in ``dtype``); null for a plain model
     quantized: str | None = None
     level: str | None = None  # contract v1.4: watch(level=...) as it ran: sentinel | blocks | modules | ops
-    sample_every: int | None = None  # contract v1.4: sentinel, full block statistics every N-th step (0: never)
-    latent: list[dict[str, Any]] | None = None  # sentinel, sampled steps: [{step, module}] non-finite inside, finite out
-    eval: dict[str, Any] | None = None  # contract v1.4: the callbacks' evaluation loops (integrations.eval_loops)
+    sample_every: int | None = (
+        None  # contract v1.4: sentinel, full block statistics every N-th step (0: never)
+    )
+    latent: list[dict[str, Any]] | None = (
+        None  # sentinel, sampled steps: [{step, module}] non-finite inside, finite out
+    )
+    eval: dict[str, Any] | None = (
+        None  # contract v1.4: the callbacks' evaluation loops (integrations.eval_loops)
+    )
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.__dataclass_fields__:
@@ -358,7 +381,10 @@ class Report:
         if self.check is not None:
             return 0 if self.check.get("passed") else 1
         fault = self.diagnosis is not None and self.diagnosis.cause in (
-            "compile_divergence", "bad_scale", "bad_zero_point")
+            "compile_divergence",
+            "bad_scale",
+            "bad_zero_point",
+        )
         return 1 if self.nonfinite_found or fault else 0
 
     def add_context(self, command: list[str] | None = None, texts: list[str | None] | None = None) -> None:

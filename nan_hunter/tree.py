@@ -19,8 +19,24 @@ from typing import Any
 import torch
 
 MAX_DEPTH = 8  # deeper than any real module signature; bounds hostile or cyclic structures
-LEAF_TYPES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Generator,
-               torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
+LEAF_TYPES = (
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    complex,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Generator,
+    torch.nn.Module,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -56,7 +72,9 @@ def float_tensors(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
             out += float_tensors(v, f"{prefix}[{i}]", depth + 1)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            out += float_tensors(getattr(obj, f.name, None), f"{prefix}.{f.name}" if prefix else f.name, depth + 1)
+            out += float_tensors(
+                getattr(obj, f.name, None), f"{prefix}.{f.name}" if prefix else f.name, depth + 1
+            )
     return out
 
 
@@ -71,13 +89,20 @@ def _copied_plainly(tp: type) -> bool:
     plain = _PLAINLY_COPIED.get(tp)
     if plain is None:
         obj = object
-        plain = (tp not in copy._copy_dispatch and copyreg.dispatch_table.get(tp) is None
-                 and not issubclass(tp, (type, dict, list, tuple, set))
-                 and getattr(tp, "__copy__", None) is None and getattr(tp, "__setstate__", None) is None
-                 and tp.__reduce_ex__ is obj.__reduce_ex__ and tp.__reduce__ is obj.__reduce__
-                 and getattr(tp, "__getstate__", None) is getattr(obj, "__getstate__", None)
-                 and getattr(tp, "__getnewargs_ex__", None) is None and getattr(tp, "__getnewargs__", None) is None
-                 and not copyreg._slotnames(tp) and "__dict__" in dir(tp))
+        plain = (
+            tp not in copy._copy_dispatch
+            and copyreg.dispatch_table.get(tp) is None
+            and not issubclass(tp, (type, dict, list, tuple, set))
+            and getattr(tp, "__copy__", None) is None
+            and getattr(tp, "__setstate__", None) is None
+            and tp.__reduce_ex__ is obj.__reduce_ex__
+            and tp.__reduce__ is obj.__reduce__
+            and getattr(tp, "__getstate__", None) is getattr(obj, "__getstate__", None)
+            and getattr(tp, "__getnewargs_ex__", None) is None
+            and getattr(tp, "__getnewargs__", None) is None
+            and not copyreg._slotnames(tp)
+            and "__dict__" in dir(tp)
+        )
         _PLAINLY_COPIED[tp] = plain
     return plain
 
@@ -142,10 +167,12 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 
 def cast_floats(obj: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
     """Floating tensors to ``dtype`` (and every tensor to ``device``); integer tensors keep their dtype."""
+
     def cast(t: torch.Tensor) -> torch.Tensor:
         if device is not None:
             t = t.to(device)
         return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
     return map_tensors(obj, cast)
 
 

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-
 @dataclass
 class CLIRun:
     """What one run of the real ``nanhunter`` command gave; unpacks as ``code, stdout, stderr``."""
@@ -54,8 +53,16 @@ def cli_command(*args: object) -> list[str]:
 #: variables of the calling shell that change what the command prints: the CI flag, and the ones
 #: that make rich colour a pipe (``FORCE_COLOR``, ``TTY_COMPATIBLE``...), so that no capture depends
 #: on the terminal the suite was started from
-OUTSIDE_ENV = ("GITHUB_ACTIONS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE", "LINES",
-               "PY_COLORS", "TERMINAL_WIDTH")
+OUTSIDE_ENV = (
+    "GITHUB_ACTIONS",
+    "FORCE_COLOR",
+    "TTY_COMPATIBLE",
+    "TTY_INTERACTIVE",
+    "CLICOLOR_FORCE",
+    "LINES",
+    "PY_COLORS",
+    "TERMINAL_WIDTH",
+)
 
 
 def cli_env(env: dict | None = None) -> dict[str, str]:
@@ -87,9 +94,16 @@ def _sigint_default(then=None):
     return pre
 
 
-def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, timeout: float = 300,
-            cwd: str | os.PathLike | None = None, preexec_fn=None, interrupt_when: Path | None = None,
-            reader_leaves_after: int | None = None) -> CLIRun:
+def run_cli(
+    *args: object,
+    stdin: str | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    cwd: str | os.PathLike | None = None,
+    preexec_fn=None,
+    interrupt_when: Path | None = None,
+    reader_leaves_after: int | None = None,
+) -> CLIRun:
     """The one way tests run ``nanhunter``: a real subprocess; returns (code, stdout, stderr).
 
     ``interrupt_when``: once that file exists, send SIGINT and time how long the process takes
@@ -104,9 +118,16 @@ def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, ti
         # Ctrl-C in a terminal meets a foreground process whose SIGINT is the default. A test run started
         # in the background (`cmd &`, nohup) hands its children SIGINT ignored, and Python keeps it so.
         preexec_fn = _sigint_default(preexec_fn)
-    proc = subprocess.Popen(cli_command(*args), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env),
-                            cwd=cwd or ROOT, preexec_fn=preexec_fn)
+    proc = subprocess.Popen(
+        cli_command(*args),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(env),
+        cwd=cwd or ROOT,
+        preexec_fn=preexec_fn,
+    )
     took = None
     try:
         if interrupt_when is not None:
@@ -114,7 +135,9 @@ def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, ti
             while not Path(interrupt_when).exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     out, err = proc.communicate()
-                    raise AssertionError(f"{interrupt_when} never appeared (exit {proc.returncode}): {err[-2000:]}")
+                    raise AssertionError(
+                        f"{interrupt_when} never appeared (exit {proc.returncode}): {err[-2000:]}"
+                    )
                 time.sleep(0.02)
             sent = time.monotonic()
             proc.send_signal(signal.SIGINT)
@@ -129,10 +152,17 @@ def run_cli(*args: object, stdin: str | None = None, env: dict | None = None, ti
     return CLIRun(proc.returncode, out, err, took)
 
 
-def _run_cli_reader_leaves(args: tuple, lines: int, env: dict | None, timeout: float,
-                          cwd: str | os.PathLike | None) -> CLIRun:
-    proc = subprocess.Popen(cli_command(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli_env(env), cwd=cwd or ROOT)
+def _run_cli_reader_leaves(
+    args: tuple, lines: int, env: dict | None, timeout: float, cwd: str | os.PathLike | None
+) -> CLIRun:
+    proc = subprocess.Popen(
+        cli_command(*args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(env),
+        cwd=cwd or ROOT,
+    )
     try:
         read = b"".join(proc.stdout.readline() for _ in range(lines))
         proc.stdout.close()  # the reader is gone: every later write to the pipe fails
@@ -148,16 +178,35 @@ def _run_cli_reader_leaves(args: tuple, lines: int, env: dict | None, timeout: f
 # --- in this process -----------------------------------------------------------------------------------
 #: variables read once, when the interpreter or a library starts: setting them for one in-process
 #: run would change nothing, so a test that needs one needs ``run_cli``
-STARTUP_ONLY_ENV = ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONHASHSEED", "OMP_NUM_THREADS",
-                    "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
+STARTUP_ONLY_ENV = (
+    "PYTHONPATH",
+    "PYTHONWARNINGS",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "TRITON_INTERPRET",
+)
 
 #: loggers whose level a command sets (cli.main.NOISY_LOGGERS, model.build's library loggers,
 #: transformers' verbosity): made to exist before the run, so that their level is put back too
-_COMMAND_LOGGERS = ("torchao", "torch.utils._pytree", "accelerate", "transformers", "nan_hunter", "lightning.pytorch")
+_COMMAND_LOGGERS = (
+    "torchao",
+    "torch.utils._pytree",
+    "accelerate",
+    "transformers",
+    "nan_hunter",
+    "lightning.pytorch",
+)
 
 
-def invoke(*args: object, env: dict | None = None, cwd: str | os.PathLike | None = None,
-           stdin: str | None = None, missing: tuple[str, ...] = ()) -> CLIRun:
+def invoke(
+    *args: object,
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+    stdin: str | None = None,
+    missing: tuple[str, ...] = (),
+) -> CLIRun:
     """``nanhunter ARGS`` through the real entry point in this process: ``nan_hunter.cli.main.main``
     with ``argv``, as ``main.run`` calls it, minus the process around it.
 
@@ -207,8 +256,11 @@ def invoke(*args: object, env: dict | None = None, cwd: str | os.PathLike | None
                 out.flush()
                 err.flush()
             gc.collect()  # what a process's end frees: the command's objects, and their finalizers run
-    return CLIRun(code, out.buffer.getvalue().decode("utf-8", "replace"),
-                  err.buffer.getvalue().decode("utf-8", "replace"))
+    return CLIRun(
+        code,
+        out.buffer.getvalue().decode("utf-8", "replace"),
+        err.buffer.getvalue().decode("utf-8", "replace"),
+    )
 
 
 class _NotInstalled:
@@ -253,13 +305,20 @@ def _outside_libraries(mod: object) -> bool:
 
 
 #: the warning filters of an interpreter started without -W (``sys.warnoptions`` empty)
-_FRESH_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, None),
-                  ("ignore", PendingDeprecationWarning, None), ("ignore", ImportWarning, None),
-                  ("ignore", ResourceWarning, None))
+_FRESH_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, None),
+    ("ignore", PendingDeprecationWarning, None),
+    ("ignore", ImportWarning, None),
+    ("ignore", ResourceWarning, None),
+)
 
 
 def _stream_handlers() -> list[logging.StreamHandler]:
-    loggers = [logging.root, *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.root,
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
     return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
 
 
@@ -306,7 +365,9 @@ def _process_state_restored(new_env: dict[str, str], out: io.TextIOWrapper, err:
     path, argv = list(sys.path), list(sys.argv)
     modules = set(sys.modules)
     loggers = {n: logging.getLogger(n) for n in _COMMAND_LOGGERS}
-    loggers.update({n: lg for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)})
+    loggers.update(
+        {n: lg for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    )
     levels = {n: (lg.level, lg.disabled, lg.propagate) for n, lg in loggers.items()}
     root_level, disable = logging.root.level, logging.root.manager.disable
     sigint = signal.getsignal(signal.SIGINT)
@@ -319,7 +380,9 @@ def _process_state_restored(new_env: dict[str, str], out: io.TextIOWrapper, err:
     os.environ.clear()
     os.environ.update(new_env)
     tempfile.tempdir = None  # read from the run's TMPDIR, as a new process would
-    sys.dont_write_bytecode = bool(new_env.get("PYTHONDONTWRITEBYTECODE"))  # what the variable sets at start-up
+    sys.dont_write_bytecode = bool(
+        new_env.get("PYTHONDONTWRITEBYTECODE")
+    )  # what the variable sets at start-up
     try:
         with _fresh_stderr(out, err):
             yield
@@ -353,8 +416,13 @@ def _nanhunter_globals() -> dict:
     from nan_hunter import outputs
     from nan_hunter.cli import options, output
 
-    return {"command_line": options.COMMAND_LINE, "started": options.STARTED, "written": list(output.WRITTEN),
-            "listener": outputs._written_listener, "temporaries": set(outputs._temporaries)}
+    return {
+        "command_line": options.COMMAND_LINE,
+        "started": options.STARTED,
+        "written": list(output.WRITTEN),
+        "listener": outputs._written_listener,
+        "temporaries": set(outputs._temporaries),
+    }
 
 
 def _restore_nanhunter_globals(g: dict) -> None:
@@ -372,11 +440,17 @@ def _torch_state() -> dict:
     import numpy as np
     import torch
 
-    return {"dtype": torch.get_default_dtype(), "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(),
-            "flush_denormal": _flushes_denormals(),
-            "anomaly": torch.is_anomaly_enabled(), "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "mha": torch.backends.mha.get_fastpath_enabled(), "rng": torch.get_rng_state(),
-            "np_rng": np.random.get_state()}
+    return {
+        "dtype": torch.get_default_dtype(),
+        "threads": torch.get_num_threads(),
+        "grad": torch.is_grad_enabled(),
+        "flush_denormal": _flushes_denormals(),
+        "anomaly": torch.is_anomaly_enabled(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "mha": torch.backends.mha.get_fastpath_enabled(),
+        "rng": torch.get_rng_state(),
+        "np_rng": np.random.get_state(),
+    }
 
 
 def _flushes_denormals() -> bool:
@@ -384,7 +458,7 @@ def _flushes_denormals() -> bool:
     subnormal times one comes back as zero). An ``--arch`` factory may set it."""
     import torch
 
-    return float(torch.tensor([2.0 ** -149], dtype=torch.float32) * 1.0) == 0.0
+    return float(torch.tensor([2.0**-149], dtype=torch.float32) * 1.0) == 0.0
 
 
 def _restore_torch(s: dict) -> None:
@@ -410,7 +484,9 @@ def _typer_state(env: dict[str, str]) -> tuple:
     import typer.rich_utils as ru
 
     saved = ru.FORCE_TERMINAL, ru.MAX_WIDTH
-    ru.FORCE_TERMINAL = True if env.get("GITHUB_ACTIONS") or env.get("FORCE_COLOR") or env.get("PY_COLORS") else None
+    ru.FORCE_TERMINAL = (
+        True if env.get("GITHUB_ACTIONS") or env.get("FORCE_COLOR") or env.get("PY_COLORS") else None
+    )
     if env.get("_TYPER_FORCE_DISABLE_TERMINAL"):
         ru.FORCE_TERMINAL = False
     ru.MAX_WIDTH = int(env["TERMINAL_WIDTH"]) if env.get("TERMINAL_WIDTH") else None

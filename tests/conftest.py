@@ -85,7 +85,9 @@ class CLIResult(CLIRun):
 def cli(tmp_path):
     """``run_cli`` that by default adds ``--json`` to a fresh file and parses it (``.report``)."""
 
-    def run(*args: object, json_report: bool = True, env: dict | None = None, timeout: int = 300) -> CLIResult:
+    def run(
+        *args: object, json_report: bool = True, env: dict | None = None, timeout: int = 300
+    ) -> CLIResult:
         jp = tmp_path / f"report-{len(list(tmp_path.glob('report-*.json')))}.json" if json_report else None
         res = run_cli(*args, *(["--json", jp] if jp is not None else []), env=env, timeout=timeout)
         out = CLIResult(res.code, res.stdout, res.stderr)
@@ -147,5 +149,8 @@ def overflow_model(tmp_path_factory) -> dict[str, str]:
     assert isinstance(m, nn.Module)
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / "model.safetensors"))
     save_file({"input": torch.ones(2, 4)}, str(tmp / "inputs.safetensors"))
-    return {"ck": str(tmp / "model.safetensors"), "arch": f"{tmp / 'model.py'}:build",
-            "inputs": str(tmp / "inputs.safetensors")}
+    return {
+        "ck": str(tmp / "model.safetensors"),
+        "arch": f"{tmp / 'model.py'}:build",
+        "inputs": str(tmp / "inputs.safetensors"),
+    }

@@ -108,15 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     with variant("timed"):
         block(100)
     med = {k: statistics.median(v) * 1e6 for k, v in diffs.items()}
-    print(f"watched forward minus plain, median of {a.pairs} pairs of 10 forwards (level {a.level}, "
-          f"batch {a.batch} x {a.seq}, load {os.getloadavg()[0]:.2f}):")
+    print(
+        f"watched forward minus plain, median of {a.pairs} pairs of 10 forwards (level {a.level}, "
+        f"batch {a.batch} x {a.seq}, load {os.getloadavg()[0]:.2f}):"
+    )
     for k in names:
         pair = [x - y for x, y in zip(diffs[k], diffs["eager"])]
-        print(f"  {k:8s} {med[k]:6.0f} µs   minus eager, median of pairs: {statistics.median(pair) * 1e6:+5.0f} µs")
-    print(f"  batched read at the end of a forward (foreach_norm + stack + tolist): "
-          f"{statistics.median(settle_s) * 1e6:.0f} µs a forward")
-    print(f"  one aminmax inside a watched forward: {statistics.median(aminmax_s) * 1e6:.1f} µs "
-          f"({len(aminmax_s) / 100:.1f} a forward)")
+        print(
+            f"  {k:8s} {med[k]:6.0f} µs   minus eager, median of pairs: {statistics.median(pair) * 1e6:+5.0f} µs"
+        )
+    print(
+        f"  batched read at the end of a forward (foreach_norm + stack + tolist): "
+        f"{statistics.median(settle_s) * 1e6:.0f} µs a forward"
+    )
+    print(
+        f"  one aminmax inside a watched forward: {statistics.median(aminmax_s) * 1e6:.1f} µs "
+        f"({len(aminmax_s) / 100:.1f} a forward)"
+    )
     return 0
 
 

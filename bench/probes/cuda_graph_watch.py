@@ -1,6 +1,7 @@
 """Probe (GPU truth, call 4): bench/overhead.py's CUDA-graph variants hit a device-side assert
 (an out-of-bounds gather) on the first GPU run. Reproduce step by step on a 2-layer Llama, with a
 synchronisation after each step, to see which one corrupts memory."""
+
 import sys
 import traceback
 
@@ -16,8 +17,15 @@ def main():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 22  # 22: bench/overhead.py's ~1.1B model
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                      num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096)
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -25,30 +25,45 @@ def is_transformers_model(model: Any) -> bool:
     return tf is not None and isinstance(model, tf.PreTrainedModel)
 
 
-def try_keep_in_fp32(path: str, model: Any, keep: list[str], run: RunDtype,
-                     batches: list[dict[str, Any]]) -> tuple[bool, str]:
+def try_keep_in_fp32(
+    path: str, model: Any, keep: list[str], run: RunDtype, batches: list[dict[str, Any]]
+) -> tuple[bool, str]:
     """Whether loading ``path`` with ``_keep_in_fp32_modules = keep`` in ``run``'s dtype and running
     ``batches`` gives finite outputs; and a line saying what happened."""
     cls = type(model)
     name = cls.__name__
     if run.is_fp8 or run.compute not in ("fp16", "bf16"):
-        return False, f"transformers' _keep_in_fp32_modules not tried: it applies to fp16/bf16 loading, not {run.name}"
+        return (
+            False,
+            f"transformers' _keep_in_fp32_modules not tried: it applies to fp16/bf16 loading, not {run.name}",
+        )
     sub: type[Any] = type(name, (cls,), {"_keep_in_fp32_modules": list(keep), "__module__": cls.__module__})
     try:
-        m = sub.from_pretrained(path, local_files_only=True, trust_remote_code=False,  # dtype: by version
-                                attn_implementation=getattr(model.config, "_attn_implementation", None),
-                                **{dtype_keyword(): run.torch_compute}).eval()
+        m = sub.from_pretrained(
+            path,
+            local_files_only=True,
+            trust_remote_code=False,  # dtype: by version
+            attn_implementation=getattr(model.config, "_attn_implementation", None),
+            **{dtype_keyword(): run.torch_compute},
+        ).eval()
         dev = next(m.parameters()).device
         with torch.no_grad(), run_context(run):
             for kw in batches:
                 outs = [t for _, t in float_tensors(m(**cast_batch(kw, run, dev)))]
                 if not all(bool(torch.isfinite(t).all()) for t in outs):
-                    return False, (f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in "
-                                   f"{run.name}: the outputs stay non-finite; apply the policy instead "
-                                   "(nan_hunter.apply_policy / --policy-out)")
+                    return False, (
+                        f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in "
+                        f"{run.name}: the outputs stay non-finite; apply the policy instead "
+                        "(nan_hunter.apply_policy / --policy-out)"
+                    )
     except Exception as e:  # noqa: BLE001 - the architecture cannot run with it: that is the answer
         msg = str(e).splitlines()[0] if str(e) else ""
-        return False, (f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in {run.name} and "
-                       f"fails ({type(e).__name__}: {msg}): {name} does not cast activations at a kept module's "
-                       "boundary; apply the policy instead (nan_hunter.apply_policy / --policy-out)")
-    return True, f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in {run.name}: finite"
+        return False, (
+            f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in {run.name} and "
+            f"fails ({type(e).__name__}: {msg}): {name} does not cast activations at a kept module's "
+            "boundary; apply the policy instead (nan_hunter.apply_policy / --policy-out)"
+        )
+    return (
+        True,
+        f"transformers' _keep_in_fp32_modules = {list(keep)} was tried on {name} in {run.name}: finite",
+    )

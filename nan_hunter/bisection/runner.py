@@ -38,8 +38,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..modes.harness import Mode
 
 
-def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str,
-                  blamed: str | None = None) -> list[str]:
+def candidates_of(
+    model: nn.Module, run: Callable[[], Any], granularity: str, blamed: str | None = None
+) -> list[str]:
     """What bisect may keep, in the order of first call: leaf modules (``leaf``), or the repeated
     blocks plus the leaf modules outside them — embeddings, the final norm, the head (``block``).
     ``blamed``, the module a low-precision run blames, is added when it is not a leaf: an op
@@ -64,8 +65,9 @@ def candidates_of(model: nn.Module, run: Callable[[], Any], granularity: str,
 class MixedRunner:
     """Runs every input with a keep set in ``keep_dtype`` and the rest in ``dtype``."""
 
-    def __init__(self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float,
-                 mode: Mode):
+    def __init__(
+        self, model: nn.Module, batches: list[dict], run: RunDtype, keep: RunDtype, rtol: float, mode: Mode
+    ):
         self.model = model
         self.batches = batches
         self.run = run
@@ -76,8 +78,11 @@ class MixedRunner:
         self.mode = mode  # what one input runs (modes.harness): a forward, a decoding, forward and backward
         self.backward = mode.grad  # a run passes only when its gradients are finite too
         # full-precision master weights (as loaded), to restore kept modules without rounding
-        self.master = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()
-                       if v.is_floating_point()}
+        self.master = {
+            k: v.detach().clone()
+            for k, v in model.state_dict(keep_vars=False).items()
+            if v.is_floating_point()
+        }
         self.ref: list[list[torch.Tensor]] = []
         self.runs = 0
         self.last_max_err = math.nan
@@ -88,16 +93,20 @@ class MixedRunner:
         return install_hooks(self.model, self.run, pol)
 
     def _inputs(self, kw: dict, run: RunDtype) -> dict:
-        return cast_batch(kw, run, next(iter(self.master.values())).device if self.master else torch.device("cpu"))
+        return cast_batch(
+            kw, run, next(iter(self.master.values())).device if self.master else torch.device("cpu")
+        )
 
-    def outputs(self, keep: frozenset[str] | set[str], batches: list[dict] | None = None,
-                all_high: bool = False) -> list[list[torch.Tensor]] | None:
+    def outputs(
+        self, keep: frozenset[str] | set[str], batches: list[dict] | None = None, all_high: bool = False
+    ) -> list[list[torch.Tensor]] | None:
         """Outputs per input, or None when the forward raised (a dtype mismatch counts as failing)."""
         got = self.observe(keep, batches, all_high)
         return None if got is None else got[0]
 
-    def observe(self, keep: frozenset[str] | set[str], batches: list[dict] | None = None,
-                all_high: bool = False) -> tuple[list[list[torch.Tensor]], str | None] | None:
+    def observe(
+        self, keep: frozenset[str] | set[str], batches: list[dict] | None = None, all_high: bool = False
+    ) -> tuple[list[list[torch.Tensor]], str | None] | None:
         """Outputs per input and the producer of the first non-finite module output (None when
         every module output stayed finite), from one captured run; None when the forward raised.
         Every module output counts, not only the model's: T5 clamps its hidden states, so a
@@ -148,8 +157,12 @@ class MixedRunner:
         return False, producer
 
 
-def bisect(checkpoint: str, config: str | Config | None = None, progress: Callable[[int, str], None] | None = None,
-           **options: Any) -> Report:
+def bisect(
+    checkpoint: str,
+    config: str | Config | None = None,
+    progress: Callable[[int, str], None] | None = None,
+    **options: Any,
+) -> Report:
     """The bisect report of ``checkpoint``; ``options`` are ``BisectOptions`` fields (``dtype``,
     ``keep_dtype``, ``prompts``, ``granularity``, ``generate``, ``backward``...), validated before
     anything is loaded. ``generate``: judge each run by greedy decoding of that many tokens per
@@ -159,15 +172,27 @@ def bisect(checkpoint: str, config: str | Config | None = None, progress: Callab
     return run_bisect(BisectOptions(checkpoint, **options), as_config(config), progress)
 
 
-def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], None] | None = None) -> Report:
+def run_bisect(
+    opts: BisectOptions, cfg: Config, progress: Callable[[int, str], None] | None = None
+) -> Report:
     """A validated bisect (``BisectOptions``) under configuration ``cfg``."""
     dt, keep, over = opts.dtype, opts.keep_dtype, opts.over
     gran, tol = opts.resolved(cfg)
     ck = open_checkpoint(opts.checkpoint)
     rep = Report(checkpoint=ck.describe(), mode="bisect", weights=weights_section(scan_weights(ck), cfg))
     # Prepare at the kept (high) precision; the runner casts per query from these master weights.
-    p = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data, keep, opts.device,
-                cfg, opts.attn, need_model=True)
+    p = prepare(
+        ck,
+        opts.arch,
+        list(opts.inputs) or None,
+        list(opts.prompts) or None,
+        opts.data,
+        keep,
+        opts.device,
+        cfg,
+        opts.attn,
+        need_model=True,
+    )
     if p is None or not p.batches:
         raise BadInput("bisect needs inputs: pass --inputs, --prompt or --data")
     rep.notes += p.notes  # e.g. the default prompt, announced as in scan
@@ -177,18 +202,23 @@ def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], 
     rep.run = run_info(runner.run, p.device, len(p.batches), [], inputs=list(p.labels))
     if not runner.reference():
         rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, over=over)
-        rep.notes.append(f"the run is non-finite even with everything in {keep}: no precision policy can fix it; "
-                         f"run `nanhunter scan --dtype {keep}` to find the cause")
+        rep.notes.append(
+            f"the run is non-finite even with everything in {keep}: no precision policy can fix it; "
+            f"run `nanhunter scan --dtype {keep}` to find the cause"
+        )
         return rep
     if over == "inputs":
         return _bisect_inputs(runner, p, rep, gran)
     # The all-low run: already fine? Else its producer joins the candidates if it is not a leaf.
     low_ok, blamed = runner.passes(frozenset())
     if low_ok:
-        rep.bisect = BisectResult(dt, keep, [], runner.runs, True, runner.last_max_err, gran, over=over,
-                                  already_finite=True)
-        rep.notes.append(f"the run in {dt} is already finite in every module output and within rtol {tol:g} of "
-                         f"{keep}: nothing needs to be kept in {keep}")
+        rep.bisect = BisectResult(
+            dt, keep, [], runner.runs, True, runner.last_max_err, gran, over=over, already_finite=True
+        )
+        rep.notes.append(
+            f"the run in {dt} is already finite in every module output and within rtol {tol:g} of "
+            f"{keep}: nothing needs to be kept in {keep}"
+        )
         return rep
     cands = candidates_of(p.model, lambda: runner.outputs(frozenset()), gran, blamed)
     runner.runs += 1
@@ -210,14 +240,19 @@ def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], 
 
     res = minimal_keep_set(cands, passes, hint=holder(blamed))
     if not res.solvable or res.keep is None:
-        rep.bisect = BisectResult(dt, keep, [], runner.runs, False, None, gran, res.bound, len(cands), over=over)
+        rep.bisect = BisectResult(
+            dt, keep, [], runner.runs, False, None, gran, res.bound, len(cands), over=over
+        )
         rep.notes.append("keeping every candidate in high precision still fails the tolerance")
         return rep
     # Verification: the policy applied the public way, on a fresh copy of the model.
     finite_after, err = verify(p.model, runner, list(res.keep))
     runner.runs += 1
-    failed = [i for i, o in enumerate(runner.outputs(frozenset()) or [])
-              if not all(bool(torch.isfinite(t).all()) for t in o)]
+    failed = [
+        i
+        for i, o in enumerate(runner.outputs(frozenset()) or [])
+        if not all(bool(torch.isfinite(t).all()) for t in o)
+    ]
     rep.run["failed_inputs"] = failed
     # transformers' own mechanism only where loading with it was tried on this architecture and worked
     kif = None
@@ -225,8 +260,19 @@ def run_bisect(opts: BisectOptions, cfg: Config, progress: Callable[[int, str], 
         worked, line = try_keep_in_fp32(str(ck.path), p.model, list(res.keep), runner.run, runner.batches)
         kif = list(res.keep) if worked else None
         rep.notes.append(line)
-    rep.bisect = BisectResult(dt, keep, list(res.keep), runner.runs, finite_after, err, gran, res.bound, len(cands),
-                              over=over, keep_in_fp32_modules=kif)
+    rep.bisect = BisectResult(
+        dt,
+        keep,
+        list(res.keep),
+        runner.runs,
+        finite_after,
+        err,
+        gran,
+        res.bound,
+        len(cands),
+        over=over,
+        keep_in_fp32_modules=kif,
+    )
     if opts.policy_out:
         write_policy(opts.policy_out, dt, keep, list(res.keep))
     return rep
@@ -241,8 +287,14 @@ def verify(model: nn.Module, runner: MixedRunner, keep: list[str]) -> tuple[bool
     m = copy.deepcopy(model)
     m.load_state_dict({**m.state_dict(), **runner.master})
     set_precision(m, runner.keep, {}, runner.master)
-    handle = apply_policy(m, {"dtype": runner.dtype, "keep_dtype": runner.keep_dtype,
-                              "modules": {k: runner.keep_dtype for k in keep}})
+    handle = apply_policy(
+        m,
+        {
+            "dtype": runner.dtype,
+            "keep_dtype": runner.keep_dtype,
+            "modules": {k: runner.keep_dtype for k in keep},
+        },
+    )
     errs = []
     rec = Recorder(m, level="modules", retain=1, backward=runner.backward)
     try:
@@ -269,19 +321,35 @@ def _bisect_inputs(runner: MixedRunner, p: Any, rep: Report, gran: str) -> Repor
         failing.append(i)
         seq = _seq_len(kw)
         if seq and seq > 1:
+
             def fails(n: int, kw=kw, seq=seq) -> bool:
-                cut = {k: (v[:, :n] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == seq else v)
-                       for k, v in kw.items()}
+                cut = {
+                    k: (v[:, :n] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == seq else v)
+                    for k, v in kw.items()
+                }
                 o = runner.observe(frozenset(), [cut])
                 runner.runs += 1
-                return o is None or o[1] is not None or not all(bool(torch.isfinite(t).all()) for t in o[0][0])
+                return (
+                    o is None or o[1] is not None or not all(bool(torch.isfinite(t).all()) for t in o[0][0])
+                )
+
             n = shortest_failing_prefix(seq, fails)
             if n is not None:
                 prefixes[str(i)] = n
     assert rep.run is not None  # run_bisect sets it before the inputs are bisected
     rep.run["failed_inputs"] = failing
-    rep.bisect = BisectResult(runner.dtype, runner.keep_dtype, [], runner.runs, not failing, None, gran,
-                              failing_inputs=failing, shortest_failing_prefix=prefixes or None, over="inputs")
+    rep.bisect = BisectResult(
+        runner.dtype,
+        runner.keep_dtype,
+        [],
+        runner.runs,
+        not failing,
+        None,
+        gran,
+        failing_inputs=failing,
+        shortest_failing_prefix=prefixes or None,
+        over="inputs",
+    )
     if failing:
         rep.notes.append("failing inputs: " + ", ".join(f"#{i} {p.labels[i]}" for i in failing))
     return rep

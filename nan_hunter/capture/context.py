@@ -59,8 +59,14 @@ class ForwardContext:
     @classmethod
     def now(cls, model: nn.Module | None = None) -> ForwardContext:
         cpu, cuda = _rng_now()
-        return cls(torch.is_grad_enabled(), _autocast_now(), torch.is_inference_mode_enabled(),
-                   model.training if model is not None else None, cpu, cuda)
+        return cls(
+            torch.is_grad_enabled(),
+            _autocast_now(),
+            torch.is_inference_mode_enabled(),
+            model.training if model is not None else None,
+            cpu,
+            cuda,
+        )
 
     def enter(self, stack: contextlib.ExitStack) -> None:
         """Grad or inference mode and autocast as the forward had them."""
@@ -99,7 +105,9 @@ def outside_users_autocast() -> Iterator[None]:
 def users_state_kept(model: nn.Module) -> Iterator[None]:
     """Whatever a re-run may change of the user's, restored after: the RNG (forked), buffers
     (BatchNorm running statistics in train mode) and every module's train/eval mode."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    devices = (
+        [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    )
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     modes = [(m, m.training) for m in model.modules()]
     try:

@@ -23,8 +23,14 @@ _PARAMETER = torch.nn.Parameter
 _SKIP = frozenset({type(None), bool, int, float, str, bytes, torch.dtype, torch.device})  # never hold tensors
 _PLAIN, _SKIP_KIND, _SEQUENCE, _MAPPING, _GENERAL = range(5)
 #: type -> how tree.float_tensors walks an object of it (see _kind); one lookup per value a hook sees
-_KINDS: dict[type, int] = {_TENSOR: _PLAIN, _PARAMETER: _PLAIN, tuple: _SEQUENCE, list: _SEQUENCE, dict: _MAPPING,
-                           **dict.fromkeys(_SKIP, _SKIP_KIND)}
+_KINDS: dict[type, int] = {
+    _TENSOR: _PLAIN,
+    _PARAMETER: _PLAIN,
+    tuple: _SEQUENCE,
+    list: _SEQUENCE,
+    dict: _MAPPING,
+    **dict.fromkeys(_SKIP, _SKIP_KIND),
+}
 
 
 def float_items(obj: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:

@@ -43,10 +43,34 @@ from .ops import (
 )
 
 #: ops that move a value without computing with it: their result is as fresh as their operand
-MOVES = VIEW_OPS | {"_to_copy", "to", "copy", "cat", "stack", "slice", "select", "narrow", "as_strided",
-                    "index_select", "gather", "repeat", "alias", "lift_fresh", "unsqueeze", "squeeze",
-                    "reshape", "flatten", "unflatten", "split", "split_with_sizes", "chunk", "unbind",
-                    "expand_as", "constant_pad_nd", "unfold"}
+MOVES = VIEW_OPS | {
+    "_to_copy",
+    "to",
+    "copy",
+    "cat",
+    "stack",
+    "slice",
+    "select",
+    "narrow",
+    "as_strided",
+    "index_select",
+    "gather",
+    "repeat",
+    "alias",
+    "lift_fresh",
+    "unsqueeze",
+    "squeeze",
+    "reshape",
+    "flatten",
+    "unflatten",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "unbind",
+    "expand_as",
+    "constant_pad_nd",
+    "unfold",
+}
 
 
 class FreshFill(TorchDispatchMode):
@@ -82,8 +106,16 @@ class FreshFill(TorchDispatchMode):
             self.allocations += 1
             self._mark(out)
             if self.first_allocation is None:
-                self.first_allocation = OpEvent(str(func), None, 0, 0, 0, user_source(self.site), [],
-                                                str(out.dtype).removeprefix("torch."))
+                self.first_allocation = OpEvent(
+                    str(func),
+                    None,
+                    0,
+                    0,
+                    0,
+                    user_source(self.site),
+                    [],
+                    str(out.dtype).removeprefix("torch."),
+                )
             return out
         if not self.fresh or self.reader is not None:
             return out
@@ -101,9 +133,17 @@ class FreshFill(TorchDispatchMode):
             nan, pos, neg = _counts(outs)
             if nan or pos or neg:
                 operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
-                self.reader = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(self.site),
-                                      operands, str(outs[0].dtype).removeprefix("torch."),
-                                      mechanism="uninitialised_read")
+                self.reader = OpEvent(
+                    str(func),
+                    _kind(nan, pos, neg),
+                    nan,
+                    pos,
+                    neg,
+                    user_source(self.site),
+                    operands,
+                    str(outs[0].dtype).removeprefix("torch."),
+                    mechanism="uninitialised_read",
+                )
         return out
 
 
@@ -127,7 +167,9 @@ def _finite(out: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for _, t in float_tensors(out))
 
 
-def _filled_run(module: nn.Module, args: tuple, kwargs: dict, value: float, site: str | None) -> tuple[FreshFill, bool]:
+def _filled_run(
+    module: nn.Module, args: tuple, kwargs: dict, value: float, site: str | None
+) -> tuple[FreshFill, bool]:
     devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
     a, kw = detached_copy((args, kwargs))
     mode = FreshFill(value, site)

@@ -38,7 +38,9 @@ class GradientHooks:
         self.rec = rec
         self.calls: dict[int, dict[int, Call]] = {}  # forward -> forward call start -> backward call
         self.events = 0  # gradients seen so far, in the order autograd produced them
-        self.root_grads: dict[int, list[tuple[str, torch.Tensor]]] = {}  # forward -> grads at the root outputs
+        self.root_grads: dict[
+            int, list[tuple[str, torch.Tensor]]
+        ] = {}  # forward -> grads at the root outputs
         self.last_call: dict[str, Call] = {}  # module -> its latest forward call (owner of param grads)
         self.touched: set[int] = set()  # forwards whose backward ran since the last end callback
         # parameter -> (data_ptr, shape, version, row, forward) of the gradient its hook measured
@@ -97,7 +99,9 @@ class GradientHooks:
             h.remove()
 
     # -- forward side ------------------------------------------------------------------------
-    def on_inputs(self, call: Call, items: list[tuple[str, torch.Tensor]], module: torch.nn.Module | None = None) -> None:
+    def on_inputs(
+        self, call: Call, items: list[tuple[str, torch.Tensor]], module: torch.nn.Module | None = None
+    ) -> None:
         """A call started; ``items``: the floating tensors of its arguments, labelled as capture
         labels them (``capture.floats.float_items``)."""
         self.last_call[call.module] = call
@@ -131,6 +135,7 @@ class GradientHooks:
             if grad is not None and not self.rec.paused:
                 self.record(call, f"grad of {label}" if incoming else label, grad, incoming)
             return None
+
         return hook
 
     def _param_hook(self, module: str, pname: str):
@@ -142,9 +147,15 @@ class GradientHooks:
                 refs = self.record(call, f"grad of {pname}", grad, incoming=False)
                 if refs:  # the optimizer step reads this gradient again as .grad: same storage, same version
                     full = f"{module}.{pname}" if module else pname
-                    self.param_grad_rows[full] = (grad.data_ptr(), tuple(grad.shape), grad._version, refs[0][1],
-                                                  call.input_index)
+                    self.param_grad_rows[full] = (
+                        grad.data_ptr(),
+                        tuple(grad.shape),
+                        grad._version,
+                        refs[0][1],
+                        call.input_index,
+                    )
             return None
+
         return hook
 
     # -- recording ---------------------------------------------------------------------------
@@ -158,8 +169,16 @@ class GradientHooks:
         per = self.calls.setdefault(f, {})
         bc = per.get(call.start)
         if bc is None:
-            bc = per[call.start] = Call(call.start, call.module, call.module_type, call.call_index, call.depth,
-                                        call.parent, f, phase="backward")
+            bc = per[call.start] = Call(
+                call.start,
+                call.module,
+                call.module_type,
+                call.call_index,
+                call.depth,
+                call.parent,
+                f,
+                phase="backward",
+            )
             detail.append(bc)
         refs = rec.measure([(label, grad.detach() if grad.requires_grad else grad)], step=f)
         if incoming:

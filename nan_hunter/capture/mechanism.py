@@ -99,6 +99,7 @@ def _widen(obj: Any, dt: torch.dtype) -> Any:
         if isinstance(x, torch.dtype) and x.is_floating_point:
             return dt
         return x
+
     return tree_map(w, obj)
 
 
@@ -183,7 +184,9 @@ def _pointwise(name: str, vals: list[float], result: float) -> Mechanism | None:
         x = vals[0]
         if name.startswith("atanh") and abs(x) == 1:
             return M.X_DIV_0
-        if (name.startswith(("acos", "asin", "atanh", "erfinv")) and abs(x) > 1) or (name == "acosh" and x < 1):
+        if (name.startswith(("acos", "asin", "atanh", "erfinv")) and abs(x) > 1) or (
+            name == "acosh" and x < 1
+        ):
             return M.DOMAIN
     if name in EXPS and all(fin) and math.isinf(result):
         return M.OVERFLOW
@@ -264,8 +267,10 @@ def _row(x: torch.Tensor, red: list[int], idx: int) -> torch.Tensor:
 
 def _reduction(name: str, a: tuple, kw: dict, idx: int) -> Mechanism | None:
     x = a[0]
-    dim = kw.get("dim", a[1] if len(a) > 1 and not isinstance(a[1], bool) and not isinstance(a[1], torch.dtype)
-                  else None)
+    dim = kw.get(
+        "dim",
+        a[1] if len(a) > 1 and not isinstance(a[1], bool) and not isinstance(a[1], torch.dtype) else None,
+    )
     red = _dims(x, dim)
     n = 1
     for d in red:
@@ -306,14 +311,20 @@ def _softmax(name: str, a: tuple, idx: int, shape: list[int]) -> Mechanism | Non
     return M.OVERFLOW
 
 
-def _normalised(vals: torch.Tensor, xv: float, mean: float, var: float, eps: float,
-                affine: list[float]) -> Mechanism | None:
+def _normalised(
+    vals: torch.Tensor, xv: float, mean: float, var: float, eps: float, affine: list[float]
+) -> Mechanism | None:
     """One element of (x − mean) · rsqrt(var + eps) · w + b, from the values it was normalised over
     (``vals``; empty when the statistics are given) and its own: a non-finite operand, a negative
     var + eps under the root (``domain``: a corrupted running variance), a zero one — rsqrt(0) = ∞
     times x − mean: 0 (a group of one element, a constant one: ``0*inf``) or not (``x/0``)."""
-    if not (bool(torch.isfinite(vals).all()) and math.isfinite(xv) and math.isfinite(mean) and math.isfinite(var)
-            and all(math.isfinite(v) for v in affine)):
+    if not (
+        bool(torch.isfinite(vals).all())
+        and math.isfinite(xv)
+        and math.isfinite(mean)
+        and math.isfinite(var)
+        and all(math.isfinite(v) for v in affine)
+    ):
         return M.NONFINITE_OPERAND
     d = var + eps
     if d < 0:
@@ -334,7 +345,11 @@ def _batch_norm(name: str, a: tuple, kw: dict, idx: int) -> Mechanism | None:
     (the biased variance over N and the spatial dims), the running ones in eval."""
     x = a[0]
     training = bool(a[5]) if name != "_native_batch_norm_legit_no_training" and len(a) > 5 else False
-    eps = float(a[-1]) if isinstance(a[-1], (int, float)) and not isinstance(a[-1], bool) else float(kw.get("eps", 0))
+    eps = (
+        float(a[-1])
+        if isinstance(a[-1], (int, float)) and not isinstance(a[-1], bool)
+        else float(kw.get("eps", 0))
+    )
     chans = x.shape[1] if x.dim() > 1 else 1
     inner = x[0, 0].numel() if x.dim() > 1 else 1
     c = (idx // max(inner, 1)) % chans
@@ -395,7 +410,11 @@ def _nll(a: tuple, kw: dict) -> Mechanism | None:
     ignore = a[4] if len(a) > 4 else kw.get("ignore_index", -100)
     if reduction == 1:  # mean: sum of the kept terms over the sum of their weights
         keep = target != ignore
-        w = (weight[target.clamp_min(0)] if weight is not None else torch.ones_like(target, dtype=torch.float64))
+        w = (
+            weight[target.clamp_min(0)]
+            if weight is not None
+            else torch.ones_like(target, dtype=torch.float64)
+        )
         if float((w * keep).sum()) == 0:
             return M.EMPTY_REDUCTION
     if not bool(torch.isfinite(x).all()):
@@ -411,7 +430,9 @@ def _element(t: torch.Tensor, shape: list[int], idx: int) -> float:
         return float(t.reshape(-1)[idx % max(t.numel(), 1)])
 
 
-def mechanism_of(func: Any, args: tuple, kwargs: dict, out: Any, prefer: str | None = None) -> Mechanism | None:
+def mechanism_of(
+    func: Any, args: tuple, kwargs: dict, out: Any, prefer: str | None = None
+) -> Mechanism | None:
     """The mechanism of the first ``prefer`` element of ``func``'s output (see the module
     docstring). ``args``/``kwargs``: the operands as the op saw them."""
     outs = _floats(out)
@@ -451,15 +472,24 @@ def mechanism_of(func: Any, args: tuple, kwargs: dict, out: Any, prefer: str | N
             return _nll(a, kw)
         if name in MEANS | VARS | SUMS:
             return _reduction(name, a, kw, idx)
-        if torch.Tag.pointwise in getattr(func, "tags", ()) or name in MUL | ADD | DIV | RECIP | LOGS | ROOTS | POW:
+        if (
+            torch.Tag.pointwise in getattr(func, "tags", ())
+            or name in MUL | ADD | DIV | RECIP | LOGS | ROOTS | POW
+        ):
             flat, _ = tree_flatten((a, kw))
-            vals = [_element(x, shape, idx) if isinstance(x, torch.Tensor) else _v(x) for x in flat
-                    if (isinstance(x, torch.Tensor) and x.is_floating_point())
-                    or (isinstance(x, (int, float)) and not isinstance(x, bool))]
+            vals = [
+                _element(x, shape, idx) if isinstance(x, torch.Tensor) else _v(x)
+                for x in flat
+                if (isinstance(x, torch.Tensor) and x.is_floating_point())
+                or (isinstance(x, (int, float)) and not isinstance(x, bool))
+            ]
             return _pointwise(name, vals, v64)
     except (RuntimeError, IndexError, ValueError, TypeError):
         return None
     flat, _ = tree_flatten((a, kw))
-    if any(isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()) for x in flat):
+    if any(
+        isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all())
+        for x in flat
+    ):
         return M.NONFINITE_OPERAND
     return None

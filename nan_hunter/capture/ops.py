@@ -84,17 +84,35 @@ class OpEvent:
     outcome: str | None = None  # level "ops", absorbed values: how the module output compares with float64
     rel_err: float | None = None  # that module output's relative error against float64
     grad_fn: str | None = None  # in a backward pass: the autograd node running the op (``SqrtBackward0``)
-    call: Any = field(default=None, repr=False, compare=False)  # level "ops": the module call running it, until judged
-    mechanism: str | None = None  # contract v1.4: how IEEE arithmetic made the first new element (capture.mechanism)
+    call: Any = field(
+        default=None, repr=False, compare=False
+    )  # level "ops": the module call running it, until judged
+    mechanism: str | None = (
+        None  # contract v1.4: how IEEE arithmetic made the first new element (capture.mechanism)
+    )
 
 
 def operand_stats(i: int, x: Any) -> OperandStats | None:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         v = float(x)
         finite = math.isfinite(v)
-        return OperandStats(i, "scalar", [], finite, int(math.isnan(v)), int(v == math.inf), int(v == -math.inf),
-                            abs(v) if finite else None, v, v, abs(v) if v and finite else None, int(v == 0),
-                            int(v < 0), 1, scalar=v)
+        return OperandStats(
+            i,
+            "scalar",
+            [],
+            finite,
+            int(math.isnan(v)),
+            int(v == math.inf),
+            int(v == -math.inf),
+            abs(v) if finite else None,
+            v,
+            v,
+            abs(v) if v and finite else None,
+            int(v == 0),
+            int(v < 0),
+            1,
+            scalar=v,
+        )
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.is_meta:
         return None
     dtype = str(x.dtype).removeprefix("torch.")
@@ -113,11 +131,21 @@ def operand_stats(i: int, x: Any) -> OperandStats | None:
     a = ff.abs()
     nz = a[a > 0]
     return OperandStats(
-        i, dtype, list(x.shape), bool(fin.all()), int(isn.sum()),
-        int((isi & (f > 0)).sum()), int((isi & (f < 0)).sum()),
-        float(a.max()) if a.numel() else None, float(ff.min()) if ff.numel() else None,
-        float(ff.max()) if ff.numel() else None, float(nz.min()) if nz.numel() else None,
-        int((ff == 0).sum()), int((ff < 0).sum()), n, None if n != 1 else float(f[0]),
+        i,
+        dtype,
+        list(x.shape),
+        bool(fin.all()),
+        int(isn.sum()),
+        int((isi & (f > 0)).sum()),
+        int((isi & (f < 0)).sum()),
+        float(a.max()) if a.numel() else None,
+        float(ff.min()) if ff.numel() else None,
+        float(ff.max()) if ff.numel() else None,
+        float(nz.min()) if nz.numel() else None,
+        int((ff == 0).sum()),
+        int((ff < 0).sum()),
+        n,
+        None if n != 1 else float(f[0]),
     )
 
 
@@ -183,8 +211,9 @@ class ModelSites:
         k = self._model.get(fn)
         if k is None:
             # <frozen runpy>, <string>: not the model's source; nanhunter's own code: a library here
-            k = self._model[fn] = not fn.startswith("<") and not os.path.abspath(fn).startswith(_PKG_DIR) \
-                and is_model_code(fn)
+            k = self._model[fn] = (
+                not fn.startswith("<") and not os.path.abspath(fn).startswith(_PKG_DIR) and is_model_code(fn)
+            )
         return k
 
     def site(self, skip: int = 1) -> tuple[str, int] | None:
@@ -221,8 +250,10 @@ def user_source(fallback: str | None = None) -> str | None:
         return _where(frame)
     if fallback is not None:
         return fallback
-    frame = next((f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
-                 inside[0] if inside else None)
+    frame = next(
+        (f for f in inside if "/nn/modules/" in f.filename and not f.filename.endswith("module.py")),
+        inside[0] if inside else None,
+    )
     return _where(frame) if frame is not None else None
 
 
@@ -257,9 +288,34 @@ def _kind(nan: int, pos: int, neg: int) -> str | None:
 
 
 #: ops that only move or reinterpret data: they never *produce* a non-finite value
-VIEW_OPS = {"t", "view", "_unsafe_view", "permute", "expand", "clone", "contiguous", "detach", "transpose",
-            "reshape", "_to_copy", "alias", "unsqueeze", "squeeze", "slice", "select", "as_strided", "copy_",
-            "split", "split_with_sizes", "unbind", "cat", "stack", "index_select", "embedding", "lift_fresh"}
+VIEW_OPS = {
+    "t",
+    "view",
+    "_unsafe_view",
+    "permute",
+    "expand",
+    "clone",
+    "contiguous",
+    "detach",
+    "transpose",
+    "reshape",
+    "_to_copy",
+    "alias",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "as_strided",
+    "copy_",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "cat",
+    "stack",
+    "index_select",
+    "embedding",
+    "lift_fresh",
+}
 
 
 def _classes(flat: list[Any]) -> tuple[bool, bool, bool]:
@@ -304,7 +360,11 @@ def before_op(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None
         return None
 
     def keep(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and type(x) in (torch.Tensor, torch.nn.Parameter):
+        if (
+            isinstance(x, torch.Tensor)
+            and x.is_floating_point()
+            and type(x) in (torch.Tensor, torch.nn.Parameter)
+        ):
             return x.detach().clone()
         return x
 
@@ -319,14 +379,18 @@ def exact_absmax(func: Any, args: tuple, kwargs: dict) -> tuple[float | None, st
     if "out" in kwargs:
         return None, None
     for dt, name in ((torch.float64, "fp64"), (torch.float32, "fp32")):
+
         def widen(x: Any, dt: torch.dtype = dt) -> Any:
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 return plain(x).to(dt)
             return x
+
         try:
             a, kw = tree_map(widen, (args, kwargs))
-            kw = {k: (dt if k == "dtype" and isinstance(v, torch.dtype) and v.is_floating_point else v)
-                  for k, v in kw.items()}
+            kw = {
+                k: (dt if k == "dtype" and isinstance(v, torch.dtype) and v.is_floating_point else v)
+                for k, v in kw.items()
+            }
             outs = _float_tensors(func(*a, **kw))
         except Exception:  # noqa: BLE001 - no kernel for this dtype, or a subclass operand
             continue
@@ -361,8 +425,15 @@ def parameter_storages(module: torch.nn.Module, prefix: str = "") -> dict[int, s
     return out
 
 
-def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | None = None,
-                  params: dict[int, str] | None = None, mechanism: bool = True) -> OpEvent | None:
+def new_nonfinite(
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    out: Any,
+    site: str | None = None,
+    params: dict[int, str] | None = None,
+    mechanism: bool = True,
+) -> OpEvent | None:
     """An event when ``func`` introduced a non-finite class (NaN, +inf or -inf) that none of its
     operands held: the op that *made* the value, as opposed to ops that carried it along (and to
     -inf masks written in on purpose, whose operand already is -inf). ``args``/``kwargs`` are the
@@ -383,8 +454,16 @@ def new_nonfinite(func: Any, args: tuple, kwargs: dict, out: Any, site: str | No
     for o in operands if params else ():
         ptr = _storage(flat[o.index])
         o.param = params.get(ptr) if params and ptr is not None else None
-    ev = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg, user_source(site), operands,
-                 str(outs[0].dtype).removeprefix("torch."))
+    ev = OpEvent(
+        str(func),
+        _kind(nan, pos, neg),
+        nan,
+        pos,
+        neg,
+        user_source(site),
+        operands,
+        str(outs[0].dtype).removeprefix("torch."),
+    )
     node = torch._C._current_autograd_node()
     if node is not None:  # a backward op: name its node, and the forward line that created it
         ev.grad_fn = node.name()
@@ -481,14 +560,27 @@ class FirstBadOp(TorchDispatchMode):
                 if nan or pos or neg:
                     flat, _ = tree_flatten((a, kw))
                     operands = [s for s in (operand_stats(i, x) for i, x in enumerate(flat)) if s is not None]
-                    self.first_carrier = OpEvent(str(func), _kind(nan, pos, neg), nan, pos, neg,
-                                                 user_source(self.site), operands,
-                                                 str(outs[0].dtype).removeprefix("torch."))
+                    self.first_carrier = OpEvent(
+                        str(func),
+                        _kind(nan, pos, neg),
+                        nan,
+                        pos,
+                        neg,
+                        user_source(self.site),
+                        operands,
+                        str(outs[0].dtype).removeprefix("torch."),
+                    )
         return out
 
 
-def first_bad_op(module: torch.nn.Module, args: tuple, kwargs: dict, grad: bool | None = False,
-                 site: str | None = None, prefix: str = "") -> tuple[OpEvent | None, Any]:
+def first_bad_op(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    grad: bool | None = False,
+    site: str | None = None,
+    prefix: str = "",
+) -> tuple[OpEvent | None, Any]:
     """Re-run ``module(*args, **kwargs)`` under FirstBadOp; returns (first event, output).
     ``grad``: the grad mode to run in (None: as the caller has it, e.g. a watched forward's: it
     decides paths such as nn.MultiheadAttention's fused fast path). ``site``: see FirstBadOp.
@@ -545,7 +637,10 @@ class OpWatch(TorchDispatchMode):
         outs = _float_tensors(output)
         if not outs or any(sum(_counts([o])) for o in outs):
             return  # not absorbed: the module output itself is non-finite
-        if self.judged >= self.judge_limit or sum(p.numel() for p in module.parameters()) > self.judge_max_params:
+        if (
+            self.judged >= self.judge_limit
+            or sum(p.numel() for p in module.parameters()) > self.judge_max_params
+        ):
             return
         self.judged += 1
         try:
@@ -556,12 +651,18 @@ class OpWatch(TorchDispatchMode):
         err = compare([plain(o) for o in outs], ref_out).finite_rel_err
         if err is None:
             return  # the float64 run is no reference here: leave it unjudged
-        eps = max(torch.finfo(outs[0].dtype).eps * EXACT_EPS, 1e-5) if outs[0].dtype.is_floating_point else 1e-5
+        eps = (
+            max(torch.finfo(outs[0].dtype).eps * EXACT_EPS, 1e-5) if outs[0].dtype.is_floating_point else 1e-5
+        )
         for ev in mine:
             ev.rel_err = err
             if err <= eps:
-                ev.outcome = (f"harmless: {ev.module or '<root>'}'s output matches float64 (relative error "
-                              f"{err:.2g}), the non-finite intermediate does not change it")
+                ev.outcome = (
+                    f"harmless: {ev.module or '<root>'}'s output matches float64 (relative error "
+                    f"{err:.2g}), the non-finite intermediate does not change it"
+                )
             else:
-                ev.outcome = (f"the result is finite but silently wrong: {ev.module or '<root>'}'s output is off "
-                              f"from float64 by a relative error of {err:.2g}")
+                ev.outcome = (
+                    f"the result is finite but silently wrong: {ev.module or '<root>'}'s output is off "
+                    f"from float64 by a relative error of {err:.2g}"
+                )

@@ -51,11 +51,15 @@ class OptimizerHooks:
         self.owners = parameter_owners(rec.model)
         self.steps = 0  # optimizer.step() calls seen
         self._handles: list[Any] = []
-        self._pending: tuple[int, list[tuple[torch.Tensor, str, str, str]], list[tuple[str, int]] | None] | None = None
+        self._pending: (
+            tuple[int, list[tuple[torch.Tensor, str, str, str]], list[tuple[str, int]] | None] | None
+        ) = None
 
     def attach(self) -> None:
-        self._handles = [self.optimizer.register_step_pre_hook(self._pre),
-                         self.optimizer.register_step_post_hook(self._post)]
+        self._handles = [
+            self.optimizer.register_step_pre_hook(self._pre),
+            self.optimizer.register_step_post_hook(self._post),
+        ]
 
     def detach(self) -> None:
         for h in self._handles:
@@ -93,6 +97,7 @@ class OptimizerHooks:
                 first[0] = False
                 self._before()
             return out
+
         if "closure" in kwargs:
             return args, {**kwargs, "closure": measured_closure}
         return (args[0], measured_closure, *args[2:]), kwargs
@@ -111,13 +116,19 @@ class OptimizerHooks:
         # a parameter the forward measured, unchanged since, and a gradient the backward measured,
         # the very storage autograd then stored as .grad, are not read again
         known = [rec.param_row(n, p, f) for p, n, _, _ in items]
-        fresh = rec.measure([(f"{n} before the step", p.detach()) for (p, n, _, _), k in zip(items, known)
-                                   if k is None], step=f)
+        fresh = rec.measure(
+            [(f"{n} before the step", p.detach()) for (p, n, _, _), k in zip(items, known) if k is None],
+            step=f,
+        )
         it = iter(fresh)
-        before = [(f"{n} before the step", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, known)]
+        before = [
+            (f"{n} before the step", k) if k is not None else next(it)
+            for (_, n, _, _), k in zip(items, known)
+        ]
         seen = [rec.grads.grad_row(n, p.grad, f) if rec.grads is not None else None for p, n, _, _ in items]
-        fresh = rec.measure([(f"grad of {n}", _grad(p)) for (p, n, _, _), k in zip(items, seen)
-                                   if k is None], step=f)
+        fresh = rec.measure(
+            [(f"grad of {n}", _grad(p)) for (p, n, _, _), k in zip(items, seen) if k is None], step=f
+        )
         it = iter(fresh)
         grads = [(f"grad of {n}", k) if k is not None else next(it) for (_, n, _, _), k in zip(items, seen)]
         refs = before + grads
@@ -142,13 +153,27 @@ class OptimizerHooks:
         n = len(items)
         calls = []
         for i, (_, name, owner, otype) in enumerate(items):
-            c = Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=[refs[i], refs[n + i]],
-                     outputs=[after[i]], seq=i, phase="optimizer", param=name)
+            c = Call(
+                rec.next_start(),
+                owner,
+                otype,
+                0,
+                0,
+                None,
+                f,
+                inputs=[refs[i], refs[n + i]],
+                outputs=[after[i]],
+                seq=i,
+                phase="optimizer",
+                param=name,
+            )
             calls.append(c)
         detail.extend(calls)
         rec.on_optimizer_end(f, calls)
 
-    def _sentinel_post(self, f: int, items: list[tuple[torch.Tensor, str, str, str]], detail: list[Call]) -> None:
+    def _sentinel_post(
+        self, f: int, items: list[tuple[torch.Tensor, str, str, str]], detail: list[Call]
+    ) -> None:
         """Sentinel: every parameter and optimizer-state tensor after the step, judged by one fused
         reduction and one read. Only a step that made one non-finite is measured, one ``Call`` per
         parameter (inputs: its gradient, judged finite after backward; outputs: the parameter and
@@ -172,9 +197,24 @@ class OptimizerHooks:
         calls = []
         for i, ((p, name, owner, otype), st) in enumerate(zip(items, states)):
             ins = rec.measure([(f"grad of {name}", _grad(p))], step=f)
-            outs = rec.measure([(f"{name} after the step", p.detach())] + [(f"{k} of {name}", v) for k, v in st],
-                               step=f)
-            calls.append(Call(rec.next_start(), owner, otype, 0, 0, None, f, inputs=ins, outputs=outs, seq=i,
-                              phase="optimizer", param=name))
+            outs = rec.measure(
+                [(f"{name} after the step", p.detach())] + [(f"{k} of {name}", v) for k, v in st], step=f
+            )
+            calls.append(
+                Call(
+                    rec.next_start(),
+                    owner,
+                    otype,
+                    0,
+                    0,
+                    None,
+                    f,
+                    inputs=ins,
+                    outputs=outs,
+                    seq=i,
+                    phase="optimizer",
+                    param=name,
+                )
+            )
         detail.extend(calls)
         rec.on_optimizer_end(f, calls)

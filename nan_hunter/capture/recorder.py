@@ -108,7 +108,9 @@ def _failed(calls: list[Call], rows: Raw) -> bool:
 def _phase_of(calls: list[Call], rows: Raw) -> str:
     """The first phase of a failing step with a non-finite output."""
     for phase in ("forward", "backward", "optimizer"):
-        if any(c.phase == phase and c.seq >= 0 and any(_nonfinite(rows[r]) for _, r in c.outputs) for c in calls):
+        if any(
+            c.phase == phase and c.seq >= 0 and any(_nonfinite(rows[r]) for _, r in c.outputs) for c in calls
+        ):
             return phase
     return "forward"
 
@@ -121,8 +123,8 @@ def _modes_off(hook: Any) -> Any:
     def off(*args: Any) -> Any:
         with _disable_current_modes():
             return hook(*args)
-    return off
 
+    return off
 
 
 def _output_tensors(output: Any) -> list[torch.Tensor]:
@@ -148,14 +150,26 @@ def _output_tensors(output: Any) -> list[torch.Tensor]:
             out += [t for _, t in float_items(v)]
     return out
 
+
 class Recorder:
     """Capture per-module statistics while the model runs."""
 
-    def __init__(self, model: nn.Module, level: str = "blocks", retain: int = 4,
-                 backend: str | None = None, device: Any = None, backward: bool = False,
-                 optimizer: Any = None, first_step: int = 0, listener: CaptureListener | None = None,
-                 underflow: bool = True, sample_every: int = 0, capture: bool = True,
-                 observers: list[CallObserver] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        level: str = "blocks",
+        retain: int = 4,
+        backend: str | None = None,
+        device: Any = None,
+        backward: bool = False,
+        optimizer: Any = None,
+        first_step: int = 0,
+        listener: CaptureListener | None = None,
+        underflow: bool = True,
+        sample_every: int = 0,
+        capture: bool = True,
+        observers: list[CallObserver] | None = None,
+    ):
         """``first_step``: the step number of the first root call (a re-run of step k records as
         step k); ``listener``: who is told of root calls, faults and optimizer steps; ``underflow``:
         abs-min and flush-to-zero counts on the CPU fast path too (``StatsSink``). ``level`` is one
@@ -171,7 +185,9 @@ class Recorder:
         self.level = level
         self.sentinel = level == "sentinel"  # root only; gradients, parameters judged by one reduction each
         self.sample_every = sample_every if self.sentinel else 0  # sentinel: blocks hooked every N-th step
-        self._grad_flag: tuple[int, torch.Tensor] | None = None  # sentinel on a device: read with the update's
+        self._grad_flag: tuple[int, torch.Tensor] | None = (
+            None  # sentinel on a device: read with the update's
+        )
         self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
         self._lean = False  # the running root call took the sentinel's lean path
         self._lengths: dict[str, int] | None = None  # its KV caches' lengths, when its inputs are kept late
@@ -184,8 +200,10 @@ class Recorder:
         if device is None:
             # a placed model (--device-map auto) keeps offloaded parameters on meta: not a device;
             # a model with buffers only (a quantizer's scale) is where its buffers are
-            p = next((q for q in itertools.chain(model.parameters(), model.buffers()) if q.device.type != "meta"),
-                     None)
+            p = next(
+                (q for q in itertools.chain(model.parameters(), model.buffers()) if q.device.type != "meta"),
+                None,
+            )
             device = p.device if p is not None else torch.device("cpu")
         self.sink = StatsSink(device, backend, underflow=underflow)
         self._cuda = self.sink.device.type == "cuda"
@@ -231,7 +249,9 @@ class Recorder:
         self._early: int | None = None  # forward whose flag said it failed, before it was judged
         self.paused = False  # a report's own re-runs are not recorded
         self.grads: GradientHooks | None = GradientHooks(self) if backward else None
-        self.optimizer: OptimizerHooks | None = OptimizerHooks(self, optimizer) if optimizer is not None else None
+        self.optimizer: OptimizerHooks | None = (
+            OptimizerHooks(self, optimizer) if optimizer is not None else None
+        )
         self.companions: list[Any] = []  # attached and detached with this recorder (serving.PackedBatches)
         # companions' ``inputs_left_out(kwargs)``: keywords a forward's kept inputs leave out
         self._left_out: list[Callable[[dict], Collection[str]]] = []
@@ -292,7 +312,6 @@ class Recorder:
             self.detach()
             raise
         if self.level == "ops" and self.capturing:
-
             self._ops = OpWatch(self)
             self._ops.__enter__()
         for m in modes:
@@ -322,6 +341,7 @@ class Recorder:
             if self._observed():
                 for o in observers:
                     o.call_start(name, module, args, kwargs)
+
         return hook
 
     def _observer_post(self, name: str):
@@ -331,6 +351,7 @@ class Recorder:
             if self._observed():
                 for o in observers:
                     o.call_end(name, module, args, kwargs, output)
+
         return hook
 
     @contextlib.contextmanager
@@ -363,8 +384,11 @@ class Recorder:
                     first.enter_context(o.run(0))
                 out = run()
             if n > 1:
-                devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                devices = (
+                    [torch.cuda.current_device()]
+                    if torch.cuda.is_available() and torch.cuda.is_initialized()
                     else []
+                )
                 self.rerun_steps = self._forward - before
                 try:
                     with torch.random.fork_rng(devices=devices):
@@ -455,7 +479,9 @@ class Recorder:
         """The calls of ``step`` while it is kept in full (None once folded away)."""
         return self._detail.get(step)
 
-    def measure(self, items: list[tuple[str, torch.Tensor]], owned: bool = True, step: int | None = None) -> Refs:
+    def measure(
+        self, items: list[tuple[str, torch.Tensor]], owned: bool = True, step: int | None = None
+    ) -> Refs:
         """Measure (label, tensor) pairs in one batch: their stats rows. ``owned``: the rows belong
         to ``step`` (default: the current one) and are given back when it is folded away."""
         return self._measure_flat(items, owned=owned, forward=step)
@@ -520,8 +546,13 @@ class Recorder:
                 return self._measure_flat(items)
         return self._measure_flat(items)
 
-    def _measure_flat(self, items: list[tuple[str, torch.Tensor]], owned: bool = True,
-                      forward: int | None = None, new_rows: list[int] | None = None) -> Refs:
+    def _measure_flat(
+        self,
+        items: list[tuple[str, torch.Tensor]],
+        owned: bool = True,
+        forward: int | None = None,
+        new_rows: list[int] | None = None,
+    ) -> Refs:
         """``owned``: the new rows go to the step's ``_owned`` list (given back when it is folded);
         else to ``new_rows``, when given."""
         if not items:
@@ -546,8 +577,11 @@ class Recorder:
             if not stack:  # a root call: one input of the data set
                 self._root_starts(args, kwargs)
                 # steps N-1, 2N-1...: a watch around one forward (or fewer than N) samples none
-                if self.sample_every and self._forward % self.sample_every == self.sample_every - 1 \
-                        and not compiling():
+                if (
+                    self.sample_every
+                    and self._forward % self.sample_every == self.sample_every - 1
+                    and not compiling()
+                ):
                     self._start_sample()
             count = self._count
             idx = count.get(name, 0)
@@ -561,13 +595,24 @@ class Recorder:
                     self._mark_dirty(inputs)
             else:
                 inputs = self._measure_hook(items)
-            call = Call(self._starts, name, type(module).__name__, idx, len(stack),
-                        stack[-1].start if stack else None, self._forward, inputs, [], self._params(name, module))
+            call = Call(
+                self._starts,
+                name,
+                type(module).__name__,
+                idx,
+                len(stack),
+                stack[-1].start if stack else None,
+                self._forward,
+                inputs,
+                [],
+                self._params(name, module),
+            )
             self._starts += 1
             self._current.append(call)
             stack.append(call)
             if self.grads is not None:
                 self.grads.on_inputs(call, items, module)
+
         return hook
 
     def _lean_root(self) -> bool:
@@ -579,6 +624,7 @@ class Recorder:
         """The sentinel's root pre-hook: the step's bookkeeping and what a replay needs (its inputs,
         ambient context), no statistics. A sampled step, or a root called inside itself, takes
         the full path (``full``)."""
+
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.paused or compiling():
                 return
@@ -594,12 +640,14 @@ class Recorder:
             self._starts += 1
             self._current.append(call)
             self._stack.append(call)
+
         return hook
 
     def _sentinel_post(self, full: Any):
         """The sentinel's root post-hook: one reduction over the outputs and one read. Only a
         forward whose outputs went non-finite is measured (inputs, outputs, every parameter), so
         the producer rule and ``report()`` see it as a full capture of the root would."""
+
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if not self._lean:
                 return full(module, args, kwargs, output)
@@ -623,16 +671,22 @@ class Recorder:
             self._finish(f)
             if self.opaque_forwards:
                 self.opaque_forwards.intersection_update(self._detail)
+
         return hook
 
-    def _measure_failing_root(self, call: Call, args: tuple, kwargs: dict, items: list[tuple[str, torch.Tensor]]) -> None:
+    def _measure_failing_root(
+        self, call: Call, args: tuple, kwargs: dict, items: list[tuple[str, torch.Tensor]]
+    ) -> None:
         """Sentinel, outputs non-finite: the root call's inputs, outputs and every parameter and
         buffer of the model (as the forward used them) measured into the step's rows."""
         call.inputs = self._measure_hook(call_items(args, kwargs))
         call.outputs = self._measure_hook(items)
         named = list(self.model.named_parameters()) + list(self.model.named_buffers())
-        own = [(n, local_shard(p.detach())) for n, p in named
-               if p is not None and p.is_floating_point() and p.device.type != "meta"]
+        own = [
+            (n, local_shard(p.detach()))
+            for n, p in named
+            if p is not None and p.is_floating_point() and p.device.type != "meta"
+        ]
         call.params = self._measure_hook(own)
 
     def _start_sample(self) -> None:
@@ -681,7 +735,8 @@ class Recorder:
             raise RuntimeError(
                 "nan_hunter.watch(level='ops') reads every op's result on the host and cannot "
                 "run inside CUDA-graph capture; capture with level='blocks' or 'modules' "
-                "(report() re-runs the failing input at op level, outside the graph)")
+                "(report() re-runs the failing input at op level, outside the graph)"
+            )
         if self._flags and not capturing:
             self.poll_flags()
         self._forward = f = self._forward + 1
@@ -701,14 +756,18 @@ class Recorder:
         level "blocks" everything under it that no other hooked module owns."""
         if self.level == "blocks":
             blocks = set(main_blocks(self.model)) if name == "" else set()
-            named = [(n, p) for n, p in list(module.named_parameters()) + list(module.named_buffers())
-                     if not any(n.startswith(b + ".") for b in blocks)]
+            named = [
+                (n, p)
+                for n, p in list(module.named_parameters()) + list(module.named_buffers())
+                if not any(n.startswith(b + ".") for b in blocks)
+            ]
         else:
             named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         named = [(pn, p) for pn, p in named if p is not None and p.is_floating_point()]
         if any(p.device.type == "meta" for _, p in named):  # offloaded by accelerate (--device-map auto)
-
-            named = [(pn, offloaded_value(module, pn, p) if p.device.type == "meta" else p) for pn, p in named]
+            named = [
+                (pn, offloaded_value(module, pn, p) if p.device.type == "meta" else p) for pn, p in named
+            ]
             named = [(pn, p) for pn, p in named if p is not None]  # no value to read: noted by prepare
         # a DTensor parameter (FSDP2, tensor parallel) is measured on this rank's shard: no collective
         return [(pn, local_shard(p.detach())) for pn, p in named]
@@ -790,8 +849,9 @@ class Recorder:
             except (TypeError, RuntimeError):  # no weakref, no version counter: measured again
                 continue
 
-    def _take_after_rows(self, own: list[tuple[str, torch.Tensor]], src: list[Any], bid: int,
-                         users: set[int]) -> dict[int, int]:
+    def _take_after_rows(
+        self, own: list[tuple[str, torch.Tensor]], src: list[Any], bid: int, users: set[int]
+    ) -> dict[int, int]:
         """Index in ``own`` -> row, for each parameter the latest optimizer step measured and left
         unchanged since (the same values, so the same row): the row moves from the step's rows to
         the block ``bid`` of parameter rows, which that step then uses too (kept while either is)."""
@@ -818,7 +878,12 @@ class Recorder:
     def param_row(self, name: str, p: torch.Tensor, forward: int) -> int | None:
         """The row forward ``forward`` measured parameter ``name`` in, if it is unchanged since."""
         hit = self.param_row_at.get(name)
-        if hit is None or p.is_inference() or hit[1] != p._version or hit[2] not in self._param_use.get(forward, ()):
+        if (
+            hit is None
+            or p.is_inference()
+            or hit[1] != p._version
+            or hit[2] not in self._param_use.get(forward, ())
+        ):
             return None
         return hit[0]
 
@@ -829,7 +894,9 @@ class Recorder:
             return []
         if self.level == "blocks":
             blocks = set(main_blocks(self.model)) if name == "" else set()
-            named = [(n, p) for n, p in module.named_parameters() if not any(n.startswith(b + ".") for b in blocks)]
+            named = [
+                (n, p) for n, p in module.named_parameters() if not any(n.startswith(b + ".") for b in blocks)
+            ]
         else:
             named = list(module.named_parameters(recurse=False))
         return [(n, p) for n, p in named if p.is_floating_point()]
@@ -889,6 +956,7 @@ class Recorder:
                 self._finish(f)
                 if self.opaque_forwards:
                     self.opaque_forwards.intersection_update(self._detail)  # only forwards still kept
+
         return hook
 
     # -- folding ----------------------------------------------------------------------------
@@ -898,7 +966,7 @@ class Recorder:
         if len(self._inputs) <= self.window:
             return  # nothing to drop (a host sink without later phases keeps only the running forward's)
         unjudged = [f for f in self._inputs if f not in (self.first_failed, self._early)]
-        old = unjudged[:max(0, len(unjudged) - self.window)]
+        old = unjudged[: max(0, len(unjudged) - self.window)]
         if old and self._flags and self._flags[0][0] <= old[-1]:
             self.poll_flags(upto=old[-1])  # the device is that far behind: wait for those flags
         for f in old:
@@ -960,15 +1028,22 @@ class Recorder:
             self._flag(forward)
         # a device sink folds in batches (one read-back each); so does the sentinel (the fixed part
         # of a fold spread over FOLD_BATCH forwards of one call each)
-        if foldable and len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows or self.sentinel else 1):
-            old = done[:len(done) - self.window]
-            self._done = done[len(old):]
+        if foldable and len(done) >= self.window + (
+            FOLD_BATCH if self.sink._device_rows or self.sentinel else 1
+        ):
+            old = done[: len(done) - self.window]
+            self._done = done[len(old) :]
             self._fold(old)
         self.listener.on_forward_end(forward)
 
     def _row_refs(self, forwards: list[int]) -> list[int]:
-        return [r for f in forwards for c in self._detail.get(f, ()) for refs in (c.inputs, c.outputs, c.params)
-                for _, r in refs]
+        return [
+            r
+            for f in forwards
+            for c in self._detail.get(f, ())
+            for refs in (c.inputs, c.outputs, c.params)
+            for _, r in refs
+        ]
 
     def _rows_of(self, forwards: list[int]) -> Raw | list:
         """The rows of ``forwards``, indexable by row: a host sink's own table (nothing copied),
@@ -1018,8 +1093,14 @@ class Recorder:
         """Sentinel, a step whose root outputs are finite: a non-finite block output (a sampled
         step) was masked before the outputs. It is latent, not a fault: noted, and its calls
         inside the root are dropped so that no later judge of the recording takes it for one."""
-        bad = [c for c in calls if c.parent is not None and c.phase == "forward" and c.seq >= 0
-               and any(_nonfinite(rows[r]) for _, r in c.outputs)]
+        bad = [
+            c
+            for c in calls
+            if c.parent is not None
+            and c.phase == "forward"
+            and c.seq >= 0
+            and any(_nonfinite(rows[r]) for _, r in c.outputs)
+        ]
         if not bad:
             return
         first = min(bad, key=lambda c: c.seq)
@@ -1128,8 +1209,9 @@ class Recorder:
         per = self.grads.calls.setdefault(f, {})
         bc = per.get(root.start)
         if bc is None:
-            bc = per[root.start] = Call(root.start, root.module, root.module_type, root.call_index, 0, None, f,
-                                        phase="backward")
+            bc = per[root.start] = Call(
+                root.start, root.module, root.module_type, root.call_index, 0, None, f, phase="backward"
+            )
             detail.append(bc)
         items = [(f"grad of {n}", g.detach()) for n, g in named if g.is_floating_point()]
         refs = self.measure(items, step=f)
@@ -1161,7 +1243,9 @@ class Recorder:
             return False
         rows = self.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
         for c in calls:
-            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(_nonfinite(rows[r]) for _, r in c.inputs):
+            if any(_nonfinite(rows[r]) for _, r in c.outputs) and not any(
+                _nonfinite(rows[r]) for _, r in c.inputs
+            ):
                 self.mark_late_fault(step, "optimizer")
                 return True
         return False

@@ -41,5 +41,3 @@ class Call:
     phase: str = "forward"
     order: list[int] = field(default_factory=list)  # backward: event number of each output
     param: str | None = None  # optimizer: the parameter's dotted name
-
-

@@ -16,8 +16,13 @@ from ..model.execute import run_context
 from .targeted import Captured
 
 
-def forward(model: nn.Module, kwargs: dict[str, Any], run: RunDtype | None = None,
-            step: Callable[[], Any] | None = None, grad: bool = False) -> Any:
+def forward(
+    model: nn.Module,
+    kwargs: dict[str, Any],
+    run: RunDtype | None = None,
+    step: Callable[[], Any] | None = None,
+    grad: bool = False,
+) -> Any:
     """One forward at ``run``'s precision (or ``step()``, what a mode runs for one input, under the
     same), without grad unless ``grad``; an exception inside the model is bad input."""
     try:
@@ -27,5 +32,7 @@ def forward(model: nn.Module, kwargs: dict[str, Any], run: RunDtype | None = Non
         raise
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else ""
-        raise BadInput(f"the model raised {type(e).__name__} in {type(model).__name__}.forward(): {msg}; "
-                       "check that the inputs match what the model expects") from None
+        raise BadInput(
+            f"the model raised {type(e).__name__} in {type(model).__name__}.forward(): {msg}; "
+            "check that the inputs match what the model expects"
+        ) from None

@@ -76,11 +76,18 @@ def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
     return flag is not None and bool(flag)
 
 
-def optimizer_state_tensors(optimizer: Any, params: list[torch.Tensor]) -> list[list[tuple[str, torch.Tensor]]]:
+def optimizer_state_tensors(
+    optimizer: Any, params: list[torch.Tensor]
+) -> list[list[tuple[str, torch.Tensor]]]:
     """Per parameter: its floating optimizer-state tensors (``exp_avg``, ``exp_avg_sq``...), labelled."""
     out = []
     for p in params:
         st = optimizer.state.get(p) or {}
-        out.append([(k, v) for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                    and v.dim() > 0])
+        out.append(
+            [
+                (k, v)
+                for k, v in st.items()
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0
+            ]
+        )
     return out

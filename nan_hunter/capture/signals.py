@@ -60,7 +60,9 @@ class Signals:
     grad_norms: list[tuple[int, float]] = field(default_factory=list)
     adam: list[AdamState] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)  # the sampled steps, in order
-    dtype: str | None = None  # what the latest sampled forward computed in (its autocast dtype, else the weights')
+    dtype: str | None = (
+        None  # what the latest sampled forward computed in (its autocast dtype, else the weights')
+    )
 
     def add(self, module: str, signal: str, step: int, value: float) -> None:
         if not math.isfinite(value):
@@ -71,8 +73,13 @@ class Signals:
             del pts[0]
 
 
-def sdpa_logit_absmax(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                      is_causal: bool = False, scale: float | None = None) -> float | None:
+def sdpa_logit_absmax(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> float | None:
     """``max |q·kᵀ·scale + mask|`` over the positions ``scaled_dot_product_attention`` lets take part
     (a boolean mask's True entries, an additive mask's entries above half the dtype's lowest value,
     the lower triangle under ``is_causal``, aligned top-left as SDPA does), in fp32 chunks. Key heads
@@ -90,10 +97,10 @@ def sdpa_logit_absmax(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
     best: float | None = None
     step = max(1, _CHUNK // max(1, L * S))
     for i in range(0, qf.shape[0], step):
-        s = torch.matmul(qf[i:i + step].to(work), kf[i:i + step].to(work).transpose(-1, -2)) * scale
+        s = torch.matmul(qf[i : i + step].to(work), kf[i : i + step].to(work).transpose(-1, -2)) * scale
         keep = causal
         if mask is not None:
-            m = mask[i:i + step]
+            m = mask[i : i + step]
             if m.dtype == torch.bool:
                 keep = m if keep is None else keep & m
             else:
@@ -111,7 +118,9 @@ def softmax_logit_absmax(x: torch.Tensor) -> float | None:
     """An eager attention's softmax input: ``max |x|`` over its entries above half the dtype's lowest
     value (transformers fills masked positions with that lowest value, or -inf)."""
     x = x.detach()
-    return _kept_absmax(x.to(torch.float32) if x.dtype != torch.float64 else x, x > torch.finfo(x.dtype).min / 2)
+    return _kept_absmax(
+        x.to(torch.float32) if x.dtype != torch.float64 else x, x > torch.finfo(x.dtype).min / 2
+    )
 
 
 def _kept_absmax(s: torch.Tensor, keep: torch.Tensor | None) -> float | None:
@@ -138,7 +147,12 @@ class _AttentionScores(TorchFunctionMode):
             with torch.no_grad():
                 if func is torch.nn.functional.scaled_dot_product_attention:
                     v = _sdpa_call(*args, **kwargs)
-                elif func in _SOFTMAX and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                elif (
+                    func in _SOFTMAX
+                    and args
+                    and isinstance(args[0], torch.Tensor)
+                    and args[0].is_floating_point()
+                ):
                     v = softmax_logit_absmax(args[0])
                 else:
                     v = None
@@ -152,8 +166,16 @@ class _AttentionScores(TorchFunctionMode):
 _SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax)
 
 
-def _sdpa_call(query: torch.Tensor, key: torch.Tensor, value: Any = None, attn_mask: Any = None,
-               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, **_: Any) -> float | None:
+def _sdpa_call(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: Any = None,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **_: Any,
+) -> float | None:
     return sdpa_logit_absmax(query, key, attn_mask, is_causal, scale)
 
 
@@ -207,8 +229,10 @@ class SampledSignals:
             self._handles.append(m.register_forward_hook(self._exit(name, mode, seen), always_call=True))
         opt = self.optimizer
         if opt is not None and hasattr(opt, "register_step_pre_hook"):
-            self._opt_handles = [opt.register_step_pre_hook(self._before_step),
-                                 opt.register_step_post_hook(self._after_step)]
+            self._opt_handles = [
+                opt.register_step_pre_hook(self._before_step),
+                opt.register_step_post_hook(self._after_step),
+            ]
 
     def _compute_dtype(self) -> str | None:
         p = next(iter(self.model.parameters()), None)
@@ -245,6 +269,7 @@ class SampledSignals:
             if not compiling():
                 mode.__enter__()
                 mode.entered = True
+
         return hook
 
     def _exit(self, name: str, mode: _AttentionScores, seen: list[float]):
@@ -255,6 +280,7 @@ class SampledSignals:
             if seen:
                 self.signals.add(name, ATTENTION, self._step, max(seen))
                 seen.clear()
+
         return hook
 
     def _before_step(self, opt: Any, args: Any, kwargs: Any) -> None:

@@ -57,6 +57,7 @@ def _reader(buf: torch.Tensor) -> Any:
     except (RuntimeError, TypeError):  # bfloat16 has no numpy dtype; torch without numpy
         return buf.tolist
 
+
 _GRAPH_SEGMENTS: list[Segment] = []  # written by captured graphs, which may outlive their watch
 
 
@@ -108,9 +109,9 @@ class Segment:
 
 def _reset(seg: Segment, local: int, count: int) -> None:
     """Rows ``local .. local + count - 1`` of ``seg`` back to the kernel's starting row."""
-    seg.block[local:local + count].zero_()
-    seg.ints[local:local + count, INT_FIELDS.index("first_nonfinite")] = -1
-    seg.floats[local:local + count, FLOAT_FIELDS.index("min_nonzero")] = math.inf
+    seg.block[local : local + count].zero_()
+    seg.ints[local : local + count, INT_FIELDS.index("first_nonfinite")] = -1
+    seg.floats[local : local + count, FLOAT_FIELDS.index("min_nonzero")] = math.inf
 
 
 def _capturing(device: torch.device) -> bool:
@@ -136,8 +137,11 @@ def _prime(device: torch.device) -> None:
     try:
         tk.prime_large(seg.ints, seg.floats)
     except Exception as e:  # noqa: BLE001 - best effort: only tensors of >= 2^31 elements need these
-        warnings.warn(f"nan_hunter: could not precompile the kernels for >= 2^31 elements ({e}); "
-                      "such a tensor inside CUDA-graph capture would compile mid-capture", stacklevel=2)
+        warnings.warn(
+            f"nan_hunter: could not precompile the kernels for >= 2^31 elements ({e}); "
+            "such a tensor inside CUDA-graph capture would compile mid-capture",
+            stacklevel=2,
+        )
     _PRIMED.add(key)
 
 
@@ -147,8 +151,13 @@ class StatsSink:
     Inside capture the per-tensor launcher is always used. ``underflow``: the CPU fast path also
     measures abs-min and the ``under_*`` counts (the kernels always do)."""
 
-    def __init__(self, device: torch.device | str | None = None, backend: str | None = None,
-                 launch: str = "auto", underflow: bool = True):
+    def __init__(
+        self,
+        device: torch.device | str | None = None,
+        backend: str | None = None,
+        launch: str = "auto",
+        underflow: bool = True,
+    ):
         if launch not in ("auto", "table", "each"):
             raise ValueError(f"launch must be 'auto', 'table' or 'each', got {launch!r}")
         dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -170,7 +179,9 @@ class StatsSink:
         # host rows that count a NaN or ±inf (a host sink knows as it writes them: a step none of
         # whose rows is here is finite without reading its rows)
         self.bad_rows: set[int] = set()
-        self._host_rows: dict[int, tuple[list[int], list[float]]] = {}  # device sink: rows computed on the host
+        self._host_rows: dict[
+            int, tuple[list[int], list[float]]
+        ] = {}  # device sink: rows computed on the host
         self._padding: list[range] = []  # rows skipped when switching between eager and graph segments
         self._segments: list[Segment] = []
         self._spare: Segment | None = None  # an initialised segment kept for the next graph capture
@@ -186,7 +197,10 @@ class StatsSink:
                 for dt in _MINMAX_DTYPES:
                     buf = torch.empty(2, dtype=dt)
                     self._minmax[dt] = (_reader(buf), (buf[0], buf[1]))
-        self.last_new: tuple[int, int] = (0, 0)  # device sink: (first row, count) the last measure_many allocated
+        self.last_new: tuple[int, int] = (
+            0,
+            0,
+        )  # device sink: (first row, count) the last measure_many allocated
         self._rows_cache: list[TensorStats] | None = None
         self._kernel_dtypes: frozenset = frozenset()
         if self.backend == "triton":
@@ -284,15 +298,16 @@ class StatsSink:
         self.graph_rows |= capturing
         done = 0
         for seg, local, count in self._pieces(first, len(new)):
-            part = new[done:done + count]
+            part = new[done : done + count]
             done += count
             if not capturing:
                 seg.order_after_init()
             self._write(seg, local, part, capturing)
         return rows
 
-    def measure_labelled(self, items: list[tuple[str, torch.Tensor]], cache: bool = True,
-                         new_rows: list[int] | None = None) -> list[tuple[str, int]]:
+    def measure_labelled(
+        self, items: list[tuple[str, torch.Tensor]], cache: bool = True, new_rows: list[int] | None = None
+    ) -> list[tuple[str, int]]:
         """``measure_many`` of (label, tensor) pairs, as (label, row) pairs. ``new_rows``: the rows
         allocated here are appended to it (on a host sink they need not be consecutive)."""
         if not self._device_rows:
@@ -303,8 +318,9 @@ class StatsSink:
             new_rows.extend(range(first, first + n))
         return [(label, r) for (label, _), r in zip(items, rows)]
 
-    def measure_host(self, items: list[tuple[str, torch.Tensor]], cache: bool = True,
-                     new_rows: list[int] | None = None) -> list[tuple[str, int]]:
+    def measure_host(
+        self, items: list[tuple[str, torch.Tensor]], cache: bool = True, new_rows: list[int] | None = None
+    ) -> list[tuple[str, int]]:
         """``measure_labelled`` on a host sink: the same rows, computed here and now (nothing to wait
         for), with the least Python per tensor, since a watched forward runs this in every hook. A
         new tensor takes a row given back by ``free`` (else a new one): rows are not consecutive, and
@@ -440,8 +456,13 @@ class StatsSink:
             return _EMPTY_ROW[0][:], _EMPTY_ROW[1][:]
 
     def _kernel_can_read(self, t: torch.Tensor) -> bool:
-        return (t.dtype in self._kernel_dtypes and t.device == self.device and t.layout == torch.strided
-                and type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_nested)
+        return (
+            t.dtype in self._kernel_dtypes
+            and t.device == self.device
+            and t.layout == torch.strided
+            and type(t) in (torch.Tensor, torch.nn.Parameter)
+            and not t.is_nested
+        )
 
     def _write(self, seg: Segment, local: int, part: list[torch.Tensor], capturing: bool) -> None:
         """Rows ``local ..`` of ``seg`` for ``part``: the kernel where it can read the tensor,
@@ -453,7 +474,9 @@ class StatsSink:
                 tk.stats_each_into(part, seg.ints, seg.floats, local)
             else:
                 # eager rows are written once into initialised segments: no init launch
-                tk.stats_many_into(part, seg.ints, seg.floats, list(range(local, local + len(part))), init=False)
+                tk.stats_many_into(
+                    part, seg.ints, seg.floats, list(range(local, local + len(part))), init=False
+                )
             return
         for i, t in enumerate(part):
             if self.backend == "triton" and self._kernel_can_read(t):
@@ -464,7 +487,9 @@ class StatsSink:
             row = seg.start + local + i
             try:
                 if t.device.type == "cpu" and self.device.type != "cpu":
-                    self._host_rows[row] = self._host_row(t, row)  # a host tensor: computed here, no device copy
+                    self._host_rows[row] = self._host_row(
+                        t, row
+                    )  # a host tensor: computed here, no device copy
                     continue
                 ints, floats = ref.full_row(t)
                 seg.ints[local + i].copy_(ints.to(self.device, non_blocking=True))

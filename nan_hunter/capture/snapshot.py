@@ -19,7 +19,9 @@ import torch
 
 from ..tree import map_tensors
 
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, torch.dtype, torch.device})
+_PLAIN = frozenset(
+    {torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, torch.dtype, torch.device}
+)
 
 
 def _clone(t: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,13 @@ class Captured(Exception):
     """Raised by a targeted re-run's hook once it has what it came for."""
 
 
-def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, call_index: int,
-                sites: list[str | None] | None = None) -> tuple[tuple, dict]:
+def call_inputs(
+    model: nn.Module,
+    rerun: Callable[[], Any],
+    module_name: str,
+    call_index: int,
+    sites: list[str | None] | None = None,
+) -> tuple[tuple, dict]:
     """Call ``rerun()`` (a forward of ``model``) and copy the inputs of ``module_name``'s
     ``call_index``-th call, then stop the forward early: nothing after that call is computed.
     ``sites``: filled with where the model's code called the module (``ops.call_site``), per call."""
@@ -51,8 +56,9 @@ def call_inputs(model: nn.Module, rerun: Callable[[], Any], module_name: str, ca
     return box["args"], box["kwargs"]
 
 
-def backward_region(model: nn.Module, step: Any, module_name: str, call_index: int) -> tuple[nn.Module, tuple, dict,
-                                                                                             list[Any]]:
+def backward_region(
+    model: nn.Module, step: Any, module_name: str, call_index: int
+) -> tuple[nn.Module, tuple, dict, list[Any]]:
     """Run ``step()`` (the failing step's forward and backward) and keep, of ``module_name``'s
     ``call_index``-th call, copies of its inputs and of the gradients that reached its floating
     outputs (None for an output no gradient reached). Returns (module, args, kwargs, grads)."""
@@ -63,6 +69,7 @@ def backward_region(model: nn.Module, step: Any, module_name: str, call_index: i
     def keep_grad(i: int) -> Any:
         def hook(g: torch.Tensor) -> None:
             box["grads"][i] = g.detach().clone()
+
         return hook
 
     def pre(mod: nn.Module, args: tuple, kw: dict) -> None:
@@ -78,8 +85,10 @@ def backward_region(model: nn.Module, step: Any, module_name: str, call_index: i
                     t.register_hook(keep_grad(i))
         seen["n"] += 1
 
-    handles = [target.register_forward_pre_hook(pre, with_kwargs=True),
-               target.register_forward_hook(post, with_kwargs=True)]
+    handles = [
+        target.register_forward_pre_hook(pre, with_kwargs=True),
+        target.register_forward_hook(post, with_kwargs=True),
+    ]
     try:
         step()
     finally:
@@ -111,7 +120,10 @@ def child_calls(module: nn.Module, prefix: str, run_module: Callable[[], Any]) -
     def pre(name: str):
         def hook(mod: Any, a: tuple, kw: dict) -> None:
             outer = not open_calls
-            open_calls.append(ChildCall(name, mod, detached_copy(a), detached_copy(kw), None) if outer else None)
+            open_calls.append(
+                ChildCall(name, mod, detached_copy(a), detached_copy(kw), None) if outer else None
+            )
+
         return hook
 
     def post(mod: Any, a: tuple, kw: dict, out: Any) -> None:
@@ -140,10 +152,12 @@ def first_call_order(model: nn.Module, run: Callable[[], Any]) -> list[str]:
     seen: set[str] = set()
     handles = []
     for name, m in model.named_modules():
+
         def pre(mod: nn.Module, args: Any, name: str = name) -> None:
             if name not in seen:
                 seen.add(name)
                 order.append(name)
+
         handles.append(m.register_forward_pre_hook(pre))
     try:
         run()

@@ -15,9 +15,11 @@ LIBRARIES = ("transformers", "accelerate", "lightning", "triton", "safetensors")
 
 def version_lines() -> list[str]:
 
-    lines = [f"nanhunter     {__version__}",
-             f"Python        {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
-             f"torch         {_torch()}"]
+    lines = [
+        f"nanhunter     {__version__}",
+        f"Python        {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
+        f"torch         {_torch()}",
+    ]
     lines += [f"{name:<13} {_library(name)}" for name in LIBRARIES]
     return lines
 
@@ -48,8 +50,11 @@ def _torch() -> str:
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - a broken install is what the report needs to show
-        return "not installed" if isinstance(e, ImportError) and _installed("torch") is None else \
-            f"cannot be imported ({type(e).__name__}: {e})"
+        return (
+            "not installed"
+            if isinstance(e, ImportError) and _installed("torch") is None
+            else f"cannot be imported ({type(e).__name__}: {e})"
+        )
     hip = getattr(torch.version, "hip", None)
     cuda = getattr(torch.version, "cuda", None)
     build = f"ROCm {hip}" if hip else f"CUDA {cuda}" if cuda else "CPU only"

@@ -83,23 +83,45 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _root(version: Annotated[bool, typer.Option(
-        "--version", is_eager=True, callback=_version,
-        help="print the versions a bug report needs (nanhunter, Python, torch and its device, "
-             "transformers, ...) and exit")] = False) -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_version,
+            help="print the versions a bug report needs (nanhunter, Python, torch and its device, "
+            "transformers, ...) and exit",
+        ),
+    ] = False,
+) -> None:
     """Find the first module and aten op that produced NaN/Inf, and how to fix it."""
 
 
 def build_app() -> typer.Typer:
-    app = typer.Typer(name=PROG, help=DESCRIPTION, add_completion=True, rich_markup_mode="rich", cls=RootGroup,
-                      context_settings=CONTEXT, pretty_exceptions_enable=False)
+    app = typer.Typer(
+        name=PROG,
+        help=DESCRIPTION,
+        add_completion=True,
+        rich_markup_mode="rich",
+        cls=RootGroup,
+        context_settings=CONTEXT,
+        pretty_exceptions_enable=False,
+    )
     app.callback()(_root)
-    for mod, name, short, long in ((scan_cmd, "scan", scan_cmd.HELP, scan_cmd.HELP),
-                                   (bisect_cmd, "bisect", bisect_cmd.HELP, bisect_cmd.HELP),
-                                   (check_cmd, "check", check_cmd.HELP, check_cmd.DESCRIPTION),
-                                   (diff_cmd, "diff", diff_cmd.HELP, diff_cmd.DESCRIPTION)):
-        app.command(name, help=long.replace("[", "\\["), short_help=short, cls=_with_examples(name, mod.EXAMPLES),
-                    context_settings=CONTEXT)(mod.command)
+    for mod, name, short, long in (
+        (scan_cmd, "scan", scan_cmd.HELP, scan_cmd.HELP),
+        (bisect_cmd, "bisect", bisect_cmd.HELP, bisect_cmd.HELP),
+        (check_cmd, "check", check_cmd.HELP, check_cmd.DESCRIPTION),
+        (diff_cmd, "diff", diff_cmd.HELP, diff_cmd.DESCRIPTION),
+    ):
+        app.command(
+            name,
+            help=long.replace("[", "\\["),
+            short_help=short,
+            cls=_with_examples(name, mod.EXAMPLES),
+            context_settings=CONTEXT,
+        )(mod.command)
     return app
 
 

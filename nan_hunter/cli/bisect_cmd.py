@@ -13,12 +13,19 @@ HELP = "Find a 1-minimal set of modules to keep in --keep-dtype so the --dtype r
 
 
 EXAMPLES = o.examples(
-    ("which modules must stay in fp32 for an fp16 run; write the policy",
-     "nanhunter bisect ./my-model --prompt 'Hello' --dtype fp16 --policy-out keep.yaml"),
-    ("by transformer block instead of by leaf module, keeping bf16",
-     "nanhunter bisect model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
-     "    --dtype fp8-e4m3 --keep-dtype bf16 --granularity block"),
-    ("which inputs of a data set fail in fp16", "nanhunter bisect ./my-model --data prompts.jsonl --over inputs"),
+    (
+        "which modules must stay in fp32 for an fp16 run; write the policy",
+        "nanhunter bisect ./my-model --prompt 'Hello' --dtype fp16 --policy-out keep.yaml",
+    ),
+    (
+        "by transformer block instead of by leaf module, keeping bf16",
+        "nanhunter bisect model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
+        "    --dtype fp8-e4m3 --keep-dtype bf16 --granularity block",
+    ),
+    (
+        "which inputs of a data set fail in fp16",
+        "nanhunter bisect ./my-model --data prompts.jsonl --over inputs",
+    ),
 )
 
 
@@ -67,6 +74,9 @@ def _no_policy(rep: Any, args: Any) -> None:
 
 
 #: the typer command: ``CHECKPOINT``, one flag per ``BisectOptions`` field, then the outputs
-command = o.command(BisectOptions, lambda args: run(args),  # run looked up when called: tests replace it
-                    [("checkpoint", o.Checkpoint)],
-                    [("json", o.Json, None), "policy_out", ("quiet", o.Quiet, False), ("config", o.Config, None)])
+command = o.command(
+    BisectOptions,
+    lambda args: run(args),  # run looked up when called: tests replace it
+    [("checkpoint", o.Checkpoint)],
+    [("json", o.Json, None), "policy_out", ("quiet", o.Quiet, False), ("config", o.Config, None)],
+)

@@ -22,23 +22,31 @@ from .output import (
 )
 
 HELP = "CI smoke check: weights scan plus one forward per dtype, judged by the policy in configs/ci.yaml."
-DESCRIPTION = HELP + (" Exit 0: every rule passed (warnings allowed); 1: a rule failed; 2: bad input. With "
-                      "GITHUB_ACTIONS=true, failing and warning rules are also printed as ::error/::warning "
-                      "annotations.")
+DESCRIPTION = HELP + (
+    " Exit 0: every rule passed (warnings allowed); 1: a rule failed; 2: bad input. With "
+    "GITHUB_ACTIONS=true, failing and warning rules are also printed as ::error/::warning "
+    "annotations."
+)
 
 
 EXAMPLES = o.examples(
-    ("a pre-commit or CI check of changed checkpoints, JUnit for the CI",
-     "nanhunter check model.safetensors --arch model.py:build --inputs batch.safetensors --junit junit.xml"),
-    ("fp16 and bf16 forwards of a model directory on a prompt",
-     "nanhunter check ./my-model --prompt 'Hello' --dtypes fp16,bf16"),
+    (
+        "a pre-commit or CI check of changed checkpoints, JUnit for the CI",
+        "nanhunter check model.safetensors --arch model.py:build --inputs batch.safetensors --junit junit.xml",
+    ),
+    (
+        "fp16 and bf16 forwards of a model directory on a prompt",
+        "nanhunter check ./my-model --prompt 'Hello' --dtypes fp16,bf16",
+    ),
 )
 
 
 def run(args: Any) -> int:
     outs = planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=len(args.checkpoints))
     # the baseline is read too: no output may overwrite it
-    stdout_taken = check_command_outputs(outs, args, args.checkpoints + ([args.baseline] if args.baseline else []))
+    stdout_taken = check_command_outputs(
+        outs, args, args.checkpoints + ([args.baseline] if args.baseline else [])
+    )
     from ..config import load_config  # lazy: --help stays light
 
     cfg = load_config(args.config)  # validated before any work: a bad file exits 2 at once
@@ -48,8 +56,9 @@ def run(args: Any) -> int:
     with process_group(args.device) as split:  # under torchrun: the data set split across ranks
         prog, cb = scan_progress() if writes() else (None, None)
         try:
-            reps = check(args.checkpoints, config=cfg, progress=cb, split=split,
-                         **values_from_cli(CheckOptions, args))
+            reps = check(
+                args.checkpoints, config=cfg, progress=cb, split=split, **values_from_cli(CheckOptions, args)
+            )
         finally:
             if prog is not None:
                 prog.close()
@@ -86,17 +95,63 @@ def _outputs(reps: list, args: Any, cfg: object, stdout_taken: bool) -> None:
 
 #: the typer command: ``CHECKPOINT...``, one flag per ``CheckOptions`` field, then the outputs
 command = o.command(
-    CheckOptions, lambda args: run(args),  # run looked up when called: tests replace it
-    [("checkpoints", Annotated[list[str], typer.Argument(
-        metavar="CHECKPOINT", show_default=False,
-        help="checkpoints to check (files or model directories), e.g. the changed files a pre-commit hook passes")])],
-    [("json", Annotated[str | None, o.opt(
-        "--json", metavar="PATH", panel=o.OUTPUT,
-        help="write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports")], None),
-     ("junit", Annotated[str | None, o.opt(
-         "--junit", metavar="PATH", panel=o.OUTPUT,
-         help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule")], None),
-     ("report", o.Report, None), ("strip", o.Strip, None), ("quiet", o.Quiet, False),
-     ("config", Annotated[str | None, o.opt(
-         "--config", metavar="FILE", panel=o.OUTPUT,
-         help="YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)")], None)])
+    CheckOptions,
+    lambda args: run(args),  # run looked up when called: tests replace it
+    [
+        (
+            "checkpoints",
+            Annotated[
+                list[str],
+                typer.Argument(
+                    metavar="CHECKPOINT",
+                    show_default=False,
+                    help="checkpoints to check (files or model directories), e.g. the changed files a pre-commit hook passes",
+                ),
+            ],
+        )
+    ],
+    [
+        (
+            "json",
+            Annotated[
+                str | None,
+                o.opt(
+                    "--json",
+                    metavar="PATH",
+                    panel=o.OUTPUT,
+                    help="write the report v1 here ('-' for stdout); several checkpoints: a JSON array of reports",
+                ),
+            ],
+            None,
+        ),
+        (
+            "junit",
+            Annotated[
+                str | None,
+                o.opt(
+                    "--junit",
+                    metavar="PATH",
+                    panel=o.OUTPUT,
+                    help="write JUnit XML here ('-' for stdout): a testsuite per checkpoint, a testcase per rule",
+                ),
+            ],
+            None,
+        ),
+        ("report", o.Report, None),
+        ("strip", o.Strip, None),
+        ("quiet", o.Quiet, False),
+        (
+            "config",
+            Annotated[
+                str | None,
+                o.opt(
+                    "--config",
+                    metavar="FILE",
+                    panel=o.OUTPUT,
+                    help="YAML policy merged over configs/ci.yaml (thresholds, dtypes, fail_on_*)",
+                ),
+            ],
+            None,
+        ),
+    ],
+)

@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 code = cmd.invoke(ctx)
             finally:
-
                 announce_written()  # every file written, also when a later step failed
     except typer.Exit as e:  # --help, --version
         return int(getattr(e, "exit_code", 0) or 0)
@@ -109,8 +108,10 @@ def run(argv: list[str] | None = None) -> None:
     except Exception as e:
         if os.environ.get("NANHUNTER_DEBUG"):
             raise
-        sys.stderr.write(f"nanhunter: internal error: {type(e).__name__}: {e} "
-                         "(set NANHUNTER_DEBUG=1 for the traceback and report it)\n")
+        sys.stderr.write(
+            f"nanhunter: internal error: {type(e).__name__}: {e} "
+            "(set NANHUNTER_DEBUG=1 for the traceback and report it)\n"
+        )
         code = 3
     exit_now(code)
 
@@ -140,7 +141,6 @@ def _flush_or_discard() -> None:
     try:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
-
         stdout_closed()
 
 

@@ -33,12 +33,24 @@ def _help(text: str, default: Any = None) -> str:
     return text.replace("[", "\\[")
 
 
-def opt(*names: str, help: str, metavar: str | None = None, panel: str | None = None, default: Any = None,
-        callback: Callable[..., Any] | None = None) -> Any:
+def opt(
+    *names: str,
+    help: str,
+    metavar: str | None = None,
+    panel: str | None = None,
+    default: Any = None,
+    callback: Callable[..., Any] | None = None,
+) -> Any:
     """A ``typer.Option`` the project's way: explicit flag names (no ``--no-`` twin unless named),
     a metavar that says what the value is, the default stated in the help, a help panel."""
-    return typer.Option(*names, help=_help(help, default), metavar=metavar, rich_help_panel=panel,
-                        show_default=False, callback=callback)
+    return typer.Option(
+        *names,
+        help=_help(help, default),
+        metavar=metavar,
+        rich_help_panel=panel,
+        show_default=False,
+        callback=callback,
+    )
 
 
 def flag(*names: str, help: str, panel: str | None = None) -> Any:
@@ -69,14 +81,29 @@ Checkpoint = Annotated[str, typer.Argument(metavar="CHECKPOINT", help=CHECKPOINT
 # --- output ---------------------------------------------------------------------------------------
 JSON_HELP = "write the JSON report here ('-' for stdout)"
 Json = Annotated[str | None, opt("--json", metavar="PATH", panel=OUTPUT, help=JSON_HELP)]
-Report = Annotated[str | None, opt(
-    "--report", metavar="PATH", panel=OUTPUT,
-    help="also write a report: PATH.html (self-contained page) or PATH.md (Markdown + PATH.png)")]
-Strip = Annotated[bool | None, flag(
-    "--strip/--no-strip", panel=OUTPUT, help="per-module headroom strip in the terminal (default: on for failing runs)")]
-Quiet = Annotated[bool, flag("--quiet", "-q", panel=OUTPUT, help="no terminal report and no progress on stderr")]
-Config = Annotated[str | None, opt(
-    "--config", metavar="FILE", panel=OUTPUT, help="YAML merged over configs/default.yaml")]
+Report = Annotated[
+    str | None,
+    opt(
+        "--report",
+        metavar="PATH",
+        panel=OUTPUT,
+        help="also write a report: PATH.html (self-contained page) or PATH.md (Markdown + PATH.png)",
+    ),
+]
+Strip = Annotated[
+    bool | None,
+    flag(
+        "--strip/--no-strip",
+        panel=OUTPUT,
+        help="per-module headroom strip in the terminal (default: on for failing runs)",
+    ),
+]
+Quiet = Annotated[
+    bool, flag("--quiet", "-q", panel=OUTPUT, help="no terminal report and no progress on stderr")
+]
+Config = Annotated[
+    str | None, opt("--config", metavar="FILE", panel=OUTPUT, help="YAML merged over configs/default.yaml")
+]
 
 
 def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
@@ -88,23 +115,36 @@ def parameter_of(name: str, fl: Flag, default: Any) -> inspect.Parameter:
         kind: Any
         info, kind = flag(*fl.names, help=fl.help, panel=fl.panel.value), bool
     else:
-        info = opt(*fl.names, metavar=fl.metavar, panel=fl.panel.value, default=cli_default, help=fl.help,
-                   callback=number(fl.number, fl.names[0]) if fl.number is not None else None)
+        info = opt(
+            *fl.names,
+            metavar=fl.metavar,
+            panel=fl.panel.value,
+            default=cli_default,
+            help=fl.help,
+            callback=number(fl.number, fl.names[0]) if fl.number is not None else None,
+        )
         kind = list[str] | None if fl.repeatable else str | None
     if fl.inverted:
         cli_default = False
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=cli_default,
-                             annotation=Annotated[kind, info])
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=cli_default, annotation=Annotated[kind, info]
+    )
 
 
-def command(options: type, run: Callable[[Any], int], arguments: list[tuple[str, Any]],
-            outputs: list[str | tuple[str, Any, Any]]) -> Callable[..., int]:
+def command(
+    options: type,
+    run: Callable[[Any], int],
+    arguments: list[tuple[str, Any]],
+    outputs: list[str | tuple[str, Any, Any]],
+) -> Callable[..., int]:
     """A command's typer function, generated: its ``arguments`` (name, ``Annotated`` type), then one
     parameter per option field of ``options`` in help order (by panel, then field order), then its
     ``outputs`` panel in the order given — a name is an output field of ``options`` (``policy_out``),
     a (name, type, default) a command-line-only flag (``--json``); output fields not named come
     first. Calling it runs ``run`` on the parsed flags (``namespace``)."""
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a) for n, a in arguments]
+    params = [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a) for n, a in arguments
+    ]
     named = {x for x in outputs if isinstance(x, str)}
     by_name = {}
     for f, fl in option_fields(options):
@@ -116,12 +156,16 @@ def command(options: type, run: Callable[[Any], int], arguments: list[tuple[str,
             params.append(by_name[x])
         else:
             name, ann, default = x
-            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann))
+            params.append(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
+            )
 
     signature = inspect.Signature(params, return_annotation=int)
 
     def cmd(*args: Any, **values: Any) -> int:
-        bound = signature.bind(*args, **values)  # called from Python (tests): a flag not given takes its default
+        bound = signature.bind(
+            *args, **values
+        )  # called from Python (tests): a flag not given takes its default
         bound.apply_defaults()
         return run(namespace(dict(bound.arguments)))
 
@@ -145,7 +189,6 @@ def namespace(values: dict[str, Any]) -> Any:
     """The parsed flags as attributes (``args.prompt``), a repeatable flag not given as None, and
     ``args.argv`` the command line — what the commands' ``run(args)`` read."""
     from types import SimpleNamespace
-
 
     global STARTED
     STARTED = True

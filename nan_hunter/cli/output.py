@@ -54,7 +54,9 @@ def planned_outputs(args: Any, flags: Iterable[tuple[str, str]], n_reports: int 
     """The outputs a command's flags ask for: ``flags`` maps attribute names to flags
     (``("json", "--json")``); ``--report`` adds its page and PNGs."""
 
-    outs = [Output(flag, getattr(args, attr)) for attr, flag in flags if getattr(args, attr, None) is not None]
+    outs = [
+        Output(flag, getattr(args, attr)) for attr, flag in flags if getattr(args, attr, None) is not None
+    ]
     return outs + report_outputs(getattr(args, "report", None), n_reports)
 
 
@@ -107,5 +109,8 @@ def write_json(reps: Any, path: str | None) -> None:
 
 def terminal_limits(cfg: Any) -> dict[str, Any]:
     """The terminal renderer's limits from the configuration (keyword arguments of ``render``)."""
-    return {"near_miss_max_listed": cfg.near_miss.max_listed, "weights_max_rows": cfg.weights.max_rows,
-            "weights_targets": cfg.weights.targets}
+    return {
+        "near_miss_max_listed": cfg.near_miss.max_listed,
+        "weights_max_rows": cfg.weights.max_rows,
+        "weights_targets": cfg.weights.targets,
+    }

@@ -22,16 +22,28 @@ HELP = "Scan weights, run the model under hooks, locate the first NaN/Inf, repla
 
 
 EXAMPLES = o.examples(
-    ("a model directory (config.json + safetensors) on a prompt, in fp16",
-     "nanhunter scan ./my-model --prompt 'The capital of France is' --dtype fp16"),
-    ("your own architecture on a batch saved as safetensors; JSON and an HTML report",
-     "nanhunter scan model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
-     "    --json report.json --report report.html"),
-    ("a data set, decoding 32 tokens per line", "nanhunter scan ./my-model --data prompts.jsonl --generate 32"),
-    ("eager against torch.compile", "nanhunter scan ./my-model --prompt hi --compile --compile-backend inductor"),
+    (
+        "a model directory (config.json + safetensors) on a prompt, in fp16",
+        "nanhunter scan ./my-model --prompt 'The capital of France is' --dtype fp16",
+    ),
+    (
+        "your own architecture on a batch saved as safetensors; JSON and an HTML report",
+        "nanhunter scan model.safetensors --arch model.py:build --inputs batch.safetensors \\\n"
+        "    --json report.json --report report.html",
+    ),
+    (
+        "a data set, decoding 32 tokens per line",
+        "nanhunter scan ./my-model --data prompts.jsonl --generate 32",
+    ),
+    (
+        "eager against torch.compile",
+        "nanhunter scan ./my-model --prompt hi --compile --compile-backend inductor",
+    ),
     ("a training step's capsule written by watch(capsule_dir=...)", "nanhunter scan capsules/step-41"),
-    ("a numerics trace to compare with another environment's (nanhunter diff)",
-     "nanhunter scan ./my-model --prompt hi --trace run.jsonl --trace-level ops --repeat 2"),
+    (
+        "a numerics trace to compare with another environment's (nanhunter diff)",
+        "nanhunter scan ./my-model --prompt hi --trace run.jsonl --trace-level ops --repeat 2",
+    ),
 )
 
 
@@ -60,21 +72,32 @@ def run(args: Any) -> int:
         code = rep.exit_code()
         rep.add_context(command=getattr(args, "argv", None))
         if args.trace and writes():
-
             wrote("--trace", args.trace)
         if writes():  # rank 0 (or the one process) prints and writes
             write_json(rep, args.json)
             if not args.quiet:
                 from ..render.terminal import render  # lazy: rich, after parsing
 
-                render(rep, strip=code != 0 if args.strip is None else args.strip, stderr=stdout_taken,
-                       **terminal_limits(cfg))
+                render(
+                    rep,
+                    strip=code != 0 if args.strip is None else args.strip,
+                    stderr=stdout_taken,
+                    **terminal_limits(cfg),
+                )
             write_report_file(rep, args.report, args.quiet)
         return finish(code)
 
 
 #: the typer command: ``CHECKPOINT``, one flag per ``ScanOptions`` field, then the outputs
-command = o.command(ScanOptions, lambda args: run(args),  # run looked up when called: tests replace it
-                    [("checkpoint", o.Checkpoint)],
-                    [("json", o.Json, None), ("report", o.Report, None), ("strip", o.Strip, None),
-                     ("quiet", o.Quiet, False), ("config", o.Config, None)])
+command = o.command(
+    ScanOptions,
+    lambda args: run(args),  # run looked up when called: tests replace it
+    [("checkpoint", o.Checkpoint)],
+    [
+        ("json", o.Json, None),
+        ("report", o.Report, None),
+        ("strip", o.Strip, None),
+        ("quiet", o.Quiet, False),
+        ("config", o.Config, None),
+    ],
+)

@@ -78,12 +78,19 @@ def _flag(param: Any) -> str:
 def _option_names(ctx: Any) -> list[str]:
     if ctx is None:
         return []
-    return sorted({n for p in ctx.command.params for n in (*p.opts, *getattr(p, "secondary_opts", ()))
-                   if n.startswith("--")} | {"--help"})
+    return sorted(
+        {
+            n
+            for p in ctx.command.params
+            for n in (*p.opts, *getattr(p, "secondary_opts", ()))
+            if n.startswith("--")
+        }
+        | {"--help"}
+    )
 
 
 def _hint(flag: str, names: list[str]) -> str:
-    """"; did you mean --dtype?" for ``--dtpye`` or ``--precision`` (``pipeline.options.closest``)."""
+    """ "; did you mean --dtype?" for ``--dtpye`` or ``--precision`` (``pipeline.options.closest``)."""
     from ..pipeline.options import closest  # lazy: --help stays light
 
     meant = closest(flag.split("=", 1)[0], names)
@@ -93,7 +100,7 @@ def _hint(flag: str, names: list[str]) -> str:
 def _missing_arguments(ctx: Any, param: Any) -> list[str]:
     """The missing argument and every required one after it (arguments fill in order)."""
     args = [p for p in ctx.command.params if p.param_type_name == "argument"] if ctx is not None else [param]
-    after = args[args.index(param):] if param in args else [param]
+    after = args[args.index(param) :] if param in args else [param]
     return [ARGUMENT_NAMES.get(p.name, p.name) for p in after if p.required]
 
 

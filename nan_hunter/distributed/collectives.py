@@ -64,10 +64,10 @@ def all_gather_json(obj: Any) -> list[Any]:
     longest = int(max(int(s) for s in sizes))
     buf = torch.zeros(longest, dtype=torch.uint8, device=dev)
     if data:
-        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
     bufs = [torch.zeros_like(buf) for _ in range(world())]
     dist.all_gather(bufs, buf)
-    return [json.loads(bytes(b[:int(s)].cpu().tolist()).decode()) for b, s in zip(bufs, sizes)]
+    return [json.loads(bytes(b[: int(s)].cpu().tolist()).decode()) for b, s in zip(bufs, sizes)]
 
 
 def broadcast_json(obj: Any, src: int) -> Any:

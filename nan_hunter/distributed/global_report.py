@@ -190,17 +190,27 @@ def combine(local: Any, watch: Any) -> Any:
     fnf = local.first_nonfinite
     if fnf is not None:
         fnf = dataclasses.replace(fnf, rank=me, param=_param_of(fnf, model))
-    mine = {"rank": me, "first_nonfinite": dataclasses.asdict(fnf) if fnf else None,
-            "failed_inputs": list(local.failed_inputs), "notes": list(local.notes),
-            "run": local.run.to_dict() if local.run is not None else None,
-            "diagnosis": dataclasses.asdict(local.diagnosis) if local.diagnosis else None}
+    mine = {
+        "rank": me,
+        "first_nonfinite": dataclasses.asdict(fnf) if fnf else None,
+        "failed_inputs": list(local.failed_inputs),
+        "notes": list(local.notes),
+        "run": local.run.to_dict() if local.run is not None else None,
+        "diagnosis": dataclasses.asdict(local.diagnosis) if local.diagnosis else None,
+    }
     everyone = dist.all_gather_json(mine)
     modules = _module_order(model)
     params = {n: i for i, (n, _) in enumerate(model.named_parameters())}
-    faulty = sorted((s for s in everyone if s["first_nonfinite"] is not None),
-                    key=lambda s: _order_key(s, modules, params))
+    faulty = sorted(
+        (s for s in everyone if s["first_nonfinite"] is not None),
+        key=lambda s: _order_key(s, modules, params),
+    )
     chosen = faulty[0] if faulty else None
-    if chosen is not None and chosen["first_nonfinite"]["role"] == "weights" and chosen["first_nonfinite"]["param"]:
+    if (
+        chosen is not None
+        and chosen["first_nonfinite"]["role"] == "weights"
+        and chosen["first_nonfinite"]["param"]
+    ):
         owner = _shard_owner(model, chosen["first_nonfinite"]["param"])
         if owner is not None and owner != chosen["rank"]:
             same = [s for s in faulty if s["rank"] == owner]
@@ -217,9 +227,11 @@ def combine(local: Any, watch: Any) -> Any:
         notes += [f"rank {s['rank']}: {n}" for n in s["notes"]]
     for s in everyone:
         if s["first_nonfinite"] is not None and s["first_nonfinite"].get("reproducible") is False:
-            notes.append(f"rank {s['rank']}: its fault did not come back when that forward was re-run on the "
-                         "same inputs and weights: suspect non-determinism or the hardware of rank "
-                         f"{s['rank']} (a flipped bit, a failing device), not the numerics of the model")
+            notes.append(
+                f"rank {s['rank']}: its fault did not come back when that forward was re-run on the "
+                "same inputs and weights: suspect non-determinism or the hardware of rank "
+                f"{s['rank']} (a flipped bit, a failing device), not the numerics of the model"
+            )
     first = FirstNonfinite(**chosen["first_nonfinite"]) if chosen is not None else None
     diag = chosen["diagnosis"] if chosen is not None else None
     # the chosen rank's run block: its steps are the ones first_nonfinite.step counts (each rank
@@ -227,9 +239,15 @@ def combine(local: Any, watch: Any) -> Any:
     run = _run_info(chosen["run"] if chosen is not None else everyone[0]["run"])
     return local.replaced(
         located=local.located if chosen is not None and chosen["rank"] == me else None,
-        ranks=[{"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}
-               for s in everyone],
-        first_nonfinite=first, notes=notes, run=run, diagnosis=diagnosis_from_json(diag))
+        ranks=[
+            {"rank": s["rank"], "first_nonfinite": s["first_nonfinite"], "failed_inputs": s["failed_inputs"]}
+            for s in everyone
+        ],
+        first_nonfinite=first,
+        notes=notes,
+        run=run,
+        diagnosis=diagnosis_from_json(diag),
+    )
 
 
 def _run_info(d: dict[str, Any] | None) -> RunInfo | None:

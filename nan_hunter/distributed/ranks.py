@@ -108,8 +108,9 @@ def process_group(device: str) -> Iterator[RankSplit | None]:
     if owned:
         if dev.type == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        td.init_process_group("nccl" if dev.type == "cuda" else "gloo",
-                              timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        td.init_process_group(
+            "nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S)
+        )
     try:
         yield RankSplit(dist.rank(), dist.world())
     except (AgreedBadInput, AgreedError, KeyboardInterrupt):

@@ -98,18 +98,34 @@ class Divergence:
         a, b = self.verdict.a, self.verdict.b
 
         def side(e: Entry) -> dict[str, Any]:
-            return {**e.stats.to_dict(), "spread": e.spread, "dtype": e.dtype, "shape": list(e.shape),
-                    "index": e.index}
+            return {
+                **e.stats.to_dict(),
+                "spread": e.spread,
+                "dtype": e.dtype,
+                "shape": list(e.shape),
+                "index": e.index,
+            }
+
         err = self.verdict.rel_err
         r = self.region
-        out = {"module": r.module if r else a.module, "module_type": r.module_type if r else a.module_type,
-               "op": None if r else a.op, "call_index": a.call_index,
-               "input_index": a.input_index, "step": a.step, "phase": a.phase,
-               "source_file": r.source[0] if r else a.source_file, "source_line": r.source[1] if r else a.source_line,
-               "a": side(a), "b": side(b),
-               "rel_err": err if math.isfinite(err) else None, "classes_differ": math.isinf(err),
-               "tolerance": self.verdict.tolerance, "inputs_agree": self.inputs_agree,
-               "unmatched": {"a": r.a, "b": r.b} if r else None}
+        out = {
+            "module": r.module if r else a.module,
+            "module_type": r.module_type if r else a.module_type,
+            "op": None if r else a.op,
+            "call_index": a.call_index,
+            "input_index": a.input_index,
+            "step": a.step,
+            "phase": a.phase,
+            "source_file": r.source[0] if r else a.source_file,
+            "source_line": r.source[1] if r else a.source_line,
+            "a": side(a),
+            "b": side(b),
+            "rel_err": err if math.isfinite(err) else None,
+            "classes_differ": math.isinf(err),
+            "tolerance": self.verdict.tolerance,
+            "inputs_agree": self.inputs_agree,
+            "unmatched": {"a": r.a, "b": r.b} if r else None,
+        }
         if r:
             out["compared_at"] = {"module": a.module, "op": a.op, "index": a.index}
         return out
@@ -137,8 +153,10 @@ class DiffResult:
     def __repr__(self) -> str:  # the traces' entries would make the dataclass repr tens of kilobytes
         where = self.first_divergence.module if self.first_divergence else None
         eq = self.outputs.equal if self.outputs else None
-        return (f"<{type(self).__name__} {self.a.path!r} vs {self.b.path!r}: first divergence {where!r}, "
-                f"outputs {eq!r}, exit {self.exit_code}>")
+        return (
+            f"<{type(self).__name__} {self.a.path!r} vs {self.b.path!r}: first divergence {where!r}, "
+            f"outputs {eq!r}, exit {self.exit_code}>"
+        )
 
     @property
     def compared(self) -> int:
@@ -166,20 +184,33 @@ class DiffResult:
 
     def to_dict(self) -> dict[str, Any]:
         def fnf(e: Entry | None) -> dict[str, Any] | None:
-            return None if e is None else {"module": e.module, "op": e.op, "index": e.index, "kind": e.stats.kind}
+            return (
+                None
+                if e is None
+                else {"module": e.module, "op": e.op, "index": e.index, "kind": e.stats.kind}
+            )
+
         ua, ub = self.unmatched
-        return {"schema": SCHEMA,
-                "a": {"path": self.a.path, "env": self.a.header.env},
-                "b": {"path": self.b.path, "env": self.b.header.env},
-                "env_diff": self.env_diff, "compared": self.compared, "unmatched": {"a": ua, "b": ub},
-                "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
-                "first_difference": self.first_difference.to_dict() if self.first_difference else None,
-                "first_nonfinite": {"a": fnf(self.first_nonfinite_a), "b": fnf(self.first_nonfinite_b)},
-                "outputs": self.outputs.to_dict() if self.outputs else None,
-                "level": self.level, "rtol": self.rtol, "fail_on": self.fail_on,
-                "max_rel_err": self.max_rel_err if self.max_rel_err is None or math.isfinite(self.max_rel_err)
-                else None,
-                "exit_code": self.exit_code, "notes": self.notes}
+        return {
+            "schema": SCHEMA,
+            "a": {"path": self.a.path, "env": self.a.header.env},
+            "b": {"path": self.b.path, "env": self.b.header.env},
+            "env_diff": self.env_diff,
+            "compared": self.compared,
+            "unmatched": {"a": ua, "b": ub},
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "first_difference": self.first_difference.to_dict() if self.first_difference else None,
+            "first_nonfinite": {"a": fnf(self.first_nonfinite_a), "b": fnf(self.first_nonfinite_b)},
+            "outputs": self.outputs.to_dict() if self.outputs else None,
+            "level": self.level,
+            "rtol": self.rtol,
+            "fail_on": self.fail_on,
+            "max_rel_err": self.max_rel_err
+            if self.max_rel_err is None or math.isfinite(self.max_rel_err)
+            else None,
+            "exit_code": self.exit_code,
+            "notes": self.notes,
+        }
 
 
 # -- 1. comparable? ---------------------------------------------------------------------------
@@ -196,28 +227,43 @@ def check_comparable(a: Trace, b: Trace) -> None:
     """``NotComparable`` (exit 2) naming what differs, when the two traces are not of the same
     model and inputs."""
     if a.header.level != b.header.level:
-        raise NotComparable(f"A is a trace at level {a.header.level} and B one at level {b.header.level}: record "
-                            "both with the same --trace-level")
+        raise NotComparable(
+            f"A is a trace at level {a.header.level} and B one at level {b.header.level}: record "
+            "both with the same --trace-level"
+        )
     na, nb = _names(a), _names(b)
     if na != nb:
         only_a = [n for n in na if n not in set(nb)]
         only_b = [n for n in nb if n not in set(na)]
-        what = "; ".join(x for x in ((f"only in A: {_few(only_a)}" if only_a else ""),
-                                     (f"only in B: {_few(only_b)}" if only_b else "")) if x) or "in another order"
+        what = (
+            "; ".join(
+                x
+                for x in (
+                    (f"only in A: {_few(only_a)}" if only_a else ""),
+                    (f"only in B: {_few(only_b)}" if only_b else ""),
+                )
+                if x
+            )
+            or "in another order"
+        )
         raise NotComparable(f"different models: module names differ ({what})")
     sa, sb = a.header.model.get("param_shapes_hash"), b.header.model.get("param_shapes_hash")
     if sa != sb:
-        raise NotComparable(f"different models: the same module names but other parameter shapes "
-                            f"({a.header.model.get('parameters')} vs {b.header.model.get('parameters')} parameters)")
+        raise NotComparable(
+            f"different models: the same module names but other parameter shapes "
+            f"({a.header.model.get('parameters')} vs {b.header.model.get('parameters')} parameters)"
+        )
     ia, ib = a.header.inputs, b.header.inputs
     if len(ia) != len(ib):
         raise NotComparable(f"different inputs: A ran {len(ia)} input(s), B {len(ib)}")
     for x, y in zip(ia, ib):
         if x.get("hash") != y.get("hash"):
             label = x.get("label") or y.get("label")
-            raise NotComparable(f"different inputs: input #{x.get('index', '?')}"
-                                + (f" ({label})" if label else "")
-                                + f" has hash {x.get('hash')} in A and {y.get('hash')} in B")
+            raise NotComparable(
+                f"different inputs: input #{x.get('index', '?')}"
+                + (f" ({label})" if label else "")
+                + f" has hash {x.get('hash')} in A and {y.get('hash')} in B"
+            )
 
 
 @dataclass
@@ -247,8 +293,11 @@ class RecordingsComparison:
         v = next((v for v in self.verdicts.values() if v.b.index == fb.index), None)
         if v is None:
             return None
-        return bool(v.a.stats.kind) and (v.a.stats.nan > 0, v.a.stats.posinf > 0, v.a.stats.neginf > 0) == \
-            (fb.stats.nan > 0, fb.stats.posinf > 0, fb.stats.neginf > 0)
+        return bool(v.a.stats.kind) and (v.a.stats.nan > 0, v.a.stats.posinf > 0, v.a.stats.neginf > 0) == (
+            fb.stats.nan > 0,
+            fb.stats.posinf > 0,
+            fb.stats.neginf > 0,
+        )
 
 
 # -- 3.-5. judging --------------------------------------------------------------------------------
@@ -297,8 +346,11 @@ class _Side:
         producers = [p for p in (getattr(e, "producers", None) or ()) if p is not None]
         if not producers:  # reads only weights and inputs: the first entry that reads them is named
             return False
-        dtypes = e.input_dtypes if getattr(e, "input_dtypes", None) is not None else \
-            [self.entries[p].dtype for p in producers]
+        dtypes = (
+            e.input_dtypes
+            if getattr(e, "input_dtypes", None) is not None
+            else [self.entries[p].dtype for p in producers]
+        )
         return is_exact(e, dtypes)
 
     def upstream(self, e: Any) -> tuple[list[int], list[int]]:
@@ -336,26 +388,40 @@ def _common_module(names: list[str]) -> str:
     return ".".join(common)
 
 
-def _region_divergence(v: PairVerdict, inputs_ok: bool, a: list[Any], b: list[Any], ra: list[int],
-                       rb: list[int]) -> Divergence:
+def _region_divergence(
+    v: PairVerdict, inputs_ok: bool, a: list[Any], b: list[Any], ra: list[int], rb: list[int]
+) -> Divergence:
     ea, eb = [a[i] for i in ra], [b[i] for i in rb]
     module = _common_module([e.module for e in ea + eb])
     types = {e.module_type for e in ea + eb if e.module == module}
     if not types:  # the common module ran none of the ops itself: its type, where the pair knows it
         types = {e.module_type for e in (v.a, v.b) if e.module == module}
     first = (ea or eb)[0]
-    return Divergence(v, inputs_ok, Region(module, next(iter(types)) if len(types) == 1 else "",
-                                           [x.op or x.module for x in ea], [x.op or x.module for x in eb],
-                                           [x.index for x in ea], [x.index for x in eb],
-                                           (getattr(first, "source_file", None), getattr(first, "source_line", None))))
+    return Divergence(
+        v,
+        inputs_ok,
+        Region(
+            module,
+            next(iter(types)) if len(types) == 1 else "",
+            [x.op or x.module for x in ea],
+            [x.op or x.module for x in eb],
+            [x.index for x in ea],
+            [x.index for x in eb],
+            (getattr(first, "source_file", None), getattr(first, "source_line", None)),
+        ),
+    )
 
 
 def bitwise(v: PairVerdict) -> bool:
     """The two sides of a pair hold the same bits (same hash, dtype and shape), or differ only as
     much as their own re-runs do (``--repeat`` spread, within tolerance)."""
     a, b = v.a, v.b
-    if a.stats.hash is not None and a.stats.hash == b.stats.hash and a.dtype == b.dtype and \
-            tuple(a.shape) == tuple(b.shape):
+    if (
+        a.stats.hash is not None
+        and a.stats.hash == b.stats.hash
+        and a.dtype == b.dtype
+        and tuple(a.shape) == tuple(b.shape)
+    ):
         return True
     return v.agrees and max(a.spread or 0.0, b.spread or 0.0) > 0
 
@@ -374,8 +440,17 @@ def _same_input_bits(e: Any, f: Any, v: PairVerdict) -> bool | None:
     return e.input.hash == f.input.hash
 
 
-def _walk(level: str, a: list[Any], b: list[Any], pairs: list[Pair], sa: _Side, sb: _Side,
-          agrees: dict[int, bool], same_inputs: Any, fallback_too: bool) -> tuple[Divergence | None, bool]:
+def _walk(
+    level: str,
+    a: list[Any],
+    b: list[Any],
+    pairs: list[Pair],
+    sa: _Side,
+    sb: _Side,
+    agrees: dict[int, bool],
+    same_inputs: Any,
+    fallback_too: bool,
+) -> tuple[Divergence | None, bool]:
     """The first pair (A's order) that does not ``agree`` while its inputs do (``same_inputs``
     at level modules), as a ``Divergence`` (a ``Region`` when unpaired entries lead to it); with
     ``fallback_too``, else the first that does not agree, with ``inputs_agree`` false. Returns
@@ -401,37 +476,54 @@ def _walk(level: str, a: list[Any], b: list[Any], pairs: list[Pair], sa: _Side, 
             prev_a, prev_b = ia, max(prev_b, ib)
         if not agrees[ia]:
             if inputs_ok:
-                return (_region_divergence(v, True, a, b, ra, rb) if (ra or rb) else Divergence(v, True)), False
+                return (
+                    _region_divergence(v, True, a, b, ra, rb) if (ra or rb) else Divergence(v, True)
+                ), False
             if fallback is None and fallback_too:
                 fallback = Divergence(v, False)
         prev_agrees = agrees[ia]
     return fallback, fallback is not None
 
 
-def compare_recordings(a: list[Any], b: list[Any], level: str = "modules",
-                       rtol: float | None = None) -> RecordingsComparison:
+def compare_recordings(
+    a: list[Any], b: list[Any], level: str = "modules", rtol: float | None = None
+) -> RecordingsComparison:
     """Align two recordings (trace entries or ``recordings.Recorded``), judge every pair and find
     the first divergence (beyond tolerance), the first difference (bitwise), each side's first
     non-finite entry and the outputs' verdict."""
     pairs = align(level, a, b)
     sa, sb = _Side(a, {ia: ia for ia, _ in pairs}), _Side(b, {ib: ia for ia, ib in pairs})
-    verdicts: dict[int, PairVerdict] = {ia: judge(a[ia], b[ib], rtol, sa.carried[ia] | sb.carried[ib])
-                                        for ia, ib in pairs}
+    verdicts: dict[int, PairVerdict] = {
+        ia: judge(a[ia], b[ib], rtol, sa.carried[ia] | sb.carried[ib]) for ia, ib in pairs
+    }
     sa.verdicts = sb.verdicts = verdicts
     notes: list[str] = []
-    first, fell_back = _walk(level, a, b, pairs, sa, sb, {i: v.agrees for i, v in verdicts.items()},
-                             _same_inputs, True)
+    first, fell_back = _walk(
+        level, a, b, pairs, sa, sb, {i: v.agrees for i, v in verdicts.items()}, _same_inputs, True
+    )
     if fell_back:
-        notes.append("every entry that differs beyond tolerance has inputs that differ too (each judged in its own "
-                     "precision): the first of them is shown, with inputs_agree false")
-    difference, _ = _walk(level, a, b, pairs, sa, sb, {i: bitwise(v) for i, v in verdicts.items()},
-                          _same_input_bits, False)
+        notes.append(
+            "every entry that differs beyond tolerance has inputs that differ too (each judged in its own "
+            "precision): the first of them is shown, with inputs_agree false"
+        )
+    difference, _ = _walk(
+        level, a, b, pairs, sa, sb, {i: bitwise(v) for i, v in verdicts.items()}, _same_input_bits, False
+    )
     finite_errs = [v.rel_err for v in verdicts.values() if math.isfinite(v.rel_err)]
     outputs, out_note = outputs_verdict(a, b, level, pairs, verdicts)
     if out_note:
         notes.append(out_note)
-    return RecordingsComparison(pairs, verdicts, first, first_nonfinite(a), first_nonfinite(b),
-                                max(finite_errs) if finite_errs else None, notes, outputs, difference)
+    return RecordingsComparison(
+        pairs,
+        verdicts,
+        first,
+        first_nonfinite(a),
+        first_nonfinite(b),
+        max(finite_errs) if finite_errs else None,
+        notes,
+        outputs,
+        difference,
+    )
 
 
 def compare_traces(a: Trace, b: Trace, rtol: float | None = None, fail_on: str = "outputs") -> DiffResult:
@@ -446,32 +538,57 @@ def compare_traces(a: Trace, b: Trace, rtol: float | None = None, fail_on: str =
         for ia, ib in align(level, a.entries, b.entries):
             ea, eb = a.entries[ia], b.entries[ib]
             if ea.shape != eb.shape:
-                raise NotComparable(f"different inputs or models: {ea.module or '<root>'} (call {ea.call_index}, "
-                                    f"input {ea.input_index}, step {ea.step}) returns shape {list(ea.shape)} in A and "
-                                    f"{list(eb.shape)} in B")
+                raise NotComparable(
+                    f"different inputs or models: {ea.module or '<root>'} (call {ea.call_index}, "
+                    f"input {ea.input_index}, step {ea.step}) returns shape {list(ea.shape)} in A and "
+                    f"{list(eb.shape)} in B"
+                )
     cmp = compare_recordings(a.entries, b.entries, level, rtol)
     notes = list(cmp.notes)
     ua, ub = len(a.entries) - len(cmp.pairs), len(b.entries) - len(cmp.pairs)
     if ua or ub:
-        notes.append(f"{ua} entr{'y' if ua == 1 else 'ies'} of A and {ub} of B have no counterpart (fused, hidden "
-                     "in a compiled region, or present in one version only): each is judged at the first paired "
-                     "entry after it")
+        notes.append(
+            f"{ua} entr{'y' if ua == 1 else 'ies'} of A and {ub} of B have no counterpart (fused, hidden "
+            "in a compiled region, or present in one version only): each is judged at the first paired "
+            "entry after it"
+        )
     ca, cb = a.header.env.get("compile"), b.header.env.get("compile")
     if ca != cb:
         sides = [(s, c, t) for s, c, t in (("A", ca, a), ("B", cb, b)) if c]
-        opaque = [f"{s} ran under torch.compile ({c})" for s, c, t in sides if all(e.module == "" for e in t.entries)]
+        opaque = [
+            f"{s} ran under torch.compile ({c})"
+            for s, c, t in sides
+            if all(e.module == "" for e in t.entries)
+        ]
         alone = [s for s, c, t in sides if any(e.module != "" for e in t.entries)]
         if alone:
-            notes.append(f"{' and '.join(alone)} ran under torch.compile: each module call is recorded as that module "
-                         "compiled alone on eager's inputs (its module boundaries), so the module named is where "
-                         "compile changed the numbers")
+            notes.append(
+                f"{' and '.join(alone)} ran under torch.compile: each module call is recorded as that module "
+                "compiled alone on eager's inputs (its module boundaries), so the module named is where "
+                "compile changed the numbers"
+            )
         if opaque:
-            notes.append(f"{' and '.join(opaque)}: module calls inside a compiled region are not seen, so the "
-                         "divergence is named at the nearest call outside it; `nanhunter scan --compile` searches "
-                         "the module where compiled and eager part (compile.first_divergent_module)")
-    return DiffResult(a, b, level, rtol, env_diff(a.header.env, b.header.env), cmp.pairs, cmp.first_divergence,
-                      cmp.first_nonfinite_a, cmp.first_nonfinite_b, cmp.max_rel_err, notes, cmp.outputs, fail_on,
-                      cmp.first_difference)
+            notes.append(
+                f"{' and '.join(opaque)}: module calls inside a compiled region are not seen, so the "
+                "divergence is named at the nearest call outside it; `nanhunter scan --compile` searches "
+                "the module where compiled and eager part (compile.first_divergent_module)"
+            )
+    return DiffResult(
+        a,
+        b,
+        level,
+        rtol,
+        env_diff(a.header.env, b.header.env),
+        cmp.pairs,
+        cmp.first_divergence,
+        cmp.first_nonfinite_a,
+        cmp.first_nonfinite_b,
+        cmp.max_rel_err,
+        notes,
+        cmp.outputs,
+        fail_on,
+        cmp.first_difference,
+    )
 
 
 def plot_series(res: DiffResult) -> dict[str, Any]:
@@ -481,6 +598,8 @@ def plot_series(res: DiffResult) -> dict[str, Any]:
     a_vals = [e.stats.absmax for e in res.a.entries]
     b_vals = [res.b.entries[b_of[i]].stats.absmax if i in b_of else None for i in range(len(res.a.entries))]
     bad_a = [e.index for e in res.a.entries if e.stats.kind is not None]
-    bad_b = [i for i in range(len(res.a.entries)) if i in b_of and res.b.entries[b_of[i]].stats.kind is not None]
+    bad_b = [
+        i for i in range(len(res.a.entries)) if i in b_of and res.b.entries[b_of[i]].stats.kind is not None
+    ]
     mark = res.first_divergence.verdict.a.index if res.first_divergence else None
     return {"a": a_vals, "b": b_vals, "bad_a": bad_a, "bad_b": bad_b, "mark": mark}

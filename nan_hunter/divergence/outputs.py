@@ -34,8 +34,13 @@ class OutputsVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         err = self.rel_err
-        return {"equal": self.equal, "rel_err": err if err is None or math.isfinite(err) else None,
-                "tolerance": self.tolerance, "calls": self.calls, "unpaired": self.unpaired}
+        return {
+            "equal": self.equal,
+            "rel_err": err if err is None or math.isfinite(err) else None,
+            "tolerance": self.tolerance,
+            "calls": self.calls,
+            "unpaired": self.unpaired,
+        }
 
 
 def output_groups(entries: Sequence[Any], level: str, marked: bool) -> dict[tuple[int, int], list[int]]:
@@ -55,16 +60,22 @@ def output_groups(entries: Sequence[Any], level: str, marked: bool) -> dict[tupl
     return groups
 
 
-def outputs_verdict(a: Sequence[Any], b: Sequence[Any], level: str, pairs: Sequence[tuple[int, int]],
-                    verdicts: dict[int, Any]) -> tuple[OutputsVerdict | None, str | None]:
+def outputs_verdict(
+    a: Sequence[Any], b: Sequence[Any], level: str, pairs: Sequence[tuple[int, int]], verdicts: dict[int, Any]
+) -> tuple[OutputsVerdict | None, str | None]:
     """The outputs' verdict and a note (or None), from paired entries and their verdicts (by A's
     index: ``rel_err``, ``tolerance``, ``agrees``)."""
-    marked = level == "ops" and any(getattr(e, "output", False) for e in a) and \
-        any(getattr(e, "output", False) for e in b)
+    marked = (
+        level == "ops"
+        and any(getattr(e, "output", False) for e in a)
+        and any(getattr(e, "output", False) for e in b)
+    )
     note = None
     if level == "ops" and not marked:
-        note = ("the traces do not mark the outputs (written before nanhunter 1.4, or one side only): the last "
-                "entry of each root call is taken as its output")
+        note = (
+            "the traces do not mark the outputs (written before nanhunter 1.4, or one side only): the last "
+            "entry of each root call is taken as its output"
+        )
     ga, gb = output_groups(a, level, marked), output_groups(b, level, marked)
     if not ga and not gb:
         return None, "no entry holds the model's outputs: whether the runs' outputs differ is not known"
@@ -84,5 +95,10 @@ def outputs_verdict(a: Sequence[Any], b: Sequence[Any], level: str, pairs: Seque
             worst = max(worst, level_)
             errs.append(0.0 if same else v.rel_err)
             tols.append(v.tolerance)
-    return OutputsVerdict(EQUAL[worst], max(errs) if errs else None, max(tols) if tols else None,
-                          len(set(ga) | set(gb)), unpaired), note
+    return OutputsVerdict(
+        EQUAL[worst],
+        max(errs) if errs else None,
+        max(tols) if tols else None,
+        len(set(ga) | set(gb)),
+        unpaired,
+    ), note

@@ -16,11 +16,43 @@ from collections.abc import Sequence
 from typing import Any
 
 #: aten ops (the name between ``aten.`` and the overload) whose output holds operand values exactly
-EXACT_OPS = frozenset((
-    "cat", "concat", "concatenate", "stack", "hstack", "vstack", "copy", "copy_", "_copy_from", "index",
-    "_unsafe_index", "index_select", "gather", "embedding", "take", "take_along_dim", "repeat", "tile",
-    "slice_scatter", "select_scatter", "as_strided_scatter", "roll", "flip", "expand_copy", "permute_copy",
-    "view_copy", "_unsafe_view", "view", "reshape", "clone", "alias", "t_copy", "transpose_copy"))
+EXACT_OPS = frozenset(
+    (
+        "cat",
+        "concat",
+        "concatenate",
+        "stack",
+        "hstack",
+        "vstack",
+        "copy",
+        "copy_",
+        "_copy_from",
+        "index",
+        "_unsafe_index",
+        "index_select",
+        "gather",
+        "embedding",
+        "take",
+        "take_along_dim",
+        "repeat",
+        "tile",
+        "slice_scatter",
+        "select_scatter",
+        "as_strided_scatter",
+        "roll",
+        "flip",
+        "expand_copy",
+        "permute_copy",
+        "view_copy",
+        "_unsafe_view",
+        "view",
+        "reshape",
+        "clone",
+        "alias",
+        "t_copy",
+        "transpose_copy",
+    )
+)
 #: ops that convert dtype: exact only when the output dtype holds every value of the input's
 CASTS = frozenset(("_to_copy", "to", "copy", "copy_", "_copy_from", "type_as"))
 _FP8 = ("fp8-e4m3", "fp8-e5m2", "fp8-e4m3fnuz", "fp8-e5m2fnuz")

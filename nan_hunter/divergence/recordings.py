@@ -72,13 +72,27 @@ def _row_stats(rows: Any, refs: list[tuple[str, int]]) -> Stats:
     n = sum(r.numel - r.nan - r.posinf - r.neginf for r in rs)
     mean = sum(r.sum for r in rs) / n if have_sums and n else None
     l2 = math.sqrt(sum(r.sumsq for r in rs)) if have_sums else None
-    return Stats(sum(r.nan for r in rs), sum(r.posinf for r in rs), sum(r.neginf for r in rs),
-                 max(maxes) if maxes else None, min(mins) if mins else None, mean, l2, None)
+    return Stats(
+        sum(r.nan for r in rs),
+        sum(r.posinf for r in rs),
+        sum(r.neginf for r in rs),
+        max(maxes) if maxes else None,
+        min(mins) if mins else None,
+        mean,
+        l2,
+        None,
+    )
 
 
 def from_calls(calls: list[Any], rows: Any) -> list[Recorded]:
     """The forward calls of a capture (``capture.records.Call``) that finished, in completion
     order, with the statistics of their outputs."""
-    done = sorted((c for c in calls if c.phase == "forward" and c.seq >= 0 and c.outputs), key=lambda c: c.seq)
-    return [Recorded(i, c.module, c.module_type, c.call_index, c.input_index, 0, _row_stats(rows, c.outputs), None)
-            for i, c in enumerate(done)]
+    done = sorted(
+        (c for c in calls if c.phase == "forward" and c.seq >= 0 and c.outputs), key=lambda c: c.seq
+    )
+    return [
+        Recorded(
+            i, c.module, c.module_type, c.call_index, c.input_index, 0, _row_stats(rows, c.outputs), None
+        )
+        for i, c in enumerate(done)
+    ]

@@ -25,7 +25,9 @@ class Cause(StrEnum):
     DIVISION_BY_ZERO = "division_by_zero"
     DOMAIN_ERROR = "domain_error"
     MASKED_SOFTMAX = "masked_softmax"
-    EMPTY_REDUCTION = "empty_reduction"  # v1.4: a mean over nothing (every loss target ignored), var with correction ≥ n
+    EMPTY_REDUCTION = (
+        "empty_reduction"  # v1.4: a mean over nothing (every loss target ignored), var with correction ≥ n
+    )
     INVALID_OPERATION = "invalid_operation"  # v1.4: 0 × ∞, ∞ − ∞ or ∞/∞ on an infinity made earlier
     UNINITIALISED_READ = "uninitialised_read"
     COMPILE_DIVERGENCE = "compile_divergence"
@@ -68,13 +70,45 @@ MECHANISM_CAUSE = {
     "uninitialised_read": Cause.UNINITIALISED_READ,
 }
 
-MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm", "einsum", "dot", "mv"}
+MATMUL_OPS = {
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "matmul",
+    "linear",
+    "_scaled_mm",
+    "addbmm",
+    "einsum",
+    "dot",
+    "mv",
+}
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax"}
-NORM_OPS = {"native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm", "native_group_norm", "group_norm",
-            "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional", "rsqrt"}
-LOSS_OPS = {"nll_loss_forward", "nll_loss", "nll_loss2d_forward", "binary_cross_entropy",
-            "binary_cross_entropy_with_logits", "mse_loss", "kl_div", "smooth_l1_loss", "huber_loss",
-            "soft_margin_loss", "cross_entropy_loss"}
+NORM_OPS = {
+    "native_layer_norm",
+    "layer_norm",
+    "_fused_rms_norm",
+    "rms_norm",
+    "native_group_norm",
+    "group_norm",
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "rsqrt",
+}
+LOSS_OPS = {
+    "nll_loss_forward",
+    "nll_loss",
+    "nll_loss2d_forward",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "mse_loss",
+    "kl_div",
+    "smooth_l1_loss",
+    "huber_loss",
+    "soft_margin_loss",
+    "cross_entropy_loss",
+}
 CAST_OPS = {"_to_copy", "to", "copy", "copy_", "_autocast_to_reduced_precision", "convert_element_type"}
 SCALE_OPS = {"reciprocal"}
 
@@ -83,8 +117,15 @@ def _has(text: str, *words: str) -> bool:
     return any(w in text for w in words)
 
 
-def subject_of(*, role: str | None, phase: str = "forward", module: str | None = None,
-               module_type: str | None = None, op: str | None = None, is_block: bool = False) -> Subject | None:
+def subject_of(
+    *,
+    role: str | None,
+    phase: str = "forward",
+    module: str | None = None,
+    module_type: str | None = None,
+    op: str | None = None,
+    is_block: bool = False,
+) -> Subject | None:
     """What the fault happened to: from the phase (gradient, optimizer state), the role (weights),
     the op (a loss, a cast, a softmax, a norm) and the module's name and type (attention, MLP,
     embedding, the residual add of a block). None when nothing says (a weights-only scan)."""
@@ -154,6 +195,8 @@ MECHANISM_WORDS = {
 
 def why_unknown(op: str | None) -> str:
     """The evidence line for a located op whose mechanism could not be evaluated."""
-    return (f"the mechanism of {op or 'the op'} could not be evaluated: it has no float64 or float32 kernel, "
-            "reads an operand nanhunter cannot (a tensor subclass, a custom kernel), or its semantics are not "
-            "known to nanhunter")
+    return (
+        f"the mechanism of {op or 'the op'} could not be evaluated: it has no float64 or float32 kernel, "
+        "reads an operand nanhunter cannot (a tensor subclass, a custom kernel), or its semantics are not "
+        "known to nanhunter"
+    )

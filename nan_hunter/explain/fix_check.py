@@ -50,14 +50,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..dtypes import RunDtype
 
-__all__ = ["MECHANICAL", "NO_FIX", "UNVERIFIED", "FixVerified", "Region", "Verdict", "from_emulate_precision_casts",
-           "no_mechanical_fix", "verify_fix", "with_verdict"]
+__all__ = [
+    "MECHANICAL",
+    "NO_FIX",
+    "UNVERIFIED",
+    "FixVerified",
+    "Region",
+    "Verdict",
+    "from_emulate_precision_casts",
+    "no_mechanical_fix",
+    "verify_fix",
+    "with_verdict",
+]
 
 #: attributes holding an epsilon, as torch and transformers name them
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps", "rms_norm_eps")
 #: the largest model (parameter bytes) copied whole for a model-level check; bigger: the region only
 MODEL_COPY_LIMIT = COPY_LIMIT
-
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,12 @@ class Change:
     def applied_as(self, run: RunDtype, name: str) -> dict[str, Any]:
         """What the user applies (``FixVerified.applied_as``)."""
         if self.kind == "policy":
-            return {"kind": "policy", "policy": self.value or {name: "fp32"}, "dtype": run.name, "option": None}
+            return {
+                "kind": "policy",
+                "policy": self.value or {name: "fp32"},
+                "dtype": run.name,
+                "option": None,
+            }
         if self.kind == "dtype":
             return {"kind": "dtype", "policy": None, "dtype": self.value, "option": None}
         return {"kind": self.kind, "policy": None, "dtype": None, "option": self.value}
@@ -95,6 +109,7 @@ def _keep(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.Abstrac
             yield
         finally:
             handle.remove()
+
     return apply
 
 
@@ -102,6 +117,7 @@ def _run_in(dtype: str) -> Callable[[nn.Module, str, RunDtype], contextlib.Abstr
     @contextlib.contextmanager
     def apply(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
         yield  # the copy and its inputs are cast to ``dtype`` by the caller (``Plan.dtype``)
+
     apply.run_dtype = dtype  # type: ignore[attr-defined]
     return apply
 
@@ -130,12 +146,16 @@ def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    ops = {torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default,
-           torch.ops.aten._safe_softmax.default}
+    ops = {
+        torch.ops.aten._softmax.default,
+        torch.ops.aten._log_softmax.default,
+        torch.ops.aten._safe_softmax.default,
+    }
 
     class SafeSoftmax(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                               kwargs: dict[str, Any] | None = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
             out = func(*args, **(kwargs or {}))
             if func in ops:
                 x, dim = args[0], args[1]
@@ -144,7 +164,9 @@ def _safe_softmax(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
             return out
 
     prev = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention: the slow path, whose softmax this is
+    torch.backends.mha.set_fastpath_enabled(
+        False
+    )  # nn.MultiheadAttention: the slow path, whose softmax this is
     try:
         with SafeSoftmax():  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init__: unannotated
             yield
@@ -170,8 +192,9 @@ def _clamped_scale(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]
         return torch.where(small, torch.sign(d) * floor, d)
 
     class ClampedScale(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                               kwargs: dict[str, Any] | None = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
             if func is torch.ops.aten.reciprocal.default:
                 args = (clamp(args[0]),)
             elif func is torch.ops.aten.div.Tensor and isinstance(args[1], torch.Tensor):
@@ -221,8 +244,9 @@ def _sdpa(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
     calls = 0
 
     class SeeSDPA(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                               kwargs: dict[str, Any] | None = None) -> Any:
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
             nonlocal calls
             if func is sdpa:
                 calls += 1
@@ -231,7 +255,9 @@ def _sdpa(model: nn.Module, name: str, run: RunDtype) -> Iterator[None]:
     with SeeSDPA():
         yield
     if not calls:
-        raise _NotApplicable("scaled_dot_product_attention never ran: the attention does not dispatch on the config")
+        raise _NotApplicable(
+            "scaled_dot_product_attention never ran: the attention does not dispatch on the config"
+        )
 
 
 class _NotApplicable(Exception):
@@ -243,10 +269,16 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
     keep32 = Change(f"keep {name} in fp32 (apply_policy)", _keep("fp32"), kind="policy", keep_search=True)
     # a transformers model in eager attention (else not applicable): the smallest change a user can make,
     # the run's dtype kept, so tried first where SDPA is the fix
-    sdpa = Change('attn_implementation="sdpa" instead of "eager"', _sdpa, kind="option",
-                  value='attn_implementation="sdpa"')
+    sdpa = Change(
+        'attn_implementation="sdpa" instead of "eager"',
+        _sdpa,
+        kind="option",
+        value='attn_implementation="sdpa"',
+    )
     if d.cause == "overflow":
-        if run.is_fp8:  # fp8 emulation covers every matmul of the run: keeping one module higher is not mechanical
+        if (
+            run.is_fp8
+        ):  # fp8 emulation covers every matmul of the run: keeping one module higher is not mechanical
             return []
         # chosen from the typed subject (contract v1.4), never from the summary's words
         bf16 = Change("run in bf16", _run_in("bf16"), kind="dtype", value="bf16")
@@ -257,23 +289,44 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
         else:
             changes = [keep32, bf16] if run.compute != "fp32" else []
         # never the dtype the run already computed in: no change at all
-        return [c for c in changes if not (c is keep32 and run.compute == "fp32" or c is bf16 and run.compute == "bf16")]
+        return [
+            c
+            for c in changes
+            if not (c is keep32 and run.compute == "fp32" or c is bf16 and run.compute == "bf16")
+        ]
     if d.cause == "division_by_zero":
         if d.dtype in ("fp32", "fp64"):  # the division already ran in fp32 (CPU autocast): no dtype helps
             return []
-        return [Change(f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}", _eps_it_holds,
-                       kind="option", value=f"{name}: eps ≥ {run.range.smallest_normal:.2g}"),
-                keep32]
+        return [
+            Change(
+                f"an eps {run.compute} can hold (≥ {run.range.smallest_normal:.2g}) in {name}",
+                _eps_it_holds,
+                kind="option",
+                value=f"{name}: eps ≥ {run.range.smallest_normal:.2g}",
+            ),
+            keep32,
+        ]
     if d.cause == "scale_underflow":
-        return [Change(f"compute the scale in fp32 (keep {name} in fp32, apply_policy)", _keep("fp32"), kind="policy"),
-                Change(f"a clamped scale in {name} (|divisor| ≥ 1/{run.range.name} max)", _clamped_scale,
-                       whole_model=False)]
+        return [
+            Change(
+                f"compute the scale in fp32 (keep {name} in fp32, apply_policy)", _keep("fp32"), kind="policy"
+            ),
+            Change(
+                f"a clamped scale in {name} (|divisor| ≥ 1/{run.range.name} max)",
+                _clamped_scale,
+                whole_model=False,
+            ),
+        ]
     if d.cause == "masked_softmax":
-        return [sdpa, Change(f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)", _safe_softmax,
-                             kind="code")]
+        return [
+            sdpa,
+            Change(
+                f"a safe softmax in {name} (a fully masked row gives zeros, as SDPA's)",
+                _safe_softmax,
+                kind="code",
+            ),
+        ]
     return []
-
-
 
 
 # --- running a copy ------------------------------------------------------------------------------
@@ -282,7 +335,6 @@ def _changes(d: Diagnosis, run: RunDtype, module_type: str | None) -> list[Chang
 def _outputs(fn: Callable[[], Any]) -> dict[str, Any]:
     """The floating tensors of ``fn()``'s output by where they sit in it ("[0]", "logits"...)."""
     import torch
-
 
     with torch.no_grad():
         return {k: t.detach() for k, t in float_tensors(fn())}
@@ -360,11 +412,16 @@ def _model_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-
-
-def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
-               model: nn.Module | None = None, batch: dict[str, Any] | None = None,
-               module_type: str | None = None, whole: WholeModel | None = None) -> FixVerified | None:
+def verify_fix(
+    diagnosis: Diagnosis | None,
+    region: Region | None,
+    run: RunDtype,
+    *,
+    model: nn.Module | None = None,
+    batch: dict[str, Any] | None = None,
+    module_type: str | None = None,
+    whole: WholeModel | None = None,
+) -> FixVerified | None:
     """The diagnosis' mechanical fix applied to a copy and re-run on the failing input: on the
     whole ``model`` with ``batch`` when both are given (and the model is small enough to copy),
     else on the ``region``. A change holds when the failing region's outputs (and the copy's) are
@@ -373,8 +430,9 @@ def verify_fix(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype
     None when the cause has no mechanical fix, the control does not fail (nothing to verify
     against), or nothing could run (``verdict`` says which). ``whole``: the model, the failing step's
     inputs and its full-precision weights (``model``/``batch``: a model whose weights are full precision)."""
-    return verdict(diagnosis, region, run, model=model, batch=batch, module_type=module_type,
-                   whole=whole).fix_verified
+    return verdict(
+        diagnosis, region, run, model=model, batch=batch, module_type=module_type, whole=whole
+    ).fix_verified
 
 
 @dataclass
@@ -394,25 +452,36 @@ def _how(ch: Change, fv: FixVerified, run: RunDtype, name: str, kept: KeepFix | 
     if fv.applied_as and fv.applied_as["kind"] == "policy":
         mods = list(fv.applied_as["policy"])
         pol = {"dtype": run.name, "keep_dtype": "fp32", "modules": fv.applied_as["policy"]}
-        text = (f"Keep {', '.join(mods)} in fp32 with a policy: nan_hunter.apply_policy(model, {pol!r}) on the model "
-                f"loaded at full precision (`nanhunter bisect --dtype {run.name} --policy-out keep.yaml` writes the "
-                f"same policy as a file). Its hooks cast a kept module's inputs to fp32 and its output back to "
-                f"{run.name} where it fits {run.name}'s range")
+        text = (
+            f"Keep {', '.join(mods)} in fp32 with a policy: nan_hunter.apply_policy(model, {pol!r}) on the model "
+            f"loaded at full precision (`nanhunter bisect --dtype {run.name} --policy-out keep.yaml` writes the "
+            f"same policy as a file). Its hooks cast a kept module's inputs to fp32 and its output back to "
+            f"{run.name} where it fits {run.name}'s range"
+        )
         if kept is not None and kept.stayed_high:
             back = [m for m in mods if m not in kept.stayed_high]
-            text += (f"; the output of {', '.join(kept.stayed_high)} does not fit and stays fp32 (torch's type "
-                     "promotion carries the activations on in fp32)"
-                     + (f" until {back[-1]}, whose output returns to {run.name}" if back else
-                        ", to the model's outputs"))
+            text += (
+                f"; the output of {', '.join(kept.stayed_high)} does not fit and stays fp32 (torch's type "
+                "promotion carries the activations on in fp32)"
+                + (
+                    f" until {back[-1]}, whose output returns to {run.name}"
+                    if back
+                    else ", to the model's outputs"
+                )
+            )
         return text + "."
     if fv.applied_as and fv.applied_as["kind"] == "dtype":
         dt = fv.applied_as["dtype"]
         t = f"torch.{_TORCH_NAMES.get(dt, dt)}"
-        return (f"Run in {dt}: load or cast the model in {dt} ({_from_pretrained_keyword()}={t}, model.to({t})) "
-                f"or run it under torch.autocast(dtype={t}).")
+        return (
+            f"Run in {dt}: load or cast the model in {dt} ({_from_pretrained_keyword()}={t}, model.to({t})) "
+            f"or run it under torch.autocast(dtype={t})."
+        )
     if ch.value == 'attn_implementation="sdpa"':
-        return ('Load the model with attn_implementation="sdpa" (or call model.set_attn_implementation("sdpa")): '
-                "fused attention scales q before the matmul, keeping the run's dtype.")
+        return (
+            'Load the model with attn_implementation="sdpa" (or call model.set_attn_implementation("sdpa")): '
+            "fused attention scales q before the matmul, keeping the run's dtype."
+        )
     if ch.kind == "option":
         return f"Set {ch.value} (the dtype's smallest normal number, so the eps no longer rounds to zero)."
     return ch.text[0].upper() + ch.text[1:] + "."
@@ -422,9 +491,17 @@ def _alt(text: str, fv: FixVerified | None) -> dict[str, Any]:
     return {"fix": text, "fix_verified": fv}
 
 
-def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *,
-            model: nn.Module | None = None, batch: dict[str, Any] | None = None,
-            module_type: str | None = None, rtol: float | None = None, whole: WholeModel | None = None) -> Verdict:
+def verdict(
+    diagnosis: Diagnosis | None,
+    region: Region | None,
+    run: RunDtype,
+    *,
+    model: nn.Module | None = None,
+    batch: dict[str, Any] | None = None,
+    module_type: str | None = None,
+    rtol: float | None = None,
+    whole: WholeModel | None = None,
+) -> Verdict:
     """Every mechanical change for the diagnosis tried on a copy (see ``verify_fix``). On the whole
     model, "keep in fp32" is the smallest keep set that makes the model's outputs finite and within
     ``rtol`` of fp32 (``keep_fix``: bisect's search), applied with ``apply_policy`` to a fresh copy.
@@ -446,8 +523,11 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
     fp32 = RD.of("fp32", run.recipe)
 
     def run_copy(scope: str, at: RunDtype, change: Change | None) -> Outcome:
-        return (_model_run(whole, region.name, at, change) if scope == "model" and whole is not None
-                else _region_run(region, at, change))
+        return (
+            _model_run(whole, region.name, at, change)
+            if scope == "model" and whole is not None
+            else _region_run(region, at, change)
+        )
 
     # a verification needs a failing control: the unchanged copy, at the run's precision, must
     # still fail at the failing region (else a finite result proves nothing about the change)
@@ -480,10 +560,15 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
             if kept is None:
                 fv = FixVerified(ch.text, False, None, "model", applied_as=ch.applied_as(run, region.name))
             else:
-                fv = FixVerified(f"keep {', '.join(kept.keep)} in fp32 (apply_policy)", kept.finite,
-                                 kept.max_rel_err, "model",
-                                 applied_as=Change("", _keep("fp32"), kind="policy",
-                                                   value=dict(kept.policy["modules"])).applied_as(run, region.name))
+                fv = FixVerified(
+                    f"keep {', '.join(kept.keep)} in fp32 (apply_policy)",
+                    kept.finite,
+                    kept.max_rel_err,
+                    "model",
+                    applied_as=Change(
+                        "", _keep("fp32"), kind="policy", value=dict(kept.policy["modules"])
+                    ).applied_as(run, region.name),
+                )
             tried.append((ch, fv, kept))
             continue
         try:
@@ -500,16 +585,23 @@ def verdict(diagnosis: Diagnosis | None, region: Region | None, run: RunDtype, *
             # contract v1.4: verified = the model's outputs finite AND within the tolerance of fp32
             # (a finite answer far from fp32 is no fix; the fix oracle found bf16/SDPA at 0.45)
             fine = False
-        tried.append((ch, FixVerified(ch.text, fine, rel, scope, applied_as=ch.applied_as(run, region.name)), None))
+        tried.append(
+            (ch, FixVerified(ch.text, fine, rel, scope, applied_as=ch.applied_as(run, region.name)), None)
+        )
     ran = [(c, f, k) for c, f, k in tried if f is not None]
     if not ran:
         return Verdict(why="control_finite" if no_control else "not_applicable")
-    order = ([t for t in ran if t[1].finite and t[1].scope == "model"] + [t for t in ran if t[1].finite]
-             + ran)
+    order = [t for t in ran if t[1].finite and t[1].scope == "model"] + [t for t in ran if t[1].finite] + ran
     ch, fv, kept = order[0]
     text = _how(ch, fv, run, region.name, kept) if fv.finite and fv.scope == "model" else None
-    alts = [_alt(_how(c, f, run, region.name, k) if f is not None and f.finite and f.scope == "model"
-                 else c.text, f) for c, f, k in tried if c is not ch]
+    alts = [
+        _alt(
+            _how(c, f, run, region.name, k) if f is not None and f.finite and f.scope == "model" else c.text,
+            f,
+        )
+        for c, f, k in tried
+        if c is not ch
+    ]
     return Verdict(fv, None, text, alts)
 
 
@@ -521,9 +613,19 @@ def from_emulate_precision_casts(block: dict[str, Any] | None, rtol: float) -> F
     err = block.get("max_rel_err")
     err = err if isinstance(err, float) and math.isfinite(err) else None
     ok = bool(block.get("compiled_finite")) and err is not None and err <= rtol
-    return FixVerified("torch._inductor.config.emulate_precision_casts = True", ok, err, "model", "eager",
-                       applied_as={"kind": "option", "policy": None, "dtype": None,
-                                   "option": "torch._inductor.config.emulate_precision_casts = True"})
+    return FixVerified(
+        "torch._inductor.config.emulate_precision_casts = True",
+        ok,
+        err,
+        "model",
+        "eager",
+        applied_as={
+            "kind": "option",
+            "policy": None,
+            "dtype": None,
+            "option": "torch._inductor.config.emulate_precision_casts = True",
+        },
+    )
 
 
 def with_verdict(diagnosis: Diagnosis, fv: FixVerified | Verdict | None, why: str | None = None) -> Diagnosis:
@@ -561,6 +663,7 @@ def _from_pretrained_keyword() -> str:
     ``torch_dtype`` before), so the printed fix runs as printed; ``dtype`` without transformers."""
     try:
         from ..model.placement import dtype_keyword  # lazy: imports transformers
+
         return dtype_keyword()
     except ImportError:
         return "dtype"

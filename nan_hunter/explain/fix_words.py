@@ -13,7 +13,7 @@ NO_FIX = {
     "nonfinite_weights": "the checkpoint holds NaN/Inf: restore or re-export it",
     "bad_scale": "a quantization scale in the checkpoint is bad: re-export it",
     "bad_zero_point": "the zero points follow another convention than the checkpoint declares: re-export it "
-                      "with the right checkpoint_format",
+    "with the right checkpoint_format",
     "domain_error": "the argument is outside the op's domain: the fix is upstream (a clamp changes the meaning)",
     "uninitialised_read": "the model reads memory it never wrote: the fix is in its code (write or mask it)",
     "not_reproducible": "the fault did not reproduce: there is nothing to re-run",
@@ -32,7 +32,7 @@ def no_mechanical_fix(cause: str) -> str | None:
 UNVERIFIED = {
     "no_change": "no change to try: the fix has no mechanical form for this fault at this precision",
     "control_finite": "not verified: an unchanged copy re-run on the failing input is finite at the failing "
-                      "region too, so a re-run cannot show that the change helps",
+    "region too, so a re-run cannot show that the change helps",
     "not_applicable": "not verified: none of the changes could be applied to a copy",
     "not_rerun": "not verified: the failing region could not be re-run",
 }

@@ -127,8 +127,14 @@ def run_whole(whole: WholeModel, m: nn.Module, at: RunDtype, device: Any) -> Any
     return whole.call(m, args, kwargs)
 
 
-def find_keep_set(whole: WholeModel, run: RunDtype, blamed: str | None, rtol: float,
-                  keep_dtype: str = "fp32", max_runs: int = MAX_RUNS) -> KeepFix | None:
+def find_keep_set(
+    whole: WholeModel,
+    run: RunDtype,
+    blamed: str | None,
+    rtol: float,
+    keep_dtype: str = "fp32",
+    max_runs: int = MAX_RUNS,
+) -> KeepFix | None:
     """The smallest keep set for the step's inputs (see the module docstring), verified on a fresh
     copy with ``apply_policy``; None when the all-``keep_dtype`` run is itself non-finite, the search
     finds no set within ``max_runs``, or keeping every candidate still fails."""
@@ -166,11 +172,18 @@ def find_keep_set(whole: WholeModel, run: RunDtype, blamed: str | None, rtol: fl
         return None
     policy = {"dtype": run.name, "keep_dtype": keep_dtype, "modules": {m: keep_dtype for m in res.keep}}
     finite, err, high = verify_policy(whole, runner.master, run, policy, ref_outs)
-    return KeepFix(list(res.keep), runner.runs + 1, finite and err is not None and err <= rtol, err, policy, high)
+    return KeepFix(
+        list(res.keep), runner.runs + 1, finite and err is not None and err <= rtol, err, policy, high
+    )
 
 
-def verify_policy(whole: WholeModel, master: dict[str, torch.Tensor], run: RunDtype,
-                  policy: dict[str, Any], ref: list[torch.Tensor]) -> tuple[bool, float | None, list[str]]:
+def verify_policy(
+    whole: WholeModel,
+    master: dict[str, torch.Tensor],
+    run: RunDtype,
+    policy: dict[str, Any],
+    ref: list[torch.Tensor],
+) -> tuple[bool, float | None, list[str]]:
     """``policy`` applied the public way (``apply_policy``) to a fresh copy of the model at full
     precision, run on the step's inputs: (outputs finite, max rel err against ``ref``, kept modules
     whose output stayed in the kept dtype because it did not fit the run's)."""
@@ -180,9 +193,11 @@ def verify_policy(whole: WholeModel, master: dict[str, torch.Tensor], run: RunDt
     high: list[str] = []
     watchers = []
     for name in policy["modules"]:
+
         def seen(mod: Any, args: Any, out: Any, name: str = name) -> None:
             if any(t.dtype != run.torch_compute for t in _outs(out)) and name not in high:
                 high.append(name)
+
         watchers.append(m.get_submodule(name).register_forward_hook(seen))  # after the policy's own hook
     try:
         with torch.no_grad(), run_context(run):

@@ -27,8 +27,9 @@ def float_outputs(out: Any) -> list[torch.Tensor]:
     return flat(out)
 
 
-def run_region(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-               run: RunDtype | torch.dtype) -> list[torch.Tensor]:
+def run_region(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: RunDtype | torch.dtype
+) -> list[torch.Tensor]:
     """A deep copy of ``module`` run on ``args``/``kwargs`` at ``run``'s precision (or a plain torch
     dtype such as float64 for the reference); the module and inputs given are not changed."""
     return float_outputs(run_copy(module, args, kwargs, run))
@@ -52,8 +53,9 @@ def summarize(outs: list[torch.Tensor], ref: list[torch.Tensor] | None) -> Repla
     return ReplayRow(finite, nan, pos, neg, absmax, rel)
 
 
-def replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-           run: RunDtype | None = None) -> dict[str, ReplayRow]:
+def replay(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: RunDtype | None = None
+) -> dict[str, ReplayRow]:
     """The replay matrix: each of fp32, bf16, fp16, fp8-e4m3, fp8-e5m2 (and fp64 as reference),
     fp8 columns with ``run``'s fp8 recipe."""
     run = run or RunDtype.of("fp32")
@@ -86,11 +88,17 @@ def _leaf_inputs(obj: Any) -> tuple[Any, list[torch.Tensor]]:
             t = t.detach().requires_grad_(True)
             leaves.append(t)
         return t
+
     return map_tensors(obj, mark), leaves
 
 
-def run_backward_region(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grads: list[Any],
-                        run: RunDtype | torch.dtype) -> list[torch.Tensor]:
+def run_backward_region(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grads: list[Any],
+    run: RunDtype | torch.dtype,
+) -> list[torch.Tensor]:
     """A deep copy of ``module`` at ``run``'s precision: forward from copies of ``args``/``kwargs``,
     backward from ``grads`` (cast to it); the gradients it produces w.r.t. its floating inputs and
     its parameters, in a fixed order."""
@@ -109,8 +117,13 @@ def run_backward_region(module: nn.Module, args: tuple[Any, ...], kwargs: dict[s
     return [g.detach() for g in res if g is not None]
 
 
-def backward_replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grads: list[Any],
-                    run: RunDtype | None = None) -> dict[str, ReplayRow]:
+def backward_replay(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grads: list[Any],
+    run: RunDtype | None = None,
+) -> dict[str, ReplayRow]:
     """The replay matrix of a backward fault: the failing module's forward and backward from its
     captured inputs and the gradient that reached its outputs, in each dtype; the entries measure
     the gradients it produces (w.r.t. its inputs and parameters) against float64."""
@@ -135,8 +148,14 @@ def failed_row(e: Exception) -> ReplayRow:
     return ReplayRow(False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad: torch.Tensor,
-                     state: dict[str, torch.Tensor], run: RunDtype | None = None) -> dict[str, ReplayRow]:
+def optimizer_replay(
+    cls: type,
+    hyper: dict[str, Any],
+    weight: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    run: RunDtype | None = None,
+) -> dict[str, ReplayRow]:
     """The replay matrix of an optimizer fault: one parameter's ``step()`` from its value, gradient
     and optimizer state before the step, with a fresh optimizer of the same class and
     hyperparameters, parameter, gradient and floating state cast to each dtype; the entries
@@ -144,7 +163,6 @@ def optimizer_replay(cls: type, hyper: dict[str, Any], weight: torch.Tensor, gra
     the parameter in fp8's compute dtype under fp8 emulation (optimizers run no matmul, so they
     match it)."""
     run = run or RunDtype.of("fp32")
-
 
     def one(r: RunDtype | torch.dtype) -> list[torch.Tensor]:
         o, p = fresh_optimizer(cls, hyper, weight, grad, state, torch_dtype_of(r))

@@ -30,16 +30,33 @@ def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
             continue
         tight = {d: h for d, h in t.headroom.items() if h < 1 / frac}
         if tight:
-            near.append({"name": t.name, "dtype": t.dtype, "absmax": t.absmax,
-                         "overflows": [d for d, o in t.overflows.items() if o], "headroom": tight})
+            near.append(
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "absmax": t.absmax,
+                    "overflows": [d for d, o in t.overflows.items() if o],
+                    "headroom": tight,
+                }
+            )
     for q in ws.quantized:
         if q.dequant_absmax is None:
             continue
-        room = {d: (limits(d).max / q.dequant_absmax if q.dequant_absmax else math.inf) for d in HEADROOM_DTYPES}
+        room = {
+            d: (limits(d).max / q.dequant_absmax if q.dequant_absmax else math.inf) for d in HEADROOM_DTYPES
+        }
         tight = {d: h for d, h in room.items() if h < 1 / frac}
         if tight:
-            near.append({"name": q.name, "dtype": q.format, "absmax": q.dequant_absmax, "dequantized": True,
-                         "overflows": [d for d, h in room.items() if h < 1], "headroom": tight})
+            near.append(
+                {
+                    "name": q.name,
+                    "dtype": q.format,
+                    "absmax": q.dequant_absmax,
+                    "dequantized": True,
+                    "overflows": [d for d, h in room.items() if h < 1],
+                    "headroom": tight,
+                }
+            )
     sampled = any(t.sampled for t in ws.tensors)
     under = [t for t in ws.tensors if (t.fp16_zero_frac or 0) > 0.01]
     return {
@@ -47,15 +64,24 @@ def weights_section(ws: WeightsScan, cfg: Config) -> dict[str, Any]:
         "nonfinite": [t.nonfinite_dict() for t in ws.nonfinite],
         "n_skipped": ws.n_skipped,
         "near_overflow": near,
-        "fp16_underflow": [{"name": t.name, "zero_frac": t.fp16_zero_frac, "subnormal_frac": t.fp16_subnormal_frac,
-                            "min_nonzero": t.min_nonzero} for t in under],
+        "fp16_underflow": [
+            {
+                "name": t.name,
+                "zero_frac": t.fp16_zero_frac,
+                "subnormal_frac": t.fp16_subnormal_frac,
+                "min_nonzero": t.min_nonzero,
+            }
+            for t in under
+        ],
         "underflow_sampled": sampled,
         "tensors": [t.to_dict() for t in ws.tensors],
         **weights_sections(ws),  # unchecked, quantized, suspicious
     }
 
 
-def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, scales_only: bool = False) -> None:
+def weights_verdict(
+    rep: Report, cfg: Config, ws: WeightsScan | None = None, scales_only: bool = False
+) -> None:
     """``rep.diagnosis`` from the weights scan alone, for a run that never ran the model or found
     nothing; None when the weights are clean. The cause is per tensor: a float tensor holding NaN/Inf is
     ``nonfinite_weights``, a quantized weight's bad scale is ``bad_scale`` (its scale tensor's own NaN/Inf
@@ -65,7 +91,9 @@ def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, sca
     non-finite weight it never read is not)."""
     scales = bad_scales(ws) if ws is not None else []
     own = {q["scale"] for q in scales}
-    bad = [] if scales_only else [w for w in (rep.weights or {}).get("nonfinite") or [] if w["name"] not in own]
+    bad = (
+        [] if scales_only else [w for w in (rep.weights or {}).get("nonfinite") or [] if w["name"] not in own]
+    )
     if not bad and not scales:
         rep.diagnosis = None
         return
@@ -95,6 +123,15 @@ def weights_verdict(rep: Report, cfg: Config, ws: WeightsScan | None = None, sca
 
 
 def _diagnose(cfg: Config, nonfinite: list[dict[str, Any]], scales: list[dict[str, Any]]) -> Diagnosis | None:
-    return diagnose(Evidence(role=None, kind=None, module=None, module_type=None, op=None,
-                             weights_nonfinite=nonfinite, config=cfg.diagnosis, bad_scales=scales))
-
+    return diagnose(
+        Evidence(
+            role=None,
+            kind=None,
+            module=None,
+            module_type=None,
+            op=None,
+            weights_nonfinite=nonfinite,
+            config=cfg.diagnosis,
+            bad_scales=scales,
+        )
+    )

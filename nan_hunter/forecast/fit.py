@@ -46,7 +46,7 @@ class Trend:
 
     @property
     def confidence(self) -> str:
-        """"high", "medium" or "low" from the number of points and R² (``HIGH``, ``MEDIUM``)."""
+        """ "high", "medium" or "low" from the number of points and R² (``HIGH``, ``MEDIUM``)."""
         for name, (n, r2) in (("high", HIGH), ("medium", MEDIUM)):
             if self.n >= n and self.r2 >= r2 and self.rising:
                 return name

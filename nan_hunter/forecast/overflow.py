@@ -24,7 +24,9 @@ def signal_level(signal: str, value: float) -> float:
     return value * _DB_PER_NEPER if signal == LOGSUMEXP else level_db(value)
 
 
-def forecast(signals: Signals | None, run_dtype: str | None, targets: tuple[str, ...], window: int) -> list[dict[str, Any]] | None:
+def forecast(
+    signals: Signals | None, run_dtype: str | None, targets: tuple[str, ...], window: int
+) -> list[dict[str, Any]] | None:
     """Contract v1.4 ``forecast``: one entry per (module, signal, dtype) whose headroom shrinks,
     soonest crossing first (unprojected entries last, least headroom first). None when no step was
     sampled; an empty list when nothing shrinks. ``run_dtype``: the run's precision (None: fp32)."""
@@ -42,10 +44,16 @@ def forecast(signals: Signals | None, run_dtype: str | None, targets: tuple[str,
             continue
         for d in dtypes:
             top = level_db(limits(d).max)
-            out.append({"module": module, "signal": signal, "dtype": d,
-                        "headroom_db": round(top - trend.last_level, 2),
-                        "rate_db_per_100_steps": round(-100.0 * trend.slope, 3),
-                        "projected_step": trend.crossing(top),
-                        "confidence": trend.confidence_at(trend.projection(top))})
+            out.append(
+                {
+                    "module": module,
+                    "signal": signal,
+                    "dtype": d,
+                    "headroom_db": round(top - trend.last_level, 2),
+                    "rate_db_per_100_steps": round(-100.0 * trend.slope, 3),
+                    "projected_step": trend.crossing(top),
+                    "confidence": trend.confidence_at(trend.projection(top)),
+                }
+            )
     out.sort(key=lambda e: (e["projected_step"] is None, e["projected_step"] or 0, e["headroom_db"]))
     return out

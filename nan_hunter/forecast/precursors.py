@@ -42,7 +42,7 @@ class History:
         self.signals, self.step = signals, step
 
     def _upto(self, pts: list) -> list:
-        return pts[:bisect.bisect_right([p[0] for p in pts], self.step)]
+        return pts[: bisect.bisect_right([p[0] for p in pts], self.step)]
 
     def series(self, signal: str) -> list[tuple[str, list[tuple[int, float]]]]:
         """(module, points up to ``step``) of every module with that signal, points at ``step`` only."""
@@ -109,12 +109,20 @@ class AttentionLogitGrowth:
             if rise < cfg.attention_rise_db:
                 continue
             first = pts[-min(cfg.window, len(pts))]
-            out.append(Precursor(self.code, history.step, module, [
-                f"max |q·k|/√d = {v:.4g} at step {history.step} (floor {cfg.attention_logit_min:g})",
-                f"rising {rise:+.1f} dB over steps {first[0]}..{history.step} (from {first[1]:.4g}), "
-                f"{trend.n} sampled points, R² {trend.r2:.2f}"],
-                "qk-layernorm (normalise q and k per head before q·kᵀ), or cap the logits "
-                "(soft-capping c·tanh(s/c) before the softmax)"))
+            out.append(
+                Precursor(
+                    self.code,
+                    history.step,
+                    module,
+                    [
+                        f"max |q·k|/√d = {v:.4g} at step {history.step} (floor {cfg.attention_logit_min:g})",
+                        f"rising {rise:+.1f} dB over steps {first[0]}..{history.step} (from {first[1]:.4g}), "
+                        f"{trend.n} sampled points, R² {trend.r2:.2f}",
+                    ],
+                    "qk-layernorm (normalise q and k per head before q·kᵀ), or cap the logits "
+                    "(soft-capping c·tanh(s/c) before the softmax)",
+                )
+            )
         return out
 
 
@@ -136,11 +144,19 @@ class OutputLogitDivergence:
             if rise < cfg.logz_rise:
                 continue
             first = pts[-min(cfg.window, len(pts))]
-            out.append(Precursor(self.code, history.step, module or None, [
-                f"max |log Z| = {v:.4g} at step {history.step} (floor {cfg.logz_min:g}), log Z = logsumexp(logits)",
-                f"drifting {rise:+.2f} over steps {first[0]}..{history.step} (from {first[1]:.4g}), "
-                f"{trend.n} sampled points, R² {trend.r2:.2f}"],
-                f"z-loss: add {cfg.z_loss:g}·log²Z (mean over positions) to the loss (PaLM), which pulls log Z back to 0"))
+            out.append(
+                Precursor(
+                    self.code,
+                    history.step,
+                    module or None,
+                    [
+                        f"max |log Z| = {v:.4g} at step {history.step} (floor {cfg.logz_min:g}), log Z = logsumexp(logits)",
+                        f"drifting {rise:+.2f} over steps {first[0]}..{history.step} (from {first[1]:.4g}), "
+                        f"{trend.n} sampled points, R² {trend.r2:.2f}",
+                    ],
+                    f"z-loss: add {cfg.z_loss:g}·log²Z (mean over positions) to the loss (PaLM), which pulls log Z back to 0",
+                )
+            )
         return out
 
 
@@ -155,12 +171,20 @@ class UpdateCollapse:
         a = history.adam()
         if a is None or a.below_eps < cfg.update_collapse_fraction:
             return []
-        return [Precursor(self.code, history.step, None, [
-            f"{100 * a.below_eps:.1f}% of the optimizer's elements have √v̂ < eps = {a.eps:g} at step {history.step} "
-            f"(threshold {100 * cfg.update_collapse_fraction:g}%)",
-            f"median parameter RMS √v̂ = {a.median_root:.3g}: those elements' updates shrink by up to √v̂/(√v̂+eps)"],
-            f"a smaller eps (e.g. {min(a.eps, a.median_root) / 100:.1g}, or 1e-15 as Wortsman et al. use), "
-            "below the gradients' RMS")]
+        return [
+            Precursor(
+                self.code,
+                history.step,
+                None,
+                [
+                    f"{100 * a.below_eps:.1f}% of the optimizer's elements have √v̂ < eps = {a.eps:g} at step {history.step} "
+                    f"(threshold {100 * cfg.update_collapse_fraction:g}%)",
+                    f"median parameter RMS √v̂ = {a.median_root:.3g}: those elements' updates shrink by up to √v̂/(√v̂+eps)",
+                ],
+                f"a smaller eps (e.g. {min(a.eps, a.median_root) / 100:.1g}, or 1e-15 as Wortsman et al. use), "
+                "below the gradients' RMS",
+            )
+        ]
 
 
 @register
@@ -174,15 +198,23 @@ class GradNormSpike:
         pts = history.grad_norms()
         if len(pts) <= cfg.grad_spike_history or pts[-1][0] != history.step:
             return []
-        before = [v for _, v in pts[-cfg.grad_spike_history - 1:-1]]
+        before = [v for _, v in pts[-cfg.grad_spike_history - 1 : -1]]
         med = statistics.median(before)
         v = pts[-1][1]
         if med <= 0 or v < cfg.grad_spike_factor * med:
             return []
-        return [Precursor(self.code, history.step, None, [
-            f"gradient norm {v:.4g} at step {history.step} is {v / med:.1f}× the median {med:.4g} of the "
-            f"{len(before)} sampled steps before it (threshold {cfg.grad_spike_factor:g}×)"],
-            "clip the gradient norm, lower the learning rate or lengthen its warm-up; inspect that step's batch")]
+        return [
+            Precursor(
+                self.code,
+                history.step,
+                None,
+                [
+                    f"gradient norm {v:.4g} at step {history.step} is {v / med:.1f}× the median {med:.4g} of the "
+                    f"{len(before)} sampled steps before it (threshold {cfg.grad_spike_factor:g}×)"
+                ],
+                "clip the gradient norm, lower the learning rate or lengthen its warm-up; inspect that step's batch",
+            )
+        ]
 
 
 @dataclass

@@ -84,11 +84,21 @@ def loss_of(output: Any) -> Any:
 
 
 class CallbackCore:
-    def __init__(self, level: str | None, on_fault: str, capsule_dir: str | None, report_path: str | None,
-                 arch: str | None, logger: WarningLogger, sample_every: int | None = None) -> None:
+    def __init__(
+        self,
+        level: str | None,
+        on_fault: str,
+        capsule_dir: str | None,
+        report_path: str | None,
+        arch: str | None,
+        logger: WarningLogger,
+        sample_every: int | None = None,
+    ) -> None:
         self.kind = OnFault.parse(on_fault, has_optimizer=True)  # the framework's optimizer: checked at start
         self.level, self.on_fault = level, self.kind.value
-        self.sample_every = sample_every  # level "sentinel": blocks sampled every N-th step (None: the default)
+        self.sample_every = (
+            sample_every  # level "sentinel": blocks sampled every N-th step (None: the default)
+        )
         self.capsule_dir, self.report_path, self.arch = capsule_dir, report_path, arch
         self.logger = logger
         self.watch: Any = None
@@ -113,11 +123,21 @@ class CallbackCore:
         opt = torch_optimizer(optimizer)
         mode = OnFault.STOP if self.kind.raises else self.kind  # raised here, outside the framework's hooks
         if mode.needs_optimizer and opt is None:
-            raise ValueError("NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found")
+            raise ValueError(
+                "NanHunterCallback(on_fault='skip') needs the framework's optimizer; none was found"
+            )
         self.scaler = scaler
-        self.watch = nan_hunter.watch(model, level=self.level, sample_every=self.sample_every, backward=True,
-                                      optimizer=opt, scaler=scaler, capsule_dir=self.capsule_dir, arch=self.arch,
-                                      on_fault=mode.value)
+        self.watch = nan_hunter.watch(
+            model,
+            level=self.level,
+            sample_every=self.sample_every,
+            backward=True,
+            optimizer=opt,
+            scaler=scaler,
+            capsule_dir=self.capsule_dir,
+            arch=self.arch,
+            on_fault=mode.value,
+        )
         self.watch.__enter__()
 
     def step_begin(self, global_step: int) -> None:
@@ -156,15 +176,19 @@ class CallbackCore:
         steps = self.losses.new_bad_steps()
         if steps and hidden_by:
             which = ", ".join(map(str, steps))
-            self.logger.warning(f"nanhunter: the loss of step{'s' if len(steps) > 1 else ''} {which} was non-finite, "
-                                f"and {'; and '.join(hidden_by)}")
+            self.logger.warning(
+                f"nanhunter: the loss of step{'s' if len(steps) > 1 else ''} {which} was non-finite, "
+                f"and {'; and '.join(hidden_by)}"
+            )
 
     def scaler_phrase(self) -> list[str]:
         """The GradScaler's part in hiding a non-finite loss, when there is one."""
         if self.scaler is None:
             return []
-        return ["the GradScaler skipped the optimizer step without a word (it only lowered its scale), so "
-                "training went on as if nothing happened"]
+        return [
+            "the GradScaler skipped the optimizer step without a word (it only lowered its scale), so "
+            "training went on as if nothing happened"
+        ]
 
     def _write(self) -> None:
         if self.report_path and self.report is not None:

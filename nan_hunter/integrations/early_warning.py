@@ -17,7 +17,7 @@ def scalars(watch: Any) -> dict[str, float]:
     if fc is None:
         return {}  # no step sampled yet: nothing is added to the framework's logs
     out: dict[str, float] = {"nanhunter/warnings": float(len(watch.precursors()))}
-    for e in fc[:default_config().forecast.max_listed]:
+    for e in fc[: default_config().forecast.max_listed]:
         tag = f"{e['module'] or 'root'}/{e['signal']}/{e['dtype']}"
         out[f"nanhunter/headroom_db/{tag}"] = float(e["headroom_db"])
         out[f"nanhunter/rate_db_per_100_steps/{tag}"] = float(e["rate_db_per_100_steps"])
@@ -36,6 +36,10 @@ class WarningLog:
         if watch is None or getattr(watch, "signals", None) is None:
             return []
         found = watch.precursors()
-        new, self.said = found[self.said:], len(found)
-        return [f"nanhunter: warning {w.code} at step {watch.policy.label(w.step)}"
-                + (f" in {w.module}" if w.module else "") + f": {'; '.join(w.evidence)} — fix: {w.fix}" for w in new]
+        new, self.said = found[self.said :], len(found)
+        return [
+            f"nanhunter: warning {w.code} at step {watch.policy.label(w.step)}"
+            + (f" in {w.module}" if w.module else "")
+            + f": {'; '.join(w.evidence)} — fix: {w.fix}"
+            for w in new
+        ]

@@ -59,7 +59,9 @@ class EvalLoops:
         if self.watch is not None or model is None:
             return
         self._base = self.steps  # eval steps counted by earlier watches: this one's step 0 is eval step _base
-        self.watch = nan_hunter.watch(model, level="sentinel", sample_every=0, backward=False, on_fault="record")
+        self.watch = nan_hunter.watch(
+            model, level="sentinel", sample_every=0, backward=False, on_fault="record"
+        )
         self.watch.__enter__()
         self.watch.paused = True
 
@@ -81,8 +83,16 @@ class EvalLoops:
         step for its report (it is paused then)."""
         import torch
 
-        if self.active and not self.watch.paused and isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.numel():
-            self._pending.append((self._base + self.watch.n_forwards - 1, torch.isfinite(loss.detach()).logical_not().sum()))
+        if (
+            self.active
+            and not self.watch.paused
+            and isinstance(loss, torch.Tensor)
+            and loss.is_floating_point()
+            and loss.numel()
+        ):
+            self._pending.append(
+                (self._base + self.watch.n_forwards - 1, torch.isfinite(loss.detach()).logical_not().sum())
+            )
 
     def end(self, hidden_by: list[str] | None = None) -> None:
         """The loop ended: count, locate the first failing eval step (once per run), log, and give
@@ -127,17 +137,26 @@ class EvalLoops:
         parts = [f"nanhunter: evaluation{after}: {new} non-finite eval loss value(s) in {n} eval step(s)"]
         if first_here:
             parts.append(f"first at eval step {self.first_failed}")
-            parts.append(verdict_line(self.report) if self.report is not None else
-                         "not located: the model's outputs were finite (the loss was computed outside its forward)")
+            parts.append(
+                verdict_line(self.report)
+                if self.report is not None
+                else "not located: the model's outputs were finite (the loss was computed outside its forward)"
+            )
         return " · ".join(parts + (hidden_by if new else []))
 
     def as_run(self) -> dict[str, Any] | None:
         """``run.eval``: null when no evaluation ran."""
         if self.steps == 0 and not self.active:
             return None
-        out: dict[str, Any] = {"steps": self.steps, "nonfinite_losses": self.nonfinite_losses,
-                               "first_failed": self.first_failed, "after_step": self.at_step,
-                               "module": None, "op": None, "cause": None}
+        out: dict[str, Any] = {
+            "steps": self.steps,
+            "nonfinite_losses": self.nonfinite_losses,
+            "first_failed": self.first_failed,
+            "after_step": self.at_step,
+            "module": None,
+            "op": None,
+            "cause": None,
+        }
         rep = self.report
         if rep is not None and rep.first_nonfinite is not None:
             out["module"], out["op"] = rep.first_nonfinite.module, rep.first_nonfinite.op

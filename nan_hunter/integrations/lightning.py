@@ -35,10 +35,24 @@ def _scaler(trainer: Any) -> Any:
 
 
 class NanHunterCallback(Callback):
-    def __init__(self, level: str | None = None, on_fault: str = "stop", capsule_dir: str | None = None,
-                 report_path: str | None = None, arch: str | None = None, sample_every: int | None = None) -> None:
-        self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch, logging.getLogger("lightning.pytorch"),
-                                 sample_every)
+    def __init__(
+        self,
+        level: str | None = None,
+        on_fault: str = "stop",
+        capsule_dir: str | None = None,
+        report_path: str | None = None,
+        arch: str | None = None,
+        sample_every: int | None = None,
+    ) -> None:
+        self.core = CallbackCore(
+            level,
+            on_fault,
+            capsule_dir,
+            report_path,
+            arch,
+            logging.getLogger("lightning.pytorch"),
+            sample_every,
+        )
 
     @property
     def report(self) -> Any:
@@ -54,9 +68,12 @@ class NanHunterCallback(Callback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.core.eval_begin(pl_module, None if trainer.sanity_checking else trainer.global_step)
 
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
-        self.core.eval.loss(outputs if isinstance(outputs, Tensor) else loss_of(outputs))  # per-sample: a vector
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self.core.eval.loss(
+            outputs if isinstance(outputs, Tensor) else loss_of(outputs)
+        )  # per-sample: a vector
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self.core.eval_end()
@@ -72,7 +89,9 @@ class NanHunterCallback(Callback):
         self._current = trainer.global_step
         self.core.step_begin(trainer.global_step)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.core.losses.add(getattr(self, "_current", trainer.global_step), loss_of(outputs))
         if self.core.step_end():
             trainer.should_stop = True
@@ -88,8 +107,10 @@ class NanHunterCallback(Callback):
         for cb in getattr(trainer, "callbacks", []) or []:
             monitor = getattr(cb, "monitor", None)
             if type(cb).__name__ == "ModelCheckpoint" and monitor and "loss" in monitor:
-                why.append(f"ModelCheckpoint(monitor={monitor!r}) ranks a NaN {monitor} as ±inf: the checkpoints "
-                           "it keeps do not show it")
+                why.append(
+                    f"ModelCheckpoint(monitor={monitor!r}) ranks a NaN {monitor} as ±inf: the checkpoints "
+                    "it keeps do not show it"
+                )
         return why
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

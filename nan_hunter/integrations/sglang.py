@@ -54,8 +54,16 @@ def forward_batch_step(fb: Any) -> PackedStep:
     start = 0
     for i, k in enumerate(lens):
         rid = str(rids[i]) if i < len(rids) else f"slot {slots[i]}" if i < len(slots) else f"request {i}"
-        step.requests.append(PackedRequest(rid, start, start + k, pos[start:start + k], ids[start:start + k],
-                                           sorted(set(loc[start:start + k]))))
+        step.requests.append(
+            PackedRequest(
+                rid,
+                start,
+                start + k,
+                pos[start : start + k],
+                ids[start : start + k],
+                sorted(set(loc[start : start + k])),
+            )
+        )
         start += k
     step.kept_rows = [r.stop - 1 for r in step.requests]  # next_token_logits: each request's last row
     return step

@@ -31,10 +31,24 @@ from .callback_core import CallbackCore, loss_of
 
 
 class NanHunterCallback(TrainerCallback):
-    def __init__(self, level: str | None = None, on_fault: str = "stop", capsule_dir: str | None = None,
-                 report_path: str | None = None, arch: str | None = None, sample_every: int | None = None) -> None:
-        self.core = CallbackCore(level, on_fault, capsule_dir, report_path, arch,
-                                 hf_logging.get_logger("transformers.trainer"), sample_every)
+    def __init__(
+        self,
+        level: str | None = None,
+        on_fault: str = "stop",
+        capsule_dir: str | None = None,
+        report_path: str | None = None,
+        arch: str | None = None,
+        sample_every: int | None = None,
+    ) -> None:
+        self.core = CallbackCore(
+            level,
+            on_fault,
+            capsule_dir,
+            report_path,
+            arch,
+            hf_logging.get_logger("transformers.trainer"),
+            sample_every,
+        )
         self._eval_hooks: list[Any] = []  # the evaluation gate and loss hook (watch_evaluation)
         self._training = False  # between on_train_begin and on_train_end
         self._step = self._done = 0  # the step running (begun) and the steps done
@@ -59,8 +73,10 @@ class NanHunterCallback(TrainerCallback):
         if model is None or self._eval_hooks:
             return
         self.core.eval.attach(model)
-        self._eval_hooks = [model.register_forward_pre_hook(self._eval_gate, prepend=True),
-                            model.register_forward_hook(self._eval_loss)]
+        self._eval_hooks = [
+            model.register_forward_pre_hook(self._eval_gate, prepend=True),
+            model.register_forward_hook(self._eval_loss),
+        ]
 
     def _eval_gate(self, module: Any, args: Any) -> None:
         if not module.training and not self.core.eval.active:  # evaluation_loop called model.eval()
@@ -83,11 +99,17 @@ class NanHunterCallback(TrainerCallback):
         filters eval losses; 4.x reports a NaN ``eval_loss`` as it is). Said only when the loop had
         non-finite losses (``EvalLoops.end``)."""
         loss = next((v for k, v in (metrics or {}).items() if k.endswith("_loss")), None)
-        if not getattr(args, "logging_nan_inf_filter", False) or not isinstance(loss, float) or not math.isfinite(loss):
+        if (
+            not getattr(args, "logging_nan_inf_filter", False)
+            or not isinstance(loss, float)
+            or not math.isfinite(loss)
+        ):
             return []
-        return ["transformers' logging_nan_inf_filter (True by default) leaves non-finite eval losses out of "
-                "'eval_loss', which then averages the finite ones (transformers 5; TrainingArguments("
-                "logging_nan_inf_filter=False) keeps them)"]
+        return [
+            "transformers' logging_nan_inf_filter (True by default) leaves non-finite eval losses out of "
+            "'eval_loss', which then averages the finite ones (transformers 5; TrainingArguments("
+            "logging_nan_inf_filter=False) keeps them)"
+        ]
 
     def close(self) -> None:
         """Remove the evaluation hooks (the training watch is removed when training ends)."""
@@ -96,8 +118,9 @@ class NanHunterCallback(TrainerCallback):
         self._eval_hooks = []
         self.core.eval.detach()
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         self.watch_evaluation(model)  # a model from model_init: not there at on_init_end
         self.core.start(model, optimizer, getattr(optimizer, "scaler", None))  # accelerate's GradScaler
         self._step, self._done, self._training = state.global_step, state.global_step, True
@@ -125,13 +148,17 @@ class NanHunterCallback(TrainerCallback):
     def _hiders(self, args: Any) -> list[str]:
         why = []
         if getattr(args, "logging_nan_inf_filter", False):
-            why.append("transformers' logging_nan_inf_filter (True by default) left it out of the logged 'loss', "
-                       "which averages the finite steps instead: the logs look healthy; "
-                       "TrainingArguments(logging_nan_inf_filter=False) logs it as it is")
+            why.append(
+                "transformers' logging_nan_inf_filter (True by default) left it out of the logged 'loss', "
+                "which averages the finite steps instead: the logs look healthy; "
+                "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"
+            )
         return why + self.core.scaler_phrase()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._done = state.global_step  # steps done: what an evaluation after it ran after (run.eval.after_step)
+        self._done = (
+            state.global_step
+        )  # steps done: what an evaluation after it ran after (run.eval.after_step)
         if self.core.step_end():
             control.should_training_stop = True
 

@@ -77,7 +77,9 @@ def packing(ctx: Any) -> tuple[Any, Any]:
     """(query_start_loc, slot_mapping) of the running forward from vLLM's forward context: the
     attention metadata's ``query_start_loc``; the slots from the context's ``slot_mapping`` (vLLM
     ≥ 0.11: a dict layer name -> tensor) or, before, the metadata's own. (None, None) without one."""
-    md = _first(getattr(ctx, "attn_metadata", None), lambda m: getattr(m, "query_start_loc", None) is not None)
+    md = _first(
+        getattr(ctx, "attn_metadata", None), lambda m: getattr(m, "query_start_loc", None) is not None
+    )
     if md is None:
         return None, None
     slots = _first(getattr(ctx, "slot_mapping", None), lambda t: isinstance(t, torch.Tensor))
@@ -93,8 +95,13 @@ def vllm_context() -> Any:
     return get_forward_context() if is_forward_context_available() else None
 
 
-def forward_step(input_ids: Any, positions: Any, query_start_loc: Any, slot_mapping: Any = None,
-                 ids: list[str] | None = None) -> PackedStep:
+def forward_step(
+    input_ids: Any,
+    positions: Any,
+    query_start_loc: Any,
+    slot_mapping: Any = None,
+    ids: list[str] | None = None,
+) -> PackedStep:
     """The requests of one vLLM forward: request ``i`` owns token rows ``query_start_loc[i] ..
     query_start_loc[i+1]``; its KV "blocks" are the slots those tokens wrote (``slot_mapping``:
     vLLM's cache indexes slots, ``block = slot // block_size``). Without ``query_start_loc`` the
@@ -116,8 +123,12 @@ class VllmSentinel:
     """The forward hook (``register_forward_hook(..., with_kwargs=True)`` on the root model): the
     forward count and the failing forwards, as JSON-ready dicts (``failures``)."""
 
-    def __init__(self, log_path: str | None = None, context: Callable[[], Any] = vllm_context,
-                 request_ids: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        log_path: str | None = None,
+        context: Callable[[], Any] = vllm_context,
+        request_ids: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.log_path = log_path
         self.context = context
         self.request_ids = request_ids
@@ -134,26 +145,35 @@ class VllmSentinel:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
         starts, slots = packing(self.context())
-        step = forward_step(input_ids, positions, starts, slots,
-                            self.request_ids() if self.request_ids is not None else None)
+        step = forward_step(
+            input_ids, positions, starts, slots, self.request_ids() if self.request_ids is not None else None
+        )
         rows = hidden.reshape(hidden.shape[0], -1) if hidden.dim() > 1 else hidden.reshape(-1, 1)
         bad = set((~torch.isfinite(rows).all(dim=-1)).nonzero().reshape(-1).tolist())
         failed = [r.id for r in step.requests if any(r.start <= i < r.stop for i in bad)]
         entry = failing_forward(self.forwards - 1, step, failed)
         self.failures.append(entry)
-        log.warning("nanhunter: vLLM forward %d: non-finite hidden states for request(s) %s", entry["forward"], failed)
+        log.warning(
+            "nanhunter: vLLM forward %d: non-finite hidden states for request(s) %s", entry["forward"], failed
+        )
         if self.log_path:
             with open(self.log_path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(entry) + "\n")
         return None  # the output is left as it is
 
 
-def attach(model: Any, log: str | None = None, request_ids: Callable[[], list[str]] | None = None,
-           context: Callable[[], Any] = vllm_context) -> VllmSentinel:
+def attach(
+    model: Any,
+    log: str | None = None,
+    request_ids: Callable[[], list[str]] | None = None,
+    context: Callable[[], Any] = vllm_context,
+) -> VllmSentinel:
     """Hook the sentinel on ``model`` (vLLM's root model); attaching twice keeps the first. For
     ``llm.apply_model(functools.partial(attach, log=PATH))``."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"nanhunter's vLLM sentinel needs the model (an nn.Module), got {type(model).__name__}")
+        raise TypeError(
+            f"nanhunter's vLLM sentinel needs the model (an nn.Module), got {type(model).__name__}"
+        )
     held = getattr(model, _ATTACHED, None)
     if held is not None:
         return held
@@ -174,6 +194,10 @@ def register() -> None:
             for h in _registered:
                 h.remove()
             attach(module, log=path)
-            log.info("nanhunter: vLLM sentinel attached to %s, failing forwards go to %s", type(module).__name__, path)
+            log.info(
+                "nanhunter: vLLM sentinel attached to %s, failing forwards go to %s",
+                type(module).__name__,
+                path,
+            )
 
     _registered.append(torch.nn.modules.module.register_module_forward_pre_hook(first_model))

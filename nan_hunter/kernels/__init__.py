@@ -32,6 +32,8 @@ def check_backend(backend: str, device_type: str) -> None:
     if backend not in ("triton", "reference"):
         raise ValueError(f"backend must be 'triton', 'reference' or None (automatic), got {backend!r}")
     if backend == "triton" and device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend='triton' reads CUDA tensors, not {device_type} ones: use backend='reference' "
-                         "(or None) there, or set TRITON_INTERPRET=1 before triton is imported to interpret "
-                         "the kernels on the CPU (slow; for tests)")
+        raise ValueError(
+            f"backend='triton' reads CUDA tensors, not {device_type} ones: use backend='reference' "
+            "(or None) there, or set TRITON_INTERPRET=1 before triton is imported to interpret "
+            "the kernels on the CPU (slow; for tests)"
+        )

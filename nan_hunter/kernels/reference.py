@@ -24,7 +24,9 @@ from .stats import FLOAT_FIELDS, INT_FIELDS, N_FLOAT, N_INT, OVER_FIELDS, UNDER_
 
 _OVER_LIMITS = tuple(limits(d).max for d in HEADROOM_DTYPES)  # finite |x| above: overflows the target
 _FLUSH_LIMITS = tuple(limits(d).flush for d in HEADROOM_DTYPES)  # non-zero |x| at or below: cast to 0
-_COUNTED = tuple(limits(d).flush < 2.0**-24 for d in HEADROOM_DTYPES)  # quick_row counts fp16 and bf16 flushes
+_COUNTED = tuple(
+    limits(d).flush < 2.0**-24 for d in HEADROOM_DTYPES
+)  # quick_row counts fp16 and bf16 flushes
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
@@ -109,7 +111,7 @@ def _inner_floats(t: torch.Tensor, depth: int = 0) -> list[torch.Tensor]:
 
 def _field(row: torch.Tensor, names: tuple[str, ...], name: str) -> torch.Tensor:
     i = names.index(name)
-    return row[i:i + 1]
+    return row[i : i + 1]
 
 
 def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +129,9 @@ def full_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ints, floats
     x = _as_float(t).reshape(-1)
     tiny = torch.finfo(t.dtype).smallest_normal
-    wide = x if x.element_size() >= 4 else x.float()  # fp16/bf16 widened exactly: the flush limits are fp32 values
+    wide = (
+        x if x.element_size() >= 4 else x.float()
+    )  # fp16/bf16 widened exactly: the flush limits are fp32 values
     isnan = torch.isnan(x)
     isinf = torch.isinf(x)
     pos = isinf & (x > 0)
@@ -261,8 +265,9 @@ def _inf_bits(dtype: torch.dtype) -> int:
 def _flush_bits(dtype: torch.dtype) -> tuple[int, ...]:
     """Per ``HEADROOM_DTYPES`` target: the bits of the largest |x| of ``dtype`` that the cast to the
     target rounds to zero (0 when ``dtype`` holds no such non-zero value)."""
-    return _FLUSH_BITS.get(dtype) or _FLUSH_BITS.setdefault(dtype, tuple(_largest_at_most(lim, dtype)
-                                                                         for lim in _FLUSH_LIMITS))
+    return _FLUSH_BITS.get(dtype) or _FLUSH_BITS.setdefault(
+        dtype, tuple(_largest_at_most(lim, dtype) for lim in _FLUSH_LIMITS)
+    )
 
 
 _FLUSH_BITS: dict[torch.dtype, tuple[int, ...]] = {}
@@ -312,7 +317,7 @@ def bit_magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | N
     contiguous = x.is_contiguous()
     if contiguous:
         b = b.reshape(-1)
-        chunks = [b[s:s + SCRATCH] for s in range(0, b.numel(), SCRATCH)]
+        chunks = [b[s : s + SCRATCH] for s in range(0, b.numel(), SCRATCH)]
     else:
         chunks = [b]  # strided (1-D views too): one pass over the view, into a fresh buffer
     top, lo_all = 0, mask + 1
@@ -335,7 +340,9 @@ def bit_magnitudes(x: torch.Tensor) -> tuple[float, float, list[int | None]] | N
             if lo_i > lim or so_far is None:
                 continue
             # 0 < |x| <= limit: bits <= lim, or in the shifted form (zeros at the top) bits < lim
-            flushed[i] = so_far + int(torch.count_nonzero(buf < lim + (0 if shifted else 1))) if counted else None
+            flushed[i] = (
+                so_far + int(torch.count_nonzero(buf < lim + (0 if shifted else 1))) if counted else None
+            )
     absmax = float(torch.tensor(top, dtype=int_dtype).view(x.dtype))
     min_nz = math.inf if lo_all > mask else float(torch.tensor(lo_all, dtype=int_dtype).view(x.dtype))
     return absmax, min_nz, flushed

@@ -21,21 +21,21 @@ INT_FIELDS: tuple[str, ...] = (
     "posinf",
     "neginf",
     "zero",
-    "subnormal",        # 0 < |x| < smallest normal of the tensor's own dtype
-    "over_fp16",        # finite and |x| > 65504
+    "subnormal",  # 0 < |x| < smallest normal of the tensor's own dtype
+    "over_fp16",  # finite and |x| > 65504
     "over_bf16",
-    "over_e4m3",        # finite and |x| > 448
-    "over_e5m2",        # finite and |x| > 57344
-    "under_fp16",       # finite, 0 < |x| <= 2^-25: rounds to zero when cast to fp16
-    "under_bf16",       # finite, 0 < |x| <= 2^-134
-    "under_e4m3",       # finite, 0 < |x| <= 2^-10
-    "under_e5m2",       # finite, 0 < |x| <= 2^-17
+    "over_e4m3",  # finite and |x| > 448
+    "over_e5m2",  # finite and |x| > 57344
+    "under_fp16",  # finite, 0 < |x| <= 2^-25: rounds to zero when cast to fp16
+    "under_bf16",  # finite, 0 < |x| <= 2^-134
+    "under_e4m3",  # finite, 0 < |x| <= 2^-10
+    "under_e5m2",  # finite, 0 < |x| <= 2^-17
     "first_nonfinite",  # flat (row-major) index of the first NaN/±Inf, -1 if none
 )
 FLOAT_FIELDS: tuple[str, ...] = (
-    "absmax",       # over finite values; 0.0 when none
+    "absmax",  # over finite values; 0.0 when none
     "min_nonzero",  # smallest non-zero |x| over finite values; inf when none
-    "sum",          # over finite values, fp32 accumulation
+    "sum",  # over finite values, fp32 accumulation
     "sumsq",
 )
 N_INT = len(INT_FIELDS)

@@ -204,7 +204,9 @@ def _add_flushed(irow, flushed):
 
 
 @triton.jit(do_not_specialize=["row0", "ints_stride", "floats_stride"])
-def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats_stride, FROM_TABLE: tl.constexpr):
+def _init_rows_kernel(
+    table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats_stride, FROM_TABLE: tl.constexpr
+):
     """Write a starting row per program: zero counts (numel too: the reduction's first program
     stores it), first_nonfinite -1, min_nonzero +inf. The row is the table entry's (FROM_TABLE)
     or ``row0 + program id`` (a contiguous range of rows, no table)."""
@@ -220,9 +222,20 @@ def _init_rows_kernel(table_ptr, ints_ptr, floats_ptr, row0, ints_stride, floats
     tl.store(floats_ptr + row * floats_stride + cols, fvals, mask=cols < _N_FLOAT)
 
 
-@triton.jit(do_not_specialize=[
-    "n_entries", "ints_stride", "floats_stride", "iters", "numel", "n_cols", "stride", "row", "fmt", "tiny_bits",
-])
+@triton.jit(
+    do_not_specialize=[
+        "n_entries",
+        "ints_stride",
+        "floats_stride",
+        "iters",
+        "numel",
+        "n_cols",
+        "stride",
+        "row",
+        "fmt",
+        "tiny_bits",
+    ]
+)
 def _stats_kernel(
     table_ptr, n_entries, ints_ptr, floats_ptr, ints_stride, floats_stride, iters,
     addr, numel, n_cols, stride, row, fmt, tiny_bits,
@@ -408,8 +421,15 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _reduce_one(t: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, row: int,
-                block_size: int, max_programs: int, num_warps: int) -> torch.Tensor:
+def _reduce_one(
+    t: torch.Tensor,
+    ints: torch.Tensor,
+    floats: torch.Tensor,
+    row: int,
+    block_size: int,
+    max_programs: int,
+    num_warps: int,
+) -> torch.Tensor:
     """One reduce launch for ``t`` (its row already initialised); returns the tensor read."""
     (addr, n, n_cols, stride, fmt, tiny), src = _describe(t)
     if n:
@@ -447,7 +467,9 @@ def stats_into(
     num_warps: int = NUM_WARPS,
 ) -> None:
     """Write the stats row of ``t`` into ``ints[row]``/``floats[row]``: two launches, no host sync."""
-    stats_each_into([t], ints, floats, row, block_size=block_size, max_programs=max_programs, num_warps=num_warps)
+    stats_each_into(
+        [t], ints, floats, row, block_size=block_size, max_programs=max_programs, num_warps=num_warps
+    )
 
 
 def stats_each_into(
@@ -477,8 +499,9 @@ def stats_each_into(
         if t.dtype not in _FORMATS:
             _describe(t)  # raises the unsupported-dtype error before anything is launched
     with _on(device):
-        _init_rows_kernel[(len(tensors),)](ints, ints, floats, row0, ints.stride(0), floats.stride(0),
-                                           FROM_TABLE=False)
+        _init_rows_kernel[(len(tensors),)](
+            ints, ints, floats, row0, ints.stride(0), floats.stride(0), FROM_TABLE=False
+        )
         for i, t in enumerate(tensors):
             src = _reduce_one(t, ints, floats, row0 + i, block_size, max_programs, num_warps)
             del src  # a .contiguous() copy may be freed now: the allocator orders reuse after the kernel

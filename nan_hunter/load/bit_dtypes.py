@@ -26,11 +26,23 @@ from ..dtypes import limits
 
 #: safetensors tag → (bits per element, bytes per packed group, elements per group)
 BIT_TAGS: dict[str, tuple[int, int, int]] = {
-    "F8_E4M3": (8, 1, 1), "F8_E5M2": (8, 1, 1), "F8_E4M3FNUZ": (8, 1, 1), "F8_E5M2FNUZ": (8, 1, 1), "F8_E8M0": (8, 1, 1),
-    "F4": (4, 1, 2), "F6_E2M3": (6, 3, 4), "F6_E3M2": (6, 3, 4),
+    "F8_E4M3": (8, 1, 1),
+    "F8_E5M2": (8, 1, 1),
+    "F8_E4M3FNUZ": (8, 1, 1),
+    "F8_E5M2FNUZ": (8, 1, 1),
+    "F8_E8M0": (8, 1, 1),
+    "F4": (4, 1, 2),
+    "F6_E2M3": (6, 3, 4),
+    "F6_E3M2": (6, 3, 4),
 }
 #: torch dtype name → safetensors tag, for ``.pt`` checkpoints holding these dtypes
-TORCH_TO_TAG = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0"}
+TORCH_TO_TAG = {
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+}
 CHUNK_BYTES = 1 << 20  # bytes unpacked at a time for F6 (int32 temporaries of ~4 MB)
 HIST_BYTES = 1 << 20  # bytes counted at a time (bincount widens them to int64: temporaries of 8 MB)
 
@@ -58,8 +70,12 @@ def code_values(tag: str) -> tuple[float, ...]:
     if tag == "F8_E4M3":  # OCP e4m3fn: S.1111.111 is NaN, no Inf
         return tuple(math.nan if c & 0x7F == 0x7F else _minifloat(c, 4, 3, 7) for c in range(256))
     if tag == "F8_E5M2":  # IEEE-like: exponent 11111 is Inf (mantissa 0) or NaN
-        return tuple((math.nan if c & 3 else math.copysign(math.inf, -1.0 if c & 0x80 else 1.0))
-                     if c & 0x7C == 0x7C else _minifloat(c, 5, 2, 15) for c in range(256))
+        return tuple(
+            (math.nan if c & 3 else math.copysign(math.inf, -1.0 if c & 0x80 else 1.0))
+            if c & 0x7C == 0x7C
+            else _minifloat(c, 5, 2, 15)
+            for c in range(256)
+        )
     out = []
     for c in range(256):
         if tag == "F8_E8M0":
@@ -97,7 +113,7 @@ def byte_counts(piece: np.ndarray) -> np.ndarray:
     """int64 [256]: how many times each byte value occurs in 1-D uint8 ``piece`` (only read)."""
     out = np.zeros(256, dtype=np.int64)
     for s in range(0, piece.size, HIST_BYTES):
-        out += np.bincount(piece[s: s + HIST_BYTES], minlength=256)
+        out += np.bincount(piece[s : s + HIST_BYTES], minlength=256)
     return out
 
 
@@ -125,7 +141,7 @@ class CodeHistogram:
             return
         if group_bytes == 3:
             for s in range(0, piece.size, CHUNK_BYTES):
-                g = piece[s: s + CHUNK_BYTES].reshape(-1, 3).astype(np.int32)
+                g = piece[s : s + CHUNK_BYTES].reshape(-1, 3).astype(np.int32)
                 w = g[:, 0] | (g[:, 1] << 8) | (g[:, 2] << 16)
                 codes = np.stack([(w >> (6 * k)) & 63 for k in range(4)], axis=1)
                 for c, n in enumerate(np.bincount(codes.reshape(-1), minlength=64).tolist()):
@@ -136,7 +152,7 @@ class CodeHistogram:
         if self.first_nan is None and any(h[c] for c in bad):
             table = _bad_table(self.tag)
             for s in range(0, piece.size, HIST_BYTES):  # the first slice holding one: argmax finds it
-                hit = table[piece[s: s + HIST_BYTES]]
+                hit = table[piece[s : s + HIST_BYTES]]
                 if hit.any():
                     self.first_nan = first_byte + s + int(np.argmax(hit))
                     break
@@ -150,8 +166,10 @@ class CodeHistogram:
     def infs(self) -> tuple[int, int]:
         """(+Inf count, -Inf count)."""
         vals = code_values(self.tag)
-        return (sum(n for v, n in zip(vals, self.counts) if v == math.inf),
-                sum(n for v, n in zip(vals, self.counts) if v == -math.inf))
+        return (
+            sum(n for v, n in zip(vals, self.counts) if v == math.inf),
+            sum(n for v, n in zip(vals, self.counts) if v == -math.inf),
+        )
 
     def stats(self) -> tuple[int, float | None, int, int, int, float | None]:
         """(NaN count, absmax over finite values, finite count, flushed to 0 in fp16, fp16 subnormal,

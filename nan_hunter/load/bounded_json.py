@@ -62,8 +62,13 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return d
 
 
-def loads(raw: bytes | str, where: str, max_depth: int = MAX_DEPTH, unique_keys: bool = False,
-          constants: bool = False) -> Any:
+def loads(
+    raw: bytes | str,
+    where: str,
+    max_depth: int = MAX_DEPTH,
+    unique_keys: bool = False,
+    constants: bool = False,
+) -> Any:
     """Parse JSON text; exit 2 with one line naming ``where`` when it is not valid or nests too deep.
 
     ``constants``: accept NaN and Infinity as Python's json (and transformers' configs) do.
@@ -73,8 +78,11 @@ def loads(raw: bytes | str, where: str, max_depth: int = MAX_DEPTH, unique_keys:
         raise BadInput(f"{where}: JSON nested deeper than {max_depth} levels (or with unbalanced brackets)")
     try:
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
-        return json.loads(text, parse_constant=None if constants else _no_constant,
-                          object_pairs_hook=_unique if unique_keys else None)
+        return json.loads(
+            text,
+            parse_constant=None if constants else _no_constant,
+            object_pairs_hook=_unique if unique_keys else None,
+        )
     except UnicodeDecodeError as e:
         raise BadInput(f"{where}: not UTF-8 (invalid byte at offset {e.start})") from None
     except RecursionError:  # not reachable after the depth check; kept so it can never be exit 3

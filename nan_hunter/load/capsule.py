@@ -61,14 +61,21 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
-def write(root: str | os.PathLike[str], step: int, *, weights: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-          meta: dict[str, Any], grad_outputs: list[tuple[str, Any]] | None = None,
-          optimizer: dict[str, Any] | None = None) -> Path:
+def write(
+    root: str | os.PathLike[str],
+    step: int,
+    *,
+    weights: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    meta: dict[str, Any],
+    grad_outputs: list[tuple[str, Any]] | None = None,
+    optimizer: dict[str, Any] | None = None,
+) -> Path:
     """Write ``root/step-<step>/``; returns its path. ``meta`` goes into capsule.json (phase, dtype,
     autocast, config or arch, ...); ``optimizer``: {"grads": {name: t}, "state": {name: {key: t}},
     "class": str, "hyperparameters": [per group], "groups": {name: group index}}."""
     import torch
-
 
     out = Path(root) / f"step-{step}"
     inputs: dict[str, Any] = {}
@@ -95,8 +102,14 @@ def write(root: str | os.PathLike[str], step: int, *, weights: dict[str, Any], a
                 flat[f"state/{n}/{k}"] = v
         blobs["optimizer.safetensors"] = _tensors_bytes(flat)
         info["optimizer"] = {k: v for k, v in optimizer.items() if k not in ("grads", "state")}
-    info.update({"schema": SCHEMA, "step": step, "files": list(blobs),
-                 "inputs": {"tensors": sorted(inputs), "other": other, "dropped": dropped}})
+    info.update(
+        {
+            "schema": SCHEMA,
+            "step": step,
+            "files": list(blobs),
+            "inputs": {"tensors": sorted(inputs), "other": other, "dropped": dropped},
+        }
+    )
     text = json.dumps(info, indent=2, allow_nan=False) + "\n"
     out.mkdir(parents=True, exist_ok=False)
     for name, data in blobs.items():
@@ -135,15 +148,21 @@ def read(path: str | os.PathLike[str], arch_given: bool = False) -> Capsule:
     p = Path(path)
     meta = loads(read_regular(p / "capsule.json", "capsule.json", MAX_JSON), str(p / "capsule.json"))
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise BadInput(f"{p / 'capsule.json'}: not a nanhunter capsule (schema {SCHEMA!r} expected); "
-                       "give the step-<k> directory that watch(capsule_dir=...) wrote")
+        raise BadInput(
+            f"{p / 'capsule.json'}: not a nanhunter capsule (schema {SCHEMA!r} expected); "
+            "give the step-<k> directory that watch(capsule_dir=...) wrote"
+        )
     if meta.get("phase") not in ("forward", "backward", "optimizer"):
-        raise BadInput(f"{p / 'capsule.json'}: phase {meta.get('phase')!r} is not forward, backward or optimizer")
+        raise BadInput(
+            f"{p / 'capsule.json'}: phase {meta.get('phase')!r} is not forward, backward or optimizer"
+        )
     if not isinstance(meta.get("step"), int) or meta["step"] < 0:
         raise BadInput(f"{p / 'capsule.json'}: step must be a non-negative integer")
     if not arch_given and not isinstance(meta.get("config"), dict) and not isinstance(meta.get("arch"), str):
-        raise BadInput(f"{p}: the capsule says neither how to build the model (config) nor an arch; write it with "
-                       "watch(..., capsule_dir=DIR, arch='file.py:factory') for a model that is not a transformers one")
+        raise BadInput(
+            f"{p}: the capsule says neither how to build the model (config) nor an arch; write it with "
+            "watch(..., capsule_dir=DIR, arch='file.py:factory') for a model that is not a transformers one"
+        )
     files = [f for f in meta.get("files", []) if isinstance(f, str)]
     for f in files:
         if "/" in f or "\\" in f or f.startswith(".") or not (p / f).is_file():

@@ -47,8 +47,18 @@ MAX_INDEX_BYTES = 64 << 20
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits on a path component and a whole path, in bytes
 MAX_TENSORS = 1_000_000  # per checkpoint, all shards together
 #: Files of a directory checkpoint that nanhunter or transformers may open, by suffix.
-READ_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".txt", ".model", ".jinja",
-                 ".tiktoken")
+READ_SUFFIXES = (
+    ".json",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".txt",
+    ".model",
+    ".jinja",
+    ".tiktoken",
+)
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -100,12 +110,18 @@ def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Pa
     except UnicodeError:  # a lone surrogate from JSON escapes: no file can have that name
         raise BadInput(f"{what} is not a valid file name (invalid Unicode)") from None
     if any(len(part) > NAME_MAX for part in encoded.split(b"/")) or len(encoded) >= PATH_MAX:
-        raise BadInput(f"{what} is too long for a file name ({len(encoded)} bytes; at most {NAME_MAX} per "
-                       f"component, {PATH_MAX} in all); fix the index")
+        raise BadInput(
+            f"{what} is too long for a file name ({len(encoded)} bytes; at most {NAME_MAX} per "
+            f"component, {PATH_MAX} in all); fix the index"
+        )
     if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or os.path.isabs(name):
-        raise BadInput(f"{what} is an absolute path; nanhunter reads nothing outside the checkpoint directory {root}")
+        raise BadInput(
+            f"{what} is an absolute path; nanhunter reads nothing outside the checkpoint directory {root}"
+        )
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        raise BadInput(f"{what} climbs out of the checkpoint directory with '..'; nanhunter reads nothing outside it")
+        raise BadInput(
+            f"{what} climbs out of the checkpoint directory with '..'; nanhunter reads nothing outside it"
+        )
     shown = root / name
     try:
         real_root = root.resolve()
@@ -117,8 +133,10 @@ def member(root: Path, name: object, where: str, kind: str = "file") -> tuple[Pa
     snapshots = real_root.parent
     if snapshots.name == "snapshots" and is_inside(real, snapshots.parent / "blobs"):
         return shown, real  # the Hugging Face hub cache: snapshot files link to ../../blobs/<hash>
-    raise BadInput(f"{what} resolves (through a symlink) to {real}, outside the checkpoint directory {root}; "
-                   "nanhunter reads nothing outside it")
+    raise BadInput(
+        f"{what} resolves (through a symlink) to {real}, outside the checkpoint directory {root}; "
+        "nanhunter reads nothing outside it"
+    )
 
 
 @dataclass
@@ -200,18 +218,26 @@ class Checkpoint:
                 name = TORCH_DTYPES.get(e.dtype, e.dtype)
                 bits = e.dtype if e.dtype in BIT_TAGS else None
                 skip = tag_skip_reason(e.dtype)
-                yield ScanItem(e.name, name, e.dtype if e.dtype in FLOATS else None, list(e.shape), e.numel,
-                               e.nbytes, None if skip else pieces, bits, skip)
+                yield ScanItem(
+                    e.name,
+                    name,
+                    e.dtype if e.dtype in FLOATS else None,
+                    list(e.shape),
+                    e.numel,
+                    e.nbytes,
+                    None if skip else pieces,
+                    bits,
+                    skip,
+                )
 
     def byte_stripes(self, name: str, stripe_bytes: int) -> Iterator[tuple[int, Any]]:
         """Tensor ``name``'s bytes, read only, in pieces of whole ``stripe_bytes`` stripes:
         ``(first byte, 1-D numpy uint8 view, or None for a run of zeros)``; memory stays one window."""
         if self._torch_sd is not None:
-
             raw = _torch_bytes(self._torch_sd[name])
             step = max(stripe_bytes, sf.PIECE - sf.PIECE % max(1, stripe_bytes))
             for s in range(0, raw.size, step):
-                yield s, raw[s: s + step]
+                yield s, raw[s : s + step]
             return
         e = self.entries[name]
         yield from self._files[e.file].byte_stripes(e, stripe_bytes)
@@ -219,7 +245,7 @@ class Checkpoint:
     def read_bytes(self, name: str, offset: int, nbytes: int) -> np.ndarray:
         """Bytes ``offset .. offset + nbytes`` of tensor ``name`` as an owned numpy uint8 array (bounded read)."""
         if self._torch_sd is not None:
-            return _torch_bytes(self._torch_sd[name])[max(0, offset): max(0, offset + nbytes)].copy()
+            return _torch_bytes(self._torch_sd[name])[max(0, offset) : max(0, offset + nbytes)].copy()
         e = self.entries[name]
         return self._files[e.file].read_bytes(e, offset, nbytes)
 
@@ -235,7 +261,12 @@ class Checkpoint:
         return {n: self.tensor(n) for n in self.names()}
 
     def describe(self) -> dict[str, Any]:
-        return {"path": str(self.path), "format": self.format, "n_tensors": self.n_tensors, "bytes": self.nbytes}
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "n_tensors": self.n_tensors,
+            "bytes": self.nbytes,
+        }
 
 
 #: torch dtype name → the float tag the scan reads it as (``float_bits``)
@@ -284,7 +315,9 @@ def _torch_items(sd: dict[str, torch.Tensor]) -> Iterator[ScanItem]:
         tag = TORCH_TO_TAG.get(dname)
         if tag is not None:  # checked from its bits, as a safetensors tensor of that tag
             raw = _torch_bytes(t)
-            pieces = ((s, min(sf.PIECE, raw.size - s), raw[s: s + sf.PIECE]) for s in range(0, raw.size, sf.PIECE))
+            pieces = (
+                (s, min(sf.PIECE, raw.size - s), raw[s : s + sf.PIECE]) for s in range(0, raw.size, sf.PIECE)
+            )
             yield ScanItem(name, dname, None, list(t.shape), t.numel(), raw.size, pieces, tag)
             continue
         nbytes = t.numel() * t.element_size()
@@ -294,7 +327,7 @@ def _torch_items(sd: dict[str, torch.Tensor]) -> Iterator[ScanItem]:
         if ftag and t.numel():
             flat = _torch_array(t).reshape(-1)
             step = max(1, sf.PIECE // max(1, t.element_size()))
-            floats = ((s, min(step, flat.size - s), flat[s: s + step]) for s in range(0, flat.size, step))
+            floats = ((s, min(step, flat.size - s), flat[s : s + step]) for s in range(0, flat.size, step))
         yield ScanItem(name, dname, ftag, list(t.shape), t.numel(), nbytes, floats, None, skip)
 
 
@@ -305,8 +338,10 @@ def _add_file(ck: Checkpoint, shown: Path, real: Path, only: set[str] | None = N
         if only is not None and name not in only:
             continue
         if name in ck.entries:
-            raise BadInput(f"tensor {show(name)} appears in both {show(ck.entries[name].file.name)} and {show(shown.name)}; "
-                           "fix the shards")
+            raise BadInput(
+                f"tensor {show(name)} appears in both {show(ck.entries[name].file.name)} and {show(shown.name)}; "
+                "fix the shards"
+            )
         ck.entries[name] = e
     if len(ck.entries) > MAX_TENSORS:
         raise BadInput(f"{ck.path}: more than {MAX_TENSORS:,} tensors, nanhunter's limit per checkpoint")
@@ -323,12 +358,16 @@ def read_index(index: Path, real: Path | None = None) -> dict[str, set[str]]:
     data = bounded_json.loads(raw, str(index), unique_keys=True)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise BadInput(f"{index}: not a valid safetensors index (expected a JSON object with a non-empty 'weight_map')")
+        raise BadInput(
+            f"{index}: not a valid safetensors index (expected a JSON object with a non-empty 'weight_map')"
+        )
     shards: dict[str, set[str]] = {}
     for name, fname in weight_map.items():
         if not isinstance(fname, str):
-            raise BadInput(f"{index}: weight_map gives {show(fname)} for tensor {show(name)}, not a file name; "
-                           "fix the index")
+            raise BadInput(
+                f"{index}: weight_map gives {show(fname)} for tensor {show(name)}, not a file name; "
+                "fix the index"
+            )
         shards.setdefault(fname, set()).add(name)
     for fname in shards:
         member(index.parent, fname, str(index), "weight_map shard")
@@ -344,15 +383,21 @@ def _open_index(index: Path, real: Path, fmt: str) -> Checkpoint:
         try:
             missing = not real_shard.exists()
         except OSError as e:
-            raise BadInput(f"{index}: shard {show(fname)} named in weight_map cannot be opened ({e.strerror})") from None
+            raise BadInput(
+                f"{index}: shard {show(fname)} named in weight_map cannot be opened ({e.strerror})"
+            ) from None
         if missing:
-            raise BadInput(f"{index}: shard {show(fname)} named in weight_map is missing; download or restore it")
+            raise BadInput(
+                f"{index}: shard {show(fname)} named in weight_map is missing; download or restore it"
+            )
         names = shards[fname]
         st = _add_file(ck, shown, real_shard, names)
         absent = names - set(st.entries)
         if absent:
-            raise BadInput(f"{index}: {len(absent)} tensors mapped to {show(fname)} are not in it "
-                           f"(e.g. {show(sorted(absent)[0])})")
+            raise BadInput(
+                f"{index}: {len(absent)} tensors mapped to {show(fname)} are not in it "
+                f"(e.g. {show(sorted(absent)[0])})"
+            )
     return ck
 
 
@@ -380,15 +425,19 @@ def _check_directory(root: Path) -> None:
         except OSError:
             continue  # a dangling link: reported if something needs that file
         if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"checkpoint {root}: {name} is {kind_of(st.st_mode)}, not a regular file; "
-                           "nanhunter reads regular files only")
+            raise BadInput(
+                f"checkpoint {root}: {name} is {kind_of(st.st_mode)}, not a regular file; "
+                "nanhunter reads regular files only"
+            )
 
 
 def _open_directory(p: Path) -> Checkpoint:
     _check_directory(p)
     if (p / "capsule.json").is_file() and not (p / "config.json").exists():
-        raise BadInput(f"{p} is a nanhunter capsule (one failing training step): replay it with `nanhunter scan {p}`; "
-                       "this command takes a model checkpoint")
+        raise BadInput(
+            f"{p} is a nanhunter capsule (one failing training step): replay it with `nanhunter scan {p}`; "
+            "this command takes a model checkpoint"
+        )
     config = p / "config.json"
     has_config = config.exists()
     indexes = sorted(p.glob("*.safetensors.index.json"))
@@ -396,7 +445,11 @@ def _open_directory(p: Path) -> Checkpoint:
         read_index(idx, member(p, idx.name, f"checkpoint {p}")[1])
     if indexes:
         preferred = [i for i in indexes if i.name == "model.safetensors.index.json"] or indexes
-        ck = _open_index(preferred[0], member(p, preferred[0].name, f"checkpoint {p}")[1], "hf" if has_config else "sharded")
+        ck = _open_index(
+            preferred[0],
+            member(p, preferred[0].name, f"checkpoint {p}")[1],
+            "hf" if has_config else "sharded",
+        )
     else:
         files = sorted(p.glob("*.safetensors"))
         if not files:
@@ -406,7 +459,9 @@ def _open_directory(p: Path) -> Checkpoint:
                 ck.path, ck.format = p, "hf" if has_config else "torch"
                 ck.config_path = config if has_config else None
                 return ck
-            raise BadInput(f"{p}: no *.safetensors files in this directory; point at a checkpoint file or a model directory")
+            raise BadInput(
+                f"{p}: no *.safetensors files in this directory; point at a checkpoint file or a model directory"
+            )
         ck = Checkpoint(p, "hf" if has_config else "safetensors", files)
         for f in files:
             _add_file(ck, *member(p, f.name, f"checkpoint {p}"))
@@ -450,8 +505,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     try:
         mode = os.stat(p).st_mode
     except FileNotFoundError:
-        raise BadInput(f"checkpoint not found: {p}; pass a .safetensors file, a *.safetensors.index.json "
-                       "or a model directory") from None
+        raise BadInput(
+            f"checkpoint not found: {p}; pass a .safetensors file, a *.safetensors.index.json "
+            "or a model directory"
+        ) from None
     except OSError as e:
         raise BadInput(f"checkpoint {p}: cannot read it ({e.strerror})") from None
     if stat.S_ISDIR(mode):
@@ -473,4 +530,3 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 ".gguf, .pt/.bin or a model directory"
             ) from None
     return open_safetensors(p)
-

@@ -65,8 +65,13 @@ def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def input_files(checkpoints: Iterable[str] = (), inputs: Iterable[str] | None = None, data: str | None = None,
-                config: str | None = None, arch: str | None = None) -> list[Path]:
+def input_files(
+    checkpoints: Iterable[str] = (),
+    inputs: Iterable[str] | None = None,
+    data: str | None = None,
+    config: str | None = None,
+    arch: str | None = None,
+) -> list[Path]:
     """All files a command reads, for ``check_outputs``: the user's and the packaged defaults
     (``nan_hunter/configs/*.yaml``)."""
     files: list[Path] = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))

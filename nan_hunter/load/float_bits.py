@@ -91,8 +91,8 @@ def top_magnitude(fb: FloatBits, bits: np.ndarray) -> int:
     top = -1
     sign = fb.sign
     for s in range(0, bits.size, step):
-        hi = int(signed[s: s + step].max())  # largest positive magnitude, when >= 0
-        u = int(bits[s: s + step].max())  # sign bit + largest negative magnitude, when >= sign
+        hi = int(signed[s : s + step].max())  # largest positive magnitude, when >= 0
+        u = int(bits[s : s + step].max())  # sign bit + largest negative magnitude, when >= sign
         top = max(top, hi, u - sign if u >= sign else -1)
     return top
 
@@ -105,7 +105,7 @@ def exact_counts(fb: FloatBits, bits: np.ndarray) -> tuple[int, int, int, int | 
     best = 0
     mask, inf, sign = fb.mag_mask, fb.inf, fb.sign
     for s in range(0, bits.size, CHUNK):
-        c = bits[s: s + CHUNK]
+        c = bits[s : s + CHUNK]
         top = top_magnitude(fb, c)
         if top < inf:  # a finite slice: its top magnitude is its absmax
             best = max(best, top)

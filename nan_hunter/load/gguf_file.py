@@ -41,21 +41,67 @@ HINT = "re-convert or re-download the GGUF file"
 
 #: ggml type id → (name, elements per block, bytes per block)
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
 }
 #: plain element types → the safetensors tag the weights scan reads them as
-PLAIN_TAGS = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "I16": "I16", "I32": "I32",
-              "I64": "I64"}
+PLAIN_TAGS = {
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "F64": "F64",
+    "I8": "I8",
+    "I16": "I16",
+    "I32": "I32",
+    "I64": "I64",
+}
 QUANT_PREFIX = "GGUF_"  # tag of a block-quantized tensor: GGUF_Q4_K
 # metadata value types: id → struct format of a scalar (strings and arrays apart)
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -83,16 +129,18 @@ class _Bytes:
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.pos + n > self.size:
-            raise self.bad(f"{what} at byte {self.pos} needs {n} bytes but the file ends at {self.size} (truncated?)")
+            raise self.bad(
+                f"{what} at byte {self.pos} needs {n} bytes but the file ends at {self.size} (truncated?)"
+            )
         if self.pos + n > MAX_HEADER:
             raise self.bad(f"the header passes {MAX_HEADER} bytes, nanhunter's limit")
         while len(self.buf) - self.off < n:
             chunk = self.f.read(max(1 << 20, n))
             if not chunk:
                 raise self.bad("changed while being read")
-            self.buf = self.buf[self.off:] + chunk
+            self.buf = self.buf[self.off :] + chunk
             self.off = 0
-        out = self.buf[self.off: self.off + n]
+        out = self.buf[self.off : self.off + n]
         self.off += n
         self.pos += n
         return out
@@ -145,7 +193,9 @@ def _value(r: _Bytes, vtype: int, key: str, keep: bool) -> int | float | str | N
         if itype in _SCALARS:
             size = struct.calcsize(_SCALARS[itype])
             if n * size > r.size - r.pos:
-                raise r.bad(f"metadata {key!r}: {n} array items need {n * size} bytes, more than the file holds")
+                raise r.bad(
+                    f"metadata {key!r}: {n} array items need {n * size} bytes, more than the file holds"
+                )
             r.skip(n * size, f"array {key!r}")
             return None
         if itype != _STRING:
@@ -198,7 +248,9 @@ def parse_gguf(f: BinaryIO, size: int, where: str) -> GgufHeader:
     for i in range(n_tensors):
         name = r.string(f"name of tensor {i}", limit=1 << 16)
         if len(name.encode()) > MAX_NAME:
-            raise r.bad(f"tensor name {name[:80]!r} is {len(name.encode())} bytes; ggml allows at most {MAX_NAME}")
+            raise r.bad(
+                f"tensor name {name[:80]!r} is {len(name.encode())} bytes; ggml allows at most {MAX_NAME}"
+            )
         if name in names:
             raise r.bad(f"tensor {name!r} is given twice")
         names.add(name)
@@ -214,7 +266,9 @@ def parse_gguf(f: BinaryIO, size: int, where: str) -> GgufHeader:
         if any(d >= 2**63 for d in ne):
             raise r.bad(f"tensor {name!r}: a dim of {ne} does not fit int64")
         if ne and ne[0] % blck:
-            raise r.bad(f"tensor {name!r}: first dim {ne[0]} is not a whole number of {tname} blocks of {blck}")
+            raise r.bad(
+                f"tensor {name!r}: first dim {ne[0]} is not a whole number of {tname} blocks of {blck}"
+            )
         n = math.prod(ne)
         nbytes = n // blck * tsize
         if n >= 2**63 or nbytes >= 2**63:
@@ -227,11 +281,15 @@ def parse_gguf(f: BinaryIO, size: int, where: str) -> GgufHeader:
     tensors: list[tuple[str, str, tuple[int, ...], int, int]] = []
     for name, tname, shape, offset, nbytes in infos:
         if offset != expected:
-            raise r.bad(f"tensor {name!r} has offset {offset}, expected {expected} (each tensor follows the one "
-                        f"before, padded to {alignment})")
+            raise r.bad(
+                f"tensor {name!r} has offset {offset}, expected {expected} (each tensor follows the one "
+                f"before, padded to {alignment})"
+            )
         if offset + nbytes > data_len:
-            raise r.bad(f"tensor {name!r} needs bytes {offset}..{offset + nbytes} of the data section but it has "
-                        f"{max(0, data_len)} (truncated file)")
+            raise r.bad(
+                f"tensor {name!r} needs bytes {offset}..{offset + nbytes} of the data section but it has "
+                f"{max(0, data_len)} (truncated file)"
+            )
         tag = PLAIN_TAGS.get(tname, QUANT_PREFIX + tname)
         tensors.append((name, tag, shape, offset, offset + nbytes))
         expected = offset + -(-nbytes // alignment) * alignment
@@ -242,7 +300,7 @@ def ggml_type(tag: str) -> tuple[str, int, int] | None:
     """(name, elements per block, bytes per block) of a block-quantized tensor's tag, else None."""
     if not tag.startswith(QUANT_PREFIX):
         return None
-    name = tag[len(QUANT_PREFIX):]
+    name = tag[len(QUANT_PREFIX) :]
     return next((t for t in GGML_TYPES.values() if t[0] == name), None)
 
 
@@ -262,5 +320,7 @@ class GgufFile(SafetensorsFile):
         self.data_start = header.data_start
         self.header = header
         self.metadata = {"gguf_version": str(header.version), "alignment": str(header.alignment)}
-        self.entries = {name: TensorEntry(name, path, tag, shape, begin, end)
-                        for name, tag, shape, begin, end in header.tensors}
+        self.entries = {
+            name: TensorEntry(name, path, tag, shape, begin, end)
+            for name, tag, shape, begin, end in header.tensors
+        }

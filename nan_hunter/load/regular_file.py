@@ -42,8 +42,9 @@ def require_regular(path: str | os.PathLike[str], what: str) -> os.stat_result:
     except OSError as e:
         raise BadInput(f"{what} {path}: cannot read it ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{what} {path}: is {kind_of(st.st_mode)}, not a regular file; "
-                       "nanhunter reads regular files only")
+        raise BadInput(
+            f"{what} {path}: is {kind_of(st.st_mode)}, not a regular file; nanhunter reads regular files only"
+        )
     return st
 
 
@@ -95,8 +96,9 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadInput(f"{what} {path}: not UTF-8 text (invalid byte at offset {e.start}); "
-                       "save it as UTF-8") from None
+        raise BadInput(
+            f"{what} {path}: not UTF-8 text (invalid byte at offset {e.start}); save it as UTF-8"
+        ) from None
 
 
 def is_inside(path: Path, root: Path) -> bool:

@@ -81,14 +81,20 @@ class SafetensorsFile:
             st = os.fstat(f.fileno())
             size = st.st_size
             if size < 8:
-                raise BadInput(f"{where}: file is {size} bytes, too short to be safetensors (truncated?); {hint}")
+                raise BadInput(
+                    f"{where}: file is {size} bytes, too short to be safetensors (truncated?); {hint}"
+                )
             (n,) = struct.unpack("<Q", read_exact(f, 8))
             if n > MAX_HEADER:
-                raise BadInput(f"{where}: header length {n} is over the safetensors limit of {MAX_HEADER} bytes "
-                               f"(not a safetensors file, or corrupt); {hint}")
+                raise BadInput(
+                    f"{where}: header length {n} is over the safetensors limit of {MAX_HEADER} bytes "
+                    f"(not a safetensors file, or corrupt); {hint}"
+                )
             if 8 + n > size:
-                raise BadInput(f"{where}: header length {n} does not fit a {size}-byte file "
-                               f"(truncated or not a safetensors file); {hint}")
+                raise BadInput(
+                    f"{where}: header length {n} does not fit a {size}-byte file "
+                    f"(truncated or not a safetensors file); {hint}"
+                )
             raw = read_exact(f, n)
         if len(raw) != n:
             raise BadInput(f"{where}: changed while being read; run again when it is complete")
@@ -99,7 +105,8 @@ class SafetensorsFile:
         del raw
         self.metadata = header.metadata or {}
         self.entries: dict[str, TensorEntry] = {
-            name: TensorEntry(name, path, tag, shape, begin, end) for name, tag, shape, begin, end in header.entries
+            name: TensorEntry(name, path, tag, shape, begin, end)
+            for name, tag, shape, begin, end in header.entries
         }
 
     def _open(self) -> BinaryIO:
@@ -108,7 +115,9 @@ class SafetensorsFile:
         st = os.fstat(f.fileno())
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._ident:
             f.close()
-            raise BadInput(f"{self.path}: changed since nanhunter read its header; run again when it is complete")
+            raise BadInput(
+                f"{self.path}: changed since nanhunter read its header; run again when it is complete"
+            )
         return f
 
     def read_tensor(self, e: TensorEntry) -> torch.Tensor:
@@ -117,7 +126,9 @@ class SafetensorsFile:
 
         dtype = e.torch_dtype()
         if dtype is None:
-            raise BadInput(f"{self.path}: tensor {e.name!r} has dtype {e.dtype}, which torch cannot load element-wise")
+            raise BadInput(
+                f"{self.path}: tensor {e.name!r} has dtype {e.dtype}, which torch cannot load element-wise"
+            )
         if e.nbytes == 0:
             return torch.empty(e.shape, dtype=dtype)
         buf = bytearray(e.nbytes)
@@ -125,7 +136,7 @@ class SafetensorsFile:
         with self._open() as f:
             pos = 0
             while pos < e.nbytes:
-                got = os.preadv(f.fileno(), [view[pos: pos + (1 << 30)]], self.data_start + e.begin + pos)
+                got = os.preadv(f.fileno(), [view[pos : pos + (1 << 30)]], self.data_start + e.begin + pos)
                 if got <= 0:
                     raise BadInput(f"{self.path}: changed while being read; run again when it is complete")
                 pos += got
@@ -142,7 +153,9 @@ class SafetensorsFile:
         with self._open() as f:
             pos = 0
             while pos < nbytes:
-                got = os.preadv(f.fileno(), [view[pos: pos + (1 << 30)]], self.data_start + e.begin + offset + pos)
+                got = os.preadv(
+                    f.fileno(), [view[pos : pos + (1 << 30)]], self.data_start + e.begin + offset + pos
+                )
                 if got <= 0:
                     raise BadInput(f"{self.path}: changed while being read; run again when it is complete")
                 pos += got
@@ -155,12 +168,16 @@ class SafetensorsFile:
         raw = self.read_bytes(e, 0, e.nbytes)
         dtype = NUMPY_DTYPES.get(e.dtype)
         if dtype is None:
-            raise BadInput(f"{self.path}: tensor {e.name!r} has dtype {e.dtype}, which torch cannot load element-wise")
+            raise BadInput(
+                f"{self.path}: tensor {e.name!r} has dtype {e.dtype}, which torch cannot load element-wise"
+            )
         a = raw.view(dtype)
         packed = DTYPE_BITS.get(e.dtype, 8) < 8
         return a if packed else a.reshape(e.shape)
 
-    def pieces(self, order: list[TensorEntry]) -> Iterator[tuple[TensorEntry, Iterator[tuple[int, int, object]]]]:
+    def pieces(
+        self, order: list[TensorEntry]
+    ) -> Iterator[tuple[TensorEntry, Iterator[tuple[int, int, object]]]]:
         """For each entry in ``order`` (offset order is fastest): the entry and its pieces.
 
         A piece is ``(first element, element count, 1-D read-only numpy view or None)`` in the tag's
@@ -187,7 +204,9 @@ class SafetensorsFile:
         with self._open() as f:
             win = _Windows(f.fileno(), self.size)
             try:
-                for first, _count, piece in win.byte_pieces(self.data_start + e.begin, e.nbytes, stripe_bytes):
+                for first, _count, piece in win.byte_pieces(
+                    self.data_start + e.begin, e.nbytes, stripe_bytes
+                ):
                     yield first, piece
                     del piece
             finally:
@@ -238,9 +257,8 @@ class _Windows:
             if off % size == 0:
                 yield first, count, np.frombuffer(mm, dtype, count, rel)
             else:  # unaligned data (a header length not padded to 8): copy this piece only
-                yield first, count, np.frombuffer(mm[rel: rel + nbytes], dtype, count)
+                yield first, count, np.frombuffer(mm[rel : rel + nbytes], dtype, count)
             del mm
-
 
     def byte_pieces(self, start: int, nbytes: int, align: int = 1) -> Iterator[tuple[int, int, object]]:
         """``(first byte, byte count, 1-D read-only numpy uint8 view or None)`` over ``nbytes`` bytes

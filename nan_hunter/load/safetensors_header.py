@@ -33,30 +33,77 @@ _I64_MIN = -(2**63)
 
 #: Every dtype tag of the format → bits per element (sub-byte tags pack several per byte).
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8,
-    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
 }
 #: dtype tag → torch dtype attribute; tags torch cannot hold element-wise (F4, F6) are absent.
 TORCH_DTYPES: dict[str, str] = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8",
-    "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "I16": "int16", "U16": "uint16", "F16": "float16", "BF16": "bfloat16",
-    "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
-    "F64": "float64", "I64": "int64", "U64": "uint64",
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "C64": "complex64",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
 }
 #: dtype tag → the numpy dtype its bytes are read as (little-endian, as the format stores them). Tags
 #: numpy has no dtype for are read as their raw bits: BF16 as uint16, the 1-byte floats as uint8
 #: (``bit_dtypes`` decodes them); the packed sub-byte tags (F4, F6) are read as bytes.
 NUMPY_DTYPES: dict[str, str] = {
-    "BOOL": "?", "U8": "u1", "I8": "i1",
-    "F8_E5M2": "u1", "F8_E4M3": "u1", "F8_E8M0": "u1", "F8_E4M3FNUZ": "u1", "F8_E5M2FNUZ": "u1",
-    "I16": "<i2", "U16": "<u2", "F16": "<f2", "BF16": "<u2",
-    "I32": "<i4", "U32": "<u4", "F32": "<f4", "C64": "<c8",
-    "F64": "<f8", "I64": "<i8", "U64": "<u8",
-    "F4": "u1", "F6_E2M3": "u1", "F6_E3M2": "u1",
+    "BOOL": "?",
+    "U8": "u1",
+    "I8": "i1",
+    "F8_E5M2": "u1",
+    "F8_E4M3": "u1",
+    "F8_E8M0": "u1",
+    "F8_E4M3FNUZ": "u1",
+    "F8_E5M2FNUZ": "u1",
+    "I16": "<i2",
+    "U16": "<u2",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I32": "<i4",
+    "U32": "<u4",
+    "F32": "<f4",
+    "C64": "<c8",
+    "F64": "<f8",
+    "I64": "<i8",
+    "U64": "<u8",
+    "F4": "u1",
+    "F6_E2M3": "u1",
+    "F6_E3M2": "u1",
 }
 _FIELDS = ("dtype", "shape", "data_offsets")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -85,7 +132,12 @@ class _Obj(list[tuple[str, Any]]):
 def show(v: Any, limit: int = 60) -> str:
     """An untrusted JSON value for an error line: JSON-like, escaped (``repr``) and clipped."""
     if type(v) is _Obj:
-        text = "{" + ", ".join(f"{k!r}: {show(x, limit)}" for k, x in v[:4]) + (", ..." if len(v) > 4 else "") + "}"
+        text = (
+            "{"
+            + ", ".join(f"{k!r}: {show(x, limit)}" for k, x in v[:4])
+            + (", ..." if len(v) > 4 else "")
+            + "}"
+        )
     elif type(v) is list:
         text = "[" + ", ".join(show(x, limit) for x in v[:4]) + (", ..." if len(v) > 4 else "") + "]"
     else:
@@ -152,8 +204,13 @@ def _why_not_entry(v: Any) -> str:
         if missing:
             return f"missing field {missing[0]!r}"
     else:
-        kind = {type(None): "null", bool: "a boolean", str: "a string", int: "a number",
-                float: "a number"}.get(type(v), "not an object")
+        kind = {
+            type(None): "null",
+            bool: "a boolean",
+            str: "a string",
+            int: "a number",
+            float: "a number",
+        }.get(type(v), "not an object")
         return f"{kind} instead of an object with {', '.join(_FIELDS)}"
     if _dtype_of(fields["dtype"]) is None:
         return f"unknown dtype {show(fields['dtype'])} (the format knows {', '.join(DTYPE_BITS)})"
@@ -213,7 +270,9 @@ def parse_header(raw: bytes, data_len: int, where: str, hint: str) -> Header:
         return BadInput(f"{where}: {msg}; {hint}")
 
     if raw.startswith(b"\xef\xbb\xbf"):
-        raise bad("the header starts with a UTF-8 byte-order mark, which the safetensors format does not allow")
+        raise bad(
+            "the header starts with a UTF-8 byte-order mark, which the safetensors format does not allow"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -225,8 +284,9 @@ def parse_header(raw: bytes, data_len: int, where: str, hint: str) -> Header:
         raise bad(f"the header nests JSON deeper than {MAX_DEPTH} levels (or has unbalanced brackets)")
     p = _Parser(bool(_SURROGATE_ESCAPE.search(raw)))
     try:
-        top = json.loads(text, object_pairs_hook=p.hook, parse_int=_int, parse_float=_float,
-                         parse_constant=_constant)
+        top = json.loads(
+            text, object_pairs_hook=p.hook, parse_int=_int, parse_float=_float, parse_constant=_constant
+        )
     except _Malformed as e:
         raise bad(f"the header is malformed: {e}") from None
     except RecursionError:  # unreachable after the depth check; never an internal error
@@ -262,9 +322,16 @@ def parse_header(raw: bytes, data_len: int, where: str, hint: str) -> Header:
     start = 0
     for name, tag, shape, begin, end in entries:
         if begin != start or end < begin:
-            how = ("ends before it begins" if end < begin else
-                   "overlaps the tensor before it" if begin < start else f"leaves a gap after byte {start}")
-            raise bad(f"tensor {show(name)}: data_offsets [{begin}, {end}] {how} (tensors must tile the data section)")
+            how = (
+                "ends before it begins"
+                if end < begin
+                else "overlaps the tensor before it"
+                if begin < start
+                else f"leaves a gap after byte {start}"
+            )
+            raise bad(
+                f"tensor {show(name)}: data_offsets [{begin}, {end}] {how} (tensors must tile the data section)"
+            )
         start = end
         n = 1
         for d in shape:
@@ -277,8 +344,10 @@ def parse_header(raw: bytes, data_len: int, where: str, hint: str) -> Header:
         if bits % 8:
             raise bad(f"tensor {show(name)}: {n} {tag} elements do not end on a byte boundary")
         if end - begin != bits // 8:
-            raise bad(f"tensor {show(name)} has {end - begin} bytes for shape {show(list(shape))} {tag} "
-                      f"({bits // 8} expected)")
+            raise bad(
+                f"tensor {show(name)} has {end - begin} bytes for shape {show(list(shape))} {tag} "
+                f"({bits // 8} expected)"
+            )
     if start > data_len:
         raise bad(f"tensors end at byte {start} but the data section has {data_len} bytes (truncated file)")
     if start < data_len:

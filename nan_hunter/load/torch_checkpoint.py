@@ -35,8 +35,10 @@ def tensors_by_path(obj: Any, where: str) -> dict[str, torch.Tensor]:
         path, x, depth = stack.pop()
         if isinstance(x, torch.Tensor):
             if path in out:
-                raise BadInput(f"{where}: two tensors are both named {path!r} by their path; "
-                               "save the state dicts under distinct keys")
+                raise BadInput(
+                    f"{where}: two tensors are both named {path!r} by their path; "
+                    "save the state dicts under distinct keys"
+                )
             if len(out) >= MAX_TENSORS:
                 raise BadInput(f"{where}: more than {MAX_TENSORS:,} tensors, nanhunter's limit")
             out[path] = x
@@ -85,7 +87,9 @@ def load_torch_file(path: Path, real: Path | None = None) -> dict[str, torch.Ten
     if isinstance(obj, torch.Tensor):
         return {"tensor": obj}
     if not isinstance(obj, (dict, list, tuple)):
-        raise BadInput(f"{path}: expected a state dict (mapping of names to tensors), got {type(obj).__name__}")
+        raise BadInput(
+            f"{path}: expected a state dict (mapping of names to tensors), got {type(obj).__name__}"
+        )
     found = tensors_by_path(obj, str(path))
     if not found:
         raise BadInput(f"{path}: holds no tensors (expected a state dict)")

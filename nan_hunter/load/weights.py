@@ -54,7 +54,7 @@ class TensorScan:
     min_nonzero: float | None = None
     overflows: dict[str, bool] = field(default_factory=dict)
     headroom: dict[str, float] = field(default_factory=dict)  # dtype max / absmax
-    fp16_zero_frac: float | None = None       # non-zero values that become 0 in fp16
+    fp16_zero_frac: float | None = None  # non-zero values that become 0 in fp16
     fp16_subnormal_frac: float | None = None  # values that become fp16 subnormals
     sampled: bool = False
     skipped: str | None = None
@@ -66,8 +66,15 @@ class TensorScan:
         return not (self.nan or self.posinf or self.neginf)
 
     def nonfinite_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nan": self.nan,
-             "posinf": self.posinf, "neginf": self.neginf, "first_index": self.first_index}
+        d: dict[str, Any] = {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "nan": self.nan,
+            "posinf": self.posinf,
+            "neginf": self.neginf,
+            "first_index": self.first_index,
+        }
         if self.file is not None:
             d["file"] = self.file
         return d
@@ -86,8 +93,12 @@ class WeightsScan:
     n_skipped: int
     bytes: int
     quantized: list[Any] = field(default_factory=list)  # quant.base.QuantizedScan, one per quantized weight
-    quantized_unchecked: list[dict[str, str]] = field(default_factory=list)  # found but not checkable: {name, dtype, reason}
-    claimed: set[str] = field(default_factory=set)  # tensors a quantized format read (data, scales, zeros, states)
+    quantized_unchecked: list[dict[str, str]] = field(
+        default_factory=list
+    )  # found but not checkable: {name, dtype, reason}
+    claimed: set[str] = field(
+        default_factory=set
+    )  # tensors a quantized format read (data, scales, zeros, states)
 
     @property
     def nonfinite(self) -> list[TensorScan]:
@@ -96,13 +107,19 @@ class WeightsScan:
     @property
     def unchecked(self) -> list[dict[str, Any]]:
         """``weights.unchecked``: tensors that could hold NaN/Inf but were not checked."""
-        return [{"name": t.name, "dtype": t.dtype, "reason": t.skipped} for t in self.tensors
-                if t.unchecked and t.name not in self.claimed] + self.quantized_unchecked
+        return [
+            {"name": t.name, "dtype": t.dtype, "reason": t.skipped}
+            for t in self.tensors
+            if t.unchecked and t.name not in self.claimed
+        ] + self.quantized_unchecked
 
     def near_overflow(self, dtype: str, factor: float) -> list[TensorScan]:
         """Finite tensors whose absmax is within ``factor`` of ``dtype``'s max (or over it)."""
-        return [t for t in self.tensors if t.finite and t.headroom.get(dtype) is not None
-                and t.headroom[dtype] < factor]
+        return [
+            t
+            for t in self.tensors
+            if t.finite and t.headroom.get(dtype) is not None and t.headroom[dtype] < factor
+        ]
 
 
 def _unravel(flat: int, shape: list[int]) -> list[int]:
@@ -126,7 +143,7 @@ def _count_underflow(fb: FloatBits, bits: np.ndarray, chunk: int, c: list[float]
     half_sub, normal = fp16.smallest_subnormal / 2, fp16.smallest_normal
     for s in range(0, bits.size, chunk):
         with np.errstate(over="ignore"):  # an F64 value beyond float32's range is inf, as a cast makes it
-            a = np.abs(fb.float32(bits[s: s + chunk]))
+            a = np.abs(fb.float32(bits[s : s + chunk]))
         # comparisons are False for NaN and +inf is above every bound, so finite values are the
         # a < inf ones, and the bands below count finite values only (cheaper than isfinite).
         c[0] += int(np.count_nonzero(a < math.inf))
@@ -192,7 +209,7 @@ class TensorStatsAccumulator:
         if self.step:  # counts add up: the sample is counted piece by piece, nothing is kept
             off, k = self._sample_range(first, bits.size)
             if k:
-                _count_underflow(self.fb, bits[off:: self.step][:k], CHUNK, self.counts)
+                _count_underflow(self.fb, bits[off :: self.step][:k], CHUNK, self.counts)
         else:
             _count_underflow(self.fb, bits, CHUNK, self.counts)
 
@@ -274,7 +291,7 @@ def _fp8_fast(item: ScanItem, pieces: Iterator[tuple[int, int, Any]], ts: Tensor
             hist.add(first, piece)
         else:
             best = max(best, top)
-        sample.add(first, piece[-first % step:: step][: SAMPLE])
+        sample.add(first, piece[-first % step :: step][:SAMPLE])
         del piece
     nan, absmax, _, _, _, _ = hist.stats()
     ts.nan = nan
@@ -331,10 +348,10 @@ def _byte_extremes(piece: np.ndarray, signed: bool, low: bool = False) -> tuple[
     step = CACHE_BYTES
     for s in range(0, piece.size, step):
         if signed:
-            hi = max(hi, int(s8[s: s + step].max()))
+            hi = max(hi, int(s8[s : s + step].max()))
             if low:
-                lo = min(lo, int(s8[s: s + step].min()))
-        neg = max(neg, int(piece[s: s + step].max()))
+                lo = min(lo, int(s8[s : s + step].min()))
+        neg = max(neg, int(piece[s : s + step].max()))
     return lo, (hi if signed else neg), neg
 
 
@@ -362,13 +379,16 @@ def scan_item(item: ScanItem, exact: bool = False) -> TensorScan:
     return acc.finish(ts, item.shape)
 
 
-def scan_weights(ck: Checkpoint, exact: bool = False,
-                 progress: Callable[[str, int], None] | None = None) -> WeightsScan:
+def scan_weights(
+    ck: Checkpoint, exact: bool = False, progress: Callable[[str, int], None] | None = None
+) -> WeightsScan:
     """Scan every tensor of ``ck``; ``progress(name, nbytes)`` is called after each one."""
 
     out: list[TensorScan] = []
     skipped = 0
-    with np.errstate(all="ignore"):  # IEEE results (an F64 value past float32's range is inf) are what is measured
+    with np.errstate(
+        all="ignore"
+    ):  # IEEE results (an F64 value past float32's range is inf) are what is measured
         sharded = len(ck.files) > 1
         for item in ck.scan_items():
             ts = scan_item(item, exact)

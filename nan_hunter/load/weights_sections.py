@@ -35,5 +35,8 @@ def bad_scales(ws: WeightsScan) -> list[dict[str, Any]]:
 
 
 def weights_sections(ws: WeightsScan) -> dict[str, Any]:
-    return {"unchecked": ws.unchecked, "quantized": [q.to_dict() for q in ws.quantized],
-            "suspicious": suspicious(ws)}
+    return {
+        "unchecked": ws.unchecked,
+        "quantized": [q.to_dict() for q in ws.quantized],
+        "suspicious": suspicious(ws),
+    }

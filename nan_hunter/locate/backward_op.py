@@ -40,7 +40,9 @@ def _reaches(starts: list[Any], target: Any) -> bool:
     return False
 
 
-def backward_roots(out: Any, grads: Grads, scale: float | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def backward_roots(
+    out: Any, grads: Grads, scale: float | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(outputs, gradients) to start a backward from: the re-run's outputs matched by label with
     the gradients the original step gave them, leaving out outputs upstream of another one.
     ``scale``: divide the gradients by it first (in float32, then back to their dtype): the same
@@ -65,8 +67,13 @@ def leaves(model: torch.nn.Module, out_roots: list[torch.Tensor]) -> list[torch.
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def rerun_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Grads, scale: float | None = None,
-                   find_op: bool = False) -> tuple[bool, OpEvent | None]:
+def rerun_backward(
+    model: torch.nn.Module,
+    forward: Callable[[], Any],
+    grads: Grads,
+    scale: float | None = None,
+    find_op: bool = False,
+) -> tuple[bool, OpEvent | None]:
     """Run ``forward()`` (the step's forward, from copies of its inputs, under its context) with
     grad on, then its backward from ``grads``. Returns (every gradient finite, first bad op event
     when ``find_op``)."""
@@ -82,8 +89,10 @@ def rerun_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Gr
             params = leaves(model, roots)
             # on the calling thread: CUDA backward runs on the engine's device threads otherwise,
             # where the dispatch mode that names the op is not active (seen on the first GPU run)
-            with torch.autograd.set_multithreading_enabled(False), \
-                    mode if mode is not None else contextlib.nullcontext():
+            with (
+                torch.autograd.set_multithreading_enabled(False),
+                mode if mode is not None else contextlib.nullcontext(),
+            ):
                 res = torch.autograd.grad(roots, params, gs, allow_unused=True)
     finite = all(bool(torch.isfinite(g).all()) for g in res if g is not None)
     return finite, (mode.result if mode is not None else None)

@@ -51,8 +51,10 @@ from .rerun import Rerun
 from .training_phases import locate_backward
 
 #: why no op is named for an optimizer fault found without the state before the step
-OPTIMIZER_OP_MISSING = ("the op inside optimizer.step() is not named: that needs the state before the step, "
-                        "kept only with watch(capsule_dir=...)")
+OPTIMIZER_OP_MISSING = (
+    "the op inside optimizer.step() is not named: that needs the state before the step, "
+    "kept only with watch(capsule_dir=...)"
+)
 
 
 def locate(recording: Recording, rerun: Rerun) -> Located:
@@ -75,7 +77,9 @@ def locate(recording: Recording, rerun: Rerun) -> Located:
 # -- forward ---------------------------------------------------------------------------------------
 
 
-def faulted_again(original_calls: list[Any], original_rows: Any, rerun_calls: list[Any], rerun_rows: Any) -> bool:
+def faulted_again(
+    original_calls: list[Any], original_rows: Any, rerun_calls: list[Any], rerun_rows: Any
+) -> bool:
     """Whether the re-run's recording holds the failing forward's first non-finite value again: the
     one comparison of two recordings (``divergence.compare``, as ``nanhunter diff`` and ``scan
     --compile`` use it), paired by call; True when the failing forward's recording has no call to
@@ -96,17 +100,23 @@ def _forward(rec: Recording, rerun: Rerun, finding: Finding) -> Located:
     missing = f"op-level location{' and module-level location' if recorder.level == 'blocks' else ''}"
     reproduced: bool | None = None  # first_nonfinite.reproducible: the re-run decides
     if snap is not None and recorder.weights_changed_since(idx) and state is None:
-        notes.append(f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
-                     f"re-run, since a re-run would use the new weights, so the {missing} is missing; "
-                     "call report() before the weights change to get them")
+        notes.append(
+            f"parameters changed in place after forward {idx} (an optimizer step?): it was not "
+            f"re-run, since a re-run would use the new weights, so the {missing} is missing; "
+            "call report() before the weights change to get them"
+        )
     elif snap is not None:
         if snap.changed_since():
-            notes.append(f"{snap.changed_since()} input tensor(s) of forward {idx} were changed in place "
-                         "after it started; the re-run uses them as they are now")
+            notes.append(
+                f"{snap.changed_since()} input tensor(s) of forward {idx} were changed in place "
+                "after it started; the re-run uses them as they are now"
+            )
         if opaque:
-            notes.append(f"forward {idx} ran under torch.compile: capture cannot see inside a compiled "
-                         "region, so the module and op come from re-running that forward eagerly (the "
-                         "original module, not the compiled wrapper) from its captured inputs")
+            notes.append(
+                f"forward {idx} ran under torch.compile: capture cannot see inside a compiled "
+                "region, so the module and op come from re-running that forward eagerly (the "
+                "original module, not the compiled wrapper) from its captured inputs"
+            )
         with weights_as(rerun.model, state):
             fine = _refine(rec, rerun, snap, idx, own_weights=state is not None)
         if fine is not None:
@@ -114,11 +124,13 @@ def _forward(rec: Recording, rerun: Rerun, finding: Finding) -> Located:
             fine.notes = notes + [n for n in fine.notes if n not in notes]
             return fine
         reproduced = None if opaque or snap.changed_since() else False
-        notes.append(f"re-running forward {idx} eagerly gave finite values: the non-finite value exists only "
-                     "in the compiled run (`nanhunter scan --compile` finds where compiled and eager part)"
-                     if opaque else
-                     f"re-running forward {idx} did not reproduce the non-finite value (a nondeterministic "
-                     "op, or inputs changed in place since?), so this location comes from the capture alone")
+        notes.append(
+            f"re-running forward {idx} eagerly gave finite values: the non-finite value exists only "
+            "in the compiled run (`nanhunter scan --compile` finds where compiled and eager part)"
+            if opaque
+            else f"re-running forward {idx} did not reproduce the non-finite value (a nondeterministic "
+            "op, or inputs changed in place since?), so this location comes from the capture alone"
+        )
     else:
         notes.append(f"inputs of forward {idx} were not kept, so the {missing} is missing")
     fnf = _owner_of_weights(rerun.model, finding, to_first_nonfinite(finding))
@@ -149,7 +161,9 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
             return locate_op(model, fwd, f, rerun.run, grad=None)
 
         as_ran = op_level()
-        ev, target, margs, mkw = through_slow_path(as_ran, op_level, notes)  # a fused MHA op: its slow path's op
+        ev, target, margs, mkw = through_slow_path(
+            as_ran, op_level, notes
+        )  # a fused MHA op: its slow path's op
         if f.role == "producer":
             ev = _read_of_fresh_memory(target, margs, mkw, ev, rerun.run, notes)
         fnf = to_first_nonfinite(f, ev)
@@ -159,22 +173,38 @@ def _refine(rec: Recording, rerun: Rerun, snap: Snapshot, idx: int, own_weights:
             if tp.note:
                 notes.append(tp.note)
     if f.call.module_type == "MultiheadAttention" and as_ran[0] is not None and FUSED not in as_ran[0].op:
-        notes.append(f"{name} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "
-                     f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "
-                     f"train mode or when query, key and value differ: {ev.op} is an op of that path, not of "
-                     "the fused torch._native_multi_head_attention")
+        notes.append(
+            f"{name} (nn.MultiheadAttention) took its slow path on the re-run (in-projection, "
+            f"scaled_dot_product_attention, out-projection as separate ops), as it does with grad on, in "
+            f"train mode or when query, key and value differ: {ev.op} is an op of that path, not of "
+            "the fused torch._native_multi_head_attention"
+        )
     region = None
     if f.role == "producer":
         # with the weights of the failing step swapped in, the region keeps its own copy of them:
         # the replay and the fix check run after the swap is undone
-        region = Region(name, copy.deepcopy(target) if own_weights else target, margs, mkw, whole=rerun.whole(idx),
-                        around=lambda: rerun.around(name))
-    return Located(fnf, rerun.precision(idx, "forward"), ev, region, table=call_table(fine.calls, rows),
-                   notes=mask_notes(fine.calls, rows) + notes, row=row)
+        region = Region(
+            name,
+            copy.deepcopy(target) if own_weights else target,
+            margs,
+            mkw,
+            whole=rerun.whole(idx),
+            around=lambda: rerun.around(name),
+        )
+    return Located(
+        fnf,
+        rerun.precision(idx, "forward"),
+        ev,
+        region,
+        table=call_table(fine.calls, rows),
+        notes=mask_notes(fine.calls, rows) + notes,
+        row=row,
+    )
 
 
-def _read_of_fresh_memory(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], ev: Any, run: Any,
-                          notes: list[str]) -> Any:
+def _read_of_fresh_memory(
+    target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], ev: Any, run: Any, notes: list[str]
+) -> Any:
     """The failing module re-run with fresh allocations NaN-filled, then zero-filled
     (``capture.fresh_fill``): when the fault follows the fill, the op that read the unwritten
     memory, with mechanism ``uninitialised_read``; else ``ev`` (arithmetic, as located)."""
@@ -182,9 +212,11 @@ def _read_of_fresh_memory(target: nn.Module, args: tuple[Any, ...], kwargs: dict
         verdict = fill_verdict(target, args, kwargs)
     if verdict is None or not verdict.uninitialised or verdict.op is None:
         return ev
-    notes.append(f"the fault follows the fill of fresh allocations: {verdict.allocations} allocation(s) "
-                 "(torch.empty and the like) filled with NaN gave a non-finite result, filled with zeros a finite "
-                 f"one — {verdict.op.op} read memory that was never written")
+    notes.append(
+        f"the fault follows the fill of fresh allocations: {verdict.allocations} allocation(s) "
+        "(torch.empty and the like) filled with NaN gave a non-finite result, filled with zeros a finite "
+        f"one — {verdict.op.op} read memory that was never written"
+    )
     return verdict.op
 
 
@@ -217,15 +249,19 @@ def _backward(rec: Recording, rerun: Rerun, finding: Finding) -> Located:
     notes: list[str] = []
     ev = region = None
     if grads is None or fwd is None:
-        notes.append(f"the inputs or output gradients of step {f} were not kept, so the backward was not re-run: "
-                     "module-level and op-level location are missing")
+        notes.append(
+            f"the inputs or output gradients of step {f} were not kept, so the backward was not re-run: "
+            "module-level and op-level location are missing"
+        )
     elif changed and state is None:
         notes.append(f"parameters changed after step {f} and were not kept, so its backward was not re-run")
     else:
         with weights_as(model, state):
             loc = locate_backward(model, fwd, grads, f, recorder.sink.device)
             if loc.finding is not None:
-                ev = loc.event if loc.finding.role == "producer" else None  # arrived non-finite: no op made it
+                ev = (
+                    loc.event if loc.finding.role == "producer" else None
+                )  # arrived non-finite: no op made it
                 fnf = to_first_nonfinite(loc.finding, ev)
                 fnf.reproducible = True
                 table = loc.table
@@ -233,23 +269,34 @@ def _backward(rec: Recording, rerun: Rerun, finding: Finding) -> Located:
                     region = _backward_region(rerun, loc.finding, fwd, grads, own_weights=state is not None)
             else:
                 fnf.reproducible = False
-                notes.append(f"re-running the backward of step {f} gave finite gradients: the fault did not "
-                             "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
-                             "capture alone")
+                notes.append(
+                    f"re-running the backward of step {f} gave finite gradients: the fault did not "
+                    "reproduce (a nondeterministic kernel, or hardware), so this location comes from the "
+                    "capture alone"
+                )
     return Located(fnf, rerun.precision(f, "backward"), ev, region, table=table, notes=notes)
 
 
-def _backward_region(rerun: Rerun, f: Finding, fwd: Any, grads: Any, own_weights: bool) -> BackwardRegion | None:
+def _backward_region(
+    rerun: Rerun, f: Finding, fwd: Any, grads: Any, own_weights: bool
+) -> BackwardRegion | None:
     """The failing module's inputs and the gradients at its outputs, from one more re-run of the
     step's forward and backward."""
     model, name = rerun.model, f.call.module
     try:
-        target, args, kwargs, gs = backward_region(model, lambda: rerun_backward(model, fwd, grads), name,
-                                                   f.call.call_index)
+        target, args, kwargs, gs = backward_region(
+            model, lambda: rerun_backward(model, fwd, grads), name, f.call.call_index
+        )
     except RuntimeError:  # the call did not happen on this re-run: no region to replay
         return None
-    return BackwardRegion(name, copy.deepcopy(target) if own_weights else target, args, kwargs, gs,
-                          around=lambda: rerun.around(name))
+    return BackwardRegion(
+        name,
+        copy.deepcopy(target) if own_weights else target,
+        args,
+        kwargs,
+        gs,
+        around=lambda: rerun.around(name),
+    )
 
 
 # -- optimizer -------------------------------------------------------------------------------------
@@ -273,5 +320,13 @@ def _optimizer(rec: Recording, rerun: Rerun, finding: Finding) -> Located:
     elif rec.recorder.optimizer is not None:
         missing = OPTIMIZER_OP_MISSING
         notes.append(missing)
-    return Located(fnf, rerun.precision(step, "optimizer"), ev, region, optimizer_facts=facts, table=rec.table(),
-                   notes=notes, op_missing=missing)
+    return Located(
+        fnf,
+        rerun.precision(step, "optimizer"),
+        ev,
+        region,
+        optimizer_facts=facts,
+        table=rec.table(),
+        notes=notes,
+        op_missing=missing,
+    )

@@ -16,8 +16,13 @@ from ..tree import detached_copy
 from .producer import Finding
 
 
-def locate_op(model: nn.Module, rerun: Callable[[], Any], finding: Finding,
-              run: RunDtype | None = None, grad: bool | None = False) -> tuple[OpEvent | None, nn.Module, tuple[Any, ...], dict[str, Any]]:
+def locate_op(
+    model: nn.Module,
+    rerun: Callable[[], Any],
+    finding: Finding,
+    run: RunDtype | None = None,
+    grad: bool | None = False,
+) -> tuple[OpEvent | None, nn.Module, tuple[Any, ...], dict[str, Any]]:
     """Re-run (``rerun``, a forward of ``model``) to copy the finding's module inputs, then replay
     that module under ``FirstBadOp`` at ``run``'s precision. Returns (op event or None, module,
     args, kwargs); data that was bad on arrival (role "input") has no producing op. ``grad``: the
@@ -26,7 +31,9 @@ def locate_op(model: nn.Module, rerun: Callable[[], Any], finding: Finding,
     target = model.get_submodule(c.module) if c.module else model
     if finding.role == "input":
         return None, target, (), {}
-    sites: list[str | None] = []  # where the model's code called the module, for ops with no line of their own
+    sites: list[
+        str | None
+    ] = []  # where the model's code called the module, for ops with no line of their own
     args, kwargs = call_inputs(model, rerun, c.module, c.call_index, sites)
     site = sites[c.call_index] if len(sites) > c.call_index else None
     a, kw = detached_copy((args, kwargs))  # the module may change its inputs (a KV cache grows)

@@ -40,12 +40,16 @@ class Recording:
         notes = mask_notes(calls, rows)
         if rec.sink.unmeasured:
             kinds = sorted({why.split(":")[0] for _, why in rec.sink.unmeasured})
-            notes.append(f"{len(rec.sink.unmeasured)} tensor(s) could not be read and were skipped (their rows "
-                         f"read as empty): {', '.join(kinds[:3])}")
+            notes.append(
+                f"{len(rec.sink.unmeasured)} tensor(s) could not be read and were skipped (their rows "
+                f"read as empty): {', '.join(kinds[:3])}"
+            )
         if rec.forwards_folded:
-            notes.append(f"{rec.forwards_folded} of {rec.n_forwards} forwards were folded into per-module "
-                         "aggregates (report().aggregates); the first failing forward and the latest "
-                         f"{rec.window} are kept in full")
+            notes.append(
+                f"{rec.forwards_folded} of {rec.n_forwards} forwards were folded into per-module "
+                "aggregates (report().aggregates); the first failing forward and the latest "
+                f"{rec.window} are kept in full"
+            )
         failed = sorted(set(rec.failed_forwards()) | set(failed_inputs(calls, rows)))
         return cls(rec, calls, rows, first_finding(calls, rows), failed, notes)
 

@@ -31,6 +31,10 @@ class Located:
     notes: list[str] = field(default_factory=list)
     row: int | None = None  # the batch row holding it (a decode step of several prompts: which prompt)
     op_missing: str | None = None  # the note saying why no op was named (one of ``notes``), if any
-    extra: dict[str, Any] = field(default_factory=dict)  # mode fields for ``run`` (generate: the fault's token)
-    replay: dict[str, ReplayRow] | None = None  # the failing region in every dtype (``explain``; or from another rank)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # mode fields for ``run`` (generate: the fault's token)
+    replay: dict[str, ReplayRow] | None = (
+        None  # the failing region in every dtype (``explain``; or from another rank)
+    )
     diagnosis: Diagnosis | None = None  # made by ``explain`` (or by the rank that located it)

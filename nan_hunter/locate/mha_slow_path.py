@@ -24,8 +24,11 @@ def fast_path_disabled() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(prev)
 
 
-def through_slow_path(located: tuple[Any, Any, tuple[Any, ...], dict[str, Any]], locate: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]],
-                      notes: list[str]) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+def through_slow_path(
+    located: tuple[Any, Any, tuple[Any, ...], dict[str, Any]],
+    locate: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]],
+    notes: list[str],
+) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
     """``located`` (op event, module, args, kwargs) as it is, unless its op is the fused MHA op:
     then ``locate()`` again with the fast path disabled, and that answer when it names another op
     (saying so in ``notes``)."""
@@ -36,6 +39,8 @@ def through_slow_path(located: tuple[Any, Any, tuple[Any, ...], dict[str, Any]],
         slow = locate()
     if slow[0] is None or FUSED in (slow[0].op or ""):
         return located
-    notes.append(f"nn.MultiheadAttention ran its fused fast path ({ev.op}); re-run with "
-                 f"torch.backends.mha.set_fastpath_enabled(False), its slow path names the op: {slow[0].op}")
+    notes.append(
+        f"nn.MultiheadAttention ran its fused fast path ({ev.op}); re-run with "
+        f"torch.backends.mha.set_fastpath_enabled(False), its slow path names the op: {slow[0].op}"
+    )
     return slow

@@ -34,7 +34,9 @@ class TokenPosition:
 
     row: int  # batch row of the first non-finite element
     position: int | None  # in that row's own tokens (padding excluded); None: no sequence dim, or unknown
-    source: str | None = None  # what it was derived from: position_ids, cache_position, cache_length, no_cache
+    source: str | None = (
+        None  # what it was derived from: position_ids, cache_position, cache_length, no_cache
+    )
     note: str | None = None  # why ``position`` is None when the output has a sequence dimension
 
 
@@ -67,8 +69,14 @@ def _cache_length(cache: Any) -> int | None:
             return int(get())
         except Exception:  # noqa: BLE001 - a cache this code does not know
             return None
-    if isinstance(cache, (tuple, list)) and cache and isinstance(cache[0], (tuple, list)) and cache[0] \
-            and isinstance(cache[0][0], torch.Tensor) and cache[0][0].dim() == 4:
+    if (
+        isinstance(cache, (tuple, list))
+        and cache
+        and isinstance(cache[0], (tuple, list))
+        and cache[0]
+        and isinstance(cache[0][0], torch.Tensor)
+        and cache[0][0].dim() == 4
+    ):
         return int(cache[0][0].shape[-2])  # the legacy tuple format: (batch, heads, seq, dim)
     return None
 
@@ -105,9 +113,14 @@ def position_of(row: int, col: int, kwargs: dict[str, Any]) -> TokenPosition:
         return TokenPosition(row, col - _left_pad(kwargs, row), "no_cache")
     n = _cache_length(cache)
     if n is None:
-        return TokenPosition(row, None, None, f"the fault's token position is not known: {_library()} passed a "
-                                              f"{type(cache).__name__} without position_ids or cache_position, and "
-                                              "its length could not be read")
+        return TokenPosition(
+            row,
+            None,
+            None,
+            f"the fault's token position is not known: {_library()} passed a "
+            f"{type(cache).__name__} without position_ids or cache_position, and "
+            "its length could not be read",
+        )
     return TokenPosition(row, n + col - _left_pad(kwargs, row), "cache_length")
 
 

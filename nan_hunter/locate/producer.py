@@ -126,8 +126,14 @@ def _forward_finding(all_calls: list[Call], rows: Rows) -> Finding | None:
                 return Finding(parent, role, _kind_of(out_bad[1]), p_bad[0] if p_bad else None)
             cur = parent
         # The root's input itself: bad data. Blame the first module that received it.
-        recv = next((x for x in sorted(all_calls, key=lambda x: x.start)
-                     if x.input_index == cur.input_index and x.parent is not None and _bad(rows, x.inputs)), cur)
+        recv = next(
+            (
+                x
+                for x in sorted(all_calls, key=lambda x: x.start)
+                if x.input_index == cur.input_index and x.parent is not None and _bad(rows, x.inputs)
+            ),
+            cur,
+        )
         st = _bad(rows, cur.inputs)
         return Finding(recv, "input", _kind_of(st[1]) if st else "nan", st[0] if st else None, recv)
     # Non-finite data that no module turned into a bad output.
@@ -135,8 +141,14 @@ def _forward_finding(all_calls: list[Call], rows: Rows) -> Finding | None:
         if c.parent is None:
             st = _bad(rows, c.inputs)
             if st is not None and (st[1].nan or st[1].posinf):
-                recv = next((x for x in sorted(all_calls, key=lambda x: x.start)
-                             if x.input_index == c.input_index and x.parent is not None and _bad(rows, x.inputs)), c)
+                recv = next(
+                    (
+                        x
+                        for x in sorted(all_calls, key=lambda x: x.start)
+                        if x.input_index == c.input_index and x.parent is not None and _bad(rows, x.inputs)
+                    ),
+                    c,
+                )
                 return Finding(recv, "input", _kind_of(st[1]), st[0], recv)
     return None
 
@@ -164,8 +176,10 @@ def mask_notes(calls: Sequence[Call], rows: Rows) -> list[str]:
             continue
         if _bad(rows, c.outputs) is None and c.module not in seen:
             seen.add(c.module)
-            notes.append(f"mask: {st[1].neginf} −inf values in {c.module or '<root>'} input {st[0]} were "
-                         f"absorbed (softmax/where/masked_fill) — an attention mask, not a fault")
+            notes.append(
+                f"mask: {st[1].neginf} −inf values in {c.module or '<root>'} input {st[0]} were "
+                f"absorbed (softmax/where/masked_fill) — an attention mask, not a fault"
+            )
     return notes
 
 
@@ -191,14 +205,28 @@ def call_table(calls: Sequence[Call], rows: Rows) -> list[ModuleRow]:
                 n = st.flushed(d)
                 flushed[d] = None if k is None or n is None else k + n
         in_absmax = max((rows[r].absmax or 0.0 for _, r in c.inputs), default=None)
-        out.append(ModuleRow(
-            c.module, c.module_type, c.call_index, c.input_index, c.depth, absmax, in_absmax, nan, pos, neg,
-            # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
-            # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
-            min_nonzero=absmin, subnormal_frac=subnormal / numel if subnormal is not None and numel else None,
-            # per target dtype, the share of outputs a cast to it rounds to zero (non-zero before)
-            flush_frac={d: k / numel if k is not None and numel else None for d, k in flushed.items()},
-            phase=c.phase, param=c.param if c.phase != "forward" else None))
+        out.append(
+            ModuleRow(
+                c.module,
+                c.module_type,
+                c.call_index,
+                c.input_index,
+                c.depth,
+                absmax,
+                in_absmax,
+                nan,
+                pos,
+                neg,
+                # abs-min beside abs-max; the share of outputs that are subnormal in their own dtype
+                # (flushed to zero where denormals are flushed, e.g. FTZ/DAZ kernels)
+                min_nonzero=absmin,
+                subnormal_frac=subnormal / numel if subnormal is not None and numel else None,
+                # per target dtype, the share of outputs a cast to it rounds to zero (non-zero before)
+                flush_frac={d: k / numel if k is not None and numel else None for d, k in flushed.items()},
+                phase=c.phase,
+                param=c.param if c.phase != "forward" else None,
+            )
+        )
     return out
 
 
@@ -211,7 +239,18 @@ def to_first_nonfinite(f: Finding, ev: Any = None, step: int | None = None) -> F
     op = ev.op if ev is not None else None
     source = ev.source if ev is not None else None
     kind = ev.kind if ev is not None and f.role == "producer" else None
-    return FirstNonfinite(input_index=c.input_index, module=c.module, module_type=c.module_type, op=op,
-                          kind=kind or f.kind, role=f.role, call_index=c.call_index, source=source, tensor=f.tensor,
-                          step=c.input_index if step is None else step, phase=c.phase,
-                          grad_fn=getattr(ev, "grad_fn", None), param=c.param)
+    return FirstNonfinite(
+        input_index=c.input_index,
+        module=c.module,
+        module_type=c.module_type,
+        op=op,
+        kind=kind or f.kind,
+        role=f.role,
+        call_index=c.call_index,
+        source=source,
+        tensor=f.tensor,
+        step=c.input_index if step is None else step,
+        phase=c.phase,
+        grad_fn=getattr(ev, "grad_fn", None),
+        param=c.param,
+    )

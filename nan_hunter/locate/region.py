@@ -34,7 +34,9 @@ class Region:
     #: copy of the whole model (``model.whole``)
     whole: WholeModel | None = field(default=None, repr=False)
     #: a context that puts the module's weights in place while it runs (``--device-map`` offload)
-    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(
+        default=contextlib.nullcontext, repr=False
+    )
 
 
 @dataclass
@@ -47,7 +49,9 @@ class BackwardRegion:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     grads: list[Any]
-    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(
+        default=contextlib.nullcontext, repr=False
+    )
 
 
 @dataclass
@@ -56,7 +60,9 @@ class OptimizerRegion:
 
     param: str
     pieces: OptimizerPieces
-    around: Callable[[], contextlib.AbstractContextManager[object]] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager[object]] = field(
+        default=contextlib.nullcontext, repr=False
+    )
 
 
 AnyRegion = Region | BackwardRegion | OptimizerRegion

@@ -76,10 +76,16 @@ class Rerun(Protocol):
 class KeptSteps:
     """The re-runs of a recorder that kept its steps' inputs and contexts (``capture.listener.KeepSteps``)."""
 
-    def __init__(self, recorder: Recorder, contexts: Mapping[int, ForwardContext], run: RunDtype | None, *,
-                 around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
-                 whole: Callable[[int], WholeModel | None] | None = None,
-                 optimizer: OptimizerPieces | None = None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        contexts: Mapping[int, ForwardContext],
+        run: RunDtype | None,
+        *,
+        around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
+        whole: Callable[[int], WholeModel | None] | None = None,
+        optimizer: OptimizerPieces | None = None,
+    ) -> None:
         self.recorder = recorder
         self.model = recorder.model
         self.contexts = contexts
@@ -110,6 +116,7 @@ class KeptSteps:
                     model.train(ctx.training)
                 ctx.seed()
                 return model(*args, **kwargs)
+
         return rerun
 
     def train(self, step: int) -> Callable[[], Any] | None:
@@ -126,7 +133,9 @@ class KeptSteps:
         ctx = self.contexts.get(step)
         amp = ctx.autocast if ctx is not None and phase != "optimizer" else ()
         p = next(iter(self.model.parameters()), None)
-        return step_precision(self.run, amp, self.recorder.sink.device.type, p.dtype if p is not None else None)
+        return step_precision(
+            self.run, amp, self.recorder.sink.device.type, p.dtype if p is not None else None
+        )
 
     def optimizer(self, step: int) -> OptimizerPieces | None:
         return self._optimizer

@@ -30,8 +30,9 @@ class BackwardLocation:
     table: list[ModuleRow] = field(default_factory=list)
 
 
-def locate_backward(model: torch.nn.Module, forward: Callable[[], Any], grads: Grads, step: int,
-                    device: Any) -> BackwardLocation:
+def locate_backward(
+    model: torch.nn.Module, forward: Callable[[], Any], grads: Grads, step: int, device: Any
+) -> BackwardLocation:
     """Re-run the step's forward and backward twice: under module-level backward capture (which
     module), then under the op-level mode (which aten op and autograd node)."""
     fine = Recorder(model, level="modules", retain=1, device=device, backward=True, first_step=step)
@@ -47,10 +48,20 @@ def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str,
     """What explains a parameter that went non-finite in ``optimizer.step()``: the algorithm and
     its hyperparameters, eps as the parameter's dtype holds it, and the optimizer state at the
     elements that went bad (read after the step: the state the update divided by)."""
-    group: dict[str, Any] = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
-    hp = {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, str, tuple, list))}
-    facts: dict[str, Any] = {"optimizer": type(optimizer).__name__, "param": name, "dtype": (name_of(param.dtype) or str(param.dtype).removeprefix("torch.")),
-                             "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in hp.items()}}
+    group: dict[str, Any] = next(
+        (g for g in optimizer.param_groups if any(p is param for p in g["params"])), {}
+    )
+    hp = {
+        k: v
+        for k, v in group.items()
+        if k != "params" and isinstance(v, (int, float, bool, str, tuple, list))
+    }
+    facts: dict[str, Any] = {
+        "optimizer": type(optimizer).__name__,
+        "param": name,
+        "dtype": (name_of(param.dtype) or str(param.dtype).removeprefix("torch.")),
+        "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in hp.items()},
+    }
     eps = group.get("eps")
     if isinstance(eps, (int, float)):
         held = float(torch.tensor(eps, dtype=param.dtype))
@@ -63,9 +74,12 @@ def optimizer_facts(optimizer: Any, param: torch.Tensor, name: str) -> dict[str,
     for key, t in state.items():
         if isinstance(t, torch.Tensor) and t.shape == param.shape and t.is_floating_point():
             at = t.detach()[bad]
-            facts["state"][key] = {"dtype": (name_of(t.dtype) or str(t.dtype).removeprefix("torch.")), "zeros_where_nonfinite": int((at == 0).sum()),
-                                   "absmax_where_nonfinite": float(at.abs().max()) if at.numel() else None,
-                                   "zeros": int((t == 0).sum())}
+            facts["state"][key] = {
+                "dtype": (name_of(t.dtype) or str(t.dtype).removeprefix("torch.")),
+                "zeros_where_nonfinite": int((at == 0).sum()),
+                "absmax_where_nonfinite": float(at.abs().max()) if at.numel() else None,
+                "zeros": int((t == 0).sum()),
+            }
         elif isinstance(t, torch.Tensor) and t.numel() == 1:
             facts["state"][key] = float(t)
     g = param.grad
@@ -106,8 +120,14 @@ def constructor_hyperparameters(cls: type[Any], group: dict[str, Any]) -> dict[s
     return out
 
 
-def fresh_optimizer(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad: torch.Tensor,
-                    state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> tuple[Any, torch.nn.Parameter]:
+def fresh_optimizer(
+    cls: type,
+    hyper: dict[str, Any],
+    weight: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype | None = None,
+) -> tuple[Any, torch.nn.Parameter]:
     """One parameter as it was before a step, in a fresh optimizer of class ``cls`` with
     ``hyper`` (``constructor_hyperparameters``) and the recorded ``state`` — the one way an
     optimizer's step is rebuilt (op location, replay, a capsule's facts). ``dtype``: the parameter,
@@ -116,8 +136,14 @@ def fresh_optimizer(cls: type, hyper: dict[str, Any], weight: torch.Tensor, grad
     p = torch.nn.Parameter(weight.detach().to(dt).clone())
     p.grad = grad.detach().to(dt).clone()
     o = cls([p], **hyper)
-    o.state[p] = {k: (v.detach().to(dt).clone() if dtype is not None and v.is_floating_point() and v.dim()
-                      else v.detach().clone()) for k, v in state.items()}
+    o.state[p] = {
+        k: (
+            v.detach().to(dt).clone()
+            if dtype is not None and v.is_floating_point() and v.dim()
+            else v.detach().clone()
+        )
+        for k, v in state.items()
+    }
     return o, p
 
 
@@ -139,8 +165,14 @@ class OptimizerPieces:
 
     def fresh(self, name: str, dtype: torch.dtype | None = None) -> tuple[Any, torch.nn.Parameter]:
         """Parameter ``name`` before the step, in a fresh optimizer (``fresh_optimizer``)."""
-        return fresh_optimizer(self.cls, self.hyper[self.groups.get(name, 0)], self.weights[name], self.grads[name],
-                               self.state.get(name, {}), dtype)
+        return fresh_optimizer(
+            self.cls,
+            self.hyper[self.groups.get(name, 0)],
+            self.weights[name],
+            self.grads[name],
+            self.state.get(name, {}),
+            dtype,
+        )
 
     def first_bad_op(self, name: str) -> OpEvent | None:
         """The aten op inside ``name``'s step that first made it non-finite (None: a class outside

@@ -30,8 +30,13 @@ from ..load.regular_file import read_regular, require_regular
 from ..load.safetensors_header import show
 
 #: Config files in which transformers looks for ``auto_map`` (custom code to import).
-CODE_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
-                "video_preprocessor_config.json")
+CODE_CONFIGS = (
+    "config.json",
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")
 LOAD_BATCH = 256 << 20  # bytes of owned tensor copies handed to load_state_dict at a time
 _MAX_CONFIG_BYTES = 16 << 20
@@ -75,8 +80,10 @@ def quiet_while_loading() -> Iterator[None]:
 
 
 def _exited(spec: str, what: str, e: SystemExit) -> BadInput:
-    return BadInput(f"--arch {spec!r}: {what} called sys.exit({e.code!r}); the factory must return an "
-                    "nn.Module, so nothing was scanned")
+    return BadInput(
+        f"--arch {spec!r}: {what} called sys.exit({e.code!r}); the factory must return an "
+        "nn.Module, so nothing was scanned"
+    )
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -151,7 +158,7 @@ def load_strict(model: Any, ck: Checkpoint) -> None:
     expected = model.state_dict()
     have = ck.names()
     prefix = _checkpoint_names(list(expected), have)
-    under = [n[len(prefix):] for n in have if n.startswith(prefix)]
+    under = [n[len(prefix) :] for n in have if n.startswith(prefix)]
     missing = sorted(set(expected) - set(under))
     unexpected = sorted(set(under) - set(expected))
     if missing or unexpected:
@@ -159,14 +166,20 @@ def load_strict(model: Any, ck: Checkpoint) -> None:
         if missing:
             parts.append(f"missing {len(missing)} keys ({listed_keys(missing)})")
         if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys ({listed_keys([prefix + k for k in unexpected])})")
-        raise BadInput(f"weights do not match --arch: {'; '.join(parts)}; check that --arch builds the model this checkpoint came from")
+            parts.append(
+                f"unexpected {len(unexpected)} keys ({listed_keys([prefix + k for k in unexpected])})"
+            )
+        raise BadInput(
+            f"weights do not match --arch: {'; '.join(parts)}; check that --arch builds the model this checkpoint came from"
+        )
     for k, ref in expected.items():
         e = ck.entry(prefix + k)
         shape = tuple(e.shape) if e is not None else tuple(ck.tensor(prefix + k).shape)
         if shape != tuple(ref.shape):
-            raise BadInput(f"weights do not match --arch: {show(prefix + k)} has shape {list(shape)} in the "
-                           f"checkpoint, {list(ref.shape)} in the model")
+            raise BadInput(
+                f"weights do not match --arch: {show(prefix + k)} has shape {list(shape)} in the "
+                f"checkpoint, {list(ref.shape)} in the model"
+            )
     batch: dict[str, Any] = {}
     size = 0
     for k in expected:
@@ -205,8 +218,12 @@ def build_from_arch(spec: str, ck: Checkpoint):
     return model
 
 
-def custom_code(d: Path, files: tuple[str, ...] = CODE_CONFIGS, keys: tuple[str, ...] | None = None,
-                ignore: tuple[str, ...] = ()) -> str | None:
+def custom_code(
+    d: Path,
+    files: tuple[str, ...] = CODE_CONFIGS,
+    keys: tuple[str, ...] | None = None,
+    ignore: tuple[str, ...] = (),
+) -> str | None:
     """Where checkpoint directory ``d`` asks for its own code (an ``auto_map`` entry), or None.
 
     ``keys`` limits which ``auto_map`` entries count (e.g. only ``AutoTokenizer``); entries in
@@ -234,8 +251,10 @@ def custom_code(d: Path, files: tuple[str, ...] = CODE_CONFIGS, keys: tuple[str,
 
 
 def _refuse_custom(ck: Checkpoint, where: str) -> BadInput:
-    return BadInput(f"{ck.path}: the checkpoint ships custom code ({where}) that nanhunter does not run; "
-                    "to run model code you trust, pass --arch file.py:factory")
+    return BadInput(
+        f"{ck.path}: the checkpoint ships custom code ({where}) that nanhunter does not run; "
+        "to run model code you trust, pass --arch file.py:factory"
+    )
 
 
 def _first_line(e: BaseException) -> str:
@@ -258,8 +277,9 @@ def _build_from_hf(ck: Checkpoint, attn: str | None, placed: dict[str, Any] | No
     try:
         import transformers
     except ImportError:
-        raise BadInput(f"building a Hugging Face model needs transformers: {install_hint('hf')} "
-                       "(or pass --arch)") from None
+        raise BadInput(
+            f"building a Hugging Face model needs transformers: {install_hint('hf')} (or pass --arch)"
+        ) from None
     d = str(ck.path)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -284,18 +304,24 @@ def _build_from_hf(ck: Checkpoint, attn: str | None, placed: dict[str, Any] | No
     except Exception as e:
         if "trust_remote_code" in str(e):
             raise _refuse_custom(ck, "config.json") from None
-        raise BadInput(f"{ck.path}: transformers could not build {cls.__name__} from it "
-                       f"({type(e).__name__}: {_first_line(e)})") from None
+        raise BadInput(
+            f"{ck.path}: transformers could not build {cls.__name__} from it "
+            f"({type(e).__name__}: {_first_line(e)})"
+        ) from None
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         n = len(model.state_dict())
-        raise BadInput(f"{ck.path}: the checkpoint lacks {len(missing)} of the {n} weights {cls.__name__} needs "
-                       f"({listed_keys(missing)}); transformers would fill them with random values, so the scan would "
-                       "not be of this checkpoint; restore the missing weights or pass --arch file.py:factory")
+        raise BadInput(
+            f"{ck.path}: the checkpoint lacks {len(missing)} of the {n} weights {cls.__name__} needs "
+            f"({listed_keys(missing)}); transformers would fill them with random values, so the scan would "
+            "not be of this checkpoint; restore the missing weights or pass --arch file.py:factory"
+        )
     mismatched = sorted(info.get("mismatched_keys") or [])
     if mismatched:
-        raise BadInput(f"{ck.path}: {len(mismatched)} weights have the wrong shape for {cls.__name__} "
-                       f"({listed_keys([str(m[0]) for m in mismatched])}); check config.json")
+        raise BadInput(
+            f"{ck.path}: {len(mismatched)} weights have the wrong shape for {cls.__name__} "
+            f"({listed_keys([str(m[0]) for m in mismatched])}); check config.json"
+        )
     return model
 
 
@@ -332,16 +358,24 @@ def load_tokenizer(ck: Checkpoint):
             return AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
     except Exception as e:
         if "trust_remote_code" in str(e):
-            return RefusedTokenizer(str(_refuse_custom(ck, "tokenizer")) + " (or pass --inputs FILE.safetensors)")
-        raise BadInput(f"{d}: cannot load its tokenizer offline ({type(e).__name__}: {_first_line(e)})") from None
+            return RefusedTokenizer(
+                str(_refuse_custom(ck, "tokenizer")) + " (or pass --inputs FILE.safetensors)"
+            )
+        raise BadInput(
+            f"{d}: cannot load its tokenizer offline ({type(e).__name__}: {_first_line(e)})"
+        ) from None
 
 
-def build_model(ck: Checkpoint, arch: str | None, attn: str | None = None, placed: dict[str, Any] | None = None):
+def build_model(
+    ck: Checkpoint, arch: str | None, attn: str | None = None, placed: dict[str, Any] | None = None
+):
     """(model, tokenizer, how) — how is "arch", "hf" or None for a weights-only scan.
     ``placed``: ``from_pretrained`` keywords of ``--device-map auto`` (Hugging Face directories only)."""
     if placed is not None and (arch or not (ck.format == "hf" and ck.config_path is not None)):
-        raise BadInput("--device-map auto needs a Hugging Face directory (config.json + safetensors): "
-                       "transformers places it; --arch models and bare files are not supported yet")
+        raise BadInput(
+            "--device-map auto needs a Hugging Face directory (config.json + safetensors): "
+            "transformers places it; --arch models and bare files are not supported yet"
+        )
     if arch:
         return build_from_arch(arch, ck), (load_tokenizer(ck) if ck.config_path else None), "arch"
     if ck.format == "hf" and ck.config_path is not None:

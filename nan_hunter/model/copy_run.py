@@ -34,19 +34,30 @@ def precision(at: RunDtype | torch.dtype | None) -> Any:
     return run_context(at if isinstance(at, RunDtype) else None)
 
 
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict, at: RunDtype | torch.dtype | None = None,
-         grad: bool | None = False) -> Any:
+def call(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    at: RunDtype | torch.dtype | None = None,
+    grad: bool | None = False,
+) -> Any:
     """``fn`` on fresh copies of ``args``/``kwargs`` under ``at``'s context; ``grad``: the grad mode
     (None: the caller's)."""
     a, kw = detached_copy((args, kwargs))
-    mode = torch.set_grad_enabled(grad) if grad is not None else torch.enable_grad() if torch.is_grad_enabled() \
+    mode = (
+        torch.set_grad_enabled(grad)
+        if grad is not None
+        else torch.enable_grad()
+        if torch.is_grad_enabled()
         else torch.no_grad()
+    )
     with mode, precision(at):
         return fn(*a, **kw)
 
 
-def copy_at(module: nn.Module, args: tuple, kwargs: dict, at: RunDtype | torch.dtype,
-            training: bool | None = False) -> tuple[nn.Module, tuple, dict]:
+def copy_at(
+    module: nn.Module, args: tuple, kwargs: dict, at: RunDtype | torch.dtype, training: bool | None = False
+) -> tuple[nn.Module, tuple, dict]:
     """A deep copy of ``module`` cast to ``at`` and fresh copies of its inputs cast alike (integer
     tensors keep their dtype). ``training``: the copy's train/eval mode (None: the module's)."""
     dt = torch_dtype_of(at)
@@ -56,8 +67,9 @@ def copy_at(module: nn.Module, args: tuple, kwargs: dict, at: RunDtype | torch.d
     return m, a, kw
 
 
-def run_copy(module: nn.Module, args: tuple, kwargs: dict, at: RunDtype | torch.dtype,
-             training: bool | None = False) -> Any:
+def run_copy(
+    module: nn.Module, args: tuple, kwargs: dict, at: RunDtype | torch.dtype, training: bool | None = False
+) -> Any:
     """A copy of ``module`` at ``at``, run without grad on copies of its inputs: its output."""
     m, a, kw = copy_at(module, args, kwargs, at, training)
     with torch.no_grad(), precision(at):

@@ -64,7 +64,6 @@ def cast_batch(kwargs: dict[str, Any], run: RunDtype | None, device: torch.devic
 def run_context(run: RunDtype | None) -> contextlib.AbstractContextManager:
     """What a forward at ``run``'s precision runs inside: fp8 emulation for fp8 runs, else nothing."""
     if run is not None and run.fp8 is not None:
-
         return FP8Emulation(run.fp8)
     return contextlib.nullcontext()
 
@@ -78,13 +77,20 @@ def weights_as(model: nn.Module, state: dict[str, torch.Tensor] | None) -> Itera
         yield
         return
     swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
-    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    named = list(model.named_parameters(remove_duplicate=False)) + list(
+        model.named_buffers(remove_duplicate=False)
+    )
     try:
         for name, t in named:
             saved = state.get(name)
             # same tensor type too: a sharded DTensor copy never goes into FSDP2's gathered plain parameter
-            if t is not None and saved is not None and saved.shape == t.shape and saved.dtype == t.dtype \
-                    and type(saved) is type(t.data):
+            if (
+                t is not None
+                and saved is not None
+                and saved.shape == t.shape
+                and saved.dtype == t.dtype
+                and type(saved) is type(t.data)
+            ):
                 swapped.append((t, t.data))
                 t.data = saved
         yield
@@ -96,5 +102,8 @@ def weights_as(model: nn.Module, state: dict[str, torch.Tensor] | None) -> Itera
 def weights_copy(model: nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the parameters and (persistent) buffers by ``state_dict()`` name."""
     with torch.no_grad():
-        return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
-                if isinstance(v, torch.Tensor)}
+        return {
+            k: v.detach().clone()
+            for k, v in model.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.Tensor)
+        }

@@ -44,15 +44,23 @@ def quantize_dequantize(x: torch.Tensor, cfg: Fp8Recipe, dim: int | None = None)
     y = y.clamp(-fmax, fmax)  # NaN stays NaN
     y8 = y.to(f8).float()
     if cfg.overflow == "nonfinite":
-        bad = torch.full_like(y8, float("nan")) if cfg.fmt == "fp8-e4m3" else torch.copysign(
-            torch.full_like(y8, float("inf")), xf)
+        bad = (
+            torch.full_like(y8, float("nan"))
+            if cfg.fmt == "fp8-e4m3"
+            else torch.copysign(torch.full_like(y8, float("inf")), xf)
+        )
         y8 = torch.where(over, bad, y8)
     return (y8 / scale).to(x.dtype)
 
 
 # (op, index of A, index of B) for the matmul-like ops whose operands are quantised
 _MATMULS = {
-    "mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "matmul": (0, 1),
+    "mm": (0, 1),
+    "bmm": (0, 1),
+    "addmm": (1, 2),
+    "baddbmm": (1, 2),
+    "addbmm": (1, 2),
+    "matmul": (0, 1),
 }
 
 

@@ -42,8 +42,9 @@ def one_or_many(value: Any, option: str) -> tuple[str, ...]:
     for x in value:
         x = os.fspath(x) if isinstance(x, os.PathLike) else x
         if not isinstance(x, str):
-            raise BadInput(f"{option}: expected a string or a list of strings, got an item of type "
-                           f"{type(x).__name__}")
+            raise BadInput(
+                f"{option}: expected a string or a list of strings, got an item of type {type(x).__name__}"
+            )
         items.append(x)
     return tuple(items)
 
@@ -69,8 +70,7 @@ class Batch:
 def forward_params(model: Any) -> tuple[list[str], bool]:
     """Named keyword-able parameters of ``model.forward`` and whether it takes ``**kwargs``."""
     sig = inspect.signature(model.forward)
-    names = [p.name for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     varkw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     return names, varkw
 
@@ -79,8 +79,10 @@ def check_names(model: Any, names: list[str], where: str) -> None:
     accepted, _ = forward_params(model)
     bad = [n for n in names if n not in accepted]
     if bad:
-        raise BadInput(f"{where}: {', '.join(repr(b) for b in bad)} not an argument of "
-                       f"{type(model).__name__}.forward(); it takes: {', '.join(accepted[:12])}; rename the tensors")
+        raise BadInput(
+            f"{where}: {', '.join(repr(b) for b in bad)} not an argument of "
+            f"{type(model).__name__}.forward(); it takes: {', '.join(accepted[:12])}; rename the tensors"
+        )
 
 
 def read_inputs_file(path: str) -> dict[str, Any]:
@@ -100,16 +102,18 @@ def _text_of(line: bytes, where: str) -> str | None:
         return None
     obj = bounded_json.loads(line, where)
     if not isinstance(obj, dict):
-        raise BadInput(f"{where}: expected a JSON object with a \"text\" field, got {type(obj).__name__}")
+        raise BadInput(f'{where}: expected a JSON object with a "text" field, got {type(obj).__name__}')
     if "text" not in obj:
-        raise BadInput(f"{where}: expected a JSON object with a \"text\" field per line (keys: "
-                       f"{', '.join(repr(k)[:40] for k in list(obj)[:6])})")
+        raise BadInput(
+            f'{where}: expected a JSON object with a "text" field per line (keys: '
+            f"{', '.join(repr(k)[:40] for k in list(obj)[:6])})"
+        )
     text = obj["text"]
     if not isinstance(text, str):
         kind = "null" if text is None else type(text).__name__
-        raise BadInput(f"{where}: \"text\" must be a string, got {kind}")
+        raise BadInput(f'{where}: "text" must be a string, got {kind}')
     if not text:
-        raise BadInput(f"{where}: \"text\" is empty")
+        raise BadInput(f'{where}: "text" is empty')
     return text
 
 
@@ -131,13 +135,14 @@ def read_jsonl(path: str) -> list[str]:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise BadInput(f"{where}: not UTF-8 (invalid byte at column {e.start + 1}); "
-                               "save the file as UTF-8") from None
+                raise BadInput(
+                    f"{where}: not UTF-8 (invalid byte at column {e.start + 1}); save the file as UTF-8"
+                ) from None
             text = _text_of(line, where)
             if text is not None:
                 texts.append(text)
     if not texts:
-        raise BadInput(f"--data {path}: empty data set (no lines with {{\"text\": ...}})")
+        raise BadInput(f'--data {path}: empty data set (no lines with {{"text": ...}})')
     return texts
 
 
@@ -155,7 +160,9 @@ def max_tokens(tokenizer: Any, model: Any) -> int:
     return min(found) if found else FALLBACK_MAX_TOKENS
 
 
-def tokenize(tokenizer: Any, text: str, model: Any, limit: int | None = None) -> tuple[dict[str, Any], int | None]:
+def tokenize(
+    tokenizer: Any, text: str, model: Any, limit: int | None = None
+) -> tuple[dict[str, Any], int | None]:
     """(forward kwargs, tokens truncated to or None): text over ``limit`` tokens is cut to it."""
     limit = limit or max_tokens(tokenizer, model)
     keep = limit * _CHARS_PER_TOKEN
@@ -174,12 +181,15 @@ def batch_notes(batches: list[Batch]) -> list[str]:
     if not cut:
         return []
     names = ", ".join(b.label for b in cut[:5]) + (f" and {len(cut) - 5} more" if len(cut) > 5 else "")
-    return [f"{len(cut)} input(s) longer than the model's maximum length were truncated to "
-            f"{cut[0].truncated_to} tokens: {names}"]
+    return [
+        f"{len(cut)} input(s) longer than the model's maximum length were truncated to "
+        f"{cut[0].truncated_to} tokens: {names}"
+    ]
 
 
-def build_batches(model: Any, tokenizer: Any, inputs: list[str] | None, prompts: list[str] | None,
-                  data: str | None) -> list[Batch]:
+def build_batches(
+    model: Any, tokenizer: Any, inputs: list[str] | None, prompts: list[str] | None, data: str | None
+) -> list[Batch]:
     batches: list[Batch] = []
     for path in inputs or []:
         kw = read_inputs_file(path)
@@ -189,8 +199,10 @@ def build_batches(model: Any, tokenizer: Any, inputs: list[str] | None, prompts:
     if data:
         texts += [(f"{Path(data).name}:{i + 1}", t) for i, t in enumerate(read_jsonl(data))]
     if texts and tokenizer is None:
-        raise BadInput("--prompt/--data need a tokenizer: use a model directory with tokenizer.json "
-                       "(or give --inputs FILE.safetensors)")
+        raise BadInput(
+            "--prompt/--data need a tokenizer: use a model directory with tokenizer.json "
+            "(or give --inputs FILE.safetensors)"
+        )
     if texts:
         limit = max_tokens(tokenizer, model)
         for label, t in texts:

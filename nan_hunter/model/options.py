@@ -21,24 +21,51 @@ class LoadOptions:
     """What the model is built from, what it is fed, where it runs."""
 
     arch: str | None = option(
-        None, "--arch", metavar="FILE.py:FACTORY", panel=Panel.MODEL,
+        None,
+        "--arch",
+        metavar="FILE.py:FACTORY",
+        panel=Panel.MODEL,
         help="the model: path/to/file.py:factory or package.module:factory; factory() returns the nn.Module "
-             "the weights load into (default: config.json of a model directory)")
+        "the weights load into (default: config.json of a model directory)",
+    )
     attn: str | None = option(
-        None, "--attn", metavar="eager|sdpa", panel=Panel.MODEL,
-        help="transformers attn_implementation (default: the model's own)")
+        None,
+        "--attn",
+        metavar="eager|sdpa",
+        panel=Panel.MODEL,
+        help="transformers attn_implementation (default: the model's own)",
+    )
     inputs: tuple[str, ...] = option(
-        (), "--inputs", metavar="FILE", panel=Panel.INPUTS, repeatable=True,
-        help="a .safetensors of forward() kwargs (repeatable)")
+        (),
+        "--inputs",
+        metavar="FILE",
+        panel=Panel.INPUTS,
+        repeatable=True,
+        help="a .safetensors of forward() kwargs (repeatable)",
+    )
     prompts: tuple[str, ...] = option(
-        (), "--prompt", metavar="TEXT", panel=Panel.INPUTS, repeatable=True, param="prompt",
-        help="text to tokenize (repeatable)")
+        (),
+        "--prompt",
+        metavar="TEXT",
+        panel=Panel.INPUTS,
+        repeatable=True,
+        param="prompt",
+        help="text to tokenize (repeatable)",
+    )
     data: str | None = option(
-        None, "--data", metavar="FILE.jsonl", panel=Panel.INPUTS,
-        help='a .jsonl file with {"text": ...} per line')
+        None,
+        "--data",
+        metavar="FILE.jsonl",
+        panel=Panel.INPUTS,
+        help='a .jsonl file with {"text": ...} per line',
+    )
     device: str = option(
-        "auto", "--device", metavar="auto|cpu|cuda", panel=Panel.RUN,
-        help="where the model runs (auto: cuda when available)")
+        "auto",
+        "--device",
+        metavar="auto|cpu|cuda",
+        panel=Panel.RUN,
+        help="where the model runs (auto: cuda when available)",
+    )
 
     def check_loading(self) -> None:
         """Repeatable options as tuples (a string is one item), ``data`` one path."""
@@ -57,11 +84,18 @@ class BackwardOptions:
     """``--backward`` and the ``--loss`` it differentiates (``scan`` and ``bisect``)."""
 
     backward: bool = option(
-        False, "--backward", panel=Panel.MODE,
-        help="forward then backward of a loss for each input; the backward is captured too")
+        False,
+        "--backward",
+        panel=Panel.MODE,
+        help="forward then backward of a loss for each input; the backward is captured too",
+    )
     loss: str | None = option(
-        None, "--loss", metavar="FILE.py:FN", panel=Panel.MODE,
-        help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, labels = input_ids)")
+        None,
+        "--loss",
+        metavar="FILE.py:FN",
+        panel=Panel.MODE,
+        help="--backward: fn(outputs, batch) -> scalar tensor (default: a causal LM's own loss, labels = input_ids)",
+    )
 
     def check_loss(self) -> None:
         if self.loss is not None and not self.backward:
@@ -79,11 +113,20 @@ class DecodeOptions:
     """``--generate N`` and ``--batch`` (``scan`` and ``check``)."""
 
     generate: int | None = option(
-        None, "--generate", metavar="N", panel=Panel.MODE, number=int,
+        None,
+        "--generate",
+        metavar="N",
+        panel=Panel.MODE,
+        number=int,
         help="greedy decoding of up to N new tokens per input through the model's generate(), every step "
-             "captured; stops at the first non-finite value")
+        "captured; stops at the first non-finite value",
+    )
     batch: bool = option(
-        False, "--batch", panel=Panel.MODE, help="--generate: decode all inputs together as one left-padded batch")
+        False,
+        "--batch",
+        panel=Panel.MODE,
+        help="--generate: decode all inputs together as one left-padded batch",
+    )
 
     def check_decoding(self) -> None:
         check_generate(self.generate)

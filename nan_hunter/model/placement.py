@@ -23,8 +23,18 @@ from typing import Any
 from ..errors import BadInput, install_hint
 
 INSTALL = f"{install_hint('accelerate')} (or pip install accelerate)"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -42,8 +52,10 @@ def parse_size(text: str, flag: str = "--max-memory") -> int:
     m = _SIZE.match(text)
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS:
-        raise BadInput(f"{flag}: size {text!r} not understood; use a number with B, KB, MB, GB, TB, "
-                       "KiB, MiB, GiB or TiB, e.g. cpu=200MB")
+        raise BadInput(
+            f"{flag}: size {text!r} not understood; use a number with B, KB, MB, GB, TB, "
+            "KiB, MiB, GiB or TiB, e.g. cpu=200MB"
+        )
     n = int(float(m.group(1)) * _UNITS[unit])
     if n <= 0:
         raise BadInput(f"{flag}: size {text!r} must be more than 0 bytes")
@@ -56,8 +68,10 @@ def _device_key(text: str) -> int | str:
         return "cpu"
     m = re.fullmatch(r"(?:cuda:)?([0-9]+)", t)
     if m is None:
-        raise BadInput(f"--max-memory: device {text!r} not understood; use cpu, cuda:N or N (a GPU index), "
-                       "e.g. --max-memory cpu=200MB --max-memory cuda:0=10GiB")
+        raise BadInput(
+            f"--max-memory: device {text!r} not understood; use cpu, cuda:N or N (a GPU index), "
+            "e.g. --max-memory cpu=200MB --max-memory cuda:0=10GiB"
+        )
     return int(m.group(1))
 
 
@@ -68,8 +82,10 @@ def parse(device_map: str | None, max_memory: list[str] | None) -> Placement | N
             raise BadInput("--max-memory needs --device-map auto")
         return None
     if device_map != "auto":
-        raise BadInput(f"--device-map {device_map!r}: only auto is supported (accelerate places the model "
-                       "across GPUs, CPU memory and disk)")
+        raise BadInput(
+            f"--device-map {device_map!r}: only auto is supported (accelerate places the model "
+            "across GPUs, CPU memory and disk)"
+        )
     limits: dict[int | str, int] = {}
     for item in max_memory or []:
         dev, sep, size = item.partition("=")
@@ -102,8 +118,10 @@ def check_devices(placement: Placement) -> None:
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     bad = [k for k in gpus if k >= n]
     if bad:
-        raise BadInput(f"--max-memory: GPU {bad[0]} does not exist here ({n} CUDA device(s)); "
-                       "name only devices this machine has")
+        raise BadInput(
+            f"--max-memory: GPU {bad[0]} does not exist here ({n} CUDA device(s)); "
+            "name only devices this machine has"
+        )
 
 
 def offload_dir(checkpoint: Path) -> str:
@@ -115,8 +133,10 @@ def offload_dir(checkpoint: Path) -> str:
     ck = checkpoint.resolve()
     ck_dir = ck if ck.is_dir() else ck.parent
     if base == ck_dir or ck_dir in base.parents:
-        raise BadInput(f"--device-map: the temporary directory {base} is inside the checkpoint's directory "
-                       f"{ck_dir}; set TMPDIR to a directory outside it (the offload folder goes there)")
+        raise BadInput(
+            f"--device-map: the temporary directory {base} is inside the checkpoint's directory "
+            f"{ck_dir}; set TMPDIR to a directory outside it (the offload folder goes there)"
+        )
     return tempfile.mkdtemp(prefix="nanhunter-offload-")
 
 
@@ -226,8 +246,12 @@ def unmeasured(model: Any) -> list[str]:
     out = []
     for mname, mod in model.named_modules():
         for pn, p in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
-            if p is not None and p.device.type == "meta" and p.is_floating_point() \
-                    and offloaded_value(mod, pn, p) is None:
+            if (
+                p is not None
+                and p.device.type == "meta"
+                and p.is_floating_point()
+                and offloaded_value(mod, pn, p) is None
+            ):
                 out.append(f"{mname}.{pn}" if mname else pn)
     return out
 
@@ -243,12 +267,21 @@ def placement_notes(model: Any) -> list[str]:
         return ["--device-map auto: the whole model fits on one device, nothing was offloaded"]
     parts = ", ".join(f"{n} module group(s) on {d}" for d, n in counts.items())
     offloaded = any(p.device.type == "meta" for p in model.parameters())
-    notes = [f"--device-map auto: {parts}" + ("; offloaded weights are loaded by accelerate at each call, and "
-                                               "their statistics read from its offload store" if offloaded else "")]
+    notes = [
+        f"--device-map auto: {parts}"
+        + (
+            "; offloaded weights are loaded by accelerate at each call, and "
+            "their statistics read from its offload store"
+            if offloaded
+            else ""
+        )
+    ]
     missing = unmeasured(model)
     if missing:
-        notes.append(f"--device-map auto: {len(missing)} offloaded parameter(s)/buffer(s) have no readable "
-                     f"value and were not measured: {', '.join(missing[:5])}")
+        notes.append(
+            f"--device-map auto: {len(missing)} offloaded parameter(s)/buffer(s) have no readable "
+            f"value and were not measured: {', '.join(missing[:5])}"
+        )
     return notes
 
 
@@ -258,7 +291,12 @@ def cast_buffers(model: Any, dtype: Any) -> None:
     builds in a dtype; the one dtype rule casts every floating buffer)."""
     for mod in model.modules():
         for name, buf in list(mod._buffers.items()):
-            if buf is not None and buf.is_floating_point() and buf.device.type != "meta" and buf.dtype != dtype:
+            if (
+                buf is not None
+                and buf.is_floating_point()
+                and buf.device.type != "meta"
+                and buf.dtype != dtype
+            ):
                 mod._buffers[name] = buf.to(dtype)
 
 
@@ -281,9 +319,11 @@ def _whole_model_on_disk(e: BadInput) -> BadInput | None:
     cause = e.__context__  # build_model's BadInput is raised ``from None`` in its except clause
     if type(cause).__name__ != "SafetensorError" or Version(transformers.__version__).release >= (5,):
         return None
-    return BadInput(f"--device-map auto: transformers {transformers.__version__} cannot load a model placed "
-                    "entirely on disk (the --max-memory limits leave no module in memory); raise --max-memory "
-                    "cpu=SIZE to hold at least one module, or upgrade to transformers>=5.0")
+    return BadInput(
+        f"--device-map auto: transformers {transformers.__version__} cannot load a model placed "
+        "entirely on disk (the --max-memory limits leave no module in memory); raise --max-memory "
+        "cpu=SIZE to hold at least one module, or upgrade to transformers>=5.0"
+    )
 
 
 def build_placed(ck: Any, arch: str | None, attn: str | None, placement: Placement, torch_dtype: Any):
@@ -294,7 +334,11 @@ def build_placed(ck: Any, arch: str | None, attn: str | None, placement: Placeme
     from .build import build_model  # lazy: numpy
 
     path = offload_dir(ck.path)
-    kw: dict[str, Any] = {"device_map": placement.device_map, "offload_folder": path, dtype_keyword(): torch_dtype}
+    kw: dict[str, Any] = {
+        "device_map": placement.device_map,
+        "offload_folder": path,
+        dtype_keyword(): torch_dtype,
+    }
     limits = max_memory(placement)
     if limits:
         kw["max_memory"] = limits

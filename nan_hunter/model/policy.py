@@ -59,13 +59,17 @@ def load_policy(policy: str | Path | dict) -> dict:
     unknown = sorted(str(k) for k in data if k not in POLICY_KEYS)
     if unknown:  # a misspelt 'modules' would keep nothing and cast the whole model down
         raise BadInput(f"policy: unknown key {unknown[0]!r} (a policy has {', '.join(POLICY_KEYS)})")
-    return {"dtype": canonical(str(data.get("dtype", "fp16"))), "keep_dtype": canonical(str(data.get("keep_dtype", "fp32"))),
-            "modules": {str(k): canonical(str(v)) for k, v in (data.get("modules") or {}).items()}}
+    return {
+        "dtype": canonical(str(data.get("dtype", "fp16"))),
+        "keep_dtype": canonical(str(data.get("keep_dtype", "fp32"))),
+        "modules": {str(k): canonical(str(v)) for k, v in (data.get("modules") or {}).items()},
+    }
 
 
 def _cast_down_if_fits(obj: Any, dtype: torch.dtype, maxval: float) -> Any:
     """Floating tensors cast to ``dtype`` where every value fits its range; the others stay high
     (torch's type promotion carries them onward rather than turning them into inf)."""
+
     def down(t: torch.Tensor) -> torch.Tensor:
         if not t.is_floating_point() or t.dtype == dtype:
             return t
@@ -73,6 +77,7 @@ def _cast_down_if_fits(obj: Any, dtype: torch.dtype, maxval: float) -> Any:
         if t.numel() and not bool(t.detach().abs().amax() <= maxval):
             return t
         return t.to(dtype)
+
     return map_tensors(obj, down)
 
 
@@ -81,8 +86,9 @@ def _low(low: str | RunDtype) -> RunDtype:
     return low if isinstance(low, RunDtype) else RunDtype.of(low)
 
 
-def set_precision(model: nn.Module, low: str | RunDtype, keep: dict[str, str],
-                  master: dict[str, torch.Tensor] | None = None) -> None:
+def set_precision(
+    model: nn.Module, low: str | RunDtype, keep: dict[str, str], master: dict[str, torch.Tensor] | None = None
+) -> None:
     """Cast parameters and buffers module by module: kept subtrees to their dtype, the rest to
     ``low``. With ``master`` (full-precision tensors by state-dict name) values come from it, so
     switching a module back and forth never loses precision."""
@@ -111,7 +117,9 @@ def install_hooks(model: nn.Module, low: str | RunDtype, keep: dict[str, str]) -
         except AttributeError:
             raise BadInput(f"policy: module {name!r} is not in this model") from None
         kdt = torch_dtype(dt)
-        outer = max((k for k in keep if k != name and (k == "" or name.startswith(k + "."))), key=len, default=None)
+        outer = max(
+            (k for k in keep if k != name and (k == "" or name.startswith(k + "."))), key=len, default=None
+        )
         out_run = low_run if outer is None else RunDtype.of(keep[outer])
         out_dt, maxval = out_run.torch_compute, out_run.range.max
 
@@ -138,10 +146,16 @@ def policy_yaml(dtype: str, keep_dtype: str, modules: list[str]) -> str:
     """The policy file ``apply_policy`` reads back."""
     import yaml
 
-    data = {"nanhunter_policy": 1, "dtype": dtype, "keep_dtype": keep_dtype,
-            "modules": {m: keep_dtype for m in modules}}
-    return ("# written by nanhunter bisect; apply with nan_hunter.apply_policy(model, path)\n"
-            + yaml.safe_dump(data, sort_keys=False))
+    data = {
+        "nanhunter_policy": 1,
+        "dtype": dtype,
+        "keep_dtype": keep_dtype,
+        "modules": {m: keep_dtype for m in modules},
+    }
+    return (
+        "# written by nanhunter bisect; apply with nan_hunter.apply_policy(model, path)\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
 
 
 def write_policy(path: str, dtype: str, keep_dtype: str, modules: list[str]) -> None:

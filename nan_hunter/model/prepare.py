@@ -73,23 +73,36 @@ def builds_a_model(ck: Checkpoint, arch: str | None) -> bool:
     return bool(arch) or (ck.format == "hf" and ck.config_path is not None)
 
 
-def _no_model(inputs: list[str] | None, prompts: list[str] | None, data: str | None, need_model: bool) -> None:
+def _no_model(
+    inputs: list[str] | None, prompts: list[str] | None, data: str | None, need_model: bool
+) -> None:
     if inputs or prompts or data:
-        raise BadInput("inputs were given but no model can be built: pass --arch file.py:factory "
-                       "(or use a Hugging Face directory with config.json)")
+        raise BadInput(
+            "inputs were given but no model can be built: pass --arch file.py:factory "
+            "(or use a Hugging Face directory with config.json)"
+        )
     if need_model:
         raise BadInput("this command needs a model: pass --arch file.py:factory or a Hugging Face directory")
 
 
-def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts: list[str] | None,
-            data: str | None, dtype: str | None, device: str, cfg: Config, attn: str | None = None,
-            need_model: bool = False, placement: Placement | None = None) -> Prepared | None:
+def prepare(
+    ck: Checkpoint,
+    arch: str | None,
+    inputs: list[str] | None,
+    prompts: list[str] | None,
+    data: str | None,
+    dtype: str | None,
+    device: str,
+    cfg: Config,
+    attn: str | None = None,
+    need_model: bool = False,
+    placement: Placement | None = None,
+) -> Prepared | None:
     """``placement`` (``--device-map auto``): the model is placed by accelerate in the run's
     compute dtype and takes its inputs on its first device; ``device`` is then not used. None when no
     model can be built (a weights-only run: decided before torch is imported)."""
     dt = parse_dtype(dtype)
     if placement is None and not builds_a_model(ck, arch):
-
         check_device(device)  # a bad --device is refused as when a model is built
         _no_model(inputs, prompts, data, need_model)
         return None
@@ -103,7 +116,6 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
     from .whole import COPY_LIMIT, master_of  # lazy: torch
 
     if placement is not None:
-
         placed = run_dtype(dt or checkpoint_dtype(ck) or "fp32", cfg)
         model, tok, how = build_placed(ck, arch, attn, placement, placed.torch_compute)
         dev = input_device(model)
@@ -118,10 +130,24 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
     if not batches:
         if tok is None:
             if need_model:
-                raise BadInput("no inputs: pass --inputs FILE.safetensors (or --prompt/--data with a tokenizer)")
-            return Prepared(ck, model, tok, how, [], [], run_dtype(dt or "fp32", cfg), dev, cfg,
-                            ["model built, but no inputs given: weights-only scan "
-                             "(pass --inputs, --prompt or --data to run it)"])
+                raise BadInput(
+                    "no inputs: pass --inputs FILE.safetensors (or --prompt/--data with a tokenizer)"
+                )
+            return Prepared(
+                ck,
+                model,
+                tok,
+                how,
+                [],
+                [],
+                run_dtype(dt or "fp32", cfg),
+                dev,
+                cfg,
+                [
+                    "model built, but no inputs given: weights-only scan "
+                    "(pass --inputs, --prompt or --data to run it)"
+                ],
+            )
         batches = build_batches(model, tok, None, [DEFAULT_PROMPT], None)
         notes.append(f"no inputs given: ran the default prompt {DEFAULT_PROMPT!r}")
     notes += batch_notes(batches)
@@ -130,18 +156,34 @@ def prepare(ck: Checkpoint, arch: str | None, inputs: list[str] | None, prompts:
     if quantized is not None:  # packed weights cannot be cast: the run is the model's own quantized form
         own = own_compute_dtype(model)
         if own != run.name:
-            notes.append(f"a {quantized} model runs in its own quantized form: its unquantized parts in {own}, "
-                         f"not cast to {run.name}")
+            notes.append(
+                f"a {quantized} model runs in its own quantized form: its unquantized parts in {own}, "
+                f"not cast to {run.name}"
+            )
         run = run_dtype(own, cfg)
     master = None
     if placement is None:
         if quantized is None:
-            master = master_of(model, run, COPY_LIMIT)  # by reference: the cast gives the parameters new tensors
+            master = master_of(
+                model, run, COPY_LIMIT
+            )  # by reference: the cast gives the parameters new tensors
         model = cast_model(model, run, dev)
     else:
-
         model = model.eval()
         notes += placement_notes(model)
     kw = [cast_batch(b.kwargs, run, dev) for b in batches]
-    return Prepared(ck, model, tok, how, kw, [b.label for b in batches], run, dev, cfg, notes,
-                    [b.text for b in batches], quantized, master)
+    return Prepared(
+        ck,
+        model,
+        tok,
+        how,
+        kw,
+        [b.label for b in batches],
+        run,
+        dev,
+        cfg,
+        notes,
+        [b.text for b in batches],
+        quantized,
+        master,
+    )

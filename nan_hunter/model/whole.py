@@ -43,7 +43,9 @@ class WholeModel:
     master: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     training: bool = False
     seed: Callable[[], None] | None = field(default=None, repr=False)
-    around: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, repr=False)
+    around: Callable[[], contextlib.AbstractContextManager] = field(
+        default=contextlib.nullcontext, repr=False
+    )
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The full-precision weights copies are cast from (``master``, else the model's own)."""

@@ -49,23 +49,31 @@ class Loss:
         except BadInput:
             raise
         except Exception as e:
-            raise BadInput(f"the model raised {type(e).__name__} in {type(model).__name__}.forward(): "
-                           f"{_line(e)}; check that the inputs match what the model expects") from None
+            raise BadInput(
+                f"the model raised {type(e).__name__} in {type(model).__name__}.forward(): "
+                f"{_line(e)}; check that the inputs match what the model expects"
+            ) from None
         try:
             val = self.value(out, kw)
         except SystemExit as e:
-            raise BadInput(f"--loss: {self.describe} called sys.exit({e.code!r}); it must return a scalar tensor") from None
+            raise BadInput(
+                f"--loss: {self.describe} called sys.exit({e.code!r}); it must return a scalar tensor"
+            ) from None
         except BadInput:
             raise
         except Exception as e:
             raise BadInput(f"--loss: {self.describe} raised {type(e).__name__}: {_line(e)}") from None
         if not (isinstance(val, torch.Tensor) and val.numel() == 1 and val.is_floating_point()):
-            raise BadInput(f"--loss: {self.describe} returned {type(val).__name__}"
-                           f"{'' if not isinstance(val, torch.Tensor) else f' of shape {list(val.shape)}'}, "
-                           "not a floating scalar tensor")
+            raise BadInput(
+                f"--loss: {self.describe} returned {type(val).__name__}"
+                f"{'' if not isinstance(val, torch.Tensor) else f' of shape {list(val.shape)}'}, "
+                "not a floating scalar tensor"
+            )
         if not val.requires_grad:
-            raise BadInput(f"--loss: {self.describe} returned a tensor that does not depend on the model's "
-                           "parameters (no grad_fn); return a loss computed from the outputs")
+            raise BadInput(
+                f"--loss: {self.describe} returned a tensor that does not depend on the model's "
+                "parameters (no grad_fn); return a loss computed from the outputs"
+            )
         return out, val.reshape(())
 
 
@@ -90,8 +98,10 @@ def causal_lm_labels(kw: dict[str, Any]) -> dict[str, Any]:
         return {}
     ids = kw.get("input_ids")
     if ids is None:
-        raise BadInput("--backward: the model's own loss needs input_ids (labels = input_ids); give --prompt, --data "
-                       "or --inputs with input_ids, or pass --loss file.py:fn")
+        raise BadInput(
+            "--backward: the model's own loss needs input_ids (labels = input_ids); give --prompt, --data "
+            "or --inputs with input_ids, or pass --loss file.py:fn"
+        )
     labels = ids.clone()
     mask = kw.get("attention_mask")
     if mask is not None and mask.shape == ids.shape:
@@ -102,18 +112,25 @@ def causal_lm_labels(kw: dict[str, Any]) -> dict[str, Any]:
 def load_loss(model: Any, spec: str | None) -> Loss:
     """``--loss file.py:fn`` (or ``package.module:fn``), else the causal LM's own loss; neither: exit 2."""
     if spec:
-
         try:
             fn = load_factory(spec)
         except BadInput as e:
-            raise BadInput(str(e).replace("--arch", "--loss", 1).replace("must return an nn.Module",
-                                                                         "must return a loss")) from None
+            raise BadInput(
+                str(e)
+                .replace("--arch", "--loss", 1)
+                .replace("must return an nn.Module", "must return a loss")
+            ) from None
         return Loss(f"{spec}", lambda kw: {}, fn)
     if is_causal_lm(model):
-        return Loss(f"{type(model).__name__}'s own loss (labels = input_ids)", causal_lm_labels,
-                    lambda out, kw: out.loss)
-    raise BadInput(f"--backward: {type(model).__name__} is not a Hugging Face causal LM, so there is no loss of its own "
-                   "to differentiate; pass --loss file.py:fn with fn(outputs, batch) -> scalar tensor")
+        return Loss(
+            f"{type(model).__name__}'s own loss (labels = input_ids)",
+            causal_lm_labels,
+            lambda out, kw: out.loss,
+        )
+    raise BadInput(
+        f"--backward: {type(model).__name__} is not a Hugging Face causal LM, so there is no loss of its own "
+        "to differentiate; pass --loss file.py:fn with fn(outputs, batch) -> scalar tensor"
+    )
 
 
 class BackwardMode(ModeBase):

@@ -44,8 +44,12 @@ class ModeBase:
     def run_group(self, p: Prepared, group: list[int], recorder: Recorder) -> dict[str, Any]:
         for i in group:
             kw = p.batches[i]
-            recorder.input_run(i, lambda kw=kw: forward(p.model, kw, p.run, lambda: self.run_input(p.model, kw, recorder),
-                                                        grad=self.grad))
+            recorder.input_run(
+                i,
+                lambda kw=kw: forward(
+                    p.model, kw, p.run, lambda: self.run_input(p.model, kw, recorder), grad=self.grad
+                ),
+            )
         return {}
 
     def input_of(self, cap: Capture, step: int) -> int:

@@ -61,14 +61,22 @@ class Parting:
     error: float = 0.0
 
     def parts(self, rtol: float) -> bool:
-        return (self.eager_finite != self.compiled_finite or self.error > rtol
-                or (self.rel_err is not None and self.rel_err > rtol))
+        return (
+            self.eager_finite != self.compiled_finite
+            or self.error > rtol
+            or (self.rel_err is not None and self.rel_err > rtol)
+        )
 
     def merge(self, other: Parting) -> Parting:
         errs = [e for e in (self.rel_err, other.rel_err) if e is not None]
-        return Parting(self.eager_finite and other.eager_finite, self.compiled_finite and other.compiled_finite,
-                       max(errs) if errs else None, self.compiled_kind or other.compiled_kind,
-                       self.eager_kind or other.eager_kind, max(self.error, other.error))
+        return Parting(
+            self.eager_finite and other.eager_finite,
+            self.compiled_finite and other.compiled_finite,
+            max(errs) if errs else None,
+            self.compiled_kind or other.compiled_kind,
+            self.eager_kind or other.eager_kind,
+            max(self.error, other.error),
+        )
 
 
 def compare(eager: Any, compiled: Any) -> Parting:
@@ -121,8 +129,10 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, run: Any, what: str
         raise
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise BadInput(f"{what} failed: {type(e).__name__}: {msg[:300]}; try --compile-backend aot_eager or "
-                       "eager to narrow it down") from None
+        raise BadInput(
+            f"{what} failed: {type(e).__name__}: {msg[:300]}; try --compile-backend aot_eager or "
+            "eager to narrow it down"
+        ) from None
 
 
 def compile_module(module: nn.Module, backend: str) -> Callable[..., Any]:
@@ -146,8 +156,9 @@ class Divergence:
     skipped: list[str] = field(default_factory=list)  # children that could not be compiled alone
 
 
-def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str, rtol: float,
-                    run: Any) -> Divergence:
+def first_divergent(
+    model: nn.Module, kwargs: dict, whole: Parting, backend: str, rtol: float, run: Any
+) -> Divergence:
     """Top-down search (module docstring) for one input whose whole-model runs part."""
 
     name, mod, args, kw, part = "", model, (), kwargs, whole
@@ -166,7 +177,9 @@ def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str
                 try:
                     fn = compile_module(call.module, backend)
                     out = _call(fn, call.args, call.kwargs, run, f"torch.compile of {call.name}")
-                except BadInput:  # a child dynamo cannot take alone (a cache object, ...): judged by its parent
+                except (
+                    BadInput
+                ):  # a child dynamo cannot take alone (a cache object, ...): judged by its parent
                     skipped.append(call.name)
                     continue
             p = compare(call.output, out)
@@ -184,8 +197,9 @@ def first_divergent(model: nn.Module, kwargs: dict, whole: Parting, backend: str
 # -- the stage ----------------------------------------------------------------------------------
 
 
-def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend: str, run: Any,
-           trace: Any = None) -> tuple[Parting, list[Parting], float]:
+def _whole(
+    model: nn.Module, batches: list[dict], eager_outs: list[Any], backend: str, run: Any, trace: Any = None
+) -> tuple[Parting, list[Parting], float]:
     """The compiled model on every input against eager's outputs: (over all, per input, seconds).
     ``trace`` (``scan --compile --trace``): written by observing this run (``modes.trace_pass``)."""
     t0 = time.perf_counter()
@@ -196,7 +210,9 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
     else:
         wrapper: Any = fn  # torch.compile's OptimizedModule: a module the recorder unwraps
         with traced(trace), Recorder(wrapper, capture=False, observers=[trace]) as rec:
-            outs = [rec.input_run(i, lambda kw=kw: _call(fn, (), kw, run, what)) for i, kw in enumerate(batches)]
+            outs = [
+                rec.input_run(i, lambda kw=kw: _call(fn, (), kw, run, what)) for i, kw in enumerate(batches)
+            ]
     per = compare_runs(eager_outs, outs)
     total = per[0]
     for p in per[1:]:
@@ -204,8 +220,9 @@ def _whole(model: nn.Module, batches: list[dict], eager_outs: list[Any], backend
     return total, per, time.perf_counter() - t0
 
 
-def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL,
-                     trace: Any = None) -> None:
+def compare_compiled(
+    p: Prepared, rep: Report, backend: str = "inductor", rtol: float = DEFAULT_RTOL, trace: Any = None
+) -> None:
     """Fill ``rep.compile`` (and, when the compiled run parts from a healthy eager one, the
     ``compile_divergence`` diagnosis; when eager fails and compiled does not, a note). ``trace``:
     a ``TraceRecorder`` written from the compiled run (``scan --compile --trace``)."""
@@ -215,8 +232,10 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
         total, per, took = _whole(p.model, p.batches, eager_outs, backend, p.run, trace)
     block = CompileResult(backend, total.eager_finite, total.compiled_finite, max_rel_err=total.rel_err)
     rep.compile = block
-    rep.notes.append(f"torch.compile (backend {backend}): {len(p.batches)} input(s) compiled and run in "
-                     f"{took:.1f} s; max_rel_err {_fmt(total.rel_err)} against eager (rtol {rtol:g})")
+    rep.notes.append(
+        f"torch.compile (backend {backend}): {len(p.batches)} input(s) compiled and run in "
+        f"{took:.1f} s; max_rel_err {_fmt(total.rel_err)} against eager (rtol {rtol:g})"
+    )
     parted = [i for i, q in enumerate(per) if q.parts(rtol)]
     if not parted:
         return
@@ -227,22 +246,42 @@ def compare_compiled(p: Prepared, rep: Report, backend: str = "inductor", rtol: 
     if backend == "inductor":
         with fresh_compiles(emulate_precision_casts=True):
             emu, _, _ = _whole(p.model, p.batches, eager_outs, backend, p.run)
-        block.emulate_precision_casts = {"compiled_finite": emu.compiled_finite,
-                                         "max_rel_err": emu.rel_err if emu.rel_err is not None else math.inf}
+        block.emulate_precision_casts = {
+            "compiled_finite": emu.compiled_finite,
+            "max_rel_err": emu.rel_err if emu.rel_err is not None else math.inf,
+        }
     if not per[idx].eager_finite:
         if per[idx].compiled_finite:
-            rep.notes.append(f"torch.compile ({backend}) stays finite where eager does not: they first part at "
-                             f"{div.module or '<root>'} ({div.module_type}), input #{idx} — the compiled graph "
-                             "keeps an intermediate in higher precision; the eager fault is diagnosed as usual")
+            rep.notes.append(
+                f"torch.compile ({backend}) stays finite where eager does not: they first part at "
+                f"{div.module or '<root>'} ({div.module_type}), input #{idx} — the compiled graph "
+                "keeps an intermediate in higher precision; the eager fault is diagnosed as usual"
+            )
         return
     if rep.first_nonfinite is not None or rep.diagnosis is not None:
         return  # eager already failed on another input: that is the diagnosis
-    evidence = {**block.to_dict(), "rtol": rtol, "input_index": idx, "input_label": p.labels[idx],
-                "compiled_kind": per[idx].compiled_kind, "children_alike": div.children_alike,
-                "skipped": div.skipped, "module_rel_err": div.parting.rel_err,
-                "module_compiled_finite": div.parting.compiled_finite}
-    compile_verdict(rep, p.run, p.cfg, per[idx].compiled_kind, div.module, div.module_type, evidence,
-                    block.emulate_precision_casts, rtol)
+    evidence = {
+        **block.to_dict(),
+        "rtol": rtol,
+        "input_index": idx,
+        "input_label": p.labels[idx],
+        "compiled_kind": per[idx].compiled_kind,
+        "children_alike": div.children_alike,
+        "skipped": div.skipped,
+        "module_rel_err": div.parting.rel_err,
+        "module_compiled_finite": div.parting.compiled_finite,
+    }
+    compile_verdict(
+        rep,
+        p.run,
+        p.cfg,
+        per[idx].compiled_kind,
+        div.module,
+        div.module_type,
+        evidence,
+        block.emulate_precision_casts,
+        rtol,
+    )
 
 
 def _fmt(x: float | None) -> str:

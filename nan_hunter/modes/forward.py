@@ -46,6 +46,12 @@ class ForwardMode(ModeBase):
         # the whole model is copied for the fix check only where it is in memory: a placed model
         # (--device-map) keeps offloaded weights on meta between calls, so its failing module is checked alone
         placed = getattr(p.model, "hf_device_map", None) is not None
-        return KeptSteps(cap.recorder, cap.keep.contexts, p.run, around=lambda name: materialized(p.model, name),
-                         whole=None if placed else lambda step: WholeModel(p.model, (), p.batches[self.input_of(cap, step)],
-                                                                           p.master))
+        return KeptSteps(
+            cap.recorder,
+            cap.keep.contexts,
+            p.run,
+            around=lambda name: materialized(p.model, name),
+            whole=None
+            if placed
+            else lambda step: WholeModel(p.model, (), p.batches[self.input_of(cap, step)], p.master),
+        )

@@ -37,9 +37,11 @@ def check_can_generate(model: nn.Module) -> None:
     gen = getattr(model, "generate", None)
     can = getattr(model, "can_generate", None)
     if not callable(gen) or (callable(can) and not can()):
-        raise BadInput(f"--generate: {type(model).__name__} has no generate() (decoding needs a causal LM such as "
-                       "a Hugging Face *ForCausalLM, or an --arch model with generate()); drop --generate to scan "
-                       "one forward")
+        raise BadInput(
+            f"--generate: {type(model).__name__} has no generate() (decoding needs a causal LM such as "
+            "a Hugging Face *ForCausalLM, or an --arch model with generate()); drop --generate to scan "
+            "one forward"
+        )
 
 
 def pad_token_id(p: Prepared) -> int:
@@ -67,7 +69,9 @@ def left_pad(batches: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Any]
     for key in batches[0]:
         if key in out or not all(_per_token(b.get(key), b["input_ids"]) for b in batches):
             continue
-        out[key] = torch.stack([torch.cat([b[key][0].new_zeros((p,)), b[key][0]]) for b, p in zip(batches, pads)])
+        out[key] = torch.stack(
+            [torch.cat([b[key][0].new_zeros((p,)), b[key][0]]) for b, p in zip(batches, pads)]
+        )
     return out, [int(x.shape[0]) for x in ids], pads
 
 
@@ -89,7 +93,9 @@ def stop_on_fault(watch: Any) -> Any:
             # read here (decoding reads its stopping verdict on the host every step anyway).
             self.steps += 1
             again = getattr(watch, "rerun_steps", None)
-            if again is not None:  # a trace's --repeat re-run, capture paused: it stops where the first run did
+            if (
+                again is not None
+            ):  # a trace's --repeat re-run, capture paused: it stops where the first run did
                 bad = self.steps >= again
                 return torch.full((input_ids.shape[0],), bad, dtype=torch.bool, device=input_ids.device)
             if watch.first_failed is None and watch.sink._device_rows:
@@ -112,8 +118,12 @@ def generate_block(decodings: list[dict[str, Any]], max_new_tokens: int) -> dict
             first_bad = d["first_bad_step"]
         for i, toks in zip(d["indices"], d["new_tokens"]):
             by_input[i] = toks
-    return {"max_new_tokens": max_new_tokens, "steps": steps, "first_bad_step": first_bad,
-            "new_tokens": [by_input[i] for i in sorted(by_input)]}
+    return {
+        "max_new_tokens": max_new_tokens,
+        "steps": steps,
+        "first_bad_step": first_bad,
+        "new_tokens": [by_input[i] for i in sorted(by_input)],
+    }
 
 
 # --- the mode ---------------------------------------------------------------------------------------
@@ -147,8 +157,10 @@ class GenerateMode(ModeBase):
         for i, b in enumerate(p.batches):
             ids = b.get("input_ids")
             if not (hasattr(ids, "dim") and ids.dim() == 2 and ids.shape[0] == 1):
-                raise BadInput(f"--generate: input #{i} ({p.labels[i]}) has no single row of input_ids; decoding "
-                               "needs token ids (--prompt, --data, or --inputs files holding input_ids of shape [1, T])")
+                raise BadInput(
+                    f"--generate: input #{i} ({p.labels[i]}) has no single row of input_ids; decoding "
+                    "needs token ids (--prompt, --data, or --inputs files holding input_ids of shape [1, T])"
+                )
 
     def run_input(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> list[Any]:
         """One greedy decoding, stopped at the first non-finite step; nothing to compare (a run passes
@@ -159,8 +171,14 @@ class GenerateMode(ModeBase):
     def _generate(self, model: Any, kwargs: dict[str, Any], recorder: Any) -> Any:
         from transformers import StoppingCriteriaList
 
-        return model.generate(**kwargs, max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1,
-                              pad_token_id=self.pad_id, stopping_criteria=StoppingCriteriaList([stop_on_fault(recorder)]))
+        return model.generate(
+            **kwargs,
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=self.pad_id,
+            stopping_criteria=StoppingCriteriaList([stop_on_fault(recorder)]),
+        )
 
     def groups(self, p: Prepared, indices: list[int]) -> list[list[int]]:
         return [list(indices)] if self.batched else [[i] for i in indices]
@@ -187,8 +205,12 @@ class GenerateMode(ModeBase):
         steps, bad = recorder.n_forwards, recorder.first_failed
         good = steps if bad is None else bad
         # the token made by step k is at column prompt_width + k; keep those of the steps before the fault
-        return {"indices": list(group), "steps": steps, "first_bad_step": bad,
-                "new_tokens": [[int(t) for t in row[prompt_width:prompt_width + good]] for row in seqs]}
+        return {
+            "indices": list(group),
+            "steps": steps,
+            "first_bad_step": bad,
+            "new_tokens": [[int(t) for t in row[prompt_width : prompt_width + good]] for row in seqs],
+        }
 
     def input_of(self, cap: Capture, step: int) -> int:
         return cap.group[0]  # every step decodes the whole group; the row holding a fault says which input
@@ -209,13 +231,20 @@ class GenerateMode(ModeBase):
         return table
 
     def facts(self, p: Prepared, caps: list[Capture], failed: list[int]) -> dict[str, Any]:
-        return {"decodings": [c.facts for c in caps],
-                "shortest_failing_prefix": _shortest_prefixes(p, failed, self.max_new_tokens, self.pad_id)}
+        return {
+            "decodings": [c.facts for c in caps],
+            "shortest_failing_prefix": _shortest_prefixes(p, failed, self.max_new_tokens, self.pad_id),
+        }
 
     def rerun(self, p: Prepared, cap: Capture) -> Rerun:
         # the prompt's own forward (step 0, one prompt) may be checked on a copy of the whole model
-        whole = None if self.batched else \
-            lambda step: WholeModel(p.model, (), p.batches[cap.group[0]], p.master) if step == 0 else None
+        whole = (
+            None
+            if self.batched
+            else lambda step: (
+                WholeModel(p.model, (), p.batches[cap.group[0]], p.master) if step == 0 else None
+            )
+        )
         return KeptSteps(cap.recorder, cap.keep.contexts, p.run, whole=whole)
 
     def place(self, p: Prepared, cap: Capture, loc: Located) -> None:
@@ -226,8 +255,12 @@ class GenerateMode(ModeBase):
         loc.extra = _fault_text(p, cap.facts, index, loc.first.position)
 
     def merge(self, extras: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"decodings": [d for e in extras for d in e.get("decodings", [])],
-                "shortest_failing_prefix": {k: v for e in extras for k, v in e.get("shortest_failing_prefix", {}).items()}}
+        return {
+            "decodings": [d for e in extras for d in e.get("decodings", [])],
+            "shortest_failing_prefix": {
+                k: v for e in extras for k, v in e.get("shortest_failing_prefix", {}).items()
+            },
+        }
 
     def finish(self, p: Prepared, rep: Report, extra: dict[str, Any], located: Located | None) -> None:
         decodings = sorted(extra.get("decodings", []), key=lambda d: d["indices"][0] if d["indices"] else 0)
@@ -243,9 +276,11 @@ class GenerateMode(ModeBase):
         if self.batched and located is not None and len(p.batches) > len(failed):
             step = located.first.step
             rest = [i for i in range(len(p.batches)) if i not in failed]
-            rep.notes.append(f"the batch stopped at step {step}: inputs {', '.join(f'#{i}' for i in rest)} were "
-                             f"decoded only up to it; run without --batch to decode each of them to "
-                             f"{self.max_new_tokens} tokens")
+            rep.notes.append(
+                f"the batch stopped at step {step}: inputs {', '.join(f'#{i}' for i in rest)} were "
+                f"decoded only up to it; run without --batch to decode each of them to "
+                f"{self.max_new_tokens} tokens"
+            )
 
 
 def _per_input(decodings: list[dict[str, Any]], failed: list[int]) -> list[dict[str, Any]]:
@@ -253,12 +288,20 @@ def _per_input(decodings: list[dict[str, Any]], failed: list[int]) -> list[dict[
     rows = []
     for d in decodings:
         for i in d["indices"]:
-            rows.append({"index": i, "failed": i in failed,
-                         "step": d["first_bad_step"] if i in failed else None, "steps": d["steps"]})
+            rows.append(
+                {
+                    "index": i,
+                    "failed": i in failed,
+                    "step": d["first_bad_step"] if i in failed else None,
+                    "steps": d["steps"],
+                }
+            )
     return sorted(rows, key=lambda r: r["index"])
 
 
-def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int, pad_id: int | None) -> dict[str, int]:
+def _shortest_prefixes(
+    p: Prepared, failed: list[int], max_new_tokens: int, pad_id: int | None
+) -> dict[str, int]:
     """For each failing input, the fewest prompt tokens whose greedy decoding still goes
     non-finite within ``max_new_tokens`` (the search of ``bisect --over inputs``)."""
     one_by_one = GenerateMode(max_new_tokens)
@@ -269,8 +312,10 @@ def _shortest_prefixes(p: Prepared, failed: list[int], max_new_tokens: int, pad_
         length = int(kw["input_ids"].shape[-1])
 
         def fails(n: int, kw: dict = kw, length: int = length) -> bool:
-            cut = {k: v[:, :n] if hasattr(v, "dim") and v.dim() == 2 and v.shape[1] == length else v
-                   for k, v in kw.items()}
+            cut = {
+                k: v[:, :n] if hasattr(v, "dim") and v.dim() == 2 and v.shape[1] == length else v
+                for k, v in kw.items()
+            }
             one = replace(p, batches=[cut], labels=["prefix"])
             return capture(one, one_by_one, [0]).facts["first_bad_step"] is not None
 
@@ -291,5 +336,7 @@ def _fault_text(p: Prepared, decoding: dict[str, Any], index: int, position: int
     def text(x: list[int]) -> str | None:
         return tok.decode(x) if tok is not None else None
 
-    return {"fault_token": None if token is None else {"id": token, "text": text([token])},
-            "text_before_fault": text(new)}
+    return {
+        "fault_token": None if token is None else {"id": token, "text": text([token])},
+        "text_before_fault": text(new),
+    }

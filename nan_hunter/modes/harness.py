@@ -39,13 +39,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..report import Report
 
 
-def capture(p: Prepared, mode: Mode, group: list[int], level: str = "modules",
-            observers: Sequence[CallObserver] = ()) -> Capture:
+def capture(
+    p: Prepared, mode: Mode, group: list[int], level: str = "modules", observers: Sequence[CallObserver] = ()
+) -> Capture:
     """``group`` run by ``mode`` under one capture at ``level``, judged; ``observers`` see every
     module call of the same pass (``scan --trace``: ``modes.trace_pass``)."""
     keep = KeepSteps(p.model)
-    rec = Recorder(p.model, level=level, retain=mode.retain or max(1, len(group)), backward=mode.grad,
-                   optimizer=mode.optimizer(p), listener=keep, observers=list(observers))
+    rec = Recorder(
+        p.model,
+        level=level,
+        retain=mode.retain or max(1, len(group)),
+        backward=mode.grad,
+        optimizer=mode.optimizer(p),
+        listener=keep,
+        observers=list(observers),
+    )
     with rec:
         facts = mode.run_group(p, group, rec)
     return Capture(group, rec, keep, Recording.of(rec), facts)
@@ -68,9 +76,12 @@ def record(p: Prepared, mode: Mode, indices: list[int], observers: Sequence[Call
     else:
         table, notes = [], []
     absorbed = mode.absorbed(p, indices) if first is None else []
-    first_input = mode.input_of(first, finding.call.input_index) if first is not None and finding is not None else None
-    return ModeRun(first_input, failed, table, list(dict.fromkeys(notes)), absorbed, mode.facts(p, caps, failed),
-                   first)
+    first_input = (
+        mode.input_of(first, finding.call.input_index) if first is not None and finding is not None else None
+    )
+    return ModeRun(
+        first_input, failed, table, list(dict.fromkeys(notes)), absorbed, mode.facts(p, caps, failed), first
+    )
 
 
 def locate_first(p: Prepared, mode: Mode, cap: Capture) -> Located:

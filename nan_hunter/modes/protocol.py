@@ -41,8 +41,12 @@ class ModeRun:
     failed: list[int]  # data-set indices of the inputs that went non-finite
     table: list[ModuleRow]  # module rows (per call), in data-set order
     notes: list[str] = field(default_factory=list)  # mask notes
-    absorbed: list[dict[str, Any]] = field(default_factory=list)  # near misses: ops absorbed before any output
-    extra: dict[str, Any] = field(default_factory=dict)  # the mode's own run facts, JSON (merged across ranks)
+    absorbed: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # near misses: ops absorbed before any output
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # the mode's own run facts, JSON (merged across ranks)
     capture: Capture | None = None  # the capture holding the first fault, for ``locate`` on this process
 
 
@@ -108,7 +112,9 @@ class Mode(Protocol):
         """The mode's own report fields (``run.generate``, ``run.loss``) from the merged facts."""
 
 
-def fill(p: Prepared, mode: Mode, rep: Report, run: ModeRun, located: Located | None, replay: bool = True) -> None:
+def fill(
+    p: Prepared, mode: Mode, rep: Report, run: ModeRun, located: Located | None, replay: bool = True
+) -> None:
     """The report from a (merged) run and the located first fault, the same for every mode: the
     ``run`` block, the module table, the inputs, then the located fault through the one assembler
     (``explain.assemble``: replay, diagnosis and fix check, once)."""

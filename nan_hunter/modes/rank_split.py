@@ -40,8 +40,14 @@ if TYPE_CHECKING:  # pragma: no cover
 # --- the split run --------------------------------------------------------------------------------
 
 
-def run_mode_on_ranks(p: Prepared, mode: Mode, rep: Report, replay: bool = True, split: RankSplit | None = None,
-                      trace: Any = None) -> None:
+def run_mode_on_ranks(
+    p: Prepared,
+    mode: Mode,
+    rep: Report,
+    replay: bool = True,
+    split: RankSplit | None = None,
+    trace: Any = None,
+) -> None:
     """The harness (``modes.harness.run_mode``), or with ``split`` (the CLI under torchrun, more than
     one rank) the harness with the data set split across ranks (``run_split``; ``--trace`` is
     refused under torchrun, so ``trace`` is the single process's)."""
@@ -61,8 +67,16 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
 
     mine = split.share(len(p.batches))
     rec = record(p, mode, mine) if mine else ModeRun(None, [], [])
-    got = agree({"failed": rec.failed, "modules": rows_json(rec.table), "masks": rec.notes, "first": rec.first_input,
-                 "absorbed": rec.absorbed, "extra": rec.extra})
+    got = agree(
+        {
+            "failed": rec.failed,
+            "modules": rows_json(rec.table),
+            "masks": rec.notes,
+            "first": rec.first_input,
+            "absorbed": rec.absorbed,
+            "extra": rec.extra,
+        }
+    )
     firsts = [(g["first"], r) for r, g in enumerate(got) if g["first"] is not None]
     located = None
     if firsts:
@@ -73,31 +87,65 @@ def run_split(p: Prepared, mode: Mode, rep: Report, replay: bool, split: RankSpl
             loc = locate_first(p, mode, rec.capture)
             failed = sorted({i for g in got for i in g["failed"]})
             # replayed, diagnosed and its fix verified here, where the failing region is
-            explain(loc, p.cfg, failed, len(p.batches), (rep.weights or {}).get("nonfinite") or [], replay,
-                    device=str(p.device), rank=split.rank)
-            sent = {"first": asdict(loc.first), "replay": replay_json(loc.replay), "is_block": loc.is_block,
-                    "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
-                    "input_label": loc.input_label, "optimizer_facts": loc.optimizer_facts,
-                    "notes": loc.notes, "extra": loc.extra, "event": _event(loc.event)}
+            explain(
+                loc,
+                p.cfg,
+                failed,
+                len(p.batches),
+                (rep.weights or {}).get("nonfinite") or [],
+                replay,
+                device=str(p.device),
+                rank=split.rank,
+            )
+            sent = {
+                "first": asdict(loc.first),
+                "replay": replay_json(loc.replay),
+                "is_block": loc.is_block,
+                "diagnosis": asdict(loc.diagnosis) if loc.diagnosis is not None else None,
+                "input_label": loc.input_label,
+                "optimizer_facts": loc.optimizer_facts,
+                "notes": loc.notes,
+                "extra": loc.extra,
+                "event": _event(loc.event),
+            }
         found = agree(sent)[holder]
-        located = Located(FirstNonfinite(**{**found["first"], "rank": holder}), p.run, _event_back(found["event"]),
-                          replay=replay_from_json(found["replay"]), is_block=found["is_block"], input_label=found["input_label"],
-                          optimizer_facts=found["optimizer_facts"], notes=found["notes"], extra=found["extra"],
-                          diagnosis=diagnosis_from_json(found["diagnosis"]))
+        located = Located(
+            FirstNonfinite(**{**found["first"], "rank": holder}),
+            p.run,
+            _event_back(found["event"]),
+            replay=replay_from_json(found["replay"]),
+            is_block=found["is_block"],
+            input_label=found["input_label"],
+            optimizer_facts=found["optimizer_facts"],
+            notes=found["notes"],
+            extra=found["extra"],
+            diagnosis=diagnosis_from_json(found["diagnosis"]),
+        )
     if mode.one_step_table:  # the failing step's rows, as one process shows them (else the last input's)
-        table = got[min(firsts)[1]]["modules"] if firsts else next((g["modules"] for g in reversed(got)
-                                                                    if g["modules"]), [])
+        table = (
+            got[min(firsts)[1]]["modules"]
+            if firsts
+            else next((g["modules"] for g in reversed(got) if g["modules"]), [])
+        )
     else:
         table = [row for g in got for row in g["modules"]]
-    merged = ModeRun(located.first.input_index if located else None, sorted({i for g in got for i in g["failed"]}),
-                     module_rows_from_json(table), [], [m for g in got for m in g["absorbed"]],
-                     mode.merge([g["extra"] for g in got]))
+    merged = ModeRun(
+        located.first.input_index if located else None,
+        sorted({i for g in got for i in g["failed"]}),
+        module_rows_from_json(table),
+        [],
+        [m for g in got for m in g["absorbed"]],
+        mode.merge([g["extra"] for g in got]),
+    )
     for note in (n for g in got for n in g["masks"]):
         if note not in merged.notes:
             merged.notes.append(note)
-    rep.notes.append(f"split across {split.world} ranks: "
-                     + ", ".join(f"rank {r} ran {_span(share(len(p.batches), r, split.world))}"
-                                 for r in range(split.world)))
+    rep.notes.append(
+        f"split across {split.world} ranks: "
+        + ", ".join(
+            f"rank {r} ran {_span(share(len(p.batches), r, split.world))}" for r in range(split.world)
+        )
+    )
     fill(p, mode, rep, merged, located, replay)
 
 

@@ -44,8 +44,9 @@ class Selectable(Protocol):
 MODES: tuple[type[Selectable], ...] = (BackwardMode, GenerateMode, ForwardMode)
 
 
-def mode_for(generate: int | None = None, batch: bool = False, backward: bool = False,
-             loss: str | None = None) -> Mode:
+def mode_for(
+    generate: int | None = None, batch: bool = False, backward: bool = False, loss: str | None = None
+) -> Mode:
     """``--backward``: forward and backward of a loss; ``--generate N``: greedy decoding; else one
     forward per input."""
     request = ModeRequest(generate, batch, backward, loss)

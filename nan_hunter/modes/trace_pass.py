@@ -42,24 +42,39 @@ class TraceOptions:
     def __post_init__(self) -> None:
         if not self.path or "\0" in self.path:
             raise BadInput(f"--trace {self.path!r}: not a usable file name")
-        object.__setattr__(self, "level", choice(TraceLevel, self.level,
-                                                 f"--trace-level {self.level!r}: use modules or ops"))
-        if self.repeat is not None and (isinstance(self.repeat, bool) or not isinstance(self.repeat, int)
-                                        or self.repeat < 2):
+        object.__setattr__(
+            self, "level", choice(TraceLevel, self.level, f"--trace-level {self.level!r}: use modules or ops")
+        )
+        if self.repeat is not None and (
+            isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 2
+        ):
             raise BadInput(f"--repeat {self.repeat!r}: give the number of runs per input, at least 2")
         if self.compile is not None and self.level == "ops":
-            raise BadInput("--trace-level ops with --compile: a dispatch mode makes torch.compile run the model "
-                           "eagerly, so an op-level trace would not record the compiled run; use --trace-level "
-                           "modules")
+            raise BadInput(
+                "--trace-level ops with --compile: a dispatch mode makes torch.compile run the model "
+                "eagerly, so an op-level trace would not record the compiled run; use --trace-level "
+                "modules"
+            )
 
 
 def trace_for(p: Prepared, mode: Mode, opts: TraceOptions, command: list[str] | None = None) -> TraceRecorder:
     """The trace of a scan's pass over the inputs of ``p``: an observer of each capture's recorder
     (``modes.harness.run_mode``), or with ``--compile`` of the compiled run's
     (``modes.compiled.compare_compiled``); its file spans every group, closed by ``traced``."""
-    inputs = [{"index": i, "label": p.labels[i], "hash": inputs_hash((), kw)} for i, kw in enumerate(p.batches)]
-    trace = TraceRecorder(None, opts.path, opts.level, opts.repeat, dtype=p.run.name, compile_backend=opts.compile,
-                          inputs=inputs, command=command, mode=mode.name)
+    inputs = [
+        {"index": i, "label": p.labels[i], "hash": inputs_hash((), kw)} for i, kw in enumerate(p.batches)
+    ]
+    trace = TraceRecorder(
+        None,
+        opts.path,
+        opts.level,
+        opts.repeat,
+        dtype=p.run.name,
+        compile_backend=opts.compile,
+        inputs=inputs,
+        command=command,
+        mode=mode.name,
+    )
     trace.keep_open = True
     return trace
 
@@ -86,9 +101,11 @@ def trace_note(trace: TraceRecorder, opts: TraceOptions, n_inputs: int) -> str:
     """The report's note on a written trace."""
     n = trace.writer.entries if trace.writer else 0
     runs = opts.repeat or 1
-    note = (f"trace written to {opts.path}: {n} {opts.level}-level entries of {n_inputs} input(s)"
-            + (f", each run {runs} times (spread per entry)" if opts.repeat else "")
-            + (f", the run compiled with backend {opts.compile}" if opts.compile else ""))
+    note = (
+        f"trace written to {opts.path}: {n} {opts.level}-level entries of {n_inputs} input(s)"
+        + (f", each run {runs} times (spread per entry)" if opts.repeat else "")
+        + (f", the run compiled with backend {opts.compile}" if opts.compile else "")
+    )
     if opts.compile and opts.level == "modules":
         note += " (calls inside the compiled region are not seen: the root's is)"
     if trace.repeat_mismatch:

@@ -71,7 +71,7 @@ def _grade(fraction: float, th: Thresholds) -> str:
 
 
 def _share(frac: float, dtype: str, mx: float) -> str:
-    """"is 92% of fp16 max 65504"; tiny fractions (bf16's 3.4e38) read as a headroom factor."""
+    """ "is 92% of fp16 max 65504"; tiny fractions (bf16's 3.4e38) read as a headroom factor."""
     if frac == 0:
         return f"is 0 (any {dtype} holds it)"
     if frac < 1e-4:
@@ -98,13 +98,17 @@ class Measured:
     overflow_all: bool = False
 
 
-def measured(tensors: list[Any], quantized: Sequence[Any] = (), claimed: set[str] | frozenset = frozenset()
-             ) -> list[Measured]:
+def measured(
+    tensors: list[Any], quantized: Sequence[Any] = (), claimed: set[str] | frozenset = frozenset()
+) -> list[Measured]:
     """What the headroom rules judge: every scanned float tensor no quantized format read (scales, zero
     points, quant states and codes are the format's, and judged dequantized), then every quantized weight
     by its dequantized values (``quant.base.QuantizedScan``)."""
-    out = [Measured(t.name, t.absmax) for t in tensors
-           if not t.skipped and t.absmax is not None and t.name not in claimed]
+    out = [
+        Measured(t.name, t.absmax)
+        for t in tensors
+        if not t.skipped and t.absmax is not None and t.name not in claimed
+    ]
     code_faults = {t.name for t in tensors if not t.skipped and not t.finite}
     for q in quantized:
         # non-finite values from a NaN/Inf scale are weights.quantized's; from NaN codes weights.nonfinite's;
@@ -115,8 +119,14 @@ def measured(tensors: list[Any], quantized: Sequence[Any] = (), claimed: set[str
     return out
 
 
-def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Config, quantized: Sequence[Any] = (),
-                  claimed: set[str] | frozenset = frozenset()) -> list[RuleResult]:
+def weights_rules(
+    ck_path: str,
+    tensors: list[Any],
+    dtypes: list[str],
+    cfg: Config,
+    quantized: Sequence[Any] = (),
+    claimed: set[str] | frozenset = frozenset(),
+) -> list[RuleResult]:
     """weights.nonfinite and weights.headroom.<dtype>, from a ``WeightsScan``'s tensors, quantized weights
     (``QuantizedScan``, judged dequantized) and the names the quantized formats read (``claimed``)."""
     out: list[RuleResult] = []
@@ -126,17 +136,35 @@ def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Conf
     floating = [t for t in tensors if not t.skipped]
     if bad:
         status = FAIL if cfg.check.fail_on_nonfinite_weights else WARN
-        first = ", ".join(f"{t.name}{_in_shard(t)} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at "
-                          f"{t.first_index})" for t in bad[:3])
+        first = ", ".join(
+            f"{t.name}{_in_shard(t)} ({t.nan} NaN, {t.posinf} +inf, {t.neginf} −inf, first at "
+            f"{t.first_index})"
+            for t in bad[:3]
+        )
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        out.append(RuleResult("weights.nonfinite", ck_path, status,
-                              f"{len(bad)} of {len(floating)} floating tensors hold NaN/Inf: {first}{more}",
-                              value=float(len(bad)),
-                              details=["fix: the checkpoint itself is corrupt; re-export it from the last good "
-                                       "training step, or find the step where the loss went NaN"]))
+        out.append(
+            RuleResult(
+                "weights.nonfinite",
+                ck_path,
+                status,
+                f"{len(bad)} of {len(floating)} floating tensors hold NaN/Inf: {first}{more}",
+                value=float(len(bad)),
+                details=[
+                    "fix: the checkpoint itself is corrupt; re-export it from the last good "
+                    "training step, or find the step where the loss went NaN"
+                ],
+            )
+        )
     else:
-        out.append(RuleResult("weights.nonfinite", ck_path, PASS,
-                              f"no NaN/Inf in {len(floating)} floating tensors", value=0.0))
+        out.append(
+            RuleResult(
+                "weights.nonfinite",
+                ck_path,
+                PASS,
+                f"no NaN/Inf in {len(floating)} floating tensors",
+                value=0.0,
+            )
+        )
     sized = measured(tensors, quantized, claimed)
     for dt in dtypes:
         th = cfg.check.headroom.weights.get(dt)
@@ -159,15 +187,20 @@ def weights_rules(ck_path: str, tensors: list[Any], dtypes: list[str], cfg: Conf
         if top.overflow_all:
             msg = f"{what} dequantizes to inf (|code| x scale past float32's max): no {dt} holds it"
         else:
-            msg = (f"max |w| {top.absmax:.6g} in {what} {_share(frac, dt, mx)}; "
-                   f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
+            msg = (
+                f"max |w| {top.absmax:.6g} in {what} {_share(frac, dt, mx)}; "
+                f"warn above {th.warn:.0%}, fail above {th.fail:.0%}"
+            )
             if frac > 1:
                 msg += f"; it becomes inf when cast to {dt}"
         if n_warn > 1:
             msg += f"; {n_warn} tensors above {th.warn:.0%}"
-        fix = (f"fix: {top.name}'s scales put its dequantized values past {dt}'s max: run it in bf16 (or fp32), "
-               "or re-quantize it with smaller scales" if top.how else
-               f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)")
+        fix = (
+            f"fix: {top.name}'s scales put its dequantized values past {dt}'s max: run it in bf16 (or fp32), "
+            "or re-quantize it with smaller scales"
+            if top.how
+            else f"fix: keep {top.name}'s module in fp32 or bf16, or rescale it (fold the scale into the next layer)"
+        )
         details = [] if status == PASS else [fix]
         out.append(RuleResult(rule, ck_path, status, msg, dt, frac if math.isfinite(frac) else None, details))
     return out
@@ -188,8 +221,10 @@ def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[Ru
     if f is not None:
         status = FAIL if cfg.check.fail_on_nonfinite_forward else WARN
         cause = f" ({run.diagnosis.cause})" if run.diagnosis else ""
-        msg = (f"{f.kind} first produced by {f.module or '<root>'} ({f.module_type}) at {f.op or '?'}{cause} "
-               f"on input #{f.input_index}; {len(failed)} of {n} input(s) non-finite in {dtype}")
+        msg = (
+            f"{f.kind} first produced by {f.module or '<root>'} ({f.module_type}) at {f.op or '?'}{cause} "
+            f"on input #{f.input_index}; {len(failed)} of {n} input(s) non-finite in {dtype}"
+        )
         details = []
         if run.diagnosis:
             details = [run.diagnosis.summary, *run.diagnosis.evidence, f"fix: {run.diagnosis.fix}"]
@@ -197,31 +232,57 @@ def forward_rules(ck_path: str, dtype: str, run: Report, cfg: Config) -> list[Ru
     else:
         absorbed = [m for m in run.near_misses if m.get("kind") == "absorbed"]
         if absorbed and cfg.check.warn_on_absorbed:
-            out.append(RuleResult(rule, ck_path, WARN,
-                                  f"outputs finite in {dtype} on {n} input(s), but {len(absorbed)} op(s) produced "
-                                  f"NaN/Inf that was absorbed: {absorbed[0]['message']}", dtype, 0.0,
-                                  [m["message"] for m in absorbed]))
+            out.append(
+                RuleResult(
+                    rule,
+                    ck_path,
+                    WARN,
+                    f"outputs finite in {dtype} on {n} input(s), but {len(absorbed)} op(s) produced "
+                    f"NaN/Inf that was absorbed: {absorbed[0]['message']}",
+                    dtype,
+                    0.0,
+                    [m["message"] for m in absorbed],
+                )
+            )
         else:
-            out.append(RuleResult(rule, ck_path, PASS, f"all module outputs finite in {dtype} on {n} input(s)",
-                                  dtype, 0.0))
+            out.append(
+                RuleResult(
+                    rule, ck_path, PASS, f"all module outputs finite in {dtype} on {n} input(s)", dtype, 0.0
+                )
+            )
     th = cfg.check.headroom.activations.get(dtype)
     rows = [r for r in run.modules or [] if r.get("absmax") is not None]
     if th is not None and f is not None:
         # a forward that went non-finite has no headroom left, whatever its finite outputs show
-        out.append(RuleResult(f"forward.{dtype}.headroom", ck_path, FAIL,
-                              f"no headroom: a value went {f.kind} in {dtype} at {f.module or '<root>'}", dtype,
-                              None, ["see forward." + dtype + ".nonfinite"]))
+        out.append(
+            RuleResult(
+                f"forward.{dtype}.headroom",
+                ck_path,
+                FAIL,
+                f"no headroom: a value went {f.kind} in {dtype} at {f.module or '<root>'}",
+                dtype,
+                None,
+                ["see forward." + dtype + ".nonfinite"],
+            )
+        )
     elif th is not None and rows:
         mx = _range_max(dtype)
         top = max(rows, key=lambda r: r["absmax"])
         frac = top["absmax"] / mx
         status = _grade(frac, th)
-        msg = (f"max module output absmax {top['absmax']:.6g} at {top['module'] or '<root>'} "
-               f"({top['module_type']}, input #{top['input_index']}) {_share(frac, dtype, mx)}; "
-               f"warn above {th.warn:.0%}, fail above {th.fail:.0%}")
-        details = [] if status == PASS else [
-            f"fix: {top['module'] or '<root>'} has less than {1 / frac:.2g}x headroom in {dtype}; keep it in fp32 "
-            f"(`nanhunter bisect --dtype {dtype}`) or run in bf16"]
+        msg = (
+            f"max module output absmax {top['absmax']:.6g} at {top['module'] or '<root>'} "
+            f"({top['module_type']}, input #{top['input_index']}) {_share(frac, dtype, mx)}; "
+            f"warn above {th.warn:.0%}, fail above {th.fail:.0%}"
+        )
+        details = (
+            []
+            if status == PASS
+            else [
+                f"fix: {top['module'] or '<root>'} has less than {1 / frac:.2g}x headroom in {dtype}; keep it in fp32 "
+                f"(`nanhunter bisect --dtype {dtype}`) or run in bf16"
+            ]
+        )
         out.append(RuleResult(f"forward.{dtype}.headroom", ck_path, status, msg, dtype, frac, details))
     return out
 
@@ -245,11 +306,22 @@ def run_summary(run: Report) -> dict[str, Any]:
 # --- driver -------------------------------------------------------------------------------------
 
 
-def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None) -> Report | str:
+def forward_in(
+    ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weights: dict | None
+) -> Report | str:
     """One captured forward in ``dtype`` (a Report), or why none could run (a note)."""
 
-    p = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data, dtype, opts.device, cfg,
-                opts.attn)
+    p = prepare(
+        ck,
+        opts.arch,
+        list(opts.inputs) or None,
+        list(opts.prompts) or None,
+        opts.data,
+        dtype,
+        opts.device,
+        cfg,
+        opts.attn,
+    )
     if p is None:
         return "weights-only check: no --arch and no config.json, so no forward was run"
     if not p.batches:
@@ -266,9 +338,15 @@ def forward_in(ck: Checkpoint, dtype: str, opts: CheckOptions, cfg: Config, weig
     return run
 
 
-def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckOptions, cfg: Config,
-                     progress: Callable[[str, int], None] | None = None, baseline: tuple[str, Any] | None = None
-                     ) -> Report:
+def check_checkpoint(
+    ck: Checkpoint,
+    label: str,
+    dtypes: list[str],
+    opts: CheckOptions,
+    cfg: Config,
+    progress: Callable[[str, int], None] | None = None,
+    baseline: tuple[str, Any] | None = None,
+) -> Report:
     """``baseline``: (path as given, its ``WeightsScan``) for ``--baseline OLD``."""
 
     ws = scan_weights(ck, exact=opts.stats == "full", progress=progress)
@@ -297,8 +375,10 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
         runs[ran] = got
         results += forward_rules(label, ran, got, cfg)
         if method:  # one forward: the quantized form is the same whatever dtype was asked
-            rep.notes.append(f"the {method} model ran once, in its own quantized form ({ran}); --dtypes "
-                             f"{','.join(dtypes)} judge its weights")
+            rep.notes.append(
+                f"the {method} model ran once, in its own quantized form ({ran}); --dtypes "
+                f"{','.join(dtypes)} judge its weights"
+            )
             break
     if runs:
         # The report's run/modules/diagnosis are those of the first failing forward, else the first.
@@ -309,8 +389,11 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
         rep.near_misses = r.near_misses
         rep.notes += r.notes
         if len(runs) > 1:
-            others = ", ".join(f"{d}: {'finite' if x.first_nonfinite is None else 'NON-FINITE'}"
-                               for d, x in runs.items() if d != shown)
+            others = ", ".join(
+                f"{d}: {'finite' if x.first_nonfinite is None else 'NON-FINITE'}"
+                for d, x in runs.items()
+                if d != shown
+            )
             rep.notes.append(f"run, modules and diagnosis below are from the {shown} forward ({others})")
     elif ws.nonfinite or bad_scales(ws):
         weights_verdict(rep, cfg, ws)
@@ -323,9 +406,14 @@ def check_checkpoint(ck: Checkpoint, label: str, dtypes: list[str], opts: CheckO
     return rep
 
 
-def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, config: str | Config | None = None,
-          progress: Callable[[str, int], None] | None = None, baseline: str | None = None,
-          **options: Any) -> list[Report]:
+def check(
+    checkpoints: str | list[str],
+    dtypes: str | list[str] | None = None,
+    config: str | Config | None = None,
+    progress: Callable[[str, int], None] | None = None,
+    baseline: str | None = None,
+    **options: Any,
+) -> list[Report]:
     """Check each checkpoint (in order) against the CI policy; one Report per checkpoint.
     ``options`` are ``CheckOptions`` fields; ``baseline``: a previous checkpoint; each tensor
     present in both is compared (rule ``headroom_regression.<dtype>``).
@@ -335,10 +423,14 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
 
     checkpoints = list(one_or_many(checkpoints, "checkpoints"))  # a string is one checkpoint
     if not checkpoints:
-        raise BadInput("no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)")
+        raise BadInput(
+            "no checkpoint given: nanhunter check CHECKPOINT... (a .safetensors file or model directory)"
+        )
     cfg = as_config(config)
     dts = parse_dtypes(dtypes, cfg)
-    opts = CheckOptions(dtypes=tuple(dtypes) if isinstance(dtypes, list) else dtypes, baseline=baseline, **options)
+    opts = CheckOptions(
+        dtypes=tuple(dtypes) if isinstance(dtypes, list) else dtypes, baseline=baseline, **options
+    )
     cks = [(path, open_checkpoint(path)) for path in checkpoints]
     if opts.has_inputs and not opts.arch:
         # refused before anything runs, naming the checkpoint: a mixed list (model directories and a bare
@@ -346,11 +438,12 @@ def check(checkpoints: str | list[str], dtypes: str | list[str] | None = None, c
         for path, ck in cks:
             if not builds_a_model(ck, None):
                 given = "--prompt" if opts.prompts else "--inputs" if opts.inputs else "--data"
-                raise BadInput(f"{path}: cannot take {given}: no model can be built from it (no config.json; "
-                               "pass --arch file.py:factory, or check it in a separate run without inputs)")
+                raise BadInput(
+                    f"{path}: cannot take {given}: no model can be built from it (no config.json; "
+                    "pass --arch file.py:factory, or check it in a separate run without inputs)"
+                )
     base = None
     if opts.baseline is not None:
-
         try:
             base = (opts.baseline, scan_weights(open_checkpoint(opts.baseline)))
         except BadInput as e:  # named as the baseline: the user gave two checkpoints

@@ -18,23 +18,39 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.ranks import RankSplit
 
 
-def scan(checkpoint: str, config: str | Config | None = None,
-         progress: Callable[[str, int], None] | None = None, **options: Any) -> Report:
+def scan(
+    checkpoint: str,
+    config: str | Config | None = None,
+    progress: Callable[[str, int], None] | None = None,
+    **options: Any,
+) -> Report:
     """The scan report of ``checkpoint``; ``options`` are ``ScanOptions`` fields (``dtype``,
     ``prompts``, ``generate``, ``backward``, ``compile``...), validated before anything runs."""
     opts = ScanOptions(checkpoint, **options)
     return run_scan(opts, as_config(config), progress)
 
 
-def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None] | None = None,
-             split: RankSplit | None = None) -> Report:
+def run_scan(
+    opts: ScanOptions,
+    cfg: Config,
+    progress: Callable[[str, int], None] | None = None,
+    split: RankSplit | None = None,
+) -> Report:
     """A validated scan (``ScanOptions``) under configuration ``cfg``; ``split``: the data set
     split across torchrun ranks (``modes.rank_split.process_group``)."""
     if opts.capsule:
         from ..modes.capsule_step import scan_capsule  # lazy: torch
 
-        return scan_capsule(opts.checkpoint, arch=opts.arch, device=opts.device, stats=opts.stats, config=cfg,
-                            progress=progress, replay=opts.replay, trace=opts.tracing)
+        return scan_capsule(
+            opts.checkpoint,
+            arch=opts.arch,
+            device=opts.device,
+            stats=opts.stats,
+            config=cfg,
+            progress=progress,
+            replay=opts.replay,
+            trace=opts.tracing,
+        )
     from ..explain.weights_verdict import weights_section, weights_verdict  # lazy: numpy
     from ..load.checkpoint import open_checkpoint  # lazy: numpy
     from ..load.weights import scan_weights  # lazy: numpy
@@ -46,12 +62,24 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
     weights = weights_section(ws, cfg)
     rep = Report(checkpoint=ck.describe(), weights=weights)
     if ck.format == "gguf" and (opts.arch or opts.inputs or opts.prompts or opts.data):
-        raise BadInput(f"{ck.path}: a GGUF file is scanned weights-only (nanhunter does not build llama.cpp "
-                       "models); drop --arch/--inputs/--prompt/--data")
+        raise BadInput(
+            f"{ck.path}: a GGUF file is scanned weights-only (nanhunter does not build llama.cpp "
+            "models); drop --arch/--inputs/--prompt/--data"
+        )
     try:
         with stage("load"):
-            prepared = prepare(ck, opts.arch, list(opts.inputs) or None, list(opts.prompts) or None, opts.data,
-                               opts.dtype, opts.device, cfg, opts.attn, placement=opts.placement)
+            prepared = prepare(
+                ck,
+                opts.arch,
+                list(opts.inputs) or None,
+                list(opts.prompts) or None,
+                opts.data,
+                opts.dtype,
+                opts.device,
+                cfg,
+                opts.attn,
+                placement=opts.placement,
+            )
     except BadInput as e:
         if not (ws.nonfinite or bad_scales(ws) or ws.quantized or ws.quantized_unchecked):
             raise
@@ -61,8 +89,11 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         weights_verdict(rep, cfg, ws)
         return rep
     if prepared is None or not prepared.batches:
-        rep.notes.append("weights-only scan: no --arch and no config.json, so nothing was run"
-                         if prepared is None else prepared.notes[0])
+        rep.notes.append(
+            "weights-only scan: no --arch and no config.json, so nothing was run"
+            if prepared is None
+            else prepared.notes[0]
+        )
         weights_verdict(rep, cfg, ws)
         return rep
     rep.notes += prepared.notes
@@ -75,8 +106,9 @@ def run_scan(opts: ScanOptions, cfg: Config, progress: Callable[[str, int], None
         from ..modes.trace_pass import trace_for  # lazy: torch
 
         trace = trace_for(prepared, mode, opts.tracing)
-    run_mode_on_ranks(prepared, mode, rep, replay=opts.replay, split=split,
-                      trace=trace if opts.compile is None else None)
+    run_mode_on_ranks(
+        prepared, mode, rep, replay=opts.replay, split=split, trace=trace if opts.compile is None else None
+    )
     if prepared.quantized is not None and rep.run is not None:  # run in its own quantized form
         rep.run["quantized"] = prepared.quantized
     if isinstance(opts.compile, str):  # a backend name, or None, once ScanOptions is constructed

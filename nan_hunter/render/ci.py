@@ -15,15 +15,30 @@ def render_junit(reps: list[Report]) -> str:
     warn → ``<skipped>`` (CI viewers show it yellow, not red) with the message in system-out."""
     x = escape.junit
     total = counts(reps)
-    root = ET.Element("testsuites", name="nanhunter check", tests=str(sum(total.values())),
-                      failures=str(total["fail"]), errors="0", skipped=str(total["warn"]))
+    root = ET.Element(
+        "testsuites",
+        name="nanhunter check",
+        tests=str(sum(total.values())),
+        failures=str(total["fail"]),
+        errors="0",
+        skipped=str(total["warn"]),
+    )
     for rep in reps:
         c = counts([rep])
         name = x(check_label(rep))
-        suite = ET.SubElement(root, "testsuite", name=name, tests=str(sum(c.values())), failures=str(c["fail"]),
-                              errors="0", skipped=str(c["warn"]))
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=name,
+            tests=str(sum(c.values())),
+            failures=str(c["fail"]),
+            errors="0",
+            skipped=str(c["warn"]),
+        )
         props = ET.SubElement(suite, "properties")
-        ET.SubElement(props, "property", name="dtypes", value=x(",".join((rep.check or {}).get("dtypes") or [])))
+        ET.SubElement(
+            props, "property", name="dtypes", value=x(",".join((rep.check or {}).get("dtypes") or []))
+        )
         ET.SubElement(props, "property", name="forward", value="yes" if rep.run else "no (weights only)")
         for r in results(rep):
             rule, message = x(r["rule"]), x(r["message"])
@@ -53,7 +68,9 @@ def annotations(reps: list[Report]) -> list[str]:
             if r["status"] == "pass":
                 continue
             level = "error" if r["status"] == "fail" else "warning"
-            out.append(f"::{level} file={escape.actions_property(r['checkpoint'])},"
-                       f"title={escape.actions_property('nanhunter ' + r['rule'])}::"
-                       f"{escape.actions_message(r['message'])}")
+            out.append(
+                f"::{level} file={escape.actions_property(r['checkpoint'])},"
+                f"title={escape.actions_property('nanhunter ' + r['rule'])}::"
+                f"{escape.actions_message(r['message'])}"
+            )
     return out

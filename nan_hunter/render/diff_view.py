@@ -22,7 +22,7 @@ def _cut(s: str, n: int) -> str:
     if n <= 1:
         return s[:n]
     head = (n - 1) // 2
-    return s[:head] + "…" + s[len(s) - (n - 1 - head):]
+    return s[:head] + "…" + s[len(s) - (n - 1 - head) :]
 
 
 def _num(x: float | None) -> str:
@@ -96,11 +96,18 @@ def _region_lines(d: dict[str, Any]) -> list[str]:
     if not d.get("unmatched"):
         return []
     head = "  no counterpart in A: "
-    out = [f"  no counterpart in {side.upper()}: " + _op_list(d["unmatched"][side], WIDTH - len(head))
-           for side in ("a", "b")]
+    out = [
+        f"  no counterpart in {side.upper()}: " + _op_list(d["unmatched"][side], WIDTH - len(head))
+        for side in ("a", "b")
+    ]
     at = d.get("compared_at") or {}
-    out.append(_cut(f"  measured at the next paired entry: {esc(at.get('module')) or '<root>'}"
-                    + (f" · {esc(at['op'])}" if at.get("op") else ""), WIDTH))
+    out.append(
+        _cut(
+            f"  measured at the next paired entry: {esc(at.get('module')) or '<root>'}"
+            + (f" · {esc(at['op'])}" if at.get("op") else ""),
+            WIDTH,
+        )
+    )
     return out
 
 
@@ -115,8 +122,9 @@ def _outputs_line(res: dict[str, Any]) -> str:
     if o["equal"] == "bitwise":
         return "  outputs bitwise equal" + (": the divergence did not reach them" if inside else "")
     if o["equal"] == "within_tolerance":
-        return (f"  outputs within tolerance (rel_err {_err(o['rel_err'])} ≤ {tol})"
-                + (": the divergence did not reach them" if inside else ""))
+        return f"  outputs within tolerance (rel_err {_err(o['rel_err'])} ≤ {tol})" + (
+            ": the divergence did not reach them" if inside else ""
+        )
     if o.get("unpaired"):
         return f"  outputs differ: {o['unpaired']} root call(s) with outputs that have no counterpart"
     err = "non-finite classes differ" if o["rel_err"] is None else f"rel_err {_err(o['rel_err'])} > {tol}"
@@ -134,15 +142,24 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append(_cut(head + _what(d, WIDTH - len(head)), WIDTH))
     elif (fa is None) != (fb is None):
         side, e = ("A", fa) if fa is not None else ("B", fb)
-        out.append(_cut(f"✘ only {side} is non-finite: {esc(e['kind'])} first at {esc(e['module']) or '<root>'}"
-                        + (f" · {esc(e['op'])}" if e.get("op") else ""), WIDTH))
+        out.append(
+            _cut(
+                f"✘ only {side} is non-finite: {esc(e['kind'])} first at {esc(e['module']) or '<root>'}"
+                + (f" · {esc(e['op'])}" if e.get("op") else ""),
+                WIDTH,
+            )
+        )
     elif res.get("first_difference"):
         head = "✔ within tolerance; first differs at "
         out.append(_cut(head + _what(res["first_difference"], WIDTH - len(head)), WIDTH))
     else:
-        out.append(_cut(f"✔ no divergence: {res['compared']} entries agree within tolerance "
-                        f"(max rel_err {_err(res['max_rel_err']) if res['max_rel_err'] is not None else '—'})",
-                        WIDTH))
+        out.append(
+            _cut(
+                f"✔ no divergence: {res['compared']} entries agree within tolerance "
+                f"(max rel_err {_err(res['max_rel_err']) if res['max_rel_err'] is not None else '—'})",
+                WIDTH,
+            )
+        )
     out.append(_cut(_outputs_line(res), WIDTH))
     out.append(_env_line([esc(x["key"]) for x in env]))
     out.append("")
@@ -151,26 +168,39 @@ def lines(res: dict[str, Any]) -> list[str]:
     if d is not None:
         out.append("")
         out.append(_cut(f"first divergence  {_where(d)}", WIDTH))
-        out.append(_cut(f"  call {d['call_index']} · input {d['input_index']} · step {d['step']} · {esc(d['phase'])}",
-                        WIDTH))
+        out.append(
+            _cut(
+                f"  call {d['call_index']} · input {d['input_index']} · step {d['step']} · {esc(d['phase'])}",
+                WIDTH,
+            )
+        )
         if d.get("op"):
             out.append(_cut(f"  op      {esc(d['op'])}", WIDTH))
         out += _region_lines(d)
         src = _source(d)
         if src:
             out.append(_cut(f"  source  {src}", WIDTH))
-        rel = (f"non-finite classes differ (tolerance {d['tolerance']:.1e})" if d["classes_differ"]
-               else f"rel_err {_err(d['rel_err'])} > tolerance {d['tolerance']:.1e}")
+        rel = (
+            f"non-finite classes differ (tolerance {d['tolerance']:.1e})"
+            if d["classes_differ"]
+            else f"rel_err {_err(d['rel_err'])} > tolerance {d['tolerance']:.1e}"
+        )
         out.append(_cut(f"  {rel} · inputs {'agree' if d['inputs_agree'] else 'differ too'}", WIDTH))
         out.append(f"  {'':<3}{'absmax':>12}{'mean':>12}{'l2':>12}  {'nan/+inf/-inf':<15}{'hash':<8}")
         for side in ("a", "b"):
             s = d[side]
             counts = f"{s['nan']}/{s['posinf']}/{s['neginf']}"
-            out.append(_cut(f"  {side.upper():<3}{_num(s['absmax']):>12}{_num(s['mean']):>12}{_num(s['l2']):>12}  "
-                            f"{_cut(counts, 14):<15}{esc(s['hash'] or '—')}", WIDTH))
+            out.append(
+                _cut(
+                    f"  {side.upper():<3}{_num(s['absmax']):>12}{_num(s['mean']):>12}{_num(s['l2']):>12}  "
+                    f"{_cut(counts, 14):<15}{esc(s['hash'] or '—')}",
+                    WIDTH,
+                )
+            )
     fd = res.get("first_difference")
-    if fd is not None and (d is None or (fd["module"], fd["op"], fd["a"]["index"]) != (d["module"], d["op"],
-                                                                                     d["a"]["index"])):
+    if fd is not None and (
+        d is None or (fd["module"], fd["op"], fd["a"]["index"]) != (d["module"], d["op"], d["a"]["index"])
+    ):
         out.append("")
         at = "" if fd.get("unmatched") else f" (#{fd['a']['index']})"
         out.append(_cut(f"first difference (bits)  {_what(fd, WIDTH - 25 - len(at))}{at}", WIDTH))
@@ -191,12 +221,18 @@ def lines(res: dict[str, Any]) -> list[str]:
     def nf(e: dict[str, Any] | None) -> str:
         if e is None:
             return "none"
-        return f"{esc(e['kind'])} at {esc(e['module']) or '<root>'}" + (f" {esc(e['op'])}" if e.get("op") else "") \
+        return (
+            f"{esc(e['kind'])} at {esc(e['module']) or '<root>'}"
+            + (f" {esc(e['op'])}" if e.get("op") else "")
             + f" (#{e['index']})"
+        )
+
     out.append(_cut(f"first non-finite  A: {nf(fa)}", WIDTH))
     out.append(_cut(f"                  B: {nf(fb)}", WIDTH))
     ua, ub = res["unmatched"]["a"], res["unmatched"]["b"]
-    out.append(_cut(f"compared {res['compared']} {res['level']}-level entries · unmatched A {ua} · B {ub}", WIDTH))
+    out.append(
+        _cut(f"compared {res['compared']} {res['level']}-level entries · unmatched A {ua} · B {ub}", WIDTH)
+    )
     for n in res.get("notes") or []:
         out += _wrap(f"note: {esc(n)}")
     return out
@@ -214,8 +250,9 @@ def _env_line(keys: list[str]) -> str:
         line = head + ", ".join(shown + [k]) + tail
         if len(line) > WIDTH:
             if not shown:
-                return _cut(head + k, WIDTH - len(f", +{len(keys) - 1} more")) + (f", +{len(keys) - 1} more"
-                                                                                 if len(keys) > 1 else "")
+                return _cut(head + k, WIDTH - len(f", +{len(keys) - 1} more")) + (
+                    f", +{len(keys) - 1} more" if len(keys) > 1 else ""
+                )
             return head + ", ".join(shown) + f", +{len(keys) - len(shown)} more"
         shown.append(k)
     return head + ", ".join(shown)

@@ -34,8 +34,10 @@ def visible(s: object, keep: str = "") -> str:
     s = str(s)
     if s.isprintable():  # fast path: no control, format, separator or surrogate character
         return s
-    return "".join(_code(c) if (c not in keep and (unicodedata.category(c) in _HIDDEN or c in _NONCHARACTERS))
-                   else c for c in s)
+    return "".join(
+        _code(c) if (c not in keep and (unicodedata.category(c) in _HIDDEN or c in _NONCHARACTERS)) else c
+        for c in s
+    )
 
 
 def terminal(s: object) -> str:
@@ -70,9 +72,25 @@ def html(s: object) -> str:
 # characters with inline Markdown meaning are backslash-escaped (emphasis, code, links, tables,
 # strike-through, GitHub math ``$``, mentions ``@`` and issue references ``#``). Newlines are
 # already escaped by ``visible``, so nothing untrusted can start a line (headings, lists, quotes).
-_MARKDOWN = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "`": "\\`", "*": "\\*",
-                           "_": "\\_", "[": "\\[", "]": "\\]", "|": "\\|", "~": "\\~", "$": "\\$",
-                           "@": "\\@", "#": "\\#", "!": "\\!"})
+_MARKDOWN = str.maketrans(
+    {
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "\\": "\\\\",
+        "`": "\\`",
+        "*": "\\*",
+        "_": "\\_",
+        "[": "\\[",
+        "]": "\\]",
+        "|": "\\|",
+        "~": "\\~",
+        "$": "\\$",
+        "@": "\\@",
+        "#": "\\#",
+        "!": "\\!",
+    }
+)
 
 
 def markdown(s: object) -> str:

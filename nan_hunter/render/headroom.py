@@ -61,7 +61,11 @@ class Strip:
 
     @property
     def title(self) -> str:
-        where = self.dtype if self.dtype == self.run_dtype else f"{self.run_dtype} run, activations in {self.dtype}"
+        where = (
+            self.dtype
+            if self.dtype == self.run_dtype
+            else f"{self.run_dtype} run, activations in {self.dtype}"
+        )
         return f"headroom per module call ({self.calls} calls, {where} max {self.max:.6g}; bar from {FLOOR:g} to the max)"
 
 
@@ -117,9 +121,19 @@ def _call(row: Row, mx: float, producer: bool, multi: bool, flush: str) -> Strip
         fill = min(1.0, max(0.0, (math.log10(a) - lo) / (hi - lo)))
         tone = "tight" if frac >= 0.5 else "close" if frac >= 0.01 else "ok"
         absmax, head = fmt(a), f"{1 / frac:.3g}x"
-    return StripCall(call_name(row), row["module_type"], int(row.get("depth", 0)),
-                     row["input_index"] if multi else None, producer, absmax, head, fill, tone, absmin_text(row),
-                     flush_text(row, flush))
+    return StripCall(
+        call_name(row),
+        row["module_type"],
+        int(row.get("depth", 0)),
+        row["input_index"] if multi else None,
+        producer,
+        absmax,
+        head,
+        fill,
+        tone,
+        absmin_text(row),
+        flush_text(row, flush),
+    )
 
 
 def absmin_text(row: Row) -> str:
@@ -147,7 +161,9 @@ def strip(rep: Report, max_rows: int = STRIP_ROWS) -> Strip | None:
     prev = -1
     for i in pick_rows(rows, mx, prod, max_rows):
         if i - prev > 1:
-            items.append(StripGap(i - prev - 1, max((r["absmax"] or 0.0 for r in rows[prev + 1:i]), default=0.0)))
+            items.append(
+                StripGap(i - prev - 1, max((r["absmax"] or 0.0 for r in rows[prev + 1 : i]), default=0.0))
+            )
         items.append(_call(rows[i], mx, i == prod, multi, flush))
         prev = i
     if prev < len(rows) - 1:

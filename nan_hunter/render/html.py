@@ -96,11 +96,19 @@ td.gap { color: var(--mute); }
 """
 
 
-def _table(head: list[str], rows: list[list[str]], hit: int | None = None, numeric: set[int] | None = None,
-           status_col: int | None = None) -> str:
+def _table(
+    head: list[str],
+    rows: list[list[str]],
+    hit: int | None = None,
+    numeric: set[int] | None = None,
+    status_col: int | None = None,
+) -> str:
     numeric = numeric or set()
-    out = ["<table><thead><tr>", *(f"<th{' class=num' if j in numeric else ''}>{esc(h)}</th>"
-                                   for j, h in enumerate(head)), "</tr></thead><tbody>"]
+    out = [
+        "<table><thead><tr>",
+        *(f"<th{' class=num' if j in numeric else ''}>{esc(h)}</th>" for j, h in enumerate(head)),
+        "</tr></thead><tbody>",
+    ]
     for i, row in enumerate(rows):
         out.append('<tr class="hit">' if i == hit else "<tr>")
         for j, cell in enumerate(row):
@@ -119,8 +127,12 @@ def _kv(rows: list[tuple[str, str]], links: dict[str, str] | None = None) -> str
 
     def value(k: str, v: str) -> str:
         return f'<a href="{esc(links[k])}">{esc(v)}</a>' if k in links else esc(v)
-    return '<dl class="kv">' + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{value(k, v)}</dd>'
-                                       for k, v in rows) + "</dl>"
+
+    return (
+        '<dl class="kv">'
+        + "".join(f'<dt>{esc(k)}</dt><dd class="mono">{value(k, v)}</dd>' for k, v in rows)
+        + "</dl>"
+    )
 
 
 def _source_links(rep: Report) -> dict[str, str]:
@@ -160,23 +172,30 @@ def _verdict(v: Verdict) -> str:
 
 def _strip(s: Strip) -> str:
     absmin = s.has_absmin  # not measured (a --generate run): no column of dashes
-    out = ["<table><thead><tr><th></th><th>module</th><th>type</th>",
-           f"<th>log10 |out| → {esc(s.dtype)} max</th>" + ("<th class=num>abs-min</th>" if absmin else "")
-           + "<th class=num>absmax</th><th class=num>headroom</th>"
-           f"<th class=num title=\"share of outputs a cast to {esc(s.flush_dtype)} rounds to zero\">→0 in {esc(s.flush_dtype)}</th>",
-           "</tr></thead><tbody>"]
+    out = [
+        "<table><thead><tr><th></th><th>module</th><th>type</th>",
+        f"<th>log10 |out| → {esc(s.dtype)} max</th>"
+        + ("<th class=num>abs-min</th>" if absmin else "")
+        + "<th class=num>absmax</th><th class=num>headroom</th>"
+        f'<th class=num title="share of outputs a cast to {esc(s.flush_dtype)} rounds to zero">→0 in {esc(s.flush_dtype)}</th>',
+        "</tr></thead><tbody>",
+    ]
     for it in s.items:
         if not isinstance(it, StripCall):
-            out.append(f'<tr><td></td><td class="gap" colspan="{7 if absmin else 6}">{esc(it.text)}</td></tr>')
+            out.append(
+                f'<tr><td></td><td class="gap" colspan="{7 if absmin else 6}">{esc(it.text)}</td></tr>'
+            )
             continue
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
         bar = f'<div class="bar"><span class="{it.tone}" style="width:{it.fill * 100:.1f}%"></span></div>'
-        out.append(f"<tr{' class=hit' if it.producer else ''}><td>{'▶' if it.producer else ''}</td>"
-                   f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
-                   f"<td>{esc(it.module_type)}</td><td>{bar}</td>"
-                   + (f"<td class=num>{esc(it.absmin)}</td>" if absmin else "")
-                   + f"<td class=num>{esc(it.absmax)}</td>"
-                   f"<td class=num>{esc(it.headroom)}</td><td class=num>{esc(it.flush)}</td></tr>")
+        out.append(
+            f"<tr{' class=hit' if it.producer else ''}><td>{'▶' if it.producer else ''}</td>"
+            f'<td class="mono" style="padding-left:{8 + 12 * min(it.depth, 6)}px">{esc(name)}</td>'
+            f"<td>{esc(it.module_type)}</td><td>{bar}</td>"
+            + (f"<td class=num>{esc(it.absmin)}</td>" if absmin else "")
+            + f"<td class=num>{esc(it.absmax)}</td>"
+            f"<td class=num>{esc(it.headroom)}</td><td class=num>{esc(it.flush)}</td></tr>"
+        )
     out.append("</tbody></table>")
     return f"<h3>{esc(s.title)}</h3>" + "".join(out)
 
@@ -212,16 +231,25 @@ def _diagnosis(rep: Report) -> list[str]:
             module, op, dtype = d.where
             h.append(f"<p><b>where</b> <code>{esc(module)}</code> <code>{esc(op)}</code> ({esc(dtype)})</p>")
         if d.evidence:
-            h.append('<h3>Evidence</h3><ul class="ev">' + "".join(f"<li>{prose(e)}</li>" for e in d.evidence) + "</ul>")
-        h.append(f'<div class="fix"><b>Fix</b> {prose(d.fix)}'
-                 + (f'<div class="check {d.check_tone}">{prose(d.check)}</div>' if d.check else "") + "</div>")
+            h.append(
+                '<h3>Evidence</h3><ul class="ev">'
+                + "".join(f"<li>{prose(e)}</li>" for e in d.evidence)
+                + "</ul>"
+            )
+        h.append(
+            f'<div class="fix"><b>Fix</b> {prose(d.fix)}'
+            + (f'<div class="check {d.check_tone}">{prose(d.check)}</div>' if d.check else "")
+            + "</div>"
+        )
         h.append(_alternatives(rep))
     if rep.first_nonfinite is not None:
         h.append(f"<h3>First non-finite value</h3>{_kv(where_rows(rep), _source_links(rep))}")
         rows, hit = lead_rows(rep)
         if rows:
-            h.append("<h3>Calls leading to it (execution order)</h3>"
-                     + _table(LEAD_HEAD, rows, hit=hit, numeric={2, 3, 4, 5, 6}))
+            h.append(
+                "<h3>Calls leading to it (execution order)</h3>"
+                + _table(LEAD_HEAD, rows, hit=hit, numeric={2, 3, 4, 5, 6})
+            )
     s = strip(rep) if rep.exit_code() != 0 else None
     if s is not None:
         h.append(_strip(s))
@@ -232,7 +260,9 @@ def _diagnosis(rep: Report) -> list[str]:
 def _section(rep: Report, plot: Plot) -> str:
     h = [f'<div class="card">{_kv(meta_rows(rep))}</div>', _verdict(verdict(rep))]
     if rep.check is not None:
-        h.append(f'<div class="card"><h2>Check results</h2>{_table(CHECK_HEAD, check_rows(rep), status_col=0)}</div>')
+        h.append(
+            f'<div class="card"><h2>Check results</h2>{_table(CHECK_HEAD, check_rows(rep), status_col=0)}</div>'
+        )
     diagnosed = rep.diagnosis is not None or rep.first_nonfinite is not None
     if diagnosed:
         h += _diagnosis(rep)
@@ -245,15 +275,23 @@ def _section(rep: Report, plot: Plot) -> str:
             h.append("<h3>Forward per dtype</h3>" + _table(MATRIX_HEAD, matrix_rows(rep), numeric={6}))
         if rep.replay:
             rows = replay_rows(rep)
-            h.append("<h3>Replay of the failing region (vs float64)</h3>"
-                     + _table(REPLAY_HEAD, rows, hit=next((i for i, r in enumerate(rows) if r[1] == "NO"), None),
-                              numeric={2, 3, 4, 5, 6}))
+            h.append(
+                "<h3>Replay of the failing region (vs float64)</h3>"
+                + _table(
+                    REPLAY_HEAD,
+                    rows,
+                    hit=next((i for i, r in enumerate(rows) if r[1] == "NO"), None),
+                    numeric={2, 3, 4, 5, 6},
+                )
+            )
         h.append("</div>")
     png, why = plot
     if png:
         alt = "output absmax per module call" if rep.modules else "weights absmax per tensor"
-        h.append(f'<div class="card"><h2>Plot</h2><img class="plot" alt="{alt}" '
-                 f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>')
+        h.append(
+            f'<div class="card"><h2>Plot</h2><img class="plot" alt="{alt}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>'
+        )
     elif why and "matplotlib" in why:  # what to install for it; with nothing to plot there is no card
         h.append(f'<div class="card"><h2>Plot</h2><p class="note">{prose(why)}</p></div>')
     w = weights_rows(rep, max_rows=WEIGHTS_MAX_ROWS)
@@ -291,7 +329,7 @@ def render_html(reps: list[Report], plots: list[Plot]) -> str:
     body = [_verdict(check_verdict(reps, 10_000))] if len(reps) > 1 else []
     for i, (rep, plot) in enumerate(zip(reps, plots)):
         if len(reps) > 1:
-            body.append(f'{"<hr class=sep>" if i else ""}<h2>{esc((rep.checkpoint or {}).get("path"))}</h2>')
+            body.append(f"{'<hr class=sep>' if i else ''}<h2>{esc((rep.checkpoint or {}).get('path'))}</h2>")
         body.append(_section(rep, plot))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -63,10 +63,28 @@ def _strip(s: Strip) -> list[str]:
             continue
         n = round(it.fill * BAR)
         name = (f"#{it.input_index} " if it.input_index is not None else "") + it.module
-        rows.append(["▶" if it.producer else "", "&nbsp;" * 2 * min(it.depth, 6) + code(name), esc(it.module_type),
-                     "█" * n + "·" * (BAR - n), esc(it.absmin), esc(it.absmax), esc(it.headroom), esc(it.flush)])
-    head = ["", "module", "type", f"log10 \\|out\\| → {esc(s.dtype)} max", "abs-min", "absmax", "headroom",
-            f"→0 in {esc(s.flush_dtype)}"]
+        rows.append(
+            [
+                "▶" if it.producer else "",
+                "&nbsp;" * 2 * min(it.depth, 6) + code(name),
+                esc(it.module_type),
+                "█" * n + "·" * (BAR - n),
+                esc(it.absmin),
+                esc(it.absmax),
+                esc(it.headroom),
+                esc(it.flush),
+            ]
+        )
+    head = [
+        "",
+        "module",
+        "type",
+        f"log10 \\|out\\| → {esc(s.dtype)} max",
+        "abs-min",
+        "absmax",
+        "headroom",
+        f"→0 in {esc(s.flush_dtype)}",
+    ]
     if not s.has_absmin:  # not measured (a --generate run): no column of dashes
         head, rows = head[:4] + head[5:], [r[:4] + r[5:] for r in rows]
     return [f"**{esc(s.title)}**", ""] + _table(head, rows)
@@ -81,11 +99,21 @@ def _diagnosis(rep: Report) -> list[str]:
         if d.where is not None:
             module, op, dtype = d.where
             md += [f"**where**: {code(module)} {code(op)} ({esc(dtype)})", ""]
-        md += [f"- {prose(e)}" for e in d.evidence] + ["", f"**Fix**: {prose(d.fix)}", ""] + ([f"*{prose(d.check)}*", ""] if d.check else [])
+        md += (
+            [f"- {prose(e)}" for e in d.evidence]
+            + ["", f"**Fix**: {prose(d.fix)}", ""]
+            + ([f"*{prose(d.check)}*", ""] if d.check else [])
+        )
         if d.alternatives:  # contract v1.4: each with its own check, never merged into the fix
-            md += ["Other proposals (each with its own check):", ""] + [f"- {prose(a)}" for a in d.alternatives] + [""]
+            md += (
+                ["Other proposals (each with its own check):", ""]
+                + [f"- {prose(a)}" for a in d.alternatives]
+                + [""]
+            )
     if rep.first_nonfinite is not None:
-        md += ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
+        md += (
+            ["**First non-finite value**", ""] + [f"- {esc(k)}: {code(v)}" for k, v in where_rows(rep)] + [""]
+        )
         rows, hit = lead_rows(rep)
         if rows:
             md += ["Calls leading to it (execution order):", ""] + _table(LEAD_HEAD, _plain(rows), hit)
@@ -96,7 +124,11 @@ def _diagnosis(rep: Report) -> list[str]:
 
 
 def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
-    md = [f"- **{esc(k)}**: {code(v)}" for k, v in meta_rows(rep)] + ["", f"> **{esc(verdict(rep).text)}**", ""]
+    md = [f"- **{esc(k)}**: {code(v)}" for k, v in meta_rows(rep)] + [
+        "",
+        f"> **{esc(verdict(rep).text)}**",
+        "",
+    ]
     if rep.check is not None:
         rows = [[f"{EMOJI[s]} {s}", code(rule), esc(msg)] for s, rule, msg in check_rows(rep)]
         md += ["### Check results", ""] + _table(CHECK_HEAD, rows)
@@ -105,7 +137,9 @@ def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
     if (rep.check or {}).get("runs"):
         md += ["### Forward per dtype", ""] + _table(MATRIX_HEAD, _plain(matrix_rows(rep)))
     if rep.replay:
-        md += ["### Replay of the failing region (vs float64)", ""] + _table(REPLAY_HEAD, _plain(replay_rows(rep)))
+        md += ["### Replay of the failing region (vs float64)", ""] + _table(
+            REPLAY_HEAD, _plain(replay_rows(rep))
+        )
     alt = "output absmax per module call" if rep.modules else "weights absmax per tensor"
     if png_name:
         md += ["### Plot", "", f"![{alt}]({quote(png_name)})", ""]
@@ -115,17 +149,26 @@ def _section(rep: Report, png_name: str | None, why: str | None) -> list[str]:
     md += ["### Weights", ""]
     if w.rows:
         rows = [[code(r[0]), *(esc(c) for c in r[1:])] for r in w.rows]
-        md += _table(WEIGHTS_HEAD, rows) + ([f"… {w.hidden} more (see the JSON report)", ""] if w.hidden else [])
+        md += _table(WEIGHTS_HEAD, rows) + (
+            [f"… {w.hidden} more (see the JSON report)", ""] if w.hidden else []
+        )
     else:
-        md += [f"{(rep.weights or {}).get('n_tensors', 0)} tensors: none non-finite, none near a dtype limit.", ""]
+        md += [
+            f"{(rep.weights or {}).get('n_tensors', 0)} tensors: none non-finite, none near a dtype limit.",
+            "",
+        ]
     qrows, qhidden = quantized_rows(rep)
     if qrows:
         md += ["#### Quantized weights: bad blocks", ""]
-        md += _table(QUANT_HEAD, [[code(r[0]), esc(r[1]), code(r[2]), *(esc(c) for c in r[3:])] for r in qrows])
+        md += _table(
+            QUANT_HEAD, [[code(r[0]), esc(r[1]), code(r[2]), *(esc(c) for c in r[3:])] for r in qrows]
+        )
         md += [f"… {qhidden} more (see the JSON report)", ""] if qhidden else []
     crows = caveat_rows(rep)
     if crows:
-        md += ["#### Suspicious or not checked", ""] + _table(CAVEAT_HEAD, [[code(r[0]), esc(r[1])] for r in crows])
+        md += ["#### Suspicious or not checked", ""] + _table(
+            CAVEAT_HEAD, [[code(r[0]), esc(r[1])] for r in crows]
+        )
     near, _ = near_miss_lines(rep)
     if near or rep.notes:
         md += ["### Near misses and notes", ""]

@@ -17,8 +17,11 @@ from .rows import Row, module_name, producer_index
 MISSING = f"plot omitted: matplotlib is not installed ({install_hint('plot')})"
 # Limits drawn on every plot (values from torch.finfo via dtypes.limits).
 LIMIT_LINES = (("fp16", "tab:red"), ("fp8-e5m2", "tab:purple"), ("fp8-e4m3", "tab:orange"))
-KIND_MARK = {"nan": ("X", "crimson", "NaN"), "posinf": ("^", "darkmagenta", "+inf"),
-             "neginf": ("v", "navy", "−inf")}
+KIND_MARK = {
+    "nan": ("X", "crimson", "NaN"),
+    "posinf": ("^", "darkmagenta", "+inf"),
+    "neginf": ("v", "navy", "−inf"),
+}
 Plot = tuple[bytes | None, str | None]  # (PNG, None) or (None, why there is none)
 
 
@@ -37,7 +40,15 @@ def _figure():
 
 
 def _kind(row: Row) -> str | None:
-    return "nan" if row.get("nan") else "posinf" if row.get("posinf") else "neginf" if row.get("neginf") else None
+    return (
+        "nan"
+        if row.get("nan")
+        else "posinf"
+        if row.get("posinf")
+        else "neginf"
+        if row.get("neginf")
+        else None
+    )
 
 
 def _draw_limits(ax, xmax: float) -> None:
@@ -46,7 +57,15 @@ def _draw_limits(ax, xmax: float) -> None:
         y = limits(dt).max
         ax.axhline(y, color=color, lw=1, ls="--", alpha=0.8)
         # fp16 and e5m2 are 0.06 decades apart: put one label above its line, the other below.
-        ax.text(xmax, y, f"{dt} max {y:.6g}", color=color, fontsize=8, ha="right", va="top" if i == 1 else "bottom")
+        ax.text(
+            xmax,
+            y,
+            f"{dt} max {y:.6g}",
+            color=color,
+            fontsize=8,
+            ha="right",
+            va="top" if i == 1 else "bottom",
+        )
 
 
 def _points(ax, xs: Sequence[float], ys: list[float | None], kinds: list[str | None], ylabel: str) -> float:
@@ -56,16 +75,33 @@ def _points(ax, xs: Sequence[float], ys: list[float | None], kinds: list[str | N
     clip = top * 30
     if fin:
         ax.plot([x for x, _ in fin], [y for _, y in fin], color="0.6", lw=0.8, zorder=1)
-        ax.scatter([x for x, _ in fin], [y for _, y in fin], s=14, color="tab:blue", zorder=2, label="finite absmax")
+        ax.scatter(
+            [x for x, _ in fin], [y for _, y in fin], s=14, color="tab:blue", zorder=2, label="finite absmax"
+        )
     for kind, (marker, color, text) in KIND_MARK.items():
         sel = [x for x, k in zip(xs, kinds) if k == kind]
         if sel:
-            ax.scatter(sel, [clip] * len(sel), marker=marker, s=46, color=color, zorder=3,
-                       label=f"{text} (clipped to top)")
+            ax.scatter(
+                sel,
+                [clip] * len(sel),
+                marker=marker,
+                s=46,
+                color=color,
+                zorder=3,
+                label=f"{text} (clipped to top)",
+            )
     if any(kinds):
         ax.axhspan(clip / 3, clip * 3, color="mistyrose", alpha=0.5, zorder=0)
-        ax.text(0.005, clip, " non-finite ", transform=ax.get_yaxis_transform(), fontsize=8, color="darkred",
-                va="center", ha="left")
+        ax.text(
+            0.005,
+            clip,
+            " non-finite ",
+            transform=ax.get_yaxis_transform(),
+            fontsize=8,
+            color="darkred",
+            va="center",
+            ha="left",
+        )
     ax.set_yscale("log")
     lows = [y for _, y in fin]
     ax.set_ylim(min(lows + [1.0]) / 10, clip * 3)
@@ -85,10 +121,18 @@ def _mark(ax, x: int, y: float, text: str, n: int) -> None:
     ax.axvline(x, color="red", lw=1.6, alpha=0.75, zorder=1)
     ax.scatter([x], [y], s=160, facecolors="none", edgecolors="red", linewidths=2, zorder=4)
     left = x > n * 0.6
-    ax.annotate(text, xy=(x, y), xytext=(-12 if left else 12, -28), textcoords="offset points",
-                ha="right" if left else "left", fontsize=9, color="red", fontweight="bold",
-                arrowprops={"arrowstyle": "->", "color": "red"},
-                bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "red", "alpha": 0.9})
+    ax.annotate(
+        text,
+        xy=(x, y),
+        xytext=(-12 if left else 12, -28),
+        textcoords="offset points",
+        ha="right" if left else "left",
+        fontsize=9,
+        color="red",
+        fontweight="bold",
+        arrowprops={"arrowstyle": "->", "color": "red"},
+        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "red", "alpha": 0.9},
+    )
 
 
 def modules_figure(rep: Report):
@@ -108,10 +152,18 @@ def modules_figure(rep: Report):
     p, f = producer_index(rep), rep.first_nonfinite
     if p is not None and f is not None:  # a producer row is the first non-finite value's
         p_ = escape.plot
-        _mark(ax, p, clip, f"first non-finite: {p_(module_name(f.module))} ({p_(f.module_type)})\n"
-                           f"{p_(f.op or '?')} → {p_(f.kind)}", len(rows))
+        _mark(
+            ax,
+            p,
+            clip,
+            f"first non-finite: {p_(module_name(f.module))} ({p_(f.module_type)})\n"
+            f"{p_(f.op or '?')} → {p_(f.kind)}",
+            len(rows),
+        )
     dt = escape.plot(rep.run_fact("dtype") or "?")
-    ax.set_title(f"output absmax per module call, execution order ({len(rows)} calls, run in {dt})", fontsize=11)
+    ax.set_title(
+        f"output absmax per module call, execution order ({len(rows)} calls, run in {dt})", fontsize=11
+    )
     ax.set_xlabel("module call (execution order)")
     ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
     ax.grid(True, which="major", axis="y", alpha=0.3)
@@ -131,8 +183,10 @@ def weights_figure(rep: Report):
     first = next((i for i, k in enumerate(kinds) if k is not None), None)
     if first is not None:
         _mark(ax, first, clip, f"first non-finite tensor: {escape.plot(ts[first]['name'])}", len(ts))
-    ax.set_title(f"weights absmax per tensor, checkpoint order ({len(ts)} floating tensors; no forward was run)",
-                 fontsize=11)
+    ax.set_title(
+        f"weights absmax per tensor, checkpoint order ({len(ts)} floating tensors; no forward was run)",
+        fontsize=11,
+    )
     ax.set_xlabel("tensor")
     ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
     ax.grid(True, which="major", axis="y", alpha=0.3)

@@ -31,9 +31,15 @@ class ScanProgress:
         if self.bar is None:
             if time.monotonic() - self.start < self.delay:
                 return
-            self.bar = Progress(TextColumn("scanning weights"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), TextColumn("{task.fields[name]}", markup=False),
-                                console=Console(stderr=True), transient=True)
+            self.bar = Progress(
+                TextColumn("scanning weights"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TextColumn("{task.fields[name]}", markup=False),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("scan", total=total, name="")
         if self.task is not None:  # set with the bar

@@ -20,7 +20,6 @@ def render_report(reps: Report | list[Report], path: str) -> tuple[list[tuple[st
     plots = [plot_or_note(r) for r in reps]
     notes = list(dict.fromkeys(why for png, why in plots if png is None and why and "matplotlib" in why))
     if Path(path).suffix.lower() not in MARKDOWN_SUFFIXES:
-
         return [(path, render_html(reps, plots).encode("utf-8"))], notes
 
     pngs = markdown_pngs(path, len(reps))

@@ -28,6 +28,7 @@ ROOT = "<root>"
 
 ICON = {"pass": "✔", "warn": "!", "fail": "✘"}
 
+
 def fmt(x: Any) -> str:
     """A number as every view prints it (4 significant digits), — for a missing one."""
     if x is None:
@@ -66,7 +67,7 @@ def is_bad(row: Row) -> bool:
 
 
 def kind_of(row: Row) -> str | None:
-    """"NaN", "+inf", "−inf" for a row holding that, the first of them in this order; else None."""
+    """ "NaN", "+inf", "−inf" for a row holding that, the first of them in this order; else None."""
     return "NaN" if row.get("nan") else "+inf" if row.get("posinf") else "−inf" if row.get("neginf") else None
 
 
@@ -105,18 +106,27 @@ def check_verdict(reps: list[Report], width: int = 0) -> Verdict:
     width = width or VERDICT_WIDTH
     c = counts(reps)
     total = sum(c.values())
-    failing = [(check_label(r), [x["rule"] for x in results(r) if x["status"] == "fail"])
-               for r in reps if not (r.check or {}).get("passed")]
+    failing = [
+        (check_label(r), [x["rule"] for x in results(r) if x["status"] == "fail"])
+        for r in reps
+        if not (r.check or {}).get("passed")
+    ]
     warns = f", {c['warn']} warning(s)" if c["warn"] else ""
     if not failing:
-        return Verdict(cut_end(f"✔ check passed: {len(reps)} checkpoint(s), {total} rules{warns}", width),
-                       "warn" if c["warn"] else "ok")
+        return Verdict(
+            cut_end(f"✔ check passed: {len(reps)} checkpoint(s), {total} rules{warns}", width),
+            "warn" if c["warn"] else "ok",
+        )
     tail = f" ({c['fail']} of {total} rules failed{warns}; {len(reps)} checkpoint(s))"
-    names = [(f"{label}: " if len(reps) > 1 else "", rules or ["(no rule result)"]) for label, rules in failing]
+    names = [
+        (f"{label}: " if len(reps) > 1 else "", rules or ["(no rule result)"]) for label, rules in failing
+    ]
     flat = [(who if j == 0 else "", rule) for who, rules in names for j, rule in enumerate(rules)]
     for shown in range(len(flat), 0, -1):
-        listed = "".join(("; " if i and who else ", " if i else "") + who + rule
-                         for i, (who, rule) in enumerate(flat[:shown]))
+        listed = "".join(
+            ("; " if i and who else ", " if i else "") + who + rule
+            for i, (who, rule) in enumerate(flat[:shown])
+        )
         more = f" +{len(flat) - shown} more" if shown < len(flat) else ""
         for end in (tail, ""):
             line = f"✘ check failed: {listed}{more}{end}"
@@ -134,8 +144,9 @@ def cells(s: str) -> int:
     """Terminal cells ``s`` takes (East Asian wide characters count 2), without importing rich."""
     import unicodedata
 
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
-               for ch in s)
+    return sum(
+        2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1 for ch in s
+    )
 
 
 def cut_end(s: str, width: int) -> str:
@@ -159,7 +170,7 @@ def cut_middle(name: str, width: int, sep: str = ".") -> str:
     if cells(name) <= width:
         return name
     if width <= 1:
-        return "…"[:max(0, width)]
+        return "…"[: max(0, width)]
     best = elided(name, width, sep)
     if best is not None:
         return best
@@ -172,8 +183,18 @@ def cut_middle(name: str, width: int, sep: str = ".") -> str:
 
 #: a parameter's own name: shortened, ``mlp.down_proj.weight`` keeps ``down_proj.weight`` (and a quantized
 #: weight's tensors their module: ``down_proj.weight_scale_inv``)
-PARAMETER_LEAVES = ("weight", "bias", "weight_scale_inv", "weight_scale", "qweight", "qzeros", "scales", "absmax",
-                    "SCB", "input_scale")
+PARAMETER_LEAVES = (
+    "weight",
+    "bias",
+    "weight_scale_inv",
+    "weight_scale",
+    "qweight",
+    "qzeros",
+    "scales",
+    "absmax",
+    "SCB",
+    "input_scale",
+)
 
 
 def elided(name: str, width: int, sep: str = ".") -> str | None:
@@ -207,7 +228,7 @@ def elided(name: str, width: int, sep: str = ".") -> str | None:
     mid = total / 2
     free = [i for i in range(n - leaf) if i != idx and i != parent]
     k = next((j for j, i in enumerate(free) if centre[i] > mid), len(free))
-    left, right = free[k - 1::-1] if k else [], free[k:]  # nearest the middle first on either side
+    left, right = free[k - 1 :: -1] if k else [], free[k:]  # nearest the middle first on either side
     order: list[int] = []
     a = b = 0
     while a < len(left) or b < len(right):
@@ -240,10 +261,13 @@ def elided(name: str, width: int, sep: str = ".") -> str | None:
                     length += change(j)
                 else:
                     dropped[j] = True
-            return "".join(("" if i and dropped[i - 1] else (sep if i else "") + "…") if d
-                           else (sep if i and not dropped[i - 1] else "") + p
-                           for i, (p, d) in enumerate(zip(parts, dropped)))
-    alone = "…" + sep.join(parts[n - leaf:])
+            return "".join(
+                ("" if i and dropped[i - 1] else (sep if i else "") + "…")
+                if d
+                else (sep if i and not dropped[i - 1] else "") + p
+                for i, (p, d) in enumerate(zip(parts, dropped))
+            )
+    alone = "…" + sep.join(parts[n - leaf :])
     return alone if cells(alone) <= width and cells(alone) < total else None
 
 
@@ -251,10 +275,12 @@ def short_op(op: str | None) -> str | None:
     """``aten.mm.default`` → ``aten.mm`` (the overload adds nothing to a verdict)."""
     if not op:
         return op
-    return op[:-len(".default")] if op.endswith(".default") else op
+    return op[: -len(".default")] if op.endswith(".default") else op
 
 
-def fitted(parts: list[tuple[str, bool]], width: int = VERDICT_WIDTH, names: dict[int, str] | None = None) -> str:
+def fitted(
+    parts: list[tuple[str, bool]], width: int = VERDICT_WIDTH, names: dict[int, str] | None = None
+) -> str:
     """Join ``parts`` (text, optional) into one line of at most ``width`` cells: optional parts
     are dropped from the end, then the parts listed in ``names`` (index → the full name they
     hold, as ``{}`` in their text) are shortened in the middle, then the line is cut."""
@@ -264,7 +290,9 @@ def fitted(parts: list[tuple[str, bool]], width: int = VERDICT_WIDTH, names: dic
     def text(widths: dict[int, int]) -> str:
         out = []
         for i, (p, _) in enumerate(keep):
-            out.append(p.replace("{}", cut_middle(names[i], widths[i]) if i in names else "{}") if i in names else p)
+            out.append(
+                p.replace("{}", cut_middle(names[i], widths[i]) if i in names else "{}") if i in names else p
+            )
         return "".join(out)
 
     full = {i: cells(n) for i, n in names.items()}
@@ -304,35 +332,60 @@ def _fault_line(rep: Report, width: int) -> str:
     f, d = rep.first_nonfinite, rep.diagnosis
     cause = d.cause if d is not None else None
     head = f"✘ {cause}: " if cause else "✘ "
-    if cause == "compile_divergence":  # eager is finite: the fault (NaN, or a divergence) is the compiled run's
+    if (
+        cause == "compile_divergence"
+    ):  # eager is finite: the fault (NaN, or a divergence) is the compiled run's
         where = module_name(d.module) if d is not None else "?"
         compiled_bad = rep.compile is not None and not rep.compile.get("compiled_finite", True)
         how = ", non-finite" if compiled_bad else ", outputs differ"
-        return fitted([(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where})
+        return fitted(
+            [(head + "torch.compile parts from eager at {}", False), (how, True)], width, {0: where}
+        )
     if f is not None:
         kind = KIND_WORD.get(f.kind, f.kind)
         where = module_name(f.module)
         op = short_op(f.op)
         if cause == "not_reproducible":
-            return fitted([(head + f"{kind} at " + "{}", False), (" did not reproduce on re-run", False),
-                           (": hardware fault or non-determinism?", True)], width, {0: where})
+            return fitted(
+                [
+                    (head + f"{kind} at " + "{}", False),
+                    (" did not reproduce on re-run", False),
+                    (": hardware fault or non-determinism?", True),
+                ],
+                width,
+                {0: where},
+            )
         if f.role == "input" and f.phase != "backward":
-            return fitted([(head + f"{kind} in the input data, first reaching " + "{}", False),
-                           (f" ({which_input(rep)})", True)], width, {0: where})
+            return fitted(
+                [
+                    (head + f"{kind} in the input data, first reaching " + "{}", False),
+                    (f" ({which_input(rep)})", True),
+                ],
+                width,
+                {0: where},
+            )
         if f.role == "input":
-            return fitted([(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width,
-                          {0: where})
+            return fitted(
+                [(head + f"{kind} gradient from the loss, first reaching " + "{}", False)], width, {0: where}
+            )
         if f.role == "weights":
             name = f.param or where
-            return fitted([(head + f"{kind} in the weights of " + "{}", False), (f" at {op}" if op else "", True)],
-                          width, {0: name})
+            return fitted(
+                [(head + f"{kind} in the weights of " + "{}", False), (f" at {op}" if op else "", True)],
+                width,
+                {0: name},
+            )
         phase = training_phrase(f)
         if f.phase == "optimizer":
-            return fitted([(head + f"{kind} in optimizer.step() of " + "{}", False)], width,
-                          {0: f.param or where})
+            return fitted(
+                [(head + f"{kind} in optimizer.step() of " + "{}", False)], width, {0: f.param or where}
+            )
         # a training fault's phase is kept before the op: it says where to look (backward, optimizer)
-        parts = [(head + f"{kind} first produced by " + "{}", False), (f" at {op}" if op else "", True),
-                 (phase, not phase)]
+        parts = [
+            (head + f"{kind} first produced by " + "{}", False),
+            (f" at {op}" if op else "", True),
+            (phase, not phase),
+        ]
         dt = rep.run_fact("dtype")
         if dt:
             parts.append((f" ({dt})", True))
@@ -344,8 +397,7 @@ def _fault_line(rep: Report, width: int) -> str:
     if bad:
         first = next((b for b in bad if d is None or not d.param or b["name"] == d.param), bad[0])
         more = f" (+{len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
-        return fitted([(head + "NaN/Inf in {}", False), (more, True)], width,
-                      {0: first["name"]})
+        return fitted([(head + "NaN/Inf in {}", False), (more, True)], width, {0: first["name"]})
     if d is not None:
         subject = d.module if d.module else None
         if subject:
@@ -357,18 +409,43 @@ def _fault_line(rep: Report, width: int) -> str:
 def _bisect_verdict(b: BisectResult, width: int) -> Verdict:
     if b.over == "inputs" and b.failing_inputs is not None:
         if not b.failing_inputs:
-            return Verdict(fitted([(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", False)], width), "ok")
-        return Verdict(cut_end(f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
-                               + ", ".join(f"#{i}" for i in b.failing_inputs), width), "warn")
+            return Verdict(
+                fitted([(f"✔ every input is finite in {b.dtype} ({b.runs} runs)", False)], width), "ok"
+            )
+        return Verdict(
+            cut_end(
+                f"✔ {len(b.failing_inputs)} input(s) fail in {b.dtype}: "
+                + ", ".join(f"#{i}" for i in b.failing_inputs),
+                width,
+            ),
+            "warn",
+        )
     if b.already_finite:
-        return Verdict(cut_end(f"✔ the run in {b.dtype} is already finite: nothing to keep in {b.keep_dtype}", width),
-                       "ok")
+        return Verdict(
+            cut_end(f"✔ the run in {b.dtype} is already finite: nothing to keep in {b.keep_dtype}", width),
+            "ok",
+        )
     if b.finite_after:
         err = f", max rel err {fmt(b.max_rel_err)}" if b.max_rel_err is not None else ""
-        return Verdict(fitted([(f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: the {b.dtype} run is "
-                                "finite", False), (err, True), (f" ({b.runs} runs)", True)], width), "ok")
-    return Verdict(cut_end(f"✘ no module set fixes it: non-finite even with every candidate in {b.keep_dtype}",
-                           width), "bad")
+        return Verdict(
+            fitted(
+                [
+                    (
+                        f"✔ keep {len(b.keep_modules)} module(s) in {b.keep_dtype}: the {b.dtype} run is "
+                        "finite",
+                        False,
+                    ),
+                    (err, True),
+                    (f" ({b.runs} runs)", True),
+                ],
+                width,
+            ),
+            "ok",
+        )
+    return Verdict(
+        cut_end(f"✘ no module set fixes it: non-finite even with every candidate in {b.keep_dtype}", width),
+        "bad",
+    )
 
 
 def caveat_parts(rep: Report) -> list[str]:
@@ -385,7 +462,7 @@ def caveat_parts(rep: Report) -> list[str]:
 
 
 def training_phrase(f: Any) -> str:
-    """" in the backward (SqrtBackward0)" / " in optimizer.step() of lm_head.weight" ("" for a forward)."""
+    """ " in the backward (SqrtBackward0)" / " in optimizer.step() of lm_head.weight" ("" for a forward)."""
     phase = getattr(f, "phase", "forward")
     if phase == "backward":
         return f" in the backward ({f.grad_fn})" if f.grad_fn else " in the backward"
@@ -403,9 +480,14 @@ def bisect_lines(rep: Report) -> list[tuple[str, str]]:
     labels = rep.run_fact("inputs") or []
     if b.over == "inputs":
         prefix = b.shortest_failing_prefix or {}
-        return [("failing", f"#{i} {labels[i] if i < len(labels) else ''}".rstrip()
-                 + (f" · shortest failing prefix {prefix[str(i)]} tokens" if str(i) in prefix else ""))
-                for i in (b.failing_inputs or [])]
+        return [
+            (
+                "failing",
+                f"#{i} {labels[i] if i < len(labels) else ''}".rstrip()
+                + (f" · shortest failing prefix {prefix[str(i)]} tokens" if str(i) in prefix else ""),
+            )
+            for i in (b.failing_inputs or [])
+        ]
     out = [("keep", f"{m} → {b.keep_dtype}") for m in b.keep_modules]
     if b.keep_in_fp32_modules:
         # one name a line: a bracketed list is one word to the wrapper, shortened mid-name at 80 columns
@@ -430,9 +512,15 @@ def title(reps: list[Report]) -> str:
 
 def meta_rows(rep: Report) -> list[tuple[str, str]]:
     ck = rep.checkpoint or {}
-    rows = [("checkpoint", str(ck.get("path"))),
-            ("format", f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}"
-             if ck.get("n_tensors") is not None else str(ck.get("format")))]
+    rows = [
+        ("checkpoint", str(ck.get("path"))),
+        (
+            "format",
+            f"{ck.get('format')} · {ck.get('n_tensors')} tensors · {size(ck.get('bytes') or 0)}"
+            if ck.get("n_tensors") is not None
+            else str(ck.get("format")),
+        ),
+    ]
     if rep.run:
         r = rep.run
         # a watch counts forwards (its steps), a scan the inputs of its data set
@@ -445,18 +533,34 @@ def meta_rows(rep: Report) -> list[tuple[str, str]]:
         rows.append(("run", f"{r['dtype']}{under} on {r['device']} · {count}{failing}"))
         skipped = r.get("skipped_steps")
         if skipped:
-            rows.append(("skipped", f"step(s) {', '.join(map(str, skipped))}: non-finite, their updates undone "
-                                    f"(on_fault={r.get('on_fault')!r})"))
+            rows.append(
+                (
+                    "skipped",
+                    f"step(s) {', '.join(map(str, skipped))}: non-finite, their updates undone "
+                    f"(on_fault={r.get('on_fault')!r})",
+                )
+            )
         g = r.get("generate")
         if g:
-            bad = f", first non-finite at step {g['first_bad_step']}" if g.get("first_bad_step") is not None else ""
-            rows.append(("decoding", f"greedy, up to {g['max_new_tokens']} new tokens · {g['steps']} step(s){bad}"))
+            bad = (
+                f", first non-finite at step {g['first_bad_step']}"
+                if g.get("first_bad_step") is not None
+                else ""
+            )
+            rows.append(
+                ("decoding", f"greedy, up to {g['max_new_tokens']} new tokens · {g['steps']} step(s){bad}")
+            )
     else:
         rows.append(("run", "none (weights-only)"))
     cap = ck.get("capsule")
     if cap:
-        rows.append(("capsule", f"step {cap.get('step')} · {cap.get('phase')} fault · model from "
-                                f"{cap.get('built_from') or '?'}"))
+        rows.append(
+            (
+                "capsule",
+                f"step {cap.get('step')} · {cap.get('phase')} fault · model from "
+                f"{cap.get('built_from') or '?'}",
+            )
+        )
     if rep.check is not None:
         rows.append(("dtypes checked", ", ".join(rep.check.get("dtypes") or [])))
     return rows
@@ -467,8 +571,11 @@ def where_rows(rep: Report) -> list[tuple[str, str]]:
     f = rep.first_nonfinite
     if f is None:
         return []
-    rows = [("module", f"{module_name(f.module)} ({f.module_type}, call {f.call_index})"), ("op", f.op or "—"),
-            ("value", f"{f.kind} · role {f.role} · {which_input(rep)}")]
+    rows = [
+        ("module", f"{module_name(f.module)} ({f.module_type}, call {f.call_index})"),
+        ("op", f.op or "—"),
+        ("value", f"{f.kind} · role {f.role} · {which_input(rep)}"),
+    ]
     when = when_row(rep)
     if when:
         rows.append(("when", when))
@@ -506,7 +613,9 @@ def when_row(rep: Report) -> str | None:
     parts = [f"step {f.step}" + (" (the prompt's forward)" if f.step == 0 else "")]
     tok = g.get("fault_token")
     if tok:
-        parts.append(f"token {tok['id']} {tok['text']!r}" if tok.get("text") is not None else f"token {tok['id']}")
+        parts.append(
+            f"token {tok['id']} {tok['text']!r}" if tok.get("text") is not None else f"token {tok['id']}"
+        )
     if f.position is not None:
         parts.append(f"at position {f.position}")
     text = g.get("text_before_fault")
@@ -538,10 +647,18 @@ def producer_index(rep: Report) -> int | None:
     f = rep.first_nonfinite
     if f is None:
         return None
-    return next((i for i, m in enumerate(rep.modules or []) if m["module"] == f.module
-                 and m["input_index"] == f.input_index and m["call_index"] == f.call_index
-                 and m.get("phase", "forward") == f.phase and m.get("param") == (f.param if f.phase == "optimizer"
-                                                                                 else None)), None)
+    return next(
+        (
+            i
+            for i, m in enumerate(rep.modules or [])
+            if m["module"] == f.module
+            and m["input_index"] == f.input_index
+            and m["call_index"] == f.call_index
+            and m.get("phase", "forward") == f.phase
+            and m.get("param") == (f.param if f.phase == "optimizer" else None)
+        ),
+        None,
+    )
 
 
 def call_name(row: Row) -> str:
@@ -565,9 +682,18 @@ def lead_rows(rep: Report, n: int = LEAD_CALLS) -> tuple[list[list[str]], int | 
         return [], None
     lo = max(0, p - n)
     # A call whose outputs are all non-finite has no finite absmax (0 in the report): show —.
-    rows = [[call_name(m), m["module_type"], fmt(m["in_absmax"]),
-             "—" if is_bad(m) and not m["absmax"] else fmt(m["absmax"]), fmt(m["nan"]), fmt(m["posinf"]),
-             fmt(m["neginf"])] for m in (rep.modules or [])[lo:p + 1]]
+    rows = [
+        [
+            call_name(m),
+            m["module_type"],
+            fmt(m["in_absmax"]),
+            "—" if is_bad(m) and not m["absmax"] else fmt(m["absmax"]),
+            fmt(m["nan"]),
+            fmt(m["posinf"]),
+            fmt(m["neginf"]),
+        ]
+        for m in (rep.modules or [])[lo : p + 1]
+    ]
     return rows, p - lo
 
 
@@ -600,14 +726,22 @@ def fix_check_line(rep: Report) -> tuple[str, str]:
         return UNVERIFIED.get(d.fix_unverified or "", "not verified (nothing was re-run)"), "none"
     where = "the whole model" if fv.scope == "model" else "the failing module"
     if fv.finite:
-        err = f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}" if fv.max_rel_err is not None else \
-            f" (the {fv.reference} run is not finite to compare with)"
+        err = (
+            f", max rel err {fmt(fv.max_rel_err)} vs {fv.reference}"
+            if fv.max_rel_err is not None
+            else f" (the {fv.reference} run is not finite to compare with)"
+        )
         if fv.scope != "model":  # contract v1.4: "verified" means the whole model's outputs were judged
-            return f"checked on a copy of {where} only, not the whole model: {fv.change} → finite{err}", "none"
+            return (
+                f"checked on a copy of {where} only, not the whole model: {fv.change} → finite{err}",
+                "none",
+            )
         return f"✔ verified on a copy of {where}: {fv.change} → finite{err}", "ok"
     if fv.scope == "model" and fv.max_rel_err is not None:  # finite, but too far from the reference
-        return (f"✘ tried on a copy of {where}: {fv.change} → finite, but max rel err {fmt(fv.max_rel_err)} vs "
-                f"{fv.reference}, past the tolerance: not a fix"), "bad"
+        return (
+            f"✘ tried on a copy of {where}: {fv.change} → finite, but max rel err {fmt(fv.max_rel_err)} vs "
+            f"{fv.reference}, past the tolerance: not a fix"
+        ), "bad"
     at = f" at {module_name(d.module)}" if fv.scope == "model" and d.module is not None else ""
     return f"✘ tried on a copy of {where}: {fv.change} → still non-finite{at}", "bad"
 
@@ -618,8 +752,16 @@ def diagnosis(rep: Report) -> DiagnosisView | None:
         return None
     where = (module_name(d.module), d.op or "", str(d.dtype)) if d.module is not None or d.op else None
     check, tone = fix_check_line(rep)
-    return DiagnosisView(d.cause, d.summary, where, list(d.evidence), d.fix.split(VERIFIED)[0], check, tone,
-                         tuple(alternative_line(a) for a in d.alternatives or []))
+    return DiagnosisView(
+        d.cause,
+        d.summary,
+        where,
+        list(d.evidence),
+        d.fix.split(VERIFIED)[0],
+        check,
+        tone,
+        tuple(alternative_line(a) for a in d.alternatives or []),
+    )
 
 
 def alternative_line(a: dict) -> str:
@@ -637,8 +779,11 @@ def alternative_line(a: dict) -> str:
         tag = "(checked on the failing module only)"
     else:
         err = fv.get("max_rel_err") if isinstance(fv, dict) else getattr(fv, "max_rel_err", None)
-        tag = (f"(✘ tried: finite, but max rel err {fmt(err)} vs fp32, past the tolerance)" if err is not None
-               else "(✘ tried: still non-finite)")
+        tag = (
+            f"(✘ tried: finite, but max rel err {fmt(err)} vs fp32, past the tolerance)"
+            if err is not None
+            else "(✘ tried: still non-finite)"
+        )
     return f"{a.get('fix')} {tag}"
 
 
@@ -647,8 +792,19 @@ REPLAY_HEAD = ["dtype", "finite", "NaN", "+inf", "−inf", "absmax", "rel err vs
 
 def replay_rows(rep: Report) -> list[list[str]]:
     """The failing region re-run per dtype (the fp64 reference itself left out)."""
-    return [[d, "yes" if r["finite"] else "NO", fmt(r["nan"]), fmt(r["posinf"]), fmt(r["neginf"]), fmt(r["absmax"]),
-             fmt(r["rel_err"])] for d, r in (rep.replay or {}).items() if d != "fp64"]
+    return [
+        [
+            d,
+            "yes" if r["finite"] else "NO",
+            fmt(r["nan"]),
+            fmt(r["posinf"]),
+            fmt(r["neginf"]),
+            fmt(r["absmax"]),
+            fmt(r["rel_err"]),
+        ]
+        for d, r in (rep.replay or {}).items()
+        if d != "fp64"
+    ]
 
 
 def range_dtype(run_dtype: str) -> str:
@@ -672,11 +828,22 @@ def matrix_rows(rep: Report) -> list[list[str]]:
     for d, r in ((rep.check or {}).get("runs") or {}).items():
         f = r.get("first_nonfinite")
         where = f"{module_name(f['module'])} @ {f['op'] or '?'} ({f['kind']})" if f else "—"
-        big = f"{fmt(r['absmax'])} at {module_name(r['absmax_module'])}" if r.get("absmax") is not None else "—"
+        big = (
+            f"{fmt(r['absmax'])} at {module_name(r['absmax_module'])}" if r.get("absmax") is not None else "—"
+        )
         share = r["absmax"] / range_max(d) if r.get("absmax") is not None else None
         frac = "—" if share is None else share_of_max(share)
-        rows.append([d, "yes" if r["finite"] else "NO", fmt(r["failed_inputs"] or "—"), where,
-                     r.get("cause") or "—", big, frac])
+        rows.append(
+            [
+                d,
+                "yes" if r["finite"] else "NO",
+                fmt(r["failed_inputs"] or "—"),
+                where,
+                r.get("cause") or "—",
+                big,
+                frac,
+            ]
+        )
     return rows
 
 
@@ -699,13 +866,25 @@ class WeightsRows:
     hidden: int  # rows left out by max_rows
 
 
-def weights_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS,
-                 targets: Sequence[str] = WEIGHTS_TARGETS) -> WeightsRows:
+def weights_rows(
+    rep: Report, max_rows: int = WEIGHTS_MAX_ROWS, targets: Sequence[str] = WEIGHTS_TARGETS
+) -> WeightsRows:
     """Non-finite tensors, then those near the max of a target dtype (``weights.targets``): at
     most ``max_rows`` rows (``weights.max_rows``)."""
     w = rep.weights or {}
-    rows = [[b["name"], b["dtype"], str(b["shape"]), fmt(b["nan"]), fmt(b["posinf"]), fmt(b["neginf"]),
-             str(b["first_index"]), ""] for b in w.get("nonfinite") or []]
+    rows = [
+        [
+            b["name"],
+            b["dtype"],
+            str(b["shape"]),
+            fmt(b["nan"]),
+            fmt(b["posinf"]),
+            fmt(b["neginf"]),
+            str(b["first_index"]),
+            "",
+        ]
+        for b in w.get("nonfinite") or []
+    ]
     n_bad = len(rows)
     for n in w.get("near_overflow") or []:
         tight = [(d, h) for d, h in n["headroom"].items() if d in targets]
@@ -713,7 +892,7 @@ def weights_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS,
             continue
         room = ", ".join(f"{d} {'OVERFLOWS' if d in n['overflows'] else f'{h:.2g}x'}" for d, h in tight)
         rows.append([n["name"], n["dtype"], "", "0", "0", "0", "", f"{fmt(n['absmax'])} · {room}"])
-    kept = rows[:max(0, max_rows)]
+    kept = rows[: max(0, max_rows)]
     return WeightsRows(kept, [i < n_bad for i in range(len(kept))], len(rows) - len(kept))
 
 
@@ -722,7 +901,7 @@ def near_miss_lines(rep: Report, max_listed: int | None = None) -> tuple[list[st
     msgs = [nm["message"] for nm in rep.near_misses]
     if max_listed is None:
         return msgs, 0
-    return msgs[:max(0, max_listed)], max(0, len(msgs) - max(0, max_listed))
+    return msgs[: max(0, max_listed)], max(0, len(msgs) - max(0, max_listed))
 
 
 QUANT_HEAD = ["quantized weight", "format", "scale tensor", "block", "scale", "problem"]
@@ -739,12 +918,28 @@ def quantized_rows(rep: Report, max_rows: int = WEIGHTS_MAX_ROWS) -> tuple[list[
             total += 1
             if len(rows) < max_rows:
                 where = str(b.get("tensor") or q["scale"]) + (f" ({b['field']})" if b.get("field") else "")
-                rows.append([str(q["name"]), str(q["format"]), where, str(b["index"]), str(b["scale"]),
-                             _problem_words(b)])
+                rows.append(
+                    [
+                        str(q["name"]),
+                        str(q["format"]),
+                        where,
+                        str(b["index"]),
+                        str(b["scale"]),
+                        _problem_words(b),
+                    ]
+                )
         if q["overflows"].get("fp16") and len(rows) < max_rows:
             total += 1
-            rows.append([str(q["name"]), str(q["format"]), str(q["scale"]), "all",
-                         f"dequantized absmax {fmt(q['dequant_absmax'])}", "overflows fp16"])
+            rows.append(
+                [
+                    str(q["name"]),
+                    str(q["format"]),
+                    str(q["scale"]),
+                    "all",
+                    f"dequantized absmax {fmt(q['dequant_absmax'])}",
+                    "overflows fp16",
+                ]
+            )
     return rows, total - len(rows)
 
 
@@ -754,25 +949,34 @@ def _problem_words(b: dict) -> str:
         return str(b["problem"])
     found = b.get("found")
     how = f"stored as {found}" if found else "neither convention"
-    return (f"zero point {b.get('zero_point')} ({how}, declared {b.get('declared')}; "
-            f"{b.get('n_groups', '?')} groups)")
+    return (
+        f"zero point {b.get('zero_point')} ({how}, declared {b.get('declared')}; "
+        f"{b.get('n_groups', '?')} groups)"
+    )
 
 
 def caveat_rows(rep: Report) -> list[list[str]]:
     """Suspicious tensors and tensors not checked, as (tensor, finding)."""
     w = rep.weights or {}
-    out = [[str(s["name"]), "all zero (a failed load?)" if s["reason"] == "all_zero"
-            else f"|x| {fmt(s['absmax'])} (uninitialised memory?)"] for s in w.get("suspicious") or []]
+    out = [
+        [
+            str(s["name"]),
+            "all zero (a failed load?)"
+            if s["reason"] == "all_zero"
+            else f"|x| {fmt(s['absmax'])} (uninitialised memory?)",
+        ]
+        for s in w.get("suspicious") or []
+    ]
     out += [[str(u["name"]), f"not checked: {u['reason']}"] for u in w.get("unchecked") or []]
     return out
 
 
 # --- reproducing: command, versions, inputs, every tensor -----------------------------------------
 
+
 def versions() -> list[tuple[str, str]]:
     """(package, version) of nanhunter, torch and transformers as installed (not imported)."""
     from importlib import metadata
-
 
     out = [("nanhunter", __version__)]
     for pkg in ("torch", "transformers"):
@@ -796,8 +1000,15 @@ INPUTS_HEAD = ["input", "label", "finite", "text"]
 
 def input_rows(rep: Report) -> list[list[str]]:
     """Per input of the data set: index, label, finite, its text (prompt or data line)."""
-    return [[f"#{r.get('index')}", str(r.get("label") or ""), "yes" if r.get("finite") else "NO",
-             r.get("text") or "—"] for r in rep.inputs or []]
+    return [
+        [
+            f"#{r.get('index')}",
+            str(r.get("label") or ""),
+            "yes" if r.get("finite") else "NO",
+            r.get("text") or "—",
+        ]
+        for r in rep.inputs or []
+    ]
 
 
 TENSORS_HEAD = ["tensor", "dtype", "shape", "absmax", "abs-min ≠ 0", "fp16 max / absmax", "→ 0 in fp16"]
@@ -808,12 +1019,20 @@ def tensor_rows(rep: Report, max_rows: int = 200) -> tuple[list[list[str]], int]
     headroom and the fraction of non-zero values that flush to zero in fp16; and how many more."""
     ts = (rep.weights or {}).get("tensors") or []
     rows = []
-    for t in ts[:max(0, max_rows)]:
+    for t in ts[: max(0, max_rows)]:
         room = (t.get("headroom") or {}).get("fp16")
         zero = t.get("fp16_zero_frac")
-        rows.append([t["name"], t["dtype"], str(t["shape"]), fmt(t.get("absmax")), fmt(t.get("min_nonzero")),
-                     f"{room:.3g}x" if isinstance(room, float) else "—",
-                     "—" if zero is None else f"{zero:.2%}"])
+        rows.append(
+            [
+                t["name"],
+                t["dtype"],
+                str(t["shape"]),
+                fmt(t.get("absmax")),
+                fmt(t.get("min_nonzero")),
+                f"{room:.3g}x" if isinstance(room, float) else "—",
+                "—" if zero is None else f"{zero:.2%}",
+            ]
+        )
     return rows, max(0, len(ts) - len(rows))
 
 
@@ -822,15 +1041,25 @@ def forecast_lines(rep: Report, max_listed: int) -> tuple[list[str], int]:
     many more: soonest projected crossing first (the report's order)."""
     entries = getattr(rep, "forecast", None) or []
     lines = []
-    for e in entries[:max(0, max_listed)]:
+    for e in entries[: max(0, max_listed)]:
         head = e["headroom_db"]
         past = head <= 0
-        where = (f"{-head:.1f} dB past the {e['dtype']} max" if past
-                 else f"{head:.1f} dB below the {e['dtype']} max")
-        when = ("already past it" if past else f"crosses at step {e['projected_step']}"
-                if e["projected_step"] is not None else "no projection (too noisy, or too far ahead)")
-        lines.append(f"{e['module'] or '(root)'} {e['signal']}: {where}, "
-                     f"{e['rate_db_per_100_steps']:+.1f} dB/100 steps, {when} ({e['confidence']} confidence)")
+        where = (
+            f"{-head:.1f} dB past the {e['dtype']} max"
+            if past
+            else f"{head:.1f} dB below the {e['dtype']} max"
+        )
+        when = (
+            "already past it"
+            if past
+            else f"crosses at step {e['projected_step']}"
+            if e["projected_step"] is not None
+            else "no projection (too noisy, or too far ahead)"
+        )
+        lines.append(
+            f"{e['module'] or '(root)'} {e['signal']}: {where}, "
+            f"{e['rate_db_per_100_steps']:+.1f} dB/100 steps, {when} ({e['confidence']} confidence)"
+        )
     return lines, max(0, len(entries) - max(0, max_listed))
 
 

@@ -27,7 +27,11 @@ from ..model.execute import run_context
 def alone_inputs(tokens: list[int], device: torch.device) -> dict[str, Any]:
     """The keywords of a plain forward over ``tokens`` (positions from 0, no cache)."""
     ids = torch.tensor([tokens], dtype=torch.long, device=device)
-    return {"input_ids": ids, "position_ids": torch.arange(len(tokens), device=device)[None], "use_cache": False}
+    return {
+        "input_ids": ids,
+        "position_ids": torch.arange(len(tokens), device=device)[None],
+        "use_cache": False,
+    }
 
 
 def run_alone(model: nn.Module, tokens: list[int], run: Any = None) -> torch.Tensor | None:
@@ -84,6 +88,7 @@ class AloneRerun:
                 stack.enter_context(run_context(run))
                 ctx.seed()
                 return model(*args, **kwargs)
+
         return rerun
 
     def train(self, step: int) -> Callable[[], Any] | None:

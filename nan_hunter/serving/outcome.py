@@ -75,14 +75,18 @@ def origin_rerun(pb: PackedBatches, rec: Recording, base: Rerun) -> Rerun:
         return base
     t = first_origin(pb) or pb.fail_first_alone(f.call.input_index)
     if t is None or t.position is None:
-        pb.notes.append(f"forward {f.call.input_index} was a packed batch and no request of it fails alone: "
-                        "it was not re-run (its inputs hold the whole paged cache), so the location comes from "
-                        "the capture alone")
+        pb.notes.append(
+            f"forward {f.call.input_index} was a packed batch and no request of it fails alone: "
+            "it was not re-run (its inputs hold the whole paged cache), so the location comes from "
+            "the capture alone"
+        )
         return NotKept(base)
     toks = t.prefix(t.position)
     if toks is None:
-        pb.notes.append(f"request {t.id}: its tokens before position {t.position} were never seen by the watch "
-                        "(a reused prefix?), so it was not replayed alone")
+        pb.notes.append(
+            f"request {t.id}: its tokens before position {t.position} were never seen by the watch "
+            "(a reused prefix?), so it was not replayed alone"
+        )
         return base
     return AloneRerun(base, f.call.input_index, toks)
 
@@ -109,8 +113,11 @@ def tokenizer_of(model: Any) -> Any | None:
         return None
     d = Path(name)
     try:
-        if not any((d / f).is_file() for f in TOKENIZER_FILES) or custom_code(d, ("tokenizer_config.json",)) \
-                or custom_code(d, ("config.json",), ("AutoTokenizer",)):
+        if (
+            not any((d / f).is_file() for f in TOKENIZER_FILES)
+            or custom_code(d, ("tokenizer_config.json",))
+            or custom_code(d, ("config.json",), ("AutoTokenizer",))
+        ):
             return None
         from transformers import AutoTokenizer
 
@@ -165,12 +172,19 @@ def finish(pb: PackedBatches, rep: Report, rec: Recording) -> None:
     failed_ids = [o.id for o in out if o.failed]
     if shared and failed_ids:
         where = f.module if f is not None else "a weight"
-        rep.notes.append(f"every request failed, and each fails alone: the fault is in {where}, a weight shared by "
-                         f"all requests ({len(failed_ids)} of {len(out)}), not in one request's input")
+        rep.notes.append(
+            f"every request failed, and each fails alone: the fault is in {where}, a weight shared by "
+            f"all requests ({len(failed_ids)} of {len(out)}), not in one request's input"
+        )
     elif first is not None:
         reached = [o.id for o in out if o.poisoned_by is not None]
-        rep.notes.append(f"request {first.id} is the origin: it fails alone, at position {first.position}"
-                         + (f"; {', '.join(reached)} went non-finite only through the packed batch (0 × NaN in the "
-                            "packed attention) and are finite alone" if reached else ""))
+        rep.notes.append(
+            f"request {first.id} is the origin: it fails alone, at position {first.position}"
+            + (
+                f"; {', '.join(reached)} went non-finite only through the packed batch (0 × NaN in the "
+                "packed attention) and are finite alone"
+                if reached
+                else ""
+            )
+        )
     rep.notes += [n for n in pb.notes if n not in rep.notes]
-

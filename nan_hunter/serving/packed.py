@@ -51,17 +51,26 @@ def failing_forward(forward: int, step: PackedStep, failed: list[str]) -> dict[s
     shape): the forward's index, the failing requests, and every request of the forward with the
     positions and tokens it read and the KV slots it wrote — what ``run.requests``/``run.evict``
     are made from."""
-    return {"forward": forward, "failed": failed,
-            "requests": [{"id": r.id, "positions": r.positions, "tokens": r.tokens, "kv_slots": r.blocks}
-                         for r in step.requests]}
+    return {
+        "forward": forward,
+        "failed": failed,
+        "requests": [
+            {"id": r.id, "positions": r.positions, "tokens": r.tokens, "kv_slots": r.blocks}
+            for r in step.requests
+        ],
+    }
 
 
 def is_packed(kwargs: dict[str, Any]) -> bool:
     """Whether a root forward's keywords are a continuous-batching packed batch (a paged cache with
     ``cu_seq_lens_q`` and ``logits_indices``)."""
     cache = kwargs.get("cache")
-    return (cache is not None and hasattr(cache, "cache_allocators") and "cu_seq_lens_q" in kwargs
-            and "logits_indices" in kwargs)
+    return (
+        cache is not None
+        and hasattr(cache, "cache_allocators")
+        and "cu_seq_lens_q" in kwargs
+        and "logits_indices" in kwargs
+    )
 
 
 def _ints(t: Any) -> list[int]:
@@ -81,8 +90,9 @@ def packed_step(kwargs: dict[str, Any]) -> PackedStep | None:
     writes = kwargs.get("write_index") or []
     allocators = list(cache.cache_allocators.values())
     slots = [_ints(w) for w in writes]
-    owners: list[dict[int, str]] = [{b: rid for rid, table in a.block_table.items() for b in table}
-                                    for a in allocators]
+    owners: list[dict[int, str]] = [
+        {b: rid for rid, table in a.block_table.items() for b in table} for a in allocators
+    ]
     keep = kwargs.get("logits_to_keep")
     step = PackedStep(kept_rows=_ints(keep) if isinstance(keep, torch.Tensor) else None)
     for s, e in zip(cu, cu[1:]):

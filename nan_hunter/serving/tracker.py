@@ -67,7 +67,9 @@ class PackedBatches:
         self.w = watch
         self.abort = abort
         self.requests: dict[str, RequestTrace] = {}
-        self.steps: dict[int, PackedStep] = {}  # root forward -> its packed requests (failing ones, and the latest)
+        self.steps: dict[
+            int, PackedStep
+        ] = {}  # root forward -> its packed requests (failing ones, and the latest)
         self.packed: set[int] = set()  # every root forward that was a packed batch
         self.managers: list[Any] = []
         self.notes: list[str] = []
@@ -94,11 +96,13 @@ class PackedBatches:
         self._handles.append(root.register_forward_hook(outside_compile(self._post), with_kwargs=True))
         init = getattr(model, "init_continuous_batching", None)
         if init is not None and "init_continuous_batching" not in vars(model):
+
             def init_watched(*a: Any, **k: Any) -> Any:
                 manager = init(*a, **k)
                 if manager not in self.managers:
                     self.managers.append(manager)
                 return manager
+
             model.init_continuous_batching = init_watched
             self._wrapped.append((model, "init_continuous_batching"))
 
@@ -193,8 +197,9 @@ class PackedBatches:
             if t.first_forward is None:
                 i = row - r.start
                 t.first_forward, t.position, t.token = f, r.positions[i], r.tokens[i]
-                t.decode_step = (max(0, r.positions[-1] - (t.prompt_len - 1)) if t.prompt_len is not None
-                                 else t.steps - 1)
+                t.decode_step = (
+                    max(0, r.positions[-1] - (t.prompt_len - 1)) if t.prompt_len is not None else t.steps - 1
+                )
                 t.blocks_after.update(r.blocks)
         if self.abort:
             return self._contain(step, failed, kwargs, output, logits)
@@ -211,8 +216,15 @@ class PackedBatches:
             t = self.requests.get(r.id)
             toks = t.prefix(r.positions[-1]) if t is not None else None
             if t is not None and toks is not None and self.fails_alone(toks):
-                t.first_forward, t.position, t.token, t.alone_fails = forward, r.positions[-1], r.tokens[-1], True
-                t.decode_step = max(0, r.positions[-1] - (t.prompt_len - 1)) if t.prompt_len is not None else None
+                t.first_forward, t.position, t.token, t.alone_fails = (
+                    forward,
+                    r.positions[-1],
+                    r.tokens[-1],
+                    True,
+                )
+                t.decode_step = (
+                    max(0, r.positions[-1] - (t.prompt_len - 1)) if t.prompt_len is not None else None
+                )
                 t.blocks_after.update(r.blocks)
                 return t
         return None
@@ -236,7 +248,9 @@ class PackedBatches:
         finally:
             self._busy, self.w.paused = was, paused
 
-    def _contain(self, step: PackedStep, failed: list[str], kwargs: dict, output: Any, logits: torch.Tensor) -> Any:
+    def _contain(
+        self, step: PackedStep, failed: list[str], kwargs: dict, output: Any, logits: torch.Tensor
+    ) -> Any:
         origins = [rid for rid in failed if self.judge_alone(self.requests[rid]) and rid not in self._pending]
         if not origins:
             return None
@@ -244,8 +258,10 @@ class PackedBatches:
         if keep:
             reduced = _without(kwargs, step, {r.id for r in keep})
             if reduced is None:
-                self.notes.append("abort: the packed forward could not be re-run without the faulty request "
-                                  "(a block-table decode path); the other requests' logits of that step are as computed")
+                self.notes.append(
+                    "abort: the packed forward could not be re-run without the faulty request "
+                    "(a block-table decode path); the other requests' logits of that step are as computed"
+                )
             else:
                 was, self._busy = self._busy, True
                 paused, self.w.paused = self.w.paused, True
@@ -326,8 +342,10 @@ class PackedBatches:
 
     def _error(self, rid: str, cause: str) -> str:
         t = self.requests[rid]
-        return (f"nanhunter aborted request {rid} (on_fault='abort'): non-finite at decode step {t.decode_step}, "
-                f"position {t.position}, token {t.token}, and it fails alone — {cause}")
+        return (
+            f"nanhunter aborted request {rid} (on_fault='abort'): non-finite at decode step {t.decode_step}, "
+            f"position {t.position}, token {t.token}, and it fails alone — {cause}"
+        )
 
     # -- the report ------------------------------------------------------------------------------
     def _note_prefixes(self, bp: Any) -> None:
@@ -349,7 +367,13 @@ def _tensors_of(obj: Any) -> list[torch.Tensor]:
             if isinstance(v, torch.Tensor):
                 out.append(v)
             elif isinstance(v, dict):
-                out += [x for pair in v.values() if isinstance(pair, tuple) for x in pair if isinstance(x, torch.Tensor)]
+                out += [
+                    x
+                    for pair in v.values()
+                    if isinstance(pair, tuple)
+                    for x in pair
+                    if isinstance(x, torch.Tensor)
+                ]
     t = getattr(obj, "cache_tensor", None)
     if isinstance(t, torch.Tensor):
         out.append(t)
@@ -389,12 +413,15 @@ def _without(kwargs: dict, step: PackedStep, keep: set[str]) -> dict | None:
         base = sum(k.stop - k.start for k in kept[: kept.index(r)])
         li.append(base + (r.stop - r.start) - 1)
     has = set(int(v) for v in kwargs["logits_indices"].tolist())
-    out["logits_indices"] = torch.tensor([v for r, v in zip(kept, li) if r.stop - 1 in has],
-                                         dtype=kwargs["logits_indices"].dtype, device=dev)
+    out["logits_indices"] = torch.tensor(
+        [v for r, v in zip(kept, li) if r.stop - 1 in has], dtype=kwargs["logits_indices"].dtype, device=dev
+    )
     out["write_index"] = [w[rows_d] for w in kwargs["write_index"]]
     layer_types = list(kwargs["cu_seq_lens_k"])
-    out["read_index"] = [ri[cols[layer_types[min(i, len(layer_types) - 1)]]] if ri.numel() else ri
-                         for i, ri in enumerate(kwargs["read_index"])]
+    out["read_index"] = [
+        ri[cols[layer_types[min(i, len(layer_types) - 1)]]] if ri.numel() else ri
+        for i, ri in enumerate(kwargs["read_index"])
+    ]
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor):
         out["attention_mask"] = mask[..., rows_d, :][..., cols[layer_types[0]]]

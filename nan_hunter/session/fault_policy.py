@@ -87,8 +87,10 @@ class OnFault(enum.Enum):
             except ValueError:
                 raise ValueError(f"on_fault must be one of {ON_FAULT}, got {value!r}") from None
         if policy.needs_optimizer and not has_optimizer:
-            raise ValueError(f"{who}='skip' needs optimizer=: the watch restores the parameters and the "
-                             "optimizer state the faulty step changed")
+            raise ValueError(
+                f"{who}='skip' needs optimizer=: the watch restores the parameters and the "
+                "optimizer state the faulty step changed"
+            )
         return policy
 
     @property
@@ -133,8 +135,6 @@ def verdict_line(rep: Any) -> str:
     where = f"{f.op} in {f.module or '<root>'}" if f.op else (f.module or "<root>")
     cause = f" ({rep.diagnosis.cause}: {rep.diagnosis.summary})" if rep.diagnosis is not None else ""
     return f"nanhunter: first non-finite value ({f.kind}) at step {f.step}, {f.phase}: {where}{cause}"
-
-
 
 
 class _Event:
@@ -214,7 +214,12 @@ class FaultPolicy:
             for p in params:
                 local = local_shard(p.detach())  # FSDP2: this rank's shard (a DTensor has no foreach copy)
                 buf = self._buffers.get(id(p))
-                if buf is None or buf.shape != local.shape or buf.dtype != local.dtype or buf.device != local.device:
+                if (
+                    buf is None
+                    or buf.shape != local.shape
+                    or buf.dtype != local.dtype
+                    or buf.device != local.device
+                ):
                     buf = self._buffers[id(p)] = torch.empty_like(local)
                 self._saved.append((local, buf))
             if self._saved:
@@ -231,7 +236,12 @@ class FaultPolicy:
                         v = local_shard(v)
                         key = (id(p), k)
                         buf = self._state_buffers.get(key)
-                        if buf is None or buf.shape != v.shape or buf.dtype != v.dtype or buf.device != v.device:
+                        if (
+                            buf is None
+                            or buf.shape != v.shape
+                            or buf.dtype != v.dtype
+                            or buf.device != v.device
+                        ):
                             buf = self._state_buffers[key] = torch.empty_like(v)
                         buf.copy_(v)
                         kept[k] = buf
@@ -245,8 +255,12 @@ class FaultPolicy:
         """A root forward ended. A device sink with ``raise`` or ``stop`` and no ``optimizer=``: its
         flag is read now (one read-back per forward; a host sink judged it already)."""
         w = self.w
-        if self.kind.reads_each_step and w.optimizer is None and not w.rows_on_host() \
-                and w.first_failed is None:
+        if (
+            self.kind.reads_each_step
+            and w.optimizer is None
+            and not w.rows_on_host()
+            and w.first_failed is None
+        ):
             flag = self._device_flag([forward], [])
             if flag is not None and bool(flag):
                 self._judge_now([forward], [], forward)
@@ -263,7 +277,9 @@ class FaultPolicy:
 
     def after_step(self, forward: int, hooks: Any, calls: list[Any]) -> None:
         w = self.w
-        if w.training.scaler is not None:  # read only to tell a step the GradScaler skipped: kept only then (flat memory)
+        if (
+            w.training.scaler is not None
+        ):  # read only to tell a step the GradScaler skipped: kept only then (flat memory)
             self._stepped.add(forward)
         # every forward since the previous step: micro-batches, and a closure's re-evaluations (LBFGS)
         window = range(self._last_step_forward + 1, max(forward, w.current_step) + 1)
@@ -279,8 +295,12 @@ class FaultPolicy:
             # the step's own gradients as the optimizer saw them (after DDP's all-reduce: the same on
             # every rank, so every rank skips the same steps), and the update
             rows = w.sink.read([r for c in calls for refs in (c.inputs, c.outputs) for _, r in refs])
-            seen = any(rows[r][0][1] or rows[r][0][2] or rows[r][0][3] for c in calls
-                       for refs in (c.inputs, c.outputs) for _, r in refs)
+            seen = any(
+                rows[r][0][1] or rows[r][0][2] or rows[r][0][3]
+                for c in calls
+                for refs in (c.inputs, c.outputs)
+                for _, r in refs
+            )
             if seen or any(f in failed for f in window):
                 self._restore(hooks.optimizer, None)
                 self._skipped(forward)
@@ -370,7 +390,9 @@ class FaultPolicy:
             self.should_stop = True
         logging.getLogger("nan_hunter").warning(
             "nanhunter: step %s went non-finite; its optimizer update was undone (on_fault=%r)",
-            self.label(forward), self.on_fault)
+            self.label(forward),
+            self.on_fault,
+        )
 
     # -- the report ----------------------------------------------------------------------------
     def skipped_steps(self) -> list[int]:
@@ -380,7 +402,11 @@ class FaultPolicy:
         out = set(self.skipped)
         w = self.w
         if w.training.scaler is not None:  # a real fault the GradScaler kept from stepping: skipped too
-            out |= {f for f in w.failed_forwards() if f not in self._stepped and f not in w.training.scaler_skipped}
+            out |= {
+                f
+                for f in w.failed_forwards()
+                if f not in self._stepped and f not in w.training.scaler_skipped
+            }
         return sorted(out)
 
     def finish(self, rep: Any) -> None:

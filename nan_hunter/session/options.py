@@ -37,9 +37,13 @@ class WatchOptions:
     """A watch's options, validated (``nan_hunter.watch``'s docstring says what each does)."""
 
     level: str | None = None  # sentinel | blocks | modules | ops; None: default_level()
-    sample_every: int | None = None  # sentinel: full block statistics every N-th step; 0: never; None: SAMPLE_EVERY
+    sample_every: int | None = (
+        None  # sentinel: full block statistics every N-th step; 0: never; None: SAMPLE_EVERY
+    )
     retain: int = 4  # forwards kept in full besides the first failing one
-    backend: str | None = None  # triton | reference; None: Triton on a GPU when installed (checked with the device)
+    backend: str | None = (
+        None  # triton | reference; None: Triton on a GPU when installed (checked with the device)
+    )
     device: Any = None  # where statistics are kept; None: the model's device
     dtype: RunDtype | str | None = None  # the precision the model runs in (a RunDtype after checking)
     fp8: Any = None  # the fp8 emulation recipe (dtypes.Fp8Recipe) of the fp8 dtypes
@@ -48,7 +52,9 @@ class WatchOptions:
     scaler: Any = None  # the GradScaler in use
     capsule_dir: str | None = None  # write DIR/step-<k>/ at the first fault
     arch: str | None = None  # "file.py:factory" recorded in the capsule
-    on_fault: OnFault | str = OnFault.RECORD  # record | raise | skip | stop | abort (an OnFault after checking)
+    on_fault: OnFault | str = (
+        OnFault.RECORD
+    )  # record | raise | skip | stop | abort (an OnFault after checking)
     trace: str | None = None  # write a numerics trace here
     trace_level: str = "modules"  # modules | ops
     # under torch.distributed, report() is global (a collective every rank joins: distributed.global_report);
@@ -63,12 +69,20 @@ class WatchOptions:
             raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
         if self.sample_every is None:
             set_(self, "sample_every", SAMPLE_EVERY if self.level == "sentinel" else 0)
-        if isinstance(self.sample_every, bool) or not isinstance(self.sample_every, int) or self.sample_every < 0:
-            raise ValueError(f"sample_every must be a number of steps (an integer ≥ 0; 0: never), "
-                             f"got {self.sample_every!r}")
+        if (
+            isinstance(self.sample_every, bool)
+            or not isinstance(self.sample_every, int)
+            or self.sample_every < 0
+        ):
+            raise ValueError(
+                f"sample_every must be a number of steps (an integer ≥ 0; 0: never), "
+                f"got {self.sample_every!r}"
+            )
         if self.sample_every and self.level != "sentinel":
-            raise ValueError(f"sample_every samples steps of level 'sentinel'; level {self.level!r} records every "
-                             "step in full already")
+            raise ValueError(
+                f"sample_every samples steps of level 'sentinel'; level {self.level!r} records every "
+                "step in full already"
+            )
         if isinstance(self.retain, bool) or not isinstance(self.retain, int) or self.retain < 0:
             raise ValueError(f"retain must be a number of forwards (an integer ≥ 0), got {self.retain!r}")
         if self.dtype is not None and not isinstance(self.dtype, RunDtype):

@@ -154,9 +154,11 @@ class TrainingState:
             self.pending.discard(f)
             real = self._unscaled_nonfinite(f)
             if real is None:
-                self.notes.append(f"step {f}: gradients were non-finite under the GradScaler but the step could not "
-                                  "be re-run without loss scaling (inputs or weights no longer kept); counted as a "
-                                  "fault")
+                self.notes.append(
+                    f"step {f}: gradients were non-finite under the GradScaler but the step could not "
+                    "be re-run without loss scaling (inputs or weights no longer kept); counted as a "
+                    "fault"
+                )
                 real = True
             self._verdict[f] = real
             if real:
@@ -191,8 +193,12 @@ class TrainingState:
         # changed them (one copy of the state, once per run). Not for no-grad runs (the CLI's scans,
         # generate()): their weights stay, and a copy of a big checkpoint would double its memory.
         ctx = w.contexts.get(forward)
-        trains = ctx is not None and ctx.grad and not ctx.inference \
+        trains = (
+            ctx is not None
+            and ctx.grad
+            and not ctx.inference
             and any(p.requires_grad for p in w.model.parameters())
+        )
         if not w.late_phases and not self.capsule_dir and not trains:
             return
         if phase == "optimizer":
@@ -205,7 +211,9 @@ class TrainingState:
         elif w.weights_changed_since(forward):
             state = None
         else:
-            with torch.inference_mode(False):  # a copy made under inference_mode would have no version counter
+            with torch.inference_mode(
+                False
+            ):  # a copy made under inference_mode would have no version counter
                 state = weights_copy(w.model)
         self.fault_state, self.fault_step = state, forward
         if phase == "optimizer":
@@ -225,12 +233,21 @@ class TrainingState:
         items = hooks.params()
         opt = hooks.optimizer
         self.pre_step = {
-            "step": forward, "weights": weights_copy(self.w.model),
+            "step": forward,
+            "weights": weights_copy(self.w.model),
             "grads": {n: p.grad.detach().clone() for p, n, _, _ in items},
-            "state": {n: {k: v.detach().clone() for k, v in opt.state.get(p, {}).items() if isinstance(v, torch.Tensor)}
-                      for p, n, _, _ in items},
-            "groups": {n: next(i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"]))
-                       for p, n, _, _ in items},
+            "state": {
+                n: {
+                    k: v.detach().clone()
+                    for k, v in opt.state.get(p, {}).items()
+                    if isinstance(v, torch.Tensor)
+                }
+                for p, n, _, _ in items
+            },
+            "groups": {
+                n: next(i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"]))
+                for p, n, _, _ in items
+            },
         }
 
     def weights_at_fault(self, forward: int) -> dict[str, torch.Tensor] | None:
@@ -241,8 +258,10 @@ class TrainingState:
         w = self.w
         snap = w.inputs_of(f)
         if snap is None or self.fault_state is None:
-            self.notes.append(f"the capsule for step {f} was not written: the step's "
-                              f"{'inputs' if snap is None else 'weights'} were no longer kept")
+            self.notes.append(
+                f"the capsule for step {f} was not written: the step's "
+                f"{'inputs' if snap is None else 'weights'} were no longer kept"
+            )
             return
         ctx = w.contexts.get(f)
         model = w.model
@@ -250,12 +269,18 @@ class TrainingState:
         meta: dict[str, Any] = {
             "phase": phase,
             "dtype": w.run.name if w.run is not None else None,
-            "param_dtype": str(next((p.dtype for p in model.parameters()), torch.float32)).removeprefix("torch."),
+            "param_dtype": str(next((p.dtype for p in model.parameters()), torch.float32)).removeprefix(
+                "torch."
+            ),
             "autocast": [[dev, str(dt).removeprefix("torch.")] for dev, dt in (ctx.autocast if ctx else ())],
             "grad": bool(ctx.grad) if ctx else True,
             "training": ctx.training if ctx else model.training,
             "loss": {"kind": "grad_outputs" if w.grads is not None else "none"},
-            "versions": {"nanhunter": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            "versions": {
+                "nanhunter": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
         }
         if config is not None and hasattr(config, "to_dict"):
             meta["config"] = config.to_dict()
@@ -272,17 +297,34 @@ class TrainingState:
         opt = None
         if phase == "optimizer" and self.pre_step is not None and w.optimizer is not None:
             o = w.optimizer.optimizer
-            opt = {"class": type(o).__name__, "module": type(o).__module__,
-                   "hyperparameters": [_hyper(g) for g in o.param_groups], "groups": self.pre_step["groups"],
-                   "grads": self.pre_step["grads"], "state": self.pre_step["state"]}
+            opt = {
+                "class": type(o).__name__,
+                "module": type(o).__module__,
+                "hyperparameters": [_hyper(g) for g in o.param_groups],
+                "groups": self.pre_step["groups"],
+                "grads": self.pre_step["grads"],
+                "state": self.pre_step["state"],
+            }
         args, kwargs = snap.rerun()
-        path = write_capsule(capsule_dir, w.step_label(f), weights=self.fault_state, args=args, kwargs=kwargs, meta=meta,
-                             grad_outputs=[(k, g) for k, g in grads] if grads else None, optimizer=opt)
+        path = write_capsule(
+            capsule_dir,
+            w.step_label(f),
+            weights=self.fault_state,
+            args=args,
+            kwargs=kwargs,
+            meta=meta,
+            grad_outputs=[(k, g) for k, g in grads] if grads else None,
+            optimizer=opt,
+        )
         self.capsule = str(path)
         import logging
 
-        logging.getLogger("nan_hunter").warning("nanhunter: wrote the capsule of step %s to %s (replay it with: "
-                                                "nanhunter scan %s)", w.step_label(f), path, shlex.quote(str(path)))
+        logging.getLogger("nan_hunter").warning(
+            "nanhunter: wrote the capsule of step %s to %s (replay it with: nanhunter scan %s)",
+            w.step_label(f),
+            path,
+            shlex.quote(str(path)),
+        )
 
     # -- the report ----------------------------------------------------------------------------
     def finish(self, rep: Report) -> None:
@@ -290,12 +332,16 @@ class TrainingState:
         capsule written)."""
         rep.notes += [n for n in self.notes if n not in rep.notes]
         if self.scaler_skipped:
-            rep.notes.append(f"GradScaler skipped step(s) {sorted(self.scaler_skipped)}: the scaled gradients "
-                             "overflowed while the same backward without loss scaling is finite — loss scaling "
-                             "backing off, not a fault")
+            rep.notes.append(
+                f"GradScaler skipped step(s) {sorted(self.scaler_skipped)}: the scaled gradients "
+                "overflowed while the same backward without loss scaling is finite — loss scaling "
+                "backing off, not a fault"
+            )
         if self.capsule:
-            rep.notes.append(f"capsule of the failing step written to {self.capsule} "
-                             f"(replay it with: nanhunter scan {shlex.quote(self.capsule)})")
+            rep.notes.append(
+                f"capsule of the failing step written to {self.capsule} "
+                f"(replay it with: nanhunter scan {shlex.quote(self.capsule)})"
+            )
 
 
 class WatchRerun(KeptSteps):
@@ -317,8 +363,14 @@ class WatchRerun(KeptSteps):
             return None
         opt = hooks.optimizer
         cls = type(opt)
-        return OptimizerPieces(cls, [constructor_hyperparameters(cls, g) for g in opt.param_groups], pre["groups"],
-                               pre["weights"], pre["grads"], pre["state"])
+        return OptimizerPieces(
+            cls,
+            [constructor_hyperparameters(cls, g) for g in opt.param_groups],
+            pre["groups"],
+            pre["weights"],
+            pre["grads"],
+            pre["state"],
+        )
 
     def optimizer_facts(self, step: int, param: str | None) -> dict[str, Any] | None:
         t = self.w.training
@@ -339,7 +391,9 @@ class WatchRerun(KeptSteps):
         model cannot be copied whole)."""
         snap, ctx = self.inputs(step), self.context(step)
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-        packed = step in self.w.serving.packed  # a packed serving batch: its inputs hold the whole paged cache
+        packed = (
+            step in self.w.serving.packed
+        )  # a packed serving batch: its inputs hold the whole paged cache
         if snap is None or ctx.autocast or dist or packed or self.w.training._sharded():
             return None
         args, kwargs = snap.rerun()

@@ -25,8 +25,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..locate.located import Located
 
 #: the ``checkpoint`` block of a watch's report: no checkpoint was read
-WATCH_CHECKPOINT = {"path": "watch()", "format": "a live model under nan_hunter.watch()", "n_tensors": None,
-                    "bytes": None}
+WATCH_CHECKPOINT = {
+    "path": "watch()",
+    "format": "a live model under nan_hunter.watch()",
+    "n_tensors": None,
+    "bytes": None,
+}
 
 #: the keys ``to_dict()`` adds to report v1
 WATCH_KEYS = ("failed_inputs", "n_forwards", "aggregates", "ranks")
@@ -36,9 +40,14 @@ class WatchReport(PrintableReport):
     """A watch's report v1, printable (module docstring). ``WatchReport(report, located, aggregates,
     ranks)`` takes the fields of ``report`` (shared, not copied)."""
 
-    def __init__(self, report: Report | None = None, located: Located | None = None,
-                 aggregates: list[dict[str, Any]] | None = None, ranks: list[dict[str, Any]] | None = None,
-                 **fields_: Any) -> None:
+    def __init__(
+        self,
+        report: Report | None = None,
+        located: Located | None = None,
+        aggregates: list[dict[str, Any]] | None = None,
+        ranks: list[dict[str, Any]] | None = None,
+        **fields_: Any,
+    ) -> None:
         given = {f.name: getattr(report, f.name) for f in fields(Report)} if report is not None else {}
         super().__init__(**{**given, **fields_})
         self.located = located  # this process's location (None on a rank that did not locate the fault)
@@ -81,13 +90,23 @@ class WatchReport(PrintableReport):
         """The note saying why no op was named (one of ``notes``), if any."""
         return self.located.op_missing if self.located is not None else None
 
-    def replaced(self, located: Located | None = None, ranks: list[dict[str, Any]] | None = None,
-                 **fields_: Any) -> WatchReport:
+    def replaced(
+        self, located: Located | None = None, ranks: list[dict[str, Any]] | None = None, **fields_: Any
+    ) -> WatchReport:
         """A new report: this one's fields with ``fields_`` replaced (the global answer of ranks)."""
         return WatchReport(self, located, self.aggregates, ranks, **fields_)
 
     # -- as the JSON report ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Report v1 (``Report.to_dict``) and the watch's extras (``WATCH_KEYS``)."""
-        return {**super().to_dict(), **json_safe({"failed_inputs": self.failed_inputs, "n_forwards": self.n_forwards,
-                                                  "aggregates": self.aggregates, "ranks": self.ranks})}
+        return {
+            **super().to_dict(),
+            **json_safe(
+                {
+                    "failed_inputs": self.failed_inputs,
+                    "n_forwards": self.n_forwards,
+                    "aggregates": self.aggregates,
+                    "ranks": self.ranks,
+                }
+            ),
+        }

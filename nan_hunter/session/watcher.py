@@ -100,12 +100,46 @@ class SessionListener(KeepSteps):
 #: what a watch shows of its recording, read through to its ``Recorder`` (``w.first_failed``,
 #: ``w.calls``, ``w.n_forwards``...: names users and the session's parts read on the watch)
 RECORDING_VIEW = (
-    "aggregates", "calls", "calls_of", "current_step", "failed_forwards", "first_failed", "forwards_folded", "grads",
-    "inputs_of", "judge_backward", "judge_finished", "judge_flagged", "judge_optimizer", "late_phases", "latent",
-    "level", "listener", "mark_late_fault", "measure", "model", "n_forwards", "op_records", "opaque_forwards",
-    "optimizer", "poll_flags", "retain", "retained", "root_hooked", "rows_on_host", "sample_every", "sampled_steps",
-    "sentinel", "sink", "stats", "weights_changed_since", "weights_version", "window",
-    "_detail", "_inputs", "_stack",  # read by tests of the recording's bookkeeping
+    "aggregates",
+    "calls",
+    "calls_of",
+    "current_step",
+    "failed_forwards",
+    "first_failed",
+    "forwards_folded",
+    "grads",
+    "inputs_of",
+    "judge_backward",
+    "judge_finished",
+    "judge_flagged",
+    "judge_optimizer",
+    "late_phases",
+    "latent",
+    "level",
+    "listener",
+    "mark_late_fault",
+    "measure",
+    "model",
+    "n_forwards",
+    "op_records",
+    "opaque_forwards",
+    "optimizer",
+    "poll_flags",
+    "retain",
+    "retained",
+    "root_hooked",
+    "rows_on_host",
+    "sample_every",
+    "sampled_steps",
+    "sentinel",
+    "sink",
+    "stats",
+    "weights_changed_since",
+    "weights_version",
+    "window",
+    "_detail",
+    "_inputs",
+    "_stack",  # read by tests of the recording's bookkeeping
 )
 
 
@@ -149,14 +183,27 @@ class Watch:
     def __init__(self, model: nn.Module, options: WatchOptions | None = None, **kw: Any):
         """``options`` (``session.options.WatchOptions``), or its fields as keywords, checked there once."""
         o = options if options is not None else WatchOptions(**kw)
-        assert o.level is not None and o.sample_every is not None  # WatchOptions sets both from their defaults
-        self.recorder = Recorder(model, level=o.level, retain=o.retain, backend=o.backend, device=o.device,
-                                 backward=o.backward, optimizer=o.optimizer, listener=SessionListener(self),
-                                 underflow=False, sample_every=o.sample_every)  # always on: the CPU fast path stays one pass; a fault's re-run measures it
+        assert (
+            o.level is not None and o.sample_every is not None
+        )  # WatchOptions sets both from their defaults
+        self.recorder = Recorder(
+            model,
+            level=o.level,
+            retain=o.retain,
+            backend=o.backend,
+            device=o.device,
+            backward=o.backward,
+            optimizer=o.optimizer,
+            listener=SessionListener(self),
+            underflow=False,
+            sample_every=o.sample_every,
+        )  # always on: the CPU fast path stays one pass; a fault's re-run measures it
         self.listener.model = self.model  # the unwrapped module (not a compiled or DDP wrapper)
         self.options = o
         self.run = o.run
-        self.collective = o.collective  # report() is global under torch.distributed (distributed.global_report)
+        self.collective = (
+            o.collective
+        )  # report() is global under torch.distributed (distributed.global_report)
         self._report: WatchReport | None = None
         self._report_at: tuple = ()
         self.training = TrainingState(self, o.scaler, o.capsule_dir, o.arch)
@@ -171,9 +218,14 @@ class Watch:
         if self.signals is not None:
             self.recorder.samplers.append(self.signals)
             self.recorder.add_companion(self.signals)
-        if o.trace is not None:  # a numerics trace of every forward, an observer of this recording (trace.recorder)
-            self.recorder.add_observer(TraceRecorder(None, str(o.trace), o.trace_level,
-                                                     dtype=self.run.name if self.run is not None else None))
+        if (
+            o.trace is not None
+        ):  # a numerics trace of every forward, an observer of this recording (trace.recorder)
+            self.recorder.add_observer(
+                TraceRecorder(
+                    None, str(o.trace), o.trace_level, dtype=self.run.name if self.run is not None else None
+                )
+            )
 
     # -- the recording ----------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -233,14 +285,22 @@ class Watch:
         """Locate the first non-finite value (re-running the first failing forward at finer levels
         when needed) and return a ``WatchReport``. The user's model, inputs, cache and RNG are left
         as they were."""
-        key = (self.n_forwards, self.grads.events if self.grads else 0, self.optimizer.steps if self.optimizer else 0)
+        key = (
+            self.n_forwards,
+            self.grads.events if self.grads else 0,
+            self.optimizer.steps if self.optimizer else 0,
+        )
         if self._report is None or self.sink.graph_rows or self._report_at != key:
             # rows written by a captured CUDA graph change with every replay: read them again
             self.sink.refresh()
             self.poll_flags(wait=True)
             self.paused = True
             try:
-                with users_state_kept(self.model), outside_users_autocast(), local_reruns(self):  # FSDP2: re-runs without collectives
+                with (
+                    users_state_kept(self.model),
+                    outside_users_autocast(),
+                    local_reruns(self),
+                ):  # FSDP2: re-runs without collectives
                     self._report = self._locate()
             finally:
                 self.paused = False
@@ -254,26 +314,35 @@ class Watch:
         t = self.training
         t.settle()
         rec = Recording.of(self.recorder, t.scaler_skipped)
-        rerun = serving.origin_rerun(self.serving, rec, self.rerun)  # a packed fault: its origin request alone
+        rerun = serving.origin_rerun(
+            self.serving, rec, self.rerun
+        )  # a packed fault: its origin request alone
         loc = locate(rec, rerun) if rec.finding is not None else None
         # the run's precision is what its forwards computed in (an autocast dtype, not the fp32
         # parameters'): the failing step's, else the latest kept step's
         step = loc.first.step if loc is not None else self.n_forwards - 1
         ctx = self.contexts.get(step)
         rep = Report(checkpoint=dict(WATCH_CHECKPOINT), mode="watch", notes=list(rec.notes))
-        rep.run = run_info(self.rerun.precision(step, "forward"), self.sink.device, self.n_forwards, rec.failed,
-                           backward=self.grads is not None,
-                           optimizer_steps=self.optimizer.steps if self.optimizer else None,
-                           scaler_skipped_steps=sorted(t.scaler_skipped) if t.scaler is not None else None,
-                           capsule=t.capsule,
-                           autocast=autocast_of(ctx.autocast if ctx is not None else (), self.sink.device.type))
+        rep.run = run_info(
+            self.rerun.precision(step, "forward"),
+            self.sink.device,
+            self.n_forwards,
+            rec.failed,
+            backward=self.grads is not None,
+            optimizer_steps=self.optimizer.steps if self.optimizer else None,
+            scaler_skipped_steps=sorted(t.scaler_skipped) if t.scaler is not None else None,
+            capsule=t.capsule,
+            autocast=autocast_of(ctx.autocast if ctx is not None else (), self.sink.device.type),
+        )
         rep.modules = loc.table if loc is not None and loc.table is not None else rec.table()
         t.finish(rep)  # what training adds: its notes (GradScaler skips, the capsule)
         self._level_facts(rep)
         if loc is not None:
             if loc.first.reproducible is False and loc.first.phase == "forward":
                 rep.notes.append(self._replays_again(loc.first.step))
-            assemble(rep, loc, None, device=str(self.sink.device), rank=dist.rank() if dist.active() else None)
+            assemble(
+                rep, loc, None, device=str(self.sink.device), rank=dist.rank() if dist.active() else None
+            )
         self.policy.finish(rep)  # run["skipped_steps"], steps as a framework counts them
         serving.finish(self.serving, rep, rec)  # run.requests, run.evict
         return WatchReport(rep, loc, self._aggregates())
@@ -289,8 +358,10 @@ class Watch:
         if self.sentinel:
             rep.run["latent"] = [dict(x) for x in self.latent]
             for x in self.latent[:3]:
-                rep.notes.append(f"latent: at sampled step {self.policy.label(x['step'])} {x['module'] or '(root)'} "
-                                 "gave a non-finite output that was masked before the model's outputs (not a fault)")
+                rep.notes.append(
+                    f"latent: at sampled step {self.policy.label(x['step'])} {x['module'] or '(root)'} "
+                    "gave a non-finite output that was masked before the model's outputs (not a fault)"
+                )
 
     def forecast(self, run_dtype: str | None = None) -> list[dict[str, Any]] | None:
         """Contract v1.4 ``forecast`` from the sampled steps so far (``forecast.overflow``); None when
@@ -328,10 +399,14 @@ class Watch:
             if any_nonfinite(float_tensors_of(t for _, t in float_items(out))):
                 bad += 1
         if bad == 0:
-            return (f"not reproducible: step {step} replayed {times + 1} times from its kept inputs, every "
-                    "replay finite — a transient (hardware, a flipped bit, a value changed once), not the model")
-        return (f"not reproducible: step {step} replayed {times + 1} times, {bad} of them non-finite — "
-                "the model is non-deterministic here (a nondeterministic kernel or a race)")
+            return (
+                f"not reproducible: step {step} replayed {times + 1} times from its kept inputs, every "
+                "replay finite — a transient (hardware, a flipped bit, a value changed once), not the model"
+            )
+        return (
+            f"not reproducible: step {step} replayed {times + 1} times, {bad} of them non-finite — "
+            "the model is non-deterministic here (a nondeterministic kernel or a race)"
+        )
 
     def step_forward(self, input_index: int) -> Any:
         """A function that re-runs forward ``input_index`` from copies of its kept inputs, under the
@@ -344,7 +419,9 @@ class Watch:
 
 
 def _read_through(name: str) -> property:
-    return property(lambda w: getattr(w.recorder, name), doc=f"The recording's ``{name}`` (``capture.Recorder``).")
+    return property(
+        lambda w: getattr(w.recorder, name), doc=f"The recording's ``{name}`` (``capture.Recorder``)."
+    )
 
 
 for _name in RECORDING_VIEW:

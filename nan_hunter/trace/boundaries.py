@@ -93,6 +93,10 @@ def compiled_alone(calls: list[ModuleCall], backend: str) -> Iterator[tuple[Modu
             with _fresh(), torch.no_grad():
                 out = torch.compile(call.module, backend=backend)(*call.args, **call.kwargs)
         except Exception as e:  # noqa: BLE001 - one module that will not compile alone is left out
-            yield call, None, f"{call.name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            yield (
+                call,
+                None,
+                f"{call.name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+            )
             continue
         yield call, out, None

@@ -27,7 +27,7 @@ LIBRARIES = ("transformers", "accelerate", "triton", "torchao")
 
 def flush_denormal() -> bool:
     """Whether this thread flushes subnormals to zero (probed: torch has no getter)."""
-    tiny = torch.tensor([2.0 ** -149], dtype=torch.float32)
+    tiny = torch.tensor([2.0**-149], dtype=torch.float32)
     return float(tiny * 1.0) == 0.0
 
 
@@ -78,16 +78,26 @@ def autocast_now() -> dict[str, str] | None:
     return None
 
 
-def environment(device: torch.device, dtype: str | None, compile_backend: str | None = None) -> dict[str, Any]:
+def environment(
+    device: torch.device, dtype: str | None, compile_backend: str | None = None
+) -> dict[str, Any]:
     """The environment block of a trace (docs/trace-format.md)."""
-    versions = {"nanhunter": __version__, "python": platform.python_version(), "torch": torch.__version__,
-                "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-                "cudnn": _quiet(torch.backends.cudnn.version) if torch.backends.cudnn.is_available() else None}
+    versions = {
+        "nanhunter": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": _quiet(torch.backends.cudnn.version) if torch.backends.cudnn.is_available() else None,
+    }
     versions.update({name: _version(name) for name in LIBRARIES})
     return {
         "versions": versions,
-        "platform": {"system": platform.system(), "machine": platform.machine(),
-                     "cpu_capability": _quiet(torch.backends.cpu.get_cpu_capability)},
+        "platform": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "cpu_capability": _quiet(torch.backends.cpu.get_cpu_capability),
+        },
         "device": str(device),
         "device_name": device_name(device),
         "dtype": dtype,
@@ -96,12 +106,19 @@ def environment(device: torch.device, dtype: str | None, compile_backend: str | 
         "interop_threads": torch.get_num_interop_threads(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "flush_denormal": flush_denormal(),
-        "tf32": {"matmul": _quiet(lambda: torch.backends.cuda.matmul.allow_tf32),
-                 "cudnn": _quiet(lambda: torch.backends.cudnn.allow_tf32)},
+        "tf32": {
+            "matmul": _quiet(lambda: torch.backends.cuda.matmul.allow_tf32),
+            "cudnn": _quiet(lambda: torch.backends.cudnn.allow_tf32),
+        },
         "matmul_precision": torch.get_float32_matmul_precision(),
-        "fp32_precision": {name: _quiet(lambda b=b: getattr(b, "fp32_precision", None))
-                           for name, b in (("matmul", torch.backends.cuda.matmul), ("cudnn", torch.backends.cudnn),
-                                           ("mkldnn", torch.backends.mkldnn))},
+        "fp32_precision": {
+            name: _quiet(lambda b=b: getattr(b, "fp32_precision", None))
+            for name, b in (
+                ("matmul", torch.backends.cuda.matmul),
+                ("cudnn", torch.backends.cudnn),
+                ("mkldnn", torch.backends.mkldnn),
+            )
+        },
         "mkldnn": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
         "compile": compile_backend,
     }
@@ -114,8 +131,12 @@ def model_identity(model: nn.Module, names: list[str]) -> dict[str, Any]:
     for n, p in model.named_parameters():
         crc = _crc_text(f"{n}:{','.join(map(str, p.shape))};", crc)
         count += p.numel()
-    return {"class": type(model).__name__, "modules": names, "parameters": count,
-            "param_shapes_hash": f"{crc:08x}"}
+    return {
+        "class": type(model).__name__,
+        "modules": names,
+        "parameters": count,
+        "param_shapes_hash": f"{crc:08x}",
+    }
 
 
 def _crc_text(text: str, crc: int = 0) -> int:

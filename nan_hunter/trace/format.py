@@ -25,9 +25,29 @@ PHASES = ("forward", "backward", "optimizer")
 #: the keys of an entry line, in the order they are written (op level adds ``producers`` and, on the
 #: entries that made the root call's outputs, ``output: true``; module level adds ``input``: the
 #: same statistics over the call's floating inputs; both add ``input_dtypes``)
-ENTRY_KEYS = ("index", "module", "module_type", "op", "call_index", "input_index", "step", "phase",
-              "source_file", "source_line", "shape", "dtype", "nan", "posinf", "neginf", "absmax", "absmin",
-              "mean", "l2", "hash", "spread")
+ENTRY_KEYS = (
+    "index",
+    "module",
+    "module_type",
+    "op",
+    "call_index",
+    "input_index",
+    "step",
+    "phase",
+    "source_file",
+    "source_line",
+    "shape",
+    "dtype",
+    "nan",
+    "posinf",
+    "neginf",
+    "absmax",
+    "absmin",
+    "mean",
+    "l2",
+    "hash",
+    "spread",
+)
 STAT_KEYS = ("nan", "posinf", "neginf", "absmax", "absmin", "mean", "l2", "hash")
 
 
@@ -92,17 +112,40 @@ class Entry:
         return self.module, self.call_index, self.input_index, self.step, self.phase
 
 
-def entry_line(index: int, module: str, module_type: str, op: str | None, call_index: int, input_index: int,
-               step: int, phase: str, source: tuple[str, int] | None, d: Any, spread: float | None,
-               producers: list[int | None] | None = None, inputs: Any = None,
-               input_dtypes: list[str] | None = None) -> dict[str, Any]:
+def entry_line(
+    index: int,
+    module: str,
+    module_type: str,
+    op: str | None,
+    call_index: int,
+    input_index: int,
+    step: int,
+    phase: str,
+    source: tuple[str, int] | None,
+    d: Any,
+    spread: float | None,
+    producers: list[int | None] | None = None,
+    inputs: Any = None,
+    input_dtypes: list[str] | None = None,
+) -> dict[str, Any]:
     """The JSON object of one entry from a ``stats.Digest`` ``d`` (and ``inputs``, a digest or None;
     ``input_dtypes``: the dtypes of the floating inputs, None when not recorded)."""
     rec: dict[str, Any] = {
-        "index": index, "module": module, "module_type": module_type, "op": op, "call_index": call_index,
-        "input_index": input_index, "step": step, "phase": phase,
-        "source_file": source[0] if source else None, "source_line": source[1] if source else None,
-        "shape": list(d.shape), "dtype": d.dtype, **digest_stats(d), "spread": number(spread)}
+        "index": index,
+        "module": module,
+        "module_type": module_type,
+        "op": op,
+        "call_index": call_index,
+        "input_index": input_index,
+        "step": step,
+        "phase": phase,
+        "source_file": source[0] if source else None,
+        "source_line": source[1] if source else None,
+        "shape": list(d.shape),
+        "dtype": d.dtype,
+        **digest_stats(d),
+        "spread": number(spread),
+    }
     if producers is not None:
         rec["producers"] = producers
     if inputs is not None:
@@ -114,8 +157,16 @@ def entry_line(index: int, module: str, module_type: str, op: str | None, call_i
 
 def digest_stats(d: Any) -> dict[str, Any]:
     """The statistics keys of an entry from a ``stats.Digest``."""
-    return {"nan": d.nan, "posinf": d.posinf, "neginf": d.neginf, "absmax": number(d.absmax),
-            "absmin": number(d.absmin), "mean": number(d.mean), "l2": number(d.l2), "hash": d.hash}
+    return {
+        "nan": d.nan,
+        "posinf": d.posinf,
+        "neginf": d.neginf,
+        "absmax": number(d.absmax),
+        "absmin": number(d.absmin),
+        "mean": number(d.mean),
+        "l2": number(d.l2),
+        "hash": d.hash,
+    }
 
 
 class TraceWriter:
@@ -134,10 +185,24 @@ class TraceWriter:
         self.closed = False
         self._dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode
 
-    def header(self, level: str, env: dict[str, Any], model: dict[str, Any], inputs: list[dict[str, Any]],
-               repeat: int | None, **extra: Any) -> None:
-        head = {"schema": SCHEMA, "level": level, "repeat": repeat, "env": env, "model": model, "inputs": inputs,
-                **extra}
+    def header(
+        self,
+        level: str,
+        env: dict[str, Any],
+        model: dict[str, Any],
+        inputs: list[dict[str, Any]],
+        repeat: int | None,
+        **extra: Any,
+    ) -> None:
+        head = {
+            "schema": SCHEMA,
+            "level": level,
+            "repeat": repeat,
+            "env": env,
+            "model": model,
+            "inputs": inputs,
+            **extra,
+        }
         self._f.write(self._dumps(head) + "\n")
 
     def entry(self, rec: dict[str, Any]) -> None:

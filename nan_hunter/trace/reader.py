@@ -90,18 +90,45 @@ def _stats(d: Any, what: str) -> Stats:
     counts = [_int(d.get(k), f"{what}.{k}") for k in ("nan", "posinf", "neginf")]
     if any(c is not None and c < 0 for c in counts):
         raise _Bad(f"{what} has a negative count")
-    return Stats(counts[0], counts[1], counts[2], _float(d.get("absmax"), f"{what}.absmax"),
-                 _float(d.get("absmin"), f"{what}.absmin"), _float(d.get("mean"), f"{what}.mean"),
-                 _float(d.get("l2"), f"{what}.l2"), _str(d.get("hash"), f"{what}.hash", none=True, limit=64))
+    return Stats(
+        counts[0],
+        counts[1],
+        counts[2],
+        _float(d.get("absmax"), f"{what}.absmax"),
+        _float(d.get("absmin"), f"{what}.absmin"),
+        _float(d.get("mean"), f"{what}.mean"),
+        _float(d.get("l2"), f"{what}.l2"),
+        _str(d.get("hash"), f"{what}.hash", none=True, limit=64),
+    )
 
 
 def _entry(d: Any, index: int) -> Entry:
     what = f"entry {index}"
     if not isinstance(d, dict):
         raise _Bad(f"{what} is not an object")
-    missing = [k for k in ("index", "module", "module_type", "op", "call_index", "input_index", "step", "phase",
-                           "shape", "dtype", "nan", "posinf", "neginf", "absmax", "mean", "l2", "hash")
-               if k not in d]
+    missing = [
+        k
+        for k in (
+            "index",
+            "module",
+            "module_type",
+            "op",
+            "call_index",
+            "input_index",
+            "step",
+            "phase",
+            "shape",
+            "dtype",
+            "nan",
+            "posinf",
+            "neginf",
+            "absmax",
+            "mean",
+            "l2",
+            "hash",
+        )
+        if k not in d
+    ]
     if missing:
         raise _Bad(f"{what} has no {', '.join(missing)}")
     if _int(d["index"], f"{what}.index") != index:
@@ -110,7 +137,11 @@ def _entry(d: Any, index: int) -> Entry:
     if phase not in PHASES:
         raise _Bad(f"{what}.phase {phase!r} is not one of {', '.join(PHASES)}")
     shape = d["shape"]
-    if not isinstance(shape, list) or len(shape) > 64 or any(isinstance(s, bool) or not isinstance(s, int) for s in shape):
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 64
+        or any(isinstance(s, bool) or not isinstance(s, int) for s in shape)
+    ):
         raise _Bad(f"{what}.shape is not a list of integers")
     producers = d.get("producers")
     if producers is not None:
@@ -129,19 +160,31 @@ def _entry(d: Any, index: int) -> Entry:
     output = d.get("output", False)
     if not isinstance(output, bool):
         raise _Bad(f"{what}.output is not true or false")
-    return Entry(index, _str(d["module"], f"{what}.module"), _str(d["module_type"], f"{what}.module_type"),
-                 _str(d["op"], f"{what}.op", none=True), _int(d["call_index"], f"{what}.call_index"),
-                 _int(d["input_index"], f"{what}.input_index"), _int(d["step"], f"{what}.step"), phase,
-                 _str(d.get("source_file"), f"{what}.source_file", none=True),
-                 _int(d.get("source_line"), f"{what}.source_line", none=True), tuple(shape),
-                 _str(d["dtype"], f"{what}.dtype", none=True, limit=64), _stats(d, what),
-                 _float(d.get("spread"), f"{what}.spread"), producers,
-                 _stats(inp, f"{what}.input") if inp is not None else None, dtypes, output)
+    return Entry(
+        index,
+        _str(d["module"], f"{what}.module"),
+        _str(d["module_type"], f"{what}.module_type"),
+        _str(d["op"], f"{what}.op", none=True),
+        _int(d["call_index"], f"{what}.call_index"),
+        _int(d["input_index"], f"{what}.input_index"),
+        _int(d["step"], f"{what}.step"),
+        phase,
+        _str(d.get("source_file"), f"{what}.source_file", none=True),
+        _int(d.get("source_line"), f"{what}.source_line", none=True),
+        tuple(shape),
+        _str(d["dtype"], f"{what}.dtype", none=True, limit=64),
+        _stats(d, what),
+        _float(d.get("spread"), f"{what}.spread"),
+        producers,
+        _stats(inp, f"{what}.input") if inp is not None else None,
+        dtypes,
+        output,
+    )
 
 
 def _header(d: Any) -> Header:
     if not isinstance(d, dict) or "schema" not in d:
-        raise _Bad("its first line has no \"schema\": not a nanhunter trace")
+        raise _Bad('its first line has no "schema": not a nanhunter trace')
     if d["schema"] != SCHEMA:
         raise _Bad(f"schema {str(d['schema'])[:80]!r}, expected {SCHEMA!r}")
     level = d.get("level")
@@ -210,13 +253,19 @@ def read_trace(path: str | os.PathLike) -> Trace:
     except _Bad as e:
         raise BadInput(f"trace {p}: {e}") from None
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise BadInput(f"trace {p}: cannot be read ({'cut short' if isinstance(e, EOFError) else e})") from None
+        raise BadInput(
+            f"trace {p}: cannot be read ({'cut short' if isinstance(e, EOFError) else e})"
+        ) from None
     if header is None:
         raise BadInput(f"trace {p}: empty file, not a nanhunter trace")
     if end is None:
-        raise BadInput(f"trace {p}: cut short after {len(entries)} entries (no end line): the run that wrote it "
-                       "did not finish")
+        raise BadInput(
+            f"trace {p}: cut short after {len(entries)} entries (no end line): the run that wrote it "
+            "did not finish"
+        )
     if end.get("entries") != len(entries):
-        raise BadInput(f"trace {p}: the end line counts {str(end.get('entries'))[:20]} entries, the file holds "
-                       f"{len(entries)}")
+        raise BadInput(
+            f"trace {p}: the end line counts {str(end.get('entries'))[:20]} entries, the file holds "
+            f"{len(entries)}"
+        )
     return Trace(p, header, entries)

@@ -55,13 +55,48 @@ from .rule import spread_of
 from .stats import Digest, combine, digest, dtype_name
 
 #: ops that move, alias or copy data without computing: their output is their operand's value
-PASS_THROUGH = frozenset((
-    "view", "_unsafe_view", "reshape", "t", "permute", "transpose", "expand", "expand_as", "unsqueeze", "squeeze",
-    "slice", "select", "as_strided", "alias", "detach", "clone", "contiguous", "lift_fresh", "lift_fresh_copy",
-    "unfold", "view_as", "_reshape_alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "flatten",
-    "movedim", "diagonal", "_to_copy_same_dtype", "view_as_real", "view_as_complex", "unflatten"))
+PASS_THROUGH = frozenset(
+    (
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "t",
+        "permute",
+        "transpose",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "select",
+        "as_strided",
+        "alias",
+        "detach",
+        "clone",
+        "contiguous",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "unfold",
+        "view_as",
+        "_reshape_alias",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "narrow",
+        "flatten",
+        "movedim",
+        "diagonal",
+        "_to_copy_same_dtype",
+        "view_as_real",
+        "view_as_complex",
+        "unflatten",
+    )
+)
 #: ops whose output holds whatever memory held: no entry, no producer
 UNWRITTEN = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"))
+
+
 def _float_dtypes(tensors: Any) -> list[str]:
     """The distinct dtypes of the floating tensors among ``tensors``, in first-seen order."""
     out: list[str] = []
@@ -76,8 +111,15 @@ def _float_dtypes(tensors: Any) -> list[str]:
 class _Call:
     __slots__ = ("name", "module_type", "call_index", "source", "inputs", "input_dtypes")
 
-    def __init__(self, name: str, module_type: str, call_index: int, source: tuple[str, int] | None,
-                 inputs: Digest | None, input_dtypes: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        module_type: str,
+        call_index: int,
+        source: tuple[str, int] | None,
+        inputs: Digest | None,
+        input_dtypes: list[str] | None = None,
+    ) -> None:
         self.name, self.module_type, self.call_index = name, module_type, call_index
         self.source, self.inputs, self.input_dtypes = source, inputs, input_dtypes
 
@@ -113,11 +155,18 @@ class TraceRecorder(CallObserver):
     ``dtype``/``compile_backend``: recorded in the environment. Without ``input(i)``, every root
     call is one step of input 0 (a watch)."""
 
-    def __init__(self, model: nn.Module | None, path: str | os.PathLike, level: str = "modules",
-                 repeat: int | None = None,
-                 dtype: str | None = None, compile_backend: str | None = None,
-                 paused: Callable[[], bool] | None = None, inputs: list[dict[str, Any]] | None = None,
-                 **header: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module | None,
+        path: str | os.PathLike,
+        level: str = "modules",
+        repeat: int | None = None,
+        dtype: str | None = None,
+        compile_backend: str | None = None,
+        paused: Callable[[], bool] | None = None,
+        inputs: list[dict[str, Any]] | None = None,
+        **header: Any,
+    ) -> None:
         if level not in LEVELS:
             raise ValueError(f"trace level must be one of {LEVELS}, got {level!r}")
         if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 2):
@@ -258,8 +307,17 @@ class TraceRecorder(CallObserver):
             with _disable_current_modes():
                 d = self._digest_all(output)
             if d is not None:
-                self._add(call.name, call.module_type, None, call.call_index, call.source, d, None, call.inputs,
-                          call.input_dtypes)
+                self._add(
+                    call.name,
+                    call.module_type,
+                    None,
+                    call.call_index,
+                    call.source,
+                    d,
+                    None,
+                    call.inputs,
+                    call.input_dtypes,
+                )
         elif not self._stack:
             self._mark_outputs(output)
         if not self._stack:
@@ -290,8 +348,17 @@ class TraceRecorder(CallObserver):
                     self.failures.append(why or f"{call.name}: no floating output when compiled alone")
                     continue
                 ins = (call.args, call.kwargs)
-                self._add(call.name, type(call.module).__name__, None, call.call_index, None, d, None,
-                          self._digest_all(ins), _float_dtypes(t for _, t in float_tensors(ins)))
+                self._add(
+                    call.name,
+                    type(call.module).__name__,
+                    None,
+                    call.call_index,
+                    None,
+                    d,
+                    None,
+                    self._digest_all(ins),
+                    _float_dtypes(t for _, t in float_tensors(ins)),
+                )
         finally:
             self._quiet = False
 
@@ -362,7 +429,9 @@ class TraceRecorder(CallObserver):
             self._made_by(outs, None)
             return
         ins = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-        if name in PASS_THROUGH or (name == "_to_copy" and ins and all(o.dtype == ins[0].dtype for o in outs)):
+        if name in PASS_THROUGH or (
+            name == "_to_copy" and ins and all(o.dtype == ins[0].dtype for o in outs)
+        ):
             self._made_by(outs, self.producer(ins[0]) if ins else None)
             return
         floats = [o for o in outs if o.is_floating_point() and not o.is_meta]
@@ -373,14 +442,32 @@ class TraceRecorder(CallObserver):
         d = combine([digest(o) for o in floats])
         assert d is not None  # floats is not empty
         call = self._stack[-1]
-        index = self._add(call.name, call.module_type, str(func), call.call_index, source, d,
-                          [self.producer(x) for x in ins], None, _float_dtypes(ins))
+        index = self._add(
+            call.name,
+            call.module_type,
+            str(func),
+            call.call_index,
+            source,
+            d,
+            [self.producer(x) for x in ins],
+            None,
+            _float_dtypes(ins),
+        )
         self._made_by(outs, index)
 
     # -- entries ------------------------------------------------------------------------------
-    def _add(self, module: str, module_type: str, op: str | None, call_index: int, source: tuple[str, int] | None,
-             d: Digest, producers: list[int | None] | None, inputs: Digest | None,
-             input_dtypes: list[str] | None = None) -> int:
+    def _add(
+        self,
+        module: str,
+        module_type: str,
+        op: str | None,
+        call_index: int,
+        source: tuple[str, int] | None,
+        d: Digest,
+        producers: list[int | None] | None,
+        inputs: Digest | None,
+        input_dtypes: list[str] | None = None,
+    ) -> int:
         """Append an entry of the current run; returns its index (run 0: the index it is written
         at; later runs: the same numbering, for their producers)."""
         if d.nan or d.posinf:
@@ -393,8 +480,24 @@ class TraceRecorder(CallObserver):
             return self._base + len(runs) - 1
         index = self._base + len(self._pending)
         input_index = self._input_index if self._input_index is not None else self._step
-        self._pending.append(entry_line(index, module, module_type, op, call_index, input_index, self._step,
-                                        "forward", source, d, None, producers, inputs, input_dtypes))
+        self._pending.append(
+            entry_line(
+                index,
+                module,
+                module_type,
+                op,
+                call_index,
+                input_index,
+                self._step,
+                "forward",
+                source,
+                d,
+                None,
+                producers,
+                inputs,
+                input_dtypes,
+            )
+        )
         self._digests.append((key, d))
         return index
 
@@ -427,7 +530,9 @@ class TraceRecorder(CallObserver):
     def _write_header(self, args: tuple, kwargs: dict) -> None:
         assert self.writer is not None and self.model is not None  # attached
         self._header_written = True
-        device = next((p.device for p in self.model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+        device = next(
+            (p.device for p in self.model.parameters() if p.device.type != "meta"), torch.device("cpu")
+        )
         dtype = self.dtype
         if dtype is None:
             dt = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
@@ -436,5 +541,6 @@ class TraceRecorder(CallObserver):
         inputs = self.inputs if self.inputs is not None else [{"index": 0, "hash": inputs_hash(args, kwargs)}]
         env["inputs"] = [i["hash"] for i in inputs]  # the contract's env holds the inputs' hashes too
         names = [n for n, _ in eager_named_modules(self.model)]
-        self.writer.header(self.level, env, model_identity(self.model, names), inputs, self.repeat,
-                           **self.header_extra)
+        self.writer.header(
+            self.level, env, model_identity(self.model, names), inputs, self.repeat, **self.header_extra
+        )

@@ -33,8 +33,14 @@ NARROW = frozenset(("bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "fp8-e4m3fnuz", "fp8
 SPREAD_FACTOR = 4.0
 #: a spread where a re-run changed the non-finite classes: nothing about that entry can be told
 MAX_SPREAD = 1e300
-_TINY = {"fp64": 2.2250738585072014e-308, "fp32": 1.1754943508222875e-38, "bf16": 1.1754943508222875e-38,
-         "fp16": 6.103515625e-05, "fp8-e4m3": 0.015625, "fp8-e5m2": 6.103515625e-05}
+_TINY = {
+    "fp64": 2.2250738585072014e-308,
+    "fp32": 1.1754943508222875e-38,
+    "bf16": 1.1754943508222875e-38,
+    "fp16": 6.103515625e-05,
+    "fp8-e4m3": 0.015625,
+    "fp8-e5m2": 6.103515625e-05,
+}
 
 
 def classes(s: Any) -> tuple[bool, bool, bool]:
@@ -65,9 +71,11 @@ def rel_err(a: Any, b: Any, dtype: str | None = None) -> float:
         return math.inf
     floor = smallest_normal(dtype)
     scale = max(abs(a.absmax or 0.0), abs(b.absmax or 0.0))
-    errs = (_part(a.absmax, b.absmax, scale, floor),
-            _part(a.l2, b.l2, max(abs(a.l2 or 0.0), abs(b.l2 or 0.0)), floor),
-            _part(a.mean, b.mean, max(abs(a.mean or 0.0), abs(b.mean or 0.0), scale), floor))
+    errs = (
+        _part(a.absmax, b.absmax, scale, floor),
+        _part(a.l2, b.l2, max(abs(a.l2 or 0.0), abs(b.l2 or 0.0)), floor),
+        _part(a.mean, b.mean, max(abs(a.mean or 0.0), abs(b.mean or 0.0), scale), floor),
+    )
     return max(errs)
 
 

@@ -114,8 +114,9 @@ def digest(t: torch.Tensor, hash: bool = True) -> Digest:
     if found is not None:  # every value finite: the fast path
         absmax, absmin, _ = found
         total, sumsq = _sums(w.reshape(-1), absmax)
-        return Digest(shape, dtype, n, 0, 0, 0, absmax, absmin if math.isfinite(absmin) else None,
-                      total, sumsq, n, crc)
+        return Digest(
+            shape, dtype, n, 0, 0, 0, absmax, absmin if math.isfinite(absmin) else None, total, sumsq, n, crc
+        )
     f = w.reshape(-1)
     isnan = torch.isnan(f)
     isinf = torch.isinf(f)
@@ -128,8 +129,20 @@ def digest(t: torch.Tensor, hash: bool = True) -> Digest:
     absmax = float(a.max())
     nz = a[a > 0]
     total, sumsq = _sums(ff, absmax)
-    return Digest(shape, dtype, n, nan, pos, neg, absmax, float(nz.min()) if nz.numel() else None,
-                  total, sumsq, ff.numel(), crc)
+    return Digest(
+        shape,
+        dtype,
+        n,
+        nan,
+        pos,
+        neg,
+        absmax,
+        float(nz.min()) if nz.numel() else None,
+        total,
+        sumsq,
+        ff.numel(),
+        crc,
+    )
 
 
 def combine(parts: list[Digest]) -> Digest | None:
@@ -144,10 +157,20 @@ def combine(parts: list[Digest]) -> Digest | None:
     crc = 0
     for p in parts:
         crc = zlib.crc32(p.crc.to_bytes(4, "little"), crc)
-    return Digest(first.shape, first.dtype, sum(p.numel for p in parts), sum(p.nan for p in parts),
-                  sum(p.posinf for p in parts), sum(p.neginf for p in parts), max(maxes) if maxes else None,
-                  min(mins) if mins else None, sum(p.total for p in parts), sum(p.sumsq for p in parts),
-                  sum(p.finite_n for p in parts), crc)
+    return Digest(
+        first.shape,
+        first.dtype,
+        sum(p.numel for p in parts),
+        sum(p.nan for p in parts),
+        sum(p.posinf for p in parts),
+        sum(p.neginf for p in parts),
+        max(maxes) if maxes else None,
+        min(mins) if mins else None,
+        sum(p.total for p in parts),
+        sum(p.sumsq for p in parts),
+        sum(p.finite_n for p in parts),
+        crc,
+    )
 
 
 def readable(t: torch.Tensor) -> bool:

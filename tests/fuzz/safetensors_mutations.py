@@ -33,15 +33,81 @@ def dump(v) -> str:
     return json.dumps(v)
 
 
-TAGS = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-        "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
-NUMBERS = [-1, Raw("-0"), 1.0, Raw("1e400"), Raw("9" * 5000), "8", True, False, None, Raw("NaN"),
-           Raw("Infinity"), Raw("-Infinity"), 2**64, 2**64 - 1, 2**63, 0, 1, 7, 24, Raw("8e0"), Raw("1E1"),
-           Raw("-9223372036854775809"), 10**30, 2**32]
-DTYPES = [*TAGS, "F4", "F6_E2M3", "F8_E8M0", "C64", "f32", "F12", "", 5, None, [], Obj([("F32", None)]),
-          Obj([("F32", 1)]), Obj([("F32", None), ("F16", None)])]
-ODD_VALUES = [None, True, 3, -2, 1e300, Raw("1e400"), "s", Raw('"\\udc00"'), Raw('"\\ud83d\\ude00"'), [], Obj(),
-              [[[]]], Obj([("dtype", "F32"), ("shape", [1]), ("data_offsets", [0, 4])]), "\x1b[2J<script>"]
+TAGS = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
+NUMBERS = [
+    -1,
+    Raw("-0"),
+    1.0,
+    Raw("1e400"),
+    Raw("9" * 5000),
+    "8",
+    True,
+    False,
+    None,
+    Raw("NaN"),
+    Raw("Infinity"),
+    Raw("-Infinity"),
+    2**64,
+    2**64 - 1,
+    2**63,
+    0,
+    1,
+    7,
+    24,
+    Raw("8e0"),
+    Raw("1E1"),
+    Raw("-9223372036854775809"),
+    10**30,
+    2**32,
+]
+DTYPES = [
+    *TAGS,
+    "F4",
+    "F6_E2M3",
+    "F8_E8M0",
+    "C64",
+    "f32",
+    "F12",
+    "",
+    5,
+    None,
+    [],
+    Obj([("F32", None)]),
+    Obj([("F32", 1)]),
+    Obj([("F32", None), ("F16", None)]),
+]
+ODD_VALUES = [
+    None,
+    True,
+    3,
+    -2,
+    1e300,
+    Raw("1e400"),
+    "s",
+    Raw('"\\udc00"'),
+    Raw('"\\ud83d\\ude00"'),
+    [],
+    Obj(),
+    [[[]]],
+    Obj([("dtype", "F32"), ("shape", [1]), ("data_offsets", [0, 4])]),
+    "\x1b[2J<script>",
+]
 
 
 def nested(depth: int):
@@ -76,8 +142,12 @@ def base_header(rng: random.Random) -> tuple[Obj, bytes]:
         chunk = bytearray(rng.randbytes(nbytes)) if nbytes else bytearray()
         if tag == "F32" and n:
             struct.pack_into("<f", chunk, 0, rng.choice([1.5, float("nan"), float("inf"), -2.0]))
-        pairs.append((f"layer.{i}.w", Obj([("dtype", tag), ("shape", shape),
-                                           ("data_offsets", [len(data), len(data) + nbytes])])))
+        pairs.append(
+            (
+                f"layer.{i}.w",
+                Obj([("dtype", tag), ("shape", shape), ("data_offsets", [len(data), len(data) + nbytes])]),
+            )
+        )
         data += chunk
     rng.shuffle(pairs)
     return Obj(pairs), bytes(data)
@@ -104,8 +174,11 @@ def mutate_structure(h: Obj, rng: random.Random, steps: list[str]) -> None:
             vals = list(e[j][1])
             p = rng.randrange(len(vals))
             orig = vals[p]
-            vals[p] = rng.choice(NUMBERS) if rng.random() < 0.6 or not isinstance(orig, int) else orig + rng.choice(
-                [-8, -4, -1, 1, 2, 4, 8])
+            vals[p] = (
+                rng.choice(NUMBERS)
+                if rng.random() < 0.6 or not isinstance(orig, int)
+                else orig + rng.choice([-8, -4, -1, 1, 2, 4, 8])
+            )
             e[j] = (key, vals)
             steps.append(f"{key}[{p}]={dump(vals[p])[:20]}")
     elif op == 2:  # the dtype
@@ -124,8 +197,22 @@ def mutate_structure(h: Obj, rng: random.Random, steps: list[str]) -> None:
             h.append(("__metadata__", Obj([("a", "b")])))
             steps.append("duplicate __metadata__")
         else:
-            h.insert(0, ("__metadata__", rng.choice([Obj([("k", rng.choice(ODD_VALUES))]), [], "x", 3, None,
-                                                      Obj([("k", "1"), ("k", "2")])])))
+            h.insert(
+                0,
+                (
+                    "__metadata__",
+                    rng.choice(
+                        [
+                            Obj([("k", rng.choice(ODD_VALUES))]),
+                            [],
+                            "x",
+                            3,
+                            None,
+                            Obj([("k", "1"), ("k", "2")]),
+                        ]
+                    ),
+                ),
+            )
             steps.append("odd __metadata__")
     elif op == 5 and all(e for _, e in ents):  # a known field given twice
         i, e = rng.choice(ents)
@@ -167,7 +254,9 @@ def mutate_structure(h: Obj, rng: random.Random, steps: list[str]) -> None:
             steps.append("offsets swapped")
     elif op == 11:  # a tensor name with control characters, markup, brackets, a lone surrogate
         i, _ = rng.choice(ents)
-        name = rng.choice(["\x1b[2J\x1b]0;pwn\x07", "<script>x</script>", "a[[[{", Raw('"\\ud800"'), "", "a\x00b"])
+        name = rng.choice(
+            ["\x1b[2J\x1b]0;pwn\x07", "<script>x</script>", "a[[[{", Raw('"\\ud800"'), "", "a\x00b"]
+        )
         h[i] = (name, h[i][1])
         steps.append("odd name")
     elif op == 12:  # serde's list form of an entry
@@ -192,11 +281,15 @@ def encode(text: str, data: bytes, rng: random.Random, steps: list[str]) -> byte
         raw = text.encode("utf-16", "surrogatepass")
         steps.append("UTF-16")
     elif r < 0.12:
-        raw = rng.choice([b" ", b"\t", b"\n", b"\r", b"\x0c", b"\x00"]) + raw + rng.choice([b"", b"  ", b"x", b"\x00"])
+        raw = (
+            rng.choice([b" ", b"\t", b"\n", b"\r", b"\x0c", b"\x00"])
+            + raw
+            + rng.choice([b"", b"  ", b"x", b"\x00"])
+        )
         steps.append("padding")
     elif r < 0.18 and raw:
         p = rng.randrange(len(raw))
-        raw = raw[:p] + bytes([rng.randrange(256)]) + raw[p + 1:]
+        raw = raw[:p] + bytes([rng.randrange(256)]) + raw[p + 1 :]
         steps.append("byte flipped")
     elif r < 0.21:
         raw = raw[: rng.randrange(len(raw) + 1)]
@@ -241,11 +334,29 @@ def duplicate_tensor_names(header_bytes: bytes) -> bool:
     return len(names) != len(set(names))
 
 
-HOSTILE_SHARDS = ["../outside/secret.safetensors", "/etc/passwd", "ABSOLUTE", "link.safetensors",
-                  "sub/../../outside/secret.safetensors", "./../outside/secret.safetensors", "..", "/", "sub/..",
-                  "linkdir/secret.safetensors"]
-OTHER_SHARDS = ["missing.safetensors", "shard-2.safetensors", "./shard-1.safetensors", "", "shard-1.safetensors\x00x",
-                5, None, {"x": 1}, ["shard-1.safetensors"]]
+HOSTILE_SHARDS = [
+    "../outside/secret.safetensors",
+    "/etc/passwd",
+    "ABSOLUTE",
+    "link.safetensors",
+    "sub/../../outside/secret.safetensors",
+    "./../outside/secret.safetensors",
+    "..",
+    "/",
+    "sub/..",
+    "linkdir/secret.safetensors",
+]
+OTHER_SHARDS = [
+    "missing.safetensors",
+    "shard-2.safetensors",
+    "./shard-1.safetensors",
+    "",
+    "shard-1.safetensors\x00x",
+    5,
+    None,
+    {"x": 1},
+    ["shard-1.safetensors"],
+]
 
 
 def mutated_index(rng: random.Random, secret: str) -> tuple[str, bool]:

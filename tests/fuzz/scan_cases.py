@@ -61,8 +61,11 @@ def main(cases_file: str, results_file: str) -> None:
             outside = case.get("outside")
             if outside:
                 root = Path(outside).resolve()
-                rec["opened_outside"] = [p for p in opened if root in Path(os.path.abspath(p)).resolve().parents
-                                         or p == "/etc/passwd"]
+                rec["opened_outside"] = [
+                    p
+                    for p in opened
+                    if root in Path(os.path.abspath(p)).resolve().parents or p == "/etc/passwd"
+                ]
             out.write(json.dumps(rec) + "\n")
             out.flush()
 

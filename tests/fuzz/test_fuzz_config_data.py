@@ -19,11 +19,46 @@ from nan_hunter.model.inputs import read_jsonl
 
 SEEDS = (0, 1, 2)
 CASES_PER_SEED = 150
-VALUES = [None, True, False, 0, -1, 1.5, 1e400, "abc", "1e-4", "fp16", "int8", [], [1, 2], {}, {"a": 1},
-          "&anchor", "*alias", "\x1b[2J", "ü", 10**50, "nan", ".inf", "-.inf"]
-TEXTS = ['{"text": "the quick brown fox"}', '{"text": null}', '{"text": 3}', '{"txt": "a"}', "[1, 2]", "not json",
-         '{"text": "' + "a" * 5000 + '"}', '{"text": "\\u0000\\u001b[2J"}', "{" * 1000 + "}" * 1000, "",
-         '"just a string"', '{"text": ""}', '{"text": "ok", "extra": {"deep": [[[[1]]]]}}']
+VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1.5,
+    1e400,
+    "abc",
+    "1e-4",
+    "fp16",
+    "int8",
+    [],
+    [1, 2],
+    {},
+    {"a": 1},
+    "&anchor",
+    "*alias",
+    "\x1b[2J",
+    "ü",
+    10**50,
+    "nan",
+    ".inf",
+    "-.inf",
+]
+TEXTS = [
+    '{"text": "the quick brown fox"}',
+    '{"text": null}',
+    '{"text": 3}',
+    '{"txt": "a"}',
+    "[1, 2]",
+    "not json",
+    '{"text": "' + "a" * 5000 + '"}',
+    '{"text": "\\u0000\\u001b[2J"}',
+    "{" * 1000 + "}" * 1000,
+    "",
+    '"just a string"',
+    '{"text": ""}',
+    '{"text": "ok", "extra": {"deep": [[[[1]]]]}}',
+]
 
 
 def _default_tree() -> dict:
@@ -51,7 +86,11 @@ def _mutate_config(rng: random.Random, tree: dict) -> str:
     text = yaml.safe_dump(data, allow_unicode=True)
     if rng.random() < 0.2:
         cut = rng.randrange(len(text))
-        text = text[:cut] + rng.choice(["\t", ": :", "[", "&a x\nb: *a", "\x00", "!!python/object:os.system"]) + text[cut:]
+        text = (
+            text[:cut]
+            + rng.choice(["\t", ": :", "[", "&a x\nb: *a", "\x00", "!!python/object:os.system"])
+            + text[cut:]
+        )
     return text
 
 

@@ -56,9 +56,9 @@ def _mutate(raw: bytes, rng: random.Random, header_end: int) -> bytes:
         fmt = "<Q" if kind == "u64" else "<I"
         pos = rng.randrange(4, header_end - 8)
         v = rng.choice(EXTREMES) & (0xFFFFFFFF if kind == "u32" else 2**64 - 1)
-        b[pos: pos + struct.calcsize(fmt)] = struct.pack(fmt, v)
+        b[pos : pos + struct.calcsize(fmt)] = struct.pack(fmt, v)
     elif kind == "truncate":
-        del b[rng.randrange(0, len(b)):]
+        del b[rng.randrange(0, len(b)) :]
     elif kind == "insert":
         pos = rng.randrange(4, header_end)
         b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))

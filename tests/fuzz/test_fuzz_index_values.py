@@ -28,12 +28,38 @@ SEED = 2525
 N_RANDOM = 60
 
 FIXED_VALUES = [
-    ["shard-1.safetensors"], {"f": "shard-1.safetensors"}, 5, 1.5, True, None, "",
-    "shard-1.safetensors\x00x", "\x00", "a" * 300, "a" * 300 + ".safetensors", "sub/" + "b" * 256,
-    "a/" * 2100 + "x.safetensors", "x" * 5000, "sub", "sub/", ".", "./", "shard-1.safetensors/",
-    "model.safetensors.index.json", "config.txt", "shard-1.safetensors\n", " shard-1.safetensors",
-    "shard-\ud800.safetensors", "shard-1.safetensors\\..\\x", "\u202eshard.safetensors", "fifo.safetensors",
-    "missing.safetensors", "bad\nname.safetensors", "sub/../shard-1.safetensors", "//shard-1.safetensors", "~/shard-1.safetensors",
+    ["shard-1.safetensors"],
+    {"f": "shard-1.safetensors"},
+    5,
+    1.5,
+    True,
+    None,
+    "",
+    "shard-1.safetensors\x00x",
+    "\x00",
+    "a" * 300,
+    "a" * 300 + ".safetensors",
+    "sub/" + "b" * 256,
+    "a/" * 2100 + "x.safetensors",
+    "x" * 5000,
+    "sub",
+    "sub/",
+    ".",
+    "./",
+    "shard-1.safetensors/",
+    "model.safetensors.index.json",
+    "config.txt",
+    "shard-1.safetensors\n",
+    " shard-1.safetensors",
+    "shard-\ud800.safetensors",
+    "shard-1.safetensors\\..\\x",
+    "\u202eshard.safetensors",
+    "fifo.safetensors",
+    "missing.safetensors",
+    "bad\nname.safetensors",
+    "sub/../shard-1.safetensors",
+    "//shard-1.safetensors",
+    "~/shard-1.safetensors",
 ]
 FIXED_KEYS = ["", "\x00", "k" * 300, "w\nx", "\ud800"]
 
@@ -45,7 +71,9 @@ def _case(tmp_path, i: int, weight_map: object, as_dir: bool):
     save_file({"w": torch.ones(3)}, str(d / "shard-1.safetensors"))
     save_file({"v": torch.ones(2)}, str(d / "shard-2.safetensors"))
     (d / "config.txt").write_text("not a shard")
-    (d / "bad\nname.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # a real, corrupt shard
+    (d / "bad\nname.safetensors").write_bytes(
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage"
+    )  # a real, corrupt shard
     os.mkfifo(d / "fifo.safetensors.pipe")
     try:
         os.symlink("fifo.safetensors.pipe", d / "fifo.safetensors")
@@ -71,7 +99,9 @@ def test_fixed_malformed_values_exit_2_one_line(tmp_path, as_dir):
         got = _outcome(_case(tmp_path, i, {"w": "shard-1.safetensors", "v": v}, as_dir))
         assert got == 2, (v, got)
     for j, k in enumerate(FIXED_KEYS):
-        got = _outcome(_case(tmp_path, 100 + j, {"w": "shard-1.safetensors", k: "shard-2.safetensors"}, as_dir))
+        got = _outcome(
+            _case(tmp_path, 100 + j, {"w": "shard-1.safetensors", k: "shard-2.safetensors"}, as_dir)
+        )
         assert got == 2, (k, got)
 
 
@@ -91,7 +121,9 @@ def test_random_index_values(tmp_path):
 def _guard_outcome(path) -> object:
     """What the output check (run before any work) makes of the checkpoint: its files, or exit 2."""
     try:
-        outputs.check_outputs([outputs.Output("--json", str(path.parent / "out.json"))], command_inputs.input_files([str(path)]))
+        outputs.check_outputs(
+            [outputs.Output("--json", str(path.parent / "out.json"))], command_inputs.input_files([str(path)])
+        )
         return 0
     except BadInput as e:
         msg = str(e)
@@ -111,13 +143,17 @@ def test_output_check_reads_the_index_as_the_loader_does(tmp_path, as_dir):
         _guard_outcome(_case(tmp_path, 200 + i, wm, as_dir))  # BadInput or the files: never another error
 
 
-@pytest.mark.parametrize("value, says", [(["shard-1.safetensors"], "not a file name"),
-                                         ("shard-1.safetensors\x00x", "is not a file name")])
+@pytest.mark.parametrize(
+    "value, says",
+    [(["shard-1.safetensors"], "not a file name"), ("shard-1.safetensors\x00x", "is not a file name")],
+)
 @pytest.mark.parametrize("as_dir", [False, True])
 def test_malformed_index_exits_2_in_one_line_from_the_cli(run_main, tmp_path, value, says, as_dir):
     path = _case(tmp_path, 0, {"w": value}, as_dir)
     for extra in ([], ["--json", str(tmp_path / "r.json")]):
         res = run_main("scan", path, *extra)
         lines = res.stderr.strip().splitlines()
-        assert res.code == 2 and len(lines) == 1 and says in lines[0] and "internal error" not in lines[0], res.stderr
+        assert res.code == 2 and len(lines) == 1 and says in lines[0] and "internal error" not in lines[0], (
+            res.stderr
+        )
         assert "model.safetensors.index.json" in lines[0]

@@ -16,15 +16,48 @@ from nan_hunter.errors import BadInput
 
 SEED = 2526
 N = 200
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8,
-          torch.int8, torch.int32, torch.int64, torch.float8_e8m0fnu, torch.bool]
-SUFFIXES = [".weight", ".weight_scale_inv", ".weight_scale", ".weight_packed", ".weight_shape",
-            ".weight_zero_point", ".weight_scale_2", ".weight_global_scale", "_blocks", "_scales",
-            # issue 34: GPTQ/AWQ, bitsandbytes, DeepSeek-V4, activation/KV scales
-            ".qweight", ".qzeros", ".scales", ".g_idx", ".SCB", ".weight_format", ".weight.absmax",
-            ".weight.quant_map", ".weight.nested_absmax", ".weight.nested_quant_map",
-            ".weight.quant_state.bitsandbytes__nf4", ".scale", ".input_scale", ".k_scale", ".v_scale",
-            ".input_global_scale"]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.float8_e8m0fnu,
+    torch.bool,
+]
+SUFFIXES = [
+    ".weight",
+    ".weight_scale_inv",
+    ".weight_scale",
+    ".weight_packed",
+    ".weight_shape",
+    ".weight_zero_point",
+    ".weight_scale_2",
+    ".weight_global_scale",
+    "_blocks",
+    "_scales",
+    # issue 34: GPTQ/AWQ, bitsandbytes, DeepSeek-V4, activation/KV scales
+    ".qweight",
+    ".qzeros",
+    ".scales",
+    ".g_idx",
+    ".SCB",
+    ".weight_format",
+    ".weight.absmax",
+    ".weight.quant_map",
+    ".weight.nested_absmax",
+    ".weight.nested_quant_map",
+    ".weight.quant_state.bitsandbytes__nf4",
+    ".scale",
+    ".input_scale",
+    ".k_scale",
+    ".v_scale",
+    ".input_global_scale",
+]
 
 
 def _shape(rng: random.Random) -> list[int]:
@@ -35,8 +68,13 @@ def _tensor(rng: random.Random, dtype, shape):
     n = 1
     for s in shape:
         n *= s
-    raw = torch.randint(0, 256, (n * torch.empty((), dtype=dtype).element_size(),), dtype=torch.uint8,
-                        generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+    raw = torch.randint(
+        0,
+        256,
+        (n * torch.empty((), dtype=dtype).element_size(),),
+        dtype=torch.uint8,
+        generator=torch.Generator().manual_seed(rng.randrange(1 << 30)),
+    )
     return raw.view(dtype).reshape(shape) if dtype != torch.bool else (raw[:n] & 1).bool().reshape(shape)
 
 
@@ -53,8 +91,9 @@ def test_random_quantized_layouts(tmp_path):
             rows, cols = rng.choice([(128, 128), (256, 130), (4, 32)])
             w = _tensor(rng, torch.float8_e4m3fn, [rows, cols])
             tensors["b.l.weight"] = w
-            tensors["b.l.weight_scale_inv"] = _tensor(rng, rng.choice(DTYPES[:3]),
-                                                      [-(-rows // 128) + rng.choice([0, 0, 1]), -(-cols // 128)])
+            tensors["b.l.weight_scale_inv"] = _tensor(
+                rng, rng.choice(DTYPES[:3]), [-(-rows // 128) + rng.choice([0, 0, 1]), -(-cols // 128)]
+            )
         p = tmp_path / f"q{i}.safetensors"
         save_file(tensors, str(p))
         try:
@@ -89,10 +128,18 @@ def test_random_gptq_awq_bnb_sets(tmp_path):
             bits = 4 if kind == "awq" else rng.choice([2, 3, 4, 8])
             n_in, n_out, groups = rng.choice([96, 192]), rng.choice([32, 64]), rng.choice([1, 2, 3])
             if kind == "gptq":
-                shapes = {".qweight": [n_in * bits // 32, n_out], ".qzeros": [groups, n_out * bits // 32],
-                          ".scales": [groups, n_out], ".g_idx": [n_in]}
+                shapes = {
+                    ".qweight": [n_in * bits // 32, n_out],
+                    ".qzeros": [groups, n_out * bits // 32],
+                    ".scales": [groups, n_out],
+                    ".g_idx": [n_in],
+                }
             else:
-                shapes = {".qweight": [n_in, n_out // 8], ".qzeros": [groups, n_out // 8], ".scales": [groups, n_out]}
+                shapes = {
+                    ".qweight": [n_in, n_out // 8],
+                    ".qzeros": [groups, n_out // 8],
+                    ".scales": [groups, n_out],
+                }
             for k, shape in shapes.items():
                 if rng.random() < 0.15:  # mangle one dim
                     shape = [x + rng.choice([-1, 1, 8]) if rng.random() < 0.5 else x for x in shape]
@@ -101,33 +148,53 @@ def test_random_gptq_awq_bnb_sets(tmp_path):
                     dt = rng.choice([torch.int8, torch.float32, torch.int64])
                 x = _tensor(rng, dt, [max(0, v) for v in shape])
                 if k == ".g_idx" and x.numel():
-                    x = (torch.arange(x.numel()) * groups // x.numel()).to(dt) if rng.random() < 0.6 else \
-                        torch.randint(-1, groups + 1, (x.numel(),)).to(dt)
+                    x = (
+                        (torch.arange(x.numel()) * groups // x.numel()).to(dt)
+                        if rng.random() < 0.6
+                        else torch.randint(-1, groups + 1, (x.numel(),)).to(dt)
+                    )
                 if k == ".scales" and rng.random() < 0.7:
                     x = (torch.rand(x.shape) + 0.01).to(dt)
                 t["m.l" + k] = x
-            qc = {"quant_method": kind, "bits": rng.choice([bits, bits, 5]), "sym": rng.choice([True, False]),
-                  "checkpoint_format": rng.choice(["gptq", "gptq_v2", "gptq", "marlin"]),
-                  "version": rng.choice(["gemm", "gemv", "gemm"]), "group_size": n_in // groups}
+            qc = {
+                "quant_method": kind,
+                "bits": rng.choice([bits, bits, 5]),
+                "sym": rng.choice([True, False]),
+                "checkpoint_format": rng.choice(["gptq", "gptq_v2", "gptq", "marlin"]),
+                "version": rng.choice(["gemm", "gemv", "gemm"]),
+                "group_size": n_in // groups,
+            }
         elif kind == "bnb4":
             n = rng.choice([0, 32, 64, 100])
-            state = {"quant_type": rng.choice(["nf4", "fp4", "x"]), "blocksize": rng.choice([32, 64, 7]),
-                     "dtype": "float32", "shape": [n]}
+            state = {
+                "quant_type": rng.choice(["nf4", "fp4", "x"]),
+                "blocksize": rng.choice([32, 64, 7]),
+                "dtype": "float32",
+                "shape": [n],
+            }
             if rng.random() < 0.5:
-                state.update(nested_blocksize=rng.choice([256, 3]), nested_offset=rng.choice([0.1, "x"]),
-                             nested_dtype="float32")
+                state.update(
+                    nested_blocksize=rng.choice([256, 3]),
+                    nested_offset=rng.choice([0.1, "x"]),
+                    nested_dtype="float32",
+                )
             raw = json.dumps(state).encode()
             if rng.random() < 0.3:
                 raw = raw[: rng.randrange(len(raw))]
             bs = state["blocksize"] if state["blocksize"] != 7 else 32
             t["m.l.weight"] = _tensor(rng, torch.uint8, [rng.choice([(n + 1) // 2, (n + 1) // 2, 50])])
-            t["m.l.weight.absmax"] = _tensor(rng, torch.uint8 if "nested_offset" in state else torch.float32,
-                                             [rng.choice([-(-n // bs), -(-n // bs), 2])])
+            t["m.l.weight.absmax"] = _tensor(
+                rng,
+                torch.uint8 if "nested_offset" in state else torch.float32,
+                [rng.choice([-(-n // bs), -(-n // bs), 2])],
+            )
             t["m.l.weight.quant_map"] = _tensor(rng, torch.float32, [rng.choice([16, 3])])
             if "nested_offset" in state:
                 t["m.l.weight.nested_absmax"] = _tensor(rng, torch.float32, [1])
                 t["m.l.weight.nested_quant_map"] = _tensor(rng, torch.float32, [rng.choice([256, 2])])
-            t[f"m.l.weight.quant_state.bitsandbytes__{state['quant_type']}"] = torch.tensor(list(raw), dtype=torch.uint8)
+            t[f"m.l.weight.quant_state.bitsandbytes__{state['quant_type']}"] = torch.tensor(
+                list(raw), dtype=torch.uint8
+            )
             qc = {"quant_method": "bitsandbytes"}
         else:
             r, c = rng.choice(dims), rng.choice(dims)

@@ -46,7 +46,7 @@ def test_verdicts_match_the_reference_parser(tmp_path):
             ours, msg = False, str(e)
             assert "\n" not in msg and str(p) in msg, (i, case.steps, msg)
         n = struct.unpack("<Q", case.data[:8])[0] if len(case.data) >= 8 else 0
-        if ref and not ours and duplicate_tensor_names(case.data[8: 8 + n]):
+        if ref and not ours and duplicate_tensor_names(case.data[8 : 8 + n]):
             stricter += 1  # nanhunter refuses a repeated tensor name; the reference keeps the last
             assert "given twice" in msg, msg
             continue

@@ -30,8 +30,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def _index_case(d: Path, rng: random.Random) -> tuple[Path, bool]:
@@ -64,15 +67,23 @@ def test_scan_fuzz(tmp_path):
     for j in range(N_INDEXES):
         d = tmp_path / f"i{j}"
         target, hostile = _index_case(d, rng)
-        cases.append({"id": N_FILES + j, "path": str(target), "outside": str(d / "outside"), "hostile": hostile})
+        cases.append(
+            {"id": N_FILES + j, "path": str(target), "outside": str(d / "outside"), "hostile": hostile}
+        )
     warm = tmp_path / "warm.safetensors"
     save_file({"w": torch.ones(4)}, str(warm))
     before = _hashes(tmp_path)
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps({"warmup": str(warm), "secret": SECRET, "cases": cases}))
     results = tmp_path / "results.jsonl"
-    proc = subprocess.run([sys.executable, str(HERE / "scan_cases.py"), str(spec), str(results)], cwd=ROOT,
-                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "scan_cases.py"), str(spec), str(results)],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {r["id"]: r for r in map(json.loads, results.read_text().splitlines())}
     assert len(got) == len(cases)
@@ -101,7 +112,9 @@ def test_scan_fuzz(tmp_path):
         assert res.code == got[c["id"]]["code"], (c, res.stderr)
         assert "Traceback" not in res.stderr and SECRET not in res.stdout + res.stderr
         if res.code == 2:
-            assert [ln for ln in res.stderr.splitlines() if ln.strip()] == [f"nanhunter: error: {got[c['id']]['msg']}"]
+            assert [ln for ln in res.stderr.splitlines() if ln.strip()] == [
+                f"nanhunter: error: {got[c['id']]['msg']}"
+            ]
         else:
             assert json.loads(res.stdout)["schema"] == "nanhunter.report/v1"
     assert _hashes(tmp_path).items() >= before.items()

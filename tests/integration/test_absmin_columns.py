@@ -26,16 +26,24 @@ def rep():
     fifth line)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        return scan(f"{INC}/model.safetensors", arch=f"{INC}/model.py:build", inputs=[f"{INC}/inputs.safetensors"],
-                    dtype="fp16", device="cpu")
+        return scan(
+            f"{INC}/model.safetensors",
+            arch=f"{INC}/model.py:build",
+            inputs=[f"{INC}/inputs.safetensors"],
+            dtype="fp16",
+            device="cpu",
+        )
 
 
 def _capture(rep, width: int) -> str:
     """The terminal view into a file at ``width`` columns, plain text whatever the environment says
     (FORCE_COLOR or TTY_COMPATIBLE would make rich colour a file too)."""
     buf = io.StringIO()
-    render(rep, Console(file=buf, width=width, markup=False, emoji=False, highlight=False, color_system=None),
-           strip=True)
+    render(
+        rep,
+        Console(file=buf, width=width, markup=False, emoji=False, highlight=False, color_system=None),
+        strip=True,
+    )
     return buf.getvalue()
 
 
@@ -58,7 +66,8 @@ def test_terminal_capture(rep, width):
     assert any("0.007282" in line and "norm" in line for line in lines)
     assert sum("replay: finite in fp32" in line for line in lines) == 1  # said once
     assert "✔ verified on a copy of the whole model: an eps fp16 can hold" in " ".join(
-        " ".join(line.strip("│ ").split()) for line in lines)
+        " ".join(line.strip("│ ").split()) for line in lines
+    )
 
 
 def test_html_strip_has_abs_min(rep):
@@ -102,8 +111,17 @@ def tiny_model(tmp_path_factory):
     save_file({"input": x}, str(tmp / "inputs.safetensors"))
     with torch.no_grad():
         shrunk = m.shrink(m.proj(x))
-    return {"dir": tmp, "shrunk": shrunk, "args": [str(tmp / "model.safetensors"), "--arch", f"{tmp / 'model.py'}:build",
-                                                  "--inputs", str(tmp / "inputs.safetensors")]}
+    return {
+        "dir": tmp,
+        "shrunk": shrunk,
+        "args": [
+            str(tmp / "model.safetensors"),
+            "--arch",
+            f"{tmp / 'model.py'}:build",
+            "--inputs",
+            str(tmp / "inputs.safetensors"),
+        ],
+    }
 
 
 def test_flush_share_per_target_dtype_in_json(cli_main, tiny_model):
@@ -128,8 +146,16 @@ def test_flush_share_per_target_dtype_in_json(cli_main, tiny_model):
 @pytest.mark.parametrize("width", [80, 120])
 def test_flush_column_in_terminal_and_html(cli_main, tiny_model, tmp_path, width):
     html = tmp_path / "r.html"
-    r = cli_main("scan", *tiny_model["args"], "--dtype", "fp32", "--strip", "--report", str(html),
-                 env={"COLUMNS": str(width)})
+    r = cli_main(
+        "scan",
+        *tiny_model["args"],
+        "--dtype",
+        "fp32",
+        "--strip",
+        "--report",
+        str(html),
+        env={"COLUMNS": str(width)},
+    )
     assert r.code == 0, r.stderr
     lines = r.stdout.splitlines()
     assert all(cells(line) <= width for line in lines)

@@ -26,7 +26,9 @@ SCAN_KEYWORDS = {f.name for f, _ in option_fields(ScanOptions)} | {"config"}
 BISECT_KEYWORDS = {f.name for f, _ in option_fields(BisectOptions)} | {"config"}
 
 
-@pytest.mark.parametrize("fn, keywords", [(nan_hunter.scan, SCAN_KEYWORDS), (nan_hunter.bisect, BISECT_KEYWORDS)])
+@pytest.mark.parametrize(
+    "fn, keywords", [(nan_hunter.scan, SCAN_KEYWORDS), (nan_hunter.bisect, BISECT_KEYWORDS)]
+)
 def test_real_keyword_signature_documented(fn, keywords):
     params = inspect.signature(fn).parameters
     assert list(params)[0] == "checkpoint"
@@ -38,16 +40,22 @@ def test_real_keyword_signature_documented(fn, keywords):
     assert keywords <= names, keywords - names
 
 
-@pytest.mark.parametrize("call, says", [
-    (lambda: nan_hunter.scan("x", prompt="hi"), "got an unexpected keyword argument 'prompt'; did you mean prompts=?"),
-    (lambda: nan_hunter.scan("x", precision="fp16"), "did you mean dtype=?"),
-    (lambda: nan_hunter.scan("x", dtpye="fp16"), "did you mean dtype=?"),
-    (lambda: nan_hunter.scan("x", no_replay=True), "use replay=False"),
-    (lambda: nan_hunter.scan("x", json="r.json"), "write it with report.to_json(path)"),
-    (lambda: nan_hunter.bisect("x", keep_dtpye="bf16"), "did you mean keep_dtype=?"),
-    (lambda: nan_hunter.bisect("x", policy="p.yaml"), "did you mean policy_out=?"),
-    (lambda: nan_hunter.watch(object(), levle="ops"), "did you mean level=?"),
-])
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (
+            lambda: nan_hunter.scan("x", prompt="hi"),
+            "got an unexpected keyword argument 'prompt'; did you mean prompts=?",
+        ),
+        (lambda: nan_hunter.scan("x", precision="fp16"), "did you mean dtype=?"),
+        (lambda: nan_hunter.scan("x", dtpye="fp16"), "did you mean dtype=?"),
+        (lambda: nan_hunter.scan("x", no_replay=True), "use replay=False"),
+        (lambda: nan_hunter.scan("x", json="r.json"), "write it with report.to_json(path)"),
+        (lambda: nan_hunter.bisect("x", keep_dtpye="bf16"), "did you mean keep_dtype=?"),
+        (lambda: nan_hunter.bisect("x", policy="p.yaml"), "did you mean policy_out=?"),
+        (lambda: nan_hunter.watch(object(), levle="ops"), "did you mean level=?"),
+    ],
+)
 def test_mistyped_keyword_names_the_one_meant(call, says):
     with pytest.raises(TypeError) as e:
         call()

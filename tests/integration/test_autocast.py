@@ -51,8 +51,9 @@ def _train_mlp(on_fault: str, cache_enabled: bool = True, steps: int = 5):
         return e.report
 
 
-@pytest.mark.parametrize(("on_fault", "cache_enabled"), [("record", True), ("stop", True), ("raise", True),
-                                                         ("raise", False)])
+@pytest.mark.parametrize(
+    ("on_fault", "cache_enabled"), [("record", True), ("stop", True), ("raise", True), ("raise", False)]
+)
 def test_every_on_fault_names_the_cast_and_its_fix(on_fault, cache_enabled):
     rep = _train_mlp(on_fault, cache_enabled)
     f, d = rep.first_nonfinite, rep.diagnosis
@@ -85,21 +86,35 @@ def test_the_weight_that_does_not_fit_fp16_is_named_with_a_fix_that_applies():
     rep = _train_mlp("record")
     f, d = rep.first_nonfinite, rep.diagnosis
     assert f.param == d.param == "up.weight"
-    assert d.summary.startswith("the cast of parameter up.weight (absmax ") and " to fp16 overflowed" in d.summary
+    assert (
+        d.summary.startswith("the cast of parameter up.weight (absmax ")
+        and " to fp16 overflowed" in d.summary
+    )
     assert "matmul" not in d.summary
     assert any(e.startswith("parameter up.weight (float32[32, 16]): absmax ") for e in d.evidence)
     # the fix proposed first is the one verified on a copy
-    assert d.fix_verified.finite and d.fix_verified.change == "run in bf16" and d.fix.startswith("Run in bf16")
+    assert (
+        d.fix_verified.finite and d.fix_verified.change == "run in bf16" and d.fix.startswith("Run in bf16")
+    )
     # the first-non-finite panel names it on its own row
-    assert any(line.strip("│ ").split() == ["parameter", "up.weight"] for line in rep.render(width=100).splitlines())
+    assert any(
+        line.strip("│ ").split() == ["parameter", "up.weight"] for line in rep.render(width=100).splitlines()
+    )
 
 
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     cfg._attn_implementation = "eager"
     return LlamaForCausalLM(cfg)
 
@@ -127,7 +142,12 @@ def test_a_negative_weight_cast_to_neginf_is_named_not_the_matmul_after_it(on_fa
     except NonFiniteError as e:
         rep = e.report
     f, d = rep.first_nonfinite, rep.diagnosis
-    assert (f.step, f.module, f.op, f.kind) == (FAULT, "model.layers.1.mlp.up_proj", "aten._to_copy.default", "neginf")
+    assert (f.step, f.module, f.op, f.kind) == (
+        FAULT,
+        "model.layers.1.mlp.up_proj",
+        "aten._to_copy.default",
+        "neginf",
+    )
     assert d.cause == "overflow" and f.param == "model.layers.1.mlp.up_proj.weight"
 
 
@@ -154,7 +174,10 @@ def test_a_watch_under_autocast_is_an_fp16_run(tmp_path):
     rep.to_json(str(tmp_path / "r.json"))
     import json
 
-    assert json.loads((tmp_path / "r.json").read_text())["run"]["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
+    assert json.loads((tmp_path / "r.json").read_text())["run"]["autocast"] == {
+        "device_type": "cpu",
+        "dtype": "fp16",
+    }
 
 
 def test_a_watch_without_autocast_has_no_autocast():

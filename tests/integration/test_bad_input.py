@@ -67,8 +67,10 @@ def test_header_not_json(cli_main, tmp_path):
 
 def test_index_naming_missing_shard(cli_main, tmp_path):
     _ok_file(tmp_path / "model-00001-of-00002.safetensors")
-    idx = {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors",
-                                          "x": "model-00002-of-00002.safetensors"}}
+    idx = {
+        "metadata": {},
+        "weight_map": {"w": "model-00001-of-00002.safetensors", "x": "model-00002-of-00002.safetensors"},
+    }
     p = tmp_path / "model.safetensors.index.json"
     p.write_text(json.dumps(idx))
     _assert_clean_error(cli_main("scan", p, json_report=False), "model-00002-of-00002.safetensors", "missing")
@@ -81,20 +83,26 @@ def test_unknown_dtype(cli_main, tmp_path):
 
 def test_json_into_missing_directory(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
-    _assert_clean_error(cli_main("scan", f, "--json", tmp_path / "no" / "such" / "r.json", json_report=False),
-                        "does not exist")
+    _assert_clean_error(
+        cli_main("scan", f, "--json", tmp_path / "no" / "such" / "r.json", json_report=False),
+        "does not exist",
+    )
 
 
 def test_wrong_arch_keys(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
     arch = tmp_path / "arch.py"
     arch.write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
-    _assert_clean_error(cli_main("scan", f, "--arch", f"{arch}:build", json_report=False), "missing", "weight")
+    _assert_clean_error(
+        cli_main("scan", f, "--arch", f"{arch}:build", json_report=False), "missing", "weight"
+    )
 
 
 def test_arch_file_missing(cli_main, tmp_path):
     f = _ok_file(tmp_path / "m.safetensors")
-    _assert_clean_error(cli_main("scan", f, "--arch", f"{tmp_path}/nope.py:build", json_report=False), "not found")
+    _assert_clean_error(
+        cli_main("scan", f, "--arch", f"{tmp_path}/nope.py:build", json_report=False), "not found"
+    )
 
 
 @pytest.fixture
@@ -109,8 +117,11 @@ def linear_ckpt(tmp_path):
 def test_input_names_not_in_forward(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
     save_file({"x": torch.ones(2, 4)}, str(tmp_path / "in.safetensors"))
-    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors",
-                            json_report=False), "'x'", "input")
+    _assert_clean_error(
+        cli_main("scan", ck, "--arch", arch, "--inputs", tmp_path / "in.safetensors", json_report=False),
+        "'x'",
+        "input",
+    )
 
 
 def test_empty_dataset(cli_main, tmp_path, minilm_dir):
@@ -127,7 +138,9 @@ def test_bad_jsonl_line(cli_main, tmp_path, minilm_dir):
 
 def test_prompt_without_tokenizer(cli_main, tmp_path, linear_ckpt):
     ck, arch = linear_ckpt
-    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--prompt", "hi", json_report=False), "tokenizer")
+    _assert_clean_error(
+        cli_main("scan", ck, "--arch", arch, "--prompt", "hi", json_report=False), "tokenizer"
+    )
 
 
 def test_pickle_is_never_unpickled(cli_main, tmp_path):
@@ -157,8 +170,11 @@ def test_checkpoint_is_never_modified(cli_main, tmp_path, linear_ckpt):
 BAD_LINES = {
     "not-utf8": (b'{"text": "ok"}\n{"text": "caf\xe9"}\n', "bad.jsonl:2", "not UTF-8"),
     "text-null": (b'{"text": "ok"}\n{"text": null}\n', "bad.jsonl:2", '"text" must be a string, got null'),
-    "nested-100000": (b'{"text": "ok", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "bad.jsonl:1",
-                      "deeper than 127"),
+    "nested-100000": (
+        b'{"text": "ok", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        "bad.jsonl:1",
+        "deeper than 127",
+    ),
     "text-number": (b'{"text": 3}\n', "bad.jsonl:1", '"text" must be a string, got int'),
     "text-empty": (b'{"text": ""}\n', "bad.jsonl:1", '"text" is empty'),
     "not-an-object": (b'["text"]\n', "bad.jsonl:1", "JSON object"),
@@ -194,7 +210,9 @@ def test_bad_data_lines(tmp_path, case):
 
 def test_huge_data_line_is_truncated_to_the_model_length_with_a_note(cli_main, tmp_path, minilm_dir):
     d = tmp_path / "long.jsonl"
-    d.write_text(json.dumps({"text": "word " * ((4 << 20) // 5 + 1)}) + "\n" + json.dumps({"text": "short"}) + "\n")
+    d.write_text(
+        json.dumps({"text": "word " * ((4 << 20) // 5 + 1)}) + "\n" + json.dumps({"text": "short"}) + "\n"
+    )
     assert d.stat().st_size > 4 << 20
     res = cli_main("scan", minilm_dir, "--data", d)
     assert res.code == 0, res.stderr
@@ -208,4 +226,6 @@ def test_inputs_file_goes_through_the_strict_parser(cli_main, tmp_path, linear_c
     h = b'{"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},"input":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]}}'
     p = tmp_path / "in.safetensors"
     p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 16)
-    _assert_clean_error(cli_main("scan", ck, "--arch", arch, "--inputs", p, json_report=False), str(p), "given twice")
+    _assert_clean_error(
+        cli_main("scan", ck, "--arch", arch, "--inputs", p, json_report=False), str(p), "given twice"
+    )

@@ -31,8 +31,28 @@ def test_overhead_bench_llama_smoke(tmp_path, capsys, monkeypatch):
     out = tmp_path / "o.json"
     threads = torch.get_num_threads()
     try:
-        rc = bench.main(["--model", "llama", "--llama-layers", "1", "--shapes", "1x8,2x4", "--rounds", "1",
-                         "--iters", "1", "--ops-iters", "1", "--warmup", "1", "--threads", "1", "--out", str(out)])
+        rc = bench.main(
+            [
+                "--model",
+                "llama",
+                "--llama-layers",
+                "1",
+                "--shapes",
+                "1x8,2x4",
+                "--rounds",
+                "1",
+                "--iters",
+                "1",
+                "--ops-iters",
+                "1",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0, capsys.readouterr().out[-2000:]
@@ -53,7 +73,15 @@ def test_train_overhead_bench_quick(tmp_path):
     bit for bit, and gets its ratio line."""
     pytest.importorskip("transformers")
     out = tmp_path / "t.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "train_overhead.py"), "--quick", "--threads", "1", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "train_overhead.py"),
+        "--quick",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for name in ("plain", "watch_blocks", "watch_modules", "detect_anomaly", "naive"):
@@ -81,12 +109,20 @@ def test_fixed_cost_parts_runs_and_puts_every_seam_back(capsys):
     spec = importlib.util.spec_from_file_location("fixed_cost_bench", ROOT / "bench" / "fixed_cost.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    seams = [(listener.CaptureListener, "keeps_inputs"), (sink.StatsSink, "measure_host"),
-             (recorder, "call_items"), (recorder, "float_items"), (recorder.Recorder, "_params"),
-             (recorder.Recorder, "_fold")]
+    seams = [
+        (listener.CaptureListener, "keeps_inputs"),
+        (sink.StatsSink, "measure_host"),
+        (recorder, "call_items"),
+        (recorder, "float_items"),
+        (recorder.Recorder, "_params"),
+        (recorder.Recorder, "_fold"),
+    ]
     before = {(o, a): getattr(o, a) for o, a in seams}
-    own = {c: set(vars(c)) for c in (*{o for o, _ in seams if isinstance(o, type)}, *vars(watcher).values())
-           if isinstance(c, type)}
+    own = {
+        c: set(vars(c))
+        for c in (*{o for o, _ in seams if isinstance(o, type)}, *vars(watcher).values())
+        if isinstance(c, type)
+    }
     threads = torch.get_num_threads()
     try:
         assert bench.main(["--parts", "1", "--batch", "1", "--seq", "1"]) == 0
@@ -111,8 +147,9 @@ def test_batched_statistic_probe_runs_and_puts_its_seams_back(capsys, monkeypatc
     from nan_hunter.capture import recorder, sink
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the probe puts bench/ on it
-    spec = importlib.util.spec_from_file_location("batched_statistic_probe",
-                                                  ROOT / "bench" / "probes" / "batched_statistic.py")
+    spec = importlib.util.spec_from_file_location(
+        "batched_statistic_probe", ROOT / "bench" / "probes" / "batched_statistic.py"
+    )
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     before = (sink._aminmax, recorder.Recorder._finish)
@@ -133,25 +170,49 @@ def test_gpu_truth_rehearsal_writes_its_three_files(tmp_path):
     sides and diff), the summary and the packing all run, and $OUT holds the three files."""
     pytest.importorskip("transformers")
     out = tmp_path / "out"
-    env = {**os.environ, "GPU_TRUTH_DEVICE": "cpu", "GPU_TRUTH_STAGES": "env,kernel,trace", "OUT": str(out),
-           "GPU_TRUTH_KERNEL_MIB": "0.015625", "PY": sys.executable, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_truth.sh")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env=env)
+    env = {
+        **os.environ,
+        "GPU_TRUTH_DEVICE": "cpu",
+        "GPU_TRUTH_STAGES": "env,kernel,trace",
+        "OUT": str(out),
+        "GPU_TRUTH_KERNEL_MIB": "0.015625",
+        "PY": sys.executable,
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_truth.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_truth_logs.tgz", "gpu_truth_summary.json",
-                                                     "gpu_truth_summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu_truth_logs.tgz",
+        "gpu_truth_summary.json",
+        "gpu_truth_summary.md",
+    ]
     res = json.loads((out / "gpu_truth_summary.json").read_text())
     stages = {s["stage"]: s for s in res["stages"]}
     assert set(stages) == {"env", "kernel", "trace", "trace_diff"}, stages
     assert all(s["rc"] == 0 for s in stages.values()), stages
     assert res["env"]["nan_hunter_from_checkout"] is True
     rows = res["kernel"]["rows"]
-    assert {(r["dtype"], r["launcher"]) for r in rows} == {(d, x) for d in ("float32", "bfloat16")
-                                                           for x in ("stats_into", "stats_many_into")}
+    assert {(r["dtype"], r["launcher"]) for r in rows} == {
+        (d, x) for d in ("float32", "bfloat16") for x in ("stats_into", "stats_many_into")
+    }
     assert all(r["correct"] and r["counts"] == {"nan": 3, "posinf": 2, "neginf": 4} for r in rows), rows
     assert res["trace_diff"]["exit_code"] == 0 and res["trace_diff"]["devices"] == ["cpu", "cpu"]
     with tarfile.open(out / "gpu_truth_logs.tgz") as tar:
         names = {Path(n).name for n in tar.getnames()}
-    assert {"env.json", "kernel.json", "stages.tsv", "trace_cpu.jsonl", "trace_dev.jsonl", "trace_diff.json"} <= names
+    assert {
+        "env.json",
+        "kernel.json",
+        "stages.tsv",
+        "trace_cpu.jsonl",
+        "trace_dev.jsonl",
+        "trace_diff.json",
+    } <= names
     assert "| kernel | 0 |" in (out / "gpu_truth_summary.md").read_text()
     assert not list(tmp_path.glob("gpu_truth_work.*"))  # the work folder is removed

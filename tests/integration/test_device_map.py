@@ -20,7 +20,12 @@ from safetensors.torch import load_file, save_file
 pytest.importorskip("accelerate")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-fp16"
-DATA = ["a cat sat on a mat", "the quick brown fox", "hello world", "we shipped 3 models"]  # #1 and #3 overflow
+DATA = [
+    "a cat sat on a mat",
+    "the quick brown fox",
+    "hello world",
+    "we shipped 3 models",
+]  # #1 and #3 overflow
 CAP = "cpu=150KB"  # the 360 KB example: a few modules stay in CPU memory, the rest go to disk
 FAULT = "model.layers.1.mlp.down_proj"  # on disk under CAP
 
@@ -58,8 +63,11 @@ def test_offloaded_run_finds_the_same_fault(cli_main, data, tmp_path):
     assert res.stderr == ""
     a, b = plain.report, res.report
     key = ("input_index", "module", "op", "kind", "role")
-    assert [b["first_nonfinite"][k] for k in key] == [a["first_nonfinite"][k] for k in key] == [
-        1, FAULT, "aten.mm.default", "posinf", "producer"]
+    assert (
+        [b["first_nonfinite"][k] for k in key]
+        == [a["first_nonfinite"][k] for k in key]
+        == [1, FAULT, "aten.mm.default", "posinf", "producer"]
+    )
     assert b["run"]["failed_inputs"] == a["run"]["failed_inputs"] == [1, 3]
     assert b["modules"] == a["modules"]  # same statistics, call by call
     same = ("cause", "dtype", "module", "op", "summary", "evidence")
@@ -111,7 +119,11 @@ def test_nan_in_an_offloaded_weight_is_measured(cli_main, data, tmp_path, dtype)
         return
     assert plain.code == res.code == 1, (plain.stderr, res.stderr)
     a, b = plain.report["first_nonfinite"], res.report["first_nonfinite"]
-    assert (b["module"], b["role"], b["kind"]) == (a["module"], a["role"], a["kind"]) == (FAULT, "weights", "nan")
+    assert (
+        (b["module"], b["role"], b["kind"])
+        == (a["module"], a["role"], a["kind"])
+        == (FAULT, "weights", "nan")
+    )
     # the op re-run sees the module's own ops, not accelerate loading the NaN weight from disk
     assert b["op"] == a["op"] == "aten.mm.default"
     assert res.report["diagnosis"] == plain.report["diagnosis"]
@@ -134,11 +146,17 @@ def test_a_clean_model_placed_entirely_on_disk_on_transformers_4_exits_2(cli_mai
     assert tree_hash(EXAMPLE) == before and not list(tmp.glob("nanhunter-offload-*"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--device-map", "auto", "--max-memory", "cpu=lots"], "--max-memory cpu=lots: size 'lots' not understood"),
-    (["--device-map", "auto", "--max-memory", "tpu=1GB"], "device 'tpu' not understood"),
-    (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map auto"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--device-map", "auto", "--max-memory", "cpu=lots"],
+            "--max-memory cpu=lots: size 'lots' not understood",
+        ),
+        (["--device-map", "auto", "--max-memory", "tpu=1GB"], "device 'tpu' not understood"),
+        (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map auto"),
+    ],
+)
 def test_bad_options_exit_2_in_one_line(run_main, args, message):
     res = run_main("scan", EXAMPLE, *args)
     assert res.code == 2
@@ -146,8 +164,16 @@ def test_bad_options_exit_2_in_one_line(run_main, args, message):
 
 
 def test_arch_model_is_refused(run_main, overflow_model):
-    res = run_main("scan", overflow_model["ck"], "--arch", overflow_model["arch"], "--inputs",
-                   overflow_model["inputs"], "--device-map", "auto")
+    res = run_main(
+        "scan",
+        overflow_model["ck"],
+        "--arch",
+        overflow_model["arch"],
+        "--inputs",
+        overflow_model["inputs"],
+        "--device-map",
+        "auto",
+    )
     assert res.code == 2 and res.stderr.count("\n") == 1
     assert "--device-map auto needs a Hugging Face directory" in res.stderr
 

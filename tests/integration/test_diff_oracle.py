@@ -37,9 +37,15 @@ def _cells():
             if DEFAULT[pair] == level:
                 yield pytest.param(pair, level, id=f"{pair}-{level}")
             else:
-                yield pytest.param(pair, level, id=f"{pair}-{level}", marks=[
-                    pytest.mark.matrix_full,
-                    pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1")])
+                yield pytest.param(
+                    pair,
+                    level,
+                    id=f"{pair}-{level}",
+                    marks=[
+                        pytest.mark.matrix_full,
+                        pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1"),
+                    ],
+                )
 
 
 def _oracle_side(run: diff_pairs.Run, level: str) -> tuple[list, object]:
@@ -55,13 +61,24 @@ def _oracle_side(run: diff_pairs.Run, level: str) -> tuple[list, object]:
         with t:
             yield
         tape["entries"] = t.entries
+
     out = diff_pairs.forward(run, rec)
     entries = tape.get("entries")
     if entries is None:  # compiled: each module compiled alone on eager's inputs, then the root's own call
         x = diff_pairs.inputs(run)
         entries = parting.compiled_alone(tape["model"]._orig_mod, x)
-        entries.append(parting.Entry(len(entries), "", 0, None, tuple(out.shape), out.dtype, parting.stat([out]),
-                                     inp=parting.stat([x])))
+        entries.append(
+            parting.Entry(
+                len(entries),
+                "",
+                0,
+                None,
+                tuple(out.shape),
+                out.dtype,
+                parting.stat([out]),
+                inp=parting.stat([x]),
+            )
+        )
     return entries, out
 
 
@@ -71,6 +88,7 @@ def _tool_side(run: diff_pairs.Run, level: str, path: Path) -> None:
         kw = {"compile_backend": "inductor"} if run.compiled else {}
         with TraceRecorder(model, path, level=level, **kw) as r, r.input(0):
             yield
+
     diff_pairs.forward(run, rec)
 
 

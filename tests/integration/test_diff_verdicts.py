@@ -34,6 +34,7 @@ def record(path: Path, level: str):
     def rec(model):
         with TraceRecorder(model, path, level=level) as r, r.input(0):
             yield
+
     return rec
 
 
@@ -71,12 +72,14 @@ def test_a_changed_kernel_is_named_at_both_levels(tmp_path):
         if level == "ops":
             assert fd["op"] is None and fd["unmatched"] == {
                 "a": ["aten.mm.default", "aten.mm.default", "aten.add.Tensor", "aten.add.Tensor"],
-                "b": ["aten.addmm.default"]}
+                "b": ["aten.addmm.default"],
+            }
         # never the next RMSNorm's cast, at either level
         assert d["first_divergence"] is None or "layernorm" not in d["first_divergence"]["module"]
         lines = res.stdout.splitlines()
         assert lines[0].startswith("✔ within tolerance; first differs at") and lines[0].endswith(
-            "down_proj (no counterpart)" if level == "ops" else "down_proj (Linear)"), lines[0]
+            "down_proj (no counterpart)" if level == "ops" else "down_proj (Linear)"
+        ), lines[0]
         assert "no divergence" not in lines[0] and max(map(len, lines)) <= 80
     # a tighter tolerance: the difference is a divergence, and the outputs differ beyond it
     res, d = diff(tmp_path / "kernel-a-modules.jsonl", tmp_path / "kernel-b-modules.jsonl", "--rtol", "1e-5")
@@ -89,7 +92,13 @@ def test_flush_denormal_with_bitwise_equal_outputs_exits_0(tmp_path):
         a, b = traces(tmp_path, "flush_denormal", level)
         res, d = diff(a, b)
         assert res.code == 0, res.stdout + res.stderr
-        assert d["outputs"] == {"equal": "bitwise", "rel_err": 0.0, "tolerance": 1e-3, "calls": 1, "unpaired": 0}
+        assert d["outputs"] == {
+            "equal": "bitwise",
+            "rel_err": 0.0,
+            "tolerance": 1e-3,
+            "calls": 1,
+            "unpaired": 0,
+        }
         fd = d["first_divergence"]
         assert fd["module"] == "side" and fd["inputs_agree"] is True and fd["rel_err"] <= 2
         if level == "ops":  # x * 1e-39 (subnormal against 0) agrees; the * 4e19 after it does not

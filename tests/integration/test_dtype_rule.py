@@ -36,8 +36,10 @@ def test_fp8_near_misses_measure_against_the_compute_dtype(tmp_path):
 
 
 def test_fp8_compute_fp32_is_honoured_by_the_run(tmp_path):
-    cfg = _config(tmp_path, "fp8: {compute: fp32}\nnear_miss: {overflow_fraction: 1.0e-37, "
-                            "absorbed_intermediates: false}\n")
+    cfg = _config(
+        tmp_path,
+        "fp8: {compute: fp32}\nnear_miss: {overflow_fraction: 1.0e-37, absorbed_intermediates: false}\n",
+    )
     rep = nan_hunter.scan(TINY_LLAMA, prompts=["hello world"], dtype="fp8-e4m3", config=cfg, device="cpu")
     near = [m for m in rep.near_misses if m["kind"] == "near_overflow"]
     assert near and all(m["limit"] == torch.finfo(torch.float32).max for m in near)

@@ -25,8 +25,12 @@ def test_shipped_adam_capsule_replays(cli_main):
     assert res.code == 1, res.stderr
     r = res.report
     f = r["first_nonfinite"]
-    assert (f["phase"], f["step"], f["param"], f["module"]) == ("optimizer", 0, "model.embed_tokens.weight",
-                                                                 "model.embed_tokens")
+    assert (f["phase"], f["step"], f["param"], f["module"]) == (
+        "optimizer",
+        0,
+        "model.embed_tokens.weight",
+        "model.embed_tokens",
+    )
     assert f["op"] == "aten.addcdiv_.default" and f["kind"] == "nan"
     assert r["diagnosis"]["cause"] == "division_by_zero"
     assert "fp32 master weights" in r["diagnosis"]["fix"]

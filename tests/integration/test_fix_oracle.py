@@ -27,8 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-llama-fp16"
 FULL = os.environ.get("NANHUNTER_FULL_MATRIX") == "1"
 RTOL = 0.05
-MLP_OUT = {"llama": "model.layers.1.mlp.down_proj", "qwen2": "model.layers.1.mlp.down_proj",
-           "gpt2": "transformer.h.1.mlp.c_proj", "t5": "encoder.block.1.layer.1.DenseReluDense.wo"}
+MLP_OUT = {
+    "llama": "model.layers.1.mlp.down_proj",
+    "qwen2": "model.layers.1.mlp.down_proj",
+    "gpt2": "transformer.h.1.mlp.c_proj",
+    "t5": "encoder.block.1.layer.1.DenseReluDense.wo",
+}
 
 
 def _oracle_agrees(model_dir: Path, batch: dict, d: dict) -> list[str]:
@@ -55,7 +59,10 @@ def test_quick_start_fix_applied_as_printed_makes_the_example_finite(cli_main):
     d = res.report["diagnosis"]
     fv = d["fix_verified"]
     assert fv["finite"] and fv["scope"] == "model" and fv["applied_as"]["kind"] == "policy", fv
-    assert set(fv["applied_as"]["policy"]) == {"model.layers.1.mlp.down_proj", "model.norm"}  # = bisect's answer
+    assert set(fv["applied_as"]["policy"]) == {
+        "model.layers.1.mlp.down_proj",
+        "model.norm",
+    }  # = bisect's answer
     assert "_keep_in_fp32_modules" not in d["fix"]
     from transformers import AutoTokenizer
 
@@ -126,7 +133,9 @@ def _params():
         for fault in ("mlp_overflow", "qk_overflow", "qk_scaled"):
             marks = [] if (family, fault) in EXPECT else [pytest.mark.matrix_full]
             if (family, fault) in KNOWN:
-                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN[family, fault]))
+                marks.append(
+                    pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN[family, fault])
+                )
             if marks and not FULL:
                 marks.append(pytest.mark.skip(reason="full matrix: NANHUNTER_FULL_MATRIX=1"))
             yield pytest.param(family, fault, marks=marks, id=f"{family}-{fault}")

@@ -23,14 +23,22 @@ VERIFIED = {
     "eps_underflow": ("an eps fp16 can hold", 0.01),
     "masked_softmax": ("a safe softmax in attn", None),
 }
-NO_FIX = {"log_negative": "outside the op's domain", "nan_input": "input data is bad",
-          "nan_weight": "checkpoint holds NaN/Inf"}
+NO_FIX = {
+    "log_negative": "outside the op's domain",
+    "nan_input": "input data is bad",
+    "nan_weight": "checkpoint holds NaN/Inf",
+}
 
 
 def _scan(name: str):
     c = EXPECTED[name]
-    return scan(str(ROOT / c["checkpoint"]), arch=str(ROOT / c["arch"].split(":")[0]) + ":" + c["arch"].split(":")[1],
-                inputs=[str(ROOT / i) for i in c["inputs"]], dtype=c["dtype"], device="cpu")
+    return scan(
+        str(ROOT / c["checkpoint"]),
+        arch=str(ROOT / c["arch"].split(":")[0]) + ":" + c["arch"].split(":")[1],
+        inputs=[str(ROOT / i) for i in c["inputs"]],
+        dtype=c["dtype"],
+        device="cpu",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(VERIFIED))
@@ -81,11 +89,16 @@ def test_the_users_model_is_not_changed():
         lin.weight.fill_(3000.0)
     before = {k: v.clone() for k, v in lin.state_dict().items()}
     x = torch.full((2, 4), 8.0, dtype=torch.float16)
-    d = Diagnosis("overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32")
+    d = Diagnosis(
+        "overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32"
+    )
     fv = verify_fix(d, Region("", lin, (x,), {}), RunDtype.of("fp16"))
     # kept in fp32, 96000 stays in fp32 (apply_policy casts an output down only where it fits)
     assert fv is not None and fv.finite and fv.max_rel_err == 0.0 and fv.scope == "region"
-    assert all(torch.equal(before[k], v) for k, v in lin.state_dict().items()) and lin.weight.dtype == torch.float16
+    assert (
+        all(torch.equal(before[k], v) for k, v in lin.state_dict().items())
+        and lin.weight.dtype == torch.float16
+    )
     assert torch.equal(x, torch.full((2, 4), 8.0, dtype=torch.float16))
 
 
@@ -97,8 +110,9 @@ def test_cli_verifies_sdpa_for_eager_fp16_attention_scores(tmp_path, cli_main):
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import save_file
 
-    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   intermediate_size=128, vocab_size=128)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128
+    )
     torch.manual_seed(0)
     m = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -108,15 +122,28 @@ def test_cli_verifies_sdpa_for_eager_fp16_attention_scores(tmp_path, cli_main):
     inputs = tmp_path / "inputs.safetensors"
     save_file({"input_ids": torch.randint(0, 128, (1, 16))}, str(inputs))
 
-    res = cli_main("scan", tmp_path / "llama", "--inputs", inputs, "--dtype", "fp16", "--attn", "eager",
-                   "--device", "cpu")
+    res = cli_main(
+        "scan",
+        tmp_path / "llama",
+        "--inputs",
+        inputs,
+        "--dtype",
+        "fp16",
+        "--attn",
+        "eager",
+        "--device",
+        "cpu",
+    )
     assert res.code == 1, res.stderr
     d = res.report["diagnosis"]
     assert d["cause"] == "overflow" and "attention scores" in d["summary"]
     fv = d["fix_verified"]
     assert fv["change"] == 'attn_implementation="sdpa" instead of "eager"' and fv["finite"] is True, fv
     assert fv["scope"] == "model" and fv["max_rel_err"] is not None and fv["max_rel_err"] < 0.01
-    assert 'Verified: attn_implementation="sdpa" instead of "eager" makes the model\'s outputs finite' in d["fix"]
+    assert (
+        'Verified: attn_implementation="sdpa" instead of "eager" makes the model\'s outputs finite'
+        in d["fix"]
+    )
     assert 'attn_implementation="sdpa"' in res.stdout + res.stderr  # the check line of the terminal report
 
     clean = cli_main("scan", tmp_path / "llama", "--inputs", inputs, "--dtype", "fp16", "--device", "cpu")
@@ -138,8 +165,14 @@ def test_a_fault_absorbed_before_the_output_is_not_verified_by_a_finite_output(t
         sys.path.remove(str(ROOT / "tests" / "models"))
     save_file(build().state_dict(), str(tmp_path / "model.safetensors"))
     save_file({"x": failing_input()}, str(tmp_path / "inputs.safetensors"))
-    res = cli_main("scan", tmp_path / "model.safetensors", "--arch", ROOT / "tests/models/absorbed_scores.py:build",
-              "--inputs", tmp_path / "inputs.safetensors")
+    res = cli_main(
+        "scan",
+        tmp_path / "model.safetensors",
+        "--arch",
+        ROOT / "tests/models/absorbed_scores.py:build",
+        "--inputs",
+        tmp_path / "inputs.safetensors",
+    )
     assert res.code == 1, res.stderr
     rep = res.report
     assert rep["first_nonfinite"]["module"] == "attn_scores" and rep["diagnosis"]["cause"] == "overflow"
@@ -159,7 +192,9 @@ def test_no_verification_without_a_failing_control():
 
     lin = torch.nn.Linear(4, 8).half()
     x = torch.ones(2, 4, dtype=torch.float16)  # finite in fp16: the unchanged copy does not fail
-    d = Diagnosis("overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32")
+    d = Diagnosis(
+        "overflow", "fp16", "", "aten.addmm.default", "matmul overflow in fp16", [], "keep it in fp32"
+    )
     assert verify_fix(d, Region("", lin, (x,), {}), RunDtype.of("fp16")) is None
     # the report says why, in a typed field, not "nothing could be re-run"
     from nan_hunter.explain.fix_check import UNVERIFIED, check
@@ -168,9 +203,16 @@ def test_no_verification_without_a_failing_control():
 
     check(d, Region("", lin, (x,), {}), RunDtype.of("fp16"))
     assert d.fix_verified is None and d.fix_unverified == "control_finite"
-    rep = Report(checkpoint={"path": "x", "format": "x", "n_tensors": None, "bytes": None}, weights=None,
-                 run=RunInfo(dtype="fp16", device="cpu", n_inputs=1, failed_inputs=[0]), first_nonfinite=None,
-                 replay=None, diagnosis=d, notes=[], modules=[])
+    rep = Report(
+        checkpoint={"path": "x", "format": "x", "n_tensors": None, "bytes": None},
+        weights=None,
+        run=RunInfo(dtype="fp16", device="cpu", n_inputs=1, failed_inputs=[0]),
+        first_nonfinite=None,
+        replay=None,
+        diagnosis=d,
+        notes=[],
+        modules=[],
+    )
     assert fix_check_line(rep) == (UNVERIFIED["control_finite"], "none")
     check(d, None, RunDtype.of("fp16"))
     assert d.fix_unverified == "not_rerun"

@@ -24,8 +24,18 @@ pytest.importorskip("transformers")
 from models.diverging_lm import train  # noqa: E402  (tests/ is on sys.path)
 
 FULL = os.environ.get("NANHUNTER_FULL_MATRIX") == "1"
-SEEDS = [pytest.param(s, marks=[] if s < 2 else [pytest.mark.matrix_full, pytest.mark.skipif(
-    not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1")]) for s in range(4)]
+SEEDS = [
+    pytest.param(
+        s,
+        marks=[]
+        if s < 2
+        else [
+            pytest.mark.matrix_full,
+            pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1"),
+        ],
+    )
+    for s in range(4)
+]
 
 pytestmark = pytest.mark.slow
 

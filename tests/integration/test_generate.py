@@ -20,8 +20,12 @@ def test_unbatched_names_step_position_module_op(cli_main):
     f = r["first_nonfinite"]
     # <s> the 1 2 3 | step 0 makes "4", step 1 reads "4" and makes "5", step 2 "6", step 3 reads "6"
     assert (f["step"], f["position"], f["input_index"]) == (3, 7, 0)
-    assert (f["module"], f["op"], f["kind"], f["role"]) == ("model.layers.0", "aten.add.Tensor", "posinf",
-                                                            "producer")
+    assert (f["module"], f["op"], f["kind"], f["role"]) == (
+        "model.layers.0",
+        "aten.add.Tensor",
+        "posinf",
+        "producer",
+    )
     g = r["run"]["generate"]
     assert g["max_new_tokens"] == 16 and g["steps"] == 4 and g["first_bad_step"] == 3
     assert g["new_tokens"] == [[7, 8, 9]]  # "4 5 6"
@@ -57,7 +61,9 @@ def test_batched_left_padded_agrees_with_unbatched(cli_main):
     f = many.report["first_nonfinite"]
     # "fox" is 2 tokens, the failing prompt 5: row 1 has no padding; its own position is still 7
     assert (f["input_index"], f["step"], f["position"]) == (1, 3, 7)
-    assert not any("mask" in n and "fault" in n.lower() and "not a fault" not in n for n in many.report["notes"])
+    assert not any(
+        "mask" in n and "fault" in n.lower() and "not a fault" not in n for n in many.report["notes"]
+    )
 
 
 def test_data_set_prompt_sensitivity(cli_main, tmp_path):
@@ -67,8 +73,11 @@ def test_data_set_prompt_sensitivity(cli_main, tmp_path):
     assert res.code == 1, res.stderr
     g = res.report["run"]["generate"]
     assert res.report["run"]["failed_inputs"] == [1, 2]
-    assert [(r["index"], r["failed"], r["step"]) for r in g["per_input"]] == [(0, False, None), (1, True, 8),
-                                                                               (2, True, 3)]
+    assert [(r["index"], r["failed"], r["step"]) for r in g["per_input"]] == [
+        (0, False, None),
+        (1, True, 8),
+        (2, True, 3),
+    ]
     # "7 8" needs only "<s> 7"; "the 1 2 3" needs "<s> the 1"
     assert g["shortest_failing_prefix"] == {"1": 2, "2": 3}
     assert res.report["first_nonfinite"]["input_index"] == 1
@@ -81,8 +90,17 @@ def test_model_without_generate_is_refused(cli_main, tmp_path):
     (tmp_path / "arch.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
     save_file(torch.nn.Linear(4, 4).state_dict(), str(tmp_path / "w.safetensors"))
     save_file({"input": torch.ones(1, 4)}, str(tmp_path / "in.safetensors"))
-    res = cli_main("scan", tmp_path / "w.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs",
-              tmp_path / "in.safetensors", "--generate", "4", json_report=False)
+    res = cli_main(
+        "scan",
+        tmp_path / "w.safetensors",
+        "--arch",
+        f"{tmp_path / 'arch.py'}:build",
+        "--inputs",
+        tmp_path / "in.safetensors",
+        "--generate",
+        "4",
+        json_report=False,
+    )
     assert res.code == 2 and "no generate()" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -118,8 +136,9 @@ def test_watch_around_generate_keeps_the_failing_step(tmp_path):
     enc = tok(FAILING, return_tensors="pt")
     enc.pop("token_type_ids", None)  # transformers 4.5x's tokenizer returns them, its Llama refuses them
     with nan_hunter.watch(model) as w, torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=2,
-                             return_dict_in_generate=True)
+        out = model.generate(
+            **enc, max_new_tokens=24, do_sample=False, pad_token_id=2, return_dict_in_generate=True
+        )
     assert out.sequences.shape[1] == enc["input_ids"].shape[1] + 24  # 20 steps ran after the fault
     cache_len = out.past_key_values.get_seq_length()
     rng = torch.get_rng_state()

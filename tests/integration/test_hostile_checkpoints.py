@@ -46,8 +46,14 @@ def tiny_bert(tmp_path_factory, minilm_dir) -> Path:
 
     d = tmp_path_factory.mktemp("tiny-bert") / "bert"
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64)
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
     BertModel(cfg).save_pretrained(d)
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm_dir / f, d / f)
@@ -72,8 +78,11 @@ def test_config_auto_map_code_never_runs_and_never_prompts(run_main, tiny_bert, 
     (d / "modeling_evil.py").write_text(EVIL.format(marker=str(marker)))
     (d / "configuration_evil.py").write_text(EVIL.format(marker=str(marker)))
     cfg = json.loads((d / "config.json").read_text())
-    cfg.update(model_type="evil-bert", architectures=["EvilModel"],
-               auto_map={"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"})
+    cfg.update(
+        model_type="evil-bert",
+        architectures=["EvilModel"],
+        auto_map={"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"},
+    )
     (d / "config.json").write_text(json.dumps(cfg))
     before = sha256(d / "model.safetensors")
     res = run_main("scan", d, "--json", "-", stdin=stdin)
@@ -89,7 +98,9 @@ def test_tokenizer_auto_map_code_never_runs(run_main, tiny_bert, tmp_path):
     marker = tmp_path / "MARKER"
     (d / "tokenization_evil.py").write_text(EVIL.format(marker=str(marker)))
     tc = json.loads((d / "tokenizer_config.json").read_text())
-    tc.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    tc.update(
+        tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    )
     (d / "tokenizer_config.json").write_text(json.dumps(tc))
     res = run_main("scan", d, "--prompt", "hello", "--json", "-", stdin="y\n")
     one_error_line(res, "custom code", "tokenizer_config.json", "--arch file.py:factory")
@@ -121,7 +132,9 @@ def index_layout(tmp_path):
 
 def write_index(ck: Path, shard_name: str) -> Path:
     idx = ck / "model.safetensors.index.json"
-    idx.write_text(json.dumps({"metadata": {}, "weight_map": {"w": "shard-1.safetensors", SECRET: shard_name}}))
+    idx.write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w": "shard-1.safetensors", SECRET: shard_name}})
+    )
     return idx
 
 
@@ -176,8 +189,14 @@ run()
 def audited_opens(tmp_path: Path, *args) -> tuple[int, list[tuple[Path, object, object]]]:
     """Run the CLI with an audit hook logging every file open; (exit code, [(resolved path, mode, flags)])."""
     log = tmp_path / "opens.log"
-    proc = subprocess.run([sys.executable, "-c", AUDIT_DRIVER, str(log), *map(str, args)], capture_output=True,
-                          text=True, env=cli_env(), cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", AUDIT_DRIVER, str(log), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
     opens = []
     for row in log.read_text().splitlines():
         p, mode, flags = row.split("\t")
@@ -197,7 +216,11 @@ def test_nothing_outside_is_opened_and_the_checkpoint_is_opened_read_only(tmp_pa
     code, opens = audited_opens(tmp_path, "scan", ck / "model.safetensors.index.json")
     assert code == 0
     mine = [(p, m, f) for p, m, f in opens if ck.resolve() in p.parents]
-    assert {p.name for p, _, _ in mine} >= {"model.safetensors.index.json", "shard-1.safetensors", "shard-2.safetensors"}
+    assert {p.name for p, _, _ in mine} >= {
+        "model.safetensors.index.json",
+        "shard-1.safetensors",
+        "shard-2.safetensors",
+    }
     write_bits = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     for p, mode, flags in mine:
         assert not set(mode) & set("wax+") if mode not in ("None", "") else True, (p, mode)
@@ -227,6 +250,7 @@ def test_hub_cache_snapshot_links_into_blobs_are_followed(run_main, tmp_path):
 
 
 # --- 3. anything that is not a regular file is refused, never waited on --------------------------
+
 
 def _fifo(p: Path) -> Path:
     os.mkfifo(p)
@@ -291,8 +315,14 @@ print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss]))
 def _cli_max_rss_mb(*args) -> tuple[int, int, str]:
     """Run the CLI and return (exit code, its peak RSS in MB, stderr). A small launcher forks it:
     a child forked straight from pytest would start with pytest's own RSS as its peak."""
-    proc = subprocess.run([sys.executable, "-c", RSS_LAUNCHER, *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(), cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_LAUNCHER, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
     code, kb = json.loads(proc.stdout)
     return code, kb >> 10, proc.stderr
 
@@ -363,7 +393,9 @@ def test_million_entry_header_is_refused_with_bounded_memory(tmp_path):
     """The 68 MB header declaring a million empty tensors (it used to take 3.6 GB and die):
     one line naming the limit, and memory never near the header's size in Python objects."""
     p = tmp_path / "many.safetensors"
-    body = ",".join(f'"model.layers.{i}.w":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' for i in range(1_000_000))
+    body = ",".join(
+        f'"model.layers.{i}.w":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' for i in range(1_000_000)
+    )
     h = ("{" + body + "}").encode()
     p.write_bytes(struct.pack("<Q", len(h)) + h)
     assert len(h) > 60_000_000
@@ -372,12 +404,15 @@ def test_million_entry_header_is_refused_with_bounded_memory(tmp_path):
     _, base_mb, _ = _cli_max_rss_mb("scan", small, "--json", tmp_path / "s.json")
     code, rss_mb, err = _cli_max_rss_mb("scan", p)
     assert code == 2, err
-    assert err.strip() == f"nanhunter: error: {p}: more than 500,000 tensors, nanhunter's limit per file; " \
-                          "re-export or re-download the checkpoint"
+    assert (
+        err.strip() == f"nanhunter: error: {p}: more than 500,000 tensors, nanhunter's limit per file; "
+        "re-export or re-download the checkpoint"
+    )
     assert rss_mb < base_mb + 300, (rss_mb, base_mb)
 
 
 # --- 5. no silent wrong answers -----------------------------------------------------------------
+
 
 def test_hf_directory_missing_weights_is_refused_with_their_names(run_main, tiny_bert, tmp_path):
     from safetensors.torch import load_file
@@ -402,10 +437,15 @@ def test_training_checkpoint_tensors_are_walked_and_named_by_path(cli_main, tmp_
     w[1, 2] = float("nan")
     sq = torch.rand(4, 4)
     sq[0, 3] = float("inf")
-    ckpt = {"model": {"0.weight": w, "0.bias": torch.zeros(4)},
-            "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(4, 4), "exp_avg_sq": sq}},
-                          "param_groups": [{"lr": 1e-3, "params": [0, 1]}]},
-            "ema": [torch.ones(2)], "epoch": 3}
+    ckpt = {
+        "model": {"0.weight": w, "0.bias": torch.zeros(4)},
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(4, 4), "exp_avg_sq": sq}},
+            "param_groups": [{"lr": 1e-3, "params": [0, 1]}],
+        },
+        "ema": [torch.ones(2)],
+        "epoch": 3,
+    }
     p = tmp_path / "train.pt"
     torch.save(ckpt, p)
     before = sha256(p)
@@ -413,7 +453,9 @@ def test_training_checkpoint_tensors_are_walked_and_named_by_path(cli_main, tmp_
     assert res.code == 1, res.stderr
     bad = {t["name"]: t for t in res.report["weights"]["nonfinite"]}
     assert set(bad) == {"model.0.weight", "optimizer.state.0.exp_avg_sq"}
-    assert bad["model.0.weight"]["first_index"] == [1, 2] and bad["optimizer.state.0.exp_avg_sq"]["posinf"] == 1
+    assert (
+        bad["model.0.weight"]["first_index"] == [1, 2] and bad["optimizer.state.0.exp_avg_sq"]["posinf"] == 1
+    )
     names = {t["name"] for t in res.report["weights"]["tensors"]}
     assert {"optimizer.state.0.step", "ema.0", "model.0.bias"} <= names
     # --arch finds the model's weights under their "model." prefix; the optimizer's are not weights
@@ -421,7 +463,9 @@ def test_training_checkpoint_tensors_are_walked_and_named_by_path(cli_main, tmp_
     torch.save({**ckpt, "optimizer": {"state": {}}}, p)
     (tmp_path / "arch.py").write_text(ARCH)
     save_file({"input": torch.ones(2, 4)}, str(tmp_path / "in.safetensors"))
-    res = cli_main("scan", p, "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs", tmp_path / "in.safetensors")
+    res = cli_main(
+        "scan", p, "--arch", f"{tmp_path / 'arch.py'}:build", "--inputs", tmp_path / "in.safetensors"
+    )
     assert res.code == 0, res.stderr
     assert res.report["run"]["n_inputs"] == 1
     assert sha256(p) != before  # (rewritten above, by the test)
@@ -443,8 +487,11 @@ def test_legacy_torch_save_is_read_with_weights_only(cli_main, tmp_path):
 @pytest.mark.parametrize("where", ["factory", "module"])
 def test_arch_calling_sys_exit_is_an_error_not_a_clean_scan(run_main, tmp_path, where):
     save_file(torch.nn.Linear(4, 4).state_dict(), str(tmp_path / "lin.safetensors"))
-    body = ("import sys, torch\ndef build():\n    sys.exit(0)\n" if where == "factory"
-            else "import sys\nsys.exit(0)\ndef build():\n    pass\n")
+    body = (
+        "import sys, torch\ndef build():\n    sys.exit(0)\n"
+        if where == "factory"
+        else "import sys\nsys.exit(0)\ndef build():\n    pass\n"
+    )
     (tmp_path / "arch.py").write_text(body)
     res = run_main("scan", tmp_path / "lin.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build")
     one_error_line(res, "sys.exit(0)", "nothing was scanned")
@@ -458,8 +505,15 @@ def test_arch_import_leaves_no_pycache_in_the_checkpoint_directory(run_main, tmp
     (d / "helper.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(4, 4)\n")
     (d / "model.py").write_text("from helper import make\ndef build():\n    return make()\n")
     save_file({"input": torch.ones(1, 4)}, str(tmp_path / "in.safetensors"))
-    res = run_main("scan", d, "--arch", f"{d / 'model.py'}:build", "--inputs", tmp_path / "in.safetensors",
-                   env={"PYTHONDONTWRITEBYTECODE": None})  # bytecode is written unless nanhunter stops it
+    res = run_main(
+        "scan",
+        d,
+        "--arch",
+        f"{d / 'model.py'}:build",
+        "--inputs",
+        tmp_path / "in.safetensors",
+        env={"PYTHONDONTWRITEBYTECODE": None},
+    )  # bytecode is written unless nanhunter stops it
     assert res.code == 0, res.stderr
     assert sorted(os.listdir(d)) == ["helper.py", "model.py", "model.safetensors"]
 
@@ -470,8 +524,15 @@ def test_arch_factory_that_never_returns_is_interruptible(run_cli, tmp_path):
     (tmp_path / "arch.py").write_text(
         "import time\ndef build():\n"
         f"    open({str(started)!r}, 'w').close()\n"
-        "    while True:\n        time.sleep(0.05)\n")
-    res = run_cli("scan", tmp_path / "lin.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build",
-                  interrupt_when=started, timeout=120)
+        "    while True:\n        time.sleep(0.05)\n"
+    )
+    res = run_cli(
+        "scan",
+        tmp_path / "lin.safetensors",
+        "--arch",
+        f"{tmp_path / 'arch.py'}:build",
+        interrupt_when=started,
+        timeout=120,
+    )
     assert res.code == 130, res.stderr
     assert res.interrupt_s is not None and res.interrupt_s < 5

@@ -59,5 +59,7 @@ def test_check_junit_and_annotations(hostile_ck, run_main):
     failure = root.find(".//testcase[@name='weights.nonfinite']/failure")
     assert SHOWN in failure.get("message") and "<script>alert(1)</script>" in failure.get("message")
     notes = [x for x in res.stdout.splitlines() if x.startswith("::")]
-    assert notes and all(re.fullmatch(r"::(error|warning) file=[^,:]+,title=[^,:]+::.+", x) for x in notes), notes
+    assert notes and all(re.fullmatch(r"::(error|warning) file=[^,:]+,title=[^,:]+::.+", x) for x in notes), (
+        notes
+    )
     assert any(SHOWN in x for x in notes)

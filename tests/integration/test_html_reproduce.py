@@ -19,8 +19,24 @@ INC = ROOT / "examples/incidents/ffn_wo_overflow"
 @pytest.fixture(scope="module")
 def incident_page(tmp_path_factory) -> Path:
     page = tmp_path_factory.mktemp("html") / "r.html"
-    assert main(["scan", str(INC / "model.safetensors"), "--arch", f"{INC / 'model.py'}:build", "--inputs",
-                 str(INC / "inputs.safetensors"), "--dtype", "fp16", "--report", str(page), "--quiet"]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                str(INC / "model.safetensors"),
+                "--arch",
+                f"{INC / 'model.py'}:build",
+                "--inputs",
+                str(INC / "inputs.safetensors"),
+                "--dtype",
+                "fp16",
+                "--report",
+                str(page),
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     return page
 
 
@@ -37,8 +53,19 @@ def test_incident_page_links_source_and_shows_command_versions_and_fix(incident_
 
 def test_prompt_text_is_in_the_page_escaped(tmp_path):
     page = tmp_path / "p.html"
-    code = main(["scan", str(ROOT / "examples/tiny-llama-fp16"), "--prompt", "a <b>bold</b> prompt",
-                 "--prompt", "second", "--report", str(page), "--quiet"])
+    code = main(
+        [
+            "scan",
+            str(ROOT / "examples/tiny-llama-fp16"),
+            "--prompt",
+            "a <b>bold</b> prompt",
+            "--prompt",
+            "second",
+            "--report",
+            str(page),
+            "--quiet",
+        ]
+    )
     assert code == 0
     html = page.read_text()
     assert "a &lt;b&gt;bold&lt;/b&gt; prompt" in html and "<b>bold</b>" not in html
@@ -51,10 +78,21 @@ def test_chromium_screenshot_of_the_verified_fix(incident_page, tmp_path):
     from PIL import Image
 
     shot = tmp_path / "shot.png"
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,2400",
-           incident_page.resolve().as_uri()]
+    cmd = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1200,2400",
+        incident_page.resolve().as_uri(),
+    ]
     subprocess.run(cmd, capture_output=True, timeout=60)
     img = Image.open(shot).convert("RGB")
     assert img.size == (1200, 2400)

@@ -60,26 +60,45 @@ CASES = {
     "domain": ("pointwise", lambda m, x: torch.sqrt(x - 10), "domain"),
     "overflow": ("pointwise", lambda m, x: (x + 1) * _big(x.dtype) * 8, "overflow"),
     "exp overflow": ("pointwise", lambda m, x: torch.exp(x + 200), "overflow"),
-    "matmul overflow": ("matmul", lambda m, x: (x + 1) * _big(x.dtype) ** 0.5 @ ((x + 1).t() * _big(x.dtype) ** 0.5 * 16),
-                        "overflow"),
+    "matmul overflow": (
+        "matmul",
+        lambda m, x: (x + 1) * _big(x.dtype) ** 0.5 @ ((x + 1).t() * _big(x.dtype) ** 0.5 * 16),
+        "overflow",
+    ),
     "matmul 0*inf": ("matmul", lambda m, x: torch.log(_zero_p(x)) @ _zero_p(x).t(), "0*inf"),
     "mean over nothing": ("reduction", lambda m, x: x[:, :0].mean(1), "empty_reduction"),
     "var of one": ("reduction", lambda m, x: x[:, :1].var(1), "empty_reduction"),
-    "masked row": ("softmax", lambda m, x: x.masked_fill(torch.tensor([[True] * 4, [False] * 4]), float("-inf"))
-                   .softmax(-1), "all_masked_row"),
+    "masked row": (
+        "softmax",
+        lambda m, x: x.masked_fill(torch.tensor([[True] * 4, [False] * 4]), float("-inf")).softmax(-1),
+        "all_masked_row",
+    ),
     "layer_norm eps 0": ("norm", lambda m, x: F.layer_norm(_zero_p(x), (4,), eps=0.0), "0*inf"),
-    "all targets ignored": ("loss", lambda m, x: F.cross_entropy(x, torch.full((2,), -100)), "empty_reduction"),
+    "all targets ignored": (
+        "loss",
+        lambda m, x: F.cross_entropy(x, torch.full((2,), -100)),
+        "empty_reduction",
+    ),
     # batch norm in eval divides by sqrt(running_var + eps): a zero running variance with eps 0 (x/0),
     # a corrupted negative one (the root of a negative); group norm's groups of one element (or of equal
     # values): biased variance 0, x − mean 0, times rsqrt(0 + eps 0) = ∞ (F.batch_norm refuses eps 0
     # and one value per channel in training, so those cannot be planted through it)
-    "batch_norm running var 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
-                                                                  torch.zeros(4, dtype=x.dtype), eps=0.0), "x/0"),
-    "batch_norm running var < 0": ("norm", lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype),
-                                                                    -torch.ones(4, dtype=x.dtype)), "domain"),
+    "batch_norm running var 0": (
+        "norm",
+        lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype), torch.zeros(4, dtype=x.dtype), eps=0.0),
+        "x/0",
+    ),
+    "batch_norm running var < 0": (
+        "norm",
+        lambda m, x: F.batch_norm(x, torch.zeros(4, dtype=x.dtype), -torch.ones(4, dtype=x.dtype)),
+        "domain",
+    ),
     "group_norm group of one": ("norm", lambda m, x: F.group_norm(x, 4, eps=0.0), "0*inf"),
-    "group_norm equal values": ("norm", lambda m, x: F.group_norm(_zero_p(x).reshape(2, 2, 2) + 1, 2, eps=0.0),
-                                "0*inf"),
+    "group_norm equal values": (
+        "norm",
+        lambda m, x: F.group_norm(_zero_p(x).reshape(2, 2, 2) + 1, 2, eps=0.0),
+        "0*inf",
+    ),
 }
 
 PRECISIONS = ["fp32", "bf16", "fp16", "autocast-bf16"]
@@ -126,6 +145,7 @@ def test_mechanism_agrees_with_the_ieee_oracle(name, prec):
 
 def test_backward_formula_sqrt_at_zero_agrees():
     """The backward family: SqrtBackward0 divides the incoming gradient by 2·sqrt(0)."""
+
     class Root(nn.Module):
         def __init__(self):
             super().__init__()
@@ -172,7 +192,9 @@ class WrittenThenOverflow(nn.Module):
         return (buf * _big(x.dtype)).exp()
 
 
-@pytest.mark.parametrize(("model", "expected"), [(PaddedScores, "uninitialised_read"), (WrittenThenOverflow, None)])
+@pytest.mark.parametrize(
+    ("model", "expected"), [(PaddedScores, "uninitialised_read"), (WrittenThenOverflow, None)]
+)
 def test_uninitialised_read_agrees_with_the_fill_oracle(model, expected):
     """The fill oracle (``tests/oracle/fill.py``) and nanhunter agree on whether the fault follows the fill of
     fresh allocations, and on the op that read them. The original run is made to fault as a user's does,

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from nan_hunter.pipeline.scan_checkpoint import scan
 
-MODEL = '''
+MODEL = """
 import torch
 from torch import nn
 
@@ -26,20 +26,28 @@ class Net(nn.Module):
 
 def build():
     return Net()
-'''
+"""
 
 
 def test_fully_masked_row_through_the_fast_path(tmp_path):
     (tmp_path / "model.py").write_text(MODEL)
     torch.manual_seed(0)
     attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
-    save_file({f"attn.{k}": v.contiguous() for k, v in attn.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {f"attn.{k}": v.contiguous() for k, v in attn.state_dict().items()},
+        str(tmp_path / "model.safetensors"),
+    )
     mask = torch.zeros(2, 3, dtype=torch.bool)
     mask[1] = True  # every key of the second sequence masked
     save_file({"x": torch.randn(2, 3, 8), "mask": mask}, str(tmp_path / "inputs.safetensors"))
     fast = torch.backends.mha.get_fastpath_enabled()
-    rep = scan(str(tmp_path / "model.safetensors"), arch=f"{tmp_path / 'model.py'}:build",
-               inputs=[str(tmp_path / "inputs.safetensors")], dtype="fp32", device="cpu")
+    rep = scan(
+        str(tmp_path / "model.safetensors"),
+        arch=f"{tmp_path / 'model.py'}:build",
+        inputs=[str(tmp_path / "inputs.safetensors")],
+        dtype="fp32",
+        device="cpu",
+    )
     assert torch.backends.mha.get_fastpath_enabled() == fast  # the user's setting is restored
     f, d = rep.first_nonfinite, rep.diagnosis
     assert f.module == "attn" and f.op == "aten._softmax.default" and f.kind == "nan"

@@ -63,5 +63,7 @@ def test_linear_scaled_to_overflow_fp16(cli_main, minilm_dir, tmp_path):
     assert f["op"] == "aten.addmm.default" and f["kind"] in ("posinf", "neginf")
     d = r["diagnosis"]
     assert d["cause"] == "overflow" and "fp32" in d["fix"] and "bisect" in d["fix"]
-    assert r["replay"]["fp32"]["finite"] and r["replay"]["bf16"]["finite"] and not r["replay"]["fp16"]["finite"]
+    assert (
+        r["replay"]["fp32"]["finite"] and r["replay"]["bf16"]["finite"] and not r["replay"]["fp16"]["finite"]
+    )
     assert torch.isfinite(torch.tensor(r["replay"]["fp32"]["rel_err"]))

@@ -41,15 +41,21 @@ def _split_matches_one_process(tmp_path: Path, *args: object) -> tuple[dict, dic
 
 
 def test_backward_splits_under_torchrun(data, tmp_path):
-    single, split = _split_matches_one_process(tmp_path, EXAMPLE, "--data", data, "--dtype", "fp16", "--backward")
-    assert split["run"]["backward"] is True and split["run"]["failed_inputs"] == single["run"]["failed_inputs"]
+    single, split = _split_matches_one_process(
+        tmp_path, EXAMPLE, "--data", data, "--dtype", "fp16", "--backward"
+    )
+    assert (
+        split["run"]["backward"] is True and split["run"]["failed_inputs"] == single["run"]["failed_inputs"]
+    )
     assert split["run"]["failed_inputs"] and split["first_nonfinite"]["rank"] in (0, 1)
 
 
 def test_generate_splits_under_torchrun(tmp_path):
     data = tmp_path / "decode.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["the 1 2 3", "hello", "the 4 5", "a b"]))
-    single, split = _split_matches_one_process(tmp_path, DECODE, "--data", data, "--dtype", "fp16", "--generate", "8")
+    single, split = _split_matches_one_process(
+        tmp_path, DECODE, "--data", data, "--dtype", "fp16", "--generate", "8"
+    )
     g = split["run"]["generate"]
     assert g == single["run"]["generate"] and g["first_bad_step"] is not None
     assert split["first_nonfinite"]["step"] == single["first_nonfinite"]["step"] > 0
@@ -61,8 +67,21 @@ def test_device_map_composes(cli_main, data, tmp_path, extra):
     plain = cli_main("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "-q")
     tmp = tmp_path / "tmpdir"
     tmp.mkdir()
-    placed = cli_main("scan", EXAMPLE, "--data", data, "--dtype", "fp16", *extra, "--device-map", "auto",
-                 "--max-memory", "cpu=150KB", "-q", env={"TMPDIR": tmp})
+    placed = cli_main(
+        "scan",
+        EXAMPLE,
+        "--data",
+        data,
+        "--dtype",
+        "fp16",
+        *extra,
+        "--device-map",
+        "auto",
+        "--max-memory",
+        "cpu=150KB",
+        "-q",
+        env={"TMPDIR": tmp},
+    )
     assert placed.code == plain.code == 1, (plain.stderr, placed.stderr)
     a, b = plain.report["first_nonfinite"], placed.report["first_nonfinite"]
     assert [b[k] for k in KEY] == [a[k] for k in KEY]

@@ -18,8 +18,16 @@ def _model(tmp_path, value):
     (tmp_path / "arch.py").write_text(ARCH)
     save_file({"weight": torch.full((4, 4), value)}, str(tmp_path / "m.safetensors"))
     save_file({"input": torch.ones(1, 4)}, str(tmp_path / "in.safetensors"))
-    return ["scan", tmp_path / "m.safetensors", "--arch", f"{tmp_path / 'arch.py'}:build",
-            "--inputs", tmp_path / "in.safetensors", "--dtype", "fp16"]
+    return [
+        "scan",
+        tmp_path / "m.safetensors",
+        "--arch",
+        f"{tmp_path / 'arch.py'}:build",
+        "--inputs",
+        tmp_path / "in.safetensors",
+        "--dtype",
+        "fp16",
+    ]
 
 
 def test_near_overflow_warns_but_exits_0(cli_main, tmp_path):
@@ -47,8 +55,16 @@ def test_bad_config_exit_2(cli_main, tmp_path):
 
 def test_absorbed_intermediate_rmsnorm(cli_main):
     root = "examples/incidents/rmsnorm_variance"
-    res = cli_main("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
-              "--inputs", f"{root}/inputs.safetensors", "--dtype", "fp16")
+    res = cli_main(
+        "scan",
+        f"{root}/model.safetensors",
+        "--arch",
+        f"{root}/model.py:build",
+        "--inputs",
+        f"{root}/inputs.safetensors",
+        "--dtype",
+        "fp16",
+    )
     assert res.code == 0
     absorbed = [n for n in res.report["near_misses"] if n["kind"] == "absorbed"]
     assert absorbed and absorbed[0]["op"] == "aten.pow.Tensor_Scalar" and absorbed[0]["module"] == "norm"

@@ -68,15 +68,29 @@ OPTIMIZERS = {
 }
 
 
-def _train(opt_name, watch_kw=None, leave_out=None, micro=1, autocast=None, scaler=False, steps=5, check=None,
-           device="cpu", stop=False):
+def _train(
+    opt_name,
+    watch_kw=None,
+    leave_out=None,
+    micro=1,
+    autocast=None,
+    scaler=False,
+    steps=5,
+    check=None,
+    device="cpu",
+    stop=False,
+):
     """``stop``: leave the loop once ``w.should_stop`` is set (after that step), as a loop polling it does."""
     torch.manual_seed(0)
     m = Net().to(device)
     opt = OPTIMIZERS[opt_name](m.parameters())
-    sc = torch.amp.GradScaler(device, init_scale=2.0 ** 8) if scaler else None
+    sc = torch.amp.GradScaler(device, init_scale=2.0**8) if scaler else None
     data = _batches(steps, micro=micro, device=device)
-    w = nan_hunter.watch(m, backward=True, optimizer=opt, scaler=sc, **watch_kw) if watch_kw is not None else None
+    w = (
+        nan_hunter.watch(m, backward=True, optimizer=opt, scaler=sc, **watch_kw)
+        if watch_kw is not None
+        else None
+    )
     snaps = {}
     if w is not None:
         w.__enter__()
@@ -130,7 +144,13 @@ def test_skip_is_bitwise_the_run_without_that_step(opt_name):
     assert _same(m.state_dict(), m2.state_dict())
     assert _same(opt.state_dict()["state"], opt2.state_dict()["state"])
     f = rep.first_nonfinite
-    assert (f.step, f.phase, f.module, f.op, f.kind) == (FAULT, "forward", "layers.0.act", "aten.exp.default", "posinf")
+    assert (f.step, f.phase, f.module, f.op, f.kind) == (
+        FAULT,
+        "forward",
+        "layers.0.act",
+        "aten.exp.default",
+        "posinf",
+    )
     assert rep.diagnosis.cause == "overflow" and f.reproducible is True
 
 
@@ -138,7 +158,9 @@ def test_skip_with_gradient_accumulation():
     m, opt, rep, _ = _train("adamw", {"on_fault": "skip"}, micro=2)
     m2, opt2, _, _ = _train("adamw", None, leave_out=FAULT, micro=2)
     assert rep.run["skipped_steps"] == [2 * FAULT + 1]  # the forward after which that step's update ran
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )
     assert rep.first_nonfinite.step == 2 * FAULT and rep.first_nonfinite.module == "layers.0.act"
 
 
@@ -147,7 +169,9 @@ def test_skip_under_autocast(autocast):
     m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip"}, autocast=autocast)
     m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT, autocast=autocast)
     assert rep.run["skipped_steps"] == [FAULT]
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )
 
 
 @pytest.mark.parametrize("opt_name", ["adamw", "adamw_fused"])
@@ -246,8 +270,13 @@ def test_plain_watch_names_the_leaf_after_the_weights_changed(level):
     assert not all(torch.isfinite(p).all() for p in m.parameters())  # the weights did change after it
     rep = w.report()
     f = rep.first_nonfinite
-    assert (f.step, f.module, f.op, f.kind, f.reproducible) == (FAULT, "layers.0.act", "aten.exp.default", "posinf",
-                                                                   True)
+    assert (f.step, f.module, f.op, f.kind, f.reproducible) == (
+        FAULT,
+        "layers.0.act",
+        "aten.exp.default",
+        "posinf",
+        True,
+    )
     assert rep.diagnosis.cause == "overflow"
     assert not any("parameters changed in place" in n for n in rep.notes)
 
@@ -263,7 +292,9 @@ def test_skip_and_raise_on_the_device_row_sink():
     m, opt, rep, _ = _train("adamw", {"on_fault": "skip", "backend": "triton"}, device=dev)
     m2, opt2, _, _ = _train("adamw", None, leave_out=FAULT, device=dev)
     assert rep.run["skipped_steps"] == [FAULT]
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )
     with pytest.raises(NonFiniteError) as ei:
         _train("sgd_momentum", {"on_fault": "raise", "backend": "triton"}, device=dev)
     assert ei.value.report.first_nonfinite.module == "layers.0.act"
@@ -291,23 +322,32 @@ def test_device_path_skip_is_bitwise(device_verdicts):
     m, opt, rep, _ = _train("adamw_foreach", {"on_fault": "skip", "backend": "triton"}, device=dev)
     m2, opt2, _, _ = _train("adamw_foreach", None, leave_out=FAULT, device=dev)
     assert rep.run["skipped_steps"] == [FAULT]
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )
 
 
 def test_device_path_stop_is_bitwise_the_last_good_state(device_verdicts):
     """stop with optimizer= on the device path: restored by torch.where on the device, the host-side
     state (AdamW's step counts) through ``_settle``, as skip does."""
     dev = _triton_device()
-    m, opt, rep, snaps = _train("adamw_foreach", {"on_fault": "stop", "backend": "triton"}, device=dev, stop=True)
+    m, opt, rep, snaps = _train(
+        "adamw_foreach", {"on_fault": "stop", "backend": "triton"}, device=dev, stop=True
+    )
     m2, opt2, _, _ = _train("adamw_foreach", None, steps=FAULT, device=dev)
     assert sorted(snaps) == list(range(FAULT + 1)) and rep.run["skipped_steps"] == [FAULT]
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )
 
 
 def test_device_path_raise_and_stop_by_the_end_of_the_step(device_verdicts):
     with pytest.raises(NonFiniteError) as ei:
         _train("adamw", {"on_fault": "raise", "backend": "triton"}, device=_triton_device())
-    assert (ei.value.report.first_nonfinite.step, ei.value.report.first_nonfinite.module) == (FAULT, "layers.0.act")
+    assert (ei.value.report.first_nonfinite.step, ei.value.report.first_nonfinite.module) == (
+        FAULT,
+        "layers.0.act",
+    )
     torch.manual_seed(0)
     m = Net().to(_triton_device())
     with torch.no_grad(), nan_hunter.watch(m, on_fault="stop", backend="triton") as w:
@@ -323,6 +363,7 @@ def test_device_path_raise_and_stop_by_the_end_of_the_step(device_verdicts):
 def test_skip_with_a_closure_optimizer():
     """LBFGS: step(closure) runs forward and backward inside the step (as Lightning does for every
     optimizer); the skipped step is undone, its histories included."""
+
     def run(watch_kw, leave_out=None):
         torch.manual_seed(0)
         m = Net()
@@ -338,6 +379,7 @@ def test_skip_with_a_closure_optimizer():
                     loss = m(x).pow(2).mean()
                     loss.backward()
                     return loss
+
                 opt.step(closure)
         return m, opt, (w.report() if w is not None else None)
 
@@ -346,4 +388,6 @@ def test_skip_with_a_closure_optimizer():
     # LBFGS runs its closure several times per step: steps are named by their first forward
     assert len(rep.run["skipped_steps"]) == 1 and rep.run["skipped_steps"] == [rep.first_nonfinite.step]
     assert rep.first_nonfinite.module == "layers.0.act"
-    assert _same(m.state_dict(), m2.state_dict()) and _same(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert _same(m.state_dict(), m2.state_dict()) and _same(
+        opt.state_dict()["state"], opt2.state_dict()["state"]
+    )

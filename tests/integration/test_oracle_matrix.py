@@ -56,14 +56,22 @@ class EvidenceDisagreement(AssertionError):
 def known(reason: str, names: bool = False):
     """A nanhunter bug found by the oracle: the evidence check (``names``: the names check too) is
     expected to fail, strictly."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError if names else EvidenceDisagreement, reason=reason)
+    return pytest.mark.xfail(
+        strict=True, raises=AssertionError if names else EvidenceDisagreement, reason=reason
+    )
 
 
 def full_only(values: tuple, default: bool, *marks) -> pytest.param:
     if default:
         return pytest.param(*values, marks=list(marks))
-    return pytest.param(*values, marks=[pytest.mark.matrix_full, *marks,
-                                        pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1")])
+    return pytest.param(
+        *values,
+        marks=[
+            pytest.mark.matrix_full,
+            *marks,
+            pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1"),
+        ],
+    )
 
 
 # --- precisions -------------------------------------------------------------------------------
@@ -86,12 +94,18 @@ class Precision:
         return torch.autocast("cpu", dtype=self.autocast, cache_enabled=self.cache)
 
 
-PRECISIONS = {p.name: p for p in (
-    Precision("fp32", torch.float32), Precision("bf16", torch.bfloat16), Precision("fp16", torch.float16),
-    Precision("autocast-fp16-cache", torch.float32, torch.float16, True),
-    Precision("autocast-fp16-nocache", torch.float32, torch.float16, False),
-    Precision("autocast-bf16-cache", torch.float32, torch.bfloat16, True),
-    Precision("autocast-bf16-nocache", torch.float32, torch.bfloat16, False))}
+PRECISIONS = {
+    p.name: p
+    for p in (
+        Precision("fp32", torch.float32),
+        Precision("bf16", torch.bfloat16),
+        Precision("fp16", torch.float16),
+        Precision("autocast-fp16-cache", torch.float32, torch.float16, True),
+        Precision("autocast-fp16-nocache", torch.float32, torch.float16, False),
+        Precision("autocast-bf16-cache", torch.float32, torch.bfloat16, True),
+        Precision("autocast-bf16-nocache", torch.float32, torch.bfloat16, False),
+    )
+}
 FAULTS = ("qk_overflow", "qk_overflow_neg", "autocast_cast", "nan_norm", "bwd_div0", "adam_eps")
 POLICIES = ("record", "raise", "skip", "stop")
 
@@ -114,8 +128,14 @@ def get(obj, key):
 def check_names(t: Truth, f, diagnosis, input_index: int | None) -> None:
     """Where: the fields a person acts on first."""
     assert f is not None, f"nanhunter found nothing; the oracle: {t}"
-    want = {"role": t.role, "phase": t.phase, "step": t.step, "module": t.module, "kind": t.kind,
-            "position": t.position}
+    want = {
+        "role": t.role,
+        "phase": t.phase,
+        "step": t.step,
+        "module": t.module,
+        "kind": t.kind,
+        "position": t.position,
+    }
     if t.phase == "backward":
         want["grad_fn"] = t.grad_fn
     if t.phase == "optimizer":
@@ -129,8 +149,9 @@ def check_names(t: Truth, f, diagnosis, input_index: int | None) -> None:
         want["op"], got["op"] = t.op, get(f, "op")
     assert got == want, f"nanhunter {got} != oracle {want}"
     if t.cause is not None:
-        assert diagnosis is not None and get(diagnosis, "cause") == t.cause, \
+        assert diagnosis is not None and get(diagnosis, "cause") == t.cause, (
             f"cause {diagnosis and get(diagnosis, 'cause')} != oracle {t.cause}"
+        )
 
 
 NUM = r"([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan|\?))"
@@ -152,15 +173,19 @@ def check_evidence(t: Truth, op_event, diagnosis, replay, rtol: float = 1e-3) ->
             if ev.exact_absmax is not None and ev.exact_finite:  # a magnitude only where float64 holds it
                 done.append("op_event.exact_absmax")
                 if not close(op_event.exact_absmax, ev.exact_absmax, rtol):
-                    bad.append(f"op re-run in float64: absmax {op_event.exact_absmax} != oracle {ev.exact_absmax}")
+                    bad.append(
+                        f"op re-run in float64: absmax {op_event.exact_absmax} != oracle {ev.exact_absmax}"
+                    )
             for o in op_event.operands:
                 if o.dtype == "scalar" or o.absmax is None:
                     continue
                 mine = [x for x in ev.operands if x.shape == list(o.shape)]
                 done.append("op_event.operands")
                 if not any(close(o.absmax, x.absmax, rtol) for x in mine):
-                    bad.append(f"operand #{o.index} {o.shape}: absmax {o.absmax} != oracle "
-                               f"{[x.absmax for x in mine]}")
+                    bad.append(
+                        f"operand #{o.index} {o.shape}: absmax {o.absmax} != oracle "
+                        f"{[x.absmax for x in mine]}"
+                    )
         for line in lines:
             m = re.search(rf"absmax {NUM} > (\w+) max {NUM}", line)
             if m and ev.exact_absmax is not None and ev.exact_finite:
@@ -176,13 +201,17 @@ def check_evidence(t: Truth, op_event, diagnosis, replay, rtol: float = 1e-3) ->
                 mine = [x for x in ev.operands if x.shape == shape]
                 done.append("evidence: operand absmax")
                 if not any(close(_num(m[4]), x.absmax, rtol) for x in mine):
-                    bad.append(f"evidence operand #{m[1]} {shape}: absmax {m[4]} != oracle {[x.absmax for x in mine]}")
+                    bad.append(
+                        f"evidence operand #{m[1]} {shape}: absmax {m[4]} != oracle {[x.absmax for x in mine]}"
+                    )
             m = re.search(r"divisor has (\d+) zero\(s\) of (\d+)", line)
             if m:
                 done.append("evidence: divisor zeros")
                 div = [x for x in ev.operands if x.numel == int(m[2])]
                 if not any(x.zeros == int(m[1]) for x in div):
-                    bad.append(f"evidence {line!r}: oracle divisor zeros {[(x.zeros, x.numel) for x in ev.operands]}")
+                    bad.append(
+                        f"evidence {line!r}: oracle divisor zeros {[(x.zeros, x.numel) for x in ev.operands]}"
+                    )
     if t.optimizer_facts is not None:
         pf = t.optimizer_facts
         for line in lines:
@@ -191,19 +220,27 @@ def check_evidence(t: Truth, op_event, diagnosis, replay, rtol: float = 1e-3) ->
                 done.append("evidence: optimizer non-finite count")
                 if (int(m[1]), int(m[2])) != (pf["n_bad"], pf["numel"]):
                     bad.append(f"evidence {line!r}: oracle {pf['n_bad']} of {pf['numel']}")
-            m = re.search(r"state (\w+) \((\w+)\): (\d+) zero\(s\) where the parameter went non-finite, (\d+) in all",
-                          line)
+            m = re.search(
+                r"state (\w+) \((\w+)\): (\d+) zero\(s\) where the parameter went non-finite, (\d+) in all",
+                line,
+            )
             if m:
                 done.append("evidence: optimizer state zeros")
                 st = pf["state"].get(m[1])
                 if st is None or (int(m[3]), int(m[4])) != (st["zeros_bad"], st["zeros"]):
                     bad.append(f"evidence {line!r}: oracle {st}")
-            m = re.search(rf"gradient: (\d+) zero\(s\) where the parameter went non-finite, absmax {NUM}", line)
+            m = re.search(
+                rf"gradient: (\d+) zero\(s\) where the parameter went non-finite, absmax {NUM}", line
+            )
             if m:
                 done.append("evidence: optimizer gradient")
-                if int(m[1]) != pf.get("grad_zeros_bad") or not close(_num(m[2]), pf.get("grad_absmax"), rtol):
-                    bad.append(f"evidence {line!r}: oracle {pf.get('grad_zeros_bad')} zeros, absmax "
-                               f"{pf.get('grad_absmax')}")
+                if int(m[1]) != pf.get("grad_zeros_bad") or not close(
+                    _num(m[2]), pf.get("grad_absmax"), rtol
+                ):
+                    bad.append(
+                        f"evidence {line!r}: oracle {pf.get('grad_zeros_bad')} zeros, absmax "
+                        f"{pf.get('grad_absmax')}"
+                    )
     if t.replay and replay:
         for dt, mine in t.replay.items():
             theirs = replay.get(SHORT[dt])
@@ -211,8 +248,10 @@ def check_evidence(t: Truth, op_event, diagnosis, replay, rtol: float = 1e-3) ->
                 continue
             done.append(f"replay {SHORT[dt]}")
             if theirs["finite"] != mine["finite"] or not close(theirs["absmax"], mine["absmax"], rtol):
-                bad.append(f"replay {SHORT[dt]}: finite {theirs['finite']} absmax {theirs['absmax']} != oracle "
-                           f"{mine['finite']} {mine['absmax']}")
+                bad.append(
+                    f"replay {SHORT[dt]}: finite {theirs['finite']} absmax {theirs['absmax']} != oracle "
+                    f"{mine['finite']} {mine['absmax']}"
+                )
     if bad:
         raise EvidenceDisagreement("; ".join(bad))
     return done
@@ -296,13 +335,23 @@ def applies(fault: str, precision: str) -> bool:
 
 # The default slice: every value of every axis at least once (test_default_slices_cover_every_axis_value)
 DEFAULT_TRAINING = {
-    ("llama", "qk_overflow", "fp32", "record"), ("qwen2", "nan_norm", "bf16", "raise"),
-    ("gpt2", "bwd_div0", "fp16", "stop"), ("t5", "qk_overflow", "autocast-fp16-cache", "record"),
-    ("llama", "autocast_cast", "autocast-fp16-nocache", "skip"), ("gpt2", "qk_overflow_neg", "autocast-bf16-cache", "raise"),
-    ("qwen2", "qk_overflow", "autocast-bf16-nocache", "stop"), ("llama", "adam_eps", "fp16", "skip")}
+    ("llama", "qk_overflow", "fp32", "record"),
+    ("qwen2", "nan_norm", "bf16", "raise"),
+    ("gpt2", "bwd_div0", "fp16", "stop"),
+    ("t5", "qk_overflow", "autocast-fp16-cache", "record"),
+    ("llama", "autocast_cast", "autocast-fp16-nocache", "skip"),
+    ("gpt2", "qk_overflow_neg", "autocast-bf16-cache", "raise"),
+    ("qwen2", "qk_overflow", "autocast-bf16-nocache", "stop"),
+    ("llama", "adam_eps", "fp16", "skip"),
+}
 TRAINING_CASES = [
     full_only((fam, fault, prec, pol), (fam, fault, prec, pol) in DEFAULT_TRAINING)
-    for fam in P.FAMILIES for fault in FAULTS for prec in PRECISIONS for pol in POLICIES if applies(fault, prec)]
+    for fam in P.FAMILIES
+    for fault in FAULTS
+    for prec in PRECISIONS
+    for pol in POLICIES
+    if applies(fault, prec)
+]
 
 
 @pytest.mark.slow
@@ -361,12 +410,19 @@ def generate_truth(family: str, precision: str, batch: bool, prompts: tuple[str,
 
 GENERATE_MODES = ("watch", "watch-batch", "cli", "cli-batch")
 GEN_PRECISIONS = ("fp32", "bf16", "fp16", "autocast-fp16-cache")
-DEFAULT_GENERATE = {("llama", "fp16", "cli-batch"), ("qwen2", "bf16", "watch"), ("gpt2", "fp32", "cli"),
-                    ("llama", "autocast-fp16-cache", "watch-batch")}
+DEFAULT_GENERATE = {
+    ("llama", "fp16", "cli-batch"),
+    ("qwen2", "bf16", "watch"),
+    ("gpt2", "fp32", "cli"),
+    ("llama", "autocast-fp16-cache", "watch-batch"),
+}
 GENERATE_CASES = [
     full_only((fam, prec, mode), (fam, prec, mode) in DEFAULT_GENERATE)
-    for fam in ("llama", "qwen2", "gpt2") for prec in GEN_PRECISIONS for mode in GENERATE_MODES
-    if not (mode.startswith("cli") and PRECISIONS[prec].autocast)]  # the CLI has no autocast flag
+    for fam in ("llama", "qwen2", "gpt2")
+    for prec in GEN_PRECISIONS
+    for mode in GENERATE_MODES
+    if not (mode.startswith("cli") and PRECISIONS[prec].autocast)
+]  # the CLI has no autocast flag
 
 
 @pytest.mark.slow
@@ -482,16 +538,23 @@ def float8_truth(recipe: str) -> Truth:
     return t
 
 
-COMPILED_ROWWISE = ("a watch on torch.compile'd rowwise float8 training: report() re-runs forward 1 eagerly "
-                    "from its captured inputs and that re-run does not reproduce the non-finite value, so the "
-                    "location falls back to the compiled root ('', nan) where the oracle sees block.down's "
-                    "aten.mm (posinf)")
+COMPILED_ROWWISE = (
+    "a watch on torch.compile'd rowwise float8 training: report() re-runs forward 1 eagerly "
+    "from its captured inputs and that re-run does not reproduce the non-finite value, so the "
+    "location falls back to the compiled root ('', nan) where the oracle sees block.down's "
+    "aten.mm (posinf)"
+)
 
 
 FLOAT8_CASES = [
-    full_only((recipe, compiled), (recipe, compiled) in {("tensorwise", False), ("rowwise", True)},
-              *([known(COMPILED_ROWWISE, names=True)] if (recipe, compiled) == ("rowwise", True) else []))
-    for recipe in ("tensorwise", "rowwise") for compiled in (False, True)]
+    full_only(
+        (recipe, compiled),
+        (recipe, compiled) in {("tensorwise", False), ("rowwise", True)},
+        *([known(COMPILED_ROWWISE, names=True)] if (recipe, compiled) == ("rowwise", True) else []),
+    )
+    for recipe in ("tensorwise", "rowwise")
+    for compiled in (False, True)
+]
 
 
 @pytest.mark.slow

@@ -41,9 +41,16 @@ def _cells():
                 if j == k % len(DTYPES):
                     yield pytest.param(fmt, fault, dt, id=f"{fmt}-{fault}-{dt}")
                 else:
-                    yield pytest.param(fmt, fault, dt, id=f"{fmt}-{fault}-{dt}", marks=[
-                        pytest.mark.matrix_full,
-                        pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1")])
+                    yield pytest.param(
+                        fmt,
+                        fault,
+                        dt,
+                        id=f"{fmt}-{fault}-{dt}",
+                        marks=[
+                            pytest.mark.matrix_full,
+                            pytest.mark.skipif(not FULL, reason="full matrix: NANHUNTER_FULL_MATRIX=1"),
+                        ],
+                    )
             k += 1
 
 
@@ -66,8 +73,9 @@ def test_check_agrees_with_the_libraries_dequantization(fmt, fault, dtype, tmp_p
         assert q["dequant_absmax"] == pytest.approx(case.absmax, rel=1e-2 if fmt == "nvfp4" else 1e-5)
 
 
-@pytest.mark.parametrize("fixture", sorted(p.name for p in (ROOT / "tests" / "data" / "quant").iterdir()
-                                          if p.is_dir()))
+@pytest.mark.parametrize(
+    "fixture", sorted(p.name for p in (ROOT / "tests" / "data" / "quant").iterdir() if p.is_dir())
+)
 def test_gptq_and_awq_fixtures_agree_with_their_packers(fixture):
     expected = json.loads((ROOT / "tests" / "data" / "quant" / "expected.json").read_text())[fixture]
     (rep,) = check(str(ROOT / "tests" / "data" / "quant" / fixture), dtypes="fp16,bf16")

@@ -57,8 +57,17 @@ def model(overflow_model, tmp_path) -> dict[str, Path]:
 
 
 def bisect_args(m: dict[str, Path], *extra: object) -> list[object]:
-    return ["bisect", m["ck"], "--arch", f"{m['arch_file']}:build", "--inputs", m["inputs"], "--dtype", "fp16",
-            *extra]
+    return [
+        "bisect",
+        m["ck"],
+        "--arch",
+        f"{m['arch_file']}:build",
+        "--inputs",
+        m["inputs"],
+        "--dtype",
+        "fp16",
+        *extra,
+    ]
 
 
 def hashes(d: Path) -> dict[str, str]:
@@ -81,8 +90,13 @@ def test_output_onto_an_input_is_refused(run_main, model, tmp_path, flag, target
         path = tmp_path / "hard.json"
         os.link(model["ck"], path)
     else:
-        path = {"checkpoint": model["ck"], "inputs": model["inputs"], "arch": model["arch_file"],
-                "config": cfg, "data": data}[target]
+        path = {
+            "checkpoint": model["ck"],
+            "inputs": model["inputs"],
+            "arch": model["arch_file"],
+            "config": cfg,
+            "data": data,
+        }[target]
     extra = ["--config", cfg] if target == "config" else ["--data", data] if target == "data" else []
     res = run_main(*bisect_args(model, flag, path, *extra))
     one_error_line(res, flag, "is an input of this command")
@@ -97,15 +111,20 @@ def test_directory_checkpoint_protects_every_file_it_reads(run_main, tmp_path):
     d.mkdir()
     save_file({"w": torch.ones(2)}, str(d / "model-00001-of-00001.safetensors"))
     (d / "model.safetensors.index.json").write_text(
-        '{"weight_map": {"w": "model-00001-of-00001.safetensors"}}')
+        '{"weight_map": {"w": "model-00001-of-00001.safetensors"}}'
+    )
     (d / "tokenizer.json").write_text("{}")
     before = hashes(d)
     for victim in ("model-00001-of-00001.safetensors", "model.safetensors.index.json", "tokenizer.json"):
         one_error_line(run_main("scan", d, "--json", d / victim), "is an input")
     one_error_line(run_main("scan", d, "--json", d), "is a directory")
     # the index as the checkpoint: its shards are inputs too
-    one_error_line(run_main("scan", d / "model.safetensors.index.json", "--json",
-                           d / "model-00001-of-00001.safetensors"), "is an input")
+    one_error_line(
+        run_main(
+            "scan", d / "model.safetensors.index.json", "--json", d / "model-00001-of-00001.safetensors"
+        ),
+        "is an input",
+    )
     assert hashes(d) == before
     res = run_main("scan", d, "--json", d / "report.json", "-q")
     assert res.code == 0, res.stderr
@@ -143,8 +162,10 @@ def test_two_outputs_may_not_be_one_file(run_main, model, tmp_path, how):
 
 
 def test_only_one_output_takes_stdout(run_main, model, tmp_path):
-    one_error_line(run_main(*bisect_args(model, "--json", "-", "--policy-out", "-"), cwd=tmp_path),
-                   "only one output can go to stdout")
+    one_error_line(
+        run_main(*bisect_args(model, "--json", "-", "--policy-out", "-"), cwd=tmp_path),
+        "only one output can go to stdout",
+    )
     assert not (tmp_path / "-").exists()
 
 
@@ -252,8 +273,10 @@ def swallow():
 '''
 
 
-@pytest.mark.parametrize("command, factory", [("scan", "spin"), ("scan", "sleep"), ("scan", "swallow"),
-                                              ("bisect", "spin"), ("check", "sleep")])
+@pytest.mark.parametrize(
+    "command, factory",
+    [("scan", "spin"), ("scan", "sleep"), ("scan", "swallow"), ("bisect", "spin"), ("check", "sleep")],
+)
 def test_ctrl_c_exits_130_within_a_second(run_cli, model, tmp_path, command, factory):
     arch = tmp_path / "hang.py"
     arch.write_text(HANGING_ARCH)
@@ -288,23 +311,56 @@ def test_closed_stdout_keeps_the_verdicts_exit_code_scan(run_cli, model, tmp_pat
     assert res.stderr == ""
     # a real finding keeps its exit 1, and the outputs that are files are still written
     js = tmp_path / "r.json"
-    res = run_cli("scan", model["ck"], "--arch", f"{model['arch_file']}:build", "--inputs", model["inputs"],
-                  "--dtype", "fp16", "--json", js, reader_leaves_after=read_lines)
+    res = run_cli(
+        "scan",
+        model["ck"],
+        "--arch",
+        f"{model['arch_file']}:build",
+        "--inputs",
+        model["inputs"],
+        "--dtype",
+        "fp16",
+        "--json",
+        js,
+        reader_leaves_after=read_lines,
+    )
     _ok(res, 1)
     assert js.exists() and '"first_nonfinite"' in js.read_text()
 
 
-@pytest.mark.parametrize("args, want", [
-    (["scan", "{clean}", "--json", "-"], 0),  # the report to stdout, the view to stderr
-    (["check", "{clean}"], 0),
-    (["check", "{clean}", "--junit", "-"], 0),
-    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16"], 0),
-    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--policy-out", "-"], 0),
-    (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--json", "-"], 0),
-], ids=["scan-json", "check", "check-junit", "bisect", "bisect-policy", "bisect-json"])
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        (["scan", "{clean}", "--json", "-"], 0),  # the report to stdout, the view to stderr
+        (["check", "{clean}"], 0),
+        (["check", "{clean}", "--junit", "-"], 0),
+        (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16"], 0),
+        (
+            [
+                "bisect",
+                "{ck}",
+                "--arch",
+                "{arch}",
+                "--inputs",
+                "{inputs}",
+                "--dtype",
+                "fp16",
+                "--policy-out",
+                "-",
+            ],
+            0,
+        ),
+        (["bisect", "{ck}", "--arch", "{arch}", "--inputs", "{inputs}", "--dtype", "fp16", "--json", "-"], 0),
+    ],
+    ids=["scan-json", "check", "check-junit", "bisect", "bisect-policy", "bisect-json"],
+)
 def test_closed_stdout_keeps_the_verdicts_exit_code(run_cli, model, args, want):
-    fill = {"clean": EXAMPLES / "clean.safetensors", "ck": model["ck"], "arch": f"{model['arch_file']}:build",
-            "inputs": model["inputs"]}
+    fill = {
+        "clean": EXAMPLES / "clean.safetensors",
+        "ck": model["ck"],
+        "arch": f"{model['arch_file']}:build",
+        "inputs": model["inputs"],
+    }
     _ok(run_cli(*[str(a).format(**fill) for a in args], reader_leaves_after=0), want)
 
 

@@ -32,11 +32,21 @@ def _bnb_dir(root: Path, kind: str) -> Path:
     plain = root / "plain"
     if not plain.exists():
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+        cfg = LlamaConfig(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+        )
         LlamaForCausalLM(cfg).save_pretrained(plain)
-    qc = (BitsAndBytesConfig(load_in_8bit=True) if kind == "int8"
-          else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=kind))
+    qc = (
+        BitsAndBytesConfig(load_in_8bit=True)
+        if kind == "int8"
+        else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=kind)
+    )
     model = LlamaForCausalLM.from_pretrained(plain, quantization_config=qc, device_map="cpu")
     out = root / kind
     model.save_pretrained(out)
@@ -89,10 +99,14 @@ def test_a_nan_scale_in_a_bitsandbytes_dir_is_found_with_or_without_a_prompt(bnb
         r = invoke("scan", tmp_path / "bad", *extra, "--json", tmp_path / "s.json")
         assert r.code == 1, r.stderr
         rep = json.loads((tmp_path / "s.json").read_text())
-        assert any(q["scale"] == name and q["bad_blocks"][0]["problem"] == "nan" for q in rep["weights"]["quantized"])
+        assert any(
+            q["scale"] == name and q["bad_blocks"][0]["problem"] == "nan" for q in rep["weights"]["quantized"]
+        )
         r = invoke("check", tmp_path / "bad", *extra, "--json", tmp_path / "c.json")
         assert r.code == 1, r.stderr
-        rules = {x["rule"]: x["status"] for x in json.loads((tmp_path / "c.json").read_text())["check"]["results"]}
+        rules = {
+            x["rule"]: x["status"] for x in json.loads((tmp_path / "c.json").read_text())["check"]["results"]
+        }
         assert rules["weights.quantized"] == "fail"
 
 

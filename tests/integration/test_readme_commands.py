@@ -46,7 +46,9 @@ def docs_commands() -> dict[str, str]:
     first: dict[str, tuple[str, str]] = {}
     for page in PAGES:
         for cmd in page_commands(page):
-            first.setdefault(" ".join(shlex.split(cmd, comments=True)), (cmd, page.relative_to(ROOT).as_posix()))
+            first.setdefault(
+                " ".join(shlex.split(cmd, comments=True)), (cmd, page.relative_to(ROOT).as_posix())
+            )
     return dict(first.values())
 
 

@@ -21,8 +21,16 @@ QK = Path(__file__).resolve().parents[2] / "examples" / "incidents" / "qk_overfl
 def test_qk_overflow_evidence_is_the_bmm_result_not_the_module_output(cli_main):
     """The bmm's result is 3 · 200 · 128 = 76800; the module's output after softmax and the
     projection is 0.751 (before, the evidence line said "absmax 0.751 > fp16 max 65504")."""
-    res = cli_main("scan", QK / "model.safetensors", "--arch", f"{QK / 'model.py'}:build",
-              "--inputs", QK / "inputs.safetensors", "--dtype", "fp16")
+    res = cli_main(
+        "scan",
+        QK / "model.safetensors",
+        "--arch",
+        f"{QK / 'model.py'}:build",
+        "--inputs",
+        QK / "inputs.safetensors",
+        "--dtype",
+        "fp16",
+    )
     assert res.code == 1, res.stderr
     assert "absmax 0.751" not in res.stdout
     d = res.report["diagnosis"]
@@ -38,7 +46,7 @@ def _save(tmp_path: Path, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
     return str(tmp_path / "model.safetensors"), str(tmp_path / "inputs.safetensors")
 
 
-RESNET = '''
+RESNET = """
 import torch
 from transformers import ResNetConfig, ResNetModel
 
@@ -55,7 +63,7 @@ def build():
             conv.convolution.weight.zero_()
         layer.layer[-1].normalization.bias.fill_(40000.0)  # the branch: 40000; 40000 + 30000 > 65504
     return model
-'''
+"""
 
 
 def test_resnet_inplace_residual_add_is_an_overflow(tmp_path):
@@ -77,7 +85,7 @@ def test_resnet_inplace_residual_add_is_an_overflow(tmp_path):
     assert r.diagnosis.evidence[0].startswith("absmax 7e+04 > fp16 max 65504 at aten.add_.Tensor")
 
 
-GELU_NEW = '''
+GELU_NEW = """
 import torch
 from torch import nn
 from transformers.activations import NewGELUActivation
@@ -101,7 +109,7 @@ def build():
         m.fc.bias.zero_()
         m.proj.weight.fill_(0.01)
     return m
-'''
+"""
 
 
 def test_gelu_new_absorbed_inf_is_harmless_not_silently_wrong(tmp_path):
@@ -154,7 +162,13 @@ def test_default_level_nan_weights_without_blocks_name_the_owner():
         model(x)
     r = w.report()
     f = r.first_nonfinite
-    assert (f.input_index, f.module, f.module_type, f.role, f.tensor) == (1, "up", "Linear", "weights", "weight")
+    assert (f.input_index, f.module, f.module_type, f.role, f.tensor) == (
+        1,
+        "up",
+        "Linear",
+        "weights",
+        "weight",
+    )
     assert any("parameters changed in place after forward 1" in n for n in r.notes)
 
 
@@ -208,8 +222,11 @@ def test_multihead_attention_fused_fast_path_is_re_run_on_its_slow_path_to_name_
     r = w.report()
     assert r.first_nonfinite.module == "attn"
     assert "_native_multi_head_attention" not in r.first_nonfinite.op
-    assert any("ran its fused fast path (aten._native_multi_head_attention.default)" in n and r.first_nonfinite.op in n
-               for n in r.notes)
+    assert any(
+        "ran its fused fast path (aten._native_multi_head_attention.default)" in n
+        and r.first_nonfinite.op in n
+        for n in r.notes
+    )
     assert not any("took its slow path on the re-run" in n for n in r.notes)  # it ran the fused path
     assert torch.backends.mha.get_fastpath_enabled()  # the setting is restored
 

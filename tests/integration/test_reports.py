@@ -30,7 +30,17 @@ def model(overflow_model) -> dict[str, str]:
 
 
 def scan_args(model: dict[str, str], *extra: object) -> list:
-    return ["scan", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"], "--dtype", "fp16", *extra]
+    return [
+        "scan",
+        model["ck"],
+        "--arch",
+        model["arch"],
+        "--inputs",
+        model["inputs"],
+        "--dtype",
+        "fp16",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +88,17 @@ def test_markdown_report_writes_png_next_to_it(model, tmp_path, scan):
 
 
 def test_check_report_has_results_and_dtype_matrix(model, tmp_path):
-    res = invoke("check", model["ck"], "--arch", model["arch"], "--inputs", model["inputs"],
-                  "--report", tmp_path / "c.html", "-q")
+    res = invoke(
+        "check",
+        model["ck"],
+        "--arch",
+        model["arch"],
+        "--inputs",
+        model["inputs"],
+        "--report",
+        tmp_path / "c.html",
+        "-q",
+    )
     assert res.code == 1, res.stderr
     page = (tmp_path / "c.html").read_text()
     assert "Check results" in page and "forward.fp16.nonfinite" in page and "Forward per dtype" in page
@@ -103,7 +122,8 @@ def test_missing_matplotlib_costs_the_plot_and_one_line(model, tmp_path):
     res = invoke(*scan_args(model, "--report", tmp_path / "r.html"), missing=("matplotlib",))
     assert res.code == 1
     assert [ln for ln in res.stderr.splitlines() if "plot omitted" in ln] == [
-        "nanhunter: plot omitted: matplotlib is not installed (pip install -e '.[plot]' in the nanhunter clone)"]
+        "nanhunter: plot omitted: matplotlib is not installed (pip install -e '.[plot]' in the nanhunter clone)"
+    ]
     page = (tmp_path / "r.html").read_text()
     assert "matplotlib is not installed" in page and not IMG.search(page)
 
@@ -121,11 +141,27 @@ def test_strip_on_for_failing_scan_and_off_with_flag(model, scan):
 
 
 def test_strip_collapses_long_runs_and_marks_producer():
-    rows = [{"module": f"layers.{i}", "module_type": "Linear", "call_index": 0, "input_index": 0, "depth": 1,
-             "absmax": float(i + 1), "in_absmax": 1.0, "nan": 0, "posinf": 0, "neginf": 0} for i in range(100)]
+    rows = [
+        {
+            "module": f"layers.{i}",
+            "module_type": "Linear",
+            "call_index": 0,
+            "input_index": 0,
+            "depth": 1,
+            "absmax": float(i + 1),
+            "in_absmax": 1.0,
+            "nan": 0,
+            "posinf": 0,
+            "neginf": 0,
+        }
+        for i in range(100)
+    ]
     rows[70].update(absmax=0.0, posinf=3)
-    rep = Report(run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]}, modules=rows,
-                 first_nonfinite=FirstNonfinite(0, "layers.70", "Linear", "aten.addmm.default", "posinf", "producer"))
+    rep = Report(
+        run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
+        modules=rows,
+        first_nonfinite=FirstNonfinite(0, "layers.70", "Linear", "aten.addmm.default", "posinf", "producer"),
+    )
     con = Console(record=True, width=140)
     con.print(headroom_strip(rep, con.width))
     text = con.export_text()
@@ -138,10 +174,21 @@ def test_strip_collapses_long_runs_and_marks_producer():
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
 def test_chromium_renders_the_report(html_report, tmp_path):
     shot = tmp_path / "shot.png"
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
-           html_report.resolve().as_uri()]
+    cmd = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1200,1600",
+        html_report.resolve().as_uri(),
+    ]
     subprocess.run(cmd, capture_output=True, timeout=60)
     assert shot.is_file() and shot.stat().st_size > 0
     img = Image.open(shot).convert("RGB")

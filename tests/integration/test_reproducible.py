@@ -42,6 +42,7 @@ def _flip_once(module: nn.Module, at_call: int) -> None:
                 out.view(torch.int32)[0, 0] = 0x7F800000  # sign 0, exponent all ones, mantissa 0: +inf
             return out
         return None
+
     module.register_forward_hook(hook)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a dozen CLI runs of a few seconds each
 
-SCALE_ARCH = '''
+SCALE_ARCH = """
 from collections import OrderedDict
 from torch import nn
 
@@ -31,9 +31,9 @@ class Scale(nn.Module):
 
 def build():
     return nn.Sequential(OrderedDict(up=nn.Linear(4, 4), scale=Scale(), down=nn.Linear(4, 1)))
-'''
+"""
 
-LOSS = '''
+LOSS = """
 def loss(outputs, batch):
     return outputs.float().sum() * 200
 
@@ -41,7 +41,7 @@ def loss(outputs, batch):
 def leaves(outputs, batch):
     import sys
     sys.exit(3)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,17 @@ def llama(tmp_path_factory) -> dict[str, str]:
     from safetensors.torch import save_file
 
     d = tmp_path_factory.mktemp("llama-bwd")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                                   tie_word_embeddings=False, rms_norm_eps=1e-12)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-12,
+    )
     torch.manual_seed(0)
     m = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -83,62 +91,119 @@ def scale(tmp_path_factory) -> dict[str, str]:
         m.down.weight.fill_(0.5)
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
     save_file({"input": torch.ones(2, 4)}, str(d / "inputs.safetensors"))
-    return {"dir": str(d), "ck": str(d / "model.safetensors"), "arch": f"{d / 'model.py'}:build",
-            "inputs": str(d / "inputs.safetensors"), "loss": f"{d / 'loss.py'}:loss",
-            "exits": f"{d / 'loss.py'}:leaves"}
+    return {
+        "dir": str(d),
+        "ck": str(d / "model.safetensors"),
+        "arch": f"{d / 'model.py'}:build",
+        "inputs": str(d / "inputs.safetensors"),
+        "loss": f"{d / 'loss.py'}:loss",
+        "exits": f"{d / 'loss.py'}:leaves",
+    }
 
 
 def test_llama_backward_only_fault(llama, cli_main, tmp_path):
     fwd = cli_main("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "-q")
     assert fwd.code == 0, fwd.stderr  # the forward alone is finite
     md = tmp_path / "report.md"
-    res = cli_main("scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "--backward", "--report", md)
+    res = cli_main(
+        "scan", llama["dir"], "--inputs", llama["inputs"], "--dtype", "fp16", "--backward", "--report", md
+    )
     assert res.code == 1, res.stderr
     rep = res.report
     f = rep["first_nonfinite"]
-    assert (f["phase"], f["module"], f["grad_fn"], f["op"]) == \
-        ("backward", "model.norm", "ToCopyBackward0", "aten._to_copy.default")
+    assert (f["phase"], f["module"], f["grad_fn"], f["op"]) == (
+        "backward",
+        "model.norm",
+        "ToCopyBackward0",
+        "aten._to_copy.default",
+    )
     assert f["kind"] == "posinf" and f["step"] == 0 and f["role"] == "producer"
     assert "hidden_states.to(torch.float32)" in f["source"]
     assert rep["diagnosis"]["cause"] == "overflow" and "backward" in rep["diagnosis"]["summary"]
     assert rep["run"]["failed_inputs"] == [0] and rep["run"]["backward"] is True
     # the backward replay of the norm: ~2e5 gradients, beyond fp16 only
     r = rep["replay"]
-    assert not r["fp16"]["finite"] and r["fp32"]["finite"] and r["bf16"]["finite"] and r["fp32"]["absmax"] > 65504
+    assert (
+        not r["fp16"]["finite"]
+        and r["fp32"]["finite"]
+        and r["bf16"]["finite"]
+        and r["fp32"]["absmax"] > 65504
+    )
     # terminal and Markdown name the phase and the autograd node
-    assert "autograd node" in res.stdout and "ToCopyBackward0" in res.stdout and "in the backward" in res.stdout
+    assert (
+        "autograd node" in res.stdout and "ToCopyBackward0" in res.stdout and "in the backward" in res.stdout
+    )
     text = md.read_text()
     assert "ToCopyBackward0" in text and "backward · step 0" in text
 
 
 def test_loss_file_on_an_arch_model(scale, cli_main):
-    res = cli_main("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--dtype", "fp16",
-              "--backward", "--loss", scale["loss"], "-q")
+    res = cli_main(
+        "scan",
+        scale["ck"],
+        "--arch",
+        scale["arch"],
+        "--inputs",
+        scale["inputs"],
+        "--dtype",
+        "fp16",
+        "--backward",
+        "--loss",
+        scale["loss"],
+        "-q",
+    )
     assert res.code == 1, res.stderr
     f = res.report["first_nonfinite"]
-    assert (f["phase"], f["module"], f["grad_fn"], f["op"], f["kind"]) == \
-        ("backward", "scale", "MulBackward0", "aten.mul.Tensor", "posinf")
+    assert (f["phase"], f["module"], f["grad_fn"], f["op"], f["kind"]) == (
+        "backward",
+        "scale",
+        "MulBackward0",
+        "aten.mul.Tensor",
+        "posinf",
+    )
     assert f["source"].endswith("return (x * 1e-3) * 1e3")
     assert res.report["diagnosis"]["cause"] == "overflow"
     assert res.report["replay"]["fp32"]["finite"] and not res.report["replay"]["fp16"]["finite"]
     assert not (Path(scale["dir"]) / "__pycache__").exists()
 
 
-@pytest.mark.parametrize("extra, words", [
-    ((), "--loss file.py:fn"),  # not a causal LM: no loss of its own
-    (("--loss", "LOSS_EXITS"), "sys.exit(3)"),
-    (("--loss", "nowhere.py:fn"), "--loss 'nowhere.py:fn'"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ((), "--loss file.py:fn"),  # not a causal LM: no loss of its own
+        (("--loss", "LOSS_EXITS"), "sys.exit(3)"),
+        (("--loss", "nowhere.py:fn"), "--loss 'nowhere.py:fn'"),
+    ],
+)
 def test_backward_without_a_usable_loss_exits_2(scale, cli_main, extra, words):
     extra = tuple(scale["exits"] if e == "LOSS_EXITS" else e for e in extra)
-    res = cli_main("scan", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--backward", *extra,
-              json_report=False)
+    res = cli_main(
+        "scan",
+        scale["ck"],
+        "--arch",
+        scale["arch"],
+        "--inputs",
+        scale["inputs"],
+        "--backward",
+        *extra,
+        json_report=False,
+    )
     assert res.code == 2
     assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
 
 
 def test_bisect_backward_keeps_the_module_whose_backward_overflows(scale, cli_main):
-    args = ("bisect", scale["ck"], "--arch", scale["arch"], "--inputs", scale["inputs"], "--dtype", "fp16", "-q")
+    args = (
+        "bisect",
+        scale["ck"],
+        "--arch",
+        scale["arch"],
+        "--inputs",
+        scale["inputs"],
+        "--dtype",
+        "fp16",
+        "-q",
+    )
     plain = cli_main(*args)
     assert plain.code == 0 and plain.report["bisect"]["already_finite"]  # the forward needs nothing
     res = cli_main(*args, "--backward", "--loss", scale["loss"])

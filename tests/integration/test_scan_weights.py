@@ -14,19 +14,32 @@ from safetensors.torch import save_file
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_tensor
 
-V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
-           "replay", "diagnosis"}
+V1_KEYS = {
+    "schema",
+    "nanhunter_version",
+    "torch_version",
+    "checkpoint",
+    "weights",
+    "run",
+    "first_nonfinite",
+    "replay",
+    "diagnosis",
+}
 
 
 def test_clean_file_exit_0_and_v1_keys(cli_main, tmp_path):
-    save_file({"a": torch.randn(8, 8), "b": torch.randn(3).bfloat16(), "i": torch.arange(4),
-               "e": torch.empty(0)}, str(tmp_path / "c.safetensors"))
+    save_file(
+        {"a": torch.randn(8, 8), "b": torch.randn(3).bfloat16(), "i": torch.arange(4), "e": torch.empty(0)},
+        str(tmp_path / "c.safetensors"),
+    )
     res = cli_main("scan", tmp_path / "c.safetensors")
     assert res.code == 0, res.stderr
     r = res.report
     assert V1_KEYS <= set(r)
     assert r["schema"] == "nanhunter.report/v1"
-    assert r["run"] is None and r["first_nonfinite"] is None and r["replay"] is None and r["diagnosis"] is None
+    assert (
+        r["run"] is None and r["first_nonfinite"] is None and r["replay"] is None and r["diagnosis"] is None
+    )
     assert r["weights"]["n_tensors"] == 4 and r["weights"]["nonfinite"] == []
     assert r["checkpoint"]["format"] == "safetensors" and r["checkpoint"]["n_tensors"] == 4
     assert "weights-only" in res.stdout
@@ -55,7 +68,10 @@ def test_sharded_hf_checkpoint_with_planted_inf(cli_main, tmp_path, minilm_dir):
     names = ck.names()
     half = len(names) // 2
     target = "encoder.layer.3.attention.self.key.weight"
-    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     d = tmp_path / "minilm-sharded"
     d.mkdir()
     weight_map = {}
@@ -66,7 +82,13 @@ def test_sharded_hf_checkpoint_with_planted_inf(cli_main, tmp_path, minilm_dir):
         save_file(sd, str(d / fname))
         weight_map.update({k: fname for k in keys})
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+    for f in (
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
         (d / f).write_bytes((minilm_dir / f).read_bytes())
     res = cli_main("scan", d, "--prompt", "hello world")
     assert res.code == 1, res.stderr

@@ -20,7 +20,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-decode-
 
 def _where(rep) -> tuple:
     f = rep.first_nonfinite
-    return (f.module, f.op, f.step, f.phase, f.position, f.kind, rep.diagnosis.cause if rep.diagnosis else None)
+    return (
+        f.module,
+        f.op,
+        f.step,
+        f.phase,
+        f.position,
+        f.kind,
+        rep.diagnosis.cause if rep.diagnosis else None,
+    )
 
 
 def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it():
@@ -35,8 +43,9 @@ def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it():
     reps, seqs = {}, {}
     for level in ("blocks", "sentinel"):
         with nan_hunter.watch(model, level=level) as w, torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=2,
-                                 return_dict_in_generate=True)
+            out = model.generate(
+                **enc, max_new_tokens=8, do_sample=False, pad_token_id=2, return_dict_in_generate=True
+            )
         reps[level], seqs[level] = w.report(), out.sequences
     assert torch.equal(seqs["blocks"], seqs["sentinel"])
     assert _where(reps["sentinel"]) == _where(reps["blocks"])
@@ -185,5 +194,7 @@ def test_a_bit_flipped_in_one_forward_only_is_not_reproducible():
     f = rep.first_nonfinite
     assert (f.step, f.reproducible) == (1, False)
     assert rep.diagnosis.cause == "not_reproducible"
-    assert any("replayed 3 times from its kept inputs, every replay finite" in n and "transient" in n
-               for n in rep.notes)
+    assert any(
+        "replayed 3 times from its kept inputs, every replay finite" in n and "transient" in n
+        for n in rep.notes
+    )

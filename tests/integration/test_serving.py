@@ -17,15 +17,30 @@ from models.serving_llama import HOT, cb_config, greedy, serving_llama  # noqa: 
 import nan_hunter  # noqa: E402
 
 #: eight prompts; the second counts 3 4 5 → "6", read at decode step 1 (position 4): +inf in layer 0
-PROMPTS = [[1, 14, 15, 16], [1, 3, 4, 5], [1, 20, 21], [1, 8, 9], [1, 17], [1, 22, 23, 24, 25], [1, 10], [1, 27, 28]]
+PROMPTS = [
+    [1, 14, 15, 16],
+    [1, 3, 4, 5],
+    [1, 20, 21],
+    [1, 8, 9],
+    [1, 17],
+    [1, 22, 23, 24, 25],
+    [1, 10],
+    [1, 27, 28],
+]
 BAD = "req_1"
 
 
 def _generate(model, prompts, new=4, logprobs=False, **cfg):
-    out = model.generate_batch(prompts, generation_config=greedy(new),
-                               continuous_batching_config=cb_config(return_logprobs=logprobs, **cfg), progress_bar=False)
+    out = model.generate_batch(
+        prompts,
+        generation_config=greedy(new),
+        continuous_batching_config=cb_config(return_logprobs=logprobs, **cfg),
+        progress_bar=False,
+    )
     if logprobs:
-        return {k: (list(v.generated_tokens), v.error, [float(x) for x in v.logprobs]) for k, v in out.items()}
+        return {
+            k: (list(v.generated_tokens), v.error, [float(x) for x in v.logprobs]) for k, v in out.items()
+        }
     return {k: (list(v.generated_tokens), v.error) for k, v in out.items()}
 
 
@@ -78,7 +93,9 @@ def test_abort_ends_the_faulty_request_and_serves_the_rest_bitwise(model):
     others = [got[f"req_{i}"] for i in range(8) if i != 1]
     assert [o[1] for o in others] == [None] * 7
     assert [o[0] for o in others] == [without[f"req_{i}"][0] for i in range(7)]
-    assert [o[2] for o in others] == [without[f"req_{i}"][2] for i in range(7)]  # log-probabilities too, bitwise
+    assert [o[2] for o in others] == [
+        without[f"req_{i}"][2] for i in range(7)
+    ]  # log-probabilities too, bitwise
     r = w.report()
     assert r.run.on_fault == "abort"
     assert [e.request for e in r.run.evict] == [BAD]  # the others' KV was rewritten by the re-run
@@ -113,8 +130,12 @@ def test_a_poisoned_prefix_is_listed_for_eviction_and_dropped_on_abort(model):
     cfg = dict(persistent_manager=True)
     try:
         with nan_hunter.watch(model) as w:
-            model.generate_batch([a], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg)
-            model.generate_batch([b], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg)
+            model.generate_batch(
+                [a], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg
+            )
+            model.generate_batch(
+                [b], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg
+            )
         r = w.report()
         reqs = {q.id: q for q in r.run.requests}
         assert reqs["req_0"].origin and reqs["req_1"].origin  # both prompts hold the hot token
@@ -132,7 +153,9 @@ def test_a_poisoned_prefix_is_listed_for_eviction_and_dropped_on_abort(model):
         model.destroy_cached_continuous_batching_manager()
     try:
         with nan_hunter.watch(model, on_fault="abort"):
-            model.generate_batch([a], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg)
+            model.generate_batch(
+                [a], generation_config=greedy(2), continuous_batching_config=cb_config(), **cfg
+            )
             manager = model._cached_continuous_batching_manager
             ledger = next(iter(manager.batch_processor.cache.cache_allocators.values())).ledger
             assert ledger.hash_to_block == {}  # nothing of A's is left to match

@@ -24,9 +24,16 @@ def llama20(tmp_path_factory) -> dict[str, str]:
     from safetensors.torch import save_file
 
     d = tmp_path_factory.mktemp("llama20")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=LAYERS,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     mlp = model.model.layers[HOT].mlp
@@ -45,8 +52,17 @@ def at80(llama20, tmp_path_factory, run_main) -> tuple[list[str], dict]:
     import json
 
     jp = tmp_path_factory.mktemp("json") / "r.json"
-    res = run_main("scan", llama20["dir"], "--inputs", llama20["inputs"], "--dtype", "fp16", "--json", jp,
-                   env={"COLUMNS": "80"})
+    res = run_main(
+        "scan",
+        llama20["dir"],
+        "--inputs",
+        llama20["inputs"],
+        "--dtype",
+        "fp16",
+        "--json",
+        jp,
+        env={"COLUMNS": "80"},
+    )
     assert res.code == 1, res.stderr
     return res.stdout.splitlines(), json.loads(Path(jp).read_text())
 
@@ -94,8 +110,9 @@ def test_names_keep_their_tail_and_numbers_stay_whole(at80):
     for x in strip:
         cells = x.lstrip("▶ ").split()
         shown = cells[0]
-        assert shown in names or (shown.startswith(("…", "model.…"))
-                                  and any(n.endswith(shown.split("…")[1]) for n in names)), shown
+        assert shown in names or (
+            shown.startswith(("…", "model.…")) and any(n.endswith(shown.split("…")[1]) for n in names)
+        ), shown
         number, head = cells[-2], cells[-1]
         assert number in absmax or number in ("NaN", "+inf", "−inf"), x
         assert re.fullmatch(r"[0-9.e+]+x|∞|—", head), x
@@ -108,7 +125,10 @@ def test_wrapped_bullets_indent(at80):
     i = next(i for i, x in enumerate(lines) if "•" in x and len(x.rstrip(" │")) > 60)
     text_col = re.search(r"•\s+", lines[i]).end()
     follow = lines[i + 1]
-    assert follow.startswith("│") and follow[1:text_col].strip() == "" and follow[text_col] != " ", (lines[i], follow)
+    assert follow.startswith("│") and follow[1:text_col].strip() == "" and follow[text_col] != " ", (
+        lines[i],
+        follow,
+    )
 
 
 def test_headroom_strip_is_readable_at_100_columns(report):

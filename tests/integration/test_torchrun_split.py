@@ -26,7 +26,13 @@ pytestmark = pytest.mark.slow  # each test starts two ranks (and often one singl
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llama-fp16"
 # Prompts with "the" or a digit overflow the example's layer 1 MLP in fp16: #2 fails first, #4 too.
-DATA = ["a cat sat on a mat", "hello world", "the quick brown fox", "good morning everyone", "we shipped 3 models"]
+DATA = [
+    "a cat sat on a mat",
+    "hello world",
+    "the quick brown fox",
+    "good morning everyone",
+    "we shipped 3 models",
+]
 FAILED = [2, 4]
 
 LAUNCHER = """
@@ -51,12 +57,24 @@ def torchrun(tmp: Path, *args: object, nproc: int = 2, timeout: float = 240) -> 
     ranks.mkdir(exist_ok=True)
     launcher = tmp / "launch_rank.py"
     launcher.write_text(LAUNCHER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(launcher), str(ranks),
-           *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(launcher),
+        str(ranks),
+        *map(str, args),
+    ]
     env = cli_env({"OMP_NUM_THREADS": 1, "NANHUNTER_DIST_TIMEOUT": 120})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -91,7 +109,9 @@ def test_scan_split_matches_one_process(data, tmp_path):
     out.mkdir()
     one = run_cli("scan", EXAMPLE, "--data", data, "--dtype", "fp16", "--json", tmp_path / "one.json")
     assert one.code == 1, one.stderr
-    ranks = torchrun(tmp_path, "scan", EXAMPLE, "--data", data, "--dtype", "fp16", "--json", out / "report.json")
+    ranks = torchrun(
+        tmp_path, "scan", EXAMPLE, "--data", data, "--dtype", "fp16", "--json", out / "report.json"
+    )
     assert [r["code"] for r in ranks] == [1, 1], [r["stderr"][-2000:] for r in ranks]
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # rank 1 wrote nothing, no temporaries
     assert ranks[1]["stdout"] == "" and ranks[1]["stderr"] == ""
@@ -123,10 +143,21 @@ def test_scan_split_clean_data_exit_0(data, tmp_path):
 def test_check_split_matches_one_process(data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    one = run_cli("check", EXAMPLE, "--data", data, "--json", tmp_path / "one.json", "--junit", tmp_path / "one.xml")
+    one = run_cli(
+        "check", EXAMPLE, "--data", data, "--json", tmp_path / "one.json", "--junit", tmp_path / "one.xml"
+    )
     assert one.code == 1, one.stderr
-    ranks = torchrun(tmp_path, "check", EXAMPLE, "--data", data, "--json", out / "report.json",
-                     "--junit", out / "junit.xml")
+    ranks = torchrun(
+        tmp_path,
+        "check",
+        EXAMPLE,
+        "--data",
+        data,
+        "--json",
+        out / "report.json",
+        "--junit",
+        out / "junit.xml",
+    )
     assert [r["code"] for r in ranks] == [1, 1], [r["stderr"][-2000:] for r in ranks]
     assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.json"]
     assert ranks[1]["stdout"] == "" and ranks[1]["stderr"] == ""
@@ -147,8 +178,19 @@ def test_bad_input_on_one_rank_exits_2_on_every_rank(tmp_path):
     save_file({"input_ids": torch.tensor([[1, 5, 100000, 7]])}, str(bad))
     out = tmp_path / "out"
     out.mkdir()
-    ranks = torchrun(tmp_path, "scan", EXAMPLE, "--inputs", good, "--inputs", bad, "--dtype", "fp16",
-                     "--json", out / "report.json")
+    ranks = torchrun(
+        tmp_path,
+        "scan",
+        EXAMPLE,
+        "--inputs",
+        good,
+        "--inputs",
+        bad,
+        "--dtype",
+        "fp16",
+        "--json",
+        out / "report.json",
+    )
     assert [r["code"] for r in ranks] == [2, 2], [r["stderr"][-2000:] for r in ranks]
     lines = [r["stderr"].strip().splitlines() for r in ranks]
     assert all(len(x) == 1 for x in lines), lines

@@ -41,16 +41,23 @@ def _trace(out: Path, *scan_args: object, env: dict | None = None, level: str = 
     return out
 
 
-def _trace_in_a_process(out: Path, *scan_args: object, env: dict | None = None, level: str = "modules",
-                        python: str | None = None) -> Path:
+def _trace_in_a_process(
+    out: Path, *scan_args: object, env: dict | None = None, level: str = "modules", python: str | None = None
+) -> Path:
     """``scan ... --trace OUT`` in a process of its own, where its start is the point: a thread count
     set by OMP_NUM_THREADS, or ``python``, another interpreter (another torch) on this checkout's code."""
     args = _trace_args(out, scan_args, level)
     if python is None:
         res = run_cli(*args, env=env, timeout=600)
     else:
-        proc = subprocess.run([python, "-m", "nan_hunter", *map(str, args)], capture_output=True, text=True,
-                              env=cli_env({**(env or {}), "PYTHONPATH": str(ROOT)}), cwd=ROOT, timeout=600)
+        proc = subprocess.run(
+            [python, "-m", "nan_hunter", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=cli_env({**(env or {}), "PYTHONPATH": str(ROOT)}),
+            cwd=ROOT,
+            timeout=600,
+        )
         res = (proc.returncode, proc.stdout, proc.stderr)
     code, _, err = res
     assert code in (0, 1), err
@@ -75,10 +82,24 @@ def _llama(prompt: str = "the quick brown fox") -> list[object]:
 def test_flush_denormal_first_divergence_is_the_division(tmp_path, denormal):
     arch = f"{NETS}:build"
     for level in ("ops", "modules"):
-        a = _trace(tmp_path / f"default-{level}.jsonl", denormal["ck"], "--arch", arch, "--inputs", denormal["inputs"],
-                   level=level)
-        b = _trace(tmp_path / f"ftz-{level}.jsonl", denormal["ck"], "--arch", f"{NETS}:build_ftz", "--inputs",
-                   denormal["inputs"], level=level)
+        a = _trace(
+            tmp_path / f"default-{level}.jsonl",
+            denormal["ck"],
+            "--arch",
+            arch,
+            "--inputs",
+            denormal["inputs"],
+            level=level,
+        )
+        b = _trace(
+            tmp_path / f"ftz-{level}.jsonl",
+            denormal["ck"],
+            "--arch",
+            f"{NETS}:build_ftz",
+            "--inputs",
+            denormal["inputs"],
+            level=level,
+        )
         res, d = _diff(a, b, tmp_path)
         assert res.code == 1, res.stderr
         fd = d["first_divergence"]
@@ -125,8 +146,13 @@ def test_eager_against_compiled_fp16(tmp_path):
 def test_different_models_and_inputs_exit_2(tmp_path, denormal):
     llama = _trace(tmp_path / "llama.jsonl", *_llama())
     other_prompt = _trace(tmp_path / "llama-other.jsonl", *_llama("a different prompt"))
-    net = _trace(tmp_path / "net.jsonl", denormal["ck"], "--arch", f"{NETS}:build", "--inputs", denormal["inputs"])
-    for b, words in ((net, "different models: module names differ"), (other_prompt, "different inputs: input #0")):
+    net = _trace(
+        tmp_path / "net.jsonl", denormal["ck"], "--arch", f"{NETS}:build", "--inputs", denormal["inputs"]
+    )
+    for b, words in (
+        (net, "different models: module names differ"),
+        (other_prompt, "different inputs: input #0"),
+    ):
         res, d = _diff(llama, b, tmp_path)
         assert res.code == 2 and d is None
         lines = res.stderr.strip().splitlines()
@@ -154,12 +180,19 @@ def test_capsule_replay_writes_a_trace(tmp_path):
     assert tr.entries and tr.header.inputs[0]["label"] == "capsule step-0"
 
 
-@pytest.mark.skipif(not OTHER_PYTHON, reason="NANHUNTER_OTHER_PYTHON is not set: no second torch to compare with "
-                                              "(CI's torch 2.15.0 and 2.14.1 passes set it to the floors venv's)")
+@pytest.mark.skipif(
+    not OTHER_PYTHON,
+    reason="NANHUNTER_OTHER_PYTHON is not set: no second torch to compare with "
+    "(CI's torch 2.15.0 and 2.14.1 passes set it to the floors venv's)",
+)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_two_torch_versions_on_a_tiny_llama(tmp_path, dtype):
-    probe = subprocess.run([OTHER_PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                           text=True, timeout=300)
+    probe = subprocess.run(
+        [OTHER_PYTHON, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert probe.returncode == 0, probe.stderr
     import torch
 
@@ -175,10 +208,13 @@ def test_two_torch_versions_on_a_tiny_llama(tmp_path, dtype):
         assert d["first_divergence"]["op"].startswith("aten.")
 
 
-@pytest.mark.parametrize("name, content, words", [
-    ("not a trace", "hello\n", "not a nanhunter trace"),
-    ("another schema", '{"schema": "nanhunter.report/v1"}\n', "expected 'nanhunter.trace/v1'"),
-])
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("not a trace", "hello\n", "not a nanhunter trace"),
+        ("another schema", '{"schema": "nanhunter.report/v1"}\n', "expected 'nanhunter.trace/v1'"),
+    ],
+)
 def test_bad_files_exit_2_one_line(tmp_path, name, content, words):
     good = tmp_path / "good.jsonl"
     from unit.divergence.synthetic import entry, write
@@ -191,7 +227,9 @@ def test_bad_files_exit_2_one_line(tmp_path, name, content, words):
     for other, w in ((bad, words), (truncated, "cut short"), (tmp_path / "missing.jsonl", "no such file")):
         res = invoke("diff", good, other)
         lines = res.stderr.strip().splitlines()
-        assert res.code == 2 and len(lines) == 1 and w in lines[0] and "Traceback" not in res.stderr, res.stderr
+        assert res.code == 2 and len(lines) == 1 and w in lines[0] and "Traceback" not in res.stderr, (
+            res.stderr
+        )
 
 
 HOSTILE = "evil\x1b[2J\u202e<script>alert(1)</script>"
@@ -212,13 +250,26 @@ def test_strings_from_traces_are_escaped_in_terminal_and_html(tmp_path):
 
     (tmp_path / "hostile.py").write_text(HOSTILE_ARCH)
     torch.manual_seed(0)
-    w = {"first.weight": torch.randn(4, 4), "first.bias": torch.zeros(4), f"{HOSTILE}.weight": torch.randn(4, 4),
-         f"{HOSTILE}.bias": torch.zeros(4)}
+    w = {
+        "first.weight": torch.randn(4, 4),
+        "first.bias": torch.zeros(4),
+        f"{HOSTILE}.weight": torch.randn(4, 4),
+        f"{HOSTILE}.bias": torch.zeros(4),
+    }
     save_file(w, str(tmp_path / "a.safetensors"))
     save_file({**w, f"{HOSTILE}.weight": w[f"{HOSTILE}.weight"] * 2}, str(tmp_path / "b.safetensors"))
     save_file({"input": torch.randn(2, 4)}, str(tmp_path / "x.safetensors"))
-    traces = [_trace(tmp_path / f"{s}.jsonl", tmp_path / f"{s}.safetensors", "--arch", f"{tmp_path / 'hostile.py'}:build",
-                     "--inputs", tmp_path / "x.safetensors") for s in ("a", "b")]
+    traces = [
+        _trace(
+            tmp_path / f"{s}.jsonl",
+            tmp_path / f"{s}.safetensors",
+            "--arch",
+            f"{tmp_path / 'hostile.py'}:build",
+            "--inputs",
+            tmp_path / "x.safetensors",
+        )
+        for s in ("a", "b")
+    ]
     res, d = _diff(*traces, tmp_path, "--report", tmp_path / "d.html")
     assert res.code == 1, res.stderr
     assert d["first_divergence"]["module"] == HOSTILE  # different weights: the first entry that reads them

@@ -100,9 +100,13 @@ def test_adam_op_named_from_the_capsule_copy(tmp_path):
     rep = _adam_fp16(capsule_dir=str(tmp_path / "caps"))
     assert rep.first_nonfinite.op == "aten.addcdiv_.default"
     step = tmp_path / "caps" / "step-0"
-    assert sorted(p.name for p in step.iterdir()) == ["capsule.json", "grad_outputs.safetensors",
-                                                      "inputs.safetensors", "model.safetensors",
-                                                      "optimizer.safetensors"]
+    assert sorted(p.name for p in step.iterdir()) == [
+        "capsule.json",
+        "grad_outputs.safetensors",
+        "inputs.safetensors",
+        "model.safetensors",
+        "optimizer.safetensors",
+    ]
     meta = json.loads((step / "capsule.json").read_text())
     assert meta["phase"] == "optimizer" and meta["optimizer"]["class"] == "Adam"
 
@@ -176,8 +180,15 @@ def test_gradscaler_real_fault_is_a_fault():
 def _tiny_llama(dtype=torch.float32):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).to(dtype)
 
@@ -251,6 +262,7 @@ def _first_bad_module_backward(m, run):
         def hook(g):
             if not bool(torch.isfinite(g).all()):
                 first_bad.setdefault(mod, next(clock))
+
         return hook
 
     names = {mod: n for n, mod in m.named_modules()}
@@ -274,7 +286,9 @@ def test_real_llama_fp16_backward_overflow_matches_an_oracle():
 
         def step():
             m.zero_grad()
-            (m(input_ids=ids, labels=ids).loss * 1e6).backward()  # logits grads fine, RMSNorm backward overflows
+            (
+                m(input_ids=ids, labels=ids).loss * 1e6
+            ).backward()  # logits grads fine, RMSNorm backward overflows
 
         oracle = _first_bad_module_backward(m, step)
         assert oracle is not None
@@ -302,8 +316,11 @@ def test_real_minilm_adam_fp16_names_the_embedding(minilm_dir):
         rep = w.report()
     f = rep.first_nonfinite
     # rows of unused tokens get an exactly zero gradient: Adam computes 0 / (sqrt(0) + 0)
-    assert (f.phase, f.param, f.module) == ("optimizer", "embeddings.word_embeddings.weight",
-                                             "embeddings.word_embeddings")
+    assert (f.phase, f.param, f.module) == (
+        "optimizer",
+        "embeddings.word_embeddings.weight",
+        "embeddings.word_embeddings",
+    )
     assert rep.diagnosis.cause == "division_by_zero"
 
 
@@ -322,8 +339,14 @@ def test_a_watch_left_on_for_a_training_run_keeps_flat_memory():
             scaler.step(opt)
             scaler.update()
             if step in (30, 120):
-                seen[step] = (w.sink.rows_in_use, len(w._detail), len(w.grads.calls), len(w.grads.root_grads),
-                              len(w.contexts), len(w._inputs))
+                seen[step] = (
+                    w.sink.rows_in_use,
+                    len(w._detail),
+                    len(w.grads.calls),
+                    len(w.grads.root_grads),
+                    len(w.contexts),
+                    len(w._inputs),
+                )
         rep = w.report()
     assert seen[30] == seen[120]
     assert seen[120][1] <= w.window + 1 and seen[120][3] <= 1

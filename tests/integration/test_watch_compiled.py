@@ -93,8 +93,11 @@ def _run(order: str, level: str = "blocks", n: int = 5, **compile_kw):
 def test_both_orders_give_eagers_answer(order, level, fresh_dynamo):
     w, outs, plain = _run(order, level, backend="aot_eager")
     r = w.report()
-    assert _where(r) == _eager_answer(level) == ("blocks.1.fc", "Linear", "aten.addmm.default", "posinf",
-                                                 "producer", 0)
+    assert (
+        _where(r)
+        == _eager_answer(level)
+        == ("blocks.1.fc", "Linear", "aten.addmm.default", "posinf", "producer", 0)
+    )
     assert all(_same(o, plain) for o in outs)  # the compiled program's outputs are unchanged
     assert not any("_orig_mod" in c["module"] for c in r.calls)
     assert not any("changed in place" in n for n in r.notes), r.notes
@@ -103,7 +106,9 @@ def test_both_orders_give_eagers_answer(order, level, fresh_dynamo):
     counters = fresh_dynamo
     assert sum(counters["recompiles"].values()) == 0
     assert counters["frames"]["total"] <= 2  # one frame per model: hooks split nothing, guard on nothing
-    assert counters["stats"]["unique_graphs"] <= 2  # the unwatched model's graph (shared here) and the watched one's
+    assert (
+        counters["stats"]["unique_graphs"] <= 2
+    )  # the unwatched model's graph (shared here) and the watched one's
 
 
 @pytest.mark.parametrize("order", ["wrap", "after"])

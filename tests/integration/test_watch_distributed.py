@@ -97,8 +97,9 @@ def _batch(step: int, rank: int, bad: dict[tuple[int, int], str]) -> torch.Tenso
     return x
 
 
-def _ddp_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int,
-               bad: dict[tuple[int, int], str]) -> None:
+def _ddp_steps(
+    model: nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, bad: dict[tuple[int, int], str]
+) -> None:
     for step in steps:
         opt.zero_grad()
         model(_batch(step, rank, bad)).float().pow(2).mean().backward()
@@ -122,8 +123,9 @@ def _ddp(rank: int) -> dict[str, Any]:
     _ddp_steps(model, opt, range(2), rank, {})  # DDP rebuilds its buckets (a broadcast) early on
     out["plain"] = _collectives(lambda: _ddp_steps(model, opt, range(3), rank, {}))
     w = nan_hunter.watch(model)
-    out["watched"] = _collectives(lambda: (w.__enter__(), _ddp_steps(model, opt, range(3), rank, {}),
-                                           w.__exit__(None, None, None)))
+    out["watched"] = _collectives(
+        lambda: (w.__enter__(), _ddp_steps(model, opt, range(3), rank, {}), w.__exit__(None, None, None))
+    )
     out["clean"] = _summary(w.report())
     out["report_collectives"] = _collectives(w.report)
     from nan_hunter.session.watcher import Watch
@@ -166,7 +168,9 @@ def _ddp(rank: int) -> dict[str, Any]:
         model.module.layers[0].mlp.safe_log = True
         with nan_hunter.watch(model, backward=True) as w:
             _ddp_steps(model, opt, range(1), rank, {(0, 1): "zero_row"})
-        out["grads_nan"] = all(bool(torch.isnan(p.grad).any()) for p in model.module.layers[0].mlp.fc1.parameters())
+        out["grads_nan"] = all(
+            bool(torch.isnan(p.grad).any()) for p in model.module.layers[0].mlp.fc1.parameters()
+        )
         out["backward"] = _summary(w.report())
     return out
 
@@ -194,7 +198,9 @@ def _fsdp(rank: int) -> dict[str, Any]:
 
     out["plain"] = _collectives(lambda: [step(i) for i in range(2)])
     w = nan_hunter.watch(model, level="modules")
-    out["watched"] = _collectives(lambda: (w.__enter__(), [step(i) for i in range(2)], w.__exit__(None, None, None)))
+    out["watched"] = _collectives(
+        lambda: (w.__enter__(), [step(i) for i in range(2)], w.__exit__(None, None, None))
+    )
     out["clean"] = _summary(w.report())
 
     # measuring DTensor parameters directly (their local shards) issues no collective
@@ -222,7 +228,9 @@ def _fsdp(rank: int) -> dict[str, Any]:
     with torch.no_grad(), nan_hunter.watch(model) as w:
         model(_batch(5, rank, {}))
     out["weights"] = _summary(w.report())
-    out["after_report"] = _collectives(lambda: model(_batch(6, rank, {})).sum().backward())  # still trains, no hang
+    out["after_report"] = _collectives(
+        lambda: model(_batch(6, rank, {})).sum().backward()
+    )  # still trains, no hang
     return out
 
 
@@ -261,10 +269,21 @@ def worker(out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           __file__, str(out)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        __file__,
+        str(out),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired as e:
@@ -301,17 +320,28 @@ def test_ddp_nan_batch_on_rank_1(runs):
         assert a["ranks"][1]["first_nonfinite"]["module"] == "layers.0"
         assert a["ranks"][1]["failed_inputs"] == [1, 2]
         # the all-reduce carried rank 1's NaN gradients into every rank's weights at step 1's update
-        assert (a["ranks"][0]["first_nonfinite"]["step"], a["ranks"][0]["first_nonfinite"]["role"]) == (2, "weights")
+        assert (a["ranks"][0]["first_nonfinite"]["step"], a["ranks"][0]["first_nonfinite"]["role"]) == (
+            2,
+            "weights",
+        )
         assert a["failed_inputs"] == [1, 2]
         # the weights of the failing forward are kept at the fault (contract v1.2): no "changed in place" note
-        assert not any(n.startswith("rank 1: parameters changed in place after forward 1") for n in a["notes"])
+        assert not any(
+            n.startswith("rank 1: parameters changed in place after forward 1") for n in a["notes"]
+        )
 
 
 def test_ddp_earliest_step_wins(runs):
     answers = [r["overflow"] for r in _ok(runs, "ddp")]
     for a in answers:
         f = a["first_nonfinite"]
-        assert (f["rank"], f["step"], f["module"], f["role"], f["kind"]) == (1, 0, "layers.0.mlp", "producer", "posinf")
+        assert (f["rank"], f["step"], f["module"], f["role"], f["kind"]) == (
+            1,
+            0,
+            "layers.0.mlp",
+            "producer",
+            "posinf",
+        )
         assert f["op"] == "aten.exp.default"
         assert a["ranks"][0]["first_nonfinite"]["step"] == 1
         assert a["diagnosis"]["cause"] == "overflow"  # rank 1's diagnosis, on rank 0 too

@@ -24,7 +24,12 @@ class Net(nn.Module):
 
     def __init__(self, p: float = 0.0):
         super().__init__()
-        self.up, self.drop, self.down, self.head = nn.Linear(4, 8), nn.Dropout(p), nn.Linear(8, 4), nn.Linear(4, 2)
+        self.up, self.drop, self.down, self.head = (
+            nn.Linear(4, 8),
+            nn.Dropout(p),
+            nn.Linear(8, 4),
+            nn.Linear(4, 2),
+        )
         torch.manual_seed(0)
         for m in (self.up, self.down, self.head):
             nn.init.uniform_(m.weight, 0.5, 1.0)
@@ -67,7 +72,10 @@ def test_an_eval_fault_is_verified_on_the_whole_model_and_the_oracle_agrees():
     fv = d.fix_verified
     assert d.cause == "overflow" and d.module == "down", d
     assert fv is not None and fv.scope == "model" and fv.finite, fv
-    assert set(fv.applied_as["policy"]) == {"down", "head"}  # down alone leaves fp32 activations for an fp16 head
+    assert set(fv.applied_as["policy"]) == {
+        "down",
+        "head",
+    }  # down alone leaves fp32 activations for an fp16 head
     assert "Verified" in d.fix
     _oracle_holds(net32, X, fv)
     assert all(torch.equal(v, before[k]) and v.dtype == torch.float16 for k, v in net16.state_dict().items())
@@ -96,7 +104,9 @@ def test_a_training_fault_is_verified_on_the_failing_steps_forward_with_its_weig
     fv = d.fix_verified
     assert fv is not None and fv.scope == "model" and fv.finite, fv
     assert {"down", "head"} <= set(fv.applied_as["policy"])
-    assert all(_same_bits(v, state[k]) for k, v in net16.state_dict().items())  # NaN after the bad step's update
+    assert all(
+        _same_bits(v, state[k]) for k, v in net16.state_dict().items()
+    )  # NaN after the bad step's update
     assert str(opt.state_dict()) == str(opt_state) and torch.equal(torch.get_rng_state(), rng)
     assert net16.training
 

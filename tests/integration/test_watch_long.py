@@ -90,8 +90,15 @@ def test_inputs_of_the_first_failing_forward_survive_in_place_reuse():
 def _tiny_llama():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = transformers.LlamaForCausalLM(cfg).half().eval()
     with torch.no_grad():
         # every hidden state is ~1, so gate = up = 1.6 and down_proj gives 1000 · 64 · 2.1 > 65504
@@ -113,15 +120,18 @@ def test_report_after_generate_names_leaf_and_op_and_leaves_the_cache_alone():
     model = _tiny_llama()
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     with nan_hunter.watch(model) as w:
-        out = model.generate(ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
-                             pad_token_id=0)
+        out = model.generate(
+            ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True, pad_token_id=0
+        )
     cache = out.past_key_values
     length = cache.get_seq_length()
     keys = [k.clone() for k in _cached_keys(cache)]
     rng = torch.get_rng_state()
     r = w.report()
     assert cache.get_seq_length() == length
-    assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(keys, _cached_keys(cache)))
+    assert all(
+        torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(keys, _cached_keys(cache))
+    )
     assert torch.equal(rng, torch.get_rng_state())
     f = r.first_nonfinite
     assert (f.input_index, f.module, f.role) == (0, "model.layers.0.mlp.down_proj", "producer")
@@ -210,8 +220,12 @@ def test_statistics_raise_no_warning_under_grad(level):
     """Forward and backward with grad on, in a fresh process (torch warns once per process):
     no UserWarning from turning a requires_grad statistic into a Python number (before:
     kernels/reference.py warned at level blocks)."""
-    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", _NO_WARNING.format(level=level)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", _NO_WARNING.format(level=level)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -230,7 +244,10 @@ def test_device_rows_are_folded_and_reused_under_triton(monkeypatch):
     model = Net().eval().to(dev)
     got, sizes = {}, {}
     for backend in ("triton", "reference"):
-        with torch.no_grad(), nan_hunter.watch(model, level="blocks", retain=2, backend=backend, device=dev) as w:
+        with (
+            torch.no_grad(),
+            nan_hunter.watch(model, level="blocks", retain=2, backend=backend, device=dev) as w,
+        ):
             for i in range(18):
                 model(torch.full((2, 4), 3e38 if i == 5 else float(i % 7 + 1), device=dev))
                 if i == 13:
@@ -238,10 +255,15 @@ def test_device_rows_are_folded_and_reused_under_triton(monkeypatch):
         assert w.sink.n == sizes[backend]  # rows of folded forwards were reused, not appended
         r = got[backend] = w.report()
         f = r.first_nonfinite
-        assert (f.input_index, f.module) == (5, "layers.0.0") and f.op in ("aten.addmm.default", "aten.mm.default")
+        assert (f.input_index, f.module) == (5, "layers.0.0") and f.op in (
+            "aten.addmm.default",
+            "aten.mm.default",
+        )
         assert r.failed_inputs == [5]
-    agg = {b: {a["module"]: (a["calls"], a["absmax"], a["nonfinite_calls"]) for a in got[b].aggregates}
-           for b in got}
+    agg = {
+        b: {a["module"]: (a["calls"], a["absmax"], a["nonfinite_calls"]) for a in got[b].aggregates}
+        for b in got
+    }
     assert agg["triton"].keys() == agg["reference"].keys() and len(agg["triton"]) == 4
     for k, (calls, absmax, bad) in agg["reference"].items():
         assert agg["triton"][k][0] == calls and agg["triton"][k][2] == bad
@@ -276,13 +298,19 @@ def test_device_flags_keep_the_first_failing_inputs_when_the_device_lags(monkeyp
     monkeypatch.setattr(recorder.Recorder, "_rows_on_host", lambda self: False)
     monkeypatch.setattr(recorder, "FOLD_BATCH", 4)
     model = Net().eval()
-    with torch.no_grad(), nan_hunter.watch(model, level="blocks", retain=2, backend="triton", device="cpu") as w:
+    with (
+        torch.no_grad(),
+        nan_hunter.watch(model, level="blocks", retain=2, backend="triton", device="cpu") as w,
+    ):
         for i in range(12):
             model(torch.full((2, 4), 3e38 if i == 5 else 1.0))
             assert len(w.retained) <= 3  # the latest two, and the flagged one
     r = w.report()
     f = r.first_nonfinite
-    assert (f.input_index, f.module) == (5, "layers.0.0") and f.op in ("aten.addmm.default", "aten.mm.default")
+    assert (f.input_index, f.module) == (5, "layers.0.0") and f.op in (
+        "aten.addmm.default",
+        "aten.mm.default",
+    )
     assert not any("not kept" in n for n in r.notes)
 
 
@@ -294,8 +322,23 @@ def test_watch_memory_bench_runs(tmp_path):
 
     out = tmp_path / "m.json"
     bench = Path(__file__).resolve().parents[2] / "bench" / "watch_memory.py"
-    proc = subprocess.run([sys.executable, str(bench), "--forwards", "300", "--every", "100", "--fail-at", "20",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--forwards",
+            "300",
+            "--every",
+            "100",
+            "--fail-at",
+            "20",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert [s["forwards"] for s in res["samples"]] == [0, 100, 200, 300]

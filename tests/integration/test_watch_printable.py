@@ -40,8 +40,12 @@ def test_print_json_and_html(tmp_path, capsys):
     assert d["replay"]["fp16"]["finite"] is False and d["replay"]["bf16"]["finite"] is True
     fv = d["diagnosis"]["fix_verified"]
     assert fv["max_rel_err"] < 0.05 and {k: v for k, v in fv.items() if k != "max_rel_err"} == {
-        "change": "keep 2 in fp32 (apply_policy)", "finite": True, "scope": "model", "reference": "fp32",
-        "applied_as": {"kind": "policy", "policy": {"2": "fp32"}, "dtype": "fp16", "option": None}}
+        "change": "keep 2 in fp32 (apply_policy)",
+        "finite": True,
+        "scope": "model",
+        "reference": "fp32",
+        "applied_as": {"kind": "policy", "policy": {"2": "fp32"}, "dtype": "fp16", "option": None},
+    }
     rep.to_html(str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
     assert "verified on a copy of the whole model" in page and "replay" in page
@@ -53,22 +57,38 @@ def test_clean_watch_prints_one_verdict():
     with nan_hunter.watch(m) as w:
         m(torch.ones(1, 3))
     text = w.report().render(80)
-    assert text.strip().splitlines()[-1] == "✔ no NaN/Inf found" and cells("✔ no NaN/Inf found") <= VERDICT_WIDTH
+    assert (
+        text.strip().splitlines()[-1] == "✔ no NaN/Inf found" and cells("✔ no NaN/Inf found") <= VERDICT_WIDTH
+    )
 
 
 def test_watch_signature_is_typed_and_documented():
     sig = inspect.signature(nan_hunter.watch)
-    for name in ("level", "retain", "dtype", "backward", "optimizer", "scaler", "capsule_dir", "arch", "on_fault"):
+    for name in (
+        "level",
+        "retain",
+        "dtype",
+        "backward",
+        "optimizer",
+        "scaler",
+        "capsule_dir",
+        "arch",
+        "on_fault",
+    ):
         assert name in sig.parameters and name in nan_hunter.watch.__doc__
     assert sig.parameters["on_fault"].default == "record"
-    assert not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())  # every option named, none swallowed
+    assert not any(
+        p.kind is p.VAR_KEYWORD for p in sig.parameters.values()
+    )  # every option named, none swallowed
 
 
 def _skipping_run(tmp_path):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    with nan_hunter.watch(m, backward=True, optimizer=opt, on_fault="skip", capsule_dir=str(tmp_path / "caps")) as w:
+    with nan_hunter.watch(
+        m, backward=True, optimizer=opt, on_fault="skip", capsule_dir=str(tmp_path / "caps")
+    ) as w:
         for step in range(6):
             x = torch.ones(2, 4)
             if step in (3, 5):
@@ -91,10 +111,15 @@ def test_training_report_names_steps_and_shows_skipped_ones(tmp_path, caplog):
     assert "input #" not in text
     assert "value  posinf · role input · step 3 · forward" in text
     assert "skipped   step(s) 3, 5: non-finite, their updates undone (on_fault='skip')" in text
-    assert text.splitlines()[-1] == "✘ nonfinite_input: +inf in the input data, first reaching 0 (step 3 · forward)"
+    assert (
+        text.splitlines()[-1]
+        == "✘ nonfinite_input: +inf in the input data, first reaching 0 (step 3 · forward)"
+    )
     said = [r.getMessage() for r in caplog.records]
     cap = tmp_path / "caps" / "step-3"
-    assert said == [f"nanhunter: wrote the capsule of step 3 to {cap} (replay it with: nanhunter scan {cap})",
-                    "nanhunter: step 3 went non-finite; its optimizer update was undone (on_fault='skip')",
-                    "nanhunter: step 5 went non-finite; its optimizer update was undone (on_fault='skip')"]
+    assert said == [
+        f"nanhunter: wrote the capsule of step 3 to {cap} (replay it with: nanhunter scan {cap})",
+        "nanhunter: step 3 went non-finite; its optimizer update was undone (on_fault='skip')",
+        "nanhunter: step 5 went non-finite; its optimizer update was undone (on_fault='skip')",
+    ]
     assert f"capsule of the failing step written to {cap} (replay it with: nanhunter scan {cap})" in rep.notes

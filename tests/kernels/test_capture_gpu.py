@@ -125,8 +125,15 @@ def test_llama_forward_gains_no_syncs_from_watch():
     """A real transformers Llama (built from a config) syncs on its own in some versions; watch
     must add none at blocks or modules level."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(CUDA, torch.bfloat16).eval()
     ids = torch.randint(0, 512, (2, 64), device=CUDA)
@@ -255,12 +262,16 @@ def test_training_step_reads_back_at_most_once(policy):
 def test_skip_on_cuda_is_bitwise():
     """on_fault="skip" on the GPU: the faulty step leaves parameters and AdamW state bitwise as a
     run that never took that step."""
+
     def run(watched: bool, leave_out: int | None):
         torch.manual_seed(0)
         model = Tower().to(CUDA).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        w = nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip") if watched \
+        w = (
+            nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="skip")
+            if watched
             else None
+        )
         if w is not None:
             w.__enter__()
         try:
@@ -268,7 +279,9 @@ def test_skip_on_cuda_is_bitwise():
                 if s == leave_out:
                     continue
                 g = torch.Generator().manual_seed(s)
-                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(CUDA)  # step 2: square > fp32 max
+                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(
+                    CUDA
+                )  # step 2: square > fp32 max
                 model(x).pow(2).mean().backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -291,17 +304,23 @@ def test_stop_on_cuda_leaves_the_last_good_state():
     """on_fault="stop" with optimizer= on the GPU (contract v1.3): the failing step's update is undone
     as skip undoes it (torch.where on the device, AdamW's host-side step counts through ``_settle``),
     so after stopping, parameters and AdamW state are bitwise a run of the steps before it."""
+
     def run(watched: bool, steps: int):
         torch.manual_seed(0)
         model = Tower().to(CUDA).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        w = nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="stop") if watched \
+        w = (
+            nan_hunter.watch(model, level="blocks", backward=True, optimizer=opt, on_fault="stop")
+            if watched
             else None
+        )
         ran = 0
         with w if w is not None else warnings.catch_warnings():
             for s in range(steps):
                 g = torch.Generator().manual_seed(s)
-                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(CUDA)  # step 2: square > fp32 max
+                x = (torch.randn(8, 64, generator=g) * (1e20 if s == 2 else 1.0)).to(
+                    CUDA
+                )  # step 2: square > fp32 max
                 model(x).pow(2).mean().backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

@@ -32,8 +32,15 @@ class Net(nn.Module):
 
 def test_triton_sink_rows_match_reference():
     torch.manual_seed(0)
-    ts = [t.to(DEV) for t in (torch.randn(37), torch.tensor([1.0, float("nan"), -float("inf")]), torch.zeros(0),
-                              torch.randn(5, 7).half())]
+    ts = [
+        t.to(DEV)
+        for t in (
+            torch.randn(37),
+            torch.tensor([1.0, float("nan"), -float("inf")]),
+            torch.zeros(0),
+            torch.randn(5, 7).half(),
+        )
+    ]
     tri = StatsSink(DEV, backend="triton")
     refs = StatsSink(DEV, backend="reference")
     rows = tri.measure_many(ts)
@@ -45,8 +52,12 @@ def test_triton_sink_rows_match_reference():
 
     for t, g in zip(ts, got):
         want = TensorStats.from_row(*(x.tolist() for x in full_row(t)))
-        assert (g.nan, g.posinf, g.neginf, g.first_nonfinite) == (want.nan, want.posinf, want.neginf,
-                                                                   want.first_nonfinite)
+        assert (g.nan, g.posinf, g.neginf, g.first_nonfinite) == (
+            want.nan,
+            want.posinf,
+            want.neginf,
+            want.first_nonfinite,
+        )
         assert g.absmax == pytest.approx(want.absmax)
     assert refs.measure_many(ts) == [0, 1, 2, 3]
 
@@ -86,11 +97,15 @@ def test_backward_capture_with_triton_backend_locates_like_reference():
             m[0].weight.zero_()
             m[0].bias.zero_()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with nan_hunter.watch(m, level="modules", backend=backend, backward=True, optimizer=opt,
-                              on_fault="stop") as w:
+        with nan_hunter.watch(
+            m, level="modules", backend=backend, backward=True, optimizer=opt, on_fault="stop"
+        ) as w:
             m(torch.randn(4, 8).to(DEV)).pow(2).mean().backward()
             opt.step()
             found[backend] = w.report().first_nonfinite
     assert found["triton"] == found["reference"]
-    assert (found["triton"].phase, found["triton"].module, found["triton"].grad_fn) == ("backward", "1",
-                                                                                         "SqrtBackward0")
+    assert (found["triton"].phase, found["triton"].module, found["triton"].grad_fn) == (
+        "backward",
+        "1",
+        "SqrtBackward0",
+    )

@@ -38,8 +38,18 @@ def _want(t: torch.Tensor) -> TensorStats:
 
 
 def _same(got: TensorStats, want: TensorStats) -> None:
-    for k in ("numel", "nan", "posinf", "neginf", "zero", "subnormal", "over_fp16", "first_nonfinite",
-              "absmax", "min_nonzero"):
+    for k in (
+        "numel",
+        "nan",
+        "posinf",
+        "neginf",
+        "zero",
+        "subnormal",
+        "over_fp16",
+        "first_nonfinite",
+        "absmax",
+        "min_nonzero",
+    ):
         assert getattr(got, k) == getattr(want, k), k
     assert got.sum == pytest.approx(want.sum, rel=1e-4, abs=1e-3)
 
@@ -77,8 +87,13 @@ def test_launchers_agree():
     a.measure_many(ts)
     b.measure_many(ts)
     for x, y in zip(a.rows(), b.rows()):
-        assert (x.nan, x.posinf, x.neginf, x.first_nonfinite, x.absmax) == \
-            (y.nan, y.posinf, y.neginf, y.first_nonfinite, y.absmax)
+        assert (x.nan, x.posinf, x.neginf, x.first_nonfinite, x.absmax) == (
+            y.nan,
+            y.posinf,
+            y.neginf,
+            y.first_nonfinite,
+            y.absmax,
+        )
 
 
 def test_bad_launch_mode():
@@ -134,8 +149,10 @@ def test_eager_and_graph_rows_never_share_a_segment(monkeypatch):
     to a graph segment of their own, eager rows after it to a new eager segment, and the rows
     skipped in between read as empty tensors."""
     if DEV == "cuda":
-        pytest.skip("a forced capture flag on a real GPU takes the spare-segment path; the real capture is "
-                    "tests/kernels/test_capture_gpu.py")
+        pytest.skip(
+            "a forced capture flag on a real GPU takes the spare-segment path; the real capture is "
+            "tests/kernels/test_capture_gpu.py"
+        )
     monkeypatch.setattr(sink_mod, "CHUNK", 4)
     s = sink_mod.StatsSink(DEV, backend="triton")
     ts = _tensors(7)

@@ -32,9 +32,19 @@ def tiny_llama(dtype: torch.dtype, seed: int = 0) -> nn.Module:
     """A 2-layer Llama with biases (so a Linear is one ``addmm``), weights from ``seed``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=64,
-                      mlp_bias=True, attention_bias=True, use_cache=False)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=64,
+        mlp_bias=True,
+        attention_bias=True,
+        use_cache=False,
+    )
     torch.manual_seed(seed)
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -46,10 +56,12 @@ def tiny_llama(dtype: torch.dtype, seed: int = 0) -> nn.Module:
 
 def split_k(linear: nn.Linear) -> nn.Linear:
     """``linear`` computing x·Wᵀ as two half-K products added (another kernel, the same math)."""
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         k = linear.in_features // 2
         w = linear.weight
         return x[..., :k] @ w[:, :k].t() + x[..., k:] @ w[:, k:].t() + linear.bias
+
     linear.forward = forward
     return linear
 
@@ -128,10 +140,14 @@ class Run:
 PAIRS: dict[str, tuple[Run, Run]] = {
     "dtype": (Run(lambda: tiny_llama(torch.float16)), Run(lambda: tiny_llama(torch.bfloat16))),
     "kernel": (Run(lambda: llama_split(torch.bfloat16)), Run(lambda: tiny_llama(torch.bfloat16))),
-    "flush_denormal": (Run(whisper_net, lambda: flush_denormal(False), tokens=False),
-                       Run(whisper_net, lambda: flush_denormal(True), tokens=False)),
-    "threads": (Run(lambda: tiny_llama(torch.float32), lambda: threads(1)),
-                Run(lambda: tiny_llama(torch.float32), lambda: threads(2))),
+    "flush_denormal": (
+        Run(whisper_net, lambda: flush_denormal(False), tokens=False),
+        Run(whisper_net, lambda: flush_denormal(True), tokens=False),
+    ),
+    "threads": (
+        Run(lambda: tiny_llama(torch.float32), lambda: threads(1)),
+        Run(lambda: tiny_llama(torch.float32), lambda: threads(2)),
+    ),
     "compiled": (Run(cancel_net, tokens=False), Run(cancel_net, compiled=True, tokens=False)),
 }
 

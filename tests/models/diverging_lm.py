@@ -22,8 +22,15 @@ def build(arch: str, seed: int, attn: str = "sdpa") -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=4, max_position_embeddings=64)
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
     if arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **kw))
     else:
@@ -52,7 +59,9 @@ class RunResult:
     forecast_step: int | None = None  # first sampled step with an fp16 crossing projected (medium/high)
     forecast_projected: int | None = None  # the step that projection named
     last_projected: int | None = None  # the fp16 crossing projected at the last sampled step
-    projections: list[tuple[int, int]] = field(default_factory=list)  # (sampled step, fp16 crossing projected)
+    projections: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # (sampled step, fp16 crossing projected)
     seconds: float = 0.0
 
     @property
@@ -78,13 +87,23 @@ class RunResult:
 
 
 def _fp16_projection(fc: list[dict[str, Any]] | None) -> int | None:
-    steps = [e["projected_step"] for e in fc or () if e["dtype"] == "fp16" and e["projected_step"] is not None
-             and e["confidence"] != "low"]
+    steps = [
+        e["projected_step"]
+        for e in fc or ()
+        if e["dtype"] == "fp16" and e["projected_step"] is not None and e["confidence"] != "low"
+    ]
     return min(steps, default=None)
 
 
-def train(arch: str = "llama", lr: float = 0.1, seed: int = 0, z_loss: float = 0.0, steps: int = 120,
-          sample_every: int = 2, attn: str = "sdpa") -> RunResult:
+def train(
+    arch: str = "llama",
+    lr: float = 0.1,
+    seed: int = 0,
+    z_loss: float = 0.0,
+    steps: int = 120,
+    sample_every: int = 2,
+    attn: str = "sdpa",
+) -> RunResult:
     """Train with AdamW (no weight decay) under fp16 autocast until the loss goes non-finite or
     ``steps`` end, under ``nan_hunter.watch(level="sentinel", sample_every=...)``."""
     model = build(arch, seed, attn)

@@ -37,9 +37,20 @@ def successor(t: int) -> int:
 def serving_llama(attn: str = "sdpa", shared_fault: bool = False):  # -> LlamaForCausalLM
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=HIDDEN, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = attn
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
@@ -60,8 +71,13 @@ def serving_llama(attn: str = "sdpa", shared_fault: bool = False):  # -> LlamaFo
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * 0.3)
         l1.self_attn.o_proj.weight.copy_(torch.randn(HIDDEN, HIDDEN, generator=g) * 0.002)
         l1.mlp.down_proj.weight.zero_()
-        for norm in (l0.input_layernorm, l0.post_attention_layernorm, l1.input_layernorm,
-                     l1.post_attention_layernorm, m.norm):
+        for norm in (
+            l0.input_layernorm,
+            l0.post_attention_layernorm,
+            l1.input_layernorm,
+            l1.post_attention_layernorm,
+            m.norm,
+        ):
             norm.weight.fill_(1.0)
         head = model.lm_head.weight
         head.zero_()
@@ -72,11 +88,19 @@ def serving_llama(attn: str = "sdpa", shared_fault: bool = False):  # -> LlamaFo
     return model.half().eval()
 
 
-def cb_config(**kw):  # -> ContinuousBatchingConfig, sized for this CPU (the default sizes the cache from memory)
+def cb_config(
+    **kw,
+):  # -> ContinuousBatchingConfig, sized for this CPU (the default sizes the cache from memory)
     from transformers import ContinuousBatchingConfig
 
-    opts = dict(page_size=16, num_blocks=32, max_batch_tokens=128, max_requests_per_batch=16,
-                use_cuda_graph=False, use_async_batching=False)
+    opts = dict(
+        page_size=16,
+        num_blocks=32,
+        max_batch_tokens=128,
+        max_requests_per_batch=16,
+        use_cuda_graph=False,
+        use_async_batching=False,
+    )
     opts.update(kw)
     return ContinuousBatchingConfig(**opts)
 

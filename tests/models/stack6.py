@@ -17,7 +17,7 @@ class Block(nn.Module):
         super().__init__()
         self.w = nn.Parameter(torch.eye(dim))
         # sqrt(gain) twice: each factor fits fp16 (1e5 itself would be inf there)
-        self.register_buffer("root_gain", torch.tensor(gain ** 0.5))
+        self.register_buffer("root_gain", torch.tensor(gain**0.5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = (x @ self.w) * self.root_gain * self.root_gain

@@ -18,15 +18,43 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 FRESH = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
-MOVES = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select", "narrow",
-         "unsqueeze", "squeeze", "as_strided", "alias", "detach", "clone", "contiguous", "_to_copy", "copy",
-         "cat", "stack", "index_select", "gather", "split", "split_with_sizes", "unbind", "lift_fresh"}
+MOVES = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "slice",
+    "select",
+    "narrow",
+    "unsqueeze",
+    "squeeze",
+    "as_strided",
+    "alias",
+    "detach",
+    "clone",
+    "contiguous",
+    "_to_copy",
+    "copy",
+    "cat",
+    "stack",
+    "index_select",
+    "gather",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "lift_fresh",
+}
 
 
 def _bad(out: Any) -> bool:
     flat, _ = tree_flatten(out)
-    return any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
-               for t in flat)
+    return any(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+        for t in flat
+    )
 
 
 class _Fill(TorchDispatchMode):

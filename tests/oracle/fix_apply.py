@@ -87,7 +87,9 @@ def with_policy(model: torch.nn.Module, low: torch.dtype, keep: dict[str, str]) 
     return m
 
 
-def apply_and_run(model_dir: str, batch: dict[str, torch.Tensor], applied_as: dict[str, Any]) -> list[torch.Tensor]:
+def apply_and_run(
+    model_dir: str, batch: dict[str, torch.Tensor], applied_as: dict[str, Any]
+) -> list[torch.Tensor]:
     """The model's outputs with the fix applied as printed (see the module docstring)."""
     kind = applied_as["kind"]
     if kind == "policy":
@@ -116,5 +118,3 @@ def judge(outs: list[torch.Tensor], ref: list[torch.Tensor], rtol: float) -> tup
     den = max(float(r.double().abs().max()) for r in ref) or 1.0
     err = num / den
     return err <= rtol, err
-
-

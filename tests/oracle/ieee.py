@@ -244,6 +244,9 @@ def classify(ev: Event) -> str | None:
         if a[3] == 1 and bool((target == ignore).all()):
             return "empty_reduction"
     flat, _ = tree_flatten(a)
-    if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in flat):
+    if any(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+        for t in flat
+    ):
         return "nonfinite_operand"
     return None

@@ -42,8 +42,22 @@ from torch.utils._pytree import tree_flatten
 
 COPIES = {"clone", "contiguous", "detach", "alias", "lift_fresh", "lift_fresh_copy", "_to_copy", "to"}
 BLANK = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
-EXACT = {"cat", "concat", "stack", "index", "_unsafe_index", "index_select", "gather", "embedding", "copy",
-         "copy_", "_to_copy", "repeat", "slice_scatter", "select_scatter"}
+EXACT = {
+    "cat",
+    "concat",
+    "stack",
+    "index",
+    "_unsafe_index",
+    "index_select",
+    "gather",
+    "embedding",
+    "copy",
+    "copy_",
+    "_to_copy",
+    "repeat",
+    "slice_scatter",
+    "select_scatter",
+}
 
 
 def _floats(obj: Any) -> list[torch.Tensor]:
@@ -133,12 +147,24 @@ class Tape(TorchDispatchMode):
         if self.level == "modules":
             fl = _floats(out)
             if fl:
-                self.entries.append(Entry(len(self.entries), name, k, None, tuple(fl[0].shape), fl[0].dtype,
-                                          stat(fl), inp=self.inputs.pop(depth, None)))
+                self.entries.append(
+                    Entry(
+                        len(self.entries),
+                        name,
+                        k,
+                        None,
+                        tuple(fl[0].shape),
+                        fl[0].dtype,
+                        stat(fl),
+                        inp=self.inputs.pop(depth, None),
+                    )
+                )
 
     def __enter__(self):
-        self._h = [torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
-                   torch.nn.modules.module.register_module_forward_hook(self._post)]
+        self._h = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
+            torch.nn.modules.module.register_module_forward_hook(self._post),
+        ]
         return super().__enter__() if self.level == "ops" else self
 
     def __exit__(self, *exc):
@@ -175,8 +201,17 @@ class Tape(TorchDispatchMode):
             self.keep += fl
             return out
         mod, k = self.stack[-1]
-        e = Entry(len(self.entries), mod, k, str(func), tuple(fl[0].shape), fl[0].dtype, stat(fl),
-                  [self.made.get(self._addr(t)) for t in ins], {t.dtype for t in ins if t.is_floating_point()})
+        e = Entry(
+            len(self.entries),
+            mod,
+            k,
+            str(func),
+            tuple(fl[0].shape),
+            fl[0].dtype,
+            stat(fl),
+            [self.made.get(self._addr(t)) for t in ins],
+            {t.dtype for t in ins if t.is_floating_point()},
+        )
         self.entries.append(e)
         for t in fl:
             self.made[self._addr(t)] = e.index
@@ -190,8 +225,11 @@ def rel_err(x: Stat, y: Stat, floor: float) -> float:
         return math.inf
     worst = 0.0
     scale = max(abs(x.absmax or 0.0), abs(y.absmax or 0.0))
-    for p, q, den in ((x.absmax, y.absmax, scale), (x.l2, y.l2, max(abs(x.l2), abs(y.l2))),
-                      (x.mean, y.mean, max(abs(x.mean or 0.0), abs(y.mean or 0.0), scale))):
+    for p, q, den in (
+        (x.absmax, y.absmax, scale),
+        (x.l2, y.l2, max(abs(x.l2), abs(y.l2))),
+        (x.mean, y.mean, max(abs(x.mean or 0.0), abs(y.mean or 0.0), scale)),
+    ):
         if p is None and q is None:
             continue
         if p is None or q is None:
@@ -282,7 +320,9 @@ def _exact(e: Entry, es: list[Entry]) -> bool:
     name = e.op.split(".")[1]
     if name not in EXACT:
         return False
-    return all(_holds(e.dtype, d) if name in ("_to_copy", "copy", "copy_") else d == e.dtype for d in e.in_dtypes)
+    return all(
+        _holds(e.dtype, d) if name in ("_to_copy", "copy", "copy_") else d == e.dtype for d in e.in_dtypes
+    )
 
 
 def _common(names: list[str]) -> str:
@@ -347,8 +387,11 @@ def part(a: list[Entry], b: list[Entry]) -> Verdict:
                 if ok:
                     if ra or rb:
                         ea, eb = [a[k] for k in ra], [b[k] for k in rb]
-                        return Parting(_common([e.module for e in ea + eb]), None,
-                                       ([e.op or e.module for e in ea], [e.op or e.module for e in eb]))
+                        return Parting(
+                            _common([e.module for e in ea + eb]),
+                            None,
+                            ([e.op or e.module for e in ea], [e.op or e.module for e in eb]),
+                        )
                     return Parting(a[i].module, a[i].op, None)
                 if fallback is None and inputs_same is not _bits_same:
                     fallback = Parting(a[i].module, a[i].op, None)
@@ -394,8 +437,15 @@ def compiled_alone(model: torch.nn.Module, x: torch.Tensor, backend: str = "indu
         n = names[mod]
         k = count.get(n, 0)
         count[n] = k + 1
-        open_.append((n, k, mod, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
-                      {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}))
+        open_.append(
+            (
+                n,
+                k,
+                mod,
+                tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()},
+            )
+        )
 
     def post(mod, args, kwargs, out):
         item = open_.pop()
@@ -418,7 +468,17 @@ def compiled_alone(model: torch.nn.Module, x: torch.Tensor, backend: str = "indu
         with torch.no_grad():
             y = torch.compile(mod, backend=backend)(*args, **kwargs)
         fl = _floats(y)
-        out.append(Entry(len(out), name, k, None, tuple(fl[0].shape), fl[0].dtype, stat(fl),
-                         inp=stat(_floats((args, kwargs)))))
+        out.append(
+            Entry(
+                len(out),
+                name,
+                k,
+                None,
+                tuple(fl[0].shape),
+                fl[0].dtype,
+                stat(fl),
+                inp=stat(_floats((args, kwargs))),
+            )
+        )
     torch._dynamo.reset()
     return out

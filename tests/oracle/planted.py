@@ -63,21 +63,49 @@ def config(family: str):
     """(the tiny config of ``family``, its model class)."""
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False
+    )
     if family in ("llama", "qwen2"):
-        cfg_cls, model_cls = ((tf.LlamaConfig, tf.LlamaForCausalLM) if family == "llama"
-                              else (tf.Qwen2Config, tf.Qwen2ForCausalLM))
-        cfg = cfg_cls(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2 if family == "qwen2" else 4, max_position_embeddings=64,
-                      attention_dropout=0.0, **common)
+        cfg_cls, model_cls = (
+            (tf.LlamaConfig, tf.LlamaForCausalLM)
+            if family == "llama"
+            else (tf.Qwen2Config, tf.Qwen2ForCausalLM)
+        )
+        cfg = cfg_cls(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2 if family == "qwen2" else 4,
+            max_position_embeddings=64,
+            attention_dropout=0.0,
+            **common,
+        )
     elif family == "gpt2":
         cfg_cls, model_cls = tf.GPT2Config, tf.GPT2LMHeadModel
-        cfg = cfg_cls(n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                      attn_pdrop=0.0, **common)
+        cfg = cfg_cls(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     elif family == "t5":
         cfg_cls, model_cls = tf.T5Config, tf.T5ForConditionalGeneration
-        cfg = cfg_cls(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4, dropout_rate=0.0,
-                      decoder_start_token_id=PAD, **common)
+        cfg = cfg_cls(
+            d_model=64,
+            d_kv=16,
+            d_ff=96,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            decoder_start_token_id=PAD,
+            **common,
+        )
     else:
         raise ValueError(family)
     cfg._attn_implementation = "eager"
@@ -130,7 +158,9 @@ def first_param_name(model: nn.Module) -> str:
 
 
 @torch.no_grad()
-def plant_qk_overflow(model: nn.Module, compute: torch.dtype, sign: float = 1.0, value: float | None = None) -> float:
+def plant_qk_overflow(
+    model: nn.Module, compute: torch.dtype, sign: float = 1.0, value: float | None = None
+) -> float:
     """The ``qk_overflow`` plant (module docstring); ``sign=-1``: the query row is −11.3·c, so
     only −inf (``qk_overflow_neg``); ``value``: ``c`` itself (``autocast_cast``: 1e6, which fits
     the fp32 weights but not the fp16 copy autocast makes of them). Returns ``c``."""
@@ -209,8 +239,17 @@ def plant_lead_to_trigger(model: nn.Module, lead: list[int], other: list[int]) -
 # --- data ---------------------------------------------------------------------------------------
 
 
-def batches(family: str, steps: int, fault_step: int, trigger: bool, batch: int = 2, length: int = 11,
-            target_len: int = 7, at: tuple[int, int] = (1, 4), seed: int = 1) -> list[dict[str, torch.Tensor]]:
+def batches(
+    family: str,
+    steps: int,
+    fault_step: int,
+    trigger: bool,
+    batch: int = 2,
+    length: int = 11,
+    target_len: int = 7,
+    at: tuple[int, int] = (1, 4),
+    seed: int = 1,
+) -> list[dict[str, torch.Tensor]]:
     """``steps`` training batches of random words (never the trigger); with ``trigger``, batch
     ``fault_step`` holds the trigger at row/token ``at``. Labels: the inputs (causal LMs), or a
     ``target_len`` target (T5). Lengths avoid every model dim, so the oracle can tell token dims."""

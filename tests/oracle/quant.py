@@ -23,16 +23,31 @@ LAYER = "model.layers.0.mlp.down_proj"
 DTYPE_MAX = {"fp16": float(torch.finfo(torch.float16).max), "bf16": float(torch.finfo(torch.bfloat16).max)}
 
 #: format -> the faults that apply to it (a NaN code needs a float code: fp8)
-FAULTS = ("clean", "nan_scale", "inf_scale", "zero_scale", "nan_code", "overflow_fp16", "overflow_bf16",
-          "plain_neginf")
+FAULTS = (
+    "clean",
+    "nan_scale",
+    "inf_scale",
+    "zero_scale",
+    "nan_code",
+    "overflow_fp16",
+    "overflow_bf16",
+    "plain_neginf",
+)
 NOT_FP8 = tuple(f for f in FAULTS if f != "nan_code")
-FORMATS = {"fp8_block": FAULTS, "fp8_channel": FAULTS, "fp8_tensor": FAULTS, "int8_group": NOT_FP8, "nvfp4": NOT_FP8,
-           # E8M0 holds no zero and no inf (0xFF is NaN)
-           "mxfp4": ("clean", "nan_scale", "overflow_fp16", "overflow_bf16", "plain_neginf"),
-           "gguf_q8_0": tuple(f for f in FAULTS if f != "nan_code"),
-           "gguf_q4_0": tuple(f for f in FAULTS if f != "nan_code"),
-           "bnb_nf4": tuple(f for f in FAULTS if f != "nan_code"), "bnb_fp4": tuple(f for f in FAULTS if f != "nan_code"),
-           "bnb_int8": tuple(f for f in FAULTS if f != "nan_code")}
+FORMATS = {
+    "fp8_block": FAULTS,
+    "fp8_channel": FAULTS,
+    "fp8_tensor": FAULTS,
+    "int8_group": NOT_FP8,
+    "nvfp4": NOT_FP8,
+    # E8M0 holds no zero and no inf (0xFF is NaN)
+    "mxfp4": ("clean", "nan_scale", "overflow_fp16", "overflow_bf16", "plain_neginf"),
+    "gguf_q8_0": tuple(f for f in FAULTS if f != "nan_code"),
+    "gguf_q4_0": tuple(f for f in FAULTS if f != "nan_code"),
+    "bnb_nf4": tuple(f for f in FAULTS if f != "nan_code"),
+    "bnb_fp4": tuple(f for f in FAULTS if f != "nan_code"),
+    "bnb_int8": tuple(f for f in FAULTS if f != "nan_code"),
+}
 
 
 def fail_fraction(dtype: str) -> float:
@@ -96,8 +111,12 @@ def fp8_block(d: Path, fault: str, strategy: str = "block") -> Case:
         w = torch.randint(-128, 128, (256, 256), generator=g, dtype=torch.int16).to(torch.int8)
     else:
         w = (torch.randn(256, 256, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
-    shape, at = {"block": ((2, 2), (1, 0)), "channel": ((256, 1), (130, 0)), "tensor": ((1,), (0,)),
-                 "group": ((256, 8), (130, 0))}[strategy]
+    shape, at = {
+        "block": ((2, 2), (1, 0)),
+        "channel": ((256, 1), (130, 0)),
+        "tensor": ((1,), (0,)),
+        "group": ((256, 8), (130, 0)),
+    }[strategy]
     s = torch.full(shape, 0.01)
     bad_w, bad_s = w.clone(), s.clone()
     big = {"overflow_fp16": 1000.0, "overflow_bf16": 1e37}
@@ -105,20 +124,40 @@ def fp8_block(d: Path, fault: str, strategy: str = "block") -> Case:
     if fault == "nan_code":
         bad_w.view(torch.uint8)[130, 5] = 0x7F
     kw = {"block": {"block_structure": [128, 128]}, "group": {"group_size": 32}}.get(strategy, {})
-    args = QuantizationArgs(num_bits=8, type="int" if strategy == "group" else "float", strategy=strategy,
-                            symmetric=True, **kw)
+    args = QuantizationArgs(
+        num_bits=8, type="int" if strategy == "group" else "float", strategy=strategy, symmetric=True, **kw
+    )
 
     def deq(codes, scales):
         return dequantize(codes, scales, None, args, dtype=torch.float32).double().numpy()
 
     d.mkdir(parents=True)
     scale = f"{LAYER}.weight_scale_inv" if strategy == "block" else f"{LAYER}.weight_scale"
-    save_file({f"{LAYER}.weight": bad_w, scale: bad_s, "model.norm.weight": _norm(fault)}, str(d / "model.safetensors"))
-    qc = ({"quant_method": "fp8", "weight_block_size": [128, 128]} if strategy == "block" else
-          {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {
-              "num_bits": 8, "type": args.type, "strategy": strategy, "group_size": kw.get("group_size")}}}})
+    save_file(
+        {f"{LAYER}.weight": bad_w, scale: bad_s, "model.norm.weight": _norm(fault)},
+        str(d / "model.safetensors"),
+    )
+    qc = (
+        {"quant_method": "fp8", "weight_block_size": [128, 128]}
+        if strategy == "block"
+        else {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "group_0": {
+                    "weights": {
+                        "num_bits": 8,
+                        "type": args.type,
+                        "strategy": strategy,
+                        "group_size": kw.get("group_size"),
+                    }
+                }
+            },
+        }
+    )
     (d / "config.json").write_text(json.dumps({"quantization_config": qc}))
-    return Case(d / "model.safetensors", f"{LAYER}.weight", deq(bad_w, bad_s), deq(w, s), fault == "plain_neginf")
+    return Case(
+        d / "model.safetensors", f"{LAYER}.weight", deq(bad_w, bad_s), deq(w, s), fault == "plain_neginf"
+    )
 
 
 def nvfp4(d: Path, fault: str) -> Case:
@@ -132,8 +171,9 @@ def nvfp4(d: Path, fault: str) -> Case:
 
     g = torch.Generator().manual_seed(5)
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    codes = grid[torch.randint(0, 8, (64, 128), generator=g)] * torch.where(torch.rand(64, 128, generator=g) < 0.5,
-                                                                          -1.0, 1.0)
+    codes = grid[torch.randint(0, 8, (64, 128), generator=g)] * torch.where(
+        torch.rand(64, 128, generator=g) < 0.5, -1.0, 1.0
+    )
     packed = pack_fp4_to_uint8(codes)
     s = torch.full((64, 8), 0.5).to(torch.float8_e4m3fn)
     gs = torch.tensor([1.0])
@@ -151,17 +191,51 @@ def nvfp4(d: Path, fault: str) -> Case:
     def deq(scales, global_scale):
         x_q = unpack_fp4_from_uint8(packed, 64, 128)
         with np.errstate(all="ignore"):
-            return dequantize(x_q=x_q, scale=scales.to(x_q.dtype), args=args, global_scale=global_scale,
-                              dtype=x_q.dtype).double().numpy()
+            return (
+                dequantize(
+                    x_q=x_q, scale=scales.to(x_q.dtype), args=args, global_scale=global_scale, dtype=x_q.dtype
+                )
+                .double()
+                .numpy()
+            )
 
     d.mkdir(parents=True)
-    save_file({f"{LAYER}.weight_packed": packed, f"{LAYER}.weight_scale": bad_s, f"{LAYER}.weight_global_scale": bad_gs,
-               "model.norm.weight": _norm(fault)}, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {
-            "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}}))
-    return Case(d / "model.safetensors", f"{LAYER}.weight_packed", deq(bad_s, bad_gs), deq(s, gs),
-                fault == "plain_neginf")
+    save_file(
+        {
+            f"{LAYER}.weight_packed": packed,
+            f"{LAYER}.weight_scale": bad_s,
+            f"{LAYER}.weight_global_scale": bad_gs,
+            "model.norm.weight": _norm(fault),
+        },
+        str(d / "model.safetensors"),
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "format": "nvfp4-pack-quantized",
+                    "config_groups": {
+                        "group_0": {
+                            "weights": {
+                                "num_bits": 4,
+                                "type": "float",
+                                "strategy": "tensor_group",
+                                "group_size": 16,
+                            }
+                        }
+                    },
+                }
+            }
+        )
+    )
+    return Case(
+        d / "model.safetensors",
+        f"{LAYER}.weight_packed",
+        deq(bad_s, bad_gs),
+        deq(s, gs),
+        fault == "plain_neginf",
+    )
 
 
 def mxfp4(d: Path, fault: str) -> Case:
@@ -186,15 +260,34 @@ def mxfp4(d: Path, fault: str) -> Case:
     def deq(scales):
         x_q = unpack_fp4_from_uint8(packed, 64, 128)
         with np.errstate(all="ignore"):
-            return dequantize(x_q=x_q, scale=decompress_mx_scale(scales).to(x_q.dtype), args=args,
-                              dtype=x_q.dtype).double().numpy()
+            return (
+                dequantize(
+                    x_q=x_q, scale=decompress_mx_scale(scales).to(x_q.dtype), args=args, dtype=x_q.dtype
+                )
+                .double()
+                .numpy()
+            )
 
     d.mkdir(parents=True)
-    save_file({f"{LAYER}.weight_packed": packed, f"{LAYER}.weight_scale": bad, "model.norm.weight": _norm(fault)},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {
-            "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}}}}))
+    save_file(
+        {f"{LAYER}.weight_packed": packed, f"{LAYER}.weight_scale": bad, "model.norm.weight": _norm(fault)},
+        str(d / "model.safetensors"),
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "format": "mxfp4-pack-quantized",
+                    "config_groups": {
+                        "group_0": {
+                            "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}
+                        }
+                    },
+                }
+            }
+        )
+    )
     return Case(d / "model.safetensors", f"{LAYER}.weight_packed", deq(bad), deq(s), fault == "plain_neginf")
 
 
@@ -210,7 +303,9 @@ def gguf_file(d: Path, fault: str, qtype: str) -> Case:
     _, size = gguf.GGML_QUANT_SIZES[T]
     v = {"overflow_fp16": 60000.0, "overflow_bf16": 65504.0}.get(fault, _scale_value(fault, 0.0))
     if fault not in ("clean", "plain_neginf"):
-        bad[3, size: size + 2] = np.array([v], np.float16).view(np.uint8)  # row 3, block 1: d (the first field)
+        bad[3, size : size + 2] = np.array([v], np.float16).view(
+            np.uint8
+        )  # row 3, block 1: d (the first field)
     d.mkdir(parents=True)
     path = d / "model.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -222,8 +317,13 @@ def gguf_file(d: Path, fault: str, qtype: str) -> Case:
     w.write_tensors_to_file()
     w.close()
     with np.errstate(all="ignore"):
-        return Case(path, "blk.0.ffn_down.weight", dequantize(bad, T).astype(np.float64),
-                    dequantize(q, T).astype(np.float64), fault == "plain_neginf")
+        return Case(
+            path,
+            "blk.0.ffn_down.weight",
+            dequantize(bad, T).astype(np.float64),
+            dequantize(q, T).astype(np.float64),
+            fault == "plain_neginf",
+        )
 
 
 def bnb_4bit(d: Path, fault: str, quant_type: str) -> Case:
@@ -241,8 +341,17 @@ def bnb_4bit(d: Path, fault: str, quant_type: str) -> Case:
     tensors.update({f"{LAYER}.weight.{k}": v for k, v in st.as_dict(packed=True).items()})
     d.mkdir(parents=True)
     save_file(tensors, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": quant_type}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "bitsandbytes",
+                    "load_in_4bit": True,
+                    "bnb_4bit_quant_type": quant_type,
+                }
+            }
+        )
+    )
     return Case(d / "model.safetensors", f"{LAYER}.weight", bad, clean, fault == "plain_neginf")
 
 
@@ -259,10 +368,13 @@ def bnb_int8(d: Path, fault: str) -> Case:
     bad_scb[5] = big.get(fault, _scale_value(fault, float(scb[5])))
     bad = F.int8_vectorwise_dequant(codes, bad_scb).double().numpy()
     d.mkdir(parents=True)
-    save_file({f"{LAYER}.weight": codes, f"{LAYER}.SCB": bad_scb, "model.norm.weight": _norm(fault)},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "bitsandbytes",
-                                                                       "load_in_8bit": True}}))
+    save_file(
+        {f"{LAYER}.weight": codes, f"{LAYER}.SCB": bad_scb, "model.norm.weight": _norm(fault)},
+        str(d / "model.safetensors"),
+    )
+    (d / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}})
+    )
     return Case(d / "model.safetensors", f"{LAYER}.weight", bad, clean, fault == "plain_neginf")
 
 

@@ -249,7 +249,9 @@ class Truth:
 class Tracer(TorchDispatchMode):
     """``with Tracer(model, optimizer=opt) as tr: ...`` then ``tr.truth()``. See the module docstring."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, max_snapshots: int = 16):
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, max_snapshots: int = 16
+    ):
         super().__init__()
         self.model = model
         self.optimizer = optimizer
@@ -268,7 +270,9 @@ class Tracer(TorchDispatchMode):
         self.input_event: dict[str, Any] | None = None
         self.weights_event: Event | None = None
         self.param_fault: dict[str, Any] | None = None
-        self.snapshots: dict[int, tuple] = {}  # event seq -> (module, its state, its call's inputs, new classes)
+        self.snapshots: dict[
+            int, tuple
+        ] = {}  # event seq -> (module, its state, its call's inputs, new classes)
         self.max_snapshots = max_snapshots
         self._probe = torch.zeros((), requires_grad=True)
         self._handles: list[Any] = []
@@ -278,13 +282,17 @@ class Tracer(TorchDispatchMode):
 
     def __enter__(self):
         mod = torch.nn.modules.module
-        self._handles = [mod.register_module_forward_pre_hook(self._pre),
-                         mod.register_module_forward_hook(self._post)]
+        self._handles = [
+            mod.register_module_forward_pre_hook(self._pre),
+            mod.register_module_forward_hook(self._post),
+        ]
         for m in self.model.modules():
             self._handles.append(m.register_forward_pre_hook(self._inputs, with_kwargs=True))
         if self.optimizer is not None:
-            self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
-                              self.optimizer.register_step_post_hook(self._opt_post)]
+            self._handles += [
+                self.optimizer.register_step_pre_hook(self._opt_pre),
+                self.optimizer.register_step_post_hook(self._opt_post),
+            ]
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -340,8 +348,13 @@ class Tracer(TorchDispatchMode):
         ac = None
         if torch.is_autocast_enabled("cpu"):
             ac = ("cpu", str(torch.get_autocast_dtype("cpu")).replace("torch.", ""))
-        self.ctx = StepContext(self.step, ids.detach().clone() if ids is not None else None,
-                               mask.detach().clone() if mask is not None else None, past, ac)
+        self.ctx = StepContext(
+            self.step,
+            ids.detach().clone() if ids is not None else None,
+            mask.detach().clone() if mask is not None else None,
+            past,
+            ac,
+        )
         floats = [t for t in tensors_in((args, kwargs)) if t.is_floating_point()]
         bad = frozenset().union(*[classes(value_of(t)) for t in floats]) if floats else frozenset()
         if bad and self.input_event is None:
@@ -398,8 +411,10 @@ class Tracer(TorchDispatchMode):
     def _opt_pre(self, opt, args, kwargs) -> None:
         self.quiet = True
         try:
-            self._before = [(bool(torch.isfinite(p.detach()).all()),
-                             p.grad is None or bool(torch.isfinite(p.grad).all())) for p in self._params()]
+            self._before = [
+                (bool(torch.isfinite(p.detach()).all()), p.grad is None or bool(torch.isfinite(p.grad).all()))
+                for p in self._params()
+            ]
         finally:
             self.quiet = False
         self.in_optimizer = True
@@ -414,8 +429,14 @@ class Tracer(TorchDispatchMode):
                 now = classes(p.detach())
                 if fin and gfin and now:
                     name = self.param_names.get(id(p), "?")
-                    self.param_fault = {"param": name, "module": name.rpartition(".")[0], "kind": kind_of(now),
-                                        "step": self.step, "seq": next(self.seq), **_after_step(opt, p)}
+                    self.param_fault = {
+                        "param": name,
+                        "module": name.rpartition(".")[0],
+                        "kind": kind_of(now),
+                        "step": self.step,
+                        "seq": next(self.seq),
+                        **_after_step(opt, p),
+                    }
                     break
         finally:
             self.quiet = False
@@ -464,8 +485,9 @@ class Tracer(TorchDispatchMode):
         elif self.weights_event is None and self.phase() == "forward":
             for t, c in zip(operands, in_cls):
                 if c and self._owner(t) is not None:
-                    self.weights_event = self._make(func, args, kwargs, operands, values, in_cls, outs, out_cls,
-                                                    frozenset(), before)
+                    self.weights_event = self._make(
+                        func, args, kwargs, operands, values, in_cls, outs, out_cls, frozenset(), before
+                    )
                     self.weights_event.written_param = self._owner(t)
                     if self.stack:
                         fr = self.stack[-1]
@@ -487,8 +509,18 @@ class Tracer(TorchDispatchMode):
                 continue
             nz = v.detach().double().abs()
             nz = nz[(nz > 0) & torch.isfinite(nz)]
-            ops.append(Operand(i, str(v.dtype).replace("torch.", ""), list(v.shape), finite_absmax(v), c,
-                               float(nz.min()) if nz.numel() else None, int((v == 0).sum()), v.numel()))
+            ops.append(
+                Operand(
+                    i,
+                    str(v.dtype).replace("torch.", ""),
+                    list(v.shape),
+                    finite_absmax(v),
+                    c,
+                    float(nz.min()) if nz.numel() else None,
+                    int((v == 0).sum()),
+                    v.numel(),
+                )
+            )
         exact = _exact(func, args, kwargs, before)
         module = grad_fn = None
         frame = None
@@ -499,14 +531,27 @@ class Tracer(TorchDispatchMode):
             module = self.labels.get(node)
             grad_fn = type(node).__name__
         out_t = outs[0] if outs else None
-        ev = Event(seq=next(self.seq), op=str(func), phase=phase, step=self.step, module=module, frame=frame,
-                   new=new, out=out_cls, kind=kind_of(out_cls), out_dtype=str(out_t.dtype).replace("torch.", "")
-                   if out_t is not None else None, operands=ops,
-                   exact_absmax=finite_absmax(exact) if exact is not None else None,
-                   exact_finite=bool(torch.isfinite(exact).all()) if exact is not None else None,
-                   cause=None, grad_fn=grad_fn)
+        ev = Event(
+            seq=next(self.seq),
+            op=str(func),
+            phase=phase,
+            step=self.step,
+            module=module,
+            frame=frame,
+            new=new,
+            out=out_cls,
+            kind=kind_of(out_cls),
+            out_dtype=str(out_t.dtype).replace("torch.", "") if out_t is not None else None,
+            operands=ops,
+            exact_absmax=finite_absmax(exact) if exact is not None else None,
+            exact_finite=bool(torch.isfinite(exact).all()) if exact is not None else None,
+            cause=None,
+            grad_fn=grad_fn,
+        )
         if phase == "optimizer":
-            ev.written_param = next((self._owner(t) for t in _written(func, args, kwargs) if self._owner(t)), None)
+            ev.written_param = next(
+                (self._owner(t) for t in _written(func, args, kwargs) if self._owner(t)), None
+            )
         ev.cause = _cause(func, ev, values, outs)
         if phase == "forward":
             self._locate_row(ev, outs, new or out_cls)  # a weights event: every non-finite class is read
@@ -588,25 +633,68 @@ class Tracer(TorchDispatchMode):
         if what == "input":
             return Truth("input", "forward", ev["step"], None, None, ev["kind"], "nonfinite_input")
         if what == "weights":
-            t = Truth("weights", "forward", ev.step, ev.written_param.rpartition(".")[0], ev.op, ev.kind,
-                      "nonfinite_weights", event=ev, row=ev.row, position=ev.position, token_id=ev.token_id)
+            t = Truth(
+                "weights",
+                "forward",
+                ev.step,
+                ev.written_param.rpartition(".")[0],
+                ev.op,
+                ev.kind,
+                "nonfinite_weights",
+                event=ev,
+                row=ev.row,
+                position=ev.position,
+                token_id=ev.token_id,
+            )
             if replay_dtypes:
                 t.replay = self.replay(ev, replay_dtypes)
             return t
         if what == "optimizer":
             pf = self.param_fault
-            op_ev = next((e for e in self.events if e.phase == "optimizer" and e.written_param == pf["param"]), ev)
-            return Truth("producer", "optimizer", pf["step"], pf["module"], op_ev.op if op_ev else None, pf["kind"],
-                         op_ev.cause if op_ev else None, param=pf["param"], event=op_ev, optimizer_facts=pf)
+            op_ev = next(
+                (e for e in self.events if e.phase == "optimizer" and e.written_param == pf["param"]), ev
+            )
+            return Truth(
+                "producer",
+                "optimizer",
+                pf["step"],
+                pf["module"],
+                op_ev.op if op_ev else None,
+                pf["kind"],
+                op_ev.cause if op_ev else None,
+                param=pf["param"],
+                event=op_ev,
+                optimizer_facts=pf,
+            )
         if what == "backward":
             same = [e for e in bwd if e.step == ev.step]
             pick = next((e for e in same if e.new & {"nan", "posinf"}), ev)
-            return Truth("producer", "backward", pick.step, pick.module, pick.op, pick.kind, pick.cause,
-                         grad_fn=pick.grad_fn, event=pick)
+            return Truth(
+                "producer",
+                "backward",
+                pick.step,
+                pick.module,
+                pick.op,
+                pick.kind,
+                pick.cause,
+                grad_fn=pick.grad_fn,
+                event=pick,
+            )
         in_call = [e for e in self.events if e.frame == ev.frame]
         pick = next((e for e in in_call if e.new & {"nan", "posinf"}), ev)
-        t = Truth("producer", "forward", pick.step, pick.module, pick.op, pick.kind, pick.cause, position=pick.position,
-                  row=pick.row, token_id=pick.token_id, event=pick)
+        t = Truth(
+            "producer",
+            "forward",
+            pick.step,
+            pick.module,
+            pick.op,
+            pick.kind,
+            pick.cause,
+            position=pick.position,
+            row=pick.row,
+            token_id=pick.token_id,
+            event=pick,
+        )
         if replay_dtypes:
             t.replay = self.replay(pick, replay_dtypes)
         return t
@@ -635,6 +723,7 @@ class Tracer(TorchDispatchMode):
                 if type(x) is dict:
                     return {k: cast(v) for k, v in x.items()}
                 return x
+
             try:
                 with torch.no_grad():
                     out = m(*cast(args), **cast(kwargs))
@@ -645,7 +734,8 @@ class Tracer(TorchDispatchMode):
             absmaxes = [a for a in (finite_absmax(t) for t in vals) if a is not None]
             res[str(dt).replace("torch.", "")] = {
                 "finite": all(bool(torch.isfinite(t).all()) for t in vals),
-                "absmax": max(absmaxes) if absmaxes else None}
+                "absmax": max(absmaxes) if absmaxes else None,
+            }
         return res
 
 
@@ -653,16 +743,23 @@ def _after_step(opt: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, Any]:
     """What explains a parameter the step made non-finite: how many of its elements went bad, and
     at those elements the zeros of its gradient and of each floating state tensor after the step."""
     bad = ~torch.isfinite(p.detach())
-    facts: dict[str, Any] = {"dtype": str(p.dtype).replace("torch.", ""), "n_bad": int(bad.sum()),
-                             "numel": p.numel(), "state": {}}
+    facts: dict[str, Any] = {
+        "dtype": str(p.dtype).replace("torch.", ""),
+        "n_bad": int(bad.sum()),
+        "numel": p.numel(),
+        "state": {},
+    }
     if p.grad is not None:
         g = p.grad.detach()
         facts["grad_zeros_bad"] = int(((g == 0) & bad).sum())
         facts["grad_absmax"] = finite_absmax(g)
     for k, v in opt.state.get(p, {}).items():
         if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape:
-            facts["state"][k] = {"zeros_bad": int(((v == 0) & bad).sum()), "zeros": int((v == 0).sum()),
-                                 "dtype": str(v.dtype).replace("torch.", "")}
+            facts["state"][k] = {
+                "zeros_bad": int(((v == 0) & bad).sum()),
+                "zeros": int((v == 0).sum()),
+                "dtype": str(v.dtype).replace("torch.", ""),
+            }
     return facts
 
 
@@ -682,6 +779,7 @@ def _exact(func, args, kwargs, before: dict[int, torch.Tensor]) -> torch.Tensor 
         if isinstance(x, (list, tuple)):
             return type(x)(to64(y) for y in x)
         return x
+
     try:
         if base == "_scaled_mm":
             a, b, sa, sb = (to64(x) for x in args[:4])
@@ -725,7 +823,12 @@ def _cause(func, ev: Event, values: list[torch.Tensor | None], outs: list[torch.
                 return "domain_error"
         except RuntimeError:
             pass
-    if base.startswith("log") and out is not None and ev.new == frozenset({"neginf"}) and values[0] is not None:
+    if (
+        base.startswith("log")
+        and out is not None
+        and ev.new == frozenset({"neginf"})
+        and values[0] is not None
+    ):
         return "domain_error"
     if ev.new <= {"posinf", "neginf"} and ev.exact_finite and ev.exact_absmax is not None and ev.out_dtype:
         lim = torch.finfo(getattr(torch, ev.out_dtype)).max

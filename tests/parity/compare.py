@@ -57,8 +57,10 @@ def main(before: str, after: str) -> int:
             print(f"DIFF {ra['path']} (exact={ra['exact']}, {ra['format']}):")
             for line in d[:8]:
                 print("   ", line[:300])
-    print(f"{len(both)} scans in both logs, {bad} differ; {len(set(a) - set(b))} only before, "
-          f"{len(set(b) - set(a))} only after")
+    print(
+        f"{len(both)} scans in both logs, {bad} differ; {len(set(a) - set(b))} only before, "
+        f"{len(set(b) - set(a))} only after"
+    )
     return 1 if bad else 0
 
 

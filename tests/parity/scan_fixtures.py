@@ -27,7 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fixtures() -> list[Path]:
     ex = ROOT / "examples"
-    out = sorted(p for p in ex.rglob("*") if p.suffix in (".safetensors", ".pt", ".gguf") or p.name.endswith(".index.json"))
+    out = sorted(
+        p
+        for p in ex.rglob("*")
+        if p.suffix in (".safetensors", ".pt", ".gguf") or p.name.endswith(".index.json")
+    )
     out += sorted(p.parent for p in ex.rglob("config.json"))
     out += sorted(p for p in (ROOT / "tests" / "data" / "quant").iterdir() if p.is_dir())
     out += sorted((ROOT / "tests" / "data" / "dtypes").glob("*.safetensors"))
@@ -39,7 +43,9 @@ def weights_blocks(p: Path) -> dict:
     out = {}
     for level, exact in (("fast", False), ("full", True)):
         try:
-            out[level] = json_safe(weights_section(scan_weights(open_checkpoint(p), exact=exact), default_config()))
+            out[level] = json_safe(
+                weights_section(scan_weights(open_checkpoint(p), exact=exact), default_config())
+            )
         except BadInput as e:
             out[level] = {"error": str(e).replace(str(ROOT) + "/", "")}
     return out
@@ -51,7 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     got = {str(p.relative_to(ROOT)): weights_blocks(p) for p in fixtures()}
     if args.write:
-        text = "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(got.items()))
+        text = "{\n" + ",\n".join(
+            f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(got.items())
+        )
         Path(args.write).write_text(text + "\n}\n", encoding="utf-8")
     print(f"{len(got)} fixtures")
 

@@ -25,7 +25,9 @@ MAX_HASHED = 1 << 30  # a checkpoint larger than this (the sparse 30 GB test) is
 
 def _key(ck, exact: bool) -> str | None:
     h = hashlib.sha256()
-    paths = [getattr(st, "real", p) for p, st in sorted(ck._files.items(), key=lambda kv: str(kv[0]))] or list(ck.files)
+    paths = [
+        getattr(st, "real", p) for p, st in sorted(ck._files.items(), key=lambda kv: str(kv[0]))
+    ] or list(ck.files)
     if sum(os.path.getsize(p) for p in paths) > MAX_HASHED:
         return None
     for p in paths:

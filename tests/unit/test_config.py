@@ -57,8 +57,9 @@ def _attributes_read() -> dict[str, frozenset[str]]:
         if p.name == "config.py":
             continue
         tree = ast.parse(p.read_text())
-        out[str(p.relative_to(PKG))] = frozenset(n.attr for n in ast.walk(tree)
-                                                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load))
+        out[str(p.relative_to(PKG))] = frozenset(
+            n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+        )
     return out
 
 
@@ -77,24 +78,27 @@ def _write(tmp_path: Path, text: str | bytes) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("near_miss: {overflow_fraction: abc}\n", ["near_miss.overflow_fraction", "expected a number"]),
-    ("near_miss: {overflow_fraction: 2.0}\n", ["near_miss.overflow_fraction", "<= 1"]),
-    ("near_miss: [1, 2]\n", ["near_miss must be a mapping"]),
-    ("dtypes: 16\n", ["dtypes", "list of dtype names"]),
-    ("dtypes: [fp16, int8]\n", ["dtypes", "unknown dtype"]),
-    ("fp8: {compute: int8}\n", ["fp8.compute"]),
-    ("fp8: {scaling: blockwise}\n", ["fp8.scaling", "tensorwise"]),
-    ("bisect: {granularity: layer}\n", ["bisect.granularity", "leaf"]),
-    ("weights: {max_rows: -3}\n", ["weights.max_rows", "whole number"]),
-    ("fail_on_nonfinite_weights: yes please\n", ["fail_on_nonfinite_weights", "true or false"]),
-    ("near_mis: {}\n", ["unknown key 'near_mis'"]),
-    ("near_miss: {overflow_fractoin: 0.5}\n", ["unknown key near_miss.overflow_fractoin"]),
-    ("headroom: {weights: {fp16: {warn: 0.9, fail: 0.5}}}\n", ["warn (0.9) is above fail (0.5)"]),
-    ("headroom: {weights: {fp16: 0.5}}\n", ["headroom.weights.fp16", "warn"]),
-    ("- a\n- b\n", ["expected a mapping"]),
-    ("a: [\n", ["not valid YAML"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("near_miss: {overflow_fraction: abc}\n", ["near_miss.overflow_fraction", "expected a number"]),
+        ("near_miss: {overflow_fraction: 2.0}\n", ["near_miss.overflow_fraction", "<= 1"]),
+        ("near_miss: [1, 2]\n", ["near_miss must be a mapping"]),
+        ("dtypes: 16\n", ["dtypes", "list of dtype names"]),
+        ("dtypes: [fp16, int8]\n", ["dtypes", "unknown dtype"]),
+        ("fp8: {compute: int8}\n", ["fp8.compute"]),
+        ("fp8: {scaling: blockwise}\n", ["fp8.scaling", "tensorwise"]),
+        ("bisect: {granularity: layer}\n", ["bisect.granularity", "leaf"]),
+        ("weights: {max_rows: -3}\n", ["weights.max_rows", "whole number"]),
+        ("fail_on_nonfinite_weights: yes please\n", ["fail_on_nonfinite_weights", "true or false"]),
+        ("near_mis: {}\n", ["unknown key 'near_mis'"]),
+        ("near_miss: {overflow_fractoin: 0.5}\n", ["unknown key near_miss.overflow_fractoin"]),
+        ("headroom: {weights: {fp16: {warn: 0.9, fail: 0.5}}}\n", ["warn (0.9) is above fail (0.5)"]),
+        ("headroom: {weights: {fp16: 0.5}}\n", ["headroom.weights.fp16", "warn"]),
+        ("- a\n- b\n", ["expected a mapping"]),
+        ("a: [\n", ["not valid YAML"]),
+    ],
+)
 def test_bad_values_are_refused_with_the_key(tmp_path, text, words):
     path = _write(tmp_path, text)
     with pytest.raises(BadInput) as e:

@@ -8,14 +8,17 @@ import torch
 from nan_hunter.dtypes import Fp8Recipe, RunDtype, UnknownDtype
 
 
-@pytest.mark.parametrize("name, compute, range_max", [
-    ("fp32", torch.float32, torch.finfo(torch.float32).max),
-    ("half", torch.float16, 65504.0),
-    ("bfloat16", torch.bfloat16, torch.finfo(torch.bfloat16).max),
-    # fp8 runs store and compute in bf16: the fp8 max bounds scaled matmul operands, not activations
-    ("fp8-e4m3", torch.bfloat16, torch.finfo(torch.bfloat16).max),
-    ("e5m2", torch.bfloat16, torch.finfo(torch.bfloat16).max),
-])
+@pytest.mark.parametrize(
+    "name, compute, range_max",
+    [
+        ("fp32", torch.float32, torch.finfo(torch.float32).max),
+        ("half", torch.float16, 65504.0),
+        ("bfloat16", torch.bfloat16, torch.finfo(torch.bfloat16).max),
+        # fp8 runs store and compute in bf16: the fp8 max bounds scaled matmul operands, not activations
+        ("fp8-e4m3", torch.bfloat16, torch.finfo(torch.bfloat16).max),
+        ("e5m2", torch.bfloat16, torch.finfo(torch.bfloat16).max),
+    ],
+)
 def test_compute_and_range(name, compute, range_max):
     run = RunDtype.of(name)
     assert run.torch_compute == compute
@@ -43,8 +46,10 @@ def test_names_that_cannot_run(bad):
         RunDtype.of(bad)
 
 
-@pytest.mark.parametrize("kw", [{"scaling": "blockwise"}, {"overflow": "wrap"}, {"compute": "fp16"},
-                                {"amax_eps": 0}, {"fmt": "fp16"}])
+@pytest.mark.parametrize(
+    "kw",
+    [{"scaling": "blockwise"}, {"overflow": "wrap"}, {"compute": "fp16"}, {"amax_eps": 0}, {"fmt": "fp16"}],
+)
 def test_recipe_validates_itself(kw):
     with pytest.raises(ValueError):
         Fp8Recipe(**kw)
@@ -59,5 +64,9 @@ def test_limits_from_the_bit_layout_equal_torch_finfo(name):
     fi = torch.finfo(torch_dtype(name))
     got = limits(name)
     assert (got.max, got.smallest_normal, got.smallest_subnormal, got.eps) == (
-        float(fi.max), float(fi.smallest_normal), float(fi.smallest_normal * fi.eps), float(fi.eps))
+        float(fi.max),
+        float(fi.smallest_normal),
+        float(fi.smallest_normal * fi.eps),
+        float(fi.eps),
+    )
     assert got.flush == float(fi.smallest_normal * fi.eps) / 2

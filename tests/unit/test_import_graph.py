@@ -207,11 +207,24 @@ def test_checker_resolves_relative_and_lazy_imports(tmp_path):
         "def f():\n"
         "    from .lazy import g\n"
     )
-    known = {"nan_hunter.cli.report", "nan_hunter.cli.render", "nan_hunter.cli.render.html", "nan_hunter.errors",
-             "nan_hunter.load.checkpoint", "nan_hunter.cli.lazy", "nan_hunter.cli.typing_only", "nan_hunter.cli.m"}
+    known = {
+        "nan_hunter.cli.report",
+        "nan_hunter.cli.render",
+        "nan_hunter.cli.render.html",
+        "nan_hunter.errors",
+        "nan_hunter.load.checkpoint",
+        "nan_hunter.cli.lazy",
+        "nan_hunter.cli.typing_only",
+        "nan_hunter.cli.m",
+    }
     assert imports_of("nan_hunter.cli.m", src, known) == {
-        "nan_hunter.cli.report", "nan_hunter.cli.render.html", "nan_hunter.cli.render", "nan_hunter.errors",
-        "nan_hunter.load.checkpoint", "nan_hunter.cli.lazy"}
+        "nan_hunter.cli.report",
+        "nan_hunter.cli.render.html",
+        "nan_hunter.cli.render",
+        "nan_hunter.errors",
+        "nan_hunter.load.checkpoint",
+        "nan_hunter.cli.lazy",
+    }
 
 
 # --- the package ---------------------------------------------------------------------------------
@@ -220,15 +233,17 @@ def test_no_import_cycle():
     found = components(graph)
     assert not found, "import cycles in nan_hunter/:\n" + "\n".join(
         f"{' -> '.join(cycle_path(graph, set(c)))}  (all {len(c)} modules of this cycle: {', '.join(c)})"
-        for c in found)
+        for c in found
+    )
 
 
 def test_every_unit_has_a_layer():
     units = {unit_of(m) for m in modules()}
     ranked = [u for layer in LAYERS for u in layer]
     assert len(ranked) == len(set(ranked)), "a unit is in two layers"
-    assert units == set(ranked), (f"not in LAYERS: {sorted(units - set(ranked))}; "
-                                  f"in LAYERS but gone: {sorted(set(ranked) - units)}")
+    assert units == set(ranked), (
+        f"not in LAYERS: {sorted(units - set(ranked))}; in LAYERS but gone: {sorted(set(ranked) - units)}"
+    )
 
 
 def test_imports_go_down_the_layers():
@@ -238,13 +253,18 @@ def test_imports_go_down_the_layers():
 
 
 def test_the_layer_checker_flags_upward_and_sideways_imports():
-    graph = {"nan_hunter.load.a": {"nan_hunter.errors"}, "nan_hunter.errors": set(),
-             "nan_hunter.capture.b": {"nan_hunter.load.a", "nan_hunter.explain.c"},
-             "nan_hunter.explain.c": {"nan_hunter.locate.d"}, "nan_hunter.locate.d": set()}
+    graph = {
+        "nan_hunter.load.a": {"nan_hunter.errors"},
+        "nan_hunter.errors": set(),
+        "nan_hunter.capture.b": {"nan_hunter.load.a", "nan_hunter.explain.c"},
+        "nan_hunter.explain.c": {"nan_hunter.locate.d"},
+        "nan_hunter.locate.d": set(),
+    }
     layers = (("errors",), ("load",), ("capture",), ("locate", "explain"))
     assert upward_imports(graph, layers) == [
         "nan_hunter.capture.b -> nan_hunter.explain.c  (capture, layer 2 -> explain, layer 3)",
-        "nan_hunter.explain.c -> nan_hunter.locate.d  (explain, layer 3 -> locate, layer 3)"]
+        "nan_hunter.explain.c -> nan_hunter.locate.d  (explain, layer 3 -> locate, layer 3)",
+    ]
 
 
 def lazy_imports_without_a_reason(root: Path = ROOT) -> list[str]:
@@ -259,7 +279,7 @@ def lazy_imports_without_a_reason(root: Path = ROOT) -> list[str]:
                 continue
             for node in ast.walk(fn):
                 if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PKG)):
-                    text = "\n".join(lines[node.lineno - 1:node.end_lineno])
+                    text = "\n".join(lines[node.lineno - 1 : node.end_lineno])
                     if "# lazy: " not in text:
                         out.append(f"{path.relative_to(root.parent).as_posix()}:{node.lineno}")
     return sorted(set(out))
@@ -275,8 +295,10 @@ def test_every_function_level_import_says_why_it_is_lazy():
 def test_the_lazy_checker_finds_an_unexplained_import(tmp_path):
     pkg = tmp_path / PKG
     pkg.mkdir()
-    (pkg / "a.py").write_text("def f():\n    from .b import x  # lazy: torch\n    from .c import y\n"
-                              "    from .d import (  # lazy: rich\n        z,\n    )\n    import json\n")
+    (pkg / "a.py").write_text(
+        "def f():\n    from .b import x  # lazy: torch\n    from .c import y\n"
+        "    from .d import (  # lazy: rich\n        z,\n    )\n    import json\n"
+    )
     assert lazy_imports_without_a_reason(pkg) == [f"{PKG}/a.py:3"]
 
 
@@ -292,7 +314,7 @@ def test_no_submodule_shadows_the_public_api():
 #: Steps run in order in one new process (sys.modules is the point, so a process; one, not one per
 #: claim): each imports or calls a part that must not load the modules named beside it. Modules only
 #: accumulate, so the first step that loads a forbidden module is the one blamed.
-_STEPS = r'''
+_STEPS = r"""
 import json, sys
 steps = []
 def step(name, forbidden, fn=None):
@@ -336,7 +358,7 @@ import nan_hunter.integrations, nan_hunter.integrations.callback_core  # torch, 
 from nan_hunter import NonFiniteError
 step("the integrations core", NO_TORCH[1:], lambda: issubclass(NonFiniteError, RuntimeError))
 print(json.dumps(steps))
-'''
+"""
 
 
 def test_torch_free_parts_load_no_torch(tmp_path):
@@ -353,10 +375,21 @@ def test_torch_free_parts_load_no_torch(tmp_path):
     save_file({"0.weight": torch.randn(4, 4, dtype=torch.float16)}, str(tmp_path / "m.safetensors"))
     save_file({"input": torch.ones(3, 4)}, str(tmp_path / "in.safetensors"))
     data = Path(__file__).resolve().parents[1] / "data"
-    out = subprocess.run([sys.executable, "-c", _STEPS, str(tmp_path / "m.safetensors"), str(tmp_path / "in.safetensors"),
-                          str(data / "dtypes" / "edge_cases.safetensors"),
-                          str(data / "quant" / "gptq_4bit_sym_v1" / "model.safetensors")],
-                         capture_output=True, text=True, env=cli_env(), timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _STEPS,
+            str(tmp_path / "m.safetensors"),
+            str(tmp_path / "in.safetensors"),
+            str(data / "dtypes" / "edge_cases.safetensors"),
+            str(data / "quant" / "gptq_4bit_sym_v1" / "model.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps = {s["step"]: s for s in json.loads(out.stdout.strip().splitlines()[-1])}
     assert {k: s["loaded"] for k, s in steps.items() if s["loaded"]} == {}
@@ -372,8 +405,10 @@ def private_imports_across_units(root: Path = ROOT) -> list[str]:
     """``path:line: name`` of every ``from ... import _name`` (one leading underscore: private to its
     module) whose module is in another unit (``unit_of``: a folder, or a top-level module) than the
     importing one. A name another folder needs is public in its module."""
-    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in sorted(root.rglob("*.py"))}
+    mods = {
+        ".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(root.rglob("*.py"))
+    }
     out = []
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -397,8 +432,10 @@ def private_imports_across_units(root: Path = ROOT) -> list[str]:
 
 def test_no_private_name_is_imported_from_another_folder():
     found = private_imports_across_units()
-    assert not found, ("private names imported from another folder (make them public where they live, or move "
-                       "them to where they belong):\n" + "\n".join(found))
+    assert not found, (
+        "private names imported from another folder (make them public where they live, or move "
+        "them to where they belong):\n" + "\n".join(found)
+    )
 
 
 def test_the_private_import_checker_flags_only_other_folders(tmp_path):
@@ -409,7 +446,14 @@ def test_the_private_import_checker_flags_only_other_folders(tmp_path):
         (d / "__init__.py").write_text("")
     (pkg / "tree.py").write_text("_LEAVES = ()\n")
     (pkg / "a" / "x.py").write_text("_y = 1\ndef _f(): pass\n")
-    (pkg / "a" / "z.py").write_text("from .x import _y, _f\nfrom ..tree import _LEAVES\n")  # same folder: fine
-    (pkg / "b" / "w.py").write_text("from ..a.x import _f, __doc__\ndef g():\n    from nan_hunter.a.x import _y\n")
-    assert private_imports_across_units(pkg) == [f"{PKG}/a/z.py:2: _LEAVES", f"{PKG}/b/w.py:1: _f",
-                                                 f"{PKG}/b/w.py:3: _y"]
+    (pkg / "a" / "z.py").write_text(
+        "from .x import _y, _f\nfrom ..tree import _LEAVES\n"
+    )  # same folder: fine
+    (pkg / "b" / "w.py").write_text(
+        "from ..a.x import _f, __doc__\ndef g():\n    from nan_hunter.a.x import _y\n"
+    )
+    assert private_imports_across_units(pkg) == [
+        f"{PKG}/a/z.py:2: _LEAVES",
+        f"{PKG}/b/w.py:1: _f",
+        f"{PKG}/b/w.py:3: _y",
+    ]

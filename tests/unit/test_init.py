@@ -20,16 +20,19 @@ def _ck(tmp_path, value: float = 1.0) -> str:
     return str(tmp_path / "w.safetensors")
 
 
-@pytest.mark.parametrize("fn, kw, hint", [
-    ("scan", "prompt", "did you mean prompts=?"),
-    ("scan", "precision", "did you mean dtype=?"),  # the project's synonym
-    ("scan", "no_replay", "use replay=False"),
-    ("scan", "json", "scan() returns the report: write it with report.to_json(path)"),
-    ("bisect", "html", "bisect() returns the report: write it with report.to_html(path)"),
-    ("bisect", "quiet", "bisect() returns the report: print(report) shows the terminal view"),
-    ("diff", "zzzz", "its keywords are a, b, rtol, fail_on"),
-    ("watch", "levl", "did you mean level=?"),
-])
+@pytest.mark.parametrize(
+    "fn, kw, hint",
+    [
+        ("scan", "prompt", "did you mean prompts=?"),
+        ("scan", "precision", "did you mean dtype=?"),  # the project's synonym
+        ("scan", "no_replay", "use replay=False"),
+        ("scan", "json", "scan() returns the report: write it with report.to_json(path)"),
+        ("bisect", "html", "bisect() returns the report: write it with report.to_html(path)"),
+        ("bisect", "quiet", "bisect() returns the report: print(report) shows the terminal view"),
+        ("diff", "zzzz", "its keywords are a, b, rtol, fail_on"),
+        ("watch", "levl", "did you mean level=?"),
+    ],
+)
 def test_a_mistyped_keyword_names_the_one_meant(fn, kw, hint):
     with pytest.raises(TypeError) as e:
         getattr(nan_hunter, fn)("x", **{kw: 1})
@@ -73,6 +76,9 @@ def test_check_returns_one_printable_report_per_checkpoint(tmp_path):
     reps = nan_hunter.check([bad, good], dtypes="fp16")
     assert [type(r) for r in reps] == [PrintableReport, PrintableReport]
     assert [r.check["passed"] for r in reps] == [False, True]
-    assert nan_hunter.check(good)[0].check["dtypes"] == ["fp16", "bf16"]  # a single path is one; the policy's dtypes
+    assert nan_hunter.check(good)[0].check["dtypes"] == [
+        "fp16",
+        "bf16",
+    ]  # a single path is one; the policy's dtypes
     with pytest.raises(TypeError, match="did you mean prompts=?"):
         nan_hunter.check(good, prompt="hi")

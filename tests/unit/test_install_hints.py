@@ -17,14 +17,22 @@ FROM_INDEX = re.compile(r"pip install (?:-U |--upgrade )?['\"]?nan[-_]?hunter\b"
 
 
 def _texts():
-    for p in [*ROOT.joinpath("nan_hunter").rglob("*.py"), ROOT / "README.md", *ROOT.joinpath("docs").rglob("*.md"),
-              *ROOT.joinpath("examples").rglob("*.yml"), *ROOT.joinpath("examples").rglob("*.md")]:
+    for p in [
+        *ROOT.joinpath("nan_hunter").rglob("*.py"),
+        ROOT / "README.md",
+        *ROOT.joinpath("docs").rglob("*.md"),
+        *ROOT.joinpath("examples").rglob("*.yml"),
+        *ROOT.joinpath("examples").rglob("*.md"),
+    ]:
         yield p, p.read_text(encoding="utf-8")
 
 
 def test_no_hint_installs_nanhunter_from_an_index():
-    bad = [f"{p.relative_to(ROOT)}:{t[:m.start()].count(chr(10)) + 1}" for p, t in _texts()
-           for m in FROM_INDEX.finditer(t)]
+    bad = [
+        f"{p.relative_to(ROOT)}:{t[: m.start()].count(chr(10)) + 1}"
+        for p, t in _texts()
+        for m in FROM_INDEX.finditer(t)
+    ]
     assert not bad, bad
 
 

@@ -34,11 +34,24 @@ from nan_hunter.pipeline.options import CheckOptions, ScanOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 #: (command, its options class, its API function or None, the API keywords that are no option)
-COMMANDS = [("scan", ScanOptions, nan_hunter.scan, {"checkpoint", "config", "progress"}),
-            ("bisect", BisectOptions, nan_hunter.bisect, {"checkpoint", "config", "progress"}),
-            ("check", CheckOptions, nan_hunter.check, {"checkpoints", "config", "progress"})]
+COMMANDS = [
+    ("scan", ScanOptions, nan_hunter.scan, {"checkpoint", "config", "progress"}),
+    ("bisect", BisectOptions, nan_hunter.bisect, {"checkpoint", "config", "progress"}),
+    ("check", CheckOptions, nan_hunter.check, {"checkpoints", "config", "progress"}),
+]
 #: flags only the command line has (outputs, the configuration file): no option field
-CLI_ONLY = {"--json", "--report", "--strip", "--no-strip", "--quiet", "-q", "--config", "--junit", "--help", "-h"}
+CLI_ONLY = {
+    "--json",
+    "--report",
+    "--strip",
+    "--no-strip",
+    "--quiet",
+    "-q",
+    "--config",
+    "--junit",
+    "--help",
+    "-h",
+}
 
 
 def _cli_flags(command: str) -> set[str]:
@@ -58,23 +71,34 @@ def test_every_field_is_a_flag_and_every_flag_a_field(command, cls):
 def test_the_api_keywords_are_the_fields_with_their_defaults_and_docs(command, cls, fn, extra):
     params = inspect.signature(fn).parameters
     names = {f.name for f, _ in option_fields(cls)}
-    assert set(params) - extra == names, ("API keywords without a field", set(params) - extra - names,
-                                           "fields without an API keyword", names - set(params))
+    assert set(params) - extra == names, (
+        "API keywords without a field",
+        set(params) - extra - names,
+        "fields without an API keyword",
+        names - set(params),
+    )
     for f, fl in option_fields(cls):
         assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
         same = (None, ()) if fl.repeatable else (f.default,)  # a repeatable keyword not given: None is ()
         assert params[f.name].default in same, (f.name, params[f.name].default, f.default)
     doc = inspect.getdoc(fn)
-    documented = {n for group in re.findall(r"^ {4}([a-z_]+(?:, [a-z_]+)*):", doc, flags=re.M)
-                  for n in group.split(", ")}
+    documented = {
+        n
+        for group in re.findall(r"^ {4}([a-z_]+(?:, [a-z_]+)*):", doc, flags=re.M)
+        for n in group.split(", ")
+    }
     assert names <= documented, f"{fn.__name__}'s docstring has no line for {sorted(names - documented)}"
 
 
 @pytest.mark.parametrize("command, cls", [(c, k) for c, k, *_ in COMMANDS])
 def test_every_flag_is_documented(command, cls):
     pages = (ROOT / "docs" / "cli.md").read_text() + (ROOT / "docs" / "ci.md").read_text()
-    missing = [n for _, fl in option_fields(cls) for n in fl.names
-               if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", pages)]
+    missing = [
+        n
+        for _, fl in option_fields(cls)
+        for n in fl.names
+        if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", pages)
+    ]
     assert not missing, f"flags of {command} not in docs/cli.md or docs/ci.md: {missing}"
 
 
@@ -84,9 +108,16 @@ def test_help_order_is_by_panel_then_field():
     assert [f.name for f, _ in option_fields(ScanOptions)][:3] == ["arch", "attn", "inputs"]
 
 
-@pytest.mark.parametrize("enum, values", [(TraceLevel, "modules|ops"), (CompileBackend, "inductor|aot_eager|eager"),
-                                          (Granularity, "leaf|block"), (Over, "modules|inputs"),
-                                          (KeepDtype, "fp32|bf16")])
+@pytest.mark.parametrize(
+    "enum, values",
+    [
+        (TraceLevel, "modules|ops"),
+        (CompileBackend, "inductor|aot_eager|eager"),
+        (Granularity, "leaf|block"),
+        (Over, "modules|inputs"),
+        (KeepDtype, "fp32|bf16"),
+    ],
+)
 def test_choices_are_the_strings_users_type(enum, values):
     assert choices(enum) == values
     for v in values.split("|"):

@@ -27,7 +27,9 @@ def package_imports(source: str, filename: str = "<src>") -> list[str]:
             found += [f"import {a.name}" for a in node.names if _names_package(a.name)]
         elif isinstance(node, ast.ImportFrom):
             if node.level > 1:
-                found.append(f"from {'.' * node.level}{node.module or ''} import ... (climbs out of the oracle)")
+                found.append(
+                    f"from {'.' * node.level}{node.module or ''} import ... (climbs out of the oracle)"
+                )
             elif node.level == 0 and _names_package(node.module):
                 found.append(f"from {node.module} import ...")
         elif isinstance(node, ast.Call):
@@ -43,22 +45,39 @@ def package_imports(source: str, filename: str = "<src>") -> list[str]:
 def test_oracle_imports_nothing_from_nan_hunter():
     files = sorted(ORACLE.rglob("*.py"))
     assert {p.name for p in files} >= {"truth.py", "planted.py"}
-    bad = {str(p.relative_to(ORACLE)): found for p in files
-           if (found := package_imports(p.read_text(encoding="utf-8"), str(p)))}
+    bad = {
+        str(p.relative_to(ORACLE)): found
+        for p in files
+        if (found := package_imports(p.read_text(encoding="utf-8"), str(p)))
+    }
     assert not bad, f"the oracle must not use nanhunter's code: {bad}"
 
 
-@pytest.mark.parametrize("src", [
-    "import nan_hunter", "import nan_hunter.capture.ops as ops", "from nan_hunter import watch",
-    "from nan_hunter.kernels.reference import plain", "def f():\n    from nan_hunter.dtypes import RunDtype",
-    "import importlib\nimportlib.import_module('nan_hunter.locate')", "__import__('nan_hunter')",
-    "from ..integration import test_oracle_matrix",
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import nan_hunter",
+        "import nan_hunter.capture.ops as ops",
+        "from nan_hunter import watch",
+        "from nan_hunter.kernels.reference import plain",
+        "def f():\n    from nan_hunter.dtypes import RunDtype",
+        "import importlib\nimportlib.import_module('nan_hunter.locate')",
+        "__import__('nan_hunter')",
+        "from ..integration import test_oracle_matrix",
+    ],
+)
 def test_the_check_sees_every_form(src):
     assert package_imports(src)
 
 
-@pytest.mark.parametrize("src", ["import torch", "from .truth import Tracer", "import nan_hunter_tests",
-                                 "from transformers import LlamaConfig"])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import torch",
+        "from .truth import Tracer",
+        "import nan_hunter_tests",
+        "from transformers import LlamaConfig",
+    ],
+)
 def test_the_check_lets_others_be(src):
     assert not package_imports(src)

@@ -31,8 +31,14 @@ def truth_of(model, *args, optimizer=None, run=None):
 def test_matmul_overflow_names_the_linear_its_op_and_the_numbers():
     m = Overflow().half()
     t, _ = truth_of(m, torch.ones(2, 4, dtype=torch.float16))
-    assert (t.role, t.phase, t.step, t.module, t.kind, t.cause) == ("producer", "forward", 0, "down", "posinf",
-                                                                    "overflow")
+    assert (t.role, t.phase, t.step, t.module, t.kind, t.cause) == (
+        "producer",
+        "forward",
+        0,
+        "down",
+        "posinf",
+        "overflow",
+    )
     assert t.op in ("aten.mm.default", "aten.addmm.default")
     assert t.event.exact_absmax == 4 * 4 * 30000.0  # ones·1 = 4 per channel, · 30000 · 4
     assert sorted(o.absmax for o in t.event.operands) == [4.0, 30000.0]
@@ -56,7 +62,12 @@ def test_absorbed_intermediate_is_not_a_fault():
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
 
     t, tr = truth_of(RMS(), torch.full((2, 4), 300.0, dtype=torch.float16))
-    assert t is None and tr.events and tr.events[0].op == "aten.pow.Tensor_Scalar" and tr.events[0].reached is False
+    assert (
+        t is None
+        and tr.events
+        and tr.events[0].op == "aten.pow.Tensor_Scalar"
+        and tr.events[0].reached is False
+    )
 
 
 def test_neginf_mask_absorbed_by_softmax_is_no_fault_but_a_neginf_reaching_the_output_is():
@@ -93,7 +104,9 @@ def test_completion_order_an_outer_mask_before_an_inner_fault():
             self.inner = Overflow().half()
 
         def forward(self, x):
-            mask = torch.zeros(2, 4, dtype=x.dtype).masked_fill(torch.ones(2, 4, dtype=torch.bool), float("-inf"))
+            mask = torch.zeros(2, 4, dtype=x.dtype).masked_fill(
+                torch.ones(2, 4, dtype=torch.bool), float("-inf")
+            )
             return self.inner(x) + mask.exp()  # the mask event comes first, in the outer call
 
     t, _ = truth_of(Outer(), torch.ones(2, 4, dtype=torch.float16))
@@ -113,7 +126,14 @@ def test_backward_fault_is_named_after_the_module_that_created_the_node():
         m(torch.ones(2, 4)).sum().backward()  # forward 0; backward sqrt'(0): 0/0
     t = tr.truth()
     assert (t.phase, t.step, t.module, t.op, t.kind, t.grad_fn, t.cause) == (
-        "backward", 0, "1", "aten.div.Tensor", "nan", "SqrtBackward0", "division_by_zero")
+        "backward",
+        0,
+        "1",
+        "aten.div.Tensor",
+        "nan",
+        "SqrtBackward0",
+        "division_by_zero",
+    )
 
 
 def test_optimizer_fault_first_parameter_in_param_groups_order():
@@ -123,8 +143,15 @@ def test_optimizer_fault_first_parameter_in_param_groups_order():
     def step(ids):
         m(ids).float().sum().backward()
         opt.step()
+
     t, _ = truth_of(m, torch.tensor([1, 2]), optimizer=opt, run=step)
-    assert (t.phase, t.param, t.module, t.kind, t.cause) == ("optimizer", "0.weight", "0", "nan", "division_by_zero")
+    assert (t.phase, t.param, t.module, t.kind, t.cause) == (
+        "optimizer",
+        "0.weight",
+        "0",
+        "nan",
+        "division_by_zero",
+    )
     facts = t.optimizer_facts
     assert facts["n_bad"] >= 6 * 4 and facts["state"]["exp_avg_sq"]["zeros_bad"] >= 6 * 4  # the unused rows
 

@@ -70,8 +70,11 @@ CASES = [
 @pytest.mark.parametrize("outs, says", CASES, ids=[" ".join(f"{f} {p}" for f, p in c[0]) for c in CASES])
 def test_output_checks(files, outs, says):
     tmp = files["tmp"]
-    inputs = input_files([str(files["ck"]), str(files["sharded"] / "m.safetensors.index.json")],
-                         inputs=[str(tmp / "in.safetensors")], arch=f"{tmp / 'arch.py'}:build")
+    inputs = input_files(
+        [str(files["ck"]), str(files["sharded"] / "m.safetensors.index.json")],
+        inputs=[str(tmp / "in.safetensors")],
+        arch=f"{tmp / 'arch.py'}:build",
+    )
     resolved = [Output(f, p if p in ("-", os.devnull) else str(tmp / p)) for f, p in outs]
     msg = refused(resolved, inputs)
     if says is None:
@@ -89,7 +92,10 @@ def test_packaged_configs_are_inputs():
 
 def test_report_outputs_include_markdown_pngs_and_refuse_stdout(tmp_path):
     assert [o.path for o in outputs.report_outputs(str(tmp_path / "r.md"), 2)] == [
-        str(tmp_path / "r.md"), str(tmp_path / "r-1.png"), str(tmp_path / "r-2.png")]
+        str(tmp_path / "r.md"),
+        str(tmp_path / "r-1.png"),
+        str(tmp_path / "r-2.png"),
+    ]
     assert [o.path for o in outputs.report_outputs(str(tmp_path / "r.html"))] == [str(tmp_path / "r.html")]
     with pytest.raises(BadInput, match="--report"):
         outputs.report_outputs("-")

@@ -23,14 +23,25 @@ from nan_hunter.report import (
     rows_json,
 )
 
-V1_KEYS = {"schema", "nanhunter_version", "torch_version", "checkpoint", "weights", "run", "first_nonfinite",
-           "replay", "diagnosis"}
+V1_KEYS = {
+    "schema",
+    "nanhunter_version",
+    "torch_version",
+    "checkpoint",
+    "weights",
+    "run",
+    "first_nonfinite",
+    "replay",
+    "diagnosis",
+}
 
 
 def test_empty_report_has_every_v1_key_null_where_not_applicable():
     d = json.loads(json_text(Report(checkpoint={"path": "x"})))
     assert V1_KEYS <= set(d) and d["schema"] == SCHEMA == "nanhunter.report/v1"
-    assert d["run"] is None and d["first_nonfinite"] is None and d["replay"] is None and d["diagnosis"] is None
+    assert (
+        d["run"] is None and d["first_nonfinite"] is None and d["replay"] is None and d["diagnosis"] is None
+    )
 
 
 def test_nonfinite_floats_become_null_and_the_json_is_strict():
@@ -48,7 +59,14 @@ def test_replay_rows_are_typed_and_keyed_and_json_at_the_edge():
     assert set(ok.to_dict()) == {"finite", "nan", "posinf", "neginf", "absmax", "rel_err"}
     assert bad.to_dict()["error"] == "RuntimeError: no kernel" and bad["error"] == bad.error
     d = json.loads(json_text(Report(replay={"fp32": ok, "fp16": bad})))
-    assert d["replay"]["fp32"] == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 2.0, "rel_err": None}
+    assert d["replay"]["fp32"] == {
+        "finite": True,
+        "nan": 0,
+        "posinf": 0,
+        "neginf": 0,
+        "absmax": 2.0,
+        "rel_err": None,
+    }
     assert replay_from_json(replay_json({"fp16": bad})) == {"fp16": bad} and replay_json(None) is None
 
 
@@ -57,17 +75,29 @@ def test_the_compile_block_is_typed_with_the_contract_keys():
     c.first_divergent_module = "layers.0"
     assert c["backend"] == "inductor" and {**c}["first_divergent_module"] == "layers.0"
     d = json.loads(json_text(Report(compile=c)))["compile"]
-    assert d == {"backend": "inductor", "eager_finite": True, "compiled_finite": False,
-                 "first_divergent_module": "layers.0", "max_rel_err": None, "emulate_precision_casts": None}
+    assert d == {
+        "backend": "inductor",
+        "eager_finite": True,
+        "compiled_finite": False,
+        "first_divergent_module": "layers.0",
+        "max_rel_err": None,
+        "emulate_precision_casts": None,
+    }
 
 
 def test_module_rows_are_typed_and_their_json_keys_are_as_before():
     """issue 44: ``phase`` only for backward and optimizer rows, ``param`` only for an optimizer row,
     ``step`` only under --generate, as the dict rows had them."""
     fwd = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 1, 0, 0.5, None, {"fp16": 0.0})
-    opt = ModuleRow("layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 0, 0, 0.5, None, {}, phase="optimizer", param="w")
+    opt = ModuleRow(
+        "layers.0", "Linear", 0, 2, 1, 3.0, 1.0, 0, 0, 0, 0.5, None, {}, phase="optimizer", param="w"
+    )
     assert "phase" not in fwd and fwd.get("phase", "forward") == "forward" and fwd["posinf"] == 1
-    assert list(fwd.to_dict())[-1] == "flush_frac" and opt.to_dict()["phase"] == "optimizer" and opt["param"] == "w"
+    assert (
+        list(fwd.to_dict())[-1] == "flush_frac"
+        and opt.to_dict()["phase"] == "optimizer"
+        and opt["param"] == "w"
+    )
     fwd["step"], fwd["input_index"] = fwd["input_index"], 0  # what --generate does to a row
     assert fwd.to_dict()["step"] == 2 and fwd.input_index == 0
     with pytest.raises(KeyError):
@@ -77,8 +107,14 @@ def test_module_rows_are_typed_and_their_json_keys_are_as_before():
 
 
 def test_first_nonfinite_and_diagnosis_round_trip():
-    f = FirstNonfinite(input_index=2, module="layers.1.mlp", module_type="MLP", op="aten.addmm.default",
-                       kind="posinf", role="producer")
+    f = FirstNonfinite(
+        input_index=2,
+        module="layers.1.mlp",
+        module_type="MLP",
+        op="aten.addmm.default",
+        kind="posinf",
+        role="producer",
+    )
     dg = Diagnosis("overflow", "fp16", "layers.1.mlp", "aten.addmm.default", "s", ["e"], "fix")
     d = json.loads(json_text(Report(first_nonfinite=f, diagnosis=dg)))
     assert d["first_nonfinite"]["module"] == "layers.1.mlp" and d["first_nonfinite"]["kind"] == "posinf"

@@ -50,9 +50,15 @@ NO_MIRROR: dict[str, str] = {
 
 #: top-level files of ``tests/unit/`` that test no one module: the layout of the package and of
 #: the tests, the oracle beside the tool, the pins CI installs, hints across the code and docs
-CROSS_CUTTING = {"test_import_graph.py", "test_test_layout.py", "test_oracle_independent.py",
-                 "test_oracle_truth.py", "test_floors.py", "test_install_hints.py",
-                 "test_type_check.py"}
+CROSS_CUTTING = {
+    "test_import_graph.py",
+    "test_test_layout.py",
+    "test_oracle_independent.py",
+    "test_oracle_truth.py",
+    "test_floors.py",
+    "test_install_hints.py",
+    "test_type_check.py",
+}
 
 
 # --- modules with logic and their mirrored tests ------------------------------------------------------
@@ -85,7 +91,9 @@ def imports_module(test: Path, module: str) -> bool:
     want = dotted(module)
     tree = ast.parse(test.read_text(encoding="utf-8"), filename=str(test))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name == want or a.name.startswith(want + ".") for a in node.names):
+        if isinstance(node, ast.Import) and any(
+            a.name == want or a.name.startswith(want + ".") for a in node.names
+        ):
             return True
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             if node.module == want or node.module.startswith(want + "."):
@@ -96,8 +104,11 @@ def imports_module(test: Path, module: str) -> bool:
 
 
 def missing_mirrors() -> list[str]:
-    return [m for m in modules_with_logic() if m not in NO_MIRROR
-            and not (mirrored_test(m).exists() and imports_module(mirrored_test(m), m))]
+    return [
+        m
+        for m in modules_with_logic()
+        if m not in NO_MIRROR and not (mirrored_test(m).exists() and imports_module(mirrored_test(m), m))
+    ]
 
 
 # --- tests that start a process -----------------------------------------------------------------------
@@ -110,7 +121,9 @@ class _Module:
     path: Path
     tree: ast.Module
     funcs: dict[str, ast.AST] = field(default_factory=dict)  # module-level functions and classes
-    aliases: dict[str, str] = field(default_factory=dict)  # local name -> imported module ("sp" -> "subprocess")
+    aliases: dict[str, str] = field(
+        default_factory=dict
+    )  # local name -> imported module ("sp" -> "subprocess")
     imported: dict[str, tuple[str, str]] = field(default_factory=dict)  # local name -> (module, name)
     fixtures: dict[str, ast.AST] = field(default_factory=dict)
 
@@ -129,8 +142,11 @@ def _fixture_name(fn: ast.AST) -> str | None:
 
 
 def _is_autouse(fn: ast.AST) -> bool:
-    return any(isinstance(d, ast.Call) and any(k.arg == "autouse" and getattr(k.value, "value", False)
-                                               for k in d.keywords) for d in fn.decorator_list)
+    return any(
+        isinstance(d, ast.Call)
+        and any(k.arg == "autouse" and getattr(k.value, "value", False) for k in d.keywords)
+        for d in fn.decorator_list
+    )
 
 
 def _module_name(path: Path, root: Path) -> list[str]:
@@ -158,7 +174,9 @@ class ProcessCensus:
             for node in ast.walk(m.tree):
                 if isinstance(node, ast.Import):
                     for a in node.names:
-                        m.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                        m.aliases[a.asname or a.name.split(".")[0]] = (
+                            a.name if a.asname else a.name.split(".")[0]
+                        )
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     base = node.module
                     if node.level:  # relative: resolved against the file's folder
@@ -225,8 +243,11 @@ class ProcessCensus:
                     break
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 p = self._by_name.get(m.aliases.get(node.value.id, ""))
-                if p is not None and node.attr in self.modules[p].funcs \
-                        and self.starts(self.modules[p], self.modules[p].funcs[node.attr], seen):
+                if (
+                    p is not None
+                    and node.attr in self.modules[p].funcs
+                    and self.starts(self.modules[p], self.modules[p].funcs[node.attr], seen)
+                ):
                     found = True
                     break
         self._memo[key] = found
@@ -291,7 +312,9 @@ class ProcessCensus:
                     yield path, node.name, node, None
                 elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
                     for sub in node.body:
-                        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name.startswith("test"):
+                        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name.startswith(
+                            "test"
+                        ):
                             yield path, f"{node.name}.{sub.name}", sub, node
 
     def process_tests(self) -> dict[str, list[str]]:
@@ -312,14 +335,18 @@ def process_tests() -> dict[str, list[str]]:
 def test_every_module_with_logic_has_a_mirrored_unit_test():
     missing = missing_mirrors()
     assert not missing, "no unit test at the mirrored path (or it does not import its module):\n" + "\n".join(
-        f"  {m} -> {mirrored_test(m).relative_to(ROOT)}" for m in missing)
+        f"  {m} -> {mirrored_test(m).relative_to(ROOT)}" for m in missing
+    )
 
 
 def test_the_allowlist_names_only_modules_that_still_lack_a_mirror():
     """An entry goes once the module is gone or its mirrored test exists."""
     logic = set(modules_with_logic())
-    stale = [m for m in NO_MIRROR if m not in logic or (mirrored_test(m).exists()
-                                                         and imports_module(mirrored_test(m), m))]
+    stale = [
+        m
+        for m in NO_MIRROR
+        if m not in logic or (mirrored_test(m).exists() and imports_module(mirrored_test(m), m))
+    ]
     assert not stale, stale
 
 
@@ -327,15 +354,22 @@ def test_top_level_unit_files_mirror_top_level_modules():
     """A file at the top of ``tests/unit/`` tests a top-level module (``test_dtypes.py`` →
     ``nan_hunter/dtypes.py``; ``test_init.py`` → the public API) or is one of the few that test no
     one module (``CROSS_CUTTING``)."""
-    stray = [p.name for p in sorted(UNIT.glob("test_*.py"))
-             if p.name not in CROSS_CUTTING and not (PKG / f"{p.stem[len('test_'):]}.py").exists()
-             and p.name != "test_init.py"]  # nan_hunter/__init__.py
+    stray = [
+        p.name
+        for p in sorted(UNIT.glob("test_*.py"))
+        if p.name not in CROSS_CUTTING
+        and not (PKG / f"{p.stem[len('test_') :]}.py").exists()
+        and p.name != "test_init.py"
+    ]  # nan_hunter/__init__.py
     assert not stray, stray
 
 
 def test_unit_folders_mirror_packages():
-    stray = [p.relative_to(UNIT).as_posix() for p in sorted(UNIT.rglob("*")) if p.is_dir()
-             and p.name != "__pycache__" and not (PKG / p.relative_to(UNIT)).is_dir()]
+    stray = [
+        p.relative_to(UNIT).as_posix()
+        for p in sorted(UNIT.rglob("*"))
+        if p.is_dir() and p.name != "__pycache__" and not (PKG / p.relative_to(UNIT)).is_dir()
+    ]
     assert not stray, stray
 
 
@@ -343,7 +377,8 @@ def test_few_tests_start_a_process():
     found = process_tests()
     count = sum(map(len, found.values()))
     assert count <= MAX_PROCESS_TESTS, f"{count} test functions start a process:\n" + "\n".join(
-        f"  {f}: {', '.join(names)}" for f, names in sorted(found.items()))
+        f"  {f}: {', '.join(names)}" for f, names in sorted(found.items())
+    )
 
 
 def test_the_census_sees_each_way_of_starting_a_process(tmp_path):
@@ -351,14 +386,14 @@ def test_the_census_sees_each_way_of_starting_a_process(tmp_path):
     test module, a fixture (through a fixture), ``os.fork``, ``run_cli`` through ``clirun`` — and
     not a script in a string, nor an in-process call."""
     (tmp_path / "helpers.py").write_text(
-        "import subprocess as sp\n"
-        "def launch(*a):\n    return sp.Popen(a)\n"
-        "def pure(*a):\n    return a\n")
+        "import subprocess as sp\ndef launch(*a):\n    return sp.Popen(a)\ndef pure(*a):\n    return a\n"
+    )
     (tmp_path / "conftest.py").write_text(
         "import pytest\nfrom helpers import launch\n"
         "@pytest.fixture\ndef runner():\n    return launch\n"
         "@pytest.fixture(name='outer')\ndef outer_fixture(runner):\n    return runner\n"
-        "@pytest.fixture\ndef quiet():\n    return 1\n")
+        "@pytest.fixture\ndef quiet():\n    return 1\n"
+    )
     (tmp_path / "test_x.py").write_text(
         "import os, subprocess\nfrom subprocess import run\nfrom helpers import launch, pure\n"
         "def test_direct():\n    subprocess.run(['true'])\n"
@@ -369,10 +404,18 @@ def test_the_census_sees_each_way_of_starting_a_process(tmp_path):
         "class TestC:\n    def test_method(self):\n        launch()\n"
         "def test_string():\n    code = 'import subprocess; subprocess.run([])'\n    assert code\n"
         "def test_pure(quiet):\n    assert pure(quiet)\n"
-        "def test_getcwd():\n    assert os.getcwd()\n")
+        "def test_getcwd():\n    assert os.getcwd()\n"
+    )
     census = ProcessCensus(tmp_path)
     found = {name for path, name, node, cls in census.tests() if census.test_starts(path, node, cls)}
-    assert found == {"test_direct", "test_from_import", "test_helper", "test_fixture", "test_fork", "TestC.test_method"}
+    assert found == {
+        "test_direct",
+        "test_from_import",
+        "test_helper",
+        "test_fixture",
+        "test_fork",
+        "TestC.test_method",
+    }
 
 
 def test_the_real_tree_is_counted():
@@ -387,9 +430,11 @@ def test_the_real_tree_is_counted():
 if __name__ == "__main__":
     logic = modules_with_logic()
     mirrored = [m for m in logic if mirrored_test(m).exists() and imports_module(mirrored_test(m), m)]
-    print(f"modules with logic: {len(logic)}; with a mirrored unit test that imports them: {len(mirrored)}; "
-          f"allowlisted: {len([m for m in logic if m in NO_MIRROR and m not in mirrored])}; "
-          f"missing: {len(missing_mirrors())}")
+    print(
+        f"modules with logic: {len(logic)}; with a mirrored unit test that imports them: {len(mirrored)}; "
+        f"allowlisted: {len([m for m in logic if m in NO_MIRROR and m not in mirrored])}; "
+        f"missing: {len(missing_mirrors())}"
+    )
     for m in missing_mirrors():
         print(f"  missing: {m} -> {mirrored_test(m).relative_to(ROOT)}")
     found = process_tests()

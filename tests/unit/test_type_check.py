@@ -13,14 +13,27 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-STRICT = {"nan_hunter.dtypes", "nan_hunter.explain.*", "nan_hunter.kernels.*", "nan_hunter.load.*",
-          "nan_hunter.locate.*", "nan_hunter.report"}
+STRICT = {
+    "nan_hunter.dtypes",
+    "nan_hunter.explain.*",
+    "nan_hunter.kernels.*",
+    "nan_hunter.load.*",
+    "nan_hunter.locate.*",
+    "nan_hunter.report",
+}
 #: what ``--strict`` sets (mypy 2.4), the two global-only flags left out: they are in ``[tool.mypy]``
 STRICT_FLAGS = {
-    "disallow_any_generics": True, "disallow_subclassing_any": True, "disallow_untyped_calls": True,
-    "disallow_untyped_defs": True, "disallow_incomplete_defs": True, "check_untyped_defs": True,
-    "disallow_untyped_decorators": True, "warn_return_any": True, "implicit_reexport": False,
-    "strict_equality": True, "extra_checks": True,
+    "disallow_any_generics": True,
+    "disallow_subclassing_any": True,
+    "disallow_untyped_calls": True,
+    "disallow_untyped_defs": True,
+    "disallow_incomplete_defs": True,
+    "check_untyped_defs": True,
+    "disallow_untyped_decorators": True,
+    "warn_return_any": True,
+    "implicit_reexport": False,
+    "strict_equality": True,
+    "extra_checks": True,
 }
 GLOBAL_FLAGS = {"warn_redundant_casts": True, "warn_unused_ignores": True}
 
@@ -79,7 +92,10 @@ def test_untyped_libraries_are_ignored_by_name_only():
 
 
 def test_the_dev_extra_installs_mypy_within_one_minor_release():
-    dev = {Requirement(r).name.lower(): Requirement(r) for r in _pyproject()["project"]["optional-dependencies"]["dev"]}
+    dev = {
+        Requirement(r).name.lower(): Requirement(r)
+        for r in _pyproject()["project"]["optional-dependencies"]["dev"]
+    }
     ops = {s.operator for s in dev["mypy"].specifier}
     assert ops == {">=", "<"}, "mypy pinned to one minor release: a new one adds checks"
     assert "types-pyyaml" in dev

@@ -94,7 +94,7 @@ def _init(model: TinyTitan) -> TinyTitan:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         model.layers[0].norm.weight.fill_(NORM_GAIN)
-        model.layers[0].proj.weight.copy_(torch.randn(OUT, DIM, generator=g) / DIM ** 0.5)
+        model.layers[0].proj.weight.copy_(torch.randn(OUT, DIM, generator=g) / DIM**0.5)
     return model
 
 

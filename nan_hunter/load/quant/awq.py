@@ -86,15 +86,22 @@ class Awq:
                 n_out, n_in = qs[0], qs[1] * 8
                 gs = gs_cfg if type(gs_cfg) is int and gs_cfg > 0 else 0
                 groups = n_in // gs if gs and n_in % gs == 0 else 0
-                ok = bool(ss[0] == n_out and zs[0] == n_out and groups and ss[1] >= groups and zs[1] * 8 >= groups)
+                ok = bool(
+                    ss[0] == n_out and zs[0] == n_out and groups and ss[1] >= groups and zs[1] * 8 >= groups
+                )
             else:
                 n_in, n_out = qs[0], qs[1] * 8
                 groups = ss[0]
                 gs = n_in // groups if groups and n_in % groups == 0 else 0
                 ok = bool(ss[1] == n_out and zs == [groups, qs[1]] and gs)
             if not ok:
-                ctx.skip(qw, "I32", f"AWQ {version} qweight {qs}, qzeros {zs}, scales {ss} do not fit one layout",
-                         qz, sc)
+                ctx.skip(
+                    qw,
+                    "I32",
+                    f"AWQ {version} qweight {qs}, qzeros {zs}, scales {ss} do not fit one layout",
+                    qz,
+                    sc,
+                )
                 continue
             lay = AwqLayout(gemv, n_in, n_out, groups, gs, qz, tuple(ss))
             found.append(QuantizedWeight(qw, "awq", sc, self, lay))
@@ -120,20 +127,37 @@ class Awq:
             b[:, : lay.groups] = bound
             bound = b
             known = np.full((lay.n_out, width), -1.0, dtype=np.float32)
-            known[:, lay.groups:] = 0.0
+            known[:, lay.groups :] = 0.0
             known = known.reshape(-1)
             stripe_of = np.zeros(lay.n_out * width, dtype=np.int64)  # one stripe: rows are outputs
             n_stripes, per = 1, lay.n_out * lay.n_in * 8
         else:
             stripe_of = np.arange(lay.groups * lay.n_out, dtype=np.int64) // lay.n_out
             n_stripes, per = lay.groups, lay.group_size * lay.n_out * 4 * 2
-        per_group = np.maximum(0, np.minimum(lay.group_size, lay.n_in - np.arange(scales.shape[1] if lay.gemv else
-                                                                                    scales.shape[0], dtype=np.int64) * lay.group_size))
+        per_group = np.maximum(
+            0,
+            np.minimum(
+                lay.group_size,
+                lay.n_in
+                - np.arange(scales.shape[1] if lay.gemv else scales.shape[0], dtype=np.int64)
+                * lay.group_size,
+            ),
+        )
         sizes = np.tile(per_group, lay.n_out) if lay.gemv else np.repeat(per_group, lay.n_out)
-        return Blocks(scales.reshape(-1), list(lay.scale_shape), bound.reshape(-1), stripe_of, n_stripes, per,
-                      known=known, sizes=sizes)
+        return Blocks(
+            scales.reshape(-1),
+            list(lay.scale_shape),
+            bound.reshape(-1),
+            stripe_of,
+            n_stripes,
+            per,
+            known=known,
+            sizes=sizes,
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
 
         lay: AwqLayout = q.layout
         z = q.cache["zero"]
@@ -152,8 +176,12 @@ class Awq:
             return
         row_bytes = lay.n_out // 2
         g1 = min(lay.groups, first + count)
-        w = ck.read_bytes(q.name, first * lay.group_size * row_bytes, (g1 - first) * lay.group_size * row_bytes)
-        c = awq_columns(w.view("<i4").reshape(-1, lay.n_out // 8)).reshape(g1 - first, lay.group_size, lay.n_out)
+        w = ck.read_bytes(
+            q.name, first * lay.group_size * row_bytes, (g1 - first) * lay.group_size * row_bytes
+        )
+        c = awq_columns(w.view("<i4").reshape(-1, lay.n_out // 8)).reshape(
+            g1 - first, lay.group_size, lay.n_out
+        )
         zz = z[first:g1]
         m = np.maximum(np.maximum(c.max(1) - zz, zz - c.min(1)), 0).astype(np.float32)
         yield np.arange(first * lay.n_out, g1 * lay.n_out, dtype=np.int64), m.reshape(-1)

@@ -112,9 +112,17 @@ class QuantizedScan:
         return self.n_faults > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "format": self.format, "scale": self.scale, "n_blocks": self.n_blocks,
-                "bad_blocks": self.bad_blocks, "n_bad": self.n_bad, "dequant_absmax": self.dequant_absmax,
-                "dequant_nonfinite": self.dequant_nonfinite, "overflows": self.overflows}
+        return {
+            "name": self.name,
+            "format": self.format,
+            "scale": self.scale,
+            "n_blocks": self.n_blocks,
+            "bad_blocks": self.bad_blocks,
+            "n_bad": self.n_bad,
+            "dequant_absmax": self.dequant_absmax,
+            "dequant_nonfinite": self.dequant_nonfinite,
+            "overflows": self.overflows,
+        }
 
 
 def is_fault(entry: dict[str, Any], block: dict[str, Any]) -> bool:
@@ -178,8 +186,9 @@ class QuantFormat(Protocol):
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         """The scales of ``q`` as ``grade`` judges them."""
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
-               ) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         """Stripes ``first .. first + count`` dequantized: ``(block indices int64, largest |code - zero|
         float32)`` for every block they hold (several pairs may come, none overlapping); a third item,
         when given, says which blocks hold data (else: a magnitude above 0)."""

@@ -30,7 +30,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint
 
 MAX_QUANT_STATE = 64 << 10  # bytes of quant_state JSON (bitsandbytes writes about 150)
-STATE_KEYS = {"quant_type", "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"}
+STATE_KEYS = {
+    "quant_type",
+    "blocksize",
+    "dtype",
+    "shape",
+    "nested_blocksize",
+    "nested_dtype",
+    "nested_offset",
+}
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -52,18 +60,28 @@ def quant_state(ck: Checkpoint, name: str) -> dict[str, Any]:
     nbytes = e.nbytes if e is not None else ck.nbytes_of(name)
     where = f"{ck.path}: quant_state {name!r}"
     if nbytes > MAX_QUANT_STATE:
-        raise BadInput(f"{where} is {nbytes} bytes, over the {MAX_QUANT_STATE}-byte limit; re-save the checkpoint")
+        raise BadInput(
+            f"{where} is {nbytes} bytes, over the {MAX_QUANT_STATE}-byte limit; re-save the checkpoint"
+        )
     raw = ck.read_bytes(name, 0, nbytes).tobytes()
     data = bounded_json.loads(raw, where, max_depth=4, unique_keys=True)
     if not isinstance(data, dict) or not set(data) <= STATE_KEYS:
         extra = sorted(set(data) - STATE_KEYS)[:3] if isinstance(data, dict) else None
-        raise BadInput(f"{where}: not a bitsandbytes quant state ({'unknown keys ' + repr(extra) if extra else 'not a JSON object'})")
+        raise BadInput(
+            f"{where}: not a bitsandbytes quant state ({'unknown keys ' + repr(extra) if extra else 'not a JSON object'})"
+        )
     bs = data.get("blocksize")
     shape = data.get("shape")
     if data.get("quant_type") not in ("nf4", "fp4") or type(bs) is not int or bs not in BLOCKSIZES:
-        raise BadInput(f"{where}: quant_type {data.get('quant_type')!r} / blocksize {bs!r} are not bitsandbytes' "
-                       "(nf4 or fp4; a power of two from 32 to 4096)")
-    if not (isinstance(shape, list) and 0 < len(shape) <= 8 and all(type(d) is int and 0 <= d < 2**40 for d in shape)):
+        raise BadInput(
+            f"{where}: quant_type {data.get('quant_type')!r} / blocksize {bs!r} are not bitsandbytes' "
+            "(nf4 or fp4; a power of two from 32 to 4096)"
+        )
+    if not (
+        isinstance(shape, list)
+        and 0 < len(shape) <= 8
+        and all(type(d) is int and 0 <= d < 2**40 for d in shape)
+    ):
         raise BadInput(f"{where}: shape {str(shape)[:60]} is not a list of sizes")
     if "nested_blocksize" in data or "nested_offset" in data:
         nb, off = data.get("nested_blocksize"), data.get("nested_offset")
@@ -87,26 +105,48 @@ class Bnb4bit:
             nested = None
             if "nested_offset" in state:
                 if not (ctx.free(parts["nested_absmax"]) and ctx.free(parts["nested_quant_map"])):
-                    ctx.skip(w, ctx.tag(w), "nested quantization without nested_absmax/nested_quant_map", *parts.values(),
-                             st)
+                    ctx.skip(
+                        w,
+                        ctx.tag(w),
+                        "nested quantization without nested_absmax/nested_quant_map",
+                        *parts.values(),
+                        st,
+                    )
                     continue
-                nested = (parts["nested_absmax"], parts["nested_quant_map"], float(state["nested_offset"]),
-                          state["nested_blocksize"])
+                nested = (
+                    parts["nested_absmax"],
+                    parts["nested_quant_map"],
+                    float(state["nested_offset"]),
+                    state["nested_blocksize"],
+                )
             n = math.prod(state["shape"])
             bs = state["blocksize"]
             n_blocks = -(-n // bs)
             absmax_tag = ctx.tag(parts["absmax"])
-            ok = (ctx.tag(w) == "U8" and ctx.ck.nbytes_of(w) == -(-n // 2)
-                  and math.prod(ctx.shape(parts["absmax"])) == n_blocks and math.prod(ctx.shape(parts["quant_map"])) == 16
-                  and ctx.tag(parts["quant_map"]) in FLOAT_TAGS
-                  and (absmax_tag == "U8" if nested else absmax_tag in FLOAT_TAGS))
+            ok = (
+                ctx.tag(w) == "U8"
+                and ctx.ck.nbytes_of(w) == -(-n // 2)
+                and math.prod(ctx.shape(parts["absmax"])) == n_blocks
+                and math.prod(ctx.shape(parts["quant_map"])) == 16
+                and ctx.tag(parts["quant_map"]) in FLOAT_TAGS
+                and (absmax_tag == "U8" if nested else absmax_tag in FLOAT_TAGS)
+            )
             if nested and ok:
-                ok = (ctx.tag(nested[0]) in FLOAT_TAGS and ctx.tag(nested[1]) in FLOAT_TAGS
-                      and math.prod(ctx.shape(nested[0])) == -(-n_blocks // nested[3])
-                      and math.prod(ctx.shape(nested[1])) == 256)
+                ok = (
+                    ctx.tag(nested[0]) in FLOAT_TAGS
+                    and ctx.tag(nested[1]) in FLOAT_TAGS
+                    and math.prod(ctx.shape(nested[0])) == -(-n_blocks // nested[3])
+                    and math.prod(ctx.shape(nested[1])) == 256
+                )
             if not ok:
-                ctx.skip(w, ctx.tag(w), f"bitsandbytes {qt} tensors do not match the quant state (shape "
-                         f"{state['shape']}, blocksize {bs})", *parts.values(), st)
+                ctx.skip(
+                    w,
+                    ctx.tag(w),
+                    f"bitsandbytes {qt} tensors do not match the quant state (shape "
+                    f"{state['shape']}, blocksize {bs})",
+                    *parts.values(),
+                    st,
+                )
                 continue
             lay = Bnb4Layout(qt, bs, n, parts["absmax"], parts["quant_map"], nested)
             found.append(QuantizedWeight(w, f"bnb_{qt}", parts["absmax"], self, lay))
@@ -128,8 +168,14 @@ class Bnb4bit:
         for i in np.flatnonzero(~np.isfinite(nabs) | (nabs <= 0))[:10].tolist():
             v = float(nabs[i])
             problem = "nan" if v != v else "inf" if math.isinf(v) else "zero" if v == 0 else "negative"
-            extra.append({"index": [i], "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
-                          "problem": problem, "tensor": na})
+            extra.append(
+                {
+                    "index": [i],
+                    "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
+                    "problem": problem,
+                    "tensor": na,
+                }
+            )
         return values, extra
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
@@ -146,8 +192,17 @@ class Bnb4bit:
         sizes = np.full(values.size, lay.blocksize, dtype=np.int64)
         if sizes.size:
             sizes[-1] = lay.n_values - (sizes.size - 1) * lay.blocksize
-        return Blocks(values, [values.size], bound, stripe_of, g.n_stripes, g.row_bytes * 12, extra_bad=extra,
-                      extra_faults=faults, sizes=sizes)
+        return Blocks(
+            values,
+            [values.size],
+            bound,
+            stripe_of,
+            g.n_stripes,
+            g.row_bytes * 12,
+            extra_bad=extra,
+            extra_faults=faults,
+            sizes=sizes,
+        )
 
     @staticmethod
     def _grid(lay: Bnb4Layout) -> Grid:
@@ -155,9 +210,13 @@ class Bnb4bit:
         per_row = 64
         n_blocks = -(-lay.n_values // lay.blocksize)
         rows = -(-n_blocks // per_row)
-        return Grid(1, rows, per_row * lay.blocksize // 2, 1, per_row * lay.blocksize // 2, lay.blocksize // 2)
+        return Grid(
+            1, rows, per_row * lay.blocksize // 2, 1, per_row * lay.blocksize // 2, lay.blocksize // 2
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         lay: Bnb4Layout = q.layout
         qmap = np.nan_to_num(np.abs(scale_values(ck, lay.quant_map)), nan=0.0)
         g = self._grid(lay)
@@ -204,7 +263,13 @@ class Bnb8bit:
                 ctx.skip(w, "I8", f"SCB {scb} {ss} does not match the int8 weight {ws}", scb, fmt)
                 continue
             if fmt in ctx.names and not _row_format(ctx, fmt):
-                ctx.skip(w, "I8", f"weight_format {fmt} is not 'row' (the only layout bitsandbytes saves)", scb, fmt)
+                ctx.skip(
+                    w,
+                    "I8",
+                    f"weight_format {fmt} is not 'row' (the only layout bitsandbytes saves)",
+                    scb,
+                    fmt,
+                )
                 continue
             g = Grid(1, ws[0], ws[1], 1, ws[1], ws[1])
             found.append(QuantizedWeight(w, "bnb_int8", scb, self, g))
@@ -216,12 +281,29 @@ class Bnb8bit:
         scb = scale_values(ck, q.scale)
         # bitsandbytes dequantizes as code x SCB x (1/127) (``int8_vectorwise_dequant``), in float32: the
         # product is taken first, as the library takes it, so an SCB near float32's max overflows here too
-        return Blocks(scb, [scb.size], 128.0, g.stripe_of(), g.n_stripes, g.row_bytes, multiplier=1.0 / 127.0,
-                      sizes=g.sizes())
+        return Blocks(
+            scb,
+            [scb.size],
+            128.0,
+            g.stripe_of(),
+            g.n_stripes,
+            g.row_bytes,
+            multiplier=1.0 / 127.0,
+            sizes=g.sizes(),
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
-        return window(ck, q.name, q.layout, first, count, lambda m, _r: np.abs(m.view(np.int8).astype(np.int16)),
-                      lambda red: red.astype(np.float32))
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
+        return window(
+            ck,
+            q.name,
+            q.layout,
+            first,
+            count,
+            lambda m, _r: np.abs(m.view(np.int8).astype(np.int16)),
+            lambda red: red.astype(np.float32),
+        )
 
 
 def _row_format(ctx: Context, name: str) -> bool:

@@ -73,5 +73,7 @@ def unpack_bits(words: np.ndarray, bits: int) -> np.ndarray:
     stream = ((b[..., None] >> np.arange(8, dtype=np.uint8)) & 1).reshape(r, -1)
     n = stream.shape[1] // bits
     weights = np.left_shift(1, np.arange(bits, dtype=np.int32))
-    codes: np.ndarray = (stream[:, : n * bits].reshape(r, n, bits).astype(np.int32) * weights).sum(-1, dtype=np.int32)
+    codes: np.ndarray = (stream[:, : n * bits].reshape(r, n, bits).astype(np.int32) * weights).sum(
+        -1, dtype=np.int32
+    )
     return codes

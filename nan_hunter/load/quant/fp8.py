@@ -41,8 +41,11 @@ class Fp8:
 
     def detect(self, ctx: Context) -> list[QuantizedWeight]:
         wbs = ctx.qc.get("weight_block_size")
-        given = wbs if isinstance(wbs, list) and len(wbs) == 2 and all(type(x) is int and x > 0 for x in wbs) \
+        given = (
+            wbs
+            if isinstance(wbs, list) and len(wbs) == 2 and all(type(x) is int and x > 0 for x in wbs)
             else None
+        )
         found = []
         for p in weight_scale_pairs(ctx):
             dt, st = ctx.tag(p.data), ctx.tag(p.scale)
@@ -52,10 +55,16 @@ class Fp8:
             if not math.prod(ds) or not math.prod(ss):
                 ctx.claim(p.data, p.scale)  # empty: nothing to dequantize
                 continue
-            q = _layout(p.data, p.scale, ds, ss, dt, st == "F8_E8M0" or (st == "U8" and p.kind == "scale"), given)
+            q = _layout(
+                p.data, p.scale, ds, ss, dt, st == "F8_E8M0" or (st == "U8" and p.kind == "scale"), given
+            )
             if q is None:
-                ctx.skip(p.data, dt, f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
-                         p.scale)
+                ctx.skip(
+                    p.data,
+                    dt,
+                    f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
+                    p.scale,
+                )
                 continue
             fmt, layout = q
             found.append(QuantizedWeight(p.data, fmt, p.scale, self, layout))
@@ -66,10 +75,19 @@ class Fp8:
         lay: Fp8Layout = q.layout
         g = lay.grid
         values = scale_values(ck, q.scale, e8m0=lay.e8m0)
-        return Blocks(values, list(lay.scale_shape), float(fp8_mag_table(lay.tag).max()), g.stripe_of(), g.n_stripes,
-                      g.br * g.row_bytes, sizes=g.sizes())
+        return Blocks(
+            values,
+            list(lay.scale_shape),
+            float(fp8_mag_table(lay.tag).max()),
+            g.stripe_of(),
+            g.n_stripes,
+            g.br * g.row_bytes,
+            sizes=g.sizes(),
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         lay: Fp8Layout = q.layout
         table = fp8_mag_table(lay.tag)
 
@@ -88,8 +106,9 @@ def fp8_codes(tag: str, m: np.ndarray) -> np.ndarray:
     return np.where(mag >= FP8_BAD_MAG[tag], np.uint8(0), mag)
 
 
-def _layout(data: str, scale: str, ds: list[int], ss: list[int], tag: str, e8m0: bool,
-            given: list[int] | None) -> tuple[str, Fp8Layout] | None:
+def _layout(
+    data: str, scale: str, ds: list[int], ss: list[int], tag: str, e8m0: bool, given: list[int] | None
+) -> tuple[str, Fp8Layout] | None:
     rows, cols = rows_cols(ds)
     srows, scols = rows_cols(ss)
     n_scales = math.prod(ss) if ss else 1

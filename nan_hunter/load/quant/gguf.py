@@ -28,7 +28,6 @@ from ..gguf_file import ggml_type
 from .base import Blocks, Context, QuantizedWeight, e8m0_values, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from ..checkpoint import Checkpoint
 
 STRIPE_BLOCKS = 2048
@@ -41,7 +40,7 @@ _U8 = np.uint8
 
 
 def _f16(b: np.ndarray, off: int) -> np.ndarray:
-    return np.ascontiguousarray(b[:, off: off + 2]).view("<f2").astype(F32).reshape(-1)
+    return np.ascontiguousarray(b[:, off : off + 2]).view("<f2").astype(F32).reshape(-1)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -75,6 +74,7 @@ Dequant = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 # each dequant: (blocks uint8 [n, size], d [n], dmin [n]) -> values [n, elements], float32 throughout
 # (an integer operand is made float32 first: every step rounds as ggml's float arithmetic does)
 
+
 def _q4_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
     return d[:, None] * (_nibbles(b[:, 2:18]) - 8).astype(F32)
 
@@ -84,8 +84,8 @@ def _q4_1(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _q5(b: np.ndarray, off: int, d: np.ndarray | None) -> np.ndarray:
-    qh = _bits(b[:, off: off + 4], 32)
-    return _nibbles(b[:, off + 4: off + 20]) | (qh << 4) if d is not None else np.empty(0)
+    qh = _bits(b[:, off : off + 4], 32)
+    return _nibbles(b[:, off + 4 : off + 20]) | (qh << 4) if d is not None else np.empty(0)
 
 
 def _q5_0(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
@@ -105,8 +105,10 @@ def _q2_k(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     sc = b[:, :16].astype(np.int32)
     q = _shifted(b[:, 16:80].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
     q = q.reshape(n, 16, 16).astype(F32)
-    return ((d[:, None] * (sc & 15).astype(F32))[:, :, None] * q
-            - (m[:, None] * (sc >> 4).astype(F32))[:, :, None]).reshape(n, 256)
+    return (
+        (d[:, None] * (sc & 15).astype(F32))[:, :, None] * q
+        - (m[:, None] * (sc >> 4).astype(F32))[:, :, None]
+    ).reshape(n, 256)
 
 
 def _q3_k(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
@@ -191,7 +193,9 @@ def _ends(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def _k_bound(qmax: int) -> Dequant:
-    def bound(b: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
+    def bound(
+        b: np.ndarray, d: np.ndarray, m: np.ndarray
+    ) -> np.ndarray:  # w = d*sc*q - m*mn, q in 0..qmax: the extremes sit at q = 0 and q = qmax
         s = b[:, 4:16]  # the 6-bit scales and mins decoded in uint8 (no int32 copies, no concatenation)
         lo, mi, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
         sc = np.stack([lo & 63, (hi & 15) | ((lo >> 2) & 48)], axis=1).reshape(-1, 8).astype(F32)
@@ -199,6 +203,7 @@ def _k_bound(qmax: int) -> Dequant:
         low = np.multiply(mn, m[:, None], out=mn)  # = m * mn, the magnitude at q = 0
         top = np.abs(np.subtract(np.multiply(sc, d[:, None] * qmax, out=sc), low, out=sc), out=sc)
         return np.maximum(top, np.abs(low)).max(axis=1)
+
     return bound
 
 
@@ -218,7 +223,11 @@ def _q3_k_bound(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
 
 
 def _q6_k_bound(b: np.ndarray, d: np.ndarray, _m: np.ndarray) -> np.ndarray:
-    return np.abs(d) * np.abs(np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.int32)).max(axis=1).astype(F32) * 32
+    return (
+        np.abs(d)
+        * np.abs(np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.int32)).max(axis=1).astype(F32)
+        * 32
+    )
 
 
 def _const(k: float) -> Dequant:
@@ -254,10 +263,12 @@ KINDS: dict[str, Kind] = {
     "TQ1_0": Kind((52, "f16"), None, _const(2), None, False),
     "Q1_0": Kind((0, "f16"), None, _const(2), None, False),
 }
-NOT_CHECKED = {"IQ1_M": "its block scale is split across the sub-block scales, not an fp16 field",
-               "NVFP4": "its scales are fp8 per 16 values (not read yet)",
-               "Q8_1": "an intermediate type ggml does not store in files",
-               "Q8_K": "an intermediate type ggml does not store in files"}
+NOT_CHECKED = {
+    "IQ1_M": "its block scale is split across the sub-block scales, not an fp16 field",
+    "NVFP4": "its scales are fp8 per 16 values (not read yet)",
+    "Q8_1": "an intermediate type ggml does not store in files",
+    "Q8_K": "an intermediate type ggml does not store in files",
+}
 
 
 @dataclass(frozen=True)
@@ -284,7 +295,11 @@ class Gguf:
             shape = ctx.shape(name)
             ctx.claim(name)
             if tname not in KINDS:
-                ctx.skip(name, f"gguf:{tname}", f"GGUF {tname} is not checked: {NOT_CHECKED.get(tname, 'unknown layout')}")
+                ctx.skip(
+                    name,
+                    f"gguf:{tname}",
+                    f"GGUF {tname} is not checked: {NOT_CHECKED.get(tname, 'unknown layout')}",
+                )
                 continue
             if not math.prod(shape):
                 continue
@@ -321,16 +336,35 @@ class Gguf:
         extra: list[dict[str, Any]] = []
         for i in np.flatnonzero(bad_m)[:100].tolist():
             v = float(m[i])
-            extra.append({"index": unravel(i, list(lay.shape)), "scale": "nan" if v != v else "inf",
-                          "problem": "nan" if v != v else "inf", "field": "dmin"})
+            extra.append(
+                {
+                    "index": unravel(i, list(lay.shape)),
+                    "scale": "nan" if v != v else "inf",
+                    "problem": "nan" if v != v else "inf",
+                    "field": "dmin",
+                }
+            )
         stripe_of = np.arange(lay.n_blocks, dtype=np.int64) // STRIPE_BLOCKS
         n_stripes = -(-lay.n_blocks // STRIPE_BLOCKS)
-        return Blocks(d, list(lay.shape), bound, stripe_of, n_stripes, STRIPE_BLOCKS * lay.size * 8,
-                      negative_listed=False, extra_bad=extra, extra_faults=int(bad_m.sum()),
-                      bound_only=kind.dequant is None, absolute=True, exclude=bad_m, sizes=lay.block)
+        return Blocks(
+            d,
+            list(lay.shape),
+            bound,
+            stripe_of,
+            n_stripes,
+            STRIPE_BLOCKS * lay.size * 8,
+            negative_listed=False,
+            extra_bad=extra,
+            extra_faults=int(bad_m.sum()),
+            bound_only=kind.dequant is None,
+            absolute=True,
+            exclude=bad_m,
+            sizes=lay.block,
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
-               ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         lay: GgufLayout = q.layout
         kind = KINDS[lay.type]
         for s in range(first, first + count):
@@ -341,7 +375,7 @@ class Gguf:
             idx = np.arange(b0, b1, dtype=np.int64)
             if kind.dequant is None:  # bound only: holds data when any byte besides d is set
                 keep = np.ones(lay.size, dtype=bool)
-                keep[kind.d[0]: kind.d[0] + 2] = False
+                keep[kind.d[0] : kind.d[0] + 2] = False
                 holds = (b[:, keep] != 0).any(axis=1)
                 yield idx, kind.bound(b, d, m), holds
                 continue
@@ -350,13 +384,14 @@ class Gguf:
             z = np.flatnonzero(d == 0)
             if z.size:  # its codes against the zero point: dequantized with d = 1 and no min
                 bz = b[z]
-                holds[z] = (kind.dequant(bz, np.ones(z.size, dtype=F32), np.zeros(z.size, dtype=F32)) != 0).any(axis=1)
+                holds[z] = (
+                    kind.dequant(bz, np.ones(z.size, dtype=F32), np.zeros(z.size, dtype=F32)) != 0
+                ).any(axis=1)
             yield idx, np.nan_to_num(np.abs(w), nan=0.0).max(axis=1), holds
 
 
 def _d(b: np.ndarray, kind: Kind) -> np.ndarray:
     off, how = kind.d
     if how == "e8m0_half":  # ggml's GGML_E8M0_TO_FP32_HALF: 2**(e - 128); 0xFF is NaN
-
         return e8m0_values(b[:, off], 128)
     return _f16(b, off)

@@ -26,7 +26,6 @@ from .. import safetensors_file as sf
 from .base import Blocks, Context, QuantizedWeight, scale_values
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from ..checkpoint import Checkpoint
 
 CONVENTIONS = ("gptq", "gptq_v2")
@@ -73,8 +72,14 @@ def _declared(qc: dict[str, Any]) -> tuple[str, bool | None]:
 
 def group_names(ctx: Context, method: str) -> list[str]:
     """Prefixes ``X`` with unclaimed ``X.qweight``, ``X.qzeros`` and ``X.scales``."""
-    return sorted(n[: -len(".qweight")] for n in ctx.names if n.endswith(".qweight") and ctx.free(n)
-                  and ctx.free(n[: -len(".qweight")] + ".scales") and ctx.free(n[: -len(".qweight")] + ".qzeros"))
+    return sorted(
+        n[: -len(".qweight")]
+        for n in ctx.names
+        if n.endswith(".qweight")
+        and ctx.free(n)
+        and ctx.free(n[: -len(".qweight")] + ".scales")
+        and ctx.free(n[: -len(".qweight")] + ".qzeros")
+    )
 
 
 class Gptq:
@@ -111,7 +116,12 @@ class Gptq:
             n_in = qs[0] * 32 // bits if not why else 0
             if gi is not None and not why:
                 gshape = ctx.shape(gi)
-                if ctx.tag(gi) not in ("I32", "I64") or len(gshape) != 1 or gshape[0] > n_in or gshape[0] <= 0:
+                if (
+                    ctx.tag(gi) not in ("I32", "I64")
+                    or len(gshape) != 1
+                    or gshape[0] > n_in
+                    or gshape[0] <= 0
+                ):
                     why = f"g_idx {gi} {gshape} does not fit {n_in} inputs"
                 else:
                     n_in = gshape[0]  # packed words may end with padding codes
@@ -170,13 +180,26 @@ class Gptq:
             per = g * lay.group_size * lay.n_out * 4 * 2  # int32 codes, twice (max and min)
         sizes = None  # act-order: g_idx decides how many inputs a group holds
         if lay.group_size is not None:
-            per_group = np.minimum(lay.group_size, lay.n_in - np.arange(lay.groups, dtype=np.int64) * lay.group_size)
+            per_group = np.minimum(
+                lay.group_size, lay.n_in - np.arange(lay.groups, dtype=np.int64) * lay.group_size
+            )
             sizes = np.repeat(np.maximum(per_group, 0), lay.n_out)
-        return Blocks(scales, [lay.groups, lay.n_out], bound, stripe_of,
-                      n_stripes, per, extra_bad=extra, extra_faults=faults, sizes=sizes)
+        return Blocks(
+            scales,
+            [lay.groups, lay.n_out],
+            bound,
+            stripe_of,
+            n_stripes,
+            per,
+            extra_bad=extra,
+            extra_faults=faults,
+            sizes=sizes,
+        )
 
     @staticmethod
-    def _convention(stored: np.ndarray, lay: GptqLayout, scales: np.ndarray) -> tuple[list[dict[str, Any]], int]:
+    def _convention(
+        stored: np.ndarray, lay: GptqLayout, scales: np.ndarray
+    ) -> tuple[list[dict[str, Any]], int]:
         """With ``sym: true``, the zero points against the declared convention (one summary entry);
         ``scales``: float32, flat."""
         if lay.sym is not True:
@@ -191,12 +214,21 @@ class Gptq:
         i = int(np.flatnonzero(wrong.reshape(-1))[0])
         g, o = divmod(i, lay.n_out)
         v = float(scales.reshape(-1)[i])
-        entry = {"index": [g, o], "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
-                 "problem": "zero_point", "zero_point": int(stored[g, o]), "expected": expected,
-                 "declared": lay.convention, "found": found, "n_groups": int(wrong.sum())}
+        entry = {
+            "index": [g, o],
+            "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
+            "problem": "zero_point",
+            "zero_point": int(stored[g, o]),
+            "expected": expected,
+            "declared": lay.convention,
+            "found": found,
+            "n_groups": int(wrong.sum()),
+        }
         return [entry], 1
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         lay: GptqLayout = q.layout
         zero = q.cache["zero"]
         row_bytes = lay.n_out * 4
@@ -209,10 +241,12 @@ class Gptq:
         r0, r1 = i0 * lay.bits // 32, -(-i1 * lay.bits // 32)
         if lay.bits == 3:
             r0, r1 = r0 - r0 % 3, min(-(-r1 // 3) * 3, _rows(ck, q.name, row_bytes))
-        words = ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view("<i4").reshape(-1, lay.n_out)
+        words = (
+            ck.read_bytes(q.name, r0 * row_bytes, (r1 - r0) * row_bytes).view("<i4").reshape(-1, lay.n_out)
+        )
         codes = gptq_codes(words, lay.bits)
         c0 = i0 - r0 * 32 // lay.bits
-        codes = codes[c0: c0 + (i1 - i0)]
+        codes = codes[c0 : c0 + (i1 - i0)]
         n = g1 - g0
         pad = n * gs - codes.shape[0]
         if pad:  # the last group may be short: pad with copies of its first row (max and min unchanged)
@@ -242,7 +276,7 @@ class Gptq:
             n = min(codes.shape[0], lay.n_in - i0)
             if n <= 0:
                 break
-            gi = g_idx[i0: i0 + n]
+            gi = g_idx[i0 : i0 + n]
             diff = np.abs(codes[:n] - zero[gi])
             np.maximum.at(out, gi, diff)  # per group, the max over the inputs g_idx sends there
         return out.astype(np.float32).reshape(-1)

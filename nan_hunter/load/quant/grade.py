@@ -27,7 +27,6 @@ from .. import safetensors_file as sf
 from .base import BF16_MAX, FP16_MAX, MAX_BAD_BLOCKS, Blocks, QuantizedScan, QuantizedWeight, unravel
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from ..checkpoint import Checkpoint
 
 FULL_PASS_FRACTION = 4  # read everything once the stripes needed pass 1/4 of all stripes
@@ -37,8 +36,15 @@ class _Reader:
     """Stripes read so far; the magnitudes they gave, kept only where they are needed (the blocks with a
     zero scale); the largest ``m * |scale|`` over the usable blocks read (``best``)."""
 
-    def __init__(self, ck: Checkpoint, q: QuantizedWeight, b: Blocks, weight: np.ndarray, usable_exc: np.ndarray,
-                 zero_idx: np.ndarray) -> None:
+    def __init__(
+        self,
+        ck: Checkpoint,
+        q: QuantizedWeight,
+        b: Blocks,
+        weight: np.ndarray,
+        usable_exc: np.ndarray,
+        zero_idx: np.ndarray,
+    ) -> None:
 
         self.ck, self.q, self.b = ck, q, b
         self.weight = weight  # per block: |scale| (or 1 for absolute magnitudes)
@@ -84,7 +90,7 @@ class _Reader:
                 contrib = np.where(self.unusable[pos] == idx, np.float32(-1.0), contrib)
             if contrib.size:
                 self.best = max(self.best, float(contrib.max()))
-        self.read[first: first + count] = True
+        self.read[first : first + count] = True
         self.n_read += count
 
 
@@ -107,7 +113,9 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     nonfinite = exc[~np.isfinite(ev)]
     zero_idx = exc[ev == 0]
     neg_idx = exc[ev < 0]
-    unusable = nonfinite if b.exclude is None else np.unique(np.concatenate([nonfinite, np.flatnonzero(b.exclude)]))
+    unusable = (
+        nonfinite if b.exclude is None else np.unique(np.concatenate([nonfinite, np.flatnonzero(b.exclude)]))
+    )
     weight = np.ones_like(s) if b.absolute else np.abs(s)
     r = _Reader(ck, q, b, weight, unusable, zero_idx)
     known = b.known
@@ -123,7 +131,9 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
             if zero_idx.size:
                 hit = np.isin(zero_idx, got)
                 r.zero_holds[hit] = k[zero_idx[hit]] > 0
-    need = zero_idx if known is None else zero_idx[np.asarray(known).reshape(-1)[zero_idx] < 0]  # padding is known empty
+    need = (
+        zero_idx if known is None else zero_idx[np.asarray(known).reshape(-1)[zero_idx] < 0]
+    )  # padding is known empty
     if stripe_of is not None and not b.zero_is_fault and need.size:
         wanted = np.unique(stripe_of[need])
         if wanted.size > limit:
@@ -136,14 +146,20 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     listed = [nonfinite, zero_bad] + ([neg_idx] if b.negative_listed else [])
     bad = np.sort(np.concatenate(listed))
     out.n_bad = int(bad.size) + len(b.extra_bad)
-    out.n_faults = int(nonfinite.size + zero_bad.size + (neg_idx.size if b.negative_is_fault else 0)) \
-        + b.extra_faults
+    out.n_faults = (
+        int(nonfinite.size + zero_bad.size + (neg_idx.size if b.negative_is_fault else 0)) + b.extra_faults
+    )
     out.bad_blocks = list(b.extra_bad)
     for i in bad[:MAX_BAD_BLOCKS].tolist():
         v = float(s[i])
         problem = "nan" if v != v else "inf" if math.isinf(v) else "zero" if v == 0 else "negative"
-        out.bad_blocks.append({"index": unravel(i, b.shape), "scale": "nan" if v != v else (
-            "inf" if math.isinf(v) else v), "problem": problem})
+        out.bad_blocks.append(
+            {
+                "index": unravel(i, b.shape),
+                "scale": "nan" if v != v else ("inf" if math.isinf(v) else v),
+                "problem": problem,
+            }
+        )
     gm = abs(b.multiplier)
     out.nonfinite_blocks, out.dequant_nonfinite = _nonfinite(b, unusable, n, gm)
     if r.best >= 0 and math.isfinite(gm):
@@ -158,14 +174,16 @@ def check(ck: Checkpoint, q: QuantizedWeight) -> QuantizedScan:
     if b.bound_only:
         bound = out.dequant_absmax
         out.dequant_absmax = None
-        out.overflows = {"fp16": True if some_nonfinite else False if bound is not None and bound <= FP16_MAX
-                         else None,
-                         "bf16": True if some_nonfinite else False if bound is not None and bound <= BF16_MAX
-                         else None}
+        out.overflows = {
+            "fp16": True if some_nonfinite else False if bound is not None and bound <= FP16_MAX else None,
+            "bf16": True if some_nonfinite else False if bound is not None and bound <= BF16_MAX else None,
+        }
     else:
         a = out.dequant_absmax
-        out.overflows = {"fp16": some_nonfinite or bool(a is not None and a > FP16_MAX),
-                         "bf16": some_nonfinite or bool(a is not None and a > BF16_MAX)}
+        out.overflows = {
+            "fp16": some_nonfinite or bool(a is not None and a > FP16_MAX),
+            "bf16": some_nonfinite or bool(a is not None and a > BF16_MAX),
+        }
     out.stripes_read = r.n_read
     return out
 
@@ -190,12 +208,21 @@ def _nonfinite(b: Blocks, unusable: np.ndarray, n: int, gm: float) -> tuple[int,
     return int(blocks.size), int(np.asarray(b.sizes, dtype=np.int64).reshape(-1)[blocks].sum())
 
 
-def _absmax_candidates(r: _Reader, weight: np.ndarray, unusable: np.ndarray, b: Blocks, stripe_of: np.ndarray,
-                       limit: int, known: np.ndarray | None) -> None:
+def _absmax_candidates(
+    r: _Reader,
+    weight: np.ndarray,
+    unusable: np.ndarray,
+    b: Blocks,
+    stripe_of: np.ndarray,
+    limit: int,
+    known: np.ndarray | None,
+) -> None:
     """Read stripes, largest possible contribution first, until no unread block can beat the
     largest known ``m * |scale|`` (or read them all when that is cheaper). The bound of every block
     outside the ``k`` largest is at most the ``k + 1``-th largest, so the ``k + 1`` largest answer it."""
-    bound = b.bound if isinstance(b.bound, (int, float)) else np.asarray(b.bound, dtype=np.float32).reshape(-1)
+    bound = (
+        b.bound if isinstance(b.bound, (int, float)) else np.asarray(b.bound, dtype=np.float32).reshape(-1)
+    )
     upper = weight * bound if not isinstance(bound, (int, float)) else weight * np.float32(bound)
     upper = upper.astype(np.float32, copy=True)
     if unusable.size:
@@ -222,6 +249,6 @@ def _absmax_candidates(r: _Reader, weight: np.ndarray, unusable: np.ndarray, b: 
 def _largest(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest values of 1-D ``x``, largest first, and their indices (NaN counts as largest,
     as a sort puts it last)."""
-    idx = np.argpartition(x, x.size - k)[x.size - k:] if k < x.size else np.arange(x.size)
+    idx = np.argpartition(x, x.size - k)[x.size - k :] if k < x.size else np.arange(x.size)
     idx = idx[np.argsort(x[idx], kind="stable")[::-1]]
     return x[idx], idx

@@ -68,8 +68,9 @@ class ByteSource(Protocol):
     def read_bytes(self, name: str, offset: int, nbytes: int) -> np.ndarray: ...
 
 
-def window(ck: ByteSource, name: str, g: Grid, first: int, count: int, codes: Codes, value: Value
-           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def window(
+    ck: ByteSource, name: str, g: Grid, first: int, count: int, codes: Codes, value: Value
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stripes ``first .. first + count`` of ``name``: each block's largest magnitude, read in pieces
     of about ``PIECE`` bytes (whole stripes; a stripe larger than that in row chunks)."""
 
@@ -90,7 +91,9 @@ def window(ck: ByteSource, name: str, g: Grid, first: int, count: int, codes: Co
             step = max(1, sf.PIECE // 8 // max(1, g.row_bytes))  # codes may be 4-8x the bytes: smaller reads
             for c0 in range(r0, r1, step):
                 c1 = min(r1, c0 + step)
-                m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(c1 - c0, g.row_bytes)
+                m = ck.read_bytes(name, c0 * g.row_bytes, (c1 - c0) * g.row_bytes).reshape(
+                    c1 - c0, g.row_bytes
+                )
                 part = reduce_blocks(codes(m, c0), c1 - c0, g.bu)
                 chunks = part if chunks is None else np.maximum(chunks, part)
             assert chunks is not None  # r1 > r0: at least one chunk was read

@@ -67,15 +67,30 @@ class IntGroup:
             if dt == "I32":
                 shp = p.prefix + "_shape"
                 true_cols = None
-                if shp in ctx.names and ctx.tag(shp) in ("I64", "I32", "U64", "U32", "I16", "U16", "I8", "U8"):
+                if shp in ctx.names and ctx.tag(shp) in (
+                    "I64",
+                    "I32",
+                    "U64",
+                    "U32",
+                    "I16",
+                    "U16",
+                    "I8",
+                    "U8",
+                ):
                     v = ctx.ck.array(shp).reshape(-1).tolist()
                     true_cols = int(v[-1]) if v and 0 < int(v[-1]) <= cols * 32 else None
                 bits = bits_cfg or (round(cols * 32 / true_cols) if true_cols else 4)
                 n_codes = true_cols or cols * 32 // max(1, bits)
                 if srows == rows and 1 <= bits <= 8 and not (zp and ctx.tag(zp) not in ("I32", "I8")):
-                    bc = group_cfg if group_cfg and -(-n_codes // group_cfg) == scols else block_of(n_codes, scols, None)
+                    bc = (
+                        group_cfg
+                        if group_cfg and -(-n_codes // group_cfg) == scols
+                        else block_of(n_codes, scols, None)
+                    )
                     if bc:
-                        lay = IntLayout(grid.Grid(1, rows, cols * 4, 1, n_codes, bc), tuple(ss), bits, True, zp)
+                        lay = IntLayout(
+                            grid.Grid(1, rows, cols * 4, 1, n_codes, bc), tuple(ss), bits, True, zp
+                        )
             elif n_scales == 1:
                 lay = IntLayout(grid.Grid(1, rows, cols, rows, cols, cols), tuple(ss), 8, False, None)
             elif srows == rows:
@@ -83,8 +98,13 @@ class IntGroup:
                 if bc:
                     lay = IntLayout(grid.Grid(1, rows, cols, 1, cols, bc), tuple(ss), 8, False, None)
             if lay is None:
-                ctx.skip(p.data, dt, f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
-                         p.scale, zp)
+                ctx.skip(
+                    p.data,
+                    dt,
+                    f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
+                    p.scale,
+                    zp,
+                )
                 continue
             found.append(QuantizedWeight(p.data, "int_group", p.scale, self, lay))
             ctx.claim(p.data, p.scale, zp, p.prefix + "_shape")
@@ -93,18 +113,31 @@ class IntGroup:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         lay: IntLayout = q.layout
         g = lay.grid
-        grow = 2 * (32 // lay.bits if lay.packed else 4)  # int32 codes (and their temporaries) per stored byte
-        return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), float(1 << lay.bits), g.stripe_of(),
-                      g.n_stripes, g.br * g.row_bytes * grow, sizes=g.sizes())
+        grow = 2 * (
+            32 // lay.bits if lay.packed else 4
+        )  # int32 codes (and their temporaries) per stored byte
+        return Blocks(
+            scale_values(ck, q.scale),
+            list(lay.scale_shape),
+            float(1 << lay.bits),
+            g.stripe_of(),
+            g.n_stripes,
+            g.br * g.row_bytes * grow,
+            sizes=g.sizes(),
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         lay: IntLayout = q.layout
         g = lay.grid
         zp = None
         if lay.zero_point is not None:
             zt = ck.array(lay.zero_point)
             if zt.dtype == np.int32:  # packed along dim 0, offset like the values
-                zp = unpack_bits(np.ascontiguousarray(_t(zt)), lay.bits)[:, : g.rows].T - (1 << (lay.bits - 1))
+                zp = unpack_bits(np.ascontiguousarray(_t(zt)), lay.bits)[:, : g.rows].T - (
+                    1 << (lay.bits - 1)
+                )
             else:
                 zp = zt.astype(np.int32)
             zp = zp.reshape(g.rows, -1)[:, : g.nbc]
@@ -116,7 +149,7 @@ class IntGroup:
             v = unpack_bits(m.view(np.int32), lay.bits)[:, : g.units] - (1 << (lay.bits - 1))
             if zp is not None:
                 n = m.shape[0]
-                v = v - np.repeat(zp[row0: row0 + n], g.bu, axis=1)[:, : g.units]
+                v = v - np.repeat(zp[row0 : row0 + n], g.bu, axis=1)[:, : g.units]
             centred: np.ndarray = np.abs(v)
             return centred
 

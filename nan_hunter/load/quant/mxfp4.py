@@ -39,9 +39,13 @@ def fp4_codes(m: np.ndarray, _row0: int) -> np.ndarray:
     return larger
 
 
-def fp4_window(ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def fp4_window(
+    ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     table = fp4_mag_table()
-    return grid.window(ck, q.name, q.layout.grid, first, count, fp4_codes, lambda red: table[red.astype(np.int64)])
+    return grid.window(
+        ck, q.name, q.layout.grid, first, count, fp4_codes, lambda red: table[red.astype(np.int64)]
+    )
 
 
 class Mxfp4:
@@ -54,8 +58,14 @@ class Mxfp4:
             if not ctx.free(data):
                 continue
             ds, ss = ctx.shape(data), ctx.shape(s)
-            if len(ds) >= 2 and ds[:-1] == ss and ds[-1] == 16 and ctx.tag(data) == "U8" \
-                    and ctx.tag(s) in ("U8", "F8_E8M0") and math.prod(ds) != 0:
+            if (
+                len(ds) >= 2
+                and ds[:-1] == ss
+                and ds[-1] == 16
+                and ctx.tag(data) == "U8"
+                and ctx.tag(s) in ("U8", "F8_E8M0")
+                and math.prod(ds) != 0
+            ):
                 g = grid.Grid(1, rows_cols(ss)[0], ss[-1] * 16, 1, ss[-1] * 16, 16)
                 found.append(QuantizedWeight(data, "mxfp4", s, self, Fp4Layout(g, tuple(ss))))
                 ctx.claim(data, s)
@@ -79,14 +89,27 @@ class Mxfp4:
                 found.append(QuantizedWeight(p.data, "mxfp4", p.scale, self, Fp4Layout(g, tuple(ss))))
                 ctx.claim(p.data, p.scale)
             else:
-                ctx.skip(p.data, dt, f"scale {p.scale} {ss} does not match its data {ds} in any known quantized "
-                         "format", p.scale)
+                ctx.skip(
+                    p.data,
+                    dt,
+                    f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
+                    p.scale,
+                )
         return found
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         g = q.layout.grid
-        return Blocks(scale_values(ck, q.scale, e8m0=True), list(q.layout.scale_shape), 6.0, g.stripe_of(),
-                      g.n_stripes, g.row_bytes, sizes=g.sizes(2))  # two fp4 values a byte
+        return Blocks(
+            scale_values(ck, q.scale, e8m0=True),
+            list(q.layout.scale_shape),
+            6.0,
+            g.stripe_of(),
+            g.n_stripes,
+            g.row_bytes,
+            sizes=g.sizes(2),
+        )  # two fp4 values a byte
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         return fp4_window(ck, q, first, count)

@@ -31,7 +31,9 @@ class Nvfp4:
         for p in weight_scale_pairs(ctx):
             if ctx.tag(p.data) != "U8" or p.kind == "scale":
                 continue
-            g2 = next((n for n in (p.prefix + "_scale_2", p.prefix + "_global_scale") if n in ctx.names), None)
+            g2 = next(
+                (n for n in (p.prefix + "_scale_2", p.prefix + "_global_scale") if n in ctx.names), None
+            )
             if g2 is None and ctx.tag(p.scale) != "F8_E4M3":
                 continue
             ds, ss = ctx.shape(p.data), ctx.shape(p.scale)
@@ -44,8 +46,12 @@ class Nvfp4:
             srows, scols = rows_cols(ss)
             bc = block_of(cols * 2, scols, 16)
             if srows != rows or not bc or bc % 2:
-                ctx.skip(p.data, "U8", f"scale {p.scale} {ss} does not match its data {ds} in any known quantized "
-                         "format", p.scale)
+                ctx.skip(
+                    p.data,
+                    "U8",
+                    f"scale {p.scale} {ss} does not match its data {ds} in any known quantized format",
+                    p.scale,
+                )
                 continue
             g = grid.Grid(1, rows, cols, 1, cols, bc // 2)
             lay = Fp4Layout(g, tuple(ss), g2, g2 is not None and g2.endswith("_global_scale"))
@@ -63,10 +69,27 @@ class Nvfp4:
             gscale = (1.0 / v) if lay.global_divides and v != 0 else (math.inf if lay.global_divides else v)
             if not math.isfinite(gscale) or gscale == 0:
                 problem = "nan" if gscale != gscale else ("inf" if gscale else "zero")
-                extra.append({"index": [], "scale": "nan" if gscale != gscale else ("inf" if gscale else 0.0),
-                              "problem": problem})
-        return Blocks(scale_values(ck, q.scale), list(lay.scale_shape), 6.0, g.stripe_of(), g.n_stripes, g.row_bytes,
-                      multiplier=gscale, sizes=g.sizes(2), extra_bad=extra, extra_faults=len(extra))
+                extra.append(
+                    {
+                        "index": [],
+                        "scale": "nan" if gscale != gscale else ("inf" if gscale else 0.0),
+                        "problem": problem,
+                    }
+                )
+        return Blocks(
+            scale_values(ck, q.scale),
+            list(lay.scale_shape),
+            6.0,
+            g.stripe_of(),
+            g.n_stripes,
+            g.row_bytes,
+            multiplier=gscale,
+            sizes=g.sizes(2),
+            extra_bad=extra,
+            extra_faults=len(extra),
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         return fp4_window(ck, q, first, count)

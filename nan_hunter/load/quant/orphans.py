@@ -32,5 +32,7 @@ class ScalesNotFound:
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:  # pragma: no cover - detect finds none
         raise AssertionError(q.name)
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:  # pragma: no cover
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:  # pragma: no cover
         raise AssertionError(q.name)

@@ -56,8 +56,9 @@ def quantization_config(ck: Checkpoint) -> dict[str, Any]:
     if ck.config_path is None:
         return {}
     try:
-        data = bounded_json.loads(read_regular(ck.config_path, "config", 16 << 20), str(ck.config_path),
-                                  constants=True)
+        data = bounded_json.loads(
+            read_regular(ck.config_path, "config", 16 << 20), str(ck.config_path), constants=True
+        )
     except Exception:  # noqa: BLE001 - a broken config.json is reported where the model is built
         return {}
     q = data.get("quantization_config") if isinstance(data, dict) else None
@@ -90,12 +91,25 @@ def scan_quantized_claims(ck: Checkpoint) -> tuple[list[QuantizedScan], list[dic
                 r = check(ck, q)
         except BadInput:
             raise
-        except (RuntimeError, ValueError, TypeError, ZeroDivisionError, IndexError, OverflowError, KeyError) as e:
+        except (
+            RuntimeError,
+            ValueError,
+            TypeError,
+            ZeroDivisionError,
+            IndexError,
+            OverflowError,
+            KeyError,
+        ) as e:
             # shapes that name a known layout but do not fit it (a hostile or broken file): not checked,
             # and said so, rather than an internal error (numpy raises ValueError, IndexError or TypeError
             # where torch raised RuntimeError)
-            unchecked.append({"name": q.name, "dtype": q.format, "reason": f"does not fit the {q.format} layout "
-                              f"({type(e).__name__}: {str(e)[:120]})"})
+            unchecked.append(
+                {
+                    "name": q.name,
+                    "dtype": q.format,
+                    "reason": f"does not fit the {q.format} layout ({type(e).__name__}: {str(e)[:120]})",
+                }
+            )
             continue
         if r.skipped:
             unchecked.append({"name": q.name, "dtype": q.format, "reason": r.skipped})

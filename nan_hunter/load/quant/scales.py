@@ -17,8 +17,17 @@ from .base import Blocks, Context, QuantizedWeight, scale_values
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint
 
-SUFFIXES = (".input_scale", ".output_scale", ".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale",
-            "_global_scale", ".weight_scale_2")
+SUFFIXES = (
+    ".input_scale",
+    ".output_scale",
+    ".k_scale",
+    ".v_scale",
+    ".q_scale",
+    ".prob_scale",
+    ".kv_scale",
+    "_global_scale",
+    ".weight_scale_2",
+)
 TAGS = ("F64", "F32", "F16", "BF16", "F8_E8M0", "F8_E4M3", "F8_E5M2")
 
 
@@ -37,8 +46,20 @@ class StandaloneScales:
 
     def blocks(self, ck: Checkpoint, q: QuantizedWeight) -> Blocks:
         v = scale_values(ck, q.scale)
-        return Blocks(v, list(q.layout), 1.0, None, 0, 0, negative_is_fault=True, zero_is_fault=True,
-                      known=np.ones(v.size, dtype=np.float32), sizes=1)
+        return Blocks(
+            v,
+            list(q.layout),
+            1.0,
+            None,
+            0,
+            0,
+            negative_is_fault=True,
+            zero_is_fault=True,
+            known=np.ones(v.size, dtype=np.float32),
+            sizes=1,
+        )
 
-    def window(self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int) -> Iterator[tuple[np.ndarray, ...]]:
+    def window(
+        self, ck: Checkpoint, q: QuantizedWeight, first: int, count: int
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         return iter(())  # no data besides the scale itself

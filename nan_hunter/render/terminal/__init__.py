@@ -53,15 +53,28 @@ def console(stderr: bool = False) -> Console:
     return ReportConsole(stderr=stderr, markup=False, emoji=False, highlight=False)
 
 
-def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
-                weights_max_rows: int = WEIGHTS_MAX_ROWS, weights_targets: Sequence[str] = WEIGHTS_TARGETS,
-                first: Text | None = None, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
+def render_body(
+    rep: Report,
+    c: Console,
+    *,
+    strip: bool = False,
+    near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
+    weights_max_rows: int = WEIGHTS_MAX_ROWS,
+    weights_targets: Sequence[str] = WEIGHTS_TARGETS,
+    first: Text | None = None,
+    forecast_max_listed: int = FORECAST_MAX_LISTED,
+) -> None:
     """Header, ``first`` (the verdict, stated up front), weights, headroom strip (``strip`` and
     module rows), producer and diagnosis panels, near misses and notes."""
     width = c.width
-    rest = [*weights_tables(rep, width, weights_max_rows, weights_targets),
-            headroom_strip(rep, width) if strip else None, generate_table(rep, width), producer_panel(rep, width),
-            diagnosis_panel(rep, width), findings(rep, width, near_miss_max_listed, forecast_max_listed)]
+    rest = [
+        *weights_tables(rep, width, weights_max_rows, weights_targets),
+        headroom_strip(rep, width) if strip else None,
+        generate_table(rep, width),
+        producer_panel(rep, width),
+        diagnosis_panel(rep, width),
+        findings(rep, width, near_miss_max_listed, forecast_max_listed),
+    ]
     # stated up front only when something comes between it and the verdict at the end
     parts = [header(rep, width), first if any(p is not None for p in rest) else None, *rest]
     for part in parts:
@@ -69,15 +82,31 @@ def render_body(rep: Report, c: Console, *, strip: bool = False, near_miss_max_l
             c.print(part)
 
 
-def render(rep: Report, c: Console | None = None, *, strip: bool = False, stderr: bool = False,
-           near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
-           weights_targets: Sequence[str] = WEIGHTS_TARGETS, forecast_max_listed: int = FORECAST_MAX_LISTED) -> None:
+def render(
+    rep: Report,
+    c: Console | None = None,
+    *,
+    strip: bool = False,
+    stderr: bool = False,
+    near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
+    weights_max_rows: int = WEIGHTS_MAX_ROWS,
+    weights_targets: Sequence[str] = WEIGHTS_TARGETS,
+    forecast_max_listed: int = FORECAST_MAX_LISTED,
+) -> None:
     """The full terminal view of one report on ``c`` (default: ``console(stderr)``); ``strip``
     adds the per-module headroom strip."""
     c = c or console(stderr)
     line = verdict(rep, c.width)
-    render_body(rep, c, strip=strip, near_miss_max_listed=near_miss_max_listed, weights_max_rows=weights_max_rows,
-                weights_targets=weights_targets, first=line, forecast_max_listed=forecast_max_listed)
+    render_body(
+        rep,
+        c,
+        strip=strip,
+        near_miss_max_listed=near_miss_max_listed,
+        weights_max_rows=weights_max_rows,
+        weights_targets=weights_targets,
+        first=line,
+        forecast_max_listed=forecast_max_listed,
+    )
     found = bisect_view(rep, c.width)
     if found is not None:
         c.print(found)
@@ -88,7 +117,9 @@ def render_text(rep: Report, width: int | None = None, *, strip: bool = False) -
     """``render`` as plain text (no colour), ``width`` columns (default: the terminal's): what
     ``print(report)`` shows."""
     buf = io.StringIO()
-    render(rep, plain_console(buf, width), strip=strip, forecast_max_listed=default_config().forecast.max_listed)
+    render(
+        rep, plain_console(buf, width), strip=strip, forecast_max_listed=default_config().forecast.max_listed
+    )
     return buf.getvalue()
 
 
@@ -103,21 +134,40 @@ def check_text(reps: list[Report], width: int | None = None) -> str:
 def plain_console(buf: io.StringIO, width: int | None = None) -> Console:
     """A console writing plain text (no colour) into ``buf``, ``width`` columns (default: the
     terminal's)."""
-    return Console(file=buf, width=width or shutil.get_terminal_size((100, 24)).columns, markup=False,
-                   emoji=False, highlight=False, color_system=None)
+    return Console(
+        file=buf,
+        width=width or shutil.get_terminal_size((100, 24)).columns,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        color_system=None,
+    )
 
 
-def render_check(reps: list[Report], c: Console | None = None, strip: bool | None = None, *, stderr: bool = False,
-                 near_miss_max_listed: int = NEAR_MISS_MAX_LISTED, weights_max_rows: int = WEIGHTS_MAX_ROWS,
-                 weights_targets: Sequence[str] = WEIGHTS_TARGETS) -> None:
+def render_check(
+    reps: list[Report],
+    c: Console | None = None,
+    strip: bool | None = None,
+    *,
+    stderr: bool = False,
+    near_miss_max_listed: int = NEAR_MISS_MAX_LISTED,
+    weights_max_rows: int = WEIGHTS_MAX_ROWS,
+    weights_targets: Sequence[str] = WEIGHTS_TARGETS,
+) -> None:
     """Per checkpoint: the scan panels (the strip by default only when it failed), its rule
     results; then one verdict line for the whole check."""
     c = c or console(stderr)
     c.print(check_verdict(reps, c.width))
     for rep in reps:
         show = strip if strip is not None else not (rep.check or {}).get("passed", True)
-        render_body(rep, c, strip=bool(show), near_miss_max_listed=near_miss_max_listed,
-                    weights_max_rows=weights_max_rows, weights_targets=weights_targets)
+        render_body(
+            rep,
+            c,
+            strip=bool(show),
+            near_miss_max_listed=near_miss_max_listed,
+            weights_max_rows=weights_max_rows,
+            weights_targets=weights_targets,
+        )
         c.print(results_table(rep, c.width))
         c.print()
     c.print(check_verdict(reps, c.width))

@@ -16,9 +16,11 @@ STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red"}
 
 def results_table(rep: Report, width: int) -> Table:
     rows = R.check_rows(rep)
-    cols = [Col("", [Text(R.ICON[s], style=STATUS_STYLE[s]) for s, _, _ in rows]),
-            Col("rule", [t(rule, STATUS_STYLE[s] if s != "pass" else "") for s, rule, _ in rows], "name", low=20),
-            Col("result", [t(msg) for _, _, msg in rows], "text", low=24)]
+    cols = [
+        Col("", [Text(R.ICON[s], style=STATUS_STYLE[s]) for s, _, _ in rows]),
+        Col("rule", [t(rule, STATUS_STYLE[s] if s != "pass" else "") for s, rule, _ in rows], "name", low=20),
+        Col("result", [t(msg) for _, _, msg in rows], "text", low=24),
+    ]
     return table(cols, width, order=[(1, 32), (2, None)], title="check")
 
 

@@ -39,10 +39,12 @@ def shorten_middle(name: str, width: int, sep: str = ".") -> str:
     if cell_len(name) <= width:
         return name
     if width <= 1:
-        return ELLIPSIS[:max(0, width)]
+        return ELLIPSIS[: max(0, width)]
     marker = MARKER.match(name)
-    if marker and width - cell_len(marker[0]) >= 8:  # "step lm_head.weight", "∇ fc1", "#3 mlp": the marker stays
-        return marker[0] + shorten_middle(name[marker.end():], width - cell_len(marker[0]), sep)
+    if (
+        marker and width - cell_len(marker[0]) >= 8
+    ):  # "step lm_head.weight", "∇ fc1", "#3 mlp": the marker stays
+        return marker[0] + shorten_middle(name[marker.end() :], width - cell_len(marker[0]), sep)
     return cut_middle(name, width, sep)
 
 
@@ -86,7 +88,7 @@ def wrap(s: str, width: int) -> list[str]:
                 word = shorten_middle(word, width, sep)
             while cell_len(word) > width > 0:
                 lines.append(_head(word, width))
-                word = word[len(lines[-1]):]
+                word = word[len(lines[-1]) :]
             line, gap = line + gap + word, spaces
         lines.append(line)
     return lines
@@ -100,8 +102,11 @@ def hanging(rows: Sequence[tuple[Text, Text]], width: int) -> Table:
     values = [Text("\n".join(wrap(value.plain, value_w)), style=value.style) for _, value in rows]
     grid = Table.grid(padding=(0, SEP, 0, 0))
     grid.add_column(no_wrap=True, width=label_w)
-    grid.add_column(no_wrap=True, width=max((cell_len(x) for v in values for x in v.plain.split("\n")), default=1),
-                    overflow="crop")
+    grid.add_column(
+        no_wrap=True,
+        width=max((cell_len(x) for v in values for x in v.plain.split("\n")), default=1),
+        overflow="crop",
+    )
     for (label, _), value in zip(rows, values):
         grid.add_row(label, value)
     return grid
@@ -162,17 +167,30 @@ def _cell(c: Col, row: int, width: int) -> Text:
     return t
 
 
-def table(cols: Sequence[Col], total: int, order: Sequence[tuple[int, int | None]] = (),
-          title: str | None = None) -> Table:
+def table(
+    cols: Sequence[Col], total: int, order: Sequence[tuple[int, int | None]] = (), title: str | None = None
+) -> Table:
     """A borderless rich table of ``cols`` fitted to ``total`` cells."""
     widths = fit(cols, total, order)
-    tab = Table(box=None, header_style="dim", pad_edge=False, padding=(0, SEP, 0, 0), show_edge=False,
-                title=Text(title, style="bold") if title else None, title_justify="left")
+    tab = Table(
+        box=None,
+        header_style="dim",
+        pad_edge=False,
+        padding=(0, SEP, 0, 0),
+        show_edge=False,
+        title=Text(title, style="bold") if title else None,
+        title_justify="left",
+    )
     keep = [i for i, w in enumerate(widths) if w > 0]
     for i in keep:
         c = cols[i]
-        tab.add_column(Text(shorten_end(c.header, widths[i])), width=widths[i], justify=c.justify,
-                       no_wrap=c.kind != "text", overflow="fold" if c.kind == "text" else "crop")
+        tab.add_column(
+            Text(shorten_end(c.header, widths[i])),
+            width=widths[i],
+            justify=c.justify,
+            no_wrap=c.kind != "text",
+            overflow="fold" if c.kind == "text" else "crop",
+        )
     for r in range(len(cols[0].cells) if cols else 0):
         tab.add_row(*(_cell(cols[i], r, widths[i]) for i in keep))
     return tab

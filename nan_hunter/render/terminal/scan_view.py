@@ -44,44 +44,64 @@ def generate_table(rep: Report, width: int) -> Table | None:
     rows = R.generate_rows(rep)
     if not rows:
         return None
-    cols = [Col(R.GENERATE_HEAD[0], [t(r[0]) for r in rows]),
-            Col(R.GENERATE_HEAD[1], [t(r[1]) for r in rows], "end", low=12),
-            Col(R.GENERATE_HEAD[2], [t(r[2], "red" if r[2].startswith("fails") else "green") for r in rows]),
-            Col(R.GENERATE_HEAD[3], [t(r[3]) for r in rows], justify="right")]
+    cols = [
+        Col(R.GENERATE_HEAD[0], [t(r[0]) for r in rows]),
+        Col(R.GENERATE_HEAD[1], [t(r[1]) for r in rows], "end", low=12),
+        Col(R.GENERATE_HEAD[2], [t(r[2], "red" if r[2].startswith("fails") else "green") for r in rows]),
+        Col(R.GENERATE_HEAD[3], [t(r[3]) for r in rows], justify="right"),
+    ]
     return table(cols, width, title="decoding per input")
 
 
-def weights_tables(rep: Report, width: int, max_rows: int = R.WEIGHTS_MAX_ROWS,
-                   targets: Sequence[str] = R.WEIGHTS_TARGETS) -> list[RenderableType]:
+def weights_tables(
+    rep: Report, width: int, max_rows: int = R.WEIGHTS_MAX_ROWS, targets: Sequence[str] = R.WEIGHTS_TARGETS
+) -> list[RenderableType]:
     """Non-finite tensors, then tensors near a target dtype's max; at most ``max_rows`` rows."""
     w = R.weights_rows(rep, max_rows, targets)
     bad = [r for r, b in zip(w.rows, w.bad) if b]
     near = [r for r, b in zip(w.rows, w.bad) if not b]
     out: list[RenderableType] = []
     if bad:
-        cols = [Col("tensor", [t(r[0], "red") for r in bad], "name", low=20),
-                Col("dtype", [t(r[1]) for r in bad]), Col("shape", [t(r[2]) for r in bad]),
-                *(Col(h, [t(r[j]) for r in bad], justify="right") for j, h in ((3, "NaN"), (4, "+inf"), (5, "−inf"))),
-                Col("first at", [t(r[6]) for r in bad])]
+        cols = [
+            Col("tensor", [t(r[0], "red") for r in bad], "name", low=20),
+            Col("dtype", [t(r[1]) for r in bad]),
+            Col("shape", [t(r[2]) for r in bad]),
+            *(
+                Col(h, [t(r[j]) for r in bad], justify="right")
+                for j, h in ((3, "NaN"), (4, "+inf"), (5, "−inf"))
+            ),
+            Col("first at", [t(r[6]) for r in bad]),
+        ]
         out.append(table(cols, width, title="weights: non-finite"))
     if near:
-        cols = [Col("tensor", [t(r[0], "yellow") for r in near], "name", low=20),
-                Col("dtype", [t(r[1]) for r in near]),
-                Col("absmax · headroom", [t(r[7]) for r in near], "text", low=20)]
+        cols = [
+            Col("tensor", [t(r[0], "yellow") for r in near], "name", low=20),
+            Col("dtype", [t(r[1]) for r in near]),
+            Col("absmax · headroom", [t(r[7]) for r in near], "text", low=20),
+        ]
         out.append(table(cols, width, title="weights: near a dtype's max"))
     if w.hidden:
         out.append(Text(f"… {w.hidden} more tensor(s) (see --json)", style="dim"))
     qrows, qhidden = R.quantized_rows(rep, max_rows)
     if qrows:
-        cols = [Col(h, [t(r[j], "red" if j == 0 else "") for r in qrows], "name" if j in (0, 2) else "fixed",
-                    low=12 if j in (0, 2) else 0) for j, h in enumerate(R.QUANT_HEAD)]
+        cols = [
+            Col(
+                h,
+                [t(r[j], "red" if j == 0 else "") for r in qrows],
+                "name" if j in (0, 2) else "fixed",
+                low=12 if j in (0, 2) else 0,
+            )
+            for j, h in enumerate(R.QUANT_HEAD)
+        ]
         out.append(table(cols, width, title="weights: quantized, bad blocks"))
         if qhidden:
             out.append(Text(f"… {qhidden} more bad block(s) (see --json)", style="dim"))
     crows = R.caveat_rows(rep)
     if crows:
-        cols = [Col("tensor", [t(r[0], "yellow") for r in crows], "name", low=20),
-                Col("finding", [t(r[1]) for r in crows], "text", low=20)]
+        cols = [
+            Col("tensor", [t(r[0], "yellow") for r in crows], "name", low=20),
+            Col("finding", [t(r[1]) for r in crows], "text", low=20),
+        ]
         out.append(table(cols, width, title="weights: suspicious or not checked"))
     return out
 
@@ -92,10 +112,17 @@ def lead_table(rep: Report, width: int) -> Table | None:
     if not rows:
         return None
     mark = [Text("▶" if i == hit else "", style="bold red") for i in range(len(rows))]
-    cols = [Col("", mark), Col(R.LEAD_HEAD[0], [t(r[0], "bold red" if i == hit else "") for i, r in enumerate(rows)],
-                               "name", low=16),
-            Col(R.LEAD_HEAD[1], [t(r[1]) for r in rows], "end", low=8, optional=True),
-            *(Col(h, [t(r[j]) for r in rows], justify="right") for j, h in enumerate(R.LEAD_HEAD[2:], 2))]
+    cols = [
+        Col("", mark),
+        Col(
+            R.LEAD_HEAD[0],
+            [t(r[0], "bold red" if i == hit else "") for i, r in enumerate(rows)],
+            "name",
+            low=16,
+        ),
+        Col(R.LEAD_HEAD[1], [t(r[1]) for r in rows], "end", low=8, optional=True),
+        *(Col(h, [t(r[j]) for r in rows], justify="right") for j, h in enumerate(R.LEAD_HEAD[2:], 2)),
+    ]
     return table(cols, width)
 
 
@@ -103,30 +130,47 @@ def producer_panel(rep: Report, width: int) -> Panel | None:
     f = rep.first_nonfinite
     if f is None:
         return None
-    styles = {"module": "bold", "op": "bold", "value": KIND_STYLE.get(f.kind, ""), "source": "cyan", "when": "bold"}
+    styles = {
+        "module": "bold",
+        "op": "bold",
+        "value": KIND_STYLE.get(f.kind, ""),
+        "source": "cyan",
+        "when": "bold",
+    }
     where = R.where_rows(rep)
     room = width - PANEL_CHROME - max(len(k) for k, _ in where) - 1
     # a path is shortened in the middle on one line (its tail names the file), never broken mid-word
     where = [(k, shorten_middle(esc(v), room, "/") if k == "source" else v) for k, v in where]
-    parts: list[RenderableType] = [hanging([(Text(k, style="dim"), t(v, styles.get(k, "")))
-                                            for k, v in where], width - PANEL_CHROME)]
+    parts: list[RenderableType] = [
+        hanging([(Text(k, style="dim"), t(v, styles.get(k, ""))) for k, v in where], width - PANEL_CHROME)
+    ]
     lead = lead_table(rep, width - PANEL_CHROME)
     if lead is not None:
         parts += [Text(""), Text("last calls (execution order):", style="dim"), lead]
-    return Panel(Group(*parts), title=Text("first non-finite value", style="bold red"), title_align="left",
-                 border_style="red")
+    return Panel(
+        Group(*parts),
+        title=Text("first non-finite value", style="bold red"),
+        title_align="left",
+        border_style="red",
+    )
 
 
 def replay_table(rep: Report) -> Table | None:
     rows = R.replay_rows(rep)
     if not rows:
         return None
-    tab = Table(title=Text("replay of the failing region (vs float64)"), title_justify="left", show_edge=False,
-                header_style="bold")
+    tab = Table(
+        title=Text("replay of the failing region (vs float64)"),
+        title_justify="left",
+        show_edge=False,
+        header_style="bold",
+    )
     for j, c in enumerate(R.REPLAY_HEAD):
         tab.add_column(Text(c), justify="left" if j < 2 else "right", no_wrap=True)
     for r in rows:
-        tab.add_row(t(r[0]), Text(r[1], style="green" if r[1] == "yes" else "bold red"), *(t(c) for c in r[2:]))
+        tab.add_row(
+            t(r[0]), Text(r[1], style="green" if r[1] == "yes" else "bold red"), *(t(c) for c in r[2:])
+        )
     return tab
 
 
@@ -154,19 +198,33 @@ def diagnosis_panel(rep: Report, width: int) -> Panel | None:
     return Panel(Group(*parts), title=title, title_align="left", border_style="yellow")
 
 
-def findings(rep: Report, width: int, max_listed: int = R.NEAR_MISS_MAX_LISTED,
-             forecast_max_listed: int = R.FORECAST_MAX_LISTED) -> Table | None:
+def findings(
+    rep: Report,
+    width: int,
+    max_listed: int = R.NEAR_MISS_MAX_LISTED,
+    forecast_max_listed: int = R.FORECAST_MAX_LISTED,
+) -> Table | None:
     """Near misses (at most ``max_listed``), precursor warnings, the forecast's top entries (at most
     ``forecast_max_listed``) and notes, wrapped lines indented."""
     near, more = R.near_miss_lines(rep, max_listed)
     lines = [(Text("near miss", style="yellow"), t(m)) for m in near]
     if more:
-        lines.append((Text("near miss", style="yellow"), Text(f"… {more} more (see --json, or the report's to_dict())", style="dim")))
+        lines.append(
+            (
+                Text("near miss", style="yellow"),
+                Text(f"… {more} more (see --json, or the report's to_dict())", style="dim"),
+            )
+        )
     lines += [(Text("warning", style="yellow"), t(w)) for w in R.warning_lines(rep)]
     fc, more = R.forecast_lines(rep, forecast_max_listed)
     lines += [(Text("forecast", style="cyan"), t(f)) for f in fc]
     if more:
-        lines.append((Text("forecast", style="cyan"), Text(f"… {more} more (see --json, or the report's to_dict())", style="dim")))
+        lines.append(
+            (
+                Text("forecast", style="cyan"),
+                Text(f"… {more} more (see --json, or the report's to_dict())", style="dim"),
+            )
+        )
     lines += [(Text("note", style="dim"), t(n)) for n in rep.notes]
     return hanging(lines, width) if lines else None
 

@@ -37,16 +37,21 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
         return None
     calls = [it for it in s.items if isinstance(it, StripCall)]
     head = f"log |out| → {s.dtype} max"
-    cols = [Col("", [Text("▶")]), Col("module", [Text(_name(it, 2)) for it in calls], "name", low=24, cap=60),
-            Col("type", [Text(esc(it.module_type)) for it in calls], "end", low=10, cap=22, optional=True),
-            Col(head, [], "bar", low=BAR_MIN, cap=BAR_MAX),
-            Col("abs-min", [Text(it.absmin) for it in calls], justify="right", optional=not s.has_absmin),
-            Col("absmax", [Text(it.absmax) for it in calls], justify="right"),
-            Col("headroom", [Text(it.headroom) for it in calls], justify="right")]
+    cols = [
+        Col("", [Text("▶")]),
+        Col("module", [Text(_name(it, 2)) for it in calls], "name", low=24, cap=60),
+        Col("type", [Text(esc(it.module_type)) for it in calls], "end", low=10, cap=22, optional=True),
+        Col(head, [], "bar", low=BAR_MIN, cap=BAR_MAX),
+        Col("abs-min", [Text(it.absmin) for it in calls], justify="right", optional=not s.has_absmin),
+        Col("absmax", [Text(it.absmax) for it in calls], justify="right"),
+        Col("headroom", [Text(it.headroom) for it in calls], justify="right"),
+    ]
     order = [(1, NAME_MID), (3, BAR_MID), (2, 14), (1, None), (3, BAR_MAX)]
     flushes = any(it.flush not in ("0", "—") for it in calls)
     if flushes:  # else nothing flushes to zero (or nothing was measured): the column is left out
-        cols.append(Col(f"→0 {s.flush_dtype}", [Text(it.flush) for it in calls], justify="right", optional=True))
+        cols.append(
+            Col(f"→0 {s.flush_dtype}", [Text(it.flush) for it in calls], justify="right", optional=True)
+        )
         order.insert(3, (len(cols) - 1, None))
     w = fit(cols, width, order=order)
     indent = 2 if w[1] >= 44 else 1
@@ -59,8 +64,15 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
                 shown.append(t)
         return Text(" " * SEP).join(shown)
 
-    lines = [*(Text(part, style="bold") for part in wrap(s.title, width)), line([Text(c.header if c.kind != "bar" else shorten_end(head, w[i]),
-                                                     style="dim") for i, c in enumerate(cols)])]
+    lines = [
+        *(Text(part, style="bold") for part in wrap(s.title, width)),
+        line(
+            [
+                Text(c.header if c.kind != "bar" else shorten_end(head, w[i]), style="dim")
+                for i, c in enumerate(cols)
+            ]
+        ),
+    ]
     for it in s.items:
         if not isinstance(it, StripCall):
             lines.append(Text(" " * (w[0] + SEP) + it.text, style="dim"))
@@ -68,13 +80,24 @@ def headroom_strip(rep: Report, width: int, max_rows: int = STRIP_ROWS) -> Group
         style = "bold red" if it.producer else "red" if it.tone == "bad" else ""
         name = _name(it, indent)
         body = len(name) - len(name.lstrip(" "))
-        lines.append(line([Text("▶" if it.producer else "", style="bold red"),
-                           Text(" " * body + shorten_middle(name[body:], w[1] - body), style=style),
-                           Text(shorten_end(esc(it.module_type), w[2])), _bar(it, w[3]),
-                           Text(it.absmin, style="dim"),
-                           Text(it.absmax, style=TONE["bad"] if it.tone == "bad" else ""), Text(it.headroom),
-                           *([Text(it.flush, style="yellow" if it.flush not in ("0", "—") else "dim")] if flushes
-                             else [])]))
+        lines.append(
+            line(
+                [
+                    Text("▶" if it.producer else "", style="bold red"),
+                    Text(" " * body + shorten_middle(name[body:], w[1] - body), style=style),
+                    Text(shorten_end(esc(it.module_type), w[2])),
+                    _bar(it, w[3]),
+                    Text(it.absmin, style="dim"),
+                    Text(it.absmax, style=TONE["bad"] if it.tone == "bad" else ""),
+                    Text(it.headroom),
+                    *(
+                        [Text(it.flush, style="yellow" if it.flush not in ("0", "—") else "dim")]
+                        if flushes
+                        else []
+                    ),
+                ]
+            )
+        )
     for t in lines:
         t.no_wrap, t.overflow = True, "crop"
     return Group(*lines)

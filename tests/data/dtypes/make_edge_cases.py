@@ -48,11 +48,25 @@ def float_edges(tag: str) -> tuple[np.ndarray, np.ndarray]:
     inf = ((1 << e) - 1) << m
     mag = [0, 1, (1 << m) - 1, 1 << m, inf - 1]  # 0, smallest/largest subnormal, smallest normal, max finite
     finite_bits = [b for x in mag for b in (x, x | sign)]  # each with both signs (-0 included)
-    around = [2.0 ** -25, 2.0 ** -25 * (1 + 2.0 ** -10), 2.0 ** -25 * (1 - 2.0 ** -8), 2.0 ** -14,
-              2.0 ** -14 * (1 - 2.0 ** -8), 1e-30, 1.0, -1.0, 3.0, 448.0, 464.0, -65504.0, 65520.0, 57344.0]
+    around = [
+        2.0**-25,
+        2.0**-25 * (1 + 2.0**-10),
+        2.0**-25 * (1 - 2.0**-8),
+        2.0**-14,
+        2.0**-14 * (1 - 2.0**-8),
+        1e-30,
+        1.0,
+        -1.0,
+        3.0,
+        448.0,
+        464.0,
+        -65504.0,
+        65520.0,
+        57344.0,
+    ]
     keep = [v for v in around if tag != "F16" or abs(v) <= 65504]  # F16 holds no 65520
     if tag == "F16":
-        keep = [v for v in keep if abs(v) >= 2.0 ** -24 or v == 0]  # below its subnormals: not an F16 value
+        keep = [v for v in keep if abs(v) >= 2.0**-24 or v == 0]  # below its subnormals: not an F16 value
     finite = np.concatenate([np.array(finite_bits, dtype=udt), _bits_of(tag, keep)])
     nans = [inf | (1 << (m - 1)), inf | 1, sign | inf | (1 << (m - 1)), sign | inf | ((1 << m) - 1)]
     bad = np.array([inf, sign | inf, *nans], dtype=udt)
@@ -83,8 +97,13 @@ def tensors() -> dict[str, tuple[str, list[int], bytes]]:
     out["float.BF16.big"] = ("BF16", [70, 1000], big("BF16", True).tobytes())
     out["float.BF16.big_finite"] = ("BF16", [70_000], big("BF16", False).tobytes())
     codes = np.arange(256, dtype=np.uint8)
-    bad = {"F8_E4M3": lambda c: (c & 0x7F) == 0x7F, "F8_E5M2": lambda c: (c & 0x7F) >= 0x7C,
-           "F8_E4M3FNUZ": lambda c: c == 0x80, "F8_E5M2FNUZ": lambda c: c == 0x80, "F8_E8M0": lambda c: c == 0xFF}
+    bad = {
+        "F8_E4M3": lambda c: (c & 0x7F) == 0x7F,
+        "F8_E5M2": lambda c: (c & 0x7F) >= 0x7C,
+        "F8_E4M3FNUZ": lambda c: c == 0x80,
+        "F8_E5M2FNUZ": lambda c: c == 0x80,
+        "F8_E8M0": lambda c: c == 0xFF,
+    }
     for tag, is_bad in bad.items():
         out[f"fp8.{tag}.codes"] = (tag, [16, 16], codes.tobytes())
         fin = codes[~is_bad(codes)]
@@ -95,8 +114,16 @@ def tensors() -> dict[str, tuple[str, list[int], bytes]]:
     packed = np.stack([words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF], axis=1).astype(np.uint8)
     for tag in ("F6_E2M3", "F6_E3M2"):
         out[f"fp6.{tag}.codes"] = (tag, [64], packed.tobytes())
-    for tag, dt in (("I8", "i1"), ("U8", "u1"), ("I16", "<i2"), ("U16", "<u2"), ("I32", "<i4"), ("U32", "<u4"),
-                    ("I64", "<i8"), ("U64", "<u8")):
+    for tag, dt in (
+        ("I8", "i1"),
+        ("U8", "u1"),
+        ("I16", "<i2"),
+        ("U16", "<u2"),
+        ("I32", "<i4"),
+        ("U32", "<u4"),
+        ("I64", "<i8"),
+        ("U64", "<u8"),
+    ):
         out[f"int.{tag}"] = (tag, [3], np.array([0, 1, 2], dtype=dt).tobytes())
     out["other.BOOL"] = ("BOOL", [2], b"\x00\x01")
     out["other.C64"] = ("C64", [2], np.array([1 + 2j, np.nan], dtype="<c8").tobytes())

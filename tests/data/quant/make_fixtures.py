@@ -56,30 +56,70 @@ def _extract(src: Path, funcs: set[str], methods: set[str], g: dict) -> dict:
 
 
 def gptqmodel_code(root: Path):
-    g = {"t": t, "torch": t, "np": np, "nn": nn, "transformers": transformers, "_ConvNd": _ConvNd, "os": os,
-         "math": math, "ThreadPoolExecutor": ThreadPoolExecutor, "PLANAR_BITS": (5, 6, 7),
-         "env_flag": lambda name: name == "GPTQMODEL_DISABLE_PACK_EXT",
-         "log": types.SimpleNamespace(debug=print, warning=print, info=print),
-         "Optional": __import__("typing").Optional, "Dict": dict, "List": list, "Tuple": tuple, "Any": object}
-    ql = _extract(root / "gptqmodel/nn_modules/qlinear/__init__.py", {"_torch_right_shift", "_torch_left_shift"},
-                  {"pack_block", "dequantize_weight", "_dequantize_from_codes", "_init_wf_unsqueeze_buffers",
-                   "_wf_device"}, g)
-    md = _extract(root / "gptqmodel/utils/model_dequant.py",
-                  {"unpack_cols", "pack_cols", "_unpack_cols_3bit", "_pack_cols_3bit", "_shift_gptq_qzeros",
-                   "_revert_gptq_v1_qzeros_correction", "_require_int32_words_for_3bit"}, set(), g)
+    g = {
+        "t": t,
+        "torch": t,
+        "np": np,
+        "nn": nn,
+        "transformers": transformers,
+        "_ConvNd": _ConvNd,
+        "os": os,
+        "math": math,
+        "ThreadPoolExecutor": ThreadPoolExecutor,
+        "PLANAR_BITS": (5, 6, 7),
+        "env_flag": lambda name: name == "GPTQMODEL_DISABLE_PACK_EXT",
+        "log": types.SimpleNamespace(debug=print, warning=print, info=print),
+        "Optional": __import__("typing").Optional,
+        "Dict": dict,
+        "List": list,
+        "Tuple": tuple,
+        "Any": object,
+    }
+    ql = _extract(
+        root / "gptqmodel/nn_modules/qlinear/__init__.py",
+        {"_torch_right_shift", "_torch_left_shift"},
+        {
+            "pack_block",
+            "dequantize_weight",
+            "_dequantize_from_codes",
+            "_init_wf_unsqueeze_buffers",
+            "_wf_device",
+        },
+        g,
+    )
+    md = _extract(
+        root / "gptqmodel/utils/model_dequant.py",
+        {
+            "unpack_cols",
+            "pack_cols",
+            "_unpack_cols_3bit",
+            "_pack_cols_3bit",
+            "_shift_gptq_qzeros",
+            "_revert_gptq_v1_qzeros_correction",
+            "_require_int32_words_for_3bit",
+        },
+        set(),
+        g,
+    )
 
     class QL(nn.Module):
         def __init__(self, bits, in_f, out_f):
             super().__init__()
             self.bits, self.in_features, self.out_features = bits, in_f, out_f
             self.pack_dtype, self.pack_dtype_bits, self.planar = t.int32, 32, False
-            self.maxq = 2 ** bits - 1
+            self.maxq = 2**bits - 1
             self.pack_np_math_dtype, self.pack_np_dtype = np.uint32, np.int32
             self.pack_factor = 32 // bits
             self.dequant_dtype = t.int16 if bits == 8 else t.int8
             self.enable_wf_unsqueeze = True
 
-    for k in ("pack_block", "dequantize_weight", "_dequantize_from_codes", "_init_wf_unsqueeze_buffers", "_wf_device"):
+    for k in (
+        "pack_block",
+        "dequantize_weight",
+        "_dequantize_from_codes",
+        "_init_wf_unsqueeze_buffers",
+        "_wf_device",
+    ):
         setattr(QL, k, ql[k])
     return QL, md["_revert_gptq_v1_qzeros_correction"]
 
@@ -89,7 +129,7 @@ def gptq_case(QL, to_v1, name, bits, sym, v1, act_order=False, out_f=64, in_f=25
     W = t.randn(out_f, in_f, generator=gen) * 0.05
     W[3, 7] = 0.9  # one large weight: the absmax
     G = in_f // gs
-    maxq = 2 ** bits - 1
+    maxq = 2**bits - 1
     g_idx = t.arange(in_f, dtype=t.int32) // gs
     if act_order:
         g_idx = g_idx[t.randperm(in_f, generator=gen)].contiguous()
@@ -107,10 +147,20 @@ def gptq_case(QL, to_v1, name, bits, sym, v1, act_order=False, out_f=64, in_f=25
     q.pack_block(lin, scale, zero, g_idx)
     ref = float(q.dequantize_weight().abs().max())
     qzeros = to_v1(q.qzeros, bits) if v1 else q.qzeros
-    tensors = {f"{LAYER}.qweight": q.qweight, f"{LAYER}.qzeros": qzeros, f"{LAYER}.scales": q.scales,
-               f"{LAYER}.g_idx": q.g_idx.to(t.int32)}
-    qc = {"quant_method": "gptq", "bits": bits, "group_size": gs, "desc_act": act_order, "sym": sym,
-          "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+    tensors = {
+        f"{LAYER}.qweight": q.qweight,
+        f"{LAYER}.qzeros": qzeros,
+        f"{LAYER}.scales": q.scales,
+        f"{LAYER}.g_idx": q.g_idx.to(t.int32),
+    }
+    qc = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": gs,
+        "desc_act": act_order,
+        "sym": sym,
+        "checkpoint_format": "gptq" if v1 else "gptq_v2",
+    }
     return name, tensors, qc, ref
 
 
@@ -151,16 +201,20 @@ def main(sdists: str) -> None:
     root = Path(sdists)
     QL, to_v1 = gptqmodel_code(root / "gptqmodel-7.7.0")
     cases = [gptq_case(QL, to_v1, f"gptq_{b}bit_sym_v1", b, True, True) for b in (2, 3, 4, 8)]
-    cases += [gptq_case(QL, to_v1, "gptq_4bit_sym_v2", 4, True, False),
-              gptq_case(QL, to_v1, "gptq_3bit_asym_v1", 3, False, True),
-              gptq_case(QL, to_v1, "gptq_4bit_asym_v2_actorder", 4, False, False, act_order=True)]
+    cases += [
+        gptq_case(QL, to_v1, "gptq_4bit_sym_v2", 4, True, False),
+        gptq_case(QL, to_v1, "gptq_3bit_asym_v1", 3, False, True),
+        gptq_case(QL, to_v1, "gptq_4bit_asym_v2_actorder", 4, False, False, act_order=True),
+    ]
     cases += awq_cases(*awq_code(root / "autoawq-0.2.9"))
     expected = {}
     for name, tensors, qc, ref in cases:
         d = HERE / name
         d.mkdir(exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / "model.safetensors"))
-        (d / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": qc}, indent=1))
+        (d / "config.json").write_text(
+            json.dumps({"model_type": "llama", "quantization_config": qc}, indent=1)
+        )
         expected[name] = {"dequant_absmax": ref, "weight": tensors and f"{LAYER}.qweight"}
         print(name, {k: list(v.shape) for k, v in tensors.items()}, ref)
     (HERE / "expected.json").write_text(json.dumps(expected, indent=1))

@@ -20,8 +20,9 @@ def test_llama_keep_in_fp32_modules_is_tried_and_refused():
     m = AutoModelForCausalLM.from_pretrained(EXAMPLE, dtype=torch.float32).eval()
     batch = dict(AutoTokenizer.from_pretrained(EXAMPLE)("the quick brown fox", return_tensors="pt"))
     assert is_transformers_model(m) and not is_transformers_model(torch.nn.Linear(2, 2))
-    worked, line = try_keep_in_fp32(str(EXAMPLE), m, ["model.layers.1.mlp.down_proj", "model.norm"],
-                                    RunDtype.of("fp16"), [batch])
+    worked, line = try_keep_in_fp32(
+        str(EXAMPLE), m, ["model.layers.1.mlp.down_proj", "model.norm"], RunDtype.of("fp16"), [batch]
+    )
     assert not worked and "LlamaForCausalLM" in line and "apply the policy instead" in line
 
 
@@ -41,8 +42,9 @@ def test_bisect_lines_never_cut_a_name_at_80_columns():
     from nan_hunter.report import BisectResult, Report
 
     names = [f"model.layers.{i}.mlp.down_proj" for i in range(6)] + ["model.norm"]
-    rep = Report(mode="bisect", bisect=BisectResult("fp16", "fp32", names, 9, True, 1e-3,
-                                                     keep_in_fp32_modules=names))
+    rep = Report(
+        mode="bisect", bisect=BisectResult("fp16", "fp32", names, 9, True, 1e-3, keep_in_fp32_modules=names)
+    )
     buf = io.StringIO()
     Console(file=buf, width=80, color_system=None, markup=False).print(bisect_view(rep, 80))
     text = buf.getvalue()

@@ -24,20 +24,23 @@ def test_config_defaults_fill_what_was_not_given():
     assert BisectOptions("m", granularity="block", rtol=0.5).resolved(cfg) == ("block", 0.5)
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"keep_dtype": "fp16"}, "--keep-dtype fp16: use fp32 or bf16"),
-    ({"dtype": "fp32"}, "nothing to bisect"),
-    ({"dtype": "bf16", "keep_dtype": "bf16"}, "nothing to bisect"),
-    ({"granularity": "layer"}, "--granularity layer: use leaf or block"),
-    ({"over": "batches"}, "--over batches: use modules or inputs"),
-    ({"rtol": 0}, "--rtol 0: give a positive number"),
-    ({"rtol": float("nan")}, "--rtol nan"),
-    ({"generate": 0}, "--generate 0"),
-    ({"generate": True}, "--generate True"),
-    ({"loss": "l.py:fn"}, "--loss is the loss --backward differentiates"),
-    ({"backward": True, "generate": 4}, "bisect --backward with --generate"),
-    ({"dtype": "fp99"}, "fp99"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"keep_dtype": "fp16"}, "--keep-dtype fp16: use fp32 or bf16"),
+        ({"dtype": "fp32"}, "nothing to bisect"),
+        ({"dtype": "bf16", "keep_dtype": "bf16"}, "nothing to bisect"),
+        ({"granularity": "layer"}, "--granularity layer: use leaf or block"),
+        ({"over": "batches"}, "--over batches: use modules or inputs"),
+        ({"rtol": 0}, "--rtol 0: give a positive number"),
+        ({"rtol": float("nan")}, "--rtol nan"),
+        ({"generate": 0}, "--generate 0"),
+        ({"generate": True}, "--generate True"),
+        ({"loss": "l.py:fn"}, "--loss is the loss --backward differentiates"),
+        ({"backward": True, "generate": 4}, "bisect --backward with --generate"),
+        ({"dtype": "fp99"}, "fp99"),
+    ],
+)
 def test_a_bad_option_is_one_line_naming_the_flag(kw, says):
     with pytest.raises(BadInput, match=None) as e:
         BisectOptions("m.safetensors", **kw)

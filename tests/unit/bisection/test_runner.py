@@ -32,8 +32,15 @@ def run_of(m: nn.Module):
 def test_leaf_candidates_are_every_called_leaf_in_call_order():
     m = Reordered()
     assert candidates_of(m, run_of(m), "leaf") == [
-        "pre", "layers.0.lin", "layers.0.gate", "layers.0.out", "layers.1.lin", "layers.1.gate", "layers.1.out",
-        "head"]  # never called: "unused" is not a candidate; containers are not either
+        "pre",
+        "layers.0.lin",
+        "layers.0.gate",
+        "layers.0.out",
+        "layers.1.lin",
+        "layers.1.gate",
+        "layers.1.out",
+        "head",
+    ]  # never called: "unused" is not a candidate; containers are not either
 
 
 def test_block_candidates_are_the_blocks_and_the_leaves_outside_them():
@@ -45,8 +52,15 @@ def test_a_blamed_container_is_added_and_a_blamed_leaf_is_not_duplicated():
     m = Net()
     # leaf granularity: the block's own forward (x + out(...)) is fixed only by keeping the block
     assert candidates_of(m, run_of(m), "leaf", blamed="layers.1") == [
-        "layers.0.lin", "layers.0.gate", "layers.0.out", "layers.1", "layers.1.lin", "layers.1.gate",
-        "layers.1.out", "head"]
+        "layers.0.lin",
+        "layers.0.gate",
+        "layers.0.out",
+        "layers.1",
+        "layers.1.lin",
+        "layers.1.gate",
+        "layers.1.out",
+        "head",
+    ]
     assert candidates_of(m, run_of(m), "leaf", blamed="head") == candidates_of(m, run_of(m), "leaf")
     # block granularity: a module inside a candidate block is covered by the block
     assert candidates_of(m, run_of(m), "block", blamed="layers.1.gate") == ["layers.0", "layers.1", "head"]

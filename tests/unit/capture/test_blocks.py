@@ -28,5 +28,6 @@ def test_the_largest_uniform_module_list_wins():
 
 def test_a_root_module_list_and_no_list_at_all():
     assert main_blocks(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])) == ["0", "1"]
-    assert main_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))) == []  # Sequential is not a ModuleList
-
+    assert (
+        main_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))) == []
+    )  # Sequential is not a ModuleList

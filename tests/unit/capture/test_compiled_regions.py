@@ -20,8 +20,16 @@ from nan_hunter.capture.compiled_regions import (
 )
 
 
-@pytest.mark.parametrize("name, eager", [("", ""), ("layers.0", "layers.0"), ("_orig_mod.layers.0", "layers.0"),
-                                         ("_orig_mod", ""), ("a._orig_mod.b._orig_mod", "a.b")])
+@pytest.mark.parametrize(
+    "name, eager",
+    [
+        ("", ""),
+        ("layers.0", "layers.0"),
+        ("_orig_mod.layers.0", "layers.0"),
+        ("_orig_mod", ""),
+        ("a._orig_mod.b._orig_mod", "a.b"),
+    ],
+)
 def test_eager_name(name, eager):
     assert eager_name(name) == eager
 

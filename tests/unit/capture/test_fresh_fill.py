@@ -64,10 +64,13 @@ def test_an_allocation_returned_unread_names_the_allocation():
     assert v.uninitialised and v.op.op.startswith("aten.new_empty")
 
 
-@pytest.mark.parametrize("module,expected", [
-    ("written", (True, None)),  # every element written: the NaN fill is overwritten, finite
-    ("overflow", (False, False)),  # arithmetic: non-finite with either fill
-])
+@pytest.mark.parametrize(
+    "module,expected",
+    [
+        ("written", (True, None)),  # every element written: the NaN fill is overwritten, finite
+        ("overflow", (False, False)),  # arithmetic: non-finite with either fill
+    ],
+)
 def test_arithmetic_and_fully_written_buffers_are_not_uninitialised(module, expected):
     m = PadWritten() if module == "written" else Overflow()
     v = fill_verdict(m, (torch.randn(3, 4),), {})

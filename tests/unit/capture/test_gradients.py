@@ -100,4 +100,3 @@ def test_a_second_backward_through_the_same_forward_is_a_new_event():
         first = rec.grads.events
         y.backward()
     assert first > 0 and rec.grads.events == 2 * first
-

@@ -104,7 +104,14 @@ def test_observers_see_every_module_call_whatever_the_capture_level(level):
             rec.paused = True  # a report's re-runs: neither capture nor observers
             m(x)
     assert torch.equal(plain, out)
-    assert calls.seen == [("start", ""), ("start", "0"), ("end", "0"), ("start", "1"), ("end", "1"), ("end", "")]
+    assert calls.seen == [
+        ("start", ""),
+        ("start", "0"),
+        ("end", "0"),
+        ("start", "1"),
+        ("end", "1"),
+        ("end", ""),
+    ]
     assert rec.n_forwards == 1
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())
 

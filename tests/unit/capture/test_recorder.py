@@ -149,8 +149,8 @@ def test_rows_hold_the_statistics_of_the_call_inputs_outputs_and_params():
         handle.remove()
     rows = rec.stats()
     lin = next(c for c in rec.calls if c.module == "layers.1.0")
-    (_, rin), = lin.inputs
-    (_, rout), = lin.outputs
+    ((_, rin),) = lin.inputs
+    ((_, rout),) = lin.outputs
     assert rows[rin].absmax == pytest.approx(float(seen["inp"].abs().max()))
     assert rows[rout].absmax == pytest.approx(float(seen["out"].abs().max()))
     assert rows[rout].numel == seen["out"].numel() and rows[rout].finite
@@ -351,8 +351,18 @@ def test_sentinel_output_tensors_are_float_items_tensors() -> None:
 
     f, i = torch.ones(2, 3), torch.ones(2, dtype=torch.long)
     p = nn.Parameter(torch.zeros(3))
-    cases = [f, i, p, (f, None, i, [f * 2, {"a": f * 3}]), [p, 1, "x"], {"x": f, "y": (f, p)},
-             CausalLMOutputWithPast(logits=f, past_key_values=DynamicCache()), None, 3, torch.empty(2, device="meta")]
+    cases = [
+        f,
+        i,
+        p,
+        (f, None, i, [f * 2, {"a": f * 3}]),
+        [p, 1, "x"],
+        {"x": f, "y": (f, p)},
+        CausalLMOutputWithPast(logits=f, past_key_values=DynamicCache()),
+        None,
+        3,
+        torch.empty(2, device="meta"),
+    ]
     for out in cases:
         got, want = _output_tensors(out), [t for _, t in float_items(out)]
         assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), out

@@ -20,16 +20,23 @@ from nan_hunter.capture.sentinel import (
 INF = float("inf")
 
 
-@pytest.mark.parametrize("name,value,bad", [
-    ("finite", 1.0, False),
-    ("largest fp16", 65504.0, False),
-    ("NaN", float("nan"), True),
-    ("+inf", INF, True),
-    ("-inf", -INF, True),
-])
+@pytest.mark.parametrize(
+    "name,value,bad",
+    [
+        ("finite", 1.0, False),
+        ("largest fp16", 65504.0, False),
+        ("NaN", float("nan"), True),
+        ("+inf", INF, True),
+        ("-inf", -INF, True),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_one_reduction_sees_every_kind_of_nonfinite(name, value, bad, dtype):
-    ts = [torch.ones(5, dtype=dtype), torch.tensor([2.0, value]).to(dtype), torch.zeros(3, 3, dtype=torch.float32)]
+    ts = [
+        torch.ones(5, dtype=dtype),
+        torch.tensor([2.0, value]).to(dtype),
+        torch.zeros(3, 3, dtype=torch.float32),
+    ]
     flag = nonfinite_flag(ts)
     assert flag.dtype == torch.bool and flag.dim() == 0
     assert bool(flag) is bad
@@ -58,7 +65,10 @@ def test_optimizer_state_tensors_are_labelled_per_parameter():
     assert optimizer_state_tensors(opt, [p]) == [[]]  # no state before the first step
     opt.step()
     (st,) = optimizer_state_tensors(opt, [p])
-    assert sorted(k for k, _ in st) == ["exp_avg", "exp_avg_sq"]  # the 0-dim step count is not a tensor of values
+    assert sorted(k for k, _ in st) == [
+        "exp_avg",
+        "exp_avg_sq",
+    ]  # the 0-dim step count is not a tensor of values
 
 
 # -- the recorder at level "sentinel" -----------------------------------------------------------------

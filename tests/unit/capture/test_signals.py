@@ -68,8 +68,17 @@ def _llama(attn: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
     m.config._attn_implementation = attn
     return m
 
@@ -116,7 +125,9 @@ def test_only_sampled_steps_hook_and_the_adam_state_is_read_after_the_step():
             (out.loss * 1e-6).backward()
             sampled = step % 3 == 2
             assert w.signals.step_pending == sampled
-            assert not any(m._forward_hooks or m._forward_pre_hooks for m in attn)  # removed at the forward's end
+            assert not any(
+                m._forward_hooks or m._forward_pre_hooks for m in attn
+            )  # removed at the forward's end
             opt.step()
             opt.zero_grad()
             assert not w.signals.step_pending and len(opt._optimizer_step_pre_hooks) == base
@@ -130,7 +141,9 @@ def test_sampled_signals_alone_record_absmax_per_block():
     sig = SampledSignals(torch.nn.Linear(2, 2))
     sig.sample_start(4)
     sig.sample_end(4, [("layers.0", 3.0), ("", float("nan"))], {"logits": torch.tensor([[0.0, 0.0]])})
-    assert sig.signals.series[("layers.0", "absmax")] == [(4, 3.0)] and ("", "absmax") not in sig.signals.series
+    assert (
+        sig.signals.series[("layers.0", "absmax")] == [(4, 3.0)] and ("", "absmax") not in sig.signals.series
+    )
     assert sig.signals.series[("", LOGSUMEXP)][0][1] == pytest.approx(math.log(2))
 
 
@@ -145,4 +158,7 @@ def test_the_forecast_is_measured_against_the_autocast_dtype_first():
                     model.model.embed_tokens.weight.mul_(4.0)  # the blocks' outputs grow 4x a step
         fc = w.forecast()
     assert fc and fc[0]["dtype"] in ("bf16", "fp16")
-    assert {e["dtype"] for e in fc} == {"bf16", "fp16"}  # the run's (autocast) and the targets; never fp32, no fp8
+    assert {e["dtype"] for e in fc} == {
+        "bf16",
+        "fp16",
+    }  # the run's (autocast) and the targets; never fp32, no fp8

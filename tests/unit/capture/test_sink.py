@@ -57,7 +57,7 @@ def test_host_rows_are_the_reference_rows(name, make):
     t = make()
     sink = StatsSink("cpu", underflow=False)
     new: list[int] = []
-    (label, row), = sink.measure_host([("x", t)], True, new)
+    ((label, row),) = sink.measure_host([("x", t)], True, new)
     assert label == "x" and new == [row]
     assert _same(sink.host_table()[row], _expected(t))
     assert (row in sink.bad_rows) == any(_expected(t)[0][1:4])  # nan, posinf, neginf
@@ -71,7 +71,7 @@ def test_inference_tensors_and_inference_mode():
     assert refs[0][1] != refs[1][1]
     assert _same(sink.host_table()[refs[0][1]], _expected(t))
     u = torch.randn(5)
-    (_, r), = sink.measure_host([("c", u)])  # the buffers were made outside inference mode: still usable
+    ((_, r),) = sink.measure_host([("c", u)])  # the buffers were made outside inference mode: still usable
     assert _same(sink.host_table()[r], _expected(u))
 
 
@@ -82,14 +82,14 @@ def test_identity_cache_and_row_reuse():
     refs = sink.measure_host([("a", a), ("b", b), ("a again", a)], True, new)
     assert refs[0][1] == refs[2][1] and len(new) == 2
     a.add_(1)  # changed in place: measured again
-    (_, r), = sink.measure_host([("a", a)], True, new)
+    ((_, r),) = sink.measure_host([("a", a)], True, new)
     assert r not in (refs[0][1], refs[1][1]) and _same(sink.host_table()[r], _expected(a))
     assert sink.rows_in_use == 3
     sink.free(new)
     assert sink.rows_in_use == 0
     sink.forget_tensors()
     c = torch.tensor([math.nan])
-    (_, r), = sink.measure_host([("c", c)])
+    ((_, r),) = sink.measure_host([("c", c)])
     assert r in new and r in sink.bad_rows and sink.n == 3  # a row given back, no new one
     sink.free([r])
     assert not sink.bad_rows
@@ -102,12 +102,12 @@ def test_another_thread_takes_the_general_way():
     th = threading.Thread(target=lambda: out.append(sink.measure_host([("t", t)])))
     th.start()
     th.join()
-    (_, r), = out[0]
+    ((_, r),) = out[0]
     assert _same(sink.host_table()[r], _expected(t))
 
 
 def test_underflow_sinks_keep_the_full_quick_row():
     sink = StatsSink("cpu", underflow=True)
     t = torch.tensor([1e-30, 2.0])
-    (_, r), = sink.measure_host([("t", t)])
+    ((_, r),) = sink.measure_host([("t", t)])
     assert _same(sink.host_table()[r], ref.quick_row(t, underflow=True))

@@ -69,8 +69,13 @@ def test_a_kv_cache_taken_after_the_forward_is_cropped_back_to_its_length_before
     snap = Snapshot.cropped((), {"input_ids": ids, "past_key_values": cache}, lengths)
     after = snap.rerun()[1]["past_key_values"]
     assert cache.get_seq_length() == 4 and after.get_seq_length() == 3  # the user's cache untouched
+
     def kv(c):  # layer 0's keys and values: ``layers`` from transformers 4.54 on, key/value_cache before
-        return (c.layers[0].keys, c.layers[0].values) if hasattr(c, "layers") else (c.key_cache[0], c.value_cache[0])
+        return (
+            (c.layers[0].keys, c.layers[0].values)
+            if hasattr(c, "layers")
+            else (c.key_cache[0], c.value_cache[0])
+        )
 
     assert all(torch.equal(a, b) for a, b in zip(kv(after), kv(before)))
     assert Snapshot.cache_lengths(([1, 2],), {}) is None  # a container: taken before the forward

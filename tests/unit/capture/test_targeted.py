@@ -57,6 +57,7 @@ def hookless(m: nn.Module) -> bool:
 
 # --- call_inputs --------------------------------------------------------------------------------
 
+
 def test_call_inputs_of_the_second_call_of_a_shared_module_and_its_call_sites():
     torch.manual_seed(0)
     m = Twice()
@@ -100,6 +101,7 @@ def test_call_inputs_removes_its_hook_when_the_rerun_raises():
 
 
 # --- backward_region ----------------------------------------------------------------------------
+
 
 class TwoOut(nn.Module):
     def forward(self, x):
@@ -153,6 +155,7 @@ def test_backward_region_removes_its_hooks_when_the_step_raises():
 
 
 # --- child_calls --------------------------------------------------------------------------------
+
 
 class Inner(nn.Module):
     def __init__(self):
@@ -211,6 +214,7 @@ def test_child_calls_removes_hooks_when_the_run_raises():
 
 # --- first_call_order ---------------------------------------------------------------------------
 
+
 def test_first_call_order_is_the_order_of_first_calls_not_of_definition():
     class Backwards(nn.Module):
         def __init__(self):
@@ -231,6 +235,7 @@ def test_first_call_order_is_the_order_of_first_calls_not_of_definition():
 
 
 # --- rows_holding_faults ------------------------------------------------------------------------
+
 
 class Embed(nn.Module):
     """input_ids → embedding → linear; token 3's embedding row is +inf."""

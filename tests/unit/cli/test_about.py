@@ -19,7 +19,11 @@ def _lines() -> dict[str, str]:
 
 def test_names_in_the_order_a_bug_report_reads_them():
     assert [line.split()[0] for line in about.version_lines()] == [
-        "nanhunter", "Python", "torch", *about.LIBRARIES]
+        "nanhunter",
+        "Python",
+        "torch",
+        *about.LIBRARIES,
+    ]
     lines = _lines()
     assert lines["nanhunter"] == __version__ and lines["Python"].startswith(platform.python_version())
     assert lines["torch"].startswith(torch.__version__ + " (") and "device: " in lines["torch"]
@@ -30,11 +34,14 @@ def test_every_line_aligns_its_value():
     assert {line.index(line.split()[1]) for line in about.version_lines()} == {14}
 
 
-@pytest.mark.parametrize("absent, line", [
-    ({"triton"}, "not installed"),
-    ({"lightning"}, "not installed; pytorch-lightning 2.0.0"),  # the older package name says which
-    ({"lightning", "pytorch-lightning"}, "not installed"),
-])
+@pytest.mark.parametrize(
+    "absent, line",
+    [
+        ({"triton"}, "not installed"),
+        ({"lightning"}, "not installed; pytorch-lightning 2.0.0"),  # the older package name says which
+        ({"lightning", "pytorch-lightning"}, "not installed"),
+    ],
+)
 def test_absent_libraries(monkeypatch, absent, line):
     real = metadata.version
 

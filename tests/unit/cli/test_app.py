@@ -20,7 +20,9 @@ def test_the_commands():
     group = app.build_command()
     assert list(group.commands) == list(app.COMMANDS) == ["scan", "bisect", "check", "diff"]
     assert group.help == app.DESCRIPTION
-    assert all(group.commands[c].context_settings["help_option_names"] == ["-h", "--help"] for c in app.COMMANDS)
+    assert all(
+        group.commands[c].context_settings["help_option_names"] == ["-h", "--help"] for c in app.COMMANDS
+    )
 
 
 @pytest.mark.parametrize("command", app.COMMANDS)
@@ -49,14 +51,21 @@ def test_version_callback_does_nothing_when_not_asked():
     assert app._version(False) is None
 
 
-@pytest.mark.parametrize("args, name, value", [
-    (["scan", "x.safetensors", "--quiet"], "quiet", True),
-    (["scan", "x.safetensors"], "quiet", False),  # a flag not given: its default, a bool
-    (["scan", "x.safetensors"], "strip", None),  # --strip/--no-strip not given: None (the command decides)
-    (["scan", "x.safetensors", "--no-strip"], "strip", False),
-    (["scan", "x.safetensors", "--rtol", "1e-3"], "rtol", 1e-3),  # a number: converted by options.number
-    (["scan", "x.safetensors", "--prompt", "a", "--prompt", "b"], "prompt", ["a", "b"]),
-])
+@pytest.mark.parametrize(
+    "args, name, value",
+    [
+        (["scan", "x.safetensors", "--quiet"], "quiet", True),
+        (["scan", "x.safetensors"], "quiet", False),  # a flag not given: its default, a bool
+        (
+            ["scan", "x.safetensors"],
+            "strip",
+            None,
+        ),  # --strip/--no-strip not given: None (the command decides)
+        (["scan", "x.safetensors", "--no-strip"], "strip", False),
+        (["scan", "x.safetensors", "--rtol", "1e-3"], "rtol", 1e-3),  # a number: converted by options.number
+        (["scan", "x.safetensors", "--prompt", "a", "--prompt", "b"], "prompt", ["a", "b"]),
+    ],
+)
 def test_values_as_parsed(args, name, value):
     group = app.build_command()
     ctx = _context(*args)

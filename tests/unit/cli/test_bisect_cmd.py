@@ -18,8 +18,13 @@ def _model(m: dict) -> dict:
 
 
 def test_keep_set_policy_and_json(overflow_model, tmp_path, capsys):
-    code = bisect_cmd.command(**_model(overflow_model), dtype="fp16", policy_out=str(tmp_path / "p.yaml"),
-                              json=str(tmp_path / "r.json"), quiet=True)
+    code = bisect_cmd.command(
+        **_model(overflow_model),
+        dtype="fp16",
+        policy_out=str(tmp_path / "p.yaml"),
+        json=str(tmp_path / "r.json"),
+        quiet=True,
+    )
     assert code == 0 and capsys.readouterr().out == ""
     assert json.loads((tmp_path / "r.json").read_text())["bisect"]["keep_modules"] == ["down"]
     assert "down" in json.dumps(yaml.safe_load((tmp_path / "p.yaml").read_text()))
@@ -32,9 +37,12 @@ def test_the_view_and_the_policy_to_stdout(overflow_model, capsys):
     assert "keep down → fp32" in err and err.splitlines()[-1].startswith("✔ keep 1 module(s) in fp32")
 
 
-@pytest.mark.parametrize("dtype, why", [
-    ("bf16", "the run in bf16 is already finite: there is nothing to keep in fp32"),
-])
+@pytest.mark.parametrize(
+    "dtype, why",
+    [
+        ("bf16", "the run in bf16 is already finite: there is nothing to keep in fp32"),
+    ],
+)
 def test_a_policy_not_written_says_why(overflow_model, tmp_path, capsys, dtype, why):
     p = tmp_path / "p.yaml"
     bisect_cmd.command(**_model(overflow_model), dtype=dtype, policy_out=str(p))

@@ -27,7 +27,9 @@ def test_exit_codes_and_files(cks, tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     clean, bad = cks
     assert check_cmd.command([clean], quiet=True) == 0
-    code = check_cmd.command([clean, bad], json=str(tmp_path / "r.json"), junit=str(tmp_path / "j.xml"), quiet=True)
+    code = check_cmd.command(
+        [clean, bad], json=str(tmp_path / "r.json"), junit=str(tmp_path / "j.xml"), quiet=True
+    )
     assert code == 1
     assert [r["check"]["passed"] for r in json.loads((tmp_path / "r.json").read_text())] == [True, False]
     assert (tmp_path / "j.xml").read_text().count("<testsuite ") == 2
@@ -55,4 +57,6 @@ def test_no_output_may_overwrite_the_baseline(cks, tmp_path):
 
 
 def test_description_states_the_exit_codes():
-    assert "Exit 0: every rule passed" in check_cmd.DESCRIPTION and "::error/::warning" in check_cmd.DESCRIPTION
+    assert (
+        "Exit 0: every rule passed" in check_cmd.DESCRIPTION and "::error/::warning" in check_cmd.DESCRIPTION
+    )

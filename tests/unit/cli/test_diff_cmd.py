@@ -16,8 +16,14 @@ from ..divergence.synthetic import entry, write
 
 @pytest.fixture
 def traces(tmp_path):
-    a = [entry("m", "aten.mm.default", producers=[None]), entry("m", "aten.exp.default", absmax=2.0, producers=[0])]
-    b = [entry("m", "aten.mm.default", producers=[None]), entry("m", "aten.exp.default", absmax=2.5, producers=[0])]
+    a = [
+        entry("m", "aten.mm.default", producers=[None]),
+        entry("m", "aten.exp.default", absmax=2.0, producers=[0]),
+    ]
+    b = [
+        entry("m", "aten.mm.default", producers=[None]),
+        entry("m", "aten.exp.default", absmax=2.5, producers=[0]),
+    ]
     return str(write(tmp_path / "a.jsonl", a)), str(write(tmp_path / "b.jsonl", b))
 
 
@@ -41,10 +47,13 @@ def test_json_to_stdout(traces, capsys):
     assert json.loads(out)["exit_code"] == 1 and err.startswith("✘ runs part at")
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"report": "d.pdf"}, "diff writes HTML"),
-    ({"json": "A"}, "is an input"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"report": "d.pdf"}, "diff writes HTML"),
+        ({"json": "A"}, "is an input"),
+    ],
+)
 def test_refusals(traces, kw, says):
     kw = {k: (traces[0] if v == "A" else v) for k, v in kw.items()}
     with pytest.raises(BadInput, match=says):

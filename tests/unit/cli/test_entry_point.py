@@ -24,19 +24,25 @@ from safetensors.torch import save_file
 from nan_hunter import __version__
 
 
-@pytest.mark.parametrize("args, says", [
-    (["scan"], "the following arguments are required: checkpoint"),
-    (["scan", "x.safetensors", "--bogus"], "unrecognized arguments: --bogus"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-    (["bisect", "x.safetensors", "--rtol", "abc"], "--rtol: invalid float value: 'abc'"),
-    (["scan", "x.safetensors", "--generate", "1.5"], "argument --generate: invalid int value: '1.5'"),
-    (["check"], "the following arguments are required: CHECKPOINT"),
-    (["diff"], "the following arguments are required: A, B"),
-    (["bisect", "x.safetensors", "--policy", "p.yaml"], "unrecognized arguments: --policy"),  # no abbreviations
-    (["scan", "x.safetensors", "--dtype"], "argument --dtype: expected one argument"),
-    (["scan", "x.safetensors", "--quiet=yes"], "argument --quiet: ignored explicit argument 'yes'"),
-    (["scan", "x.safetensors", "y.safetensors"], "unrecognized arguments: y.safetensors"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["scan"], "the following arguments are required: checkpoint"),
+        (["scan", "x.safetensors", "--bogus"], "unrecognized arguments: --bogus"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["bisect", "x.safetensors", "--rtol", "abc"], "--rtol: invalid float value: 'abc'"),
+        (["scan", "x.safetensors", "--generate", "1.5"], "argument --generate: invalid int value: '1.5'"),
+        (["check"], "the following arguments are required: CHECKPOINT"),
+        (["diff"], "the following arguments are required: A, B"),
+        (
+            ["bisect", "x.safetensors", "--policy", "p.yaml"],
+            "unrecognized arguments: --policy",
+        ),  # no abbreviations
+        (["scan", "x.safetensors", "--dtype"], "argument --dtype: expected one argument"),
+        (["scan", "x.safetensors", "--quiet=yes"], "argument --quiet: ignored explicit argument 'yes'"),
+        (["scan", "x.safetensors", "y.safetensors"], "unrecognized arguments: y.safetensors"),
+    ],
+)
 def test_usage_errors_are_one_line(args, says):
     code, out, err = invoke(*args)
     assert code == 2
@@ -50,7 +56,16 @@ def test_version_names_what_a_bug_report_needs():
     lines = out.splitlines()
     assert code == 0 and err == "" and lines[0].split() == ["nanhunter", __version__]
     names = [line.split()[0] for line in lines]
-    assert names == ["nanhunter", "Python", "torch", "transformers", "accelerate", "lightning", "triton", "safetensors"]
+    assert names == [
+        "nanhunter",
+        "Python",
+        "torch",
+        "transformers",
+        "accelerate",
+        "lightning",
+        "triton",
+        "safetensors",
+    ]
     torch_line = lines[2]
     assert torch.__version__ in torch_line and "device:" in torch_line
     # the build label says what torch was compiled for (a CUDA wheel on a machine without a GPU is
@@ -119,7 +134,9 @@ def test_version_imports_torch_but_not_the_libraries_it_names(run_cli):
     assert "torch" in mods and not mods & {"transformers", "lightning", "accelerate", "rich"}, mods
 
 
-EDGE_CASES = ROOT / "tests" / "data" / "dtypes" / "edge_cases.safetensors"  # every safetensors dtype, NaN/Inf too
+EDGE_CASES = (
+    ROOT / "tests" / "data" / "dtypes" / "edge_cases.safetensors"
+)  # every safetensors dtype, NaN/Inf too
 GPTQ_FILE = ROOT / "tests" / "data" / "quant" / "gptq_4bit_sym_v1" / "model.safetensors"
 
 
@@ -130,8 +147,9 @@ def _weights_only_checkpoints(tmp_path) -> dict[str, tuple[Path, int]]:
     shards.mkdir()
     save_file({"a": torch.ones(3, dtype=torch.bfloat16)}, str(shards / "s1.safetensors"))
     save_file({"b": torch.full((2,), float("nan"))}, str(shards / "s2.safetensors"))
-    (shards / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
+    (shards / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})
+    )
     plain_dir = tmp_path / "dir"  # a directory of safetensors without config.json
     plain_dir.mkdir()
     save_file({"x": torch.ones(2, dtype=torch.float16)}, str(plain_dir / "x.safetensors"))
@@ -139,9 +157,14 @@ def _weights_only_checkpoints(tmp_path) -> dict[str, tuple[Path, int]]:
     scale = torch.full((2, 2), 0.01)
     scale[1, 0] = float("nan")
     save_file({"l.weight": w, "l.weight_scale_inv": scale}, str(tmp_path / "fp8_block.safetensors"))
-    out = {"plain": (tmp_path / "w.safetensors", 0), "every dtype": (EDGE_CASES, 1),
-           "sharded": (shards / "model.safetensors.index.json", 1), "directory": (plain_dir, 0),
-           "fp8 block scales": (tmp_path / "fp8_block.safetensors", 1), "gptq": (GPTQ_FILE, 0)}
+    out = {
+        "plain": (tmp_path / "w.safetensors", 0),
+        "every dtype": (EDGE_CASES, 1),
+        "sharded": (shards / "model.safetensors.index.json", 1),
+        "directory": (plain_dir, 0),
+        "fp8 block scales": (tmp_path / "fp8_block.safetensors", 1),
+        "gptq": (GPTQ_FILE, 0),
+    }
     try:
         import gguf
         from gguf.quants import quantize
@@ -165,14 +188,18 @@ def test_weights_only_scan_and_check_never_import_torch(run_cli, tmp_path):
     safetensors of every dtype, a sharded index, a directory, quantized weights with their scales, GGUF,
     fast and ``--stats full``, JSON and JUnit written."""
     for kind, (ck, code) in _weights_only_checkpoints(tmp_path).items():
-        for args in (["scan", ck, "--json", tmp_path / "r.json", "-q"],
-                     ["scan", ck, "--stats", "full", "--json", tmp_path / "r.json"],
-                     ["check", ck, "--json", tmp_path / "c.json", "--junit", tmp_path / "c.xml"]):
+        for args in (
+            ["scan", ck, "--json", tmp_path / "r.json", "-q"],
+            ["scan", ck, "--stats", "full", "--json", tmp_path / "r.json"],
+            ["check", ck, "--json", tmp_path / "c.json", "--junit", tmp_path / "c.xml"],
+        ):
             mods = imported(run_cli, *args, codes=(code,))
             assert "torch" not in mods and "numpy" in mods, (kind, args[0])
             assert not mods & {"pydantic", "matplotlib", "transformers", "triton"}, (kind, mods)
         rep = json.loads((tmp_path / "r.json").read_text())
-        assert rep["run"] is None and rep["torch_version"] == torch.__version__, kind  # said without loading it
+        assert rep["run"] is None and rep["torch_version"] == torch.__version__, (
+            kind
+        )  # said without loading it
 
 
 def test_a_model_run_and_a_torch_file_still_import_torch(run_cli, tmp_path):
@@ -183,8 +210,16 @@ def test_a_model_run_and_a_torch_file_still_import_torch(run_cli, tmp_path):
     arch.write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n")
     save_file(torch.nn.Linear(2, 2).state_dict(), str(tmp_path / "lin.safetensors"))
     save_file({"input": torch.ones(1, 2)}, str(tmp_path / "x.safetensors"))
-    mods = imported(run_cli, "scan", tmp_path / "lin.safetensors", "--arch", f"{arch}:build", "--inputs",
-                    tmp_path / "x.safetensors", "-q")
+    mods = imported(
+        run_cli,
+        "scan",
+        tmp_path / "lin.safetensors",
+        "--arch",
+        f"{arch}:build",
+        "--inputs",
+        tmp_path / "x.safetensors",
+        "-q",
+    )
     assert "torch" in mods
 
 
@@ -192,9 +227,15 @@ def test_a_bad_device_is_refused_without_a_model_too(run_cli, tmp_path):
     """``--device`` is checked as before on a weights-only scan (exit 2, one line), torch or not."""
     save_file({"w": torch.ones(4)}, str(tmp_path / "w.safetensors"))
     code, _, err = run_cli("scan", tmp_path / "w.safetensors", "--device", "tpu")
-    assert code == 2 and err.strip().splitlines() == ["nanhunter: error: --device 'tpu': use auto, cpu or cuda"]
+    assert code == 2 and err.strip().splitlines() == [
+        "nanhunter: error: --device 'tpu': use auto, cpu or cuda"
+    ]
     code, _, err = run_cli("scan", tmp_path / "w.safetensors", "--device", "cuda")
     if torch.cuda.is_available():
         assert code == 0
     else:
-        assert code == 2 and "--device cuda: no CUDA device available" in err and len(err.strip().splitlines()) == 1
+        assert (
+            code == 2
+            and "--device cuda: no CUDA device available" in err
+            and len(err.strip().splitlines()) == 1
+        )

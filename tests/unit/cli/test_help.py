@@ -19,39 +19,79 @@ POSITIONALS = {"scan": ["ck"], "bisect": ["ck"], "check": ["ck"], "diff": ["a", 
 
 #: (flags, dest, kind, default) of every option of v1.2's argparse parser, per command
 V12 = {
-    "scan": [(("--arch",), "arch", "value", None), (("--inputs",), "inputs", "repeat", None),
-             (("--prompt",), "prompt", "repeat", None), (("--data",), "data", "value", None),
-             (("--device",), "device", "value", "auto"), (("--attn",), "attn", "value", None),
-             (("--dtype",), "dtype", "value", None), (("--device-map",), "device_map", "value", None),
-             (("--max-memory",), "max_memory", "repeat", None), (("--stats",), "stats", "value", "fast"),
-             (("--no-replay",), "no_replay", "flag", False), (("--compile",), "compile", "flag", False),
-             (("--compile-backend",), "compile_backend", "value", "inductor"), (("--rtol",), "rtol", "float", 0.01),
-             (("--generate",), "generate", "int", None), (("--batch",), "batch", "flag", False),
-             (("--backward",), "backward", "flag", False), (("--loss",), "loss", "value", None),
-             (("--trace",), "trace", "value", None), (("--trace-level",), "trace_level", "value", "modules"),
-             (("--repeat",), "repeat", "int", None), (("--json",), "json", "value", None),
-             (("--report",), "report", "value", None), (("--strip", "--no-strip"), "strip", "flag", None),
-             (("--quiet", "-q"), "quiet", "flag", False), (("--config",), "config", "value", None)],
-    "bisect": [(("--arch",), "arch", "value", None), (("--inputs",), "inputs", "repeat", None),
-               (("--prompt",), "prompt", "repeat", None), (("--data",), "data", "value", None),
-               (("--device",), "device", "value", "auto"), (("--attn",), "attn", "value", None),
-               (("--dtype",), "dtype", "value", "fp16"), (("--keep-dtype",), "keep_dtype", "value", "fp32"),
-               (("--granularity",), "granularity", "value", None), (("--over",), "over", "value", "modules"),
-               (("--rtol",), "rtol", "float", None), (("--generate",), "generate", "int", None),
-               (("--backward",), "backward", "flag", False), (("--loss",), "loss", "value", None),
-               (("--json",), "json", "value", None), (("--policy-out",), "policy_out", "value", None),
-               (("--quiet", "-q"), "quiet", "flag", False), (("--config",), "config", "value", None)],
-    "check": [(("--arch",), "arch", "value", None), (("--inputs",), "inputs", "repeat", None),
-              (("--prompt",), "prompt", "repeat", None), (("--data",), "data", "value", None),
-              (("--device",), "device", "value", "auto"), (("--attn",), "attn", "value", None),
-              (("--baseline",), "baseline", "value", None), (("--dtypes",), "dtypes", "value", None),
-              (("--generate",), "generate", "int", None), (("--batch",), "batch", "flag", False),
-              (("--json",), "json", "value", None), (("--junit",), "junit", "value", None),
-              (("--report",), "report", "value", None), (("--strip", "--no-strip"), "strip", "flag", None),
-              (("--quiet", "-q"), "quiet", "flag", False), (("--config",), "config", "value", None)],
-    "diff": [(("--rtol",), "rtol", "float", None), (("--json",), "json", "value", None),
-             (("--report",), "report", "value", None), (("--quiet", "-q"), "quiet", "flag", False),
-             (("--fail-on",), "fail_on", "value", "outputs")],  # v1.4
+    "scan": [
+        (("--arch",), "arch", "value", None),
+        (("--inputs",), "inputs", "repeat", None),
+        (("--prompt",), "prompt", "repeat", None),
+        (("--data",), "data", "value", None),
+        (("--device",), "device", "value", "auto"),
+        (("--attn",), "attn", "value", None),
+        (("--dtype",), "dtype", "value", None),
+        (("--device-map",), "device_map", "value", None),
+        (("--max-memory",), "max_memory", "repeat", None),
+        (("--stats",), "stats", "value", "fast"),
+        (("--no-replay",), "no_replay", "flag", False),
+        (("--compile",), "compile", "flag", False),
+        (("--compile-backend",), "compile_backend", "value", "inductor"),
+        (("--rtol",), "rtol", "float", 0.01),
+        (("--generate",), "generate", "int", None),
+        (("--batch",), "batch", "flag", False),
+        (("--backward",), "backward", "flag", False),
+        (("--loss",), "loss", "value", None),
+        (("--trace",), "trace", "value", None),
+        (("--trace-level",), "trace_level", "value", "modules"),
+        (("--repeat",), "repeat", "int", None),
+        (("--json",), "json", "value", None),
+        (("--report",), "report", "value", None),
+        (("--strip", "--no-strip"), "strip", "flag", None),
+        (("--quiet", "-q"), "quiet", "flag", False),
+        (("--config",), "config", "value", None),
+    ],
+    "bisect": [
+        (("--arch",), "arch", "value", None),
+        (("--inputs",), "inputs", "repeat", None),
+        (("--prompt",), "prompt", "repeat", None),
+        (("--data",), "data", "value", None),
+        (("--device",), "device", "value", "auto"),
+        (("--attn",), "attn", "value", None),
+        (("--dtype",), "dtype", "value", "fp16"),
+        (("--keep-dtype",), "keep_dtype", "value", "fp32"),
+        (("--granularity",), "granularity", "value", None),
+        (("--over",), "over", "value", "modules"),
+        (("--rtol",), "rtol", "float", None),
+        (("--generate",), "generate", "int", None),
+        (("--backward",), "backward", "flag", False),
+        (("--loss",), "loss", "value", None),
+        (("--json",), "json", "value", None),
+        (("--policy-out",), "policy_out", "value", None),
+        (("--quiet", "-q"), "quiet", "flag", False),
+        (("--config",), "config", "value", None),
+    ],
+    "check": [
+        (("--arch",), "arch", "value", None),
+        (("--inputs",), "inputs", "repeat", None),
+        (("--prompt",), "prompt", "repeat", None),
+        (("--data",), "data", "value", None),
+        (("--device",), "device", "value", "auto"),
+        (("--attn",), "attn", "value", None),
+        (("--baseline",), "baseline", "value", None),
+        (("--dtypes",), "dtypes", "value", None),
+        (("--generate",), "generate", "int", None),
+        (("--batch",), "batch", "flag", False),
+        (("--json",), "json", "value", None),
+        (("--junit",), "junit", "value", None),
+        (("--report",), "report", "value", None),
+        (("--strip", "--no-strip"), "strip", "flag", None),
+        (("--quiet", "-q"), "quiet", "flag", False),
+        (("--config",), "config", "value", None),
+    ],
+    "diff": [
+        (("--rtol",), "rtol", "float", None),
+        (("--json",), "json", "value", None),
+        (("--report",), "report", "value", None),
+        (("--quiet", "-q"), "quiet", "flag", False),
+        (("--fail-on",), "fail_on", "value", "outputs"),
+    ],  # v1.4
 }
 CASES = [(cmd, *row) for cmd, rows in V12.items() for row in rows]
 
@@ -64,13 +104,16 @@ def parsed(monkeypatch, command: str, *args: str):
     return seen[0]
 
 
-@pytest.mark.parametrize("command, flags, dest, kind, default", CASES,
-                         ids=[f"{c}{f[0]}" for c, f, *_ in CASES])
+@pytest.mark.parametrize(
+    "command, flags, dest, kind, default", CASES, ids=[f"{c}{f[0]}" for c, f, *_ in CASES]
+)
 def test_every_v12_flag_parses_as_it_did(monkeypatch, command, flags, dest, kind, default):
     assert getattr(parsed(monkeypatch, command), dest) == default
     if kind == "flag":
         for f in flags:
-            assert getattr(parsed(monkeypatch, command, f), dest) is (not f.startswith("--no-") or dest == "no_replay")
+            assert getattr(parsed(monkeypatch, command, f), dest) is (
+                not f.startswith("--no-") or dest == "no_replay"
+            )
     elif kind == "repeat":
         assert getattr(parsed(monkeypatch, command, flags[0], "x", flags[0], "y"), dest) == ["x", "y"]
     else:
@@ -124,10 +167,17 @@ def test_bisect_help_names_keep_dtype_plainly():
     assert "---" not in text.replace("────", "")  # once read "the all---keep-dtype run"
 
 
-@pytest.mark.parametrize("typed, meant", [("--dtpye", "--dtype"), ("--promt", "--prompt"),
-                                          ("--compile-bakend", "--compile-backend"),
-                                          ("--html", "--report"), ("--precision", "--dtype"),
-                                          ("--junit-xml", "--junit")])
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("--dtpye", "--dtype"),
+        ("--promt", "--prompt"),
+        ("--compile-bakend", "--compile-backend"),
+        ("--html", "--report"),
+        ("--precision", "--dtype"),
+        ("--junit-xml", "--junit"),
+    ],
+)
 def test_did_you_mean(typed, meant):
     command = "check" if meant == "--junit" else "scan"
     code, out, err = invoke(command, "x.safetensors", typed, "fp16")
@@ -147,8 +197,9 @@ def test_unknown_command_suggests_the_close_one():
 
 
 def test_completion_of_a_flag(monkeypatch):
-    code, out, _ = invoke(env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt",
-                                "COMP_CWORD": "3"})
+    code, out, _ = invoke(
+        env={"_NANHUNTER_COMPLETE": "complete_bash", "COMP_WORDS": "nanhunter scan x --dt", "COMP_CWORD": "3"}
+    )
     assert code == 0 and out.split() == ["--dtype"]
     # --show-completion takes no value: typer asks shellingham which shell runs it (the process tree),
     # which a test process started outside a shell does not have; run from bash, it says bash's script

@@ -32,12 +32,17 @@ def test_help_and_version_exit_0(argv):
 
 def test_a_usage_error_is_one_line_and_2():
     code, out, err = invoke("scan", "x.safetensors", "--bogus")
-    assert (code, out, err) == (2, "", "nanhunter: error: unrecognized arguments: --bogus "
-                                       "(see `nanhunter scan --help`)\n")
+    assert (code, out, err) == (
+        2,
+        "",
+        "nanhunter: error: unrecognized arguments: --bogus (see `nanhunter scan --help`)\n",
+    )
 
 
 def test_missing_command_after_options_is_the_help():
-    code, _, err = invoke("--", )
+    code, _, err = invoke(
+        "--",
+    )
     assert code == 2 and "Usage: nanhunter" in err
 
 

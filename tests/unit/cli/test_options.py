@@ -11,14 +11,17 @@ from nan_hunter.cli import options as o
 from nan_hunter.outputs import Output
 
 
-@pytest.mark.parametrize("text, default, shown", [
-    ("the run's dtype", None, "the run's dtype"),
-    ("tolerance", 0.01, "tolerance (default: 0.01)"),
-    ("the backend", "inductor", "the backend (default: inductor)"),
-    ("fast or full (default: fast)", "fast", "fast or full (default: fast)"),  # already said: not twice
-    ("a flag", True, "a flag"),  # booleans are flags: no default shown
-    ("a [list]", None, "a \\[list]"),  # typer reads help as rich markup
-])
+@pytest.mark.parametrize(
+    "text, default, shown",
+    [
+        ("the run's dtype", None, "the run's dtype"),
+        ("tolerance", 0.01, "tolerance (default: 0.01)"),
+        ("the backend", "inductor", "the backend (default: inductor)"),
+        ("fast or full (default: fast)", "fast", "fast or full (default: fast)"),  # already said: not twice
+        ("a flag", True, "a flag"),  # booleans are flags: no default shown
+        ("a [list]", None, "a \\[list]"),  # typer reads help as rich markup
+    ],
+)
 def test_help_states_the_default(text, default, shown):
     assert o.opt("--x", help=text, default=default).help == shown
 
@@ -32,8 +35,10 @@ def test_number_converts(kind, value, want):
     assert o.number(kind, "--rtol")(_Ctx(), None, value) == want
 
 
-@pytest.mark.parametrize("kind, value, says", [(float, "abc", "invalid float value: 'abc'"),
-                                               (int, "1.5", "invalid int value: '1.5'")])
+@pytest.mark.parametrize(
+    "kind, value, says",
+    [(float, "abc", "invalid float value: 'abc'"), (int, "1.5", "invalid int value: '1.5'")],
+)
 def test_number_refuses_as_argparse_did(kind, value, says):
     with pytest.raises(typer.BadParameter, match=says):
         o.number(kind, "--generate")(_Ctx(), None, value)
@@ -53,7 +58,9 @@ def test_namespace():
     assert args.argv == ["nanhunter", "scan", "x"] and o.STARTED is True
 
 
-@pytest.mark.parametrize("trace, outs", [(None, []), ("run.jsonl", [Output("--trace", "run.jsonl", text=False)])])
+@pytest.mark.parametrize(
+    "trace, outs", [(None, []), ("run.jsonl", [Output("--trace", "run.jsonl", text=False)])]
+)
 def test_trace_output(trace, outs):
     class Args:
         pass
@@ -78,11 +85,20 @@ def test_command_is_generated_from_the_option_fields():
 
     @dataclass(frozen=True)
     class Opts:
-        steps: int | None = option(None, "--max-steps", metavar="N", panel=Panel.MODE, number=int, help="stop after N")
+        steps: int | None = option(
+            None, "--max-steps", metavar="N", panel=Panel.MODE, number=int, help="stop after N"
+        )
         name: str = option("x", "--name", metavar="NAME", panel=Panel.MODEL, help="a name")
         fast: bool = option(True, "--no-fast", panel=Panel.MODE, inverted=True, help="slowly")
-        prompts: tuple[str, ...] = option((), "--prompt", metavar="TEXT", panel=Panel.INPUTS, repeatable=True,
-                                          param="prompt", help="text (repeatable)")
+        prompts: tuple[str, ...] = option(
+            (),
+            "--prompt",
+            metavar="TEXT",
+            panel=Panel.INPUTS,
+            repeatable=True,
+            param="prompt",
+            help="text (repeatable)",
+        )
 
     seen = []
     cmd = o.command(Opts, seen.append, [("checkpoint", o.Checkpoint)], [("quiet", o.Quiet, False)])
@@ -91,7 +107,13 @@ def test_command_is_generated_from_the_option_fields():
     assert [params[n].default for n in params][1:] == ["x", None, None, False, False]
     cmd("ck", max_steps="3")
     args = seen[0]
-    assert (args.checkpoint, args.name, args.max_steps, args.no_fast, args.prompt) == ("ck", "x", "3", False, None)
+    assert (args.checkpoint, args.name, args.max_steps, args.no_fast, args.prompt) == (
+        "ck",
+        "x",
+        "3",
+        False,
+        None,
+    )
     from nan_hunter.options import values_from_cli
 
     assert values_from_cli(Opts, args) == {"name": "x", "steps": "3"}

@@ -28,11 +28,15 @@ def test_written_files_are_announced_once_at_the_end(tmp_path, capsys):
     output.collect_written(quiet=False)
     outputs.write_text("--json", str(tmp_path / "r.json"), "{}\n")
     output.wrote("--trace", str(tmp_path / "t.jsonl"))
-    assert output.was_written("--json") and output.was_written("--trace") and not output.was_written("--report")
+    assert (
+        output.was_written("--json") and output.was_written("--trace") and not output.was_written("--report")
+    )
     assert capsys.readouterr().err == ""  # not yet: the view comes first
     output.announce_written()
-    assert capsys.readouterr().err.splitlines() == [f"nanhunter: wrote {tmp_path / 'r.json'} (--json)",
-                                                    f"nanhunter: wrote {tmp_path / 't.jsonl'} (--trace)"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"nanhunter: wrote {tmp_path / 'r.json'} (--json)",
+        f"nanhunter: wrote {tmp_path / 't.jsonl'} (--trace)",
+    ]
     output.announce_written()
     assert capsys.readouterr().err == "" and outputs._written_listener is None
 
@@ -48,9 +52,11 @@ def test_quiet_announces_nothing(tmp_path, capsys):
 def test_planned_outputs():
     args = SimpleNamespace(json="r.json", junit=None, report="r.md")
     assert output.planned_outputs(args, [("json", "--json"), ("junit", "--junit")], n_reports=2) == [
-        Output("--json", "r.json"), Output("--report", "r.md", text=False),  # a page never goes to stdout
+        Output("--json", "r.json"),
+        Output("--report", "r.md", text=False),  # a page never goes to stdout
         Output("--report", "r-1.png", text=False),
-        Output("--report", "r-2.png", text=False)]
+        Output("--report", "r-2.png", text=False),
+    ]
 
 
 def _args(**kw):
@@ -61,7 +67,10 @@ def test_check_command_outputs(tmp_path):
     ck = tmp_path / "m.safetensors"
     ck.write_bytes(b"x")
     assert output.check_command_outputs([Output("--json", "-")], _args(), [str(ck)]) is True
-    assert output.check_command_outputs([Output("--json", str(tmp_path / "r.json"))], _args(), [str(ck)]) is False
+    assert (
+        output.check_command_outputs([Output("--json", str(tmp_path / "r.json"))], _args(), [str(ck)])
+        is False
+    )
     with pytest.raises(BadInput, match="is an input"):
         output.check_command_outputs([Output("--json", str(ck))], _args(), [str(ck)])
 
@@ -93,6 +102,8 @@ def test_write_json(tmp_path):
 
 def test_terminal_limits_come_from_the_configuration():
     cfg = default_config()
-    assert output.terminal_limits(cfg) == {"near_miss_max_listed": cfg.near_miss.max_listed,
-                                           "weights_max_rows": cfg.weights.max_rows,
-                                           "weights_targets": cfg.weights.targets}
+    assert output.terminal_limits(cfg) == {
+        "near_miss_max_listed": cfg.near_miss.max_listed,
+        "weights_max_rows": cfg.weights.max_rows,
+        "weights_targets": cfg.weights.targets,
+    }

@@ -31,7 +31,9 @@ def test_weights_only_nan(nan_file, tmp_path, capsys):
     assert scan_cmd.command(nan_file, json=str(tmp_path / "r.json"), quiet=True) == 1
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["run"] is None and [t["name"] for t in rep["weights"]["nonfinite"]] == ["lin.weight"]
-    assert capsys.readouterr().out == "" and output.was_written("--json") is False  # --quiet: nothing announced
+    assert (
+        capsys.readouterr().out == "" and output.was_written("--json") is False
+    )  # --quiet: nothing announced
 
 
 def test_a_failing_run_with_its_strip_and_command_line(overflow_model, tmp_path, capsys):
@@ -41,12 +43,15 @@ def test_a_failing_run_with_its_strip_and_command_line(overflow_model, tmp_path,
     assert code == 1 and "headroom per module call" in out
     assert out.splitlines()[-1] == "✘ overflow: +inf first produced by down at aten.addmm (fp16)"
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["run"]["command"] == ["nanhunter", "scan", "model"] and rep["first_nonfinite"]["module"] == "down"
+    assert (
+        rep["run"]["command"] == ["nanhunter", "scan", "model"] and rep["first_nonfinite"]["module"] == "down"
+    )
     assert output.was_written("--json")
 
 
-@pytest.mark.parametrize("dtype, strip, shown", [("fp16", False, False), ("fp32", None, False),
-                                                 ("fp32", True, True)])
+@pytest.mark.parametrize(
+    "dtype, strip, shown", [("fp16", False, False), ("fp32", None, False), ("fp32", True, True)]
+)
 def test_strip_flag(overflow_model, capsys, dtype, strip, shown):
     scan_cmd.command(**_model(overflow_model), dtype=dtype, strip=strip, no_replay=True)
     assert ("headroom per module call" in capsys.readouterr().out) is shown
@@ -84,5 +89,6 @@ def test_a_bad_configuration_is_refused_first(nan_file, tmp_path):
 
 
 def test_help_and_examples():
-    assert scan_cmd.HELP.startswith("Scan weights") and all(cmd.startswith("nanhunter scan ")
-                                                             for _, cmd in scan_cmd.EXAMPLES)
+    assert scan_cmd.HELP.startswith("Scan weights") and all(
+        cmd.startswith("nanhunter scan ") for _, cmd in scan_cmd.EXAMPLES
+    )

@@ -31,10 +31,16 @@ def _free_port() -> int:
 def _rank_main(rank: int, port: int, conn) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-        seen = {"active": co.active(), "rank": co.rank(), "world": co.world(),
-                # objects of different lengths, non-ASCII text, NaN (allowed: JSON bytes, never pickles)
-                "gathered": co.all_gather_json({"r": rank, "text": "é" * (rank * 50), "v": float("nan") if rank else 1.0}),
-                "bcast": co.broadcast_json({"from": rank}, 1)}
+        seen = {
+            "active": co.active(),
+            "rank": co.rank(),
+            "world": co.world(),
+            # objects of different lengths, non-ASCII text, NaN (allowed: JSON bytes, never pickles)
+            "gathered": co.all_gather_json(
+                {"r": rank, "text": "é" * (rank * 50), "v": float("nan") if rank else 1.0}
+            ),
+            "bcast": co.broadcast_json({"from": rank}, 1),
+        }
         co.barrier()
         dist.destroy_process_group()
         conn.send(json.dumps(seen))  # a pipe: sent before os._exit, unlike a Queue's feeder thread

@@ -40,10 +40,18 @@ MODULES = _module_order(NET)
 PARAMS = {n: i for i, (n, _) in enumerate(NET.named_parameters())}
 
 
-def summary(rank: int, step: int = 0, phase: str = "forward", module: str = "embed", role: str = "producer",
-            param: str | None = None) -> dict:
-    return {"rank": rank, "first_nonfinite": {"step": step, "phase": phase, "module": module, "role": role,
-                                              "param": param}}
+def summary(
+    rank: int,
+    step: int = 0,
+    phase: str = "forward",
+    module: str = "embed",
+    role: str = "producer",
+    param: str | None = None,
+) -> dict:
+    return {
+        "rank": rank,
+        "first_nonfinite": {"step": step, "phase": phase, "module": module, "role": role, "param": param},
+    }
 
 
 def order(*summaries: dict) -> list[int]:
@@ -59,30 +67,47 @@ def test_earlier_step_wins_over_phase_module_and_rank():
 
 
 def test_within_a_step_forward_then_backward_then_optimizer_then_unknown():
-    ss = [summary(0, phase="optimizer", param="embed.weight"), summary(1, phase="backward", module="head"),
-          summary(2, phase="forward", module="head"), summary(3, phase="other")]
+    ss = [
+        summary(0, phase="optimizer", param="embed.weight"),
+        summary(1, phase="backward", module="head"),
+        summary(2, phase="forward", module="head"),
+        summary(3, phase="other"),
+    ]
     assert order(*ss) == [2, 1, 0, 3]
 
 
 def test_forward_faults_follow_module_order_and_ties_go_to_the_lowest_rank():
-    assert order(summary(2, module="head"), summary(1, module="layers.1"), summary(0, module="layers.1")) == [0, 1, 2]
+    assert order(summary(2, module="head"), summary(1, module="layers.1"), summary(0, module="layers.1")) == [
+        0,
+        1,
+        2,
+    ]
 
 
 def test_backward_runs_modules_in_reverse():
-    assert order(summary(0, phase="backward", module="embed"), summary(1, phase="backward", module="layers.0"),
-                 summary(2, phase="backward", module="head")) == [2, 1, 0]
+    assert order(
+        summary(0, phase="backward", module="embed"),
+        summary(1, phase="backward", module="layers.0"),
+        summary(2, phase="backward", module="head"),
+    ) == [2, 1, 0]
 
 
 def test_the_roots_own_ops_come_after_its_children_but_its_inputs_first():
     assert _order_key(summary(0, module=""), MODULES, PARAMS)[2] == len(MODULES)
     assert _order_key(summary(0, module="", role="input"), MODULES, PARAMS)[2] == 0
-    assert order(summary(0, module=""), summary(1, module="head"), summary(2, module="", role="input")) == [2, 1, 0]
+    assert order(summary(0, module=""), summary(1, module="head"), summary(2, module="", role="input")) == [
+        2,
+        1,
+        0,
+    ]
     assert _order_key(summary(0, module="not.a.module"), MODULES, PARAMS)[2] == len(MODULES)
 
 
 def test_optimizer_faults_follow_parameter_order():
-    assert order(summary(0, phase="optimizer", module="", param="head.bias"),
-                 summary(1, phase="optimizer", module="", param="layers.0.weight")) == [1, 0]
+    assert order(
+        summary(0, phase="optimizer", module="", param="head.bias"),
+        summary(1, phase="optimizer", module="", param="layers.0.weight"),
+    ) == [1, 0]
     # a parameter this model does not have: placed by its module
     assert _order_key(summary(0, phase="optimizer", module="head", param="gone"), MODULES, PARAMS)[2] == 5
 
@@ -100,8 +125,16 @@ def test_unravel_of_a_zero_sized_dimension_does_not_divide_by_zero():
 
 
 def fnf(module: str, role: str, tensor: str | None = None, param: str | None = None) -> FirstNonfinite:
-    return FirstNonfinite(input_index=0, module=module, module_type="Linear", op=None, kind="nan", role=role,
-                          tensor=tensor, param=param)
+    return FirstNonfinite(
+        input_index=0,
+        module=module,
+        module_type="Linear",
+        op=None,
+        kind="nan",
+        role=role,
+        tensor=tensor,
+        param=param,
+    )
 
 
 def test_param_of_a_weights_fault():
@@ -110,7 +143,9 @@ def test_param_of_a_weights_fault():
     assert _param_of(fnf("layers.1", "weights", tensor="scale"), NET) is None  # not a parameter
     assert _param_of(fnf("layers.1", "producer", tensor="out"), NET) is None
     assert _param_of(fnf("layers.1", "weights"), NET) is None
-    assert _param_of(fnf("x", "producer", param="given.name"), NET) == "given.name"  # an optimizer fault's own
+    assert (
+        _param_of(fnf("x", "producer", param="given.name"), NET) == "given.name"
+    )  # an optimizer fault's own
 
 
 def test_without_a_process_group_combine_is_the_identity_and_local_reruns_does_nothing():

@@ -41,5 +41,3 @@ def test_single_process_agreement_is_the_identity_or_the_error():
         ranks.agree({"error": "bad line", "bad_input": True})
     with pytest.raises(RuntimeError, match="rank 0: ValueError: boom"):
         ranks.agree(ranks._error_payload(ValueError("boom")))
-
-

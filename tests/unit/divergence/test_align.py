@@ -10,10 +10,31 @@ from nan_hunter.divergence.align import align, align_modules, align_ops
 from nan_hunter.trace.format import Entry, Stats
 
 
-def _e(i: int, module: str, op: str | None, shape: tuple[int, ...] = (2,), call: int = 0, step: int = 0,
-       phase: str = "forward") -> Entry:
-    return Entry(i, module, "M", op, call, 0, step, phase, None, None, shape, "fp32",
-                 Stats(0, 0, 0, 1.0, 1.0, 0.0, 1.0, "0"), None)
+def _e(
+    i: int,
+    module: str,
+    op: str | None,
+    shape: tuple[int, ...] = (2,),
+    call: int = 0,
+    step: int = 0,
+    phase: str = "forward",
+) -> Entry:
+    return Entry(
+        i,
+        module,
+        "M",
+        op,
+        call,
+        0,
+        step,
+        phase,
+        None,
+        None,
+        shape,
+        "fp32",
+        Stats(0, 0, 0, 1.0, 1.0, 0.0, 1.0, "0"),
+        None,
+    )
 
 
 def test_align_ops_on_names_within_each_call():
@@ -25,8 +46,14 @@ def test_align_ops_on_names_within_each_call():
 def test_a_decomposition_on_one_side_keeps_the_ops_around_it():
     """rms_norm as one op in A, pow/mean/add/rsqrt/mul in B (a newer torch): mm before and after pair."""
     ta = [_e(0, "n", "aten.mm"), _e(1, "n", "aten.rms_norm"), _e(2, "n", "aten.mm")]
-    tb = [_e(0, "n", "aten.mm"), *(_e(i, "n", op) for i, op in enumerate(
-        ["aten.pow", "aten.mean", "aten.add", "aten.rsqrt", "aten.mul"], 1)), _e(6, "n", "aten.mm")]
+    tb = [
+        _e(0, "n", "aten.mm"),
+        *(
+            _e(i, "n", op)
+            for i, op in enumerate(["aten.pow", "aten.mean", "aten.add", "aten.rsqrt", "aten.mul"], 1)
+        ),
+        _e(6, "n", "aten.mm"),
+    ]
     assert align_ops(ta, tb) == [(0, 0), (2, 6)]
 
 
@@ -48,11 +75,14 @@ def test_align_modules_by_key():
     assert align_modules(ta, tb) == [(2, 0)]
 
 
-@pytest.mark.parametrize("b_entry", [
-    _e(0, "a", None, step=1),  # another decode step
-    _e(0, "a", None, phase="backward"),  # the backward of the same call
-    _e(0, "a", None, call=1),  # the module's second call
-])
+@pytest.mark.parametrize(
+    "b_entry",
+    [
+        _e(0, "a", None, step=1),  # another decode step
+        _e(0, "a", None, phase="backward"),  # the backward of the same call
+        _e(0, "a", None, call=1),  # the module's second call
+    ],
+)
 def test_the_key_is_module_call_input_step_and_phase(b_entry):
     assert align_modules([_e(0, "a", None)], [b_entry]) == []
 

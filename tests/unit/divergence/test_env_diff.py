@@ -8,15 +8,21 @@ import pytest
 from nan_hunter.divergence.env_diff import IGNORED, env_diff, flatten
 
 
-@pytest.mark.parametrize("env, flat", [
-    ({}, {}),
-    ({"threads": 2}, {"threads": 2}),
-    ({"versions": {"torch": "2.13", "python": "3.11"}}, {"versions.torch": "2.13", "versions.python": "3.11"}),
-    ({"a": {"b": {"c": 1}}}, {"a.b.c": 1}),
-    ({"tf32": {}}, {"tf32": {}}),  # an empty dict is a value
-    ({"devices": [0, 1]}, {"devices": [0, 1]}),  # lists stay values
-    ({"created": "today", "command": ["x"], "device": "cpu"}, {"device": "cpu"}),
-])
+@pytest.mark.parametrize(
+    "env, flat",
+    [
+        ({}, {}),
+        ({"threads": 2}, {"threads": 2}),
+        (
+            {"versions": {"torch": "2.13", "python": "3.11"}},
+            {"versions.torch": "2.13", "versions.python": "3.11"},
+        ),
+        ({"a": {"b": {"c": 1}}}, {"a.b.c": 1}),
+        ({"tf32": {}}, {"tf32": {}}),  # an empty dict is a value
+        ({"devices": [0, 1]}, {"devices": [0, 1]}),  # lists stay values
+        ({"created": "today", "command": ["x"], "device": "cpu"}, {"device": "cpu"}),
+    ],
+)
 def test_flatten(env, flat):
     assert flatten(env) == flat
 
@@ -28,10 +34,12 @@ def test_ignored_keys():
 def test_env_diff_order_and_absent_keys():
     a = {"threads": 1, "versions": {"torch": "2.13"}, "device": "cpu", "only_a": True}
     b = {"device": "cpu", "versions": {"torch": "2.14"}, "threads": 2, "only_b": 3, "created": "now"}
-    assert env_diff(a, b) == [{"key": "threads", "a": 1, "b": 2},
-                              {"key": "versions.torch", "a": "2.13", "b": "2.14"},
-                              {"key": "only_a", "a": True, "b": None},
-                              {"key": "only_b", "a": None, "b": 3}]
+    assert env_diff(a, b) == [
+        {"key": "threads", "a": 1, "b": 2},
+        {"key": "versions.torch", "a": "2.13", "b": "2.14"},
+        {"key": "only_a", "a": True, "b": None},
+        {"key": "only_b", "a": None, "b": 3},
+    ]
 
 
 def test_the_same_environment():

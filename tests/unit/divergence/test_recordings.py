@@ -15,7 +15,10 @@ from nan_hunter.trace.format import Stats
 
 
 def test_from_outputs_one_entry_per_input_with_its_tensors():
-    outs = [torch.tensor([1.0, -3.0]), {"logits": torch.tensor([float("inf"), 2.0]), "ids": torch.tensor([1, 2])}]
+    outs = [
+        torch.tensor([1.0, -3.0]),
+        {"logits": torch.tensor([float("inf"), 2.0]), "ids": torch.tensor([1, 2])},
+    ]
     r0, r1 = from_outputs(outs, module="lm", module_type="Llama")
     assert (r0.index, r0.input_index, r0.module, r0.module_type, r0.dtype) == (0, 0, "lm", "Llama", "fp32")
     assert (r0.stats.absmax, r0.stats.kind) == (3.0, None) and torch.equal(r0.values[0], outs[0])
@@ -42,13 +45,18 @@ def _call(start, module, seq, outputs, phase="forward"):
 
 
 def test_from_calls_in_completion_order_finished_forward_calls_only():
-    rows = [Row(4, 2.0, 0.5, total=4.0, sumsq=8.0), Row(2, 3.0, 1.0, posinf=1, total=3.0, sumsq=9.0),
-            Row(4, 1.0)]
-    calls = [_call(0, "outer", 2, [("out", 0), ("out", 1)]),  # finishes last (post-hook order)
-             _call(1, "inner", 1, [("out", 2)]),
-             _call(2, "unfinished", -1, [("out", 2)]),
-             _call(3, "grad", 0, [("out", 2)], phase="backward"),
-             _call(4, "no outputs", 0, [])]
+    rows = [
+        Row(4, 2.0, 0.5, total=4.0, sumsq=8.0),
+        Row(2, 3.0, 1.0, posinf=1, total=3.0, sumsq=9.0),
+        Row(4, 1.0),
+    ]
+    calls = [
+        _call(0, "outer", 2, [("out", 0), ("out", 1)]),  # finishes last (post-hook order)
+        _call(1, "inner", 1, [("out", 2)]),
+        _call(2, "unfinished", -1, [("out", 2)]),
+        _call(3, "grad", 0, [("out", 2)], phase="backward"),
+        _call(4, "no outputs", 0, []),
+    ]
     inner, outer = from_calls(calls, rows)
     assert [(r.index, r.module) for r in (inner, outer)] == [(0, "inner"), (1, "outer")]
     s = outer.stats

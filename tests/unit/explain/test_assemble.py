@@ -17,12 +17,32 @@ def _operand(i: int, absmax: float) -> OperandStats:
 
 
 def _located() -> Located:
-    first = FirstNonfinite(input_index=1, module="mlp.down", module_type="Linear", op="aten.mm.default",
-                           kind="posinf", role="producer")
-    ev = OpEvent("aten.mm.default", "posinf", 0, 3, 0, "model.py:10  y = x @ w",
-                 [_operand(0, 300.0), _operand(1, 400.0)], exact_absmax=1.2e5)
-    return Located(first, RunDtype.of("fp16"), ev, replay={"fp32": {"finite": True}, "fp16": {"finite": False}},
-                   input_label="prompt 1", notes=["a located note"])
+    first = FirstNonfinite(
+        input_index=1,
+        module="mlp.down",
+        module_type="Linear",
+        op="aten.mm.default",
+        kind="posinf",
+        role="producer",
+    )
+    ev = OpEvent(
+        "aten.mm.default",
+        "posinf",
+        0,
+        3,
+        0,
+        "model.py:10  y = x @ w",
+        [_operand(0, 300.0), _operand(1, 400.0)],
+        exact_absmax=1.2e5,
+    )
+    return Located(
+        first,
+        RunDtype.of("fp16"),
+        ev,
+        replay={"fp32": {"finite": True}, "fp16": {"finite": False}},
+        input_label="prompt 1",
+        notes=["a located note"],
+    )
 
 
 def test_assemble_fills_first_replay_diagnosis_and_notes():
@@ -53,7 +73,9 @@ def test_run_info_reads_as_attributes_and_keys():
 
 
 def test_inputs_rows_and_failed_note():
-    assert input_rows(["a", "b"], [1]) == [{"index": 0, "label": "a", "finite": True},
-                                            {"index": 1, "label": "b", "finite": False}]
+    assert input_rows(["a", "b"], [1]) == [
+        {"index": 0, "label": "a", "finite": True},
+        {"index": 1, "label": "b", "finite": False},
+    ]
     assert failed_note(["a", "b"], [1]) == "1 of 2 inputs produced non-finite values: #1 b"
     assert failed_note(["a"], [0]) is None

@@ -10,25 +10,59 @@ from nan_hunter.explain.diagnose import RULES, Evidence, diagnose
 
 
 def op(i=0, absmax=1.0, mn=-1.0, mx=1.0, zeros=0, neg=0, nonzero=1e-3, n=16, neginf=0, posinf=0, nan=0):
-    return OperandStats(i, "float16", [n], not (neginf or posinf or nan), nan, posinf, neginf, absmax, mn, mx,
-                        nonzero, zeros, neg, n)
+    return OperandStats(
+        i,
+        "float16",
+        [n],
+        not (neginf or posinf or nan),
+        nan,
+        posinf,
+        neginf,
+        absmax,
+        mn,
+        mx,
+        nonzero,
+        zeros,
+        neg,
+        n,
+    )
 
 
-MATRIX_FP16_ONLY = {d: {"finite": d != "fp16", "nan": 0, "posinf": 0, "neginf": 0, "absmax": 7e4,
-                        "rel_err": 0.0} for d in ("fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "fp64")}
+MATRIX_FP16_ONLY = {
+    d: {"finite": d != "fp16", "nan": 0, "posinf": 0, "neginf": 0, "absmax": 7e4, "rel_err": 0.0}
+    for d in ("fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "fp64")
+}
 
 
 def ev(**kw):
-    base = dict(role="producer", kind="posinf", module="m", module_type="Linear", op="aten.addmm.default",
-                operands=[op(), op(1)], dtype="fp16", replay=MATRIX_FP16_ONLY, config=DiagnosisConfig(tiny_scale=1e-4, rel_err_warn=0.05))
+    base = dict(
+        role="producer",
+        kind="posinf",
+        module="m",
+        module_type="Linear",
+        op="aten.addmm.default",
+        operands=[op(), op(1)],
+        dtype="fp16",
+        replay=MATRIX_FP16_ONLY,
+        config=DiagnosisConfig(tiny_scale=1e-4, rel_err_warn=0.05),
+    )
     base.update(kw)
     return Evidence(**base)
 
 
 def test_registry_names_every_cause():
     names = [n for n, _ in RULES]
-    for cause in ("nonfinite_weights", "nonfinite_input", "overflow", "scale_underflow", "division_by_zero",
-                  "domain_error", "masked_softmax", "uninitialised_read", "unknown"):
+    for cause in (
+        "nonfinite_weights",
+        "nonfinite_input",
+        "overflow",
+        "scale_underflow",
+        "division_by_zero",
+        "domain_error",
+        "masked_softmax",
+        "uninitialised_read",
+        "unknown",
+    ):
         assert cause in names
 
 
@@ -72,30 +106,65 @@ def test_a_cast_of_a_parameter_that_does_not_fit_names_it():
     """Autocast's cast of an fp32 weight at 2.5e5 to fp16: a cast, not a matmul, of that parameter."""
     d = diagnose(ev(op="aten._to_copy.default", operands=[_param(2.5e5)], op_absmax=2.5e5))
     assert d.cause == "overflow" and d.param == "up.weight"
-    assert d.summary.startswith("the cast of parameter up.weight (absmax 2.5e+05) to fp16") and "matmul" not in d.summary
+    assert (
+        d.summary.startswith("the cast of parameter up.weight (absmax 2.5e+05) to fp16")
+        and "matmul" not in d.summary
+    )
     assert "2.5e+05 > fp16 max 65504" in d.evidence[0]
     assert d.fix.startswith("Run in bf16") and "keep m in fp32" in d.fix
 
 
-@pytest.mark.parametrize(("name", "dtype", "replay", "proposed", "not_proposed"), [
-    ("fp32 run, every dtype fails", "fp32", ALL_FAIL, [], ["fp32", "bf16"]),
-    ("bf16 run, fp32 holds it", "bf16", {**ALL_FAIL, "fp32": {**ALL_FAIL["fp32"], "finite": True}}, ["keep m in fp32"],
-     ["run in bf16"]),
-    ("fp16 run, bf16 and fp32 hold it", "fp16", MATRIX_FP16_ONLY, ["run in bf16", "keep m in fp32"], []),
-    ("fp16 run, no replay: wider ranges", "fp16", None, ["run in bf16", "keep m in fp32"], []),
-    ("fp32 run, no replay: nothing wider", "fp32", None, ["no dtype has a wider range than fp32"], ["bf16"]),
-])
+@pytest.mark.parametrize(
+    ("name", "dtype", "replay", "proposed", "not_proposed"),
+    [
+        ("fp32 run, every dtype fails", "fp32", ALL_FAIL, [], ["fp32", "bf16"]),
+        (
+            "bf16 run, fp32 holds it",
+            "bf16",
+            {**ALL_FAIL, "fp32": {**ALL_FAIL["fp32"], "finite": True}},
+            ["keep m in fp32"],
+            ["run in bf16"],
+        ),
+        ("fp16 run, bf16 and fp32 hold it", "fp16", MATRIX_FP16_ONLY, ["run in bf16", "keep m in fp32"], []),
+        ("fp16 run, no replay: wider ranges", "fp16", None, ["run in bf16", "keep m in fp32"], []),
+        (
+            "fp32 run, no replay: nothing wider",
+            "fp32",
+            None,
+            ["no dtype has a wider range than fp32"],
+            ["bf16"],
+        ),
+    ],
+)
 def test_a_fix_never_proposes_a_dtype_that_failed(name, dtype, replay, proposed, not_proposed):
     d = diagnose(ev(dtype=dtype, replay=replay, operands=[op(), _param(3e38 if dtype != "fp16" else 6e4)]))
     assert d.cause == "overflow" and d.param == "up.weight", name
-    assert all(p in d.fix.lower() for p in proposed) and not any(p in d.fix for p in not_proposed), (name, d.fix)
+    assert all(p in d.fix.lower() for p in proposed) and not any(p in d.fix for p in not_proposed), (
+        name,
+        d.fix,
+    )
 
 
-@pytest.mark.parametrize("module_type, opname", [("Attention", "aten.bmm.default"), ("DecoderLayer", "aten.add.Tensor"),
-                                                 ("Linear", "aten.addmm.default"), ("Exp", "aten.exp.default")])
+@pytest.mark.parametrize(
+    "module_type, opname",
+    [
+        ("Attention", "aten.bmm.default"),
+        ("DecoderLayer", "aten.add.Tensor"),
+        ("Linear", "aten.addmm.default"),
+        ("Exp", "aten.exp.default"),
+    ],
+)
 def test_an_fp32_overflow_without_a_parameter_proposes_no_dtype(module_type, opname):
-    d = diagnose(ev(dtype="fp32", replay=ALL_FAIL, module="layers.0", module_type=module_type, op=opname,
-                    is_block=module_type == "DecoderLayer"))
+    d = diagnose(
+        ev(
+            dtype="fp32",
+            replay=ALL_FAIL,
+            module="layers.0",
+            module_type=module_type,
+            op=opname,
+            is_block=module_type == "DecoderLayer",
+        )
+    )
     assert d.cause == "overflow" and d.param is None
     assert "fp32" not in d.fix and "bf16" not in d.fix, d.fix
 
@@ -106,8 +175,12 @@ def test_overflow_in_fp8_points_at_scaling():
 
 
 def test_scale_underflow():
-    d = diagnose(ev(op="aten.reciprocal.default", operands=[op(absmax=1.7e-6, mn=1.7e-6, mx=1.7e-6,
-                                                               nonzero=1.7e-6, n=1)]))
+    d = diagnose(
+        ev(
+            op="aten.reciprocal.default",
+            operands=[op(absmax=1.7e-6, mn=1.7e-6, mx=1.7e-6, nonzero=1.7e-6, n=1)],
+        )
+    )
     assert d.cause == "scale_underflow" and "eps" in d.fix and "1.7e-06" in d.summary
 
 
@@ -129,8 +202,17 @@ def test_masked_softmax_all_neginf_row():
 
 
 def test_nonfinite_weights_and_input():
-    w = [{"name": "a.weight", "dtype": "float32", "shape": [2, 2], "nan": 1, "posinf": 0, "neginf": 0,
-          "first_index": [1, 0]}]
+    w = [
+        {
+            "name": "a.weight",
+            "dtype": "float32",
+            "shape": [2, 2],
+            "nan": 1,
+            "posinf": 0,
+            "neginf": 0,
+            "first_index": [1, 0],
+        }
+    ]
     d = diagnose(ev(role="weights", kind="nan", weights_nonfinite=w))
     assert d.cause == "nonfinite_weights" and "[1, 0]" in d.evidence[0]
     d = diagnose(ev(role=None, kind=None, module=None, op=None, weights_nonfinite=w))

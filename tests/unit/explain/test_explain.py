@@ -9,17 +9,32 @@ from nan_hunter.report import Diagnosis, FirstNonfinite
 
 
 def first(reproducible: bool | None, op: str | None = "aten.exp.default") -> FirstNonfinite:
-    return FirstNonfinite(input_index=0, module="layers.0.act", module_type="Act", op=op, kind="posinf",
-                          role="producer", reproducible=reproducible)
+    return FirstNonfinite(
+        input_index=0,
+        module="layers.0.act",
+        module_type="Act",
+        op=op,
+        kind="posinf",
+        role="producer",
+        reproducible=reproducible,
+    )
 
 
 def overflow() -> Diagnosis:
-    return Diagnosis(cause="overflow", dtype="bf16", module="layers.0.act", op="aten.exp.default",
-                     summary="exp overflowed bf16", evidence=["e"], fix="f")
+    return Diagnosis(
+        cause="overflow",
+        dtype="bf16",
+        module="layers.0.act",
+        op="aten.exp.default",
+        summary="exp overflowed bf16",
+        evidence=["e"],
+        fix="f",
+    )
 
 
-def verdict(reproducible: bool | None, run: str = "fp32", op: str | None = "aten.exp.default",
-            device: str = "cpu") -> Diagnosis | None:
+def verdict(
+    reproducible: bool | None, run: str = "fp32", op: str | None = "aten.exp.default", device: str = "cpu"
+) -> Diagnosis | None:
     """The diagnosis ``explain`` makes of a located fault (no replay: the evidence alone)."""
     loc = Located(first(reproducible, op), RunDtype.of(run))
     explain(loc, None, [0], 1, replay=False, device=device)
@@ -31,8 +46,10 @@ def test_a_finite_rerun_names_the_device_and_keeps_the_original_cause_as_evidenc
     assert d.cause == "not_reproducible" and d.dtype == "bf16"
     assert (d.module, d.op) == ("layers.0.act", "aten.exp.default")
     assert "device cuda:3" in d.summary and "rank" not in d.summary  # no process group: no rank
-    assert d.evidence[0] == "the first non-finite value (posinf) appeared at aten.exp.default in layers.0.act " \
-                            "during the run"
+    assert (
+        d.evidence[0] == "the first non-finite value (posinf) appeared at aten.exp.default in layers.0.act "
+        "during the run"
+    )
     assert d.evidence[-1].startswith("what the captured values alone suggest: ")
 
 

@@ -13,8 +13,9 @@ from nan_hunter.report import Diagnosis, FixVerified
 def test_emulate_precision_casts_as_a_verified_fix():
     ok = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 1e-3}, rtol=1e-2)
     opt = "torch._inductor.config.emulate_precision_casts = True"
-    assert ok == FixVerified(opt, True, 1e-3, "model", "eager",
-                             {"kind": "option", "policy": None, "dtype": None, "option": opt})
+    assert ok == FixVerified(
+        opt, True, 1e-3, "model", "eager", {"kind": "option", "policy": None, "dtype": None, "option": opt}
+    )
     far = from_emulate_precision_casts({"compiled_finite": True, "max_rel_err": 0.5}, rtol=1e-2)
     assert far is not None and not far.finite
     bad = from_emulate_precision_casts({"compiled_finite": False, "max_rel_err": math.inf}, rtol=1e-2)
@@ -29,7 +30,9 @@ def test_fix_text_says_verified_only_when_finite():
     with_verdict(d, FixVerified("keep fc in fp32", True, 0.0))  # region scope: checked, not "verified" (v1.4)
     assert "verified" not in d.fix.lower()
     with_verdict(d, FixVerified("keep fc in fp32", True, 0.0, "model"))
-    assert d.fix.endswith("Verified: keep fc in fp32 makes the model's outputs finite, max rel err 0 vs fp32.")
+    assert d.fix.endswith(
+        "Verified: keep fc in fp32 makes the model's outputs finite, max rel err 0 vs fp32."
+    )
 
 
 # --- SDPA instead of eager attention: a real transformers model, the fault really in eager -------
@@ -42,8 +45,14 @@ def _llama(qk_scale: float = 1.0):
     """A tiny LlamaForCausalLM in eager attention; q_proj and k_proj of layer 0 scaled by ``qk_scale``."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                   vocab_size=128, attn_implementation="eager")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=128,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     m = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -72,9 +81,17 @@ def _logits(model, batch):
 
 
 QK = "model.layers.0.self_attn"
-QK_OVERFLOW = Diagnosis("overflow", "fp16", QK, "aten.bmm.default",
-                        f"attention scores overflow in fp16 at aten.bmm.default in {QK}", [], "fix",
-                        mechanism="overflow", subject="attention_scores")
+QK_OVERFLOW = Diagnosis(
+    "overflow",
+    "fp16",
+    QK,
+    "aten.bmm.default",
+    f"attention scores overflow in fp16 at aten.bmm.default in {QK}",
+    [],
+    "fix",
+    mechanism="overflow",
+    subject="attention_scores",
+)
 
 
 @pytest.mark.parametrize("whole", [True, False], ids=["model", "region"])
@@ -118,8 +135,15 @@ def test_sdpa_replaces_nan_of_a_fully_masked_row():
     mask[0] = float("-inf")  # query 0 may attend to nothing
     batch["attention_mask"] = mask[None, None]
     assert torch.isnan(_logits(m, batch)).any()
-    d = Diagnosis("masked_softmax", "fp32", QK, "aten._softmax.default", f"softmax over a fully masked row at {QK}",
-                  [], "fix")
+    d = Diagnosis(
+        "masked_softmax",
+        "fp32",
+        QK,
+        "aten._softmax.default",
+        f"softmax over a fully masked row at {QK}",
+        [],
+        "fix",
+    )
     for kw in ({"model": m, "batch": batch}, {}):
         fv = verify_fix(d, _region(m, batch, QK), RunDtype.of("fp32"), **kw)
         assert fv is not None and fv.change == SDPA and fv.finite, fv
@@ -184,11 +208,29 @@ def test_change_follows_the_subject_not_the_summary_words():
     from nan_hunter.explain.fix_check import _changes
 
     run = RunDtype.of("fp16")
-    reworded = Diagnosis("overflow", "fp16", QK, "aten.bmm.default", "q·kᵀ went past fp16's max", [], "fix",
-                         mechanism="overflow", subject="attention_scores")
+    reworded = Diagnosis(
+        "overflow",
+        "fp16",
+        QK,
+        "aten.bmm.default",
+        "q·kᵀ went past fp16's max",
+        [],
+        "fix",
+        mechanism="overflow",
+        subject="attention_scores",
+    )
     assert _changes(reworded, run, None)[0].text == SDPA
-    worded_but_mlp = Diagnosis("overflow", "fp16", "mlp.fc", "aten.mm.default",
-                               "attention scores overflow (words only)", [], "fix", mechanism="overflow", subject="mlp")
+    worded_but_mlp = Diagnosis(
+        "overflow",
+        "fp16",
+        "mlp.fc",
+        "aten.mm.default",
+        "attention scores overflow (words only)",
+        [],
+        "fix",
+        mechanism="overflow",
+        subject="mlp",
+    )
     assert all(c.text != SDPA for c in _changes(worded_but_mlp, run, None))
 
 

@@ -9,15 +9,26 @@ from nan_hunter.explain import fix_check
 from nan_hunter.explain.fix_words import MECHANICAL, NO_FIX, UNVERIFIED, no_mechanical_fix
 
 
-@pytest.mark.parametrize("cause", ["overflow", "division_by_zero", "scale_underflow", "masked_softmax",
-                                   "compile_divergence"])
+@pytest.mark.parametrize(
+    "cause", ["overflow", "division_by_zero", "scale_underflow", "masked_softmax", "compile_divergence"]
+)
 def test_mechanical_causes(cause):
     assert no_mechanical_fix(cause) is None
 
 
-@pytest.mark.parametrize("cause", ["nonfinite_input", "nonfinite_weights", "bad_scale", "not_reproducible",
-                                   "domain_error", "unknown", "uninitialised_read",
-                                   "a_cause_added_later"])
+@pytest.mark.parametrize(
+    "cause",
+    [
+        "nonfinite_input",
+        "nonfinite_weights",
+        "bad_scale",
+        "not_reproducible",
+        "domain_error",
+        "unknown",
+        "uninitialised_read",
+        "a_cause_added_later",
+    ],
+)
 def test_causes_without_a_mechanical_fix_say_why(cause):
     assert no_mechanical_fix(cause)
 

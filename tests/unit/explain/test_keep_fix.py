@@ -21,8 +21,9 @@ def _llama():
     """The quick start's shipped example (a real Llama checkpoint), at full precision, on its prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m = AutoModelForCausalLM.from_pretrained(EXAMPLE, attn_implementation="eager",
-                                             **{dtype_keyword(): torch.float32}).eval()  # torch_dtype before 4.56
+    m = AutoModelForCausalLM.from_pretrained(
+        EXAMPLE, attn_implementation="eager", **{dtype_keyword(): torch.float32}
+    ).eval()  # torch_dtype before 4.56
     tok = AutoTokenizer.from_pretrained(EXAMPLE)
     return m, dict(tok("the quick brown fox", return_tensors="pt"))
 
@@ -34,7 +35,9 @@ def test_keep_set_is_down_proj_and_the_final_norm():
     m16 = m.half()
     with torch.no_grad():
         assert not torch.isfinite(m16(**batch).logits).all()  # the fault is real
-    kf = find_keep_set(WholeModel(m16, (), batch), RunDtype.of("fp16"), "model.layers.1.mlp.down_proj", rtol=0.05)
+    kf = find_keep_set(
+        WholeModel(m16, (), batch), RunDtype.of("fp16"), "model.layers.1.mlp.down_proj", rtol=0.05
+    )
     assert kf is not None and kf.finite, kf
     assert "model.layers.1.mlp.down_proj" in kf.keep and len(kf.keep) >= 2
     assert kf.policy == {"dtype": "fp16", "keep_dtype": "fp32", "modules": {k: "fp32" for k in kf.keep}}

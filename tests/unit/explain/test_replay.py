@@ -29,14 +29,25 @@ def test_forward_replay_matrix_shows_which_dtypes_overflow():
     assert set(matrix) == {*REPLAY_DTYPES, "fp64"}
     assert matrix["fp32"]["finite"] and matrix["fp32"]["rel_err"] == 0.0
     assert matrix["bf16"]["finite"] and matrix["bf16"]["absmax"] == pytest.approx(1e5, rel=1e-2)
-    assert not matrix["fp16"]["finite"] and matrix["fp16"]["posinf"] == 6 and matrix["fp16"]["rel_err"] is None
-    assert matrix["fp64"].to_dict() == {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 1e5, "rel_err": 0.0}
+    assert (
+        not matrix["fp16"]["finite"] and matrix["fp16"]["posinf"] == 6 and matrix["fp16"]["rel_err"] is None
+    )
+    assert matrix["fp64"].to_dict() == {
+        "finite": True,
+        "nan": 0,
+        "posinf": 0,
+        "neginf": 0,
+        "absmax": 1e5,
+        "rel_err": 0.0,
+    }
 
 
 def test_rounding_error_is_measured_against_float64():
     x = torch.full((4,), 1.0 / 3.0, dtype=torch.float64)
     matrix = replay(nn.Identity(), (x,), {})
-    assert matrix["fp32"]["rel_err"] == pytest.approx(abs(float(torch.tensor(1 / 3, dtype=torch.float32)) - 1 / 3) * 3)
+    assert matrix["fp32"]["rel_err"] == pytest.approx(
+        abs(float(torch.tensor(1 / 3, dtype=torch.float32)) - 1 / 3) * 3
+    )
     assert matrix["fp32"]["rel_err"] < matrix["bf16"]["rel_err"] < 1e-2
 
 
@@ -46,7 +57,9 @@ def test_run_region_changes_neither_module_nor_inputs():
     x = torch.ones(1, 2)
     (out,) = run_region(lin, (x,), {}, torch.float64)
     assert out.dtype == torch.float64
-    assert lin.weight.dtype == torch.float32 and torch.equal(lin.weight.detach(), w) and x.dtype == torch.float32
+    assert (
+        lin.weight.dtype == torch.float32 and torch.equal(lin.weight.detach(), w) and x.dtype == torch.float32
+    )
 
 
 def test_an_error_in_one_dtype_is_an_entry_not_an_exception():

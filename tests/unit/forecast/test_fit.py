@@ -52,11 +52,14 @@ def test_already_crossed_projects_the_latest_step():
     assert tr.crossing(95.0) == 10
 
 
-@pytest.mark.parametrize("name, pts", [
-    ("two points", [(0, 1.0), (1, 2.0)]),
-    ("one step", [(3, 1.0), (3, 2.0), (3, 3.0)]),
-    ("non-finite left out", [(0, 1.0), (1, math.inf), (2, math.nan)]),
-])
+@pytest.mark.parametrize(
+    "name, pts",
+    [
+        ("two points", [(0, 1.0), (1, 2.0)]),
+        ("one step", [(3, 1.0), (3, 2.0), (3, 3.0)]),
+        ("non-finite left out", [(0, 1.0), (1, math.inf), (2, math.nan)]),
+    ],
+)
 def test_too_little_to_fit(name, pts):
     assert fit(pts) is None
 

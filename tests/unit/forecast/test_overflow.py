@@ -29,8 +29,12 @@ def test_nothing_sampled_is_null_and_nothing_shrinking_is_empty():
 
 
 def test_a_doubling_block_is_forecast_against_each_dtype():
-    grow = _signals({("layers.0", ABSMAX): [(s, 100.0 * 2 ** (s / 10)) for s in range(1, 60, 2)],
-                     ("layers.1", ABSMAX): [(s, 5.0) for s in range(1, 60, 2)]})
+    grow = _signals(
+        {
+            ("layers.0", ABSMAX): [(s, 100.0 * 2 ** (s / 10)) for s in range(1, 60, 2)],
+            ("layers.1", ABSMAX): [(s, 5.0) for s in range(1, 60, 2)],
+        }
+    )
     fc = forecast(grow, "fp16", ("bf16", "fp8-e4m3", "fp16"), 8)
     assert {e["dtype"] for e in fc} == {"fp16", "bf16", "fp8-e4m3"} and len(fc) == 3
     assert all(e["module"] == "layers.0" and e["signal"] == ABSMAX for e in fc)
@@ -56,7 +60,9 @@ def test_run_dtype_comes_first_and_defaults_to_fp32():
     fc = forecast(grow, None, ("fp16",), 8)
     assert {e["dtype"] for e in fc} == {"fp32", "fp16"}
     fp32 = next(e for e in fc if e["dtype"] == "fp32")
-    assert fp32["headroom_db"] == pytest.approx(level_db(limits("fp32").max) - signal_level(LOGSUMEXP, 7.9), abs=0.01)
+    assert fp32["headroom_db"] == pytest.approx(
+        level_db(limits("fp32").max) - signal_level(LOGSUMEXP, 7.9), abs=0.01
+    )
 
 
 def test_a_window_of_zero_fits_nothing():

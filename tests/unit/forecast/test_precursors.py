@@ -31,7 +31,12 @@ def _warn(signals: Signals) -> list:
 
 
 def test_registry_names_the_four_codes():
-    assert set(RULES) == {"attention_logit_growth", "output_logit_divergence", "update_collapse", "grad_norm_spike"}
+    assert set(RULES) == {
+        "attention_logit_growth",
+        "output_logit_divergence",
+        "update_collapse",
+        "grad_norm_spike",
+    }
 
 
 def test_growing_attention_logits_warn_once_past_the_floor_with_the_fix():
@@ -44,11 +49,14 @@ def test_growing_attention_logits_warn_once_past_the_floor_with_the_fix():
     assert "max |q·k|/√d" in w.evidence[0] and "dB" in w.evidence[1]
 
 
-@pytest.mark.parametrize("name, values", [
-    ("flat above the floor", lambda s, r: 200.0),
-    ("noisy around a level", lambda s, r: 100.0 * (1 + 0.3 * r.uniform(-1, 1))),
-    ("growing below the floor", lambda s, r: 0.5 * 1.1 ** (s // 2)),
-])
+@pytest.mark.parametrize(
+    "name, values",
+    [
+        ("flat above the floor", lambda s, r: 200.0),
+        ("noisy around a level", lambda s, r: 100.0 * (1 + 0.3 * r.uniform(-1, 1))),
+        ("growing below the floor", lambda s, r: 0.5 * 1.1 ** (s // 2)),
+    ],
+)
 def test_attention_logits_that_do_not_grow_past_the_floor_are_silent(name, values):
     r = random.Random(0)
     assert _warn(_signals({("attn", ATTENTION): [(s, values(s, r)) for s in STEPS]})) == []

@@ -54,8 +54,10 @@ def test_hidden_losses_names_the_scaler(caplog):
         core.hidden_losses(core.scaler_phrase())
         core.hidden_losses(core.scaler_phrase())  # said once
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["nanhunter: the loss of step 7 was non-finite, and the GradScaler skipped the optimizer step "
-                    "without a word (it only lowered its scale), so training went on as if nothing happened"]
+    assert said == [
+        "nanhunter: the loss of step 7 was non-finite, and the GradScaler skipped the optimizer step "
+        "without a word (it only lowered its scale), so training went on as if nothing happened"
+    ]
 
 
 def test_nothing_said_when_nothing_hid_it(caplog):
@@ -121,10 +123,16 @@ def test_stop_at_the_first_fault_writes_and_logs(tmp_path, caplog):
     f = core.report.first_nonfinite
     assert (f.step, f.module) == (2, "1")  # the framework's own step number
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["schema"] == "nanhunter.report/v1" and rep["mode"] == "watch" and rep["checkpoint"]["path"] == "watch()"  # one report for watch() and callbacks
+    assert (
+        rep["schema"] == "nanhunter.report/v1"
+        and rep["mode"] == "watch"
+        and rep["checkpoint"]["path"] == "watch()"
+    )  # one report for watch() and callbacks
     (line,) = [r.getMessage() for r in caplog.records if r.name == "test.cb"]  # the framework's logger
-    assert line == ("nanhunter: first non-finite value (posinf) at step 2, forward: aten.exp.default in 1 (overflow: "
-                    f"exp overflow in fp32 at aten.exp.default in 1) · report: {tmp_path / 'r.json'}")
+    assert line == (
+        "nanhunter: first non-finite value (posinf) at step 2, forward: aten.exp.default in 1 (overflow: "
+        f"exp overflow in fp32 at aten.exp.default in 1) · report: {tmp_path / 'r.json'}"
+    )
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the failing update was undone
 
 
@@ -166,7 +174,9 @@ def test_skip_needs_the_frameworks_optimizer():
 def test_the_sentinel_level_and_its_sampling_reach_the_watch():
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    core = CallbackCore("sentinel", "record", None, None, None, logging.getLogger("test.callback"), sample_every=3)
+    core = CallbackCore(
+        "sentinel", "record", None, None, None, logging.getLogger("test.callback"), sample_every=3
+    )
     core.start(model, opt)
     try:
         assert (core.watch.level, core.watch.sample_every) == ("sentinel", 3)

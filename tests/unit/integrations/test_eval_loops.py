@@ -46,8 +46,15 @@ def test_a_loop_is_counted_located_once_and_kept_apart_from_training(caplog):
         _loop(ev, model, [bad], after=6, training=training)
     assert not training.paused and training.n_forwards == 0 and training.first_failed is None
     # the exp runs in the root's own forward: the root ("") names it
-    assert ev.as_run() == {"steps": 4, "nonfinite_losses": 2, "first_failed": 1, "after_step": 3,
-                           "module": "", "op": "aten.exp.default", "cause": "overflow"}
+    assert ev.as_run() == {
+        "steps": 4,
+        "nonfinite_losses": 2,
+        "first_failed": 1,
+        "after_step": 3,
+        "module": "",
+        "op": "aten.exp.default",
+        "cause": "overflow",
+    }
     assert ev.report.first_nonfinite.step == 1 and ev.report.run["eval"]["first_failed"] == 1
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "first at eval step 1" in lines[0] and "after training step 6" in lines[1]
@@ -62,8 +69,15 @@ def test_a_clean_loop_says_nothing_and_counts_its_steps(caplog):
     ev.attach(model)
     with caplog.at_level(logging.WARNING):
         _loop(ev, model, [torch.zeros(2, 4)] * 3, after=None)
-    assert ev.as_run() == {"steps": 3, "nonfinite_losses": 0, "first_failed": None, "after_step": None,
-                           "module": None, "op": None, "cause": None}
+    assert ev.as_run() == {
+        "steps": 3,
+        "nonfinite_losses": 0,
+        "first_failed": None,
+        "after_step": None,
+        "module": None,
+        "op": None,
+        "cause": None,
+    }
     assert ev.report is None and not caplog.records
     model(torch.zeros(1, 4))  # outside a loop: not counted
     assert ev.as_run()["steps"] == 3

@@ -33,8 +33,15 @@ class Module(L.LightningModule):
 
 def _trainer(opt, callbacks=(), scaler=None, every=50):
     """The attributes of ``lightning.Trainer`` the callback reads, and nothing else."""
-    return SimpleNamespace(optimizers=[opt], precision_plugin=SimpleNamespace(scaler=scaler), global_step=0,
-                           log_every_n_steps=every, callbacks=list(callbacks), should_stop=False, strategy=None)
+    return SimpleNamespace(
+        optimizers=[opt],
+        precision_plugin=SimpleNamespace(scaler=scaler),
+        global_step=0,
+        log_every_n_steps=every,
+        callbacks=list(callbacks),
+        should_stop=False,
+        strategy=None,
+    )
 
 
 def _fit(cb, trainer, module, fault_at: int, steps: int = 4) -> int:
@@ -74,12 +81,15 @@ def test_stop_at_the_planted_step(said):
 def test_what_hides_a_nan_loss_is_named(said):
     m = Module()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    trainer = _trainer(opt, callbacks=[ModelCheckpoint(monitor="train_loss")], scaler=torch.amp.GradScaler("cpu"),
-                       every=2)
+    trainer = _trainer(
+        opt, callbacks=[ModelCheckpoint(monitor="train_loss")], scaler=torch.amp.GradScaler("cpu"), every=2
+    )
     cb = NanHunterCallback(level="modules", on_fault="skip")
     _fit(cb, trainer, m, fault_at=1)
     (line,) = [s for s in said() if "was non-finite, and" in s]  # named once, when Lightning logs step 1
-    assert line.startswith("nanhunter: the loss of step 1 was non-finite, and the GradScaler skipped the optimizer step")
+    assert line.startswith(
+        "nanhunter: the loss of step 1 was non-finite, and the GradScaler skipped the optimizer step"
+    )
     assert "ModelCheckpoint(monitor='train_loss') ranks a NaN train_loss as ±inf" in line
 
 

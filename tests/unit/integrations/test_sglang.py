@@ -31,9 +31,16 @@ class Root(nn.Module):
 
 
 def _extend_batch():
-    return SimpleNamespace(batch_size=2, input_ids=torch.tensor([1, 5, 6, 1, 9]), positions=torch.tensor([0, 1, 2, 0, 1]),
-                           extend_seq_lens_cpu=[3, 2], rids=["a1", "b2"], req_pool_indices=torch.tensor([4, 7]),
-                           out_cache_loc=torch.tensor([10, 11, 12, 20, 21]), seq_lens=torch.tensor([3, 2]))
+    return SimpleNamespace(
+        batch_size=2,
+        input_ids=torch.tensor([1, 5, 6, 1, 9]),
+        positions=torch.tensor([0, 1, 2, 0, 1]),
+        extend_seq_lens_cpu=[3, 2],
+        rids=["a1", "b2"],
+        req_pool_indices=torch.tensor([4, 7]),
+        out_cache_loc=torch.tensor([10, 11, 12, 20, 21]),
+        seq_lens=torch.tensor([3, 2]),
+    )
 
 
 def test_factory_resolves_as_sglang_resolves_it_and_logs_the_failing_request(tmp_path):
@@ -58,12 +65,21 @@ def test_a_finite_decode_forward_writes_nothing(tmp_path):
     hook = hook_factory({})
     root = Root(bad=None)
     root.register_forward_hook(hook)
-    fb = SimpleNamespace(batch_size=2, input_ids=torch.tensor([3, 4]), positions=torch.tensor([5, 9]), rids=None,
-                         req_pool_indices=torch.tensor([4, 7]), out_cache_loc=torch.tensor([13, 30]))
+    fb = SimpleNamespace(
+        batch_size=2,
+        input_ids=torch.tensor([3, 4]),
+        positions=torch.tensor([5, 9]),
+        rids=None,
+        req_pool_indices=torch.tensor([4, 7]),
+        out_cache_loc=torch.tensor([13, 30]),
+    )
     root(fb.input_ids, fb.positions, fb)
     assert hook.forwards == 1 and hook.failures == []
     step = forward_batch_step(fb)
-    assert [(r.id, r.positions, r.blocks) for r in step.requests] == [("slot 4", [5], [13]), ("slot 7", [9], [30])]
+    assert [(r.id, r.positions, r.blocks) for r in step.requests] == [
+        ("slot 4", [5], [13]),
+        ("slot 7", [9], [30]),
+    ]
 
 
 def test_a_bad_config_is_refused():

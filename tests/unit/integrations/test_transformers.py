@@ -92,7 +92,8 @@ def test_the_filter_that_hides_a_nan_loss_is_named(tmp_path, said):
     assert [line for line in said if "logging_nan_inf_filter" in line] == [
         "nanhunter: the loss of step 2 was non-finite, and transformers' logging_nan_inf_filter (True by default) "
         "left it out of the logged 'loss', which averages the finite steps instead: the logs look healthy; "
-        "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"]
+        "TrainingArguments(logging_nan_inf_filter=False) logs it as it is"
+    ]
 
 
 def test_nothing_hides_it_without_the_filter(tmp_path, said):

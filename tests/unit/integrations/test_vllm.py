@@ -44,17 +44,25 @@ class Model(nn.Module):
 
 def _context(starts=(0, 3, 5), slots=(10, 11, 12, 20, 21)):
     md = SimpleNamespace(query_start_loc=torch.tensor(starts), seq_lens=torch.tensor([3, 2]))
-    return SimpleNamespace(attn_metadata={"model.layers.0.self_attn.attn": md},
-                           slot_mapping={"model.layers.0.self_attn.attn": torch.tensor(slots)})
+    return SimpleNamespace(
+        attn_metadata={"model.layers.0.self_attn.attn": md},
+        slot_mapping={"model.layers.0.self_attn.attn": torch.tensor(slots)},
+    )
 
 
 def _run(model, ids=(1, 5, 6, 1, 9), pos=(0, 1, 2, 0, 1)):
-    return model(input_ids=torch.tensor(ids), positions=torch.tensor(pos), intermediate_tensors=None,
-                 inputs_embeds=None)
+    return model(
+        input_ids=torch.tensor(ids),
+        positions=torch.tensor(pos),
+        intermediate_tensors=None,
+        inputs_embeds=None,
+    )
 
 
 def test_the_entry_point_is_declared_and_resolves_to_register():
-    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        "vllm.general_plugins"
+    ]
     module, fn = eps["nanhunter"].split(":")
     assert getattr(importlib.import_module(module), fn) is nv.register
 
@@ -70,9 +78,16 @@ def test_a_failing_forward_names_its_request_and_what_it_wrote(tmp_path):
     assert torch.isinf(out).any()  # the output is left as it is
     assert sentinel.forwards == 2
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert lines == [{"forward": 1, "failed": ["row 1"],
-                      "requests": [{"id": "row 0", "positions": [0, 1, 2], "tokens": [1, 5, 6], "kv_slots": [10, 11, 12]},
-                                   {"id": "row 1", "positions": [0, 1], "tokens": [1, 9], "kv_slots": [20, 21]}]}]
+    assert lines == [
+        {
+            "forward": 1,
+            "failed": ["row 1"],
+            "requests": [
+                {"id": "row 0", "positions": [0, 1, 2], "tokens": [1, 5, 6], "kv_slots": [10, 11, 12]},
+                {"id": "row 1", "positions": [0, 1], "tokens": [1, 9], "kv_slots": [20, 21]},
+            ],
+        }
+    ]
 
 
 def test_request_ids_and_the_metadata_slot_mapping_of_older_vllm():

@@ -12,19 +12,22 @@ from nan_hunter.kernels.compare import compare
 inf, nan = math.inf, math.nan
 
 
-@pytest.mark.parametrize("name, cand, ref, error, rel, mismatched", [
-    ("equal", [1.0, 2.0], [1.0, 2.0], 0.0, 0.0, 0),
-    ("relative to the largest |ref|", [1.0, 2.5], [1.0, 2.0], 0.25, 0.25, 0),
-    ("matching +inf", [inf, 2.0], [inf, 2.0], 0.0, 0.0, 0),
-    ("matching -inf", [-inf, 1.0], [-inf, 1.0], 0.0, 0.0, 0),
-    ("matching NaN", [nan, 1.0], [nan, 1.0], 0.0, 0.0, 0),
-    ("NaN against a number", [nan, 1.0], [3.0, 1.0], inf, 0.0, 1),
-    ("+inf against -inf", [inf, 1.0], [-inf, 1.0], inf, 0.0, 1),
-    ("a number against inf", [5.0, 1.0], [inf, 1.0], inf, 0.0, 1),
-    ("nothing finite on both sides", [nan], [inf], inf, None, 1),
-    ("zero reference, zero candidate", [0.0], [0.0], 0.0, 0.0, 0),
-    ("zero reference, non-zero candidate", [1e-3], [0.0], inf, inf, 0),
-])
+@pytest.mark.parametrize(
+    "name, cand, ref, error, rel, mismatched",
+    [
+        ("equal", [1.0, 2.0], [1.0, 2.0], 0.0, 0.0, 0),
+        ("relative to the largest |ref|", [1.0, 2.5], [1.0, 2.0], 0.25, 0.25, 0),
+        ("matching +inf", [inf, 2.0], [inf, 2.0], 0.0, 0.0, 0),
+        ("matching -inf", [-inf, 1.0], [-inf, 1.0], 0.0, 0.0, 0),
+        ("matching NaN", [nan, 1.0], [nan, 1.0], 0.0, 0.0, 0),
+        ("NaN against a number", [nan, 1.0], [3.0, 1.0], inf, 0.0, 1),
+        ("+inf against -inf", [inf, 1.0], [-inf, 1.0], inf, 0.0, 1),
+        ("a number against inf", [5.0, 1.0], [inf, 1.0], inf, 0.0, 1),
+        ("nothing finite on both sides", [nan], [inf], inf, None, 1),
+        ("zero reference, zero candidate", [0.0], [0.0], 0.0, 0.0, 0),
+        ("zero reference, non-zero candidate", [1e-3], [0.0], inf, inf, 0),
+    ],
+)
 def test_policy(name, cand, ref, error, rel, mismatched):
     c = compare(torch.tensor(cand), torch.tensor(ref))
     assert c.error == error, name
@@ -68,15 +71,18 @@ def test_every_caller_gets_the_same_answer():
     assert compiled_compare(ref, cand).rel_err == compare(cand, ref).rel_err
 
 
-@pytest.mark.parametrize("name, cand, ref, want", [
-    ("both finite", [1.0, 2.0], [1.0, 2.5], 0.2),
-    ("identical", [1.0, -2.0], [1.0, -2.0], 0.0),
-    ("candidate nan", [math.nan, 2.0], [1.0, 2.0], None),
-    ("reference +inf", [1.0, 2.0], [math.inf, 2.0], None),
-    ("matching -inf on both sides", [-math.inf, 2.0], [-math.inf, 2.0], None),
-    ("zero reference, non-zero candidate", [1.0], [0.0], None),
-    ("zero reference, zero candidate", [0.0], [0.0], 0.0),
-])
+@pytest.mark.parametrize(
+    "name, cand, ref, want",
+    [
+        ("both finite", [1.0, 2.0], [1.0, 2.5], 0.2),
+        ("identical", [1.0, -2.0], [1.0, -2.0], 0.0),
+        ("candidate nan", [math.nan, 2.0], [1.0, 2.0], None),
+        ("reference +inf", [1.0, 2.0], [math.inf, 2.0], None),
+        ("matching -inf on both sides", [-math.inf, 2.0], [-math.inf, 2.0], None),
+        ("zero reference, non-zero candidate", [1.0], [0.0], None),
+        ("zero reference, zero candidate", [0.0], [0.0], 0.0),
+    ],
+)
 def test_finite_rel_err_only_where_both_runs_are_finite(name, cand, ref, want):
     got = compare(torch.tensor(cand), torch.tensor(ref)).finite_rel_err
     assert got == pytest.approx(want) if want is not None else got is None, name

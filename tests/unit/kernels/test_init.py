@@ -28,11 +28,14 @@ def test_everything_else_reads_with_the_reference(monkeypatch, device):
     assert select_backend(device) == "reference"
 
 
-@pytest.mark.parametrize("backend, device, interpret, says", [
-    ("numpy", "cpu", None, "backend must be 'triton', 'reference' or None (automatic), got 'numpy'"),
-    ("triton", "cpu", None, "backend='triton' reads CUDA tensors, not cpu ones"),
-    ("triton", "cpu", "0", "set TRITON_INTERPRET=1 before triton is imported"),
-])
+@pytest.mark.parametrize(
+    "backend, device, interpret, says",
+    [
+        ("numpy", "cpu", None, "backend must be 'triton', 'reference' or None (automatic), got 'numpy'"),
+        ("triton", "cpu", None, "backend='triton' reads CUDA tensors, not cpu ones"),
+        ("triton", "cpu", "0", "set TRITON_INTERPRET=1 before triton is imported"),
+    ],
+)
 def test_refused(monkeypatch, backend, device, interpret, says):
     if interpret is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -42,10 +45,15 @@ def test_refused(monkeypatch, backend, device, interpret, says):
         check_backend(backend, device)
 
 
-@pytest.mark.parametrize("backend, device, interpret", [
-    ("reference", "cpu", None), ("reference", "cuda", None), ("triton", "cuda", None),
-    ("triton", "cpu", "1"),  # interpreted: the kernel tests' way on a machine without a GPU
-])
+@pytest.mark.parametrize(
+    "backend, device, interpret",
+    [
+        ("reference", "cpu", None),
+        ("reference", "cuda", None),
+        ("triton", "cuda", None),
+        ("triton", "cpu", "1"),  # interpreted: the kernel tests' way on a machine without a GPU
+    ],
+)
 def test_accepted(monkeypatch, backend, device, interpret):
     if interpret is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)

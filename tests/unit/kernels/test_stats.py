@@ -35,33 +35,50 @@ def test_the_row_layout():
 
 def test_skipped_fields_read_as_none():
     s = _row(numel=8, nan=-1, absmax=2.0)
-    assert (s.numel, s.zero, s.under_fp16, s.first_nonfinite, s.min_nonzero, s.sum) == (8, None, None, None, None,
-                                                                                       None)
+    assert (s.numel, s.zero, s.under_fp16, s.first_nonfinite, s.min_nonzero, s.sum) == (
+        8,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
     assert (s.nan, s.posinf, s.neginf, s.absmax) == (0, 0, 0, 2.0)  # the counts are always computed
 
 
-@pytest.mark.parametrize("nan, posinf, neginf, kind", [(0, 0, 0, None), (1, 1, 1, "nan"), (0, 3, 1, "posinf"),
-                                                       (0, 0, 2, "neginf")])
+@pytest.mark.parametrize(
+    "nan, posinf, neginf, kind", [(0, 0, 0, None), (1, 1, 1, "nan"), (0, 3, 1, "posinf"), (0, 0, 2, "neginf")]
+)
 def test_kind_by_severity(nan, posinf, neginf, kind):
     s = _row(numel=10, nan=nan, posinf=posinf, neginf=neginf)
     assert s.kind == kind and s.finite is (kind is None)
 
 
-@pytest.mark.parametrize("numel, bad, total, mean", [
-    (4, 0, 10.0, 2.5),
-    (4, 1, 9.0, 3.0),  # over the finite values only
-    (2, 2, 0.0, None),  # none finite
-    (0, 0, 0.0, None),  # empty
-    (4, 0, None, None),  # the sum was not computed
-])
+@pytest.mark.parametrize(
+    "numel, bad, total, mean",
+    [
+        (4, 0, 10.0, 2.5),
+        (4, 1, 9.0, 3.0),  # over the finite values only
+        (2, 2, 0.0, None),  # none finite
+        (0, 0, 0.0, None),  # empty
+        (4, 0, None, None),  # the sum was not computed
+    ],
+)
 def test_mean(numel, bad, total, mean):
     s = TensorStats(numel=numel, nan=bad, sum=total)
     assert s.mean == mean
 
 
-@pytest.mark.parametrize("target, field", [("fp16", "under_fp16"), ("bf16", "under_bf16"),
-                                           ("fp8-e4m3", "under_e4m3"), ("fp8-e5m2", "under_e5m2"),
-                                           ("half", "under_fp16")])
+@pytest.mark.parametrize(
+    "target, field",
+    [
+        ("fp16", "under_fp16"),
+        ("bf16", "under_bf16"),
+        ("fp8-e4m3", "under_e4m3"),
+        ("fp8-e5m2", "under_e5m2"),
+        ("half", "under_fp16"),
+    ],
+)
 def test_flushed_per_target(target, field):
     s = TensorStats(numel=4, **{field: 3})
     assert s.flushed(target) == 3

@@ -7,7 +7,9 @@ import struct
 from pathlib import Path
 
 
-def write_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]], metadata: dict | None = None) -> Path:
+def write_raw(
+    path: Path, tensors: dict[str, tuple[str, list[int], bytes]], metadata: dict | None = None
+) -> Path:
     """``tensors``: name -> (safetensors dtype tag, shape, data bytes), written in the given order."""
     header: dict = {"__metadata__": metadata} if metadata else {}
     data = b""

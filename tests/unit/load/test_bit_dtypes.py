@@ -26,8 +26,10 @@ def _scan(path):
     return ws, {t.name: t for t in ws.tensors}
 
 
-@pytest.mark.parametrize("tag,nan_byte,top", [("F8_E4M3FNUZ", 0x80, 240.0), ("F8_E5M2FNUZ", 0x80, 57344.0),
-                                             ("F8_E8M0", 0xFF, 2.0 ** 127)])
+@pytest.mark.parametrize(
+    "tag,nan_byte,top",
+    [("F8_E4M3FNUZ", 0x80, 240.0), ("F8_E5M2FNUZ", 0x80, 57344.0), ("F8_E8M0", 0xFF, 2.0**127)],
+)
 def test_fp8_variants_nan_from_bits(tmp_path, tag, nan_byte, top):
     raw = bytes([0x00, 0x3C, nan_byte, 0x7F if tag != "F8_E8M0" else 0xFE, nan_byte, 0x01])
     p = write_raw(tmp_path / "w.safetensors", {"w": (tag, [2, 3], raw), "ok": (tag, [2], bytes([1, 2]))})
@@ -43,9 +45,13 @@ def test_fp8_variants_nan_from_bits(tmp_path, tag, nan_byte, top):
 
 
 def test_torch_reads_the_same_values():
-    for tag, dt in (("F8_E4M3FNUZ", torch.float8_e4m3fnuz), ("F8_E5M2FNUZ", torch.float8_e5m2fnuz),
-                    ("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2),
-                    ("F8_E8M0", torch.float8_e8m0fnu)):
+    for tag, dt in (
+        ("F8_E4M3FNUZ", torch.float8_e4m3fnuz),
+        ("F8_E5M2FNUZ", torch.float8_e5m2fnuz),
+        ("F8_E4M3", torch.float8_e4m3fn),
+        ("F8_E5M2", torch.float8_e5m2),
+        ("F8_E8M0", torch.float8_e8m0fnu),
+    ):
         ref = torch.arange(256, dtype=torch.uint8).view(dt).float().tolist()
         ours = code_values(tag)
         assert all((a != a and b != b) or a == b for a, b in zip(ref, ours)), tag
@@ -83,7 +89,9 @@ def test_f6_no_nan_encoding_absmax_from_codes(tmp_path, tag, top):
 def test_unchecked_is_listed_and_the_verdict_says_so(tmp_path):
     p = write_raw(tmp_path / "w.safetensors", {"c": ("C64", [2], bytes(16)), "f": ("F32", [1], bytes(4))})
     ws, _ = _scan(p)
-    assert ws.unchecked == [{"name": "c", "dtype": "complex64", "reason": "dtype complex64 is not scanned (complex)"}]
+    assert ws.unchecked == [
+        {"name": "c", "dtype": "complex64", "reason": "dtype complex64 is not scanned (complex)"}
+    ]
     block = weights_block(ws, default_config())
     assert block["unchecked"] == weights_sections(ws)["unchecked"]
     v = verdict(Report(weights=block))
@@ -108,7 +116,13 @@ def test_f8_e5m2_inf_and_nan_from_bits(tmp_path):
     t = torch.tensor([0x7C, 0xFC, 0x7D, 0x3C], dtype=torch.uint8)  # +inf, -inf, NaN, 1.0
     save_file({"w": t.view(torch.float8_e5m2)}, str(tmp_path / "w.safetensors"))
     _, s = _scan(tmp_path / "w.safetensors")
-    assert (s["w"].nan, s["w"].posinf, s["w"].neginf, s["w"].first_index, s["w"].absmax) == (1, 1, 1, [0], 1.0)
+    assert (s["w"].nan, s["w"].posinf, s["w"].neginf, s["w"].first_index, s["w"].absmax) == (
+        1,
+        1,
+        1,
+        [0],
+        1.0,
+    )
 
 
 def test_pieces_keep_packed_groups_and_first_index(tmp_path, monkeypatch):
@@ -120,7 +134,9 @@ def test_pieces_keep_packed_groups_and_first_index(tmp_path, monkeypatch):
     f6 = bytes(3) * 700 + w + bytes(3) * 299  # 4000 elements
     fnuz = bytearray(5000)
     fnuz[4321] = 0x80
-    p = write_raw(tmp_path / "w.safetensors", {"a": ("F6_E3M2", [4000], f6), "b": ("F8_E4M3FNUZ", [5000], bytes(fnuz))})
+    p = write_raw(
+        tmp_path / "w.safetensors", {"a": ("F6_E3M2", [4000], f6), "b": ("F8_E4M3FNUZ", [5000], bytes(fnuz))}
+    )
     monkeypatch.setattr(sf, "PIECE", 1024)
     monkeypatch.setattr(sf, "WINDOW", 2048)
     _, t = _scan(p)
@@ -128,8 +144,13 @@ def test_pieces_keep_packed_groups_and_first_index(tmp_path, monkeypatch):
     assert t["b"].nan == 1 and t["b"].first_index == [4321]
 
 
-FP8_TORCH = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-             "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "F8_E8M0": torch.float8_e8m0fnu}
+FP8_TORCH = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
@@ -146,14 +167,17 @@ def test_every_fp8_code_as_torch_reads_it(tmp_path, tag, exact):
     v = t.float().reshape(-1)
     fin = torch.isfinite(v)
     first = int((~fin).nonzero()[0])
-    assert (got.nan, got.posinf, got.neginf) == (int(v.isnan().sum()), int((v == math.inf).sum()),
-                                                  int((v == -math.inf).sum()))
+    assert (got.nan, got.posinf, got.neginf) == (
+        int(v.isnan().sum()),
+        int((v == math.inf).sum()),
+        int((v == -math.inf).sum()),
+    )
     assert got.first_index == [first // 16, first % 16]
     assert got.absmax == float(v[fin].abs().max())
     a = v[fin].abs()
     n = a.numel()
-    assert got.fp16_zero_frac == int(((a > 0) & (a < 2.0 ** -25)).sum()) / n
-    assert got.fp16_subnormal_frac == int(((a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum()) / n
+    assert got.fp16_zero_frac == int(((a > 0) & (a < 2.0**-25)).sum()) / n
+    assert got.fp16_subnormal_frac == int(((a >= 2.0**-25) & (a < 2.0**-14)).sum()) / n
     assert got.min_nonzero == float(a[a > 0].min())
 
 

@@ -14,9 +14,12 @@ from nan_hunter.load.capsule import SCHEMA, is_capsule, read, write
 
 def _write(tmp_path, **kw):
     ids = torch.tensor([[1, 2, 3]])
-    args = dict(weights={"lin.weight": torch.ones(2, 2), "lin.bias": torch.zeros(2)},
-                args=(torch.ones(1, 2), 3, object()), kwargs={"labels": ids, "input_ids": ids, "flag": True},
-                meta={"phase": "backward", "dtype": "fp16", "arch": "m.py:build"})
+    args = dict(
+        weights={"lin.weight": torch.ones(2, 2), "lin.bias": torch.zeros(2)},
+        args=(torch.ones(1, 2), 3, object()),
+        kwargs={"labels": ids, "input_ids": ids, "flag": True},
+        meta={"phase": "backward", "dtype": "fp16", "arch": "m.py:build"},
+    )
     args.update(kw)
     return write(tmp_path / "caps", 2, **args)
 
@@ -26,8 +29,11 @@ def test_write_then_read_round_trips(tmp_path):
     assert out == tmp_path / "caps" / "step-2" and is_capsule(out)
     meta = json.loads((out / "capsule.json").read_text())
     assert meta["schema"] == SCHEMA and meta["step"] == 2 and meta["dtype"] == "fp16"
-    assert meta["inputs"] == {"tensors": ["args.0", "input_ids", "labels"], "other": {"args.1": 3, "flag": True},
-                              "dropped": ["args.2"]}
+    assert meta["inputs"] == {
+        "tensors": ["args.0", "input_ids", "labels"],
+        "other": {"args.1": 3, "flag": True},
+        "dropped": ["args.2"],
+    }
     assert meta["files"] == ["model.safetensors", "inputs.safetensors", "grad_outputs.safetensors"]
     w = load_file(str(out / "model.safetensors"))
     assert torch.equal(w["lin.weight"], torch.ones(2, 2))
@@ -38,8 +44,13 @@ def test_write_then_read_round_trips(tmp_path):
 
 
 def test_optimizer_state_is_flattened_by_name(tmp_path):
-    opt = {"grads": {"w": torch.ones(2)}, "state": {"w": {"exp_avg": torch.zeros(2)}}, "class": "Adam",
-           "hyperparameters": [{"lr": 0.1}], "groups": {"w": 0}}
+    opt = {
+        "grads": {"w": torch.ones(2)},
+        "state": {"w": {"exp_avg": torch.zeros(2)}},
+        "class": "Adam",
+        "hyperparameters": [{"lr": 0.1}],
+        "groups": {"w": 0},
+    }
     out = _write(tmp_path, optimizer=opt, meta={"phase": "optimizer", "arch": "m.py:build"})
     flat = load_file(str(out / "optimizer.safetensors"))
     assert sorted(flat) == ["grad/w", "state/w/exp_avg"]
@@ -65,15 +76,18 @@ def _edit(cap, **changes):
     (cap / "capsule.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("changes, words", [
-    ({"schema": "other/v9"}, "not a nanhunter capsule"),
-    ({"phase": "sideways"}, "is not forward, backward or optimizer"),
-    ({"step": -1}, "non-negative integer"),
-    ({"step": "2"}, "non-negative integer"),
-    ({"arch": None}, "neither how to build the model"),
-    ({"files": ["../model.safetensors"]}, "not a plain name"),
-    ({"files": ["gone.safetensors"]}, "missing"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"schema": "other/v9"}, "not a nanhunter capsule"),
+        ({"phase": "sideways"}, "is not forward, backward or optimizer"),
+        ({"step": -1}, "non-negative integer"),
+        ({"step": "2"}, "non-negative integer"),
+        ({"arch": None}, "neither how to build the model"),
+        ({"files": ["../model.safetensors"]}, "not a plain name"),
+        ({"files": ["gone.safetensors"]}, "missing"),
+    ],
+)
 def test_bad_capsule_json_is_bad_input(tmp_path, changes, words):
     cap = _write(tmp_path)
     _edit(cap, **changes)

@@ -34,14 +34,18 @@ def test_single_file_names_tensors_and_owned_copies(tmp_path):
 
 def test_scan_items_stream_every_tensor_with_its_metadata(tmp_path):
     bf = torch.tensor([1.5, -2.0, float("inf")], dtype=torch.bfloat16)
-    f = _save(tmp_path / "m.safetensors", {"w": torch.full((3, 2), 2.0, dtype=torch.float16), "bf": bf,
-                                           "ids": torch.arange(5)})
+    f = _save(
+        tmp_path / "m.safetensors",
+        {"w": torch.full((3, 2), 2.0, dtype=torch.float16), "bf": bf, "ids": torch.arange(5)},
+    )
     items, values = {}, {}
     for item in open_checkpoint(f).scan_items():  # each item's pieces are consumed before the next item
         items[item.name] = item
         if item.pieces is not None:
             pieces = [p for _, _, p in item.pieces]
-            assert all(isinstance(p, np.ndarray) and not p.flags.writeable for p in pieces)  # read-only map views
+            assert all(
+                isinstance(p, np.ndarray) and not p.flags.writeable for p in pieces
+            )  # read-only map views
             values[item.name] = np.concatenate(pieces)
     assert items["w"].dtype == "float16" and items["w"].shape == [3, 2] and items["w"].nbytes == 12
     assert items["w"].tag == "F16" and np.array_equal(values["w"], np.full(6, 2.0, dtype=np.float16))
@@ -70,15 +74,20 @@ def test_directory_of_plain_files_and_torch_file(tmp_path):
     pt = tmp_path / "sd.pt"
     torch.save({"w": torch.full((2,), 3.0)}, pt)
     ck = open_checkpoint(pt)
-    assert ck.format == "torch" and ck.entry("w") is None and torch.equal(ck.tensor("w"), torch.full((2,), 3.0))
+    assert (
+        ck.format == "torch" and ck.entry("w") is None and torch.equal(ck.tensor("w"), torch.full((2,), 3.0))
+    )
     assert [i.name for i in ck.scan_items()] == ["w"]
 
 
-@pytest.mark.parametrize("name, words", [
-    ("/etc/passwd", "absolute path"),
-    ("../outside.safetensors", "climbs out"),
-    ("", "not a file name"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("/etc/passwd", "absolute path"),
+        ("../outside.safetensors", "climbs out"),
+        ("", "not a file name"),
+    ],
+)
 def test_member_confines_names_to_the_directory(tmp_path, name, words):
     with pytest.raises(BadInput, match=words):
         member(tmp_path, name, "index")

@@ -16,11 +16,17 @@ from nan_hunter.load.command_inputs import arch_file, checkpoint_files, input_fi
 CONFIGS = Path(__file__).resolve().parents[3] / "nan_hunter" / "configs"
 
 
-@pytest.mark.parametrize("spec, path", [
-    (None, None), ("", None), ("model.py:build", Path("model.py")), ("dir/model:build", Path("dir/model")),
-    ("package.module:build", None),  # imported, not a file
-    ("model.py", None),  # no factory: refused elsewhere
-])
+@pytest.mark.parametrize(
+    "spec, path",
+    [
+        (None, None),
+        ("", None),
+        ("model.py:build", Path("model.py")),
+        ("dir/model:build", Path("dir/model")),
+        ("package.module:build", None),  # imported, not a file
+        ("model.py", None),  # no factory: refused elsewhere
+    ],
+)
 def test_arch_file(spec, path):
     assert arch_file(spec) == path
 
@@ -30,7 +36,9 @@ def test_a_file_and_an_index(tmp_path):
     idx = tmp_path / "m.safetensors.index.json"
     idx.write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
     assert checkpoint_files(tmp_path / "s1.safetensors") == [tmp_path / "s1.safetensors"]
-    assert sorted(checkpoint_files(idx)) == sorted([idx, tmp_path / "s1.safetensors", tmp_path / "s2.safetensors"])
+    assert sorted(checkpoint_files(idx)) == sorted(
+        [idx, tmp_path / "s1.safetensors", tmp_path / "s2.safetensors"]
+    )
 
 
 def test_a_directory_every_file_and_the_shards_its_indexes_name(tmp_path):
@@ -52,13 +60,25 @@ def test_a_malformed_safetensors_index_is_refused_as_the_loader_would(tmp_path):
 
 
 def test_a_missing_path_reads_nothing_else(tmp_path):
-    assert checkpoint_files(tmp_path / "nope.safetensors.index.json") == [tmp_path / "nope.safetensors.index.json"]
+    assert checkpoint_files(tmp_path / "nope.safetensors.index.json") == [
+        tmp_path / "nope.safetensors.index.json"
+    ]
 
 
 def test_input_files(tmp_path):
-    files = input_files([str(tmp_path / "m.safetensors")], inputs=["a.safetensors"], data="d.jsonl",
-                        config="c.yaml", arch="model.py:build")
+    files = input_files(
+        [str(tmp_path / "m.safetensors")],
+        inputs=["a.safetensors"],
+        data="d.jsonl",
+        config="c.yaml",
+        arch="model.py:build",
+    )
     assert set(CONFIGS.glob("*.yaml")) <= set(files) and set(CONFIGS.glob("*.yaml"))
-    assert {tmp_path / "m.safetensors", Path("a.safetensors"), Path("d.jsonl"), Path("c.yaml"),
-            Path("model.py")} <= set(files)
+    assert {
+        tmp_path / "m.safetensors",
+        Path("a.safetensors"),
+        Path("d.jsonl"),
+        Path("c.yaml"),
+        Path("model.py"),
+    } <= set(files)
     assert set(input_files()) == set(CONFIGS.glob("*.yaml"))

@@ -22,8 +22,12 @@ from nan_hunter.load.float_bits import FLOATS, exact_counts, top_magnitude
 from nan_hunter.load.weights import SAMPLE, scan_weights
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-            torch.bfloat16: torch.int16}
+INT_VIEW = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
 
 
 def _from_bits(dtype: torch.dtype, bits: list[int]) -> torch.Tensor:
@@ -39,13 +43,35 @@ def edge_values(dtype: torch.dtype) -> torch.Tensor:
     exp = width - 1 - man
     sign, inf = 1 << (width - 1), ((1 << exp) - 1) << man
     named = {
-        "+0": 0, "-0": sign, "smallest subnormal": 1, "largest subnormal": (1 << man) - 1,
-        "smallest normal": 1 << man, "max finite": inf - 1, "+inf": inf,
-        "quiet NaN": inf | (1 << (man - 1)), "signalling NaN": inf | 1, "largest NaN payload": inf | ((1 << man) - 1),
+        "+0": 0,
+        "-0": sign,
+        "smallest subnormal": 1,
+        "largest subnormal": (1 << man) - 1,
+        "smallest normal": 1 << man,
+        "max finite": inf - 1,
+        "+inf": inf,
+        "quiet NaN": inf | (1 << (man - 1)),
+        "signalling NaN": inf | 1,
+        "largest NaN payload": inf | ((1 << man) - 1),
     }
     bits = [b | s for b in named.values() for s in (0, sign)]
-    plain = torch.tensor([2.0 ** -25, 2.0 ** -25 * 1.001, 2.0 ** -25 * 0.999, 2.0 ** -14, 1e-30, 1.0, 448.0, 449.0,
-                          65504.0, 65520.0, 57344.0, 1e300 if dtype == torch.float64 else 3.0], dtype=torch.float64)
+    plain = torch.tensor(
+        [
+            2.0**-25,
+            2.0**-25 * 1.001,
+            2.0**-25 * 0.999,
+            2.0**-14,
+            1e-30,
+            1.0,
+            448.0,
+            449.0,
+            65504.0,
+            65520.0,
+            57344.0,
+            1e300 if dtype == torch.float64 else 3.0,
+        ],
+        dtype=torch.float64,
+    )
     return torch.cat([_from_bits(dtype, bits), plain.to(dtype), -plain.to(dtype)])
 
 
@@ -54,23 +80,38 @@ def expected(t: torch.Tensor, exact: bool) -> dict:
     x = t.reshape(-1)
     d = x.double()
     bad = ~torch.isfinite(d)
-    out = {"nan": int(torch.isnan(d).sum()), "posinf": int((d == math.inf).sum()),
-           "neginf": int((d == -math.inf).sum()),
-           "first_index": [int(i) for i in np.unravel_index(int(bad.nonzero()[0]), tuple(t.shape))]
-           if bad.any() else None,
-           "absmax": float(d[~bad].abs().max()) if (~bad).any() else 0.0}
+    out = {
+        "nan": int(torch.isnan(d).sum()),
+        "posinf": int((d == math.inf).sum()),
+        "neginf": int((d == -math.inf).sum()),
+        "first_index": [int(i) for i in np.unravel_index(int(bad.nonzero()[0]), tuple(t.shape))]
+        if bad.any()
+        else None,
+        "absmax": float(d[~bad].abs().max()) if (~bad).any() else 0.0,
+    }
     if t.dtype == torch.float16 and not exact:  # already fp16: no underflow pass
-        return {**out, "fp16_zero_frac": 0.0, "fp16_subnormal_frac": None, "min_nonzero": None, "sampled": False}
+        return {
+            **out,
+            "fp16_zero_frac": 0.0,
+            "fp16_subnormal_frac": None,
+            "min_nonzero": None,
+            "sampled": False,
+        }
     n = x.numel()
     step = n // SAMPLE if not exact and n > SAMPLE else 0
     a = (x[::step][:SAMPLE] if step else x).float().abs()  # the values as float32 (F64 rounded, as cast)
     fin = torch.isfinite(a)
     nz = fin & (a > 0)
     k = int(fin.sum())
-    flush = int((nz & (a < 2.0 ** -25)).sum())
-    sub = int((fin & (a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum())
-    return {**out, "fp16_zero_frac": flush / k if k else 0.0, "fp16_subnormal_frac": sub / k if k else 0.0,
-            "min_nonzero": float(a[nz].min()) if nz.any() else None, "sampled": bool(step)}
+    flush = int((nz & (a < 2.0**-25)).sum())
+    sub = int((fin & (a >= 2.0**-25) & (a < 2.0**-14)).sum())
+    return {
+        **out,
+        "fp16_zero_frac": flush / k if k else 0.0,
+        "fp16_subnormal_frac": sub / k if k else 0.0,
+        "min_nonzero": float(a[nz].min()) if nz.any() else None,
+        "sampled": bool(step),
+    }
 
 
 def _scan(tmp_path, tensors: dict[str, torch.Tensor], exact: bool):
@@ -92,8 +133,12 @@ def test_edge_values_equal_torch(tmp_path, tag, exact):
     dt = DTYPES[tag]
     e = edge_values(dt)
     finite = e[torch.isfinite(e.double())]
-    tensors = {"edges": e.reshape(2, -1), "finite": finite, "all_nan": torch.full((3,), math.nan, dtype=dt),
-               "one_neg_inf": torch.tensor([-math.inf], dtype=dt)}
+    tensors = {
+        "edges": e.reshape(2, -1),
+        "finite": finite,
+        "all_nan": torch.full((3,), math.nan, dtype=dt),
+        "one_neg_inf": torch.tensor([-math.inf], dtype=dt),
+    }
     got = _scan(tmp_path, tensors, exact)
     for name, t in tensors.items():
         _check(got[name], t, exact)
@@ -130,7 +175,11 @@ def test_top_magnitude_and_exact_counts_on_bits(tag):
     assert top_magnitude(fb, bits) == (1 << (fb.width - 1)) - 1  # the negative NaN of largest payload
     nan, posinf, neginf, first, best = exact_counts(fb, bits)
     d = e.double()
-    assert (nan, posinf, neginf) == (int(d.isnan().sum()), int((d == math.inf).sum()), int((d == -math.inf).sum()))
+    assert (nan, posinf, neginf) == (
+        int(d.isnan().sum()),
+        int((d == math.inf).sum()),
+        int((d == -math.inf).sum()),
+    )
     assert first == int((~torch.isfinite(d)).nonzero()[0])
     assert fb.value(best) == float(d[torch.isfinite(d)].abs().max())
     assert top_magnitude(fb, bits[:0]) == -1
@@ -141,7 +190,12 @@ def test_f64_absmax_stays_exact_beside_nan(tmp_path):
     holding NaN/Inf through float32 (1e300 became inf, reported as null with headroom 0): exact now."""
     t = torch.tensor([1e300, math.nan, 0.5], dtype=torch.float64)
     got = _scan(tmp_path, {"w": t}, False)["w"]
-    assert got.nan == 1 and got.absmax == 1e300 and got.overflows["fp16"] and got.headroom["fp16"] == 65504 / 1e300
+    assert (
+        got.nan == 1
+        and got.absmax == 1e300
+        and got.overflows["fp16"]
+        and got.headroom["fp16"] == 65504 / 1e300
+    )
 
 
 def test_scan_reads_pieces_without_writing_or_copying(tmp_path):

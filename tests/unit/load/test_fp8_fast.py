@@ -8,8 +8,13 @@ import torch
 
 from nan_hunter.load.weights import scan_tensor
 
-TAGS = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-        "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "F8_E8M0": torch.float8_e8m0fnu}
+TAGS = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
 
 
 @pytest.mark.parametrize("tag", sorted(TAGS))
@@ -21,8 +26,11 @@ def test_fast_equals_histogram(tag, bad, monkeypatch):
     monkeypatch.setattr(sf, "PIECE", 4096)  # many pieces
     g = torch.Generator().manual_seed(hash((tag, bad)) % 1000)
     b = torch.randint(0, 256, (40, 1000), dtype=torch.uint8, generator=g)
-    clean = {"F8_E4M3": lambda x: (x & 0x7F) == 0x7F, "F8_E5M2": lambda x: (x & 0x7F) >= 0x7C,
-             "F8_E8M0": lambda x: x == 0xFF}.get(tag, lambda x: x == 0x80)
+    clean = {
+        "F8_E4M3": lambda x: (x & 0x7F) == 0x7F,
+        "F8_E5M2": lambda x: (x & 0x7F) >= 0x7C,
+        "F8_E8M0": lambda x: x == 0xFF,
+    }.get(tag, lambda x: x == 0x80)
     b[clean(b)] = 0x11
     if bad == "nan":
         b[33, 7] = {"F8_E4M3": 0xFF, "F8_E5M2": 0x7F, "F8_E8M0": 0xFF}.get(tag, 0x80)

@@ -15,8 +15,10 @@ from nan_hunter.load.weights import scan_weights
 
 @pytest.mark.parametrize("error", [ValueError, IndexError, TypeError, RuntimeError])
 def test_a_format_that_raises_is_listed_unchecked(tmp_path, monkeypatch, error):
-    save_file({"l.weight": torch.ones(4, 4).to(torch.float8_e4m3fn), "l.weight_scale_inv": torch.ones(1, 1)},
-              str(tmp_path / "w.safetensors"))
+    save_file(
+        {"l.weight": torch.ones(4, 4).to(torch.float8_e4m3fn), "l.weight_scale_inv": torch.ones(1, 1)},
+        str(tmp_path / "w.safetensors"),
+    )
 
     def broken(self, ck, q):
         raise error("operands do not fit")
@@ -24,5 +26,10 @@ def test_a_format_that_raises_is_listed_unchecked(tmp_path, monkeypatch, error):
     monkeypatch.setattr(Fp8, "blocks", broken)
     ws = scan_weights(open_checkpoint(tmp_path / "w.safetensors"))
     assert ws.quantized == []
-    assert ws.unchecked == [{"name": "l.weight", "dtype": "fp8_tensor",
-                             "reason": f"does not fit the fp8_tensor layout ({error.__name__}: operands do not fit)"}]
+    assert ws.unchecked == [
+        {
+            "name": "l.weight",
+            "dtype": "fp8_tensor",
+            "reason": f"does not fit the fp8_tensor layout ({error.__name__}: operands do not fit)",
+        }
+    ]

@@ -17,7 +17,7 @@ from nan_hunter.explain.weights_verdict import weights_section as weights_block
 from nan_hunter.load.checkpoint import open_checkpoint
 from nan_hunter.load.weights import scan_weights
 
-F4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6])
+F4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 
 def _quantized(path):
@@ -38,12 +38,17 @@ def test_fp8_block_deepseek_layout(tmp_path):
     torch.manual_seed(0)
     w = (torch.randn(300, 260) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     s = torch.rand(3, 3) + 0.5
-    d = _save_dir(tmp_path, {"l.weight": w, "l.weight_scale_inv": s},
-                  {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"})
+    d = _save_dir(
+        tmp_path,
+        {"l.weight": w, "l.weight_scale_inv": s},
+        {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    )
     ws, q = _quantized(d)
     r = q["l.weight"]
     ref = (w.float() * s.repeat_interleave(128, 0)[:300].repeat_interleave(128, 1)[:, :260]).abs().max()
-    assert r.format == "fp8_block" and r.scale == "l.weight_scale_inv" and r.n_blocks == 9 and not r.bad_blocks
+    assert (
+        r.format == "fp8_block" and r.scale == "l.weight_scale_inv" and r.n_blocks == 9 and not r.bad_blocks
+    )
     assert r.dequant_absmax == pytest.approx(float(ref), rel=1e-6)
     assert r.overflows == {"fp16": False, "bf16": False}
     # corrupt: NaN, Inf, zero on a block holding data, a negative scale
@@ -79,8 +84,13 @@ def test_gpt_oss_mxfp4(tmp_path):
     blocks = torch.randint(0, 256, (2, 4, 3, 16), dtype=torch.uint8)
     scales = torch.randint(120, 135, (2, 4, 3), dtype=torch.uint8)
     scales[1, 2, 0] = 0xFF  # E8M0 NaN
-    _, q = _quantized(_save_dir(tmp_path, {"m.experts.gate_up_proj_blocks": blocks,
-                                           "m.experts.gate_up_proj_scales": scales}, {"quant_method": "mxfp4"}))
+    _, q = _quantized(
+        _save_dir(
+            tmp_path,
+            {"m.experts.gate_up_proj_blocks": blocks, "m.experts.gate_up_proj_scales": scales},
+            {"quant_method": "mxfp4"},
+        )
+    )
     r = q["m.experts.gate_up_proj_blocks"]
     v = torch.stack([F4[(blocks & 15).long()], F4[(blocks >> 4).long()]], -1).reshape(2, 4, 3, 32)
     sc = torch.pow(2.0, scales.float() - 127)
@@ -96,8 +106,13 @@ def test_modelopt_nvfp4(tmp_path):
     packed = torch.randint(0, 256, (8, 16), dtype=torch.uint8)  # [out, in/2], in = 32: two blocks of 16
     scale = (torch.rand(8, 2) * 4 + 0.1).to(torch.float8_e4m3fn)
     s2 = torch.tensor(0.5)
-    _, q = _quantized(_save_dir(tmp_path, {"l.weight": packed, "l.weight_scale": scale, "l.weight_scale_2": s2},
-                                {"quant_method": "modelopt", "quant_algo": "NVFP4"}))
+    _, q = _quantized(
+        _save_dir(
+            tmp_path,
+            {"l.weight": packed, "l.weight_scale": scale, "l.weight_scale_2": s2},
+            {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+        )
+    )
     r = q["l.weight"]
     v = torch.stack([F4[(packed & 15).long()], F4[(packed >> 4).long()]], -1).reshape(8, 2, 16)
     ref = (v * scale.float().unsqueeze(-1) * 0.5).abs().max()
@@ -122,23 +137,55 @@ def _ct(preset, compressor, sd):
 W = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
 G128 = W.float().reshape(64, 2, 128).abs().amax(-1)
 CASES = {
-    "int4_group": ("W4A16", "PackedQuantizationCompressor", {"weight": W, "weight_scale": (G128 / 7).bfloat16()},
-                   "int_group"),
-    "int4_asym": ("W4A16_ASYM", "PackedQuantizationCompressor",
-                  {"weight": W, "weight_scale": (G128 / 7).bfloat16(),
-                   "weight_zero_point": torch.tensor([[1, -2]] * 64, dtype=torch.int8)}, "int_group"),
-    "int8_channel": ("W8A16", "NaiveQuantizationCompressor",
-                     {"weight": W, "weight_scale": (W.float().abs().amax(-1, keepdim=True) / 127).bfloat16()},
-                     "int_group"),
-    "fp8_channel": ("FP8", "FloatQuantizationCompressor",
-                    {"weight": W, "weight_scale": (W.float().abs().amax(-1, keepdim=True) / 448).bfloat16()},
-                    "fp8_channel"),
-    "nvfp4": ("NVFP4", "NVFP4PackedCompressor",
-              {"weight": W, "weight_scale": W.float().reshape(64, 16, 16).abs().amax(-1) / 6 * (448 * 6 / 4.5),
-               "weight_global_scale": torch.tensor([448 * 6 / 4.5])}, "nvfp4"),
-    "mxfp4": ("MXFP4", "MXFP4PackedCompressor",
-              {"weight": W, "weight_scale": torch.exp2(torch.ceil(torch.log2(
-                  W.float().reshape(64, 8, 32).abs().amax(-1) / 6)))}, "mxfp4"),
+    "int4_group": (
+        "W4A16",
+        "PackedQuantizationCompressor",
+        {"weight": W, "weight_scale": (G128 / 7).bfloat16()},
+        "int_group",
+    ),
+    "int4_asym": (
+        "W4A16_ASYM",
+        "PackedQuantizationCompressor",
+        {
+            "weight": W,
+            "weight_scale": (G128 / 7).bfloat16(),
+            "weight_zero_point": torch.tensor([[1, -2]] * 64, dtype=torch.int8),
+        },
+        "int_group",
+    ),
+    "int8_channel": (
+        "W8A16",
+        "NaiveQuantizationCompressor",
+        {"weight": W, "weight_scale": (W.float().abs().amax(-1, keepdim=True) / 127).bfloat16()},
+        "int_group",
+    ),
+    "fp8_channel": (
+        "FP8",
+        "FloatQuantizationCompressor",
+        {"weight": W, "weight_scale": (W.float().abs().amax(-1, keepdim=True) / 448).bfloat16()},
+        "fp8_channel",
+    ),
+    "nvfp4": (
+        "NVFP4",
+        "NVFP4PackedCompressor",
+        {
+            "weight": W,
+            "weight_scale": W.float().reshape(64, 16, 16).abs().amax(-1) / 6 * (448 * 6 / 4.5),
+            "weight_global_scale": torch.tensor([448 * 6 / 4.5]),
+        },
+        "nvfp4",
+    ),
+    "mxfp4": (
+        "MXFP4",
+        "MXFP4PackedCompressor",
+        {
+            "weight": W,
+            "weight_scale": torch.exp2(
+                torch.ceil(torch.log2(W.float().reshape(64, 8, 32).abs().amax(-1) / 6))
+            ),
+        },
+        "mxfp4",
+    ),
 }
 
 
@@ -158,7 +205,7 @@ def test_compressed_tensors(tmp_path, case):
     if s.dtype == torch.uint8:
         s.view(-1)[3] = 0xFF
     else:
-        s.view(torch.uint8).view(-1)[s.element_size() * 3: s.element_size() * 4] = 0xFF  # all ones: NaN
+        s.view(torch.uint8).view(-1)[s.element_size() * 3 : s.element_size() * 4] = 0xFF  # all ones: NaN
     save_file({**tensors, sname: s}, str(d / "model.safetensors"))
     _, q = _quantized(d)
     assert [b["problem"] for b in q[name].bad_blocks] == ["nan"]
@@ -177,8 +224,16 @@ def test_small_windows_give_the_same_answer(tmp_path, monkeypatch):
     scales = torch.randint(100, 140, (3, 40, 3), dtype=torch.uint8)
     scales[2, 39, 2] = 0xFF
     tensors, _ = _ct(*CASES["int4_asym"][:3])
-    d = _save_dir(tmp_path, {"l.weight": w, "l.weight_scale_inv": s, "e.gate_up_proj_blocks": blocks,
-                             "e.gate_up_proj_scales": scales, **tensors})
+    d = _save_dir(
+        tmp_path,
+        {
+            "l.weight": w,
+            "l.weight_scale_inv": s,
+            "e.gate_up_proj_blocks": blocks,
+            "e.gate_up_proj_scales": scales,
+            **tensors,
+        },
+    )
     _, before = _quantized(d)
     monkeypatch.setattr(sf, "PIECE", 4096)
     monkeypatch.setattr(sf, "WINDOW", 8192)
@@ -186,7 +241,9 @@ def test_small_windows_give_the_same_answer(tmp_path, monkeypatch):
     assert len(before) == 3
     for name, r in before.items():
         assert (after[name].bad_blocks, after[name].dequant_absmax) == (r.bad_blocks, r.dequant_absmax), name
-    assert before["e.gate_up_proj_blocks"].bad_blocks == [{"index": [2, 39, 2], "scale": "nan", "problem": "nan"}]
+    assert before["e.gate_up_proj_blocks"].bad_blocks == [
+        {"index": [2, 39, 2], "scale": "nan", "problem": "nan"}
+    ]
 
 
 def test_moe_fp8_block_experts(tmp_path):
@@ -202,15 +259,19 @@ def test_moe_fp8_block_experts(tmp_path):
     w2[1, 128:] = 0  # expert 1's partial block holds no data
     w2[0, 150, 3] = 400.0
     s2 = torch.tensor([[[1.0], [0.0]], [[2.0], [0.0]]])  # expert 0's partial block holds data: zero is bad
-    save_file({"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
-              str(tmp_path / "ck" / "model.safetensors"))
+    save_file(
+        {"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
+        str(tmp_path / "ck" / "model.safetensors"),
+    )
     ws, q = _quantized(tmp_path / "ck")
     r = q["e.weight"]
     assert r.format == "fp8_block" and r.n_blocks == 4 and not ws.unchecked
     assert r.bad_blocks == [{"index": [0, 1, 0], "scale": 0.0, "problem": "zero"}]
     assert r.dequant_absmax == 2.0  # expert 0's 400 sits in the zero-scale block; expert 1: 1 x 2
     s2[0, 1, 0] = 3.0
-    save_file({"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
-              str(tmp_path / "ck" / "model.safetensors"))
+    save_file(
+        {"e.weight": w2.to(torch.float8_e4m3fn), "e.weight_scale_inv": s2},
+        str(tmp_path / "ck" / "model.safetensors"),
+    )
     _, q = _quantized(tmp_path / "ck")
     assert q["e.weight"].bad_blocks == [] and q["e.weight"].dequant_absmax == 384.0 * 3  # 400 is 384 in e4m3

@@ -35,7 +35,9 @@ def test_require_regular_refuses_missing_directories_fifos_and_devices(tmp_path)
     assert require_regular(f, "--x").st_size == 3
     with pytest.raises(BadInput, match=r"^--x .*missing: not found$"):
         require_regular(tmp_path / "missing", "--x")
-    with pytest.raises(BadInput, match="is a directory, not a regular file; nanhunter reads regular files only"):
+    with pytest.raises(
+        BadInput, match="is a directory, not a regular file; nanhunter reads regular files only"
+    ):
         require_regular(tmp_path, "--x")
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

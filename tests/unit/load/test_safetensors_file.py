@@ -129,8 +129,10 @@ def test_a_header_that_is_not_json_is_refused(tmp_path):
 
 def test_overlapping_offsets_are_refused(tmp_path):
     p = tmp_path / "overlap.safetensors"
-    header = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-              "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}
+    header = {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+    }
     p.write_bytes(_header_bytes(header) + b"\0" * 12)
     assert "data_offsets [4, 12] overlaps the tensor before it" in _refusal(p)
 

@@ -21,16 +21,28 @@ class Evil:
 
 
 def test_a_training_checkpoint_is_named_by_dotted_paths_in_saved_order(tmp_path):
-    ck = {"model": {"fc.weight": torch.ones(2, 2), "fc.bias": torch.zeros(2)},
-          "optimizer": {"state": {0: {"exp_avg": torch.full((2,), 3.0), "step": torch.tensor(4.0)}},
-                        "param_groups": [{"lr": 0.1, "params": [0]}]},
-          "ema": [torch.ones(1), (torch.zeros(1),)], "epoch": 3, "name": "run"}
+    ck = {
+        "model": {"fc.weight": torch.ones(2, 2), "fc.bias": torch.zeros(2)},
+        "optimizer": {
+            "state": {0: {"exp_avg": torch.full((2,), 3.0), "step": torch.tensor(4.0)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "ema": [torch.ones(1), (torch.zeros(1),)],
+        "epoch": 3,
+        "name": "run",
+    }
     f = tmp_path / "train.pt"
     torch.save(ck, f)
     before = f.read_bytes()
     got = load_torch_file(f)
-    assert list(got) == ["model.fc.weight", "model.fc.bias", "optimizer.state.0.exp_avg", "optimizer.state.0.step",
-                         "ema.0", "ema.1.0"]
+    assert list(got) == [
+        "model.fc.weight",
+        "model.fc.bias",
+        "optimizer.state.0.exp_avg",
+        "optimizer.state.0.step",
+        "ema.0",
+        "ema.1.0",
+    ]
     assert torch.equal(got["optimizer.state.0.exp_avg"], torch.full((2,), 3.0))
     assert f.read_bytes() == before
 
@@ -47,8 +59,11 @@ def test_a_bare_tensor_and_a_legacy_non_zip_file(tmp_path):
 def test_pickled_code_is_refused_without_running(tmp_path, capsys):
     f = tmp_path / "evil.pt"
     torch.save({"w": torch.ones(1), "x": Evil()}, f)
-    with pytest.raises(BadInput, match=r"cannot be loaded with torch.load\(weights_only=True\) .*never unpickles "
-                                       r"arbitrary code: convert it to safetensors") as e:
+    with pytest.raises(
+        BadInput,
+        match=r"cannot be loaded with torch.load\(weights_only=True\) .*never unpickles "
+        r"arbitrary code: convert it to safetensors",
+    ) as e:
         load_torch_file(f)
     assert "\n" not in str(e.value)
     assert "unpickled!" not in capsys.readouterr().out

@@ -88,7 +88,9 @@ def test_scan_weights_over_a_real_file_and_near_overflow(tmp_path):
     bad = torch.ones(2, 2)
     bad[0, 1] = float("nan")
     f = tmp_path / "m.safetensors"
-    save_file({"bad": bad, "big": torch.full((3,), 60000.0), "ok": torch.ones(3), "ids": torch.arange(2)}, str(f))
+    save_file(
+        {"bad": bad, "big": torch.full((3,), 60000.0), "ok": torch.ones(3), "ids": torch.arange(2)}, str(f)
+    )
     seen: list[str] = []
     ws = scan_weights(open_checkpoint(f), progress=lambda name, nbytes: seen.append(name))
     assert sorted(seen) == ["bad", "big", "ids", "ok"] and ws.n_tensors == 4 and ws.n_skipped == 1

@@ -20,23 +20,31 @@ def _ws(tmp_path, tensors):
     return scan_weights(open_checkpoint(tmp_path / "m.safetensors"))
 
 
-@pytest.mark.parametrize("name, tensor, reason", [
-    ("w", torch.full((2, 2), 3e30), "huge"),
-    ("w", torch.zeros(4, 4), "all_zero"),
-    ("w", torch.zeros(2, 2, 2), "all_zero"),
-])
+@pytest.mark.parametrize(
+    "name, tensor, reason",
+    [
+        ("w", torch.full((2, 2), 3e30), "huge"),
+        ("w", torch.zeros(4, 4), "all_zero"),
+        ("w", torch.zeros(2, 2, 2), "all_zero"),
+    ],
+)
 def test_suspicious(tmp_path, name, tensor, reason):
     (s,) = suspicious(_ws(tmp_path, {name: tensor}))
     assert (s["name"], s["reason"]) == (name, reason)
     assert s["absmax"] == (0.0 if reason == "all_zero" else pytest.approx(3e30, rel=1e-6))
 
 
-@pytest.mark.parametrize("tensor", [
-    torch.zeros(4),  # a zero bias is normal
-    torch.full((2, 2), HUGE / 2),
-    torch.tensor([[0.0, float("nan")], [0.0, 0.0]]),  # not finite: reported as non-finite, not as all zero
-    torch.zeros(0, 4),
-])
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.zeros(4),  # a zero bias is normal
+        torch.full((2, 2), HUGE / 2),
+        torch.tensor(
+            [[0.0, float("nan")], [0.0, 0.0]]
+        ),  # not finite: reported as non-finite, not as all zero
+        torch.zeros(0, 4),
+    ],
+)
 def test_not_suspicious(tmp_path, tensor):
     assert suspicious(_ws(tmp_path, {"w": tensor})) == []
 
@@ -50,17 +58,33 @@ def test_quantization_scales_are_judged_by_their_format_not_as_matrices(tmp_path
 
 def test_bad_scales_are_the_faulty_quantized_weights(tmp_path):
     w = torch.ones(4, 8).to(torch.float8_e4m3fn)
-    ws = _ws(tmp_path, {"a.weight": w, "a.weight_scale": torch.tensor(math.nan), "b.weight": w.clone(),
-                        "b.weight_scale": torch.tensor(2.0)})
+    ws = _ws(
+        tmp_path,
+        {
+            "a.weight": w,
+            "a.weight_scale": torch.tensor(math.nan),
+            "b.weight": w.clone(),
+            "b.weight_scale": torch.tensor(2.0),
+        },
+    )
     (bad,) = bad_scales(ws)
     assert bad["name"] == "a.weight" and bad["bad_blocks"][0]["problem"] == "nan"
 
 
 def test_sections(tmp_path):
-    ws = _ws(tmp_path, {"a.weight": torch.ones(4, 8).to(torch.float8_e4m3fn), "a.weight_scale": torch.tensor(2.0),
-                        "z": torch.zeros(3, 3), "i": torch.ones(2, dtype=torch.int8)})
+    ws = _ws(
+        tmp_path,
+        {
+            "a.weight": torch.ones(4, 8).to(torch.float8_e4m3fn),
+            "a.weight_scale": torch.tensor(2.0),
+            "z": torch.zeros(3, 3),
+            "i": torch.ones(2, dtype=torch.int8),
+        },
+    )
     sec = weights_sections(ws)
     assert set(sec) == {"unchecked", "quantized", "suspicious"}
-    assert [q["name"] for q in sec["quantized"]] == ["a.weight"] and sec["quantized"][0]["dequant_absmax"] == 2.0
+    assert [q["name"] for q in sec["quantized"]] == ["a.weight"] and sec["quantized"][0][
+        "dequant_absmax"
+    ] == 2.0
     assert [s["name"] for s in sec["suspicious"]] == ["z"]
     assert sec["unchecked"] == ws.unchecked

@@ -83,9 +83,19 @@ def test_a_forward_fault_is_located_to_the_leaf_and_op_from_a_block_level_record
     with rerun.kept():
         loc = locate(rec, rerun)
     f = loc.first
-    assert (f.module, f.op, f.kind, f.step, f.reproducible) == ("layers.0.1", "aten.exp.default", "posinf", 1, True)
+    assert (f.module, f.op, f.kind, f.step, f.reproducible) == (
+        "layers.0.1",
+        "aten.exp.default",
+        "posinf",
+        1,
+        True,
+    )
     assert loc.is_block is False and loc.table and all(r["input_index"] == 1 for r in loc.table)
-    assert isinstance(loc.region, Region) and loc.region.name == "layers.0.1" and loc.region.module is m.layers[0][1]
+    assert (
+        isinstance(loc.region, Region)
+        and loc.region.name == "layers.0.1"
+        and loc.region.module is m.layers[0][1]
+    )
     assert loc.replay is None and loc.diagnosis is None  # explaining is the assembler's, once
 
 
@@ -123,11 +133,19 @@ def test_an_optimizer_fault_is_named_from_the_state_before_the_step():
         for p in m.parameters():
             p.grad = torch.zeros_like(p)  # zero gradients: 0/0 in the update
         opt.step()
-    pieces = OptimizerPieces(torch.optim.Adam, [{"lr": 1e-3, "eps": 1e-8, "foreach": False}],
-                             {"weight": 0, "bias": 0}, weights, {n: torch.zeros_like(w) for n, w in weights.items()}, {})
+    pieces = OptimizerPieces(
+        torch.optim.Adam,
+        [{"lr": 1e-3, "eps": 1e-8, "foreach": False}],
+        {"weight": 0, "bias": 0},
+        weights,
+        {n: torch.zeros_like(w) for n, w in weights.items()},
+        {},
+    )
     recording = Recording.of(rec)
     loc = locate(recording, KeptSteps(rec, keep.contexts, None, optimizer=pieces))
-    assert loc.first.phase == "optimizer" and loc.first.op == "aten.addcdiv_.default" and loc.first.reproducible
+    assert (
+        loc.first.phase == "optimizer" and loc.first.op == "aten.addcdiv_.default" and loc.first.reproducible
+    )
     assert isinstance(loc.region, OptimizerRegion) and loc.optimizer_facts["optimizer"] == "Adam"
     bare = locate(recording, KeptSteps(rec, keep.contexts, None))  # no pre-step state: no op, and it says why
     assert bare.first.op is None and bare.op_missing in bare.notes

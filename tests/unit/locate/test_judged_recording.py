@@ -23,7 +23,9 @@ def _recorder(inputs: list[torch.Tensor], model: nn.Module | None = None) -> Rec
 
 
 def test_first_fault_failed_steps_tables_and_notes():
-    r = Recording.of(_recorder([torch.ones(1, 2), torch.full((1, 2), float("nan")), torch.full((1, 2), 3e38)]))
+    r = Recording.of(
+        _recorder([torch.ones(1, 2), torch.full((1, 2), float("nan")), torch.full((1, 2), 3e38)])
+    )
     assert r.finding.call.input_index == 1 and r.finding.role == "input"  # the data held the NaN
     assert r.failed == [1, 2]
     assert {row["input_index"] for row in r.table()} == {0, 1, 2}

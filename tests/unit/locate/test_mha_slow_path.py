@@ -45,8 +45,9 @@ def test_the_fused_op_is_relocated_through_the_slow_path_and_the_flag_restored()
     ev, target, args, kwargs = through_slow_path(fused, lambda: locate_op(m, rerun, finding), notes)
     assert ev is not None and FUSED not in ev.op and ev.op.startswith("aten.")
     assert target is m.attn
-    assert len(notes) == 1 and notes[0].startswith("nn.MultiheadAttention ran its fused fast path "
-                                                   "(aten._native_multi_head_attention.default)")
+    assert len(notes) == 1 and notes[0].startswith(
+        "nn.MultiheadAttention ran its fused fast path (aten._native_multi_head_attention.default)"
+    )
     assert notes[0].endswith(f"its slow path names the op: {ev.op}")
     assert torch.backends.mha.get_fastpath_enabled() == before
 
@@ -59,7 +60,12 @@ def test_another_op_or_no_event_is_kept_without_a_second_run():
         return (None, None, (), {})
 
     notes: list[str] = []
-    located = (OpEvent(op="aten.log.default", kind="nan", nan=1, posinf=0, neginf=0, source=None), None, (), {})
+    located = (
+        OpEvent(op="aten.log.default", kind="nan", nan=1, posinf=0, neginf=0, source=None),
+        None,
+        (),
+        {},
+    )
     assert through_slow_path(located, locate, notes) is located
     none = (None, None, (), {})
     assert through_slow_path(none, locate, notes) is none
@@ -67,7 +73,12 @@ def test_another_op_or_no_event_is_kept_without_a_second_run():
 
 
 def test_a_slow_path_that_names_nothing_new_keeps_the_fused_answer():
-    fused = (OpEvent(op=f"aten.{FUSED}.default", kind="nan", nan=1, posinf=0, neginf=0, source=None), None, (), {})
+    fused = (
+        OpEvent(op=f"aten.{FUSED}.default", kind="nan", nan=1, posinf=0, neginf=0, source=None),
+        None,
+        (),
+        {},
+    )
     notes: list[str] = []
     assert through_slow_path(fused, lambda: (None, None, (), {}), notes) is fused
     assert through_slow_path(fused, lambda: fused, notes) is fused

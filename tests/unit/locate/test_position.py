@@ -33,8 +33,11 @@ def test_first_fault_is_the_first_bad_element_row_major_and_the_first_bad_tensor
     t[2, 0, 0] = math.nan
     t[1, 3, 1] = math.inf
     assert first_fault(t) == (1, 3)
-    out = {"hidden": torch.zeros(2, 2, 2), "logits": with_bad((2, 3, 2), (0, 2, 1)),
-           "ids": torch.zeros(2, 2, dtype=torch.long)}
+    out = {
+        "hidden": torch.zeros(2, 2, 2),
+        "logits": with_bad((2, 3, 2), (0, 2, 1)),
+        "ids": torch.zeros(2, 2, dtype=torch.long),
+    }
     assert first_fault(out) == (0, 2)
     assert first_fault((torch.ones(2, 2), torch.zeros(3))) is None
 

@@ -41,7 +41,9 @@ def table(spec: list[tuple[str, int | None, TensorStats, TensorStats | None, Ten
 
 
 def test_producer_is_the_innermost_call_with_finite_inputs_and_bad_output():
-    calls, rows = table([("", None, FINE, None, NAN), ("a", 0, FINE, FINE, FINE), ("b", 0, FINE, FINE, POSINF)])
+    calls, rows = table(
+        [("", None, FINE, None, NAN), ("a", 0, FINE, FINE, FINE), ("b", 0, FINE, FINE, POSINF)]
+    )
     f = first_finding(calls, rows)
     assert (f.call.module, f.role, f.kind) == ("b", "producer", "posinf")
 
@@ -96,6 +98,7 @@ def test_earliest_step_wins_and_failed_inputs_lists_each(bad_step):
 
 # -- training phases ---------------------------------------------------------------------------
 
+
 def backward_table(spec, step: int = 0, rows: list | None = None):
     """Backward calls from (module, parent index, incoming grad, [(outgoing grad, event)...]) in
     forward pre-hook order (the same ``start`` numbering as the forward calls)."""
@@ -120,16 +123,28 @@ def backward_table(spec, step: int = 0, rows: list | None = None):
 
 def test_backward_first_bad_gradient_from_finite_incoming():
     # autograd runs the head first (event 0), then block b (events 1-2), then a (3-4), then the root input (5)
-    calls, rows = backward_table([("", None, FINE, [(NAN, 5)]), ("a", 0, NAN, [(NAN, 3), (NAN, 4)]),
-                                  ("b", 0, FINE, [(NAN, 2), (FINE, 1)])])
+    calls, rows = backward_table(
+        [
+            ("", None, FINE, [(NAN, 5)]),
+            ("a", 0, NAN, [(NAN, 3), (NAN, 4)]),
+            ("b", 0, FINE, [(NAN, 2), (FINE, 1)]),
+        ]
+    )
     f = first_finding(calls, rows)
-    assert (f.call.module, f.call.phase, f.role, f.kind, f.tensor) == ("b", "backward", "producer", "nan", "grad 0")
+    assert (f.call.module, f.call.phase, f.role, f.kind, f.tensor) == (
+        "b",
+        "backward",
+        "producer",
+        "nan",
+        "grad 0",
+    )
 
 
 def test_backward_bad_incoming_blames_the_enclosing_backward_code():
     # a gets a NaN gradient that no module produced: the op sits in the block's own forward (e.g. sqrt)
-    calls, rows = backward_table([("blk", None, FINE, [(NAN, 4)]), ("blk.lin", 0, NAN, [(NAN, 3)]),
-                                  ("blk.out", 0, FINE, [(FINE, 1)])])
+    calls, rows = backward_table(
+        [("blk", None, FINE, [(NAN, 4)]), ("blk.lin", 0, NAN, [(NAN, 3)]), ("blk.out", 0, FINE, [(FINE, 1)])]
+    )
     f = first_finding(calls, rows)
     assert (f.call.module, f.role) == ("blk", "producer")
 
@@ -169,7 +184,11 @@ def optimizer_calls(spec, step: int = 0):
     for i, (param, before, grad, after) in enumerate(spec):
         owner = param.rpartition(".")[0]
         c = Call(100 + i, owner, "Linear", 0, 0, None, step, phase="optimizer", param=param, seq=i)
-        for label, st, refs in ((param, before, c.inputs), ("grad", grad, c.inputs), (param, after, c.outputs)):
+        for label, st, refs in (
+            (param, before, c.inputs),
+            ("grad", grad, c.inputs),
+            (param, after, c.outputs),
+        ):
             rows.append(st)
             refs.append((label, len(rows) - 1))
         calls.append(c)
@@ -177,9 +196,20 @@ def optimizer_calls(spec, step: int = 0):
 
 
 def test_optimizer_first_param_made_nonfinite_by_the_step():
-    calls, rows = optimizer_calls([("a.weight", FINE, FINE, FINE), ("b.weight", FINE, NAN, NAN),
-                                   ("c.weight", FINE, FINE, POSINF), ("d.weight", FINE, FINE, NAN)])
+    calls, rows = optimizer_calls(
+        [
+            ("a.weight", FINE, FINE, FINE),
+            ("b.weight", FINE, NAN, NAN),
+            ("c.weight", FINE, FINE, POSINF),
+            ("d.weight", FINE, FINE, NAN),
+        ]
+    )
     f = first_finding(calls, rows)
     # b.weight had a NaN gradient (a backward fault, not the step's): c.weight is the first the step made
-    assert (f.call.param, f.call.module, f.call.phase, f.kind, f.tensor) == ("c.weight", "c", "optimizer",
-                                                                              "posinf", "c.weight")
+    assert (f.call.param, f.call.module, f.call.phase, f.kind, f.tensor) == (
+        "c.weight",
+        "c",
+        "optimizer",
+        "posinf",
+        "c.weight",
+    )

@@ -22,7 +22,9 @@ class Mode(nn.Module):
         return x / 0, torch.is_grad_enabled(), self.training, torch.rand(1)  # x / 0: the step fails (kept)
 
 
-def _kept(model: nn.Module, x: torch.Tensor, grad: bool, backward: bool = False) -> tuple[Recorder, KeepSteps]:
+def _kept(
+    model: nn.Module, x: torch.Tensor, grad: bool, backward: bool = False
+) -> tuple[Recorder, KeepSteps]:
     keep = KeepSteps(model)
     rec = Recorder(model, level="modules", retain=2, backward=backward, listener=keep)
     with rec, torch.set_grad_enabled(grad):
@@ -72,7 +74,9 @@ def test_train_reruns_forward_and_backward_from_the_kept_output_gradients():
     grads_before = [p.grad.clone() for p in lin.parameters()]
     finite, _ = r.train(0)()
     assert finite is False  # the re-run's gradients are non-finite again
-    assert all(torch.equal(a, p.grad) for a, p in zip(grads_before, lin.parameters()))  # returned, not accumulated
+    assert all(
+        torch.equal(a, p.grad) for a, p in zip(grads_before, lin.parameters())
+    )  # returned, not accumulated
 
 
 def test_around_whole_and_optimizer_are_what_the_mode_gave():

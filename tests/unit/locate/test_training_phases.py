@@ -72,8 +72,14 @@ def test_first_bad_step_of_a_finite_step_is_none():
 
 def fp16_adam_pieces() -> tuple[nn.Parameter, OptimizerPieces]:
     p = nn.Parameter(torch.ones(4, dtype=torch.float16))
-    pieces = OptimizerPieces(torch.optim.Adam, [{"lr": 1e-3, "eps": 1e-8, "foreach": False}], {"w": 0},
-                             {"w": torch.ones(4, dtype=torch.float16)}, {"w": torch.zeros(4, dtype=torch.float16)}, {})
+    pieces = OptimizerPieces(
+        torch.optim.Adam,
+        [{"lr": 1e-3, "eps": 1e-8, "foreach": False}],
+        {"w": 0},
+        {"w": torch.ones(4, dtype=torch.float16)},
+        {"w": torch.zeros(4, dtype=torch.float16)},
+        {},
+    )
     return p, pieces  # eps is 0 in fp16: the step divides 0 by 0
 
 
@@ -95,6 +101,12 @@ def test_pieces_without_the_parameter_outside_torch_optim_or_finite_name_nothing
 
     mine = OptimizerPieces(Mine, [{"lr": 0.1}], {"w": 0}, pieces.weights, pieces.grads, {})
     assert mine.first_bad_op("w") is None  # its class lives outside torch.optim: not rebuilt
-    sgd = OptimizerPieces(torch.optim.SGD, [{"lr": 0.1}], {"w": 0}, pieces.weights,
-                          {"w": torch.ones(4, dtype=torch.float16)}, {})
+    sgd = OptimizerPieces(
+        torch.optim.SGD,
+        [{"lr": 0.1}],
+        {"w": 0},
+        pieces.weights,
+        {"w": torch.ones(4, dtype=torch.float16)},
+        {},
+    )
     assert sgd.first_bad_op("w") is None  # a finite step: no op

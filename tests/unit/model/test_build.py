@@ -23,7 +23,7 @@ from nan_hunter.model.build import (
     load_tokenizer,
 )
 
-ARCH = '''
+ARCH = """
 import sys
 from torch import nn
 
@@ -42,7 +42,7 @@ def broken():
 
 def leaves():
     sys.exit(0)
-'''
+"""
 
 
 @pytest.fixture
@@ -69,17 +69,23 @@ def mlp_state(seed: int = 1) -> dict:
 
 # --- load_factory -------------------------------------------------------------------------------
 
+
 def test_load_factory_from_a_file_writes_no_pycache(arch):
     fn = load_factory(f"{arch}:mlp")
     assert isinstance(fn(), torch.nn.Module)
     assert not (arch.parent / "__pycache__").exists()
-    assert str(arch.parent.resolve()) not in sys.path  # the file's folder was on sys.path only while importing
+    assert (
+        str(arch.parent.resolve()) not in sys.path
+    )  # the file's folder was on sys.path only while importing
 
 
 def test_load_factory_from_a_package_module():
     fn = load_factory("models.training_nets:build_mlp")
     assert isinstance(fn(), torch.nn.Module)
-    with pytest.raises(BadInput, match=r"cannot import no_such_pkg_x.mod \(ModuleNotFoundError: No module named 'no_such_pkg_x'\)"):
+    with pytest.raises(
+        BadInput,
+        match=r"cannot import no_such_pkg_x.mod \(ModuleNotFoundError: No module named 'no_such_pkg_x'\)",
+    ):
         load_factory("no_such_pkg_x.mod:fn")
 
 
@@ -95,6 +101,7 @@ def test_load_factory_import_errors_are_one_line(tmp_path):
 
 
 # --- build_from_arch / load_strict --------------------------------------------------------------
+
 
 def test_build_from_arch_loads_every_weight_strictly(arch, tmp_path):
     sd = mlp_state()
@@ -113,7 +120,9 @@ def test_a_training_checkpoint_nested_under_a_prefix_loads(arch, tmp_path):
     m = build_from_arch(f"{arch}:mlp", ck)
     assert torch.equal(m[2].weight, sd["2.weight"]) and torch.equal(m[0].bias, sd["0.bias"])
     # an extra key under the prefix is the model's business: refused, named with its prefix
-    ck = weights(tmp_path, {f"model.{k}": v for k, v in sd.items()} | {"model.extra": torch.ones(1)}, "x.safetensors")
+    ck = weights(
+        tmp_path, {f"model.{k}": v for k, v in sd.items()} | {"model.extra": torch.ones(1)}, "x.safetensors"
+    )
     with pytest.raises(BadInput, match=r"unexpected 1 keys \('model.extra'\)"):
         build_from_arch(f"{arch}:mlp", ck)
 
@@ -122,19 +131,29 @@ def test_missing_unexpected_and_misshapen_weights_are_refused(arch, tmp_path):
     sd = mlp_state()
     sd.pop("2.bias")
     sd["extra"] = torch.zeros(1)
-    with pytest.raises(BadInput, match=r"missing 1 keys \('2.bias'\); unexpected 1 keys \('extra'\); check that --arch"):
+    with pytest.raises(
+        BadInput, match=r"missing 1 keys \('2.bias'\); unexpected 1 keys \('extra'\); check that --arch"
+    ):
         build_from_arch(f"{arch}:mlp", weights(tmp_path, sd))
     sd = mlp_state()
     sd["0.weight"] = torch.zeros(5, 3)
-    with pytest.raises(BadInput, match=r"'0.weight' has shape \[5, 3\] in the checkpoint, \[4, 3\] in the model"):
+    with pytest.raises(
+        BadInput, match=r"'0.weight' has shape \[5, 3\] in the checkpoint, \[4, 3\] in the model"
+    ):
         build_from_arch(f"{arch}:mlp", weights(tmp_path, sd, "shape.safetensors"))
 
 
-@pytest.mark.parametrize("fn, words", [
-    ("not_a_module", "factory returned dict, not a torch.nn.Module"),
-    ("broken", "factory raised ValueError: bad width"),
-    ("leaves", "the factory called sys.exit(0); the factory must return an nn.Module, so nothing was scanned"),
-])
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        ("not_a_module", "factory returned dict, not a torch.nn.Module"),
+        ("broken", "factory raised ValueError: bad width"),
+        (
+            "leaves",
+            "the factory called sys.exit(0); the factory must return an nn.Module, so nothing was scanned",
+        ),
+    ],
+)
 def test_bad_factories_are_one_line(arch, tmp_path, fn, words):
     with pytest.raises(BadInput) as e:
         build_from_arch(f"{arch}:{fn}", weights(tmp_path, mlp_state()))
@@ -143,12 +162,16 @@ def test_bad_factories_are_one_line(arch, tmp_path, fn, words):
 
 # --- custom code --------------------------------------------------------------------------------
 
+
 def test_custom_code_finds_auto_map_entries(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": "tok.Tok",
-                                                                   "AutoModel": "modeling.M"}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": "tok.Tok", "AutoModel": "modeling.M"}})
+    )
     assert custom_code(tmp_path) == "config.json auto_map AutoTokenizer → 'tok.Tok'"
-    assert custom_code(tmp_path, ("config.json",), ignore=("AutoTokenizer",)) == \
-        "config.json auto_map AutoModel → 'modeling.M'"
+    assert (
+        custom_code(tmp_path, ("config.json",), ignore=("AutoTokenizer",))
+        == "config.json auto_map AutoModel → 'modeling.M'"
+    )
     assert custom_code(tmp_path, ("config.json",), keys=("AutoProcessor",)) is None
     (tmp_path / "config.json").write_text(json.dumps({"auto_map": ["modeling.M"]}))
     assert custom_code(tmp_path) == "config.json auto_map → ['modeling.M']"
@@ -180,8 +203,11 @@ def test_a_checkpoint_asking_for_its_own_code_is_refused_before_transformers_run
     d = hf_dir(tmp_path, model_type="llama", auto_map={"AutoModelForCausalLM": "modeling_evil.Evil"})
     (d / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.T", None]}}))
     ck = open_checkpoint(d)
-    with pytest.raises(BadInput, match=r"ships custom code \(config.json auto_map AutoModelForCausalLM → "
-                                       r"'modeling_evil.Evil'\) that nanhunter does not run; .*--arch"):
+    with pytest.raises(
+        BadInput,
+        match=r"ships custom code \(config.json auto_map AutoModelForCausalLM → "
+        r"'modeling_evil.Evil'\) that nanhunter does not run; .*--arch",
+    ):
         build_from_hf(ck)
     tok = load_tokenizer(ck)
     assert isinstance(tok, RefusedTokenizer)
@@ -190,6 +216,7 @@ def test_a_checkpoint_asking_for_its_own_code_is_refused_before_transformers_run
 
 
 # --- build_model --------------------------------------------------------------------------------
+
 
 def test_build_model_weights_only_and_device_map_refusals(arch, tmp_path):
     ck = weights(tmp_path, mlp_state())
@@ -205,8 +232,15 @@ def test_a_tiny_llama_directory_is_built_offline_and_missing_weights_refused(tmp
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=16,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     src = LlamaForCausalLM(cfg)
     d = tmp_path / "llama"
     src.save_pretrained(str(d), safe_serialization=True)
@@ -216,6 +250,9 @@ def test_a_tiny_llama_directory_is_built_offline_and_missing_weights_refused(tmp
         assert torch.equal(m.state_dict()[k], v), k
     sd = {k: v for k, v in src.state_dict().items() if k != "lm_head.weight"}
     save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
-    with pytest.raises(BadInput, match=r"lacks 1 of the \d+ weights LlamaForCausalLM needs \('lm_head.weight'\); "
-                                       r"transformers would fill them with random values"):
+    with pytest.raises(
+        BadInput,
+        match=r"lacks 1 of the \d+ weights LlamaForCausalLM needs \('lm_head.weight'\); "
+        r"transformers would fill them with random values",
+    ):
         build_model(open_checkpoint(d), None)

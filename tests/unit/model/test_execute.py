@@ -38,8 +38,9 @@ def test_resolve_device():
 def test_cast_model_and_batch_follow_the_run_dtype_and_keep_integers():
     m = cast_model(Kw().train(), RunDtype.of("bf16"), torch.device("cpu"))
     assert m.lin.weight.dtype == torch.bfloat16 and m.steps.dtype == torch.int64 and not m.training
-    kw = cast_batch({"x": torch.ones(2), "ids": torch.arange(2), "flag": True}, RunDtype.of("fp16"),
-                    torch.device("cpu"))
+    kw = cast_batch(
+        {"x": torch.ones(2), "ids": torch.arange(2), "flag": True}, RunDtype.of("fp16"), torch.device("cpu")
+    )
     assert kw["x"].dtype == torch.float16 and kw["ids"].dtype == torch.int64 and kw["flag"] is True
     kw = cast_batch({"x": torch.ones(2)}, None, torch.device("cpu"))
     assert kw["x"].dtype == torch.float32

@@ -31,8 +31,13 @@ def _grid_round(x: float, fmt: str) -> float:
 @pytest.mark.parametrize("fmt,fmax", [("fp8-e4m3", E4M3), ("fp8-e5m2", E5M2)])
 @pytest.mark.parametrize(
     "case,value",
-    [("far above max", 1e6), ("just above max", None), ("at max", "max"), ("inf", math.inf),
-     ("below -max", -1e9)],
+    [
+        ("far above max", 1e6),
+        ("just above max", None),
+        ("at max", "max"),
+        ("inf", math.inf),
+        ("below -max", -1e9),
+    ],
 )
 def test_unscaled_overflow_policies(fmt, fmax, case, value):
     v = {None: fmax * 1.1, "max": fmax}.get(value, value) if not isinstance(value, float) else value
@@ -95,7 +100,15 @@ def test_bad_config_rejected():
 
 def test_fp8_run_mode_through_cli(cli_main):
     root = "examples/incidents/ffn_wo_overflow"
-    res = cli_main("scan", f"{root}/model.safetensors", "--arch", f"{root}/model.py:build",
-              "--inputs", f"{root}/inputs.safetensors", "--dtype", "fp8-e4m3")
+    res = cli_main(
+        "scan",
+        f"{root}/model.safetensors",
+        "--arch",
+        f"{root}/model.py:build",
+        "--inputs",
+        f"{root}/inputs.safetensors",
+        "--dtype",
+        "fp8-e4m3",
+    )
     assert res.code == 0, res.stdout[-1500:]  # scaled fp8 matmul operands + bf16 compute: finite
     assert res.report["run"]["dtype"] == "fp8-e4m3"

@@ -47,14 +47,17 @@ def test_read_jsonl_texts_skip_blank_lines_and_a_bom(tmp_path):
     assert read_jsonl(str(f)) == ["a", "b"]
 
 
-@pytest.mark.parametrize("content, words", [
-    (b'{"text": "a"}\n[1]\n', "d.jsonl:2: expected a JSON object"),
-    (b'{"txt": "a"}\n', "\"text\" field per line"),
-    (b'{"text": 3}\n', "must be a string, got int"),
-    (b'{"text": ""}\n', "is empty"),
-    (b'{"text": "\xff"}\n', "not UTF-8"),
-    (b"\n\n", "empty data set"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b'{"text": "a"}\n[1]\n', "d.jsonl:2: expected a JSON object"),
+        (b'{"txt": "a"}\n', '"text" field per line'),
+        (b'{"text": 3}\n', "must be a string, got int"),
+        (b'{"text": ""}\n', "is empty"),
+        (b'{"text": "\xff"}\n', "not UTF-8"),
+        (b"\n\n", "empty data set"),
+    ],
+)
 def test_read_jsonl_bad_lines_name_file_and_line(tmp_path, content, words):
     f = tmp_path / "d.jsonl"
     f.write_bytes(content)
@@ -82,24 +85,34 @@ def test_prompts_are_tokenized_and_truncated_with_a_note(minilm_dir):
     assert batch_notes([Batch("x", {})]) == []
 
 
-@pytest.mark.parametrize("given, items", [
-    ("hello", ("hello",)),  # a string is one item, not five characters
-    (Path("in.safetensors"), ("in.safetensors",)),
-    (["a", "b"], ("a", "b")),
-    (("a", Path("b")), ("a", "b")),
-    ((x for x in ["a"]), ("a",)),  # any iterable of strings
-    (None, ()),
-    ([], ()),
-])
+@pytest.mark.parametrize(
+    "given, items",
+    [
+        ("hello", ("hello",)),  # a string is one item, not five characters
+        (Path("in.safetensors"), ("in.safetensors",)),
+        (["a", "b"], ("a", "b")),
+        (("a", Path("b")), ("a", "b")),
+        ((x for x in ["a"]), ("a",)),  # any iterable of strings
+        (None, ()),
+        ([], ()),
+    ],
+)
 def test_one_or_many_takes_a_string_as_one_item(given, items):
     from nan_hunter.model.inputs import one_or_many
 
     assert one_or_many(given, "prompts") == items
 
 
-@pytest.mark.parametrize("given, word", [
-    (b"hello", "bytes"), (42, "int"), ({"a": 1}, "dict"), ([1, 2], "item of type int"), (["a", None], "NoneType"),
-])
+@pytest.mark.parametrize(
+    "given, word",
+    [
+        (b"hello", "bytes"),
+        (42, "int"),
+        ({"a": 1}, "dict"),
+        ([1, 2], "item of type int"),
+        (["a", None], "NoneType"),
+    ],
+)
 def test_one_or_many_refuses_what_is_not_text(given, word):
     from nan_hunter.model.inputs import one_or_many
 

@@ -31,8 +31,14 @@ def test_batch_needs_generate_and_loss_needs_backward():
         BackwardOptions(loss="l.py:fn").check_loss()
 
 
-@pytest.mark.parametrize("make", [lambda **k: ScanOptions("m.safetensors", **k),
-                                  lambda **k: BisectOptions("m.safetensors", **k), lambda **k: CheckOptions(**k)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **k: ScanOptions("m.safetensors", **k),
+        lambda **k: BisectOptions("m.safetensors", **k),
+        lambda **k: CheckOptions(**k),
+    ],
+)
 def test_every_command_refuses_alike(make):
     """The shared groups' refusals are word for word the same in scan, bisect and check."""
     with pytest.raises(BadInput, match=r"^data: expected one file name"):

@@ -17,14 +17,17 @@ KEEP = {f"layers.{i}": "fp32" for i in HOT}
 
 def pre_dtype(seen: dict, key: str):
     """A forward pre-hook that records its first argument's dtype (and returns None: changes nothing)."""
+
     def hook(mod, args):
         seen.setdefault(key, args[0].dtype)
+
     return hook
 
 
 def out_dtype(seen: dict, key: str):
     def hook(mod, args, out):
         seen.setdefault(key, out.dtype)
+
     return hook
 
 
@@ -129,8 +132,11 @@ def test_policy_file_round_trip(tmp_path):
 
 def test_load_policy_defaults_and_aliases():
     assert load_policy({}) == {"dtype": "fp16", "keep_dtype": "fp32", "modules": {}}
-    assert load_policy({"dtype": "half", "keep_dtype": "float32", "modules": {"a": "bfloat16"}}) == \
-        {"dtype": "fp16", "keep_dtype": "fp32", "modules": {"a": "bf16"}}
+    assert load_policy({"dtype": "half", "keep_dtype": "float32", "modules": {"a": "bfloat16"}}) == {
+        "dtype": "fp16",
+        "keep_dtype": "fp32",
+        "modules": {"a": "bf16"},
+    }
 
 
 def test_bad_policies_are_refused(tmp_path):
@@ -149,15 +155,18 @@ def test_bad_policies_are_refused(tmp_path):
         apply_policy(stack(), {"modules": {"layers.9": "fp32"}})
 
 
-@pytest.mark.parametrize("policy, key", [({"keep": {"layers.1": "fp32"}}, "keep"),
-                                         ({"module": {"layers.1": "fp32"}, "dtype": "fp16"}, "module")])
+@pytest.mark.parametrize(
+    "policy, key",
+    [({"keep": {"layers.1": "fp32"}}, "keep"), ({"module": {"layers.1": "fp32"}, "dtype": "fp16"}, "module")],
+)
 def test_an_unknown_key_is_refused_not_ignored(policy, key):
     """Found by tests/unit/test_init.py: ``{"keep": {...}}`` was read as an empty policy, so
     apply_policy cast the whole model to fp16 and kept nothing, without a word."""
     m = stack()
     before = {n: p.dtype for n, p in m.named_parameters()}
-    with pytest.raises(BadInput, match=f"policy: unknown key '{key}' \\(a policy has nanhunter_policy, dtype, "
-                                       "keep_dtype, modules\\)"):
+    with pytest.raises(
+        BadInput,
+        match=f"policy: unknown key '{key}' \\(a policy has nanhunter_policy, dtype, keep_dtype, modules\\)",
+    ):
         apply_policy(m, policy)
     assert {n: p.dtype for n, p in m.named_parameters()} == before
-

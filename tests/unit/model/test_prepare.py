@@ -26,11 +26,19 @@ def build():
 def files(tmp_path) -> dict[str, Path]:
     (tmp_path / "m.py").write_text(ARCH)
     torch.manual_seed(0)
-    sd = {"0.weight": torch.randn(4, 4, dtype=torch.float16), "0.bias": torch.zeros(4, dtype=torch.float16),
-          "1.weight": torch.randn(2, 4, dtype=torch.float16), "1.bias": torch.zeros(2, dtype=torch.float16)}
+    sd = {
+        "0.weight": torch.randn(4, 4, dtype=torch.float16),
+        "0.bias": torch.zeros(4, dtype=torch.float16),
+        "1.weight": torch.randn(2, 4, dtype=torch.float16),
+        "1.bias": torch.zeros(2, dtype=torch.float16),
+    }
     save_file(sd, str(tmp_path / "m.safetensors"))
     save_file({"input": torch.ones(3, 4)}, str(tmp_path / "in.safetensors"))
-    return {"ck": tmp_path / "m.safetensors", "arch": tmp_path / "m.py", "inputs": tmp_path / "in.safetensors"}
+    return {
+        "ck": tmp_path / "m.safetensors",
+        "arch": tmp_path / "m.py",
+        "inputs": tmp_path / "in.safetensors",
+    }
 
 
 def test_parse_dtype():
@@ -42,20 +50,38 @@ def test_parse_dtype():
 
 def test_checkpoint_dtype_is_the_most_common_float_dtype(files, tmp_path):
     assert checkpoint_dtype(open_checkpoint(files["ck"])) == "fp16"
-    save_file({"a": torch.ones(10), "b": torch.ones(2, dtype=torch.bfloat16), "i": torch.arange(99)},
-              str(tmp_path / "mixed.safetensors"))
+    save_file(
+        {"a": torch.ones(10), "b": torch.ones(2, dtype=torch.bfloat16), "i": torch.arange(99)},
+        str(tmp_path / "mixed.safetensors"),
+    )
     assert checkpoint_dtype(open_checkpoint(tmp_path / "mixed.safetensors")) == "fp32"
 
 
 def test_prepare_builds_casts_and_batches(files):
-    p = prepare(open_checkpoint(files["ck"]), f"{files['arch']}:build", [str(files["inputs"])], None, None,
-                None, "cpu", default_config())
+    p = prepare(
+        open_checkpoint(files["ck"]),
+        f"{files['arch']}:build",
+        [str(files["inputs"])],
+        None,
+        None,
+        None,
+        "cpu",
+        default_config(),
+    )
     assert p.how == "arch" and p.dtype == "fp16"  # the checkpoint's own dtype by default
     assert p.model[0].weight.dtype == torch.float16 and not p.model.training
     assert p.labels == ["in.safetensors"] and p.batches[0]["input"].dtype == torch.float16
     assert torch.equal(p.model[1].weight.detach(), open_checkpoint(files["ck"]).tensor("1.weight"))
-    p32 = prepare(open_checkpoint(files["ck"]), f"{files['arch']}:build", [str(files["inputs"])], None, None,
-                  "fp32", "cpu", default_config())
+    p32 = prepare(
+        open_checkpoint(files["ck"]),
+        f"{files['arch']}:build",
+        [str(files["inputs"])],
+        None,
+        None,
+        "fp32",
+        "cpu",
+        default_config(),
+    )
     assert p32.dtype == "fp32" and p32.batches[0]["input"].dtype == torch.float32
 
 
@@ -69,4 +95,6 @@ def test_no_model_and_no_inputs(files):
     p = prepare(ck, f"{files['arch']}:build", None, None, None, None, "cpu", default_config())
     assert p.batches == [] and "weights-only scan" in p.notes[0]
     with pytest.raises(BadInput, match="no inputs"):
-        prepare(ck, f"{files['arch']}:build", None, None, None, None, "cpu", default_config(), need_model=True)
+        prepare(
+            ck, f"{files['arch']}:build", None, None, None, None, "cpu", default_config(), need_model=True
+        )

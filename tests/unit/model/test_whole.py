@@ -11,7 +11,7 @@ from nan_hunter.model.execute import cast_model
 from nan_hunter.model.whole import WholeModel, master_of
 
 #: a value fp16 rounds (to 1.0) and bf16 from fp32 rounds elsewhere (1.0078125): bf16(fp16(w)) != bf16(w)
-W = 1.0 + 2 ** -8 + 2 ** -12
+W = 1.0 + 2**-8 + 2**-12
 
 
 def _model() -> nn.Module:
@@ -50,7 +50,9 @@ def test_fresh_bf16_comes_from_the_full_precision_weights():
 def test_call_puts_the_steps_rng_in_place_and_keeps_train_mode():
     m = _model()
     state = torch.random.get_rng_state()
-    whole = WholeModel(m, (torch.ones(1, 2),), {}, training=True, seed=lambda: torch.random.set_rng_state(state))
+    whole = WholeModel(
+        m, (torch.ones(1, 2),), {}, training=True, seed=lambda: torch.random.set_rng_state(state)
+    )
     fresh, a, kw = whole.fresh(RunDtype.of("fp32"))
     assert fresh.training
     assert torch.equal(whole.call(fresh, a, kw), whole.call(fresh, a, kw))  # the same dropout mask each call

@@ -16,7 +16,7 @@ from nan_hunter.model.prepare import Prepared
 from nan_hunter.modes.backward import BackwardMode, causal_lm_labels, is_causal_lm, load_loss
 from nan_hunter.report import Report, RunInfo
 
-LOSSES = '''
+LOSSES = """
 import sys
 import torch
 
@@ -50,7 +50,7 @@ def leave(outputs, batch):
 
 
 NOT_CALLABLE = 1
-'''
+"""
 
 
 class Lin(nn.Module):
@@ -71,6 +71,7 @@ def losses(tmp_path):
 
 # --- causal_lm_labels ---------------------------------------------------------------------------
 
+
 def test_labels_are_the_ids_with_padding_set_to_minus_100():
     ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
@@ -82,7 +83,9 @@ def test_labels_are_the_ids_with_padding_set_to_minus_100():
 def test_labels_without_mask_or_with_a_mask_of_another_shape_are_the_ids():
     ids = torch.tensor([[7, 8]])
     assert causal_lm_labels({"input_ids": ids})["labels"].tolist() == [[7, 8]]
-    assert causal_lm_labels({"input_ids": ids, "attention_mask": torch.zeros(1, 3)})["labels"].tolist() == [[7, 8]]
+    assert causal_lm_labels({"input_ids": ids, "attention_mask": torch.zeros(1, 3)})["labels"].tolist() == [
+        [7, 8]
+    ]
 
 
 def test_labels_brought_by_the_inputs_are_kept_and_no_ids_is_bad_input():
@@ -93,13 +96,16 @@ def test_labels_brought_by_the_inputs_are_kept_and_no_ids_is_bad_input():
 
 # --- load_loss ----------------------------------------------------------------------------------
 
+
 def test_load_loss_errors_name_loss_not_arch(losses, tmp_path):
     m = Lin()
-    cases = [("nocolon", "expected path/to/file.py:factory"),
-             (f"{tmp_path / 'missing.py'}:fn", "not found"),
-             (f"{losses}:nope", "has no callable 'nope'"),
-             (f"{losses}:NOT_CALLABLE", "has no callable 'NOT_CALLABLE'"),
-             (f"{losses}:1x", "is not a function name")]
+    cases = [
+        ("nocolon", "expected path/to/file.py:factory"),
+        (f"{tmp_path / 'missing.py'}:fn", "not found"),
+        (f"{losses}:nope", "has no callable 'nope'"),
+        (f"{losses}:NOT_CALLABLE", "has no callable 'NOT_CALLABLE'"),
+        (f"{losses}:1x", "is not a function name"),
+    ]
     for spec, words in cases:
         with pytest.raises(BadInput) as e:
             load_loss(m, spec)
@@ -114,6 +120,7 @@ def test_without_a_loss_a_model_that_is_not_a_causal_lm_is_refused():
 
 
 # --- Loss.run -----------------------------------------------------------------------------------
+
 
 def test_loss_run_gives_outputs_and_a_scalar_that_backpropagates(losses):
     torch.manual_seed(0)
@@ -130,14 +137,17 @@ def test_loss_run_gives_outputs_and_a_scalar_that_backpropagates(losses):
     assert torch.allclose(loss.of(m, kw).detach(), want)
 
 
-@pytest.mark.parametrize("fn, words", [
-    ("vector", "returned Tensor of shape [3], not a floating scalar tensor"),
-    ("integer", "returned Tensor of shape [], not a floating scalar tensor"),
-    ("text", "returned str, not a floating scalar tensor"),
-    ("detached", "does not depend on the model's parameters"),
-    ("boom", "raised KeyError: 'y'"),
-    ("leave", "called sys.exit(3); it must return a scalar tensor"),
-])
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        ("vector", "returned Tensor of shape [3], not a floating scalar tensor"),
+        ("integer", "returned Tensor of shape [], not a floating scalar tensor"),
+        ("text", "returned str, not a floating scalar tensor"),
+        ("detached", "does not depend on the model's parameters"),
+        ("boom", "raised KeyError: 'y'"),
+        ("leave", "called sys.exit(3); it must return a scalar tensor"),
+    ],
+)
 def test_loss_run_refuses_bad_loss_functions_in_one_line(losses, fn, words):
     loss = load_loss(Lin(), f"{losses}:{fn}")
     with pytest.raises(BadInput, match=re.escape(words)) as e:
@@ -154,10 +164,20 @@ def test_a_model_error_is_one_line_bad_input(losses):
 
 # --- the mode -----------------------------------------------------------------------------------
 
+
 def test_check_loads_the_loss_and_turns_gradients_on_and_finish_says_so(losses):
     m = Lin().requires_grad_(False)
-    p = Prepared(None, m, None, "test", [{"x": torch.ones(1, 2)}], ["input 0"], RunDtype.of("fp32"),
-                 torch.device("cpu"), default_config())
+    p = Prepared(
+        None,
+        m,
+        None,
+        "test",
+        [{"x": torch.ones(1, 2)}],
+        ["input 0"],
+        RunDtype.of("fp32"),
+        torch.device("cpu"),
+        default_config(),
+    )
     mode = BackwardMode(f"{losses}:mse")
     mode.check(p)
     assert mode.loss is not None and all(q.requires_grad for q in m.parameters())
@@ -174,8 +194,16 @@ def test_a_tiny_llama_has_its_own_loss_with_labels_from_the_ids():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    m = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=2))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     assert is_causal_lm(m)
     loss = load_loss(m, None)
     assert loss.describe == "LlamaForCausalLM's own loss (labels = input_ids)"

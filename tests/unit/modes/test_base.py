@@ -31,9 +31,17 @@ class OneForward(ModeBase):
 
 
 def _prepared(values: list[float]) -> Prepared:
-    return Prepared(None, Div(), None, "test", [{"x": torch.full((2,), v)} for v in values],
-                    [f"input {i}" for i in range(len(values))], RunDtype.of("fp32"), torch.device("cpu"),
-                    default_config())
+    return Prepared(
+        None,
+        Div(),
+        None,
+        "test",
+        [{"x": torch.full((2,), v)} for v in values],
+        [f"input {i}" for i in range(len(values))],
+        RunDtype.of("fp32"),
+        torch.device("cpu"),
+        default_config(),
+    )
 
 
 def test_defaults_map_steps_to_the_data_set_and_place_the_fault():

@@ -23,8 +23,16 @@ from nan_hunter.modes.capsule_step import (
     describe,
 )
 
-LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "num_key_value_heads": 2, "tie_word_embeddings": False}
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 16,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": False,
+}
 
 
 class Mixed(nn.Module):
@@ -45,23 +53,33 @@ def capsule(tmp_path, meta: dict, tensors: dict) -> tuple[Capsule, object]:
 
 def test_autocast_entries(tmp_path):
     assert _autocast(None, tmp_path) == []
-    assert _autocast([["cpu", "bf16"], ["cpu", "float16"]], tmp_path) == [("cpu", torch.bfloat16),
-                                                                          ("cpu", torch.float16)]
+    assert _autocast([["cpu", "bf16"], ["cpu", "float16"]], tmp_path) == [
+        ("cpu", torch.bfloat16),
+        ("cpu", torch.float16),
+    ]
     for bad in (["tpu", "bf16"], ["cpu"], "cpu", ["cpu", 16]):
-        with pytest.raises(BadInput, match="autocast entries must be \\[device, dtype\\] with device cpu or cuda"):
+        with pytest.raises(
+            BadInput, match="autocast entries must be \\[device, dtype\\] with device cpu or cuda"
+        ):
             _autocast([bad], tmp_path)
     with pytest.raises(BadInput, match="autocast dtype 'fp12' is not a dtype nanhunter knows"):
         _autocast([["cpu", "fp12"]], tmp_path)
     if not torch.cuda.is_available():
-        with pytest.raises(BadInput, match="ran under CUDA autocast; re-run the capsule on a machine with a CUDA"):
+        with pytest.raises(
+            BadInput, match="ran under CUDA autocast; re-run the capsule on a machine with a CUDA"
+        ):
             _autocast([["cuda", "fp16"]], tmp_path)
 
 
 def test_match_dtypes_follows_each_stored_tensor(tmp_path):
     m = Mixed()
-    stored = {"lin.weight": torch.ones(2, 2, dtype=torch.float16), "lin.bias": torch.ones(2, dtype=torch.float16),
-              "norm.weight": torch.ones(2), "norm.bias": torch.ones(2, dtype=torch.bfloat16),
-              "count": torch.zeros((), dtype=torch.int64)}
+    stored = {
+        "lin.weight": torch.ones(2, 2, dtype=torch.float16),
+        "lin.bias": torch.ones(2, dtype=torch.float16),
+        "norm.weight": torch.ones(2),
+        "norm.bias": torch.ones(2, dtype=torch.bfloat16),
+        "count": torch.zeros((), dtype=torch.int64),
+    }
     _, ck = capsule(tmp_path, {}, stored)
     _match_dtypes(m, ck)
     got = {k: v.dtype for k, v in m.state_dict().items()}
@@ -77,21 +95,29 @@ def test_match_dtypes_casts_tied_weights_once(tmp_path):
 
 
 def test_strict_keys_names_the_model_class_and_the_keys(tmp_path):
-    cap, ck = capsule(tmp_path, {"model_class": "Mixed"}, {"lin.weight": torch.ones(2, 2), "extra": torch.ones(1)})
+    cap, ck = capsule(
+        tmp_path, {"model_class": "Mixed"}, {"lin.weight": torch.ones(2, 2), "extra": torch.ones(1)}
+    )
     with pytest.raises(BadInput) as e:
         _strict_keys(Mixed(), ck, cap)
     msg = str(e.value)
     assert "weights do not match the Mixed built from the capsule's config: missing 4 keys (" in msg
-    assert "unexpected 1 keys ('extra')" in msg and msg.endswith("pass --arch file.py:factory for the model this "
-                                                                 "capsule came from")
+    assert "unexpected 1 keys ('extra')" in msg and msg.endswith(
+        "pass --arch file.py:factory for the model this capsule came from"
+    )
 
 
 def test_from_config_refusals(tmp_path):
-    cap = Capsule(tmp_path, {"config": {**LLAMA, "auto_map": {"AutoModel": "m.M"}}, "model_class": "LlamaModel"})
+    cap = Capsule(
+        tmp_path, {"config": {**LLAMA, "auto_map": {"AutoModel": "m.M"}}, "model_class": "LlamaModel"}
+    )
     with pytest.raises(BadInput, match=r"asks for its own code \(auto_map\)"):
         _from_config(cap)
-    for name, words in (("os.system", "is not a transformers class name"), (None, "is not a transformers class name"),
-                        ("AutoTokenizer", "is not a model class of transformers")):
+    for name, words in (
+        ("os.system", "is not a transformers class name"),
+        (None, "is not a transformers class name"),
+        ("AutoTokenizer", "is not a model class of transformers"),
+    ):
         with pytest.raises(BadInput, match=words):
             _from_config(Capsule(tmp_path, {"config": LLAMA, "model_class": name}))
 
@@ -102,7 +128,13 @@ def test_build_from_the_capsules_config_is_bit_exact_in_the_stored_dtypes(tmp_pa
     torch.manual_seed(0)
     src = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})).half()
     sd = {k: v.contiguous() for k, v in src.state_dict().items()}
-    meta = {"model_class": "LlamaForCausalLM", "config": LLAMA, "phase": "forward", "step": 3, "dtype": "fp16"}
+    meta = {
+        "model_class": "LlamaForCausalLM",
+        "config": LLAMA,
+        "phase": "forward",
+        "step": 3,
+        "dtype": "fp16",
+    }
     cap, ck = capsule(tmp_path, meta, sd)
     model, how = build(cap, ck, None, torch.device("cpu"))
     assert how == "config" and type(model).__name__ == "LlamaForCausalLM"

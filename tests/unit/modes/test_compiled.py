@@ -14,13 +14,16 @@ from nan_hunter.capture.compiled_regions import eager_name, eager_named_modules,
 from nan_hunter.modes.compiled import Parting, compare, fresh_compiles
 
 
-@pytest.mark.parametrize("name, eager, compiled, expect", [
-    ("identical", [1.0, -2.0], [1.0, -2.0], Parting(True, True, 0.0)),
-    ("relative to max |eager|", [10.0, -4.0], [10.0, -3.9], Parting(True, True, 0.1 / 10.0)),
-    ("nan only compiled", [1.0, 2.0], [1.0, math.nan], Parting(True, False, 0.0, "nan", None)),
-    ("inf only eager", [1.0, math.inf], [1.0, 5.0], Parting(False, True, 0.0, None, "posinf")),
-    ("nothing finite in both", [math.nan], [math.nan], Parting(False, False, None, "nan", "nan")),
-])
+@pytest.mark.parametrize(
+    "name, eager, compiled, expect",
+    [
+        ("identical", [1.0, -2.0], [1.0, -2.0], Parting(True, True, 0.0)),
+        ("relative to max |eager|", [10.0, -4.0], [10.0, -3.9], Parting(True, True, 0.1 / 10.0)),
+        ("nan only compiled", [1.0, 2.0], [1.0, math.nan], Parting(True, False, 0.0, "nan", None)),
+        ("inf only eager", [1.0, math.inf], [1.0, 5.0], Parting(False, True, 0.0, None, "posinf")),
+        ("nothing finite in both", [math.nan], [math.nan], Parting(False, False, None, "nan", "nan")),
+    ],
+)
 def test_compare(name, eager, compiled, expect):
     got = compare({"out": torch.tensor(eager)}, {"out": torch.tensor(compiled)})
     assert got.eager_finite == expect.eager_finite and got.compiled_finite == expect.compiled_finite
@@ -32,19 +35,28 @@ def test_a_different_structure_is_infinitely_far():
     assert compare((torch.ones(2),), (torch.ones(3),)).rel_err == math.inf
 
 
-@pytest.mark.parametrize("p, parts", [
-    (Parting(True, True, 0.02), True), (Parting(True, True, 0.005), False),
-    (Parting(True, False, 0.0), True), (Parting(False, True, 0.0), True), (Parting(False, False, None), False),
-])
+@pytest.mark.parametrize(
+    "p, parts",
+    [
+        (Parting(True, True, 0.02), True),
+        (Parting(True, True, 0.005), False),
+        (Parting(True, False, 0.0), True),
+        (Parting(False, True, 0.0), True),
+        (Parting(False, False, None), False),
+    ],
+)
 def test_parts_at_rtol(p, parts):
     assert p.parts(1e-2) is parts
 
 
-@pytest.mark.parametrize("eager, compiled", [
-    ([math.nan, 1.0], [math.inf, 1.0]),  # both non-finite, another class
-    ([math.nan, 1.0], [1.0, math.nan]),  # both non-finite, at other elements
-    ([-math.inf, 2.0], [math.inf, 2.0]),
-])
+@pytest.mark.parametrize(
+    "eager, compiled",
+    [
+        ([math.nan, 1.0], [math.inf, 1.0]),  # both non-finite, another class
+        ([math.nan, 1.0], [1.0, math.nan]),  # both non-finite, at other elements
+        ([-math.inf, 2.0], [math.inf, 2.0]),
+    ],
+)
 def test_runs_that_are_both_non_finite_part_where_the_classes_differ(eager, compiled):
     """As the one comparison counts them (``Comparison.error`` is inf), not only by finiteness."""
     p = compare({"out": torch.tensor(eager)}, {"out": torch.tensor(compiled)})

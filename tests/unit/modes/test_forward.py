@@ -28,8 +28,15 @@ def _llama(overflow: bool = False, dtype: torch.dtype = torch.float32):
     """A two-layer LlamaForCausalLM; ``overflow``: layer 1's MLP is made to pass fp16's max in its
     down projection (gate and up all ones, down 1000): finite in fp32 and bf16."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=2, attn_implementation="eager")
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     m = transformers.LlamaForCausalLM(cfg).eval()
     if overflow:
@@ -74,8 +81,17 @@ def _absorbing_input() -> torch.Tensor:
 
 
 def _prepared(model, batches, dtype: str = "fp32", cfg=None) -> Prepared:
-    return Prepared(None, model, None, "test", batches, [f"input {i}" for i in range(len(batches))],
-                    RunDtype.of(dtype), torch.device("cpu"), cfg or default_config())
+    return Prepared(
+        None,
+        model,
+        None,
+        "test",
+        batches,
+        [f"input {i}" for i in range(len(batches))],
+        RunDtype.of(dtype),
+        torch.device("cpu"),
+        cfg or default_config(),
+    )
 
 
 def test_forward_mode_is_what_any_request_falls_back_to():

@@ -26,8 +26,17 @@ def prepared(model: nn.Module, batches: list[dict], dtype: str = "fp16") -> Prep
     run = RunDtype.of(dtype)
     model = model.to(run.torch_compute).eval()
     batches = [{k: v.to(run.torch_compute) for k, v in b.items()} for b in batches]
-    return Prepared(None, model, None, "test", batches, [f"input {i}" for i in range(len(batches))], run,
-                    torch.device("cpu"), default_config())
+    return Prepared(
+        None,
+        model,
+        None,
+        "test",
+        batches,
+        [f"input {i}" for i in range(len(batches))],
+        run,
+        torch.device("cpu"),
+        default_config(),
+    )
 
 
 class Wrapped(nn.Module):
@@ -93,7 +102,11 @@ def test_steps_are_data_set_indices_when_a_mode_records_a_share():
     assert rec.first_input == 1 and rec.failed == [1, 2]
     assert {r["input_index"] for r in rec.table} == {1, 2}
     loc = locate_first(p, ForwardMode(), rec.capture)
-    assert (loc.first.input_index, loc.first.step, loc.input_label) == (1, 0, "input 1")  # placed in the data set
+    assert (loc.first.input_index, loc.first.step, loc.input_label) == (
+        1,
+        0,
+        "input 1",
+    )  # placed in the data set
     assert loc.first.module == f"stack.layers.{HOT[0]}" and loc.region is not None and loc.replay is None
 
 
@@ -102,5 +115,7 @@ def test_capture_keeps_every_steps_inputs_and_context_and_judges_by_the_producer
     cap = capture(p, ForwardMode(), [0, 1])
     assert cap.group == [0, 1] and cap.recording.failed == [1]
     assert cap.recording.finding.call.input_index == 1  # the recorder's step (the second root call)
-    assert cap.recorder.inputs_of(1) is not None and cap.keep.contexts[1].grad is False  # kept; run without grad
+    assert (
+        cap.recorder.inputs_of(1) is not None and cap.keep.contexts[1].grad is False
+    )  # kept; run without grad
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in p.model.modules())  # detached afterwards

@@ -31,8 +31,17 @@ from nan_hunter.report import Report, RunInfo  # noqa: E402
 def _prepared(model: nn.Module, values: list[float], dtype: str = "fp16") -> Prepared:
     run = RunDtype.of(dtype)
     batches = [{"x": torch.full((2, 8), v, dtype=run.torch_compute)} for v in values]
-    return Prepared(None, model.to(run.torch_compute).eval(), None, "test", batches,
-                    [f"input {i}" for i in range(len(values))], run, torch.device("cpu"), default_config())
+    return Prepared(
+        None,
+        model.to(run.torch_compute).eval(),
+        None,
+        "test",
+        batches,
+        [f"input {i}" for i in range(len(values))],
+        run,
+        torch.device("cpu"),
+        default_config(),
+    )
 
 
 class Noting(ForwardMode):
@@ -49,8 +58,15 @@ class Noting(ForwardMode):
 
 
 def _row(module: str, absmax: float, index: int = 0, **kinds: int) -> dict[str, Any]:
-    return {"module": module, "module_type": "Linear", "input_index": index, "absmax": absmax,
-            "nan": kinds.get("nan", 0), "posinf": kinds.get("posinf", 0), "neginf": kinds.get("neginf", 0)}
+    return {
+        "module": module,
+        "module_type": "Linear",
+        "input_index": index,
+        "absmax": absmax,
+        "nan": kinds.get("nan", 0),
+        "posinf": kinds.get("posinf", 0),
+        "neginf": kinds.get("neginf", 0),
+    }
 
 
 # --- the dataclasses and the protocol -------------------------------------------------------------
@@ -98,8 +114,10 @@ def test_fill_a_clean_run_gives_the_run_block_the_table_inputs_and_near_misses()
     assert (rep.run.dtype, rep.run.device, rep.run.n_inputs, rep.run.failed_inputs) == ("fp16", "cpu", 2, [])
     assert rep.run.inputs == ["input 0", "input 1"]
     assert rep.modules is table
-    assert rep.inputs == [{"index": 0, "label": "input 0", "finite": True},
-                          {"index": 1, "label": "input 1", "finite": True}]
+    assert rep.inputs == [
+        {"index": 0, "label": "input 0", "finite": True},
+        {"index": 1, "label": "input 1", "finite": True},
+    ]
     # near misses: layers.0 is past half of fp16's max; layers.2 is non-finite, not a near miss
     near = [n for n in rep.near_misses if n["kind"] == "near_overflow"]
     assert [n["module"] for n in near] == ["layers.0"] and near[0]["limit"] == 65504.0
@@ -135,7 +153,9 @@ def test_fill_a_located_fault_goes_through_the_assembler():
     assert rep.replay is not None and rep.replay["fp32"]["finite"] and not rep.replay["fp16"]["finite"]
     assert rep.near_misses == []  # a run with a fault lists none
     assert mode.finished == [({}, loc)]
-    assert rep.run.failed_inputs == [1] and rep.notes[-1].startswith("1 of 2 inputs produced non-finite values")
+    assert rep.run.failed_inputs == [1] and rep.notes[-1].startswith(
+        "1 of 2 inputs produced non-finite values"
+    )
 
 
 def test_fill_without_replay_skips_the_replay_only():

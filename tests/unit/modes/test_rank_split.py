@@ -29,15 +29,29 @@ def test_span_text():
 def event() -> OpEvent:
     x = torch.tensor([[1.0, -2.0], [0.0, 60000.0]], dtype=torch.float16)
     ops = [operand_stats(0, x), operand_stats(1, 2.5), operand_stats(2, torch.tensor([math.inf, 1.0]))]
-    return OpEvent(op="aten.mul.Tensor", kind="posinf", nan=0, posinf=2, neginf=0, source="model.py:3  y = x * k",
-                   operands=ops, out_dtype="float16", module="layers.0", exact_absmax=1.5e5, exact_dtype="fp64",
-                   grad_fn="MulBackward0", call=object())
+    return OpEvent(
+        op="aten.mul.Tensor",
+        kind="posinf",
+        nan=0,
+        posinf=2,
+        neginf=0,
+        source="model.py:3  y = x * k",
+        operands=ops,
+        out_dtype="float16",
+        module="layers.0",
+        exact_absmax=1.5e5,
+        exact_dtype="fp64",
+        grad_fn="MulBackward0",
+        call=object(),
+    )
 
 
 def test_op_event_crosses_ranks_as_json_and_comes_back_equal():
     ev = event()
     d = _event(ev)
-    assert d is not None and d["call"] is None and ev.call is not None  # the live call stays behind, unchanged
+    assert (
+        d is not None and d["call"] is None and ev.call is not None
+    )  # the live call stays behind, unchanged
     back = _event_back(json.loads(json.dumps(d, allow_nan=False)))
     assert back == ev  # every field, operands included (``call`` is not compared)
     assert back.call is None
@@ -56,9 +70,16 @@ def test_an_event_without_operands_comes_back_with_an_empty_list():
 
 
 def test_diagnosis_with_a_verified_fix_comes_back_typed():
-    d = Diagnosis(cause="overflow", dtype="fp16", module="layers.0", op="aten.mul.Tensor", summary="s",
-                  evidence=["a", "b"], fix="keep it in fp32",
-                  fix_verified=FixVerified(change="layers.0 in fp32", finite=True, max_rel_err=1e-3, scope="model"))
+    d = Diagnosis(
+        cause="overflow",
+        dtype="fp16",
+        module="layers.0",
+        op="aten.mul.Tensor",
+        summary="s",
+        evidence=["a", "b"],
+        fix="keep it in fp32",
+        fix_verified=FixVerified(change="layers.0 in fp32", finite=True, max_rel_err=1e-3, scope="model"),
+    )
     from dataclasses import asdict
 
     back = diagnosis_from_json(json.loads(json.dumps(asdict(d))))

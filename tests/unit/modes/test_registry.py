@@ -40,8 +40,17 @@ def test_every_registered_mode_is_a_mode_and_the_last_takes_any_request():
     from nan_hunter.modes.registry import MODES, ModeRequest
 
     for cls in MODES:
-        for attr in ("wanted", "from_request", "check", "run_input", "rerun", "place", "name", "grad",
-                     "compares_outputs"):
+        for attr in (
+            "wanted",
+            "from_request",
+            "check",
+            "run_input",
+            "rerun",
+            "place",
+            "name",
+            "grad",
+            "compares_outputs",
+        ):
             assert hasattr(cls, attr), f"{cls.__name__} lacks {attr}"
     assert MODES[-1].wanted(ModeRequest(generate=3, backward=True, batch=True))
 

@@ -37,8 +37,17 @@ class Net(nn.Module):
 
 
 def _prepared(model: nn.Module, xs: list[torch.Tensor]) -> Prepared:
-    return Prepared(None, model, None, "test", [{"x": x} for x in xs], [f"input {i}" for i in range(len(xs))],
-                    RunDtype.of("fp32"), torch.device("cpu"), default_config())
+    return Prepared(
+        None,
+        model,
+        None,
+        "test",
+        [{"x": x} for x in xs],
+        [f"input {i}" for i in range(len(xs))],
+        RunDtype.of("fp32"),
+        torch.device("cpu"),
+        default_config(),
+    )
 
 
 # --- TraceOptions ------------------------------------------------------------------------------------
@@ -52,15 +61,18 @@ def test_trace_options_accept_what_scan_takes():
     assert TRACE_LEVELS == ("modules", "ops")
 
 
-@pytest.mark.parametrize(("kw", "words"), [
-    ({"path": ""}, "not a usable file name"),
-    ({"path": "a\0b"}, "not a usable file name"),
-    ({"level": "blocks"}, "--trace-level 'blocks': use modules or ops"),
-    ({"repeat": 1}, "--repeat 1: give the number of runs per input, at least 2"),
-    ({"repeat": True}, "--repeat True"),
-    ({"repeat": 2.5}, "--repeat 2.5"),
-    ({"level": "ops", "compile": "inductor"}, "--trace-level ops with --compile"),
-])
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"path": ""}, "not a usable file name"),
+        ({"path": "a\0b"}, "not a usable file name"),
+        ({"level": "blocks"}, "--trace-level 'blocks': use modules or ops"),
+        ({"repeat": 1}, "--repeat 1: give the number of runs per input, at least 2"),
+        ({"repeat": True}, "--repeat True"),
+        ({"repeat": 2.5}, "--repeat 2.5"),
+        ({"level": "ops", "compile": "inductor"}, "--trace-level ops with --compile"),
+    ],
+)
 def test_trace_options_refuse_in_one_line(kw, words):
     args = {"path": "t.jsonl", **kw}
     with pytest.raises(BadInput) as ei:
@@ -112,7 +124,9 @@ def test_the_traced_run_is_the_captured_run_one_pass(tmp_path):
     path = tmp_path / "spy.jsonl"
     write_trace(_prepared(m, [torch.ones(1, 4), torch.ones(2, 4)]), Spy(), TraceOptions(str(path)))
     observed = [r for _, r in seen if r.observers]  # (a clean run's near-miss pass at level ops: no trace)
-    assert len(observed) == 2 and observed[0] is observed[1]  # one run per input, under the capture's recorder
+    assert (
+        len(observed) == 2 and observed[0] is observed[1]
+    )  # one run per input, under the capture's recorder
     assert observed[0].capturing and observed[0].level == "modules" and not any(g for g, _ in seen)
     assert len(read_trace(path).entries) == 2 * 4
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())  # detached
@@ -120,7 +134,9 @@ def test_the_traced_run_is_the_captured_run_one_pass(tmp_path):
 
 def test_op_level_entries_name_the_aten_ops(tmp_path):
     path = tmp_path / "ops.jsonl"
-    note = write_trace(_prepared(Net().eval(), [torch.randn(2, 4)]), ForwardMode(), TraceOptions(str(path), "ops"))
+    note = write_trace(
+        _prepared(Net().eval(), [torch.randn(2, 4)]), ForwardMode(), TraceOptions(str(path), "ops")
+    )
     t = read_trace(path)
     assert "ops-level entries of 1 input(s)" in note and t.header.level == "ops"
     ops = [e.op for e in t.entries]
@@ -160,8 +176,9 @@ class Wobbly(nn.Module):
 
 def test_repeat_notes_entries_whose_re_run_took_another_path(tmp_path):
     path = tmp_path / "wobbly.jsonl"
-    note = write_trace(_prepared(Wobbly().eval(), [torch.ones(1, 4)]), ForwardMode(),
-                       TraceOptions(str(path), repeat=2))
+    note = write_trace(
+        _prepared(Wobbly().eval(), [torch.ones(1, 4)]), ForwardMode(), TraceOptions(str(path), repeat=2)
+    )
     t = read_trace(path)
     assert "took another path on a re-run (spread null)" in note
     assert any(e.spread is None for e in t.entries)
@@ -170,8 +187,11 @@ def test_repeat_notes_entries_whose_re_run_took_another_path(tmp_path):
 def test_non_finite_values_are_traced_as_they_are(tmp_path):
     m = Net().eval()
     path = tmp_path / "nan.jsonl"
-    write_trace(_prepared(m, [torch.ones(1, 4), torch.full((1, 4), float("nan"))]), ForwardMode(),
-                TraceOptions(str(path)))
+    write_trace(
+        _prepared(m, [torch.ones(1, 4), torch.full((1, 4), float("nan"))]),
+        ForwardMode(),
+        TraceOptions(str(path)),
+    )
     t = read_trace(path)
     root = {e.input_index: e for e in t.entries if e.module == ""}
     assert root[0].stats.kind is None and root[1].stats.kind == "nan"

@@ -35,10 +35,14 @@ def _fp8_dir(tmp, bad_scale: float | None = None, as_fp32: bool = False):
         s[1, 0] = bad_scale
     t = {DOWN: w, DOWN + "_scale_inv": s, "model.norm.weight": torch.ones(256)}
     if as_fp32:
-        t = {DOWN: w.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1), "model.norm.weight": torch.ones(256)}
+        t = {
+            DOWN: w.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1),
+            "model.norm.weight": torch.ones(256),
+        }
     save_file(t, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8",
-                                                                       "weight_block_size": [128, 128]}}))
+    (d / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    )
     return open_checkpoint(d / "model.safetensors")
 
 
@@ -68,7 +72,12 @@ def test_a_correct_fp8_checkpoint_is_not_near_max_at_its_codes(tmp_path):
 def test_dequantized_overflow_is_listed_near_max_by_its_dequantized_values(tmp_path):
     rep, _ = _check(_fp8_dir(tmp_path, 1000.0))
     (row,) = rep.weights["near_overflow"]
-    assert (row["name"], row["dtype"], row["absmax"], row["dequantized"]) == (DOWN, "fp8_block", 448000.0, True)
+    assert (row["name"], row["dtype"], row["absmax"], row["dequantized"]) == (
+        DOWN,
+        "fp8_block",
+        448000.0,
+        True,
+    )
     assert "fp16" in row["overflows"] and "bf16" not in row["overflows"]
 
 
@@ -121,35 +130,45 @@ def _q8(d: float | None = None, row: int = 1, block: int = 1):
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     q = quantize(x, gguf.GGMLQuantizationType.Q8_0).copy()
     if d is not None:
-        q[row, block * 34: block * 34 + 2] = np.array([d], np.float16).view(np.uint8)
+        q[row, block * 34 : block * 34 + 2] = np.array([d], np.float16).view(np.uint8)
     return q
 
 
 def test_a_plain_f32_tensor_with_neginf_is_nonfinite_weights_and_both_causes_are_named(tmp_path):
     norm = np.ones(64, np.float32)
     norm[3] = -np.inf
-    ck = _gguf(tmp_path / "m.gguf", {"blk.0.attn_norm.weight": (norm, None),
-                                     "blk.0.attn_q.weight": (_q8(np.inf), "Q8_0")})
+    ck = _gguf(
+        tmp_path / "m.gguf",
+        {"blk.0.attn_norm.weight": (norm, None), "blk.0.attn_q.weight": (_q8(np.inf), "Q8_0")},
+    )
     rep, res = _check(ck)
     assert rep.diagnosis.cause == "nonfinite_weights"  # first in checkpoint order
-    assert any(e.startswith("also (bad_scale): ") and "blk.0.attn_q.weight" in e for e in rep.diagnosis.evidence)
+    assert any(
+        e.startswith("also (bad_scale): ") and "blk.0.attn_q.weight" in e for e in rep.diagnosis.evidence
+    )
     assert res["weights.nonfinite"]["status"] == res["weights.quantized"]["status"] == "fail"
     (q,) = rep.weights["quantized"]
     assert q["dequant_nonfinite"] == 32 and q["overflows"]["fp16"] is True
 
 
 def test_an_inf_scale_is_headlined_over_a_zero_scale(tmp_path):
-    ck = _gguf(tmp_path / "m.gguf", {"blk.0.attn_k.weight": (_q8(0.0, 0, 0), "Q8_0"),
-                                     "blk.0.attn_q.weight": (_q8(np.inf), "Q8_0")})
+    ck = _gguf(
+        tmp_path / "m.gguf",
+        {"blk.0.attn_k.weight": (_q8(0.0, 0, 0), "Q8_0"), "blk.0.attn_q.weight": (_q8(np.inf), "Q8_0")},
+    )
     rep, res = _check(ck)
-    assert rep.diagnosis.cause == "bad_scale" and "blk.0.attn_q.weight has a Inf scale" in rep.diagnosis.summary
+    assert (
+        rep.diagnosis.cause == "bad_scale" and "blk.0.attn_q.weight has a Inf scale" in rep.diagnosis.summary
+    )
     assert res["weights.quantized"]["message"].startswith("blk.0.attn_q.weight (gguf:Q8_0)")
 
 
 def test_gguf_dequantized_overflow_fails_fp16(tmp_path):
     ck = _gguf(tmp_path / "m.gguf", {"blk.0.attn_q.weight": (_q8(60000.0), "Q8_0")})
     _, res = _check(ck)
-    assert res["weights.headroom.fp16"]["status"] == "fail" and res["weights.headroom.bf16"]["status"] == "pass"
+    assert (
+        res["weights.headroom.fp16"]["status"] == "fail" and res["weights.headroom.bf16"]["status"] == "pass"
+    )
 
 
 def test_a_bad_tensor_in_a_sharded_checkpoint_names_its_shard(tmp_path):
@@ -159,8 +178,16 @@ def test_a_bad_tensor_in_a_sharded_checkpoint_names_its_shard(tmp_path):
     bad[1, 2] = math.nan
     save_file({"a.weight": torch.ones(4, 4)}, str(d / "model-00001-of-00002.safetensors"))
     save_file({"b.weight": bad}, str(d / "model-00002-of-00002.safetensors"))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "a.weight": "model-00001-of-00002.safetensors",
+                    "b.weight": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     rep, res = _check(open_checkpoint(d / "model.safetensors.index.json"))
     (nf,) = rep.weights["nonfinite"]
     assert nf["file"] == "model-00002-of-00002.safetensors"

@@ -12,8 +12,16 @@ CFG = load_config()
 
 
 def tensor(name: str, absmax: float, nan: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(name=name, absmax=absmax, skipped=False, finite=nan == 0, nan=nan, posinf=0, neginf=0,
-                           first_index=[0] if nan else None)
+    return SimpleNamespace(
+        name=name,
+        absmax=absmax,
+        skipped=False,
+        finite=nan == 0,
+        nan=nan,
+        posinf=0,
+        neginf=0,
+        first_index=[0] if nan else None,
+    )
 
 
 def by_rule(results):
@@ -41,8 +49,14 @@ def _run(first: FirstNonfinite | None, absmax: float) -> Report:
 
 
 def test_a_nonfinite_forward_cannot_pass_headroom():
-    bad = FirstNonfinite(input_index=0, module="fc", module_type="Linear", op="aten.addmm.default",
-                         kind="posinf", role="producer")
+    bad = FirstNonfinite(
+        input_index=0,
+        module="fc",
+        module_type="Linear",
+        op="aten.addmm.default",
+        kind="posinf",
+        role="producer",
+    )
     # the finite outputs are small (0.5% of fp16 max), but the forward went inf
     res = by_rule(forward_rules("ck", "fp16", _run(bad, 300.0), CFG))
     assert res["forward.fp16.nonfinite"].status == "fail"
@@ -50,5 +64,10 @@ def test_a_nonfinite_forward_cannot_pass_headroom():
 
 
 def test_finite_forward_headroom_pass_and_warn():
-    assert by_rule(forward_rules("ck", "fp16", _run(None, 300.0), CFG))["forward.fp16.headroom"].status == "pass"
-    assert by_rule(forward_rules("ck", "fp16", _run(None, 40000.0), CFG))["forward.fp16.headroom"].status == "warn"
+    assert (
+        by_rule(forward_rules("ck", "fp16", _run(None, 300.0), CFG))["forward.fp16.headroom"].status == "pass"
+    )
+    assert (
+        by_rule(forward_rules("ck", "fp16", _run(None, 40000.0), CFG))["forward.fp16.headroom"].status
+        == "warn"
+    )

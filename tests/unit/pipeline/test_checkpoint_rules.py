@@ -40,12 +40,19 @@ def test_retired_drop_key_is_refused_naming_the_floor(tmp_path):
 
 
 def test_baseline_regression_fails_with_both_headrooms(tmp_path):
-    old = _save(tmp_path / "old.safetensors", **{"mlp.down_proj.weight": torch.full((4, 4), 16.4),
-                                                  "mlp.up_proj.weight": torch.full((4, 4), 1.0)})
+    old = _save(
+        tmp_path / "old.safetensors",
+        **{"mlp.down_proj.weight": torch.full((4, 4), 16.4), "mlp.up_proj.weight": torch.full((4, 4), 1.0)},
+    )
     # down_proj: 65504/16.4 = 72 dB -> 65504/40000 = 4.3 dB (fell 67 dB); up_proj unchanged
-    new = _save(tmp_path / "new.safetensors", **{"mlp.down_proj.weight": torch.full((4, 4), 40000.0),
-                                                  "mlp.up_proj.weight": torch.full((4, 4), 1.0),
-                                                  "only.new": torch.ones(2)})
+    new = _save(
+        tmp_path / "new.safetensors",
+        **{
+            "mlp.down_proj.weight": torch.full((4, 4), 40000.0),
+            "mlp.up_proj.weight": torch.full((4, 4), 1.0),
+            "only.new": torch.ones(2),
+        },
+    )
     [rep] = check([new], dtypes="fp16,bf16", baseline=old)
     r = _rules(rep)
     assert r["headroom_regression.fp16"]["status"] == "fail"
@@ -66,16 +73,19 @@ def test_baseline_regression_fails_with_both_headrooms(tmp_path):
     assert rep.to_dict()["baseline"]["compared"] == 2
 
 
-@pytest.mark.parametrize("dtype, old_absmax, new_absmax, status", [
-    # issue 31 (5): a 10x (here 18000x) growth that stays far inside bf16 was a false alarm
-    ("bf16", 4.1, 7.5e4, "pass"),
-    ("fp16", 1.0, 1000.0, "pass"),  # 96.3 dB -> 36.3 dB: a 60 dB fall, still above the 20 dB floor
-    ("fp16", 100.0, 10000.0, "fail"),  # 56.3 dB -> 16.3 dB: crossed the floor
-    ("fp16", 10000.0, 20000.0, "pass"),  # 16.3 -> 10.3 dB: already under the floor (weights.headroom's)
-    ("fp16", 60000.0, 70000.0, "fail"),  # fit, now overflows
-    ("bf16", 3e37, 4e37, "fail"),  # 21.1 dB -> 18.6 dB: crossed the floor, in bf16 too
-    ("fp16", 0.0, 10000.0, "fail"),  # all zero (unbounded headroom) -> 16.3 dB
-])
+@pytest.mark.parametrize(
+    "dtype, old_absmax, new_absmax, status",
+    [
+        # issue 31 (5): a 10x (here 18000x) growth that stays far inside bf16 was a false alarm
+        ("bf16", 4.1, 7.5e4, "pass"),
+        ("fp16", 1.0, 1000.0, "pass"),  # 96.3 dB -> 36.3 dB: a 60 dB fall, still above the 20 dB floor
+        ("fp16", 100.0, 10000.0, "fail"),  # 56.3 dB -> 16.3 dB: crossed the floor
+        ("fp16", 10000.0, 20000.0, "pass"),  # 16.3 -> 10.3 dB: already under the floor (weights.headroom's)
+        ("fp16", 60000.0, 70000.0, "fail"),  # fit, now overflows
+        ("bf16", 3e37, 4e37, "fail"),  # 21.1 dB -> 18.6 dB: crossed the floor, in bf16 too
+        ("fp16", 0.0, 10000.0, "fail"),  # all zero (unbounded headroom) -> 16.3 dB
+    ],
+)
 def test_baseline_fails_only_below_the_floor_or_on_overflow(tmp_path, dtype, old_absmax, new_absmax, status):
     old = _save(tmp_path / "old.safetensors", w=torch.full((2, 2), old_absmax))
     new = _save(tmp_path / "new.safetensors", w=torch.full((2, 2), new_absmax))
@@ -121,13 +131,24 @@ def test_baseline_small_drop_passes_and_overflow_fails(tmp_path):
 def test_check_fails_on_bad_scale_and_warns_on_suspicious_and_unchecked(tmp_path):
     w = torch.ones(128, 128).to(torch.float8_e4m3fn)
     s = torch.tensor([[0.0]])  # a zero scale on a block holding data
-    p = _save(tmp_path / "q.safetensors", **{"l.weight": w, "l.weight_scale_inv": s, "z.weight": torch.zeros(3, 3),
-                                             "u.weight": torch.full((2,), 3e33), "c": torch.zeros(2, dtype=torch.complex64)})
+    p = _save(
+        tmp_path / "q.safetensors",
+        **{
+            "l.weight": w,
+            "l.weight_scale_inv": s,
+            "z.weight": torch.zeros(3, 3),
+            "u.weight": torch.full((2,), 3e33),
+            "c": torch.zeros(2, dtype=torch.complex64),
+        },
+    )
     [rep] = check([p], dtypes="fp16")
     r = _rules(rep)
     assert r["weights.quantized"]["status"] == "fail" and "zero" in r["weights.quantized"]["message"]
     assert r["weights.suspicious"]["status"] == "warn" and "z.weight" in r["weights.suspicious"]["message"]
-    assert {s["name"]: s["reason"] for s in rep.weights["suspicious"]} == {"z.weight": "all_zero", "u.weight": "huge"}
+    assert {s["name"]: s["reason"] for s in rep.weights["suspicious"]} == {
+        "z.weight": "all_zero",
+        "u.weight": "huge",
+    }
     assert r["weights.unchecked"]["status"] == "warn"
     assert rep.diagnosis.cause == "bad_scale" and rep.exit_code() == 1
 

@@ -12,18 +12,23 @@ from nan_hunter.pipeline.ci_check import CheckOptions
 
 def test_check_options_are_frozen_and_checked_once():
     o = CheckOptions(prompts="one prompt")
-    assert o.prompts == ("one prompt",) and o.has_inputs  # a string is one prompt (the loading group, as scan)
+    assert (
+        o.prompts == ("one prompt",) and o.has_inputs
+    )  # a string is one prompt (the loading group, as scan)
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.device = "cuda"  # type: ignore[misc]
     with pytest.raises(BadInput, match=r"--stats 'exact': use fast or full"):
         CheckOptions(stats="exact")
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"batch": True}, "--batch decodes the inputs together: it needs --generate N"),
-    ({"generate": 0}, "--generate 0: give the number of new tokens to decode"),
-    ({"data": ["a.jsonl", "b.jsonl"]}, "data: expected one file name"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"batch": True}, "--batch decodes the inputs together: it needs --generate N"),
+        ({"generate": 0}, "--generate 0: give the number of new tokens to decode"),
+        ({"data": ["a.jsonl", "b.jsonl"]}, "data: expected one file name"),
+    ],
+)
 def test_check_refuses_as_scan_does(kw, says):
     """The decoding and loading groups are scan's: the same refusal, word for word."""
     from nan_hunter.pipeline.options import ScanOptions

@@ -13,6 +13,7 @@ from nan_hunter.pipeline.options import ScanOptions
 
 TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
 
+
 #: (backward, generate, compile, device_map, torchrun) -> None (composes) or a word of the refusal's reason
 def expected(backward: bool, generate: bool, compile_: bool, device_map: bool, torchrun: bool) -> str | None:
     if backward and generate:
@@ -30,14 +31,19 @@ def one_process(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
-@pytest.mark.parametrize("backward, generate, compile_, device_map, torchrun",
-                         list(itertools.product([False, True], repeat=5)))
+@pytest.mark.parametrize(
+    "backward, generate, compile_, device_map, torchrun", list(itertools.product([False, True], repeat=5))
+)
 def test_mode_combinations(monkeypatch, one_process, backward, generate, compile_, device_map, torchrun):
     if torchrun:
         for k, v in TORCHRUN.items():
             monkeypatch.setenv(k, v)
-    kw = {"backward": backward, "generate": 4 if generate else None, "compile": "inductor" if compile_ else None,
-          "device_map": "auto" if device_map else None}
+    kw = {
+        "backward": backward,
+        "generate": 4 if generate else None,
+        "compile": "inductor" if compile_ else None,
+        "device_map": "auto" if device_map else None,
+    }
     why = expected(backward, generate, compile_, device_map, torchrun)
     if why is None:
         opts = ScanOptions("model_dir", **kw)
@@ -49,13 +55,23 @@ def test_mode_combinations(monkeypatch, one_process, backward, generate, compile
         assert "not supported yet" not in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kw, word", [
-    ({"compile": "tvm"}, "--compile-backend"), ({"compile": "inductor", "rtol": 0.0}, "--rtol"),
-    ({"compile": "inductor", "rtol": math.nan}, "--rtol"), ({"compile": "inductor", "dtype": "fp8-e5m2"}, "TorchDispatchMode"),
-    ({"dtype": "fp7"}, "--dtype"), ({"stats": "slow"}, "--stats"), ({"loss": "l.py:fn"}, "add --backward"),
-    ({"generate": 0}, "--generate"), ({"generate": True}, "--generate"), ({"batch": True}, "needs --generate"),
-    ({"max_memory": ("cpu=1GB",)}, "--device-map"), ({"device_map": "balanced"}, "only auto"),
-])
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"compile": "tvm"}, "--compile-backend"),
+        ({"compile": "inductor", "rtol": 0.0}, "--rtol"),
+        ({"compile": "inductor", "rtol": math.nan}, "--rtol"),
+        ({"compile": "inductor", "dtype": "fp8-e5m2"}, "TorchDispatchMode"),
+        ({"dtype": "fp7"}, "--dtype"),
+        ({"stats": "slow"}, "--stats"),
+        ({"loss": "l.py:fn"}, "add --backward"),
+        ({"generate": 0}, "--generate"),
+        ({"generate": True}, "--generate"),
+        ({"batch": True}, "needs --generate"),
+        ({"max_memory": ("cpu=1GB",)}, "--device-map"),
+        ({"device_map": "balanced"}, "only auto"),
+    ],
+)
 def test_each_refusal_is_one_line(one_process, kw, word):
     with pytest.raises(BadInput, match=word) as e:
         ScanOptions("model.safetensors", **kw)
@@ -74,8 +90,13 @@ def test_a_capsule_refuses_what_it_brings_itself(one_process, tmp_path):
     step.mkdir()
     (step / "capsule.json").write_text("{}")
     assert ScanOptions(str(step)).capsule
-    for kw, flag in (({"dtype": "fp16"}, "--dtype"), ({"prompts": ["x"]}, "--prompt"), ({"backward": True}, "--backward"),
-                     ({"generate": 2}, "--generate"), ({"device_map": "auto"}, "--device-map")):
+    for kw, flag in (
+        ({"dtype": "fp16"}, "--dtype"),
+        ({"prompts": ["x"]}, "--prompt"),
+        ({"backward": True}, "--backward"),
+        ({"generate": 2}, "--generate"),
+        ({"device_map": "auto"}, "--device-map"),
+    ):
         with pytest.raises(BadInput, match=f"{flag} does not apply to a capsule"):
             ScanOptions(str(step), **kw)
 

@@ -45,8 +45,12 @@ hostile = pytest.mark.parametrize("name", VALUES, ids=IDS)
 def acting(s: str, allowed: str = "") -> list[str]:
     """Characters of ``s`` that act instead of showing (controls, format characters such as bidi
     overrides, surrogates, line separators, the XML-forbidden noncharacters), minus ``allowed``."""
-    return [c for c in s if c not in allowed and (unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")
-                                                  or c in "\ufffe\uffff")]
+    return [
+        c
+        for c in s
+        if c not in allowed
+        and (unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") or c in "\ufffe\uffff")
+    ]
 
 
 def hostile_report(name: str, check: bool = False):
@@ -54,33 +58,113 @@ def hostile_report(name: str, check: bool = False):
     field a renderer shows."""
     from nan_hunter.report import Diagnosis, FirstNonfinite, Report
 
-    modules = [{"module": f"enc.{name}", "module_type": name, "call_index": 0, "input_index": 0, "depth": 1,
-                "absmax": 3.0, "in_absmax": 1.0, "nan": 0, "posinf": 0, "neginf": 0},
-               {"module": name, "module_type": f"T{name}", "call_index": 0, "input_index": 0, "depth": 1,
-                "absmax": 0.0, "in_absmax": 3.0, "nan": 0, "posinf": 4, "neginf": 0}]
-    check_block = {"passed": False, "dtypes": ["fp16", name],
-             "results": [{"rule": f"weights.{name}", "checkpoint": name, "status": "fail", "message": f"bad {name}",
-                          "dtype": "fp16", "value": None, "details": [f"fix: {name}"]},
-                         {"rule": "forward.fp16.headroom", "checkpoint": name, "status": "warn",
-                          "message": f"max at {name}", "dtype": "fp16", "value": 0.6, "details": []}],
-             "runs": {"fp16": {"finite": False, "failed_inputs": [0], "n_inputs": 1, "cause": name, "absmax": 3.0,
-                               "absmax_module": name, "first_nonfinite": {"module": name, "op": name, "kind": "posinf"}}}}
+    modules = [
+        {
+            "module": f"enc.{name}",
+            "module_type": name,
+            "call_index": 0,
+            "input_index": 0,
+            "depth": 1,
+            "absmax": 3.0,
+            "in_absmax": 1.0,
+            "nan": 0,
+            "posinf": 0,
+            "neginf": 0,
+        },
+        {
+            "module": name,
+            "module_type": f"T{name}",
+            "call_index": 0,
+            "input_index": 0,
+            "depth": 1,
+            "absmax": 0.0,
+            "in_absmax": 3.0,
+            "nan": 0,
+            "posinf": 4,
+            "neginf": 0,
+        },
+    ]
+    check_block = {
+        "passed": False,
+        "dtypes": ["fp16", name],
+        "results": [
+            {
+                "rule": f"weights.{name}",
+                "checkpoint": name,
+                "status": "fail",
+                "message": f"bad {name}",
+                "dtype": "fp16",
+                "value": None,
+                "details": [f"fix: {name}"],
+            },
+            {
+                "rule": "forward.fp16.headroom",
+                "checkpoint": name,
+                "status": "warn",
+                "message": f"max at {name}",
+                "dtype": "fp16",
+                "value": 0.6,
+                "details": [],
+            },
+        ],
+        "runs": {
+            "fp16": {
+                "finite": False,
+                "failed_inputs": [0],
+                "n_inputs": 1,
+                "cause": name,
+                "absmax": 3.0,
+                "absmax_module": name,
+                "first_nonfinite": {"module": name, "op": name, "kind": "posinf"},
+            }
+        },
+    }
     return Report(
         checkpoint={"path": name, "format": name, "n_tensors": 2, "bytes": 1000},
-        weights={"n_tensors": 2,
-                 "nonfinite": [{"name": name, "dtype": name, "shape": [2, 2], "nan": 1, "posinf": 0, "neginf": 0,
-                                "first_index": [0, 1]}],
-                 "near_overflow": [{"name": f"near.{name}", "dtype": "float32", "absmax": 6e4, "overflows": [],
-                                    "headroom": {"fp16": 1.09}}]},
+        weights={
+            "n_tensors": 2,
+            "nonfinite": [
+                {
+                    "name": name,
+                    "dtype": name,
+                    "shape": [2, 2],
+                    "nan": 1,
+                    "posinf": 0,
+                    "neginf": 0,
+                    "first_index": [0, 1],
+                }
+            ],
+            "near_overflow": [
+                {
+                    "name": f"near.{name}",
+                    "dtype": "float32",
+                    "absmax": 6e4,
+                    "overflows": [],
+                    "headroom": {"fp16": 1.09},
+                }
+            ],
+        },
         run={"dtype": "fp16", "device": name, "n_inputs": 1, "failed_inputs": [0]},
-        first_nonfinite=FirstNonfinite(0, name, name, name, "posinf", "producer", source=f"{name}:3  x = {name}",
-                                       tensor=name),
-        replay={"fp32": {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 7e4, "rel_err": 0.0},
-                "fp16": {"finite": False, "nan": 0, "posinf": 4, "neginf": 0, "absmax": None, "rel_err": None}},
-        diagnosis=Diagnosis("overflow", "fp16", name, name, f"overflow in {name}", [f"absmax at {name}", name],
-                            f"keep {name} in fp32"),
+        first_nonfinite=FirstNonfinite(
+            0, name, name, name, "posinf", "producer", source=f"{name}:3  x = {name}", tensor=name
+        ),
+        replay={
+            "fp32": {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 7e4, "rel_err": 0.0},
+            "fp16": {"finite": False, "nan": 0, "posinf": 4, "neginf": 0, "absmax": None, "rel_err": None},
+        },
+        diagnosis=Diagnosis(
+            "overflow",
+            "fp16",
+            name,
+            name,
+            f"overflow in {name}",
+            [f"absmax at {name}", name],
+            f"keep {name} in fp32",
+        ),
         notes=[f"note {name}", name],
-        near_misses=[{"kind": "near_overflow", "module": name, "message": f"{name} output is 92% of fp16 max"}],
+        near_misses=[
+            {"kind": "near_overflow", "module": name, "message": f"{name} output is 92% of fp16 max"}
+        ],
         modules=modules,
         check=check_block if check else None,
     )

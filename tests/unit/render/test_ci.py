@@ -15,21 +15,42 @@ from .reports import check
 def test_junit_counts_and_one_suite_per_checkpoint():
     reps = [check(True, "a.safetensors"), check(False, "b.safetensors")]
     root = ET.fromstring(render_junit(reps).split("\n", 1)[1])
-    assert (root.tag, root.get("tests"), root.get("failures"), root.get("skipped")) == ("testsuites", "6", "1", "1")
+    assert (root.tag, root.get("tests"), root.get("failures"), root.get("skipped")) == (
+        "testsuites",
+        "6",
+        "1",
+        "1",
+    )
     a, b = root.findall("testsuite")
     assert (a.get("name"), a.get("failures"), b.get("name"), b.get("failures")) == (
-        "a.safetensors", "0", "b.safetensors", "1")
+        "a.safetensors",
+        "0",
+        "b.safetensors",
+        "1",
+    )
     assert [c.get("name") for c in b.iter("testcase")] == [
-        "weights.nonfinite", "weights.headroom.fp16", "weights.headroom.bf16"]
+        "weights.nonfinite",
+        "weights.headroom.fp16",
+        "weights.headroom.bf16",
+    ]
     assert {p.get("name"): p.get("value") for p in b.iter("property")} == {
-        "dtypes": "fp16,bf16", "forward": "no (weights only)"}
+        "dtypes": "fp16,bf16",
+        "forward": "no (weights only)",
+    }
 
 
-@pytest.mark.parametrize("rule, element, message", [
-    ("weights.nonfinite", "failure", "1 of 4 floating tensors hold NaN/Inf: up.weight"),
-    ("weights.headroom.fp16", "skipped", "warning: absmax 3e+04 is 46% of fp16 max 65504"),  # warn shows yellow
-    ("weights.headroom.bf16", None, None),  # a pass: only system-out
-])
+@pytest.mark.parametrize(
+    "rule, element, message",
+    [
+        ("weights.nonfinite", "failure", "1 of 4 floating tensors hold NaN/Inf: up.weight"),
+        (
+            "weights.headroom.fp16",
+            "skipped",
+            "warning: absmax 3e+04 is 46% of fp16 max 65504",
+        ),  # warn shows yellow
+        ("weights.headroom.bf16", None, None),  # a pass: only system-out
+    ],
+)
 def test_junit_case_per_status(rule, element, message):
     root = ET.fromstring(render_junit([check(False)]).split("\n", 1)[1])
     case = next(c for c in root.iter("testcase") if c.get("name") == rule)
@@ -51,7 +72,8 @@ def test_annotations_for_failures_and_warnings_only():
         "::error file=b.safetensors,title=nanhunter weights.nonfinite::1 of 4 floating tensors hold NaN/Inf: up.weight "
         "(1 NaN, 0 +inf, 0 −inf, first at [1, 2])",
         # the toolkit's encoding: a % in a message is %25
-        "::warning file=b.safetensors,title=nanhunter weights.headroom.fp16::absmax 3e+04 is 46%25 of fp16 max 65504"]
+        "::warning file=b.safetensors,title=nanhunter weights.headroom.fp16::absmax 3e+04 is 46%25 of fp16 max 65504",
+    ]
 
 
 def test_annotation_properties_are_escaped():

@@ -24,7 +24,7 @@ def test_the_page_of_a_divergence(tmp_path):
     html = _page(diverging(tmp_path, env_b={**ENV, "threads": 1}))
     assert html.startswith("<!doctype html>") and html.endswith("</main></body></html>")
     assert '<div class="verdict bad">✘ runs part at mid (M) · aten.exp.default</div>' in html
-    assert "<h2>First divergence</h2>" in html and "<dd class=\"mono\">aten.exp.default</dd>" in html
+    assert "<h2>First divergence</h2>" in html and '<dd class="mono">aten.exp.default</dd>' in html
     assert "<td class=mono>threads</td><td class=mono>2</td><td class=mono>1</td>" in html
     assert re.search(r"<svg[^>]*>", html)
 
@@ -42,8 +42,10 @@ def test_self_contained_and_escaped(tmp_path):
 
 
 def _polylines(html: str) -> list[list[tuple[float, float]]]:
-    return [[tuple(map(float, p.split(","))) for p in pts.split()]
-            for pts in re.findall(r'<polyline [^>]*points="([^"]*)"', html)]
+    return [
+        [tuple(map(float, p.split(","))) for p in pts.split()]
+        for pts in re.findall(r'<polyline [^>]*points="([^"]*)"', html)
+    ]
 
 
 @pytest.mark.parametrize("n", [10, MAX_POINTS, MAX_POINTS * 3 + 1])
@@ -58,15 +60,19 @@ def test_long_series_are_drawn_as_their_largest_per_bucket(tmp_path, n):
 
 
 def test_no_finite_value_is_said_not_drawn(tmp_path):
-    html = page(diverging(tmp_path).to_dict(), {"a": [None, 0.0], "b": [None, None], "bad_a": [0], "bad_b": [],
-                                                "mark": 0})
+    html = page(
+        diverging(tmp_path).to_dict(),
+        {"a": [None, 0.0], "b": [None, None], "bad_a": [0], "bad_b": [], "mark": 0},
+    )
     assert '<p class="note">no finite absmax to plot</p>' in html and "<svg" not in html
 
 
 def test_divergence_and_non_finite_entries_are_marked(tmp_path):
-    html = page(diverging(tmp_path).to_dict(), {"a": [1.0, 2.0, 3.0], "b": [1.0, 2.5, None], "bad_a": [2],
-                                                "bad_b": [1], "mark": 1})
-    assert html.count('<circle ') == 2 and "first divergence</text>" in html
+    html = page(
+        diverging(tmp_path).to_dict(),
+        {"a": [1.0, 2.0, 3.0], "b": [1.0, 2.5, None], "bad_a": [2], "bad_b": [1], "mark": 1},
+    )
+    assert html.count("<circle ") == 2 and "first divergence</text>" in html
 
 
 def test_details_keep_their_line_breaks(tmp_path):

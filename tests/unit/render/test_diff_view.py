@@ -13,11 +13,14 @@ from .diffs import ENV, agreeing, diverging, one_side_nonfinite
 HOSTILE = "evil\x1b[2J\u202e" + "x" * 120
 
 
-@pytest.mark.parametrize("make, first", [
-    (diverging, "✘ runs part at mid (M) · aten.exp.default"),
-    (agreeing, "✔ no divergence: 2 entries agree within tolerance (max rel_err 0)"),
-    (one_side_nonfinite, "✘ only B is non-finite: posinf first at m · aten.exp.default"),
-])
+@pytest.mark.parametrize(
+    "make, first",
+    [
+        (diverging, "✘ runs part at mid (M) · aten.exp.default"),
+        (agreeing, "✔ no divergence: 2 entries agree within tolerance (max rel_err 0)"),
+        (one_side_nonfinite, "✘ only B is non-finite: posinf first at m · aten.exp.default"),
+    ],
+)
 def test_verdict_first(tmp_path, make, first):
     out = lines(make(tmp_path).to_dict())
     assert out[0] == first
@@ -29,8 +32,12 @@ def test_the_divergence_block(tmp_path):
     assert out[1] == "  outputs differ: rel_err 2.00e-01 > 1.0e-03"
     assert out[2] == "  environment differs: threads"
     at = out.index("first divergence  mid (M)")
-    assert out[at + 1:at + 5] == ["  call 0 · input 0 · step 0 · forward", "  op      aten.exp.default",
-                                  "  source  model.py:1", "  rel_err 2.00e-01 > tolerance 1.0e-03 · inputs agree"]
+    assert out[at + 1 : at + 5] == [
+        "  call 0 · input 0 · step 0 · forward",
+        "  op      aten.exp.default",
+        "  source  model.py:1",
+        "  rel_err 2.00e-01 > tolerance 1.0e-03 · inputs agree",
+    ]
     assert out[at + 6].split()[:2] == ["A", "2.000e+00"] and out[at + 7].split()[:2] == ["B", "2.500e+00"]
     assert "  threads   2 | 1" in out
     assert out[-1] == "compared 2 ops-level entries · unmatched A 0 · B 0"
@@ -38,7 +45,9 @@ def test_the_divergence_block(tmp_path):
 
 def test_same_environment_and_unmatched_entries_are_said(tmp_path):
     out = lines(one_side_nonfinite(tmp_path).to_dict())
-    assert out[1] == "  outputs bitwise equal: the divergence did not reach them"  # B's extra op is not an output
+    assert (
+        out[1] == "  outputs bitwise equal: the divergence did not reach them"
+    )  # B's extra op is not an output
     assert out[2] == "  environment: the same"
     assert "                  B: posinf at m aten.exp.default (#1)" in out
     assert any(line.startswith("note: 0 entries of A and 1 of B have no counterpart") for line in out)
@@ -79,7 +88,7 @@ def test_environment_rows_line_up_under_their_header(tmp_path):
     env_b = {**ENV, "threads": 1, "a_much_longer_setting_name": "on"}
     out = lines(diverging(tmp_path, env_b=env_b).to_dict())
     head = next(i for i, line in enumerate(out) if line.startswith("environment "))
-    block = [out[head]] + [line for line in out[head + 1:] if line.startswith("  ") and " | " in line]
+    block = [out[head]] + [line for line in out[head + 1 :] if line.startswith("  ") and " | " in line]
     assert len(block) >= 3
     assert len({line.index(" | ") for line in block}) == 1
     assert len({line.index("A") if i == 0 else None for i, line in enumerate(block)} - {None}) == 1

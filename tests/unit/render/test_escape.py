@@ -27,7 +27,9 @@ def test_visible_names_what_it_escapes():
 def test_terminal(name):
     out = escape.terminal(name)
     assert not acting(out)
-    con = Console(record=True, width=400, force_terminal=True, color_system="truecolor", markup=True, emoji=True)
+    con = Console(
+        record=True, width=400, force_terminal=True, color_system="truecolor", markup=True, emoji=True
+    )
     con.print(Text(out))
     shown = con.export_text()
     assert shown.rstrip("\n") == out  # printed as is: no markup, emoji code or control sequence acted

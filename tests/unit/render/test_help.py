@@ -9,14 +9,18 @@ from rich.console import Console
 
 from nan_hunter.render.help import examples_text, print_examples
 
-EXAMPLES = [("scan a checkpoint", "nanhunter scan model.safetensors"),
-            ("keep a module in fp32", "nanhunter bisect model.safetensors --dtype fp16 --policy-out p.yaml")]
+EXAMPLES = [
+    ("scan a checkpoint", "nanhunter scan model.safetensors"),
+    ("keep a module in fp32", "nanhunter bisect model.safetensors --dtype fp16 --policy-out p.yaml"),
+]
 
 
 def test_examples_text_is_comment_then_command():
-    assert examples_text(EXAMPLES).plain == ("# scan a checkpoint\nnanhunter scan model.safetensors\n\n"
-                                             "# keep a module in fp32\n"
-                                             "nanhunter bisect model.safetensors --dtype fp16 --policy-out p.yaml")
+    assert examples_text(EXAMPLES).plain == (
+        "# scan a checkpoint\nnanhunter scan model.safetensors\n\n"
+        "# keep a module in fp32\n"
+        "nanhunter bisect model.safetensors --dtype fp16 --policy-out p.yaml"
+    )
 
 
 def test_no_examples_is_empty():

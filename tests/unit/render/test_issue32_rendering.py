@@ -20,8 +20,15 @@ from nan_hunter.render.terminal import render, render_check
 from nan_hunter.report import Diagnosis, FirstNonfinite, Report
 
 LONG = "model.layers.11.feed_forward_network.output_projection_layer"
-RULES = ["forward.fp16.finite", "forward.fp16.headroom", "weights.fp16.overflow", "forward.bf16.finite",
-         "forward.fp8-e4m3.finite", "weights.fp8-e4m3.overflow", "forward.fp8-e5m2.finite"]
+RULES = [
+    "forward.fp16.finite",
+    "forward.fp16.headroom",
+    "weights.fp16.overflow",
+    "forward.bf16.finite",
+    "forward.fp8-e4m3.finite",
+    "weights.fp8-e4m3.overflow",
+    "forward.fp8-e5m2.finite",
+]
 
 
 def _console(width: int) -> tuple[Console, io.StringIO]:
@@ -31,10 +38,21 @@ def _console(width: int) -> tuple[Console, io.StringIO]:
 
 def _modules(absmin: bool = True) -> list[dict]:
     mods = []
-    for i, (name, amax) in enumerate([("model.embed_tokens", 3.0), ("model.layers.11.self_attn.q_proj", 40.0),
-                                      (LONG, float("inf"))]):
-        m = {"module": name, "module_type": "Linear", "call_index": 0, "input_index": 0, "depth": name.count("."),
-             "absmax": amax, "in_absmax": 1.0, "nan": 0, "posinf": int(amax == float("inf")), "neginf": 0}
+    for i, (name, amax) in enumerate(
+        [("model.embed_tokens", 3.0), ("model.layers.11.self_attn.q_proj", 40.0), (LONG, float("inf"))]
+    ):
+        m = {
+            "module": name,
+            "module_type": "Linear",
+            "call_index": 0,
+            "input_index": 0,
+            "depth": name.count("."),
+            "absmax": amax,
+            "in_absmax": 1.0,
+            "nan": 0,
+            "posinf": int(amax == float("inf")),
+            "neginf": 0,
+        }
         if absmin:
             m.update(min_nonzero=1e-3 * (i + 1), subnormal_frac=0.0)
         mods.append(m)
@@ -43,26 +61,56 @@ def _modules(absmin: bool = True) -> list[dict]:
 
 def _scan_rep(absmin: bool = True, **kw) -> Report:
     fix = "keep the layer in fp32: `--keep-dtype fp32`, or set `eps=1e-5`"
-    d = Diagnosis("overflow", "fp16", LONG, "aten.mm.default",
-                  "matmul overflow in fp16: the product of two large operands exceeds 65504",
-                  ["absmax of the operands 300 and 400", "replay: finite in fp32"], fix)
-    base = dict(checkpoint={"path": "m.safetensors", "format": "safetensors", "n_tensors": 3, "bytes": 10},
-                weights={"n_tensors": 3, "nonfinite": []},
-                run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
-                first_nonfinite=FirstNonfinite(0, LONG, "Linear", "aten.mm.default", "posinf", "producer"),
-                diagnosis=d, modules=_modules(absmin))
+    d = Diagnosis(
+        "overflow",
+        "fp16",
+        LONG,
+        "aten.mm.default",
+        "matmul overflow in fp16: the product of two large operands exceeds 65504",
+        ["absmax of the operands 300 and 400", "replay: finite in fp32"],
+        fix,
+    )
+    base = dict(
+        checkpoint={"path": "m.safetensors", "format": "safetensors", "n_tensors": 3, "bytes": 10},
+        weights={"n_tensors": 3, "nonfinite": []},
+        run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
+        first_nonfinite=FirstNonfinite(0, LONG, "Linear", "aten.mm.default", "posinf", "producer"),
+        diagnosis=d,
+        modules=_modules(absmin),
+    )
     base.update(kw)
     return Report(**base)
 
 
 def _check_rep(label: str, rules: list[str]) -> Report:
-    res = [{"rule": r, "checkpoint": label, "status": "fail", "message": f"{r} failed", "dtype": "fp16",
-            "value": None, "details": []} for r in rules]
-    res.append({"rule": "weights.finite", "checkpoint": label, "status": "pass", "message": "ok", "dtype": None,
-                "value": None, "details": []})
-    return Report(checkpoint={"path": label, "format": "safetensors", "n_tensors": 1, "bytes": 10},
-                  weights={"n_tensors": 1, "nonfinite": []}, check={"passed": False, "dtypes": ["fp16"],
-                                                                    "results": res, "runs": {}})
+    res = [
+        {
+            "rule": r,
+            "checkpoint": label,
+            "status": "fail",
+            "message": f"{r} failed",
+            "dtype": "fp16",
+            "value": None,
+            "details": [],
+        }
+        for r in rules
+    ]
+    res.append(
+        {
+            "rule": "weights.finite",
+            "checkpoint": label,
+            "status": "pass",
+            "message": "ok",
+            "dtype": None,
+            "value": None,
+            "details": [],
+        }
+    )
+    return Report(
+        checkpoint={"path": label, "format": "safetensors", "n_tensors": 1, "bytes": 10},
+        weights={"n_tensors": 1, "nonfinite": []},
+        check={"passed": False, "dtypes": ["fp16"], "results": res, "runs": {}},
+    )
 
 
 @pytest.mark.parametrize("width", [80, 120, 200])
@@ -76,7 +124,7 @@ def test_check_verdict_names_the_failing_rules(width):
     assert verdict == lines[-1] and verdict.startswith("✘ check failed: forward.fp16.finite")
     assert all(R.cells(line) <= width for line in lines)
     shown = [r for r in RULES if re.search(rf"(?<![\w.-]){re.escape(r)}(?![\w.-])", verdict)]
-    assert shown == RULES[:len(shown)] and len(shown) >= 2  # whole names, in order
+    assert shown == RULES[: len(shown)] and len(shown) >= 2  # whole names, in order
     if len(shown) < len(RULES):
         assert f"+{len(RULES) - len(shown)} more" in verdict
     else:  # every name fits; the counts follow where they fit too
@@ -85,8 +133,12 @@ def test_check_verdict_names_the_failing_rules(width):
 
 
 def test_check_verdict_names_each_checkpoint_with_its_rules():
-    v = R.check_verdict([_check_rep("a.safetensors", RULES[:1]), _check_rep("b.safetensors", RULES[1:2])], 120)
-    assert v.text.startswith("✘ check failed: a.safetensors: forward.fp16.finite; b.safetensors: forward.fp16.headroom")
+    v = R.check_verdict(
+        [_check_rep("a.safetensors", RULES[:1]), _check_rep("b.safetensors", RULES[1:2])], 120
+    )
+    assert v.text.startswith(
+        "✘ check failed: a.safetensors: forward.fp16.finite; b.safetensors: forward.fp16.headroom"
+    )
 
 
 def test_huge_share_of_max_is_a_factor_not_a_percentage():
@@ -122,10 +174,28 @@ def test_inaccurate_replay_says_it_in_words():
     from nan_hunter.config import DiagnosisConfig
     from nan_hunter.explain.diagnose import Evidence, _inaccurate_line
 
-    replay = {d: {"finite": True, "nan": 0, "posinf": 0, "neginf": 0, "absmax": 1.0, "rel_err": 0.2 if d == "bf16" else 0.0}
-              for d in ("fp32", "bf16", "fp16", "fp64")}
-    ev = Evidence(role="producer", kind="posinf", module="m", module_type="Linear", op="aten.mm.default",
-                  operands=[], dtype="fp16", replay=replay, config=DiagnosisConfig(tiny_scale=1e-4, rel_err_warn=0.05))
+    replay = {
+        d: {
+            "finite": True,
+            "nan": 0,
+            "posinf": 0,
+            "neginf": 0,
+            "absmax": 1.0,
+            "rel_err": 0.2 if d == "bf16" else 0.0,
+        }
+        for d in ("fp32", "bf16", "fp16", "fp64")
+    }
+    ev = Evidence(
+        role="producer",
+        kind="posinf",
+        module="m",
+        module_type="Linear",
+        op="aten.mm.default",
+        operands=[],
+        dtype="fp16",
+        replay=replay,
+        config=DiagnosisConfig(tiny_scale=1e-4, rel_err_warn=0.05),
+    )
     line = _inaccurate_line(ev)
     assert line == "replay: finite but inaccurate in bf16 (rel_err 0.2) — more than 5% off the float64 result"
 
@@ -191,15 +261,32 @@ def test_chromium_screenshot_of_the_fixed_page(tmp_path):
     page = tmp_path / "r.html"
     page.write_text(render_html([_scan_rep()], [(None, "nothing to plot")]), encoding="utf-8")
     shot = tmp_path / "shot.png"
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
-           page.resolve().as_uri()]
+    cmd = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1200,1600",
+        page.resolve().as_uri(),
+    ]
     subprocess.run(cmd, capture_output=True, timeout=60)
     img = Image.open(shot).convert("RGB")
     assert img.size == (1200, 1600)
     colors = img.getcolors(maxcolors=1 << 20)
     assert colors is None or len(colors) > 50  # a drawn page, not a blank one
-    purple = [(x, y) for y in range(0, 1600, 2) for x in range(0, 1200, 2)
-              if (lambda p: abs(p[0] - 0x6a) < 12 and abs(p[1] - 0x1b) < 12 and abs(p[2] - 0x9a) < 12)(img.getpixel((x, y)))]
+    purple = [
+        (x, y)
+        for y in range(0, 1600, 2)
+        for x in range(0, 1200, 2)
+        if (lambda p: abs(p[0] - 0x6A) < 12 and abs(p[1] - 0x1B) < 12 and abs(p[2] - 0x9A) < 12)(
+            img.getpixel((x, y))
+        )
+    ]
     assert purple, "the cause badge is not drawn"

@@ -15,7 +15,7 @@ def _section(md: str, heading: str) -> list[str]:
     lines = md.splitlines()
     at = lines.index(heading)
     end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("#")), len(lines))
-    return lines[at + 1:end]
+    return lines[at + 1 : end]
 
 
 def test_the_overflow_report():
@@ -34,11 +34,21 @@ def test_png_names_are_url_quoted():
     assert "![output absmax per module call](my%20report%20%281%29.png)" in md
 
 
-@pytest.mark.parametrize("why, plot_section", [
-    (MISSING, ["", "_plot omitted: matplotlib is not installed (pip install -e '.\\[plot\\]' in the nanhunter "
-                   "clone)_", ""]),
-    ("nothing to plot: no module outputs and no floating-point weights", None),
-])
+@pytest.mark.parametrize(
+    "why, plot_section",
+    [
+        (
+            MISSING,
+            [
+                "",
+                "_plot omitted: matplotlib is not installed (pip install -e '.\\[plot\\]' in the nanhunter "
+                "clone)_",
+                "",
+            ],
+        ),
+        ("nothing to plot: no module outputs and no floating-point weights", None),
+    ],
+)
 def test_no_plot(why, plot_section):
     md = render_markdown([clean()], [(None, why)])
     if plot_section is None:
@@ -65,8 +75,10 @@ def test_check_reports_one_section_each_with_results():
 
 
 def test_bisect_verdict():
-    assert "> **✔ keep 1 module(s) in fp32: the fp16 run is finite, max rel err 0 (4 runs)**" in render_markdown(
-        [bisect()], [(None, None)])
+    assert (
+        "> **✔ keep 1 module(s) in fp32: the fp16 run is finite, max rel err 0 (4 runs)**"
+        in render_markdown([bisect()], [(None, None)])
+    )
 
 
 def test_alternatives_are_listed_escaped_with_their_own_check():
@@ -77,7 +89,7 @@ def test_alternatives_are_listed_escaped_with_their_own_check():
     lines = md.splitlines()
     at = lines.index("Other proposals (each with its own check):")
     assert any(ln.startswith("**Fix**:") for ln in lines[:at])
-    alts = [ln for ln in lines[at + 1:at + 6] if ln.startswith("- ")]
+    alts = [ln for ln in lines[at + 1 : at + 6] if ln.startswith("- ")]
     assert len(alts) == 3 and "<bf16>" not in md and "past the tolerance" in alts[0]
     assert alts[1] == "- keep down in fp32 (not verified)"
     assert "Other proposals" not in render_markdown([overflow()], [(None, None)])

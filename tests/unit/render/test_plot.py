@@ -25,8 +25,12 @@ from .reports import nan_weights, overflow
 
 def _texts(fig) -> list[str]:
     ax = fig.axes[0]
-    return [ax.get_title(), ax.get_xlabel(), *(t.get_text() for t in ax.texts),
-            *(t.get_text() for t in ax.get_xticklabels())]
+    return [
+        ax.get_title(),
+        ax.get_xlabel(),
+        *(t.get_text() for t in ax.texts),
+        *(t.get_text() for t in ax.get_xticklabels()),
+    ]
 
 
 def test_modules_plot_marks_the_producer():
@@ -53,7 +57,9 @@ def test_png_bytes(make):
 def test_nothing_to_plot():
     assert plot_png(Report()) is None
     assert plot_or_note(Report(weights={"tensors": [{"name": "i", "skipped": "not floating point"}]})) == (
-        None, "nothing to plot: no module outputs and no floating-point weights")
+        None,
+        "nothing to plot: no module outputs and no floating-point weights",
+    )
 
 
 def test_missing_matplotlib(monkeypatch):

@@ -17,11 +17,14 @@ def test_no_bar_before_the_delay():
     p.close()  # nothing to stop
 
 
-@pytest.mark.parametrize("name, shown", [
-    ("a.weight", "a.weight"),
-    ("evil\x1b[2J.weight", "evil\\x1b[2J.weight"),  # escaped, never written raw to the terminal
-    ("model.layers.10.mlp.experts.63.down_proj.weight.with.a.very.long.tail", None),
-])
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        ("a.weight", "a.weight"),
+        ("evil\x1b[2J.weight", "evil\\x1b[2J.weight"),  # escaped, never written raw to the terminal
+        ("model.layers.10.mlp.experts.63.down_proj.weight.with.a.very.long.tail", None),
+    ],
+)
 def test_bar_counts_every_byte_and_shows_the_name(name, shown):
     p = ScanProgress(delay=0)
     try:

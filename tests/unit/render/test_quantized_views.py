@@ -13,12 +13,24 @@ HOSTILE = "<script>alert(1)</script>.weight"
 
 
 def _report() -> Report:
-    q = {"name": HOSTILE, "format": "fp8_block", "scale": HOSTILE + "_scale_inv", "n_blocks": 4, "n_bad": 1,
-         "bad_blocks": [{"index": [1, 0], "scale": "nan", "problem": "nan"}], "dequant_absmax": 3.0,
-         "overflows": {"fp16": False, "bf16": False}}
-    w = {"n_tensors": 2, "nonfinite": [], "quantized": [q], "suspicious": [{"name": "z", "reason": "all_zero",
-                                                                           "absmax": 0.0}],
-         "unchecked": [{"name": "c", "dtype": "complex64", "reason": "complex"}], "tensors": []}
+    q = {
+        "name": HOSTILE,
+        "format": "fp8_block",
+        "scale": HOSTILE + "_scale_inv",
+        "n_blocks": 4,
+        "n_bad": 1,
+        "bad_blocks": [{"index": [1, 0], "scale": "nan", "problem": "nan"}],
+        "dequant_absmax": 3.0,
+        "overflows": {"fp16": False, "bf16": False},
+    }
+    w = {
+        "n_tensors": 2,
+        "nonfinite": [],
+        "quantized": [q],
+        "suspicious": [{"name": "z", "reason": "all_zero", "absmax": 0.0}],
+        "unchecked": [{"name": "c", "dtype": "complex64", "reason": "complex"}],
+        "tensors": [],
+    }
     rep = Report(checkpoint={"path": "x", "format": "safetensors", "n_tensors": 2, "bytes": 8}, weights=w)
     rep.diagnosis = Diagnosis("bad_scale", None, None, None, "bad", [], "fix")
     return rep
@@ -52,15 +64,41 @@ def test_clean_weights_with_unchecked_never_bare_clean():
 def test_zero_point_and_gguf_rows():
     rep = _report()
     rep.weights["quantized"] = [
-        {"name": "l.qweight", "format": "gptq", "scale": "l.scales", "n_blocks": 8, "n_bad": 1,
-         "bad_blocks": [{"index": [0, 0], "scale": 0.01, "problem": "zero_point", "zero_point": 8, "expected": 7,
-                         "declared": "gptq", "found": "gptq_v2", "n_groups": 8}],
-         "dequant_absmax": 1.0, "overflows": {"fp16": False, "bf16": False}},
-        {"name": "blk.0", "format": "gguf:Q4_K", "scale": "blk.0", "n_blocks": 4, "n_bad": 1,
-         "bad_blocks": [{"index": [1, 2], "scale": "inf", "problem": "inf", "field": "dmin"}],
-         "dequant_absmax": 1.0, "overflows": {"fp16": False, "bf16": None}}]
-    rep.diagnosis = Diagnosis("bad_zero_point", None, None, None, "GPTQ weight l.qweight is declared 'gptq'", [],
-                              "fix")
+        {
+            "name": "l.qweight",
+            "format": "gptq",
+            "scale": "l.scales",
+            "n_blocks": 8,
+            "n_bad": 1,
+            "bad_blocks": [
+                {
+                    "index": [0, 0],
+                    "scale": 0.01,
+                    "problem": "zero_point",
+                    "zero_point": 8,
+                    "expected": 7,
+                    "declared": "gptq",
+                    "found": "gptq_v2",
+                    "n_groups": 8,
+                }
+            ],
+            "dequant_absmax": 1.0,
+            "overflows": {"fp16": False, "bf16": False},
+        },
+        {
+            "name": "blk.0",
+            "format": "gguf:Q4_K",
+            "scale": "blk.0",
+            "n_blocks": 4,
+            "n_bad": 1,
+            "bad_blocks": [{"index": [1, 2], "scale": "inf", "problem": "inf", "field": "dmin"}],
+            "dequant_absmax": 1.0,
+            "overflows": {"fp16": False, "bf16": None},
+        },
+    ]
+    rep.diagnosis = Diagnosis(
+        "bad_zero_point", None, None, None, "GPTQ weight l.qweight is declared 'gptq'", [], "fix"
+    )
     rows, _ = quantized_rows(rep)
     assert rows[0][5] == "zero point 8 (stored as gptq_v2, declared gptq; 8 groups)"
     assert rows[1][2] == "blk.0 (dmin)" and rows[1][3] == "[1, 2]"

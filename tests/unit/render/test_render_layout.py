@@ -7,7 +7,11 @@ import ast
 from pathlib import Path
 
 RENDER = Path(__file__).resolve().parents[3] / "nan_hunter" / "render"
-TERMINAL_ONLY = {"terminal", "progress", "help"}  # the modules that may use rich (help: the examples under --help)
+TERMINAL_ONLY = {
+    "terminal",
+    "progress",
+    "help",
+}  # the modules that may use rich (help: the examples under --help)
 
 
 def _module(path: Path) -> str:
@@ -26,7 +30,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = pkg.split(".")
             if node.level:
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 prefix = ".".join(base + ([node.module] if node.module else []))
             else:
                 prefix = node.module or ""
@@ -64,7 +68,9 @@ def test_rich_only_in_the_terminal_view_and_no_torch():
         rel = p.relative_to(RENDER).parts[0].removesuffix(".py")
         assert "torch" not in mods, f"{p.name} imports torch: render formats, it does not compute"
         if rel not in TERMINAL_ONLY:
-            assert "rich" not in mods, f"{p} imports rich: only render/terminal, render/progress and render/help may"
+            assert "rich" not in mods, (
+                f"{p} imports rich: only render/terminal, render/progress and render/help may"
+            )
 
 
 def test_files_are_written_only_through_outputs():

@@ -49,6 +49,7 @@ def test_missing_matplotlib_is_one_note_per_command(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib... raises ImportError
     files, notes = render_report([overflow(), overflow()], str(tmp_path / "r.md"))
-    assert len(files) == 1 and notes == ["plot omitted: matplotlib is not installed (pip install -e '.[plot]' in "
-                                         "the nanhunter clone)"]
+    assert len(files) == 1 and notes == [
+        "plot omitted: matplotlib is not installed (pip install -e '.[plot]' in the nanhunter clone)"
+    ]
     assert "_plot omitted: matplotlib is not installed" in files[0][1].decode()

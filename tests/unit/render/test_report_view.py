@@ -17,7 +17,9 @@ def test_printable_shares_the_fields():
     rep = overflow()
     p = printable(rep)
     assert isinstance(p, PrintableReport)
-    assert p.first_nonfinite is rep.first_nonfinite and p.modules is rep.modules and p.to_dict() == rep.to_dict()
+    assert (
+        p.first_nonfinite is rep.first_nonfinite and p.modules is rep.modules and p.to_dict() == rep.to_dict()
+    )
 
 
 def test_str_is_the_terminal_view_with_the_strip_when_it_fails():

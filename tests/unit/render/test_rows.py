@@ -15,10 +15,22 @@ from nan_hunter.report import BisectResult, FirstNonfinite, Report
 
 
 def _weights(n_bad: int, near: list[dict]) -> dict:
-    return {"n_tensors": n_bad + len(near),
-            "nonfinite": [{"name": f"bad.{i}", "dtype": "float32", "shape": [2], "nan": 1, "posinf": 0, "neginf": 0,
-                           "first_index": [0]} for i in range(n_bad)],
-            "near_overflow": near}
+    return {
+        "n_tensors": n_bad + len(near),
+        "nonfinite": [
+            {
+                "name": f"bad.{i}",
+                "dtype": "float32",
+                "shape": [2],
+                "nan": 1,
+                "posinf": 0,
+                "neginf": 0,
+                "first_index": [0],
+            }
+            for i in range(n_bad)
+        ],
+        "near_overflow": near,
+    }
 
 
 def _near(name: str, **headroom: float) -> dict:
@@ -27,18 +39,34 @@ def _near(name: str, **headroom: float) -> dict:
 
 
 def _modules(n: int, bad_at: int | None = None) -> list[dict]:
-    rows = [{"module": f"layers.{i}", "module_type": "Linear", "call_index": 0, "input_index": 0, "depth": 1,
-             "absmax": float(i + 1), "in_absmax": 1.0, "nan": 0, "posinf": 0, "neginf": 0} for i in range(n)]
+    rows = [
+        {
+            "module": f"layers.{i}",
+            "module_type": "Linear",
+            "call_index": 0,
+            "input_index": 0,
+            "depth": 1,
+            "absmax": float(i + 1),
+            "in_absmax": 1.0,
+            "nan": 0,
+            "posinf": 0,
+            "neginf": 0,
+        }
+        for i in range(n)
+    ]
     if bad_at is not None:
         rows[bad_at].update(absmax=0.0, posinf=3)
     return rows
 
 
 def _failing(n: int, bad_at: int) -> Report:
-    return Report(run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
-                  modules=_modules(n, bad_at),
-                  first_nonfinite=FirstNonfinite(0, f"layers.{bad_at}", "Linear", "aten.addmm.default", "posinf",
-                                                 "producer"))
+    return Report(
+        run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
+        modules=_modules(n, bad_at),
+        first_nonfinite=FirstNonfinite(
+            0, f"layers.{bad_at}", "Linear", "aten.addmm.default", "posinf", "producer"
+        ),
+    )
 
 
 def _text(rep: Report, **limits) -> str:
@@ -64,8 +92,10 @@ def test_near_miss_lines_honour_max_listed():
 
 
 def test_terminal_takes_the_limits_as_parameters():
-    rep = Report(weights=_weights(4, [_near("near.fp16", fp16=1.5), _near("near.bf16", bf16=1.5)]),
-                 near_misses=[{"message": f"close call {i}"} for i in range(6)])
+    rep = Report(
+        weights=_weights(4, [_near("near.fp16", fp16=1.5), _near("near.bf16", bf16=1.5)]),
+        near_misses=[{"message": f"close call {i}"} for i in range(6)],
+    )
     default = _text(rep)
     assert "close call 5" in default and "near.fp16" in default and "near.bf16" not in default
     small = _text(rep, near_miss_max_listed=2, weights_max_rows=3, weights_targets=["bf16"])
@@ -77,8 +107,10 @@ def test_terminal_takes_the_limits_as_parameters():
 
 def test_verdicts():
     assert R.verdict(Report()).tone == "ok"
-    assert R.verdict(Report(near_misses=[{"message": "x"}])).text == "✔ no NaN/Inf found in the weights " \
-                                                                     "(weights-only scan) · 1 near miss(es)"
+    assert (
+        R.verdict(Report(near_misses=[{"message": "x"}])).text == "✔ no NaN/Inf found in the weights "
+        "(weights-only scan) · 1 near miss(es)"
+    )
     rep = _failing(3, 1)
     assert R.verdict(rep) == R.Verdict("✘ +inf first produced by layers.1 at aten.addmm (fp16)", "bad")
     bis = Report(bisect=BisectResult("fp16", "fp32", ["a", "b"], 7, True, 0.01))
@@ -125,8 +157,12 @@ def test_every_view_shows_the_same_rows():
     shown = [it.absmax for it in strip(rep).items if isinstance(it, StripCall)]
     html_strip = page.split("headroom per module call")[1].split("</table>")[0]
     # absmax, then headroom and the flush-to-zero share
-    assert re.findall(r"<td class=num>([^<]+)</td><td class=num>[^<]+</td><td class=num>[^<]+</td></tr>",
-                      html_strip) == shown
+    assert (
+        re.findall(
+            r"<td class=num>([^<]+)</td><td class=num>[^<]+</td><td class=num>[^<]+</td></tr>", html_strip
+        )
+        == shown
+    )
     assert [row.split(" | ")[-3] for row in md.splitlines() if "█" in row or "·" * 5 in row] == shown
     # the terminal leaves the flush column out when nothing flushes (these rows carry no flush_frac)
     assert "→0" not in term
@@ -143,19 +179,46 @@ def _strip_text(rep: Report) -> str:
 
 def test_forecast_and_warning_lines():
     rep = Report(mode="watch")
-    rep.forecast = [{"module": m, "signal": "absmax", "dtype": "fp16", "headroom_db": 6.5,
-                     "rate_db_per_100_steps": -12.25, "projected_step": p, "confidence": c}
-                    for m, p, c in (("layers.0", 140, "high"), ("", None, "low"), ("layers.1", 300, "medium"))]
-    rep.warnings = [{"code": "attention_logit_growth", "step": 9, "module": "layers.0.attn",
-                     "evidence": ["max |q·k|/√d = 52 at step 9", "rising"], "fix": "qk-layernorm"}]
+    rep.forecast = [
+        {
+            "module": m,
+            "signal": "absmax",
+            "dtype": "fp16",
+            "headroom_db": 6.5,
+            "rate_db_per_100_steps": -12.25,
+            "projected_step": p,
+            "confidence": c,
+        }
+        for m, p, c in (("layers.0", 140, "high"), ("", None, "low"), ("layers.1", 300, "medium"))
+    ]
+    rep.warnings = [
+        {
+            "code": "attention_logit_growth",
+            "step": 9,
+            "module": "layers.0.attn",
+            "evidence": ["max |q·k|/√d = 52 at step 9", "rising"],
+            "fix": "qk-layernorm",
+        }
+    ]
     lines, more = R.forecast_lines(rep, 2)
     assert more == 1 and lines[0].startswith("layers.0 absmax: 6.5 dB below the fp16 max, -12.2 dB/100 steps")
     assert "crosses at step 140 (high confidence)" in lines[0]
     assert lines[1].startswith("(root)") and "no projection" in lines[1]
-    assert R.warning_lines(rep) == ["attention_logit_growth at step 9 in layers.0.attn: max |q·k|/√d = 52 at step 9; "
-                                    "rising — fix: qk-layernorm"]
+    assert R.warning_lines(rep) == [
+        "attention_logit_growth at step 9 in layers.0.attn: max |q·k|/√d = 52 at step 9; "
+        "rising — fix: qk-layernorm"
+    ]
     assert R.forecast_lines(Report(), 5) == ([], 0) and R.warning_lines(Report()) == []
-    rep.forecast = [{"module": "layers.0", "signal": "absmax", "dtype": "fp16", "headroom_db": -4.5,
-                     "rate_db_per_100_steps": -12.25, "projected_step": 59, "confidence": "high"}]
+    rep.forecast = [
+        {
+            "module": "layers.0",
+            "signal": "absmax",
+            "dtype": "fp16",
+            "headroom_db": -4.5,
+            "rate_db_per_100_steps": -12.25,
+            "projected_step": 59,
+            "confidence": "high",
+        }
+    ]
     (past,), _ = R.forecast_lines(rep, 5)  # crossed already: said so, no "below ... crosses at"
     assert "4.5 dB past the fp16 max" in past and "already past it" in past and "crosses" not in past

@@ -32,8 +32,10 @@ def _terminal(draw, width: int) -> str:
 @hostile
 @pytest.mark.parametrize("width", [80, 200])
 def test_terminal_scan_and_check(name, width):
-    for out in (_terminal(lambda c: render(hostile_report(name), c, strip=True), width),
-                _terminal(lambda c: render_check([hostile_report(name, check=True)], c), width)):
+    for out in (
+        _terminal(lambda c: render(hostile_report(name), c, strip=True), width),
+        _terminal(lambda c: render_check([hostile_report(name, check=True)], c), width),
+    ):
         assert not acting(SGR.sub("", out), allowed="\n")
         assert "\x1b]" not in out and "\x1b[2J" not in out
 
@@ -75,7 +77,9 @@ def message_of(line: str, name: str) -> str:
 def test_html(name, check):
     page = render_html([hostile_report(name, check)], [(None, f"no plot {name}")])
     assert not acting(page, allowed="\n")
-    assert "<script" not in page and "<img" not in page and "onerror=" not in page.replace("onerror=alert", "")
+    assert (
+        "<script" not in page and "<img" not in page and "onerror=" not in page.replace("onerror=alert", "")
+    )
     assert escape.html(name) in page
 
 
@@ -87,8 +91,24 @@ def test_markdown(name, check):
     assert "<script" not in md and "<img" not in md
     html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(md)
     tags = set(re.findall(r"<([a-z0-9]+)", html))
-    assert tags <= {"h1", "h2", "h3", "p", "ul", "li", "blockquote", "strong", "em", "code", "table", "thead",
-                    "tbody", "tr", "th", "td"}
+    assert tags <= {
+        "h1",
+        "h2",
+        "h3",
+        "p",
+        "ul",
+        "li",
+        "blockquote",
+        "strong",
+        "em",
+        "code",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+    }
     assert "<a " not in html and "<del" not in html and "<s>" not in html
 
 

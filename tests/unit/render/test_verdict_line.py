@@ -15,33 +15,62 @@ from nan_hunter.report import Diagnosis, FirstNonfinite, Report
 LONG = "model.language_model.layers.17.self_attn.rotary_emb.inner_projection_with_a_long_name"
 
 
-def _rep(cause: str, role: str = "producer", kind: str = "posinf", module: str = "ffn.wo",
-         op: str | None = "aten.mm.default", **extra) -> Report:
+def _rep(
+    cause: str,
+    role: str = "producer",
+    kind: str = "posinf",
+    module: str = "ffn.wo",
+    op: str | None = "aten.mm.default",
+    **extra,
+) -> Report:
     f = FirstNonfinite(input_index=0, module=module, module_type="Linear", op=op, kind=kind, role=role)
     d = Diagnosis(cause, "fp16", module, op, f"{cause} summary", [], "fix it")
-    return Report(checkpoint={"path": "m.safetensors", "format": "safetensors", "n_tensors": 1, "bytes": 10},
-                  weights={"n_tensors": 1, "nonfinite": []},
-                  run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
-                  first_nonfinite=f, diagnosis=d, **extra)
+    return Report(
+        checkpoint={"path": "m.safetensors", "format": "safetensors", "n_tensors": 1, "bytes": 10},
+        weights={"n_tensors": 1, "nonfinite": []},
+        run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
+        first_nonfinite=f,
+        diagnosis=d,
+        **extra,
+    )
 
 
 CASES = [
     ("overflow", {}, ["overflow:", "+inf first produced by ffn.wo", "aten.mm", "(fp16)"]),
     ("scale_underflow", {"op": "aten.reciprocal.default"}, ["scale_underflow:", "aten.reciprocal"]),
-    ("division_by_zero", {"kind": "nan", "op": "aten.div.Tensor"}, ["division_by_zero:", "NaN first produced"]),
+    (
+        "division_by_zero",
+        {"kind": "nan", "op": "aten.div.Tensor"},
+        ["division_by_zero:", "NaN first produced"],
+    ),
     ("domain_error", {"kind": "nan", "op": "aten.log.default"}, ["domain_error:", "aten.log"]),
     ("masked_softmax", {"kind": "nan", "op": "aten._softmax.default"}, ["masked_softmax:", "aten._softmax"]),
     ("unknown", {}, ["unknown:", "first produced by ffn.wo"]),
-    ("nonfinite_input", {"role": "input", "kind": "nan", "op": None, "module": "proj"},
-     ["nonfinite_input:", "NaN in the input data, first reaching proj (input #0)"]),
-    ("nonfinite_weights", {"role": "weights", "kind": "nan", "module": "decoder", "op": "aten.addmm.default"},
-     ["nonfinite_weights:", "NaN in the weights of decoder"]),
-    ("compile_divergence", {"module": "norm", "compile": {"compiled_finite": False}},
-     ["compile_divergence:", "torch.compile parts from eager at norm", ", non-finite"]),
-    ("not_reproducible", {"kind": "nan", "module": "layers.3.mlp"},
-     ["not_reproducible:", "NaN at layers.3.mlp did not reproduce"]),
-    ("bad_scale", {"role": "weights", "kind": "nan", "module": "layers.0.mlp.down_proj", "op": None},
-     ["bad_scale:", "layers.0.mlp.down_proj"]),
+    (
+        "nonfinite_input",
+        {"role": "input", "kind": "nan", "op": None, "module": "proj"},
+        ["nonfinite_input:", "NaN in the input data, first reaching proj (input #0)"],
+    ),
+    (
+        "nonfinite_weights",
+        {"role": "weights", "kind": "nan", "module": "decoder", "op": "aten.addmm.default"},
+        ["nonfinite_weights:", "NaN in the weights of decoder"],
+    ),
+    (
+        "compile_divergence",
+        {"module": "norm", "compile": {"compiled_finite": False}},
+        ["compile_divergence:", "torch.compile parts from eager at norm", ", non-finite"],
+    ),
+    (
+        "not_reproducible",
+        {"kind": "nan", "module": "layers.3.mlp"},
+        ["not_reproducible:", "NaN at layers.3.mlp did not reproduce"],
+    ),
+    (
+        "bad_scale",
+        {"role": "weights", "kind": "nan", "module": "layers.0.mlp.down_proj", "op": None},
+        ["bad_scale:", "layers.0.mlp.down_proj"],
+    ),
     ("a_cause_added_later", {}, ["a_cause_added_later:", "ffn.wo"]),
 ]
 
@@ -68,13 +97,25 @@ def test_verdict_with_a_long_name_stays_on_one_line(cause, kw, says):
 
 
 def test_weights_only_bad_scale_and_clean_runs():
-    rep = Report(weights={"n_tensors": 2, "nonfinite": []},
-                 diagnosis=Diagnosis("bad_scale", None, "model.layers.0.mlp.down_proj.weight_scale_inv", None,
-                                     "a NaN scale in block [3, 1]", [], "re-export"))
+    rep = Report(
+        weights={"n_tensors": 2, "nonfinite": []},
+        diagnosis=Diagnosis(
+            "bad_scale",
+            None,
+            "model.layers.0.mlp.down_proj.weight_scale_inv",
+            None,
+            "a NaN scale in block [3, 1]",
+            [],
+            "re-export",
+        ),
+    )
     v = R.verdict(rep)
     assert v.text.startswith("✘ bad_scale: model.layers.0.mlp.down_proj.weight_scale_inv") and v.tone == "bad"
     clean = Report(weights={"n_tensors": 2, "nonfinite": [], "unchecked": [{"name": "a", "dtype": "F4"}]})
-    assert R.verdict(clean).text == "✔ no NaN/Inf found in the weights (weights-only scan) · 1 tensor not checked"
+    assert (
+        R.verdict(clean).text
+        == "✔ no NaN/Inf found in the weights (weights-only scan) · 1 tensor not checked"
+    )
     assert R.verdict(Report()).text == "✔ no NaN/Inf found in the weights (weights-only scan)"
 
 
@@ -84,7 +125,9 @@ def test_compile_divergence_without_any_nan_is_not_a_weights_count():
     rep.weights = {"n_tensors": 3, "nonfinite": []}
     rep.first_nonfinite = None  # eager is finite: only the compiled run parts
     rep.compile = {"compiled_finite": True}
-    assert R.verdict(rep).text == "✘ compile_divergence: torch.compile parts from eager at norm, outputs differ"
+    assert (
+        R.verdict(rep).text == "✘ compile_divergence: torch.compile parts from eager at norm, outputs differ"
+    )
 
 
 @pytest.mark.parametrize("width", [80, 120])

@@ -32,7 +32,10 @@ def packed_calls():
         return v
 
     def keep(module, args, kwargs):
-        now["step"], now["kwargs"] = packed_step(kwargs), {k: copied(v) for k, v in kwargs.items() if k != "cache"}
+        now["step"], now["kwargs"] = (
+            packed_step(kwargs),
+            {k: copied(v) for k, v in kwargs.items() if k != "cache"},
+        )
 
     def done(module, args, kwargs, output):
         calls.append((now["step"], now["kwargs"], logits_of(output).clone()))
@@ -40,8 +43,12 @@ def packed_calls():
     h = model.register_forward_pre_hook(keep, with_kwargs=True)
     h2 = model.register_forward_hook(done, with_kwargs=True)
     try:
-        model.generate_batch([[1, 14, 15, 16], [1, 3, 4, 5], [1, 20, 21]], generation_config=greedy(3),
-                             continuous_batching_config=cb_config(), progress_bar=False)
+        model.generate_batch(
+            [[1, 14, 15, 16], [1, 3, 4, 5], [1, 20, 21]],
+            generation_config=greedy(3),
+            continuous_batching_config=cb_config(),
+            progress_bar=False,
+        )
     finally:
         h.remove()
         h2.remove()

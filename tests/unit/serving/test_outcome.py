@@ -27,16 +27,29 @@ def _batches(model, traces, steps=None):
 
 
 def _failed(rid, tokens, forward=1, blocks=(7,)):
-    return RequestTrace(rid, tokens=dict(enumerate(tokens)), steps=2, first_forward=forward, decode_step=1,
-                        position=len(tokens) - 1, token=tokens[-1], blocks_after=set(blocks))
+    return RequestTrace(
+        rid,
+        tokens=dict(enumerate(tokens)),
+        steps=2,
+        first_forward=forward,
+        decode_step=1,
+        position=len(tokens) - 1,
+        token=tokens[-1],
+        blocks_after=set(blocks),
+    )
 
 
 def test_origin_poisoned_and_finite(model):
     from models.serving_llama import HOT
 
-    traces = [_failed("req_10", [1, 14, 15, 13], blocks=(8,)), _failed("req_2", [1, 3, 4, 5, HOT]),
-              RequestTrace("req_3", tokens={0: 1}, steps=2)]
-    step = PackedStep([PackedRequest("req_10", 0, 1, [3], [13], [8]), PackedRequest("req_2", 1, 2, [4], [HOT], [7])])
+    traces = [
+        _failed("req_10", [1, 14, 15, 13], blocks=(8,)),
+        _failed("req_2", [1, 3, 4, 5, HOT]),
+        RequestTrace("req_3", tokens={0: 1}, steps=2),
+    ]
+    step = PackedStep(
+        [PackedRequest("req_10", 0, 1, [3], [13], [8]), PackedRequest("req_2", 1, 2, [4], [HOT], [7])]
+    )
     pb = _batches(model, traces, {1: step})
     assert outcome.first_origin(pb).id == "req_2"
     rec = SimpleNamespace(finding=SimpleNamespace(role="producer", call=SimpleNamespace(input_index=1)))

@@ -24,8 +24,11 @@ def test_prefill_rows_belong_to_their_requests(packed_calls):
 def test_decode_rows_and_the_kept_logits_rows(packed_calls):
     _, calls = packed_calls
     step, _, logits = calls[1]
-    assert sorted((r.id, r.positions, r.tokens) for r in step.requests) == [("req_0", [4], [13]), ("req_1", [4], [6]),
-                                                                            ("req_2", [3], [13])]
+    assert sorted((r.id, r.positions, r.tokens) for r in step.requests) == [
+        ("req_0", [4], [13]),
+        ("req_1", [4], [6]),
+        ("req_2", [3], [13]),
+    ]
     assert step.kept_rows == [0, 1, 2] and logits.shape[1] == 3  # the model kept one logits row per request
     assert [step.packed_row(i) for i in failed_rows(logits)] == [0, 1, 2]  # every row poisoned
 
@@ -39,7 +42,10 @@ def test_prefill_logits_are_finite_and_rows_map_through_kept_rows(packed_calls):
 
 
 def test_not_packed():
-    assert not is_packed({"input_ids": torch.zeros(1, 2)}) and packed_step({"input_ids": torch.zeros(1, 2)}) is None
+    assert (
+        not is_packed({"input_ids": torch.zeros(1, 2)})
+        and packed_step({"input_ids": torch.zeros(1, 2)}) is None
+    )
     step = PackedStep([PackedRequest("a", 0, 2, [0, 1], [5, 6], [3])])
     assert step.packed_row(1) == 1
     x = torch.zeros(1, 3, 4)

@@ -24,8 +24,11 @@ def test_without_the_faulty_request_keeps_the_others_rows_slots_and_mask(packed_
     reduced = _without(dict(kwargs), step, keep)
     kept = [r for r in step.requests if r.id in keep]
     assert reduced["input_ids"][0].tolist() == [t for r in kept for t in r.tokens]
-    assert reduced["cu_seq_lens_q"].tolist() == [0, kept[0].stop - kept[0].start,
-                                                 sum(r.stop - r.start for r in kept)]
+    assert reduced["cu_seq_lens_q"].tolist() == [
+        0,
+        kept[0].stop - kept[0].start,
+        sum(r.stop - r.start for r in kept),
+    ]
     assert reduced["logits_to_keep"].tolist() == reduced["logits_indices"].tolist()
     assert reduced["attention_mask"].shape[-2:] == (len(reduced["input_ids"][0]),) * 2
     assert _without(dict(kwargs, block_table=torch.zeros(1)), step, keep) is None
@@ -45,9 +48,15 @@ def test_a_packed_forward_whose_logits_stayed_finite_is_traced_to_the_request_th
     from nan_hunter.serving.tracker import PackedBatches
 
     pb = PackedBatches(SimpleNamespace(model=serving_llama("sdpa"), run=None, paused=False))
-    pb.requests = {"a": RequestTrace("a", tokens={0: 1, 1: 14}), "b": RequestTrace("b", tokens={0: 1, 1: HOT})}
-    pb.steps = {5: PackedStep([PackedRequest("a", 0, 2, [0, 1], [1, 14], [3]),
-                               PackedRequest("b", 2, 4, [0, 1], [1, HOT], [4])])}
+    pb.requests = {
+        "a": RequestTrace("a", tokens={0: 1, 1: 14}),
+        "b": RequestTrace("b", tokens={0: 1, 1: HOT}),
+    }
+    pb.steps = {
+        5: PackedStep(
+            [PackedRequest("a", 0, 2, [0, 1], [1, 14], [3]), PackedRequest("b", 2, 4, [0, 1], [1, HOT], [4])]
+        )
+    }
     t = pb.fail_first_alone(5)
     assert t.id == "b" and (t.first_forward, t.position, t.token, t.alone_fails) == (5, 1, HOT, True)
     assert t.blocks_after == {4} and pb.requests["a"].first_forward is None

@@ -15,24 +15,41 @@ from nan_hunter.session.watcher import Watch
 
 
 def fnf(op: str | None = "aten.exp.default", module: str = "layers.0.act", step: int = 3) -> FirstNonfinite:
-    return FirstNonfinite(input_index=0, module=module, module_type="Act", op=op, kind="nan", role="producer",
-                          step=step, phase="backward")
+    return FirstNonfinite(
+        input_index=0,
+        module=module,
+        module_type="Act",
+        op=op,
+        kind="nan",
+        role="producer",
+        step=step,
+        phase="backward",
+    )
 
 
 def test_verdict_line_names_kind_step_phase_op_module_and_cause():
     assert verdict_line(Report()) == "nanhunter: a non-finite value was seen"
-    assert verdict_line(Report(first_nonfinite=fnf())) == \
-        "nanhunter: first non-finite value (nan) at step 3, backward: aten.exp.default in layers.0.act"
+    assert (
+        verdict_line(Report(first_nonfinite=fnf()))
+        == "nanhunter: first non-finite value (nan) at step 3, backward: aten.exp.default in layers.0.act"
+    )
     assert verdict_line(Report(first_nonfinite=fnf(op=None, module=""))).endswith("backward: <root>")
     assert verdict_line(Report(first_nonfinite=fnf(op="aten.mul.Tensor", module=""))).endswith(
-        "aten.mul.Tensor in <root>")
-    d = Diagnosis(cause="overflow", dtype="fp16", module=None, op=None, summary="too big", evidence=[], fix="")
-    assert verdict_line(Report(first_nonfinite=fnf(), diagnosis=d)).endswith("layers.0.act (overflow: too big)")
+        "aten.mul.Tensor in <root>"
+    )
+    d = Diagnosis(
+        cause="overflow", dtype="fp16", module=None, op=None, summary="too big", evidence=[], fix=""
+    )
+    assert verdict_line(Report(first_nonfinite=fnf(), diagnosis=d)).endswith(
+        "layers.0.act (overflow: too big)"
+    )
 
 
 def test_options_are_checked_before_anything_is_hooked():
     m = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"on_fault must be one of \('record', 'raise', 'skip', 'stop', 'abort'\)"):
+    with pytest.raises(
+        ValueError, match=r"on_fault must be one of \('record', 'raise', 'skip', 'stop', 'abort'\)"
+    ):
         Watch(m, on_fault="ignore")
     with pytest.raises(ValueError, match="needs optimizer="):
         Watch(m, on_fault="skip")
@@ -43,8 +60,17 @@ def test_options_are_checked_before_anything_is_hooked():
 
 def test_each_policy_says_what_it_asks_of_the_watch():
     """The one place a policy's behaviour is decided (the watch and the callbacks ask, never compare names)."""
-    table = {p: (p.needs_optimizer, p.stops, p.raises, p.reads_each_step,
-                 p.undoes_faulty_steps(False), p.undoes_faulty_steps(True)) for p in OnFault}
+    table = {
+        p: (
+            p.needs_optimizer,
+            p.stops,
+            p.raises,
+            p.reads_each_step,
+            p.undoes_faulty_steps(False),
+            p.undoes_faulty_steps(True),
+        )
+        for p in OnFault
+    }
     assert table == {
         OnFault.RECORD: (False, False, False, False, False, False),
         OnFault.RAISE: (False, False, True, True, False, False),

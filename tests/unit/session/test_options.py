@@ -23,17 +23,20 @@ def test_checked_values_are_typed_and_frozen():
         o.level = "ops"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"level": "layers"}, "level must be one of ('sentinel', 'blocks', 'modules', 'ops'), got 'layers'"),
-    ({"retain": -1}, "retain must be a number of forwards"),
-    ({"retain": 2.5}, "retain must be a number of forwards"),
-    ({"retain": True}, "retain must be a number of forwards"),
-    ({"dtype": "fp12"}, "unknown dtype 'fp12'"),
-    ({"on_fault": "ignore"}, "on_fault must be one of"),
-    ({"on_fault": "skip"}, "needs optimizer="),
-    ({"capsule_dir": 3}, "capsule_dir must be a path"),
-    ({"trace_level": "calls"}, "trace_level must be one of ('modules', 'ops'), got 'calls'"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"level": "layers"}, "level must be one of ('sentinel', 'blocks', 'modules', 'ops'), got 'layers'"),
+        ({"retain": -1}, "retain must be a number of forwards"),
+        ({"retain": 2.5}, "retain must be a number of forwards"),
+        ({"retain": True}, "retain must be a number of forwards"),
+        ({"dtype": "fp12"}, "unknown dtype 'fp12'"),
+        ({"on_fault": "ignore"}, "on_fault must be one of"),
+        ({"on_fault": "skip"}, "needs optimizer="),
+        ({"capsule_dir": 3}, "capsule_dir must be a path"),
+        ({"trace_level": "calls"}, "trace_level must be one of ('modules', 'ops'), got 'calls'"),
+    ],
+)
 def test_a_bad_option_says_what_is_wrong(kw, says):
     with pytest.raises(ValueError) as e:
         WatchOptions(**kw)

@@ -47,9 +47,18 @@ def test_the_optimizer_pieces_of_a_watch_come_from_its_pre_step_copy_only():
     opt = torch.optim.Adam(m.parameters(), lr=1e-3, betas=(0.8, 0.9))
     w = Watch(m, optimizer=opt)
     assert w.rerun.optimizer(0) is None  # nothing copied before the step (no capsule_dir)
-    w.training.pre_step = {"step": 3, "weights": {"weight": torch.ones(2, 2)}, "grads": {"weight": torch.zeros(2, 2)},
-                           "state": {}, "groups": {"weight": 0}}
+    w.training.pre_step = {
+        "step": 3,
+        "weights": {"weight": torch.ones(2, 2)},
+        "grads": {"weight": torch.zeros(2, 2)},
+        "state": {},
+        "groups": {"weight": 0},
+    }
     assert w.rerun.optimizer(2) is None  # another step's copy
     pieces = w.rerun.optimizer(3)
-    assert pieces.cls is torch.optim.Adam and pieces.hyper[0]["betas"] == (0.8, 0.9) and "params" not in pieces.hyper[0]
+    assert (
+        pieces.cls is torch.optim.Adam
+        and pieces.hyper[0]["betas"] == (0.8, 0.9)
+        and "params" not in pieces.hyper[0]
+    )
     assert pieces.has("weight") and not pieces.has("bias")

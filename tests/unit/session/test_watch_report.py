@@ -14,26 +14,52 @@ from nan_hunter.session.watch_report import WATCH_CHECKPOINT, WATCH_KEYS, WatchR
 
 
 def _report() -> WatchReport:
-    f = FirstNonfinite(input_index=2, module="layers.1.gate", module_type="Gate", op="aten.div.Tensor",
-                       kind="nan", role="producer", phase="backward", grad_fn="SqrtBackward0", step=2)
+    f = FirstNonfinite(
+        input_index=2,
+        module="layers.1.gate",
+        module_type="Gate",
+        op="aten.div.Tensor",
+        kind="nan",
+        role="producer",
+        phase="backward",
+        grad_fn="SqrtBackward0",
+        step=2,
+    )
     d = Diagnosis("sqrt_at_zero", "fp32", "layers.1.gate", "aten.div.Tensor", "sqrt at 0", ["e1"], "add eps")
-    rep = Report(checkpoint=dict(WATCH_CHECKPOINT), mode="watch", first_nonfinite=f, diagnosis=d, notes=["n"],
-                 run=RunInfo(dtype="fp32", device="cpu", n_inputs=4, failed_inputs=[2]),
-                 modules=[{"module": "layers.1.gate"}])
+    rep = Report(
+        checkpoint=dict(WATCH_CHECKPOINT),
+        mode="watch",
+        first_nonfinite=f,
+        diagnosis=d,
+        notes=["n"],
+        run=RunInfo(dtype="fp32", device="cpu", n_inputs=4, failed_inputs=[2]),
+        modules=[{"module": "layers.1.gate"}],
+    )
     return WatchReport(rep, aggregates=[{"module": "layers.0"}])
 
 
 def test_keys_are_those_of_the_json_report():
     r = _report()
-    assert r["first_nonfinite"]["module"] == "layers.1.gate" and r["first_nonfinite"]["grad_fn"] == "SqrtBackward0"
+    assert (
+        r["first_nonfinite"]["module"] == "layers.1.gate"
+        and r["first_nonfinite"]["grad_fn"] == "SqrtBackward0"
+    )
     assert r["diagnosis"]["fix"] == "add eps" and r["run"]["dtype"] == "fp32" and r["run"]["n_inputs"] == 4
-    assert r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
+    assert (
+        r["modules"] == [{"module": "layers.1.gate"}] and r["failed_inputs"] == [2] and r["n_forwards"] == 4
+    )
     assert r.first_nonfinite.step == 2 and r.diagnosis.cause == "sqrt_at_zero"  # and attributes
     d = r.to_dict()
     assert d["schema"] == SCHEMA and r["schema"] == SCHEMA and d["mode"] == "watch"  # issue 44: report v1
-    assert set(d) == set(Report(mode="watch").to_dict()) | set(WATCH_KEYS)  # v1's keys, the extras beside them
-    assert {k: d[k] for k in WATCH_KEYS} == {"failed_inputs": [2], "n_forwards": 4,
-                                             "aggregates": [{"module": "layers.0"}], "ranks": None}
+    assert set(d) == set(Report(mode="watch").to_dict()) | set(
+        WATCH_KEYS
+    )  # v1's keys, the extras beside them
+    assert {k: d[k] for k in WATCH_KEYS} == {
+        "failed_inputs": [2],
+        "n_forwards": 4,
+        "aggregates": [{"module": "layers.0"}],
+        "ranks": None,
+    }
     json.dumps(d, allow_nan=False)  # plain JSON values only
 
 
@@ -54,9 +80,13 @@ def test_one_printable_report_type():
 
 
 def test_non_finite_aggregates_are_null_in_json():
-    r = WatchReport(Report(run=RunInfo(dtype=None, device="cpu", n_inputs=1), mode="watch"),
-                    aggregates=[{"module": "a", "absmax": float("inf")}])
-    assert r.to_dict()["aggregates"] == [{"module": "a", "absmax": None}] and r.aggregates[0]["absmax"] == float("inf")
+    r = WatchReport(
+        Report(run=RunInfo(dtype=None, device="cpu", n_inputs=1), mode="watch"),
+        aggregates=[{"module": "a", "absmax": float("inf")}],
+    )
+    assert r.to_dict()["aggregates"] == [{"module": "a", "absmax": None}] and r.aggregates[0][
+        "absmax"
+    ] == float("inf")
 
 
 def test_a_view_not_a_second_report():
@@ -65,7 +95,9 @@ def test_a_view_not_a_second_report():
     assert r.failed_inputs == [2] and r.n_forwards == 4 and r.aggregates == [{"module": "layers.0"}]
     assert r.op_event is None and r.optimizer_facts is None and r.op_missing is None  # nothing located here
     g = r.replaced(ranks=[{"rank": 0}], notes=["rank 0: n"])
-    assert g.notes == ["rank 0: n"] and r.notes == ["n"] and g.ranks == [{"rank": 0}]  # a copy: the local one stays
+    assert (
+        g.notes == ["rank 0: n"] and r.notes == ["n"] and g.ranks == [{"rank": 0}]
+    )  # a copy: the local one stays
     assert g.first_nonfinite is r.first_nonfinite and g.aggregates == r.aggregates
 
 
@@ -74,7 +106,10 @@ def test_forecast_and_warnings_are_the_reports():
     from nan_hunter.session.watch_report import WatchReport
 
     rep = Report(mode="watch")
-    rep.forecast, rep.warnings = [], [{"code": "grad_norm_spike", "step": 3, "module": None, "evidence": [], "fix": ""}]
+    rep.forecast, rep.warnings = (
+        [],
+        [{"code": "grad_norm_spike", "step": 3, "module": None, "evidence": [], "fix": ""}],
+    )
     view = WatchReport(rep)
     assert view.forecast == [] and view["warnings"] == rep.warnings
     assert rep.to_dict()["forecast"] == [] and "forecast" not in Report().to_dict()

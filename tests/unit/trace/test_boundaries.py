@@ -47,5 +47,5 @@ def test_a_module_that_cannot_run_alone_is_left_out_with_why():
 
     calls = eager_calls(nn.Sequential(nn.Identity()), (torch.ones(2),), {})
     calls[0].module = Bad()
-    (_, out, why), = compiled_alone(calls, "eager")
+    ((_, out, why),) = compiled_alone(calls, "eager")
     assert out is None and why.startswith("0: ") and "needs its parent" in why

@@ -21,10 +21,23 @@ def test_flush_denormal_is_probed():
 
 def test_environment_keys():
     env = environment(torch.device("cpu"), "bf16", "inductor")
-    for k in ("versions", "device", "device_name", "dtype", "autocast", "threads", "deterministic", "flush_denormal",
-              "tf32", "matmul_precision", "compile"):
+    for k in (
+        "versions",
+        "device",
+        "device_name",
+        "dtype",
+        "autocast",
+        "threads",
+        "deterministic",
+        "flush_denormal",
+        "tf32",
+        "matmul_precision",
+        "compile",
+    ):
         assert k in env
-    assert env["threads"] == torch.get_num_threads() and env["compile"] == "inductor" and env["dtype"] == "bf16"
+    assert (
+        env["threads"] == torch.get_num_threads() and env["compile"] == "inductor" and env["dtype"] == "bf16"
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert environment(torch.device("cpu"), None)["autocast"] == {"device_type": "cpu", "dtype": "bf16"}
 

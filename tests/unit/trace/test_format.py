@@ -15,31 +15,68 @@ from nan_hunter.trace.format import SCHEMA, Entry, Stats, TraceWriter, digest_st
 from nan_hunter.trace.stats import digest
 
 
-@pytest.mark.parametrize("x, want", [(None, None), (1.5, 1.5), (math.inf, None), (-math.inf, None),
-                                     (math.nan, None), (0.0, 0.0)])
+@pytest.mark.parametrize(
+    "x, want", [(None, None), (1.5, 1.5), (math.inf, None), (-math.inf, None), (math.nan, None), (0.0, 0.0)]
+)
 def test_number(x, want):
     assert number(x) == want
 
 
-@pytest.mark.parametrize("counts, kind", [((0, 0, 0), None), ((1, 1, 1), "nan"), ((0, 2, 1), "posinf"),
-                                          ((0, 0, 3), "neginf")])
+@pytest.mark.parametrize(
+    "counts, kind", [((0, 0, 0), None), ((1, 1, 1), "nan"), ((0, 2, 1), "posinf"), ((0, 0, 3), "neginf")]
+)
 def test_stats_kind_is_the_first_class_present(counts, kind):
     s = Stats(*counts, 1.0, 1.0, 0.0, 1.0, "h")
     assert s.kind == kind and s.classes == tuple(c > 0 for c in counts)
-    assert s.to_dict() == {"nan": counts[0], "posinf": counts[1], "neginf": counts[2], "absmax": 1.0,
-                           "absmin": 1.0, "mean": 0.0, "l2": 1.0, "hash": "h"}
+    assert s.to_dict() == {
+        "nan": counts[0],
+        "posinf": counts[1],
+        "neginf": counts[2],
+        "absmax": 1.0,
+        "absmin": 1.0,
+        "mean": 0.0,
+        "l2": 1.0,
+        "hash": "h",
+    }
 
 
 def test_entry_key():
-    e = Entry(3, "m", "M", "aten.mm.default", 1, 2, 4, "backward", None, None, (2,), "fp16",
-              Stats(0, 0, 0, 1.0, 1.0, 0.0, 1.0, None), None)
+    e = Entry(
+        3,
+        "m",
+        "M",
+        "aten.mm.default",
+        1,
+        2,
+        4,
+        "backward",
+        None,
+        None,
+        (2,),
+        "fp16",
+        Stats(0, 0, 0, 1.0, 1.0, 0.0, 1.0, None),
+        None,
+    )
     assert e.key == ("m", 1, 2, 4, "backward")
 
 
 def test_entry_line_from_a_digest():
     d = digest(torch.tensor([1.0, -4.0, float("inf")]))
-    rec = entry_line(0, "m", "Linear", "aten.mm.default", 0, 0, 0, "forward", ("model.py", 7), d, 0.01,
-                     producers=[None], inputs=digest(torch.tensor([2.0])))
+    rec = entry_line(
+        0,
+        "m",
+        "Linear",
+        "aten.mm.default",
+        0,
+        0,
+        0,
+        "forward",
+        ("model.py", 7),
+        d,
+        0.01,
+        producers=[None],
+        inputs=digest(torch.tensor([2.0])),
+    )
     assert rec["source_file"] == "model.py" and rec["source_line"] == 7 and rec["shape"] == [3]
     assert (rec["posinf"], rec["absmax"], rec["dtype"], rec["spread"]) == (1, 4.0, "fp32", 0.01)
     assert rec["producers"] == [None] and rec["input"] == digest_stats(digest(torch.tensor([2.0])))

@@ -114,8 +114,10 @@ def test_ops_of_another_captures_statistics_are_not_traced(tmp_path):
     x = torch.randn(6, 6)
     with TraceRecorder(m, tmp_path / "alone.jsonl", level="ops"), torch.no_grad():
         m(x)
-    with nan_hunter.watch(m, level="modules", trace=str(tmp_path / "watched.jsonl"), trace_level="ops"), \
-            torch.no_grad():
+    with (
+        nan_hunter.watch(m, level="modules", trace=str(tmp_path / "watched.jsonl"), trace_level="ops"),
+        torch.no_grad(),
+    ):
         m(x)
     alone = [(e.module, e.op) for e in read_trace(tmp_path / "alone.jsonl").entries]
     watched = [(e.module, e.op) for e in read_trace(tmp_path / "watched.jsonl").entries]
@@ -137,6 +139,7 @@ def test_watch_trace_has_one_step_per_root_call(tmp_path):
 def test_entries_name_their_input_dtypes_and_ops_mark_the_outputs(tmp_path):
     """``input_dtypes`` (what diff takes the tolerance from) on both levels; at level ops, the
     entry that made the root call's output (through the view after it) carries ``output``."""
+
     class Up(nn.Module):
         def forward(self, x):
             return (x.float() * 2).view(-1)

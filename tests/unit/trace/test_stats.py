@@ -15,25 +15,33 @@ def _reference(t: torch.Tensor) -> dict:
     fin = f[torch.isfinite(f)]
     a = fin.abs()
     nz = a[a > 0]
-    return {"nan": int(torch.isnan(f).sum()), "posinf": int((f == math.inf).sum()),
-            "neginf": int((f == -math.inf).sum()), "absmax": float(a.max()) if a.numel() else None,
-            "absmin": float(nz.min()) if nz.numel() else None,
-            "mean": float(fin.mean()) if fin.numel() else None, "l2": float(fin.norm())}
+    return {
+        "nan": int(torch.isnan(f).sum()),
+        "posinf": int((f == math.inf).sum()),
+        "neginf": int((f == -math.inf).sum()),
+        "absmax": float(a.max()) if a.numel() else None,
+        "absmin": float(nz.min()) if nz.numel() else None,
+        "mean": float(fin.mean()) if fin.numel() else None,
+        "l2": float(fin.norm()),
+    }
 
 
-@pytest.mark.parametrize("name, t", [
-    ("fp32 normal", torch.randn(1000)),
-    ("bf16 2-D", torch.randn(37, 29).to(torch.bfloat16)),
-    ("fp16 with zeros", torch.relu(torch.randn(4096)).half()),
-    ("fp8 e4m3", torch.randn(300).to(torch.float8_e4m3fn)),
-    ("fp64", torch.randn(77, dtype=torch.float64)),
-    ("nan, +inf, -inf among values", torch.tensor([1.0, math.nan, math.inf, -math.inf, -3.0, 0.0])),
-    ("all nan", torch.full((5,), math.nan)),
-    ("all zeros", torch.zeros(9)),
-    ("smallest subnormal", torch.tensor([2.0 ** -149, 1.0])),
-    ("large values scaled before squaring", torch.tensor([3e30, -4e30])),
-    ("transposed view", torch.randn(8, 5).t()),
-])
+@pytest.mark.parametrize(
+    "name, t",
+    [
+        ("fp32 normal", torch.randn(1000)),
+        ("bf16 2-D", torch.randn(37, 29).to(torch.bfloat16)),
+        ("fp16 with zeros", torch.relu(torch.randn(4096)).half()),
+        ("fp8 e4m3", torch.randn(300).to(torch.float8_e4m3fn)),
+        ("fp64", torch.randn(77, dtype=torch.float64)),
+        ("nan, +inf, -inf among values", torch.tensor([1.0, math.nan, math.inf, -math.inf, -3.0, 0.0])),
+        ("all nan", torch.full((5,), math.nan)),
+        ("all zeros", torch.zeros(9)),
+        ("smallest subnormal", torch.tensor([2.0**-149, 1.0])),
+        ("large values scaled before squaring", torch.tensor([3e30, -4e30])),
+        ("transposed view", torch.randn(8, 5).t()),
+    ],
+)
 def test_digest_matches_float64(name, t):
     d = digest(t)
     ref = _reference(t)

@@ -31,7 +31,9 @@ def test_the_two_orders_are_inverses():
 
 def test_unpack_nibbles_in_slot_order():
     w = np.array([[_word([1, 2, 3, 4, 5, 6, 7, 15])]], dtype=np.int32)
-    assert unpack_nibbles(w).tolist() == [[[1, 2, 3, 4, 5, 6, 7, 15]]]  # 15 in the top slot: not sign-extended
+    assert unpack_nibbles(w).tolist() == [
+        [[1, 2, 3, 4, 5, 6, 7, 15]]
+    ]  # 15 in the top slot: not sign-extended
 
 
 def test_gemm_words_give_output_columns():
@@ -51,10 +53,13 @@ def test_library_checkpoints(tmp_path, case):
     assert r.dequant_absmax == pytest.approx(EXPECTED[case]["dequant_absmax"], rel=2e-3)
 
 
-@pytest.mark.parametrize("change, why", [
-    ({"version": "exllama"}, "AWQ version 'exllama' packs differently"),
-    ({"bits": 3}, "3-bit AWQ (AutoAWQ writes 4-bit only)"),
-])
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"version": "exllama"}, "AWQ version 'exllama' packs differently"),
+        ({"bits": 3}, "3-bit AWQ (AutoAWQ writes 4-bit only)"),
+    ],
+)
 def test_what_is_not_read_is_said(tmp_path, change, why):
     d = tmp_path / "awq_gemm"
     shutil.copytree(DATA / "awq_gemm", d)

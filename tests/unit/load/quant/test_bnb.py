@@ -26,7 +26,9 @@ def _four_bit(qt: str, nested: bool, seed: int = 0):
     lin = bnb.nn.Linear4bit(128, 48, bias=False, quant_type=qt, compress_statistics=nested)
     w = torch.randn(48, 128)
     w[7, 100] = 9.0
-    lin.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type=qt, compress_statistics=nested, blocksize=64)
+    lin.weight = bnb.nn.Params4bit(
+        w, requires_grad=False, quant_type=qt, compress_statistics=nested, blocksize=64
+    )
     lin = lin.to("cpu")  # bitsandbytes quantizes here
     ref = float(bnb.functional.dequantize_4bit(lin.weight.data, lin.weight.quant_state).abs().max())
     return {P + k: v.contiguous() for k, v in lin.state_dict().items()}, ref
@@ -63,15 +65,22 @@ def test_four_bit(tmp_path, qt, nested):
         sd[P + "weight.nested_absmax"] = torch.tensor([math.nan])
         _, q = _scan(tmp_path, sd)
         bad = q[P + "weight"].bad_blocks
-        assert bad[0] == {"index": [0], "scale": "nan", "problem": "nan", "tensor": P + "weight.nested_absmax"}
+        assert bad[0] == {
+            "index": [0],
+            "scale": "nan",
+            "problem": "nan",
+            "tensor": P + "weight.nested_absmax",
+        }
         assert q[P + "weight"].n_faults == 1 + 96
     else:
         a = sd[P + "weight.absmax"].clone()
         a[5], a[9] = math.nan, 0.0
         sd[P + "weight.absmax"] = a
         _, q = _scan(tmp_path, sd)
-        assert q[P + "weight"].bad_blocks == [{"index": [5], "scale": "nan", "problem": "nan"},
-                                              {"index": [9], "scale": 0.0, "problem": "zero"}]
+        assert q[P + "weight"].bad_blocks == [
+            {"index": [5], "scale": "nan", "problem": "nan"},
+            {"index": [9], "scale": 0.0, "problem": "zero"},
+        ]
 
 
 def test_eight_bit(tmp_path):
@@ -85,19 +94,27 @@ def test_eight_bit(tmp_path):
     scb[4], scb[3], scb[6] = math.inf, 0.0, 0.0  # row 3 holds no data: its zero SCB is fine
     sd[P + "SCB"] = scb
     _, q = _scan(tmp_path, sd)
-    assert q[P + "weight"].bad_blocks == [{"index": [4], "scale": "inf", "problem": "inf"},
-                                          {"index": [6], "scale": 0.0, "problem": "zero"}]
+    assert q[P + "weight"].bad_blocks == [
+        {"index": [4], "scale": "inf", "problem": "inf"},
+        {"index": [6], "scale": 0.0, "problem": "zero"},
+    ]
 
 
-@pytest.mark.parametrize("state,why", [
-    (b'{"quant_type": "nf4", "blocksize": "64", "dtype": "float32", "shape": [48, 128]}', "blocksize"),
-    (b'{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [48, 128], "x": 1}', "unknown keys"),
-    (b"[" * 5000 + b"]" * 5000, "nested deeper"),
-    (b'{"quant_type": "nf4", "quant_type": "fp4"}', "given twice"),
-    (b'{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [NaN]}', "not valid JSON"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    (b" " * (70 << 10), "over the"),
-])
+@pytest.mark.parametrize(
+    "state,why",
+    [
+        (b'{"quant_type": "nf4", "blocksize": "64", "dtype": "float32", "shape": [48, 128]}', "blocksize"),
+        (
+            b'{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [48, 128], "x": 1}',
+            "unknown keys",
+        ),
+        (b"[" * 5000 + b"]" * 5000, "nested deeper"),
+        (b'{"quant_type": "nf4", "quant_type": "fp4"}', "given twice"),
+        (b'{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [NaN]}', "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b" " * (70 << 10), "over the"),
+    ],
+)
 def test_hostile_quant_state(tmp_path, state, why):
     sd, _ = _four_bit("nf4", False)
     sd[P + "weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(state), dtype=torch.uint8)
@@ -110,7 +127,9 @@ def test_quant_state_shape_that_does_not_fit_is_unchecked(tmp_path):
     sd, _ = _four_bit("fp4", False)
     state = json.loads(bytes(sd[P + "weight.quant_state.bitsandbytes__fp4"].tolist()))
     state["shape"] = [48, 256]
-    sd[P + "weight.quant_state.bitsandbytes__fp4"] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
+    sd[P + "weight.quant_state.bitsandbytes__fp4"] = torch.tensor(
+        list(json.dumps(state).encode()), dtype=torch.uint8
+    )
     ws, q = _scan(tmp_path, sd)
     assert not q and [u["name"] for u in ws.unchecked] == [P + "weight"]
 
@@ -122,14 +141,19 @@ def _state_ck(tmp_path, state: dict):
     return checkpoint(tmp_path, {"s": torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)})
 
 
-@pytest.mark.parametrize("state, says", [
-    ({"quant_type": "int4", "blocksize": 64, "shape": [2]}, "quant_type 'int4' / blocksize 64"),
-    ({"quant_type": "nf4", "blocksize": 48, "shape": [2]}, "blocksize 48 are not bitsandbytes'"),
-    ({"quant_type": "nf4", "blocksize": 64, "shape": [-1]}, "shape [-1] is not a list of sizes"),
-    ({"quant_type": "nf4", "blocksize": 64, "shape": []}, "shape [] is not a list of sizes"),
-    ({"quant_type": "nf4", "blocksize": 64, "shape": [2], "nested_blocksize": 7, "nested_offset": 0.5},
-     "nested_blocksize 7 / nested_offset 0.5"),
-])
+@pytest.mark.parametrize(
+    "state, says",
+    [
+        ({"quant_type": "int4", "blocksize": 64, "shape": [2]}, "quant_type 'int4' / blocksize 64"),
+        ({"quant_type": "nf4", "blocksize": 48, "shape": [2]}, "blocksize 48 are not bitsandbytes'"),
+        ({"quant_type": "nf4", "blocksize": 64, "shape": [-1]}, "shape [-1] is not a list of sizes"),
+        ({"quant_type": "nf4", "blocksize": 64, "shape": []}, "shape [] is not a list of sizes"),
+        (
+            {"quant_type": "nf4", "blocksize": 64, "shape": [2], "nested_blocksize": 7, "nested_offset": 0.5},
+            "nested_blocksize 7 / nested_offset 0.5",
+        ),
+    ],
+)
 def test_quant_state_refusals(tmp_path, state, says):
     from nan_hunter.load.quant.bnb import quant_state
 
@@ -140,8 +164,14 @@ def test_quant_state_refusals(tmp_path, state, says):
 def test_quant_state_as_bitsandbytes_writes_it(tmp_path):
     from nan_hunter.load.quant.bnb import STATE_KEYS, quant_state
 
-    state = {"quant_type": "fp4", "blocksize": 64, "dtype": "float32", "shape": [48, 128], "nested_blocksize": 256,
-             "nested_offset": 0.03}
+    state = {
+        "quant_type": "fp4",
+        "blocksize": 64,
+        "dtype": "float32",
+        "shape": [48, 128],
+        "nested_blocksize": 256,
+        "nested_offset": 0.03,
+    }
     assert quant_state(_state_ck(tmp_path, state), "s") == state and set(state) <= STATE_KEYS
 
 

@@ -17,8 +17,9 @@ from nan_hunter.load.quant.codes import (
 )
 
 
-@pytest.mark.parametrize("tag, dtype, top", [("F8_E4M3", torch.float8_e4m3fn, 448.0),
-                                             ("F8_E5M2", torch.float8_e5m2, 57344.0)])
+@pytest.mark.parametrize(
+    "tag, dtype, top", [("F8_E4M3", torch.float8_e4m3fn, 448.0), ("F8_E5M2", torch.float8_e5m2, 57344.0)]
+)
 def test_fp8_magnitudes_match_torch(tag, dtype, top):
     table = fp8_mag_table(tag)
     assert isinstance(table, np.ndarray) and table.dtype == np.float32 and table.shape == (128,)
@@ -58,7 +59,11 @@ def test_unpack_bits_is_a_little_endian_stream(bits):
     for row in codes.tolist():
         stream = sum(c << (i * bits) for i, c in enumerate(row))
         nwords = -(-n * bits // 32)
-        words.append([((stream >> (32 * k)) & 0xFFFFFFFF) - ((stream >> (32 * k) & 0x80000000) << 1)
-                      for k in range(nwords)])
+        words.append(
+            [
+                ((stream >> (32 * k)) & 0xFFFFFFFF) - ((stream >> (32 * k) & 0x80000000) << 1)
+                for k in range(nwords)
+            ]
+        )
     got = unpack_bits(np.array(words, dtype=np.int32), bits)
     assert got.dtype == np.int32 and np.array_equal(got[:, :n], codes)

@@ -22,13 +22,23 @@ def _w(shape, seed=0):
     return (torch.randn(*shape, generator=g) * 100).clamp(-448, 448).to(E4M3)
 
 
-@pytest.mark.parametrize("scale_shape, fmt, n_blocks", [((3, 3), "fp8_block", 9), ((300, 1), "fp8_channel", 300),
-                                                        ((), "fp8_tensor", 1), ((1,), "fp8_tensor", 1)])
+@pytest.mark.parametrize(
+    "scale_shape, fmt, n_blocks",
+    [
+        ((3, 3), "fp8_block", 9),
+        ((300, 1), "fp8_channel", 300),
+        ((), "fp8_tensor", 1),
+        ((1,), "fp8_tensor", 1),
+    ],
+)
 def test_layouts(tmp_path, scale_shape, fmt, n_blocks):
     w = _w((300, 260))
     s = torch.rand(scale_shape) + 0.5 if scale_shape else torch.tensor(0.75)
-    ck = checkpoint(tmp_path, {"l.weight": w, "l.weight_scale_inv" if fmt == "fp8_block" else "l.weight_scale": s},
-                    {"quant_method": "fp8", "weight_block_size": [128, 128]})
+    ck = checkpoint(
+        tmp_path,
+        {"l.weight": w, "l.weight_scale_inv" if fmt == "fp8_block" else "l.weight_scale": s},
+        {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    )
     (r,) = graded(Fp8(), ck).values()
     assert (r.format, r.n_blocks, r.bad_blocks) == (fmt, n_blocks, [])
     if fmt == "fp8_block":
@@ -42,21 +52,36 @@ def test_moe_blocks_per_expert(tmp_path):
     w = _w((2, 200, 128))  # 200 rows: a partial last block per expert, never mixed with the next expert's
     s = torch.ones(2, 2, 1)
     s[1, 1, 0] = 0.0  # expert 1's partial block holds data: a zero scale there is a fault
-    (r,) = graded(Fp8(), checkpoint(tmp_path, {"e.weight": w, "e.weight_scale_inv": s},
-                                   {"quant_method": "fp8", "weight_block_size": [128, 128]})).values()
+    (r,) = graded(
+        Fp8(),
+        checkpoint(
+            tmp_path,
+            {"e.weight": w, "e.weight_scale_inv": s},
+            {"quant_method": "fp8", "weight_block_size": [128, 128]},
+        ),
+    ).values()
     assert r.n_blocks == 4 and r.bad_blocks == [{"index": [1, 1, 0], "scale": 0.0, "problem": "zero"}]
 
 
 def test_scales_that_fit_no_layout_are_unchecked(tmp_path):
-    found, ctx = detect(Fp8(), checkpoint(tmp_path, {"l.weight": _w((10, 10)), "l.weight_scale_inv": torch.ones(3, 7)}))
-    assert found == {} and ctx.unchecked == [{"name": "l.weight", "dtype": "F8_E4M3", "reason":
-                                             "scale l.weight_scale_inv [3, 7] does not match its data [10, 10] in any "
-                                             "known quantized format"}]
+    found, ctx = detect(
+        Fp8(), checkpoint(tmp_path, {"l.weight": _w((10, 10)), "l.weight_scale_inv": torch.ones(3, 7)})
+    )
+    assert found == {} and ctx.unchecked == [
+        {
+            "name": "l.weight",
+            "dtype": "F8_E4M3",
+            "reason": "scale l.weight_scale_inv [3, 7] does not match its data [10, 10] in any "
+            "known quantized format",
+        }
+    ]
     assert {"l.weight", "l.weight_scale_inv"} <= ctx.claimed
 
 
 def test_not_fp8_data_is_left_to_other_formats(tmp_path):
-    found, ctx = detect(Fp8(), checkpoint(tmp_path, {"l.weight": torch.ones(4, 4), "l.weight_scale": torch.ones(1)}))
+    found, ctx = detect(
+        Fp8(), checkpoint(tmp_path, {"l.weight": torch.ones(4, 4), "l.weight_scale": torch.ones(1)})
+    )
     assert found == {} and ctx.claimed == set()
 
 

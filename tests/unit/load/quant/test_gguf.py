@@ -30,11 +30,13 @@ def _raw(tname: str, rows: int, blocks: int, rng) -> np.ndarray:
     _, size = gguf.GGML_QUANT_SIZES[T[tname]]
     raw = rng.integers(0, 256, (rows, blocks, size), dtype=np.uint8)
     k = KINDS[tname]
-    raw[..., k.d[0]: k.d[0] + 2] = (rng.random((rows, blocks)) * 0.01 + 0.001).astype(np.float16).view(
-        np.uint8).reshape(rows, blocks, 2)
+    raw[..., k.d[0] : k.d[0] + 2] = (
+        (rng.random((rows, blocks)) * 0.01 + 0.001).astype(np.float16).view(np.uint8).reshape(rows, blocks, 2)
+    )
     if k.m is not None:
-        raw[..., k.m: k.m + 2] = (rng.random((rows, blocks)) * 0.01).astype(np.float16).view(np.uint8).reshape(
-            rows, blocks, 2)
+        raw[..., k.m : k.m + 2] = (
+            (rng.random((rows, blocks)) * 0.01).astype(np.float16).view(np.uint8).reshape(rows, blocks, 2)
+        )
     return raw.reshape(rows, blocks * size)
 
 
@@ -85,11 +87,19 @@ def test_bad_d_and_dmin_are_named_in_numpy_order(tmp_path):
     k4 = _raw("Q4_K", 2, 3, rng).reshape(2, 3, 144)
     k4[1, 2, 2:4] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # dmin
     k4[0, 0, 0:2] = np.array([-0.5], dtype=np.float16).view(np.uint8)  # a negative d: ggml's convention
-    write(tmp_path / "m.gguf", {"a.q8": (q8.reshape(4, 272), "Q8_0"), "b.k4": (k4.reshape(2, 432), "Q4_K"),
-                                "c.f32": (np.array([[1.0, np.nan], [np.inf, 2.0], [3.0, 4.0]], np.float32), None)})
+    write(
+        tmp_path / "m.gguf",
+        {
+            "a.q8": (q8.reshape(4, 272), "Q8_0"),
+            "b.k4": (k4.reshape(2, 432), "Q4_K"),
+            "c.f32": (np.array([[1.0, np.nan], [np.inf, 2.0], [3.0, 4.0]], np.float32), None),
+        },
+    )
     ws, got = _scan(tmp_path / "m.gguf")
-    assert got["a.q8"].bad_blocks == [{"index": [2, 5], "scale": "nan", "problem": "nan"},
-                                      {"index": [3, 1], "scale": 0.0, "problem": "zero"}]
+    assert got["a.q8"].bad_blocks == [
+        {"index": [2, 5], "scale": "nan", "problem": "nan"},
+        {"index": [3, 1], "scale": 0.0, "problem": "zero"},
+    ]
     assert got["b.k4"].bad_blocks == [{"index": [1, 2], "scale": "inf", "problem": "inf", "field": "dmin"}]
     f32 = next(t for t in ws.tensors if t.name == "c.f32")
     assert (f32.shape, f32.nan, f32.posinf, f32.first_index) == ([3, 2], 1, 1, [0, 1])
@@ -103,8 +113,14 @@ def test_bad_d_and_dmin_are_named_in_numpy_order(tmp_path):
 def test_clean_file_exit_0_and_unchecked_types(tmp_path):
     rng = np.random.default_rng(2)
     iq1m = rng.integers(0, 256, (2, 56), dtype=np.uint8)
-    write(tmp_path / "m.gguf", {"a": (quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q4_0), "Q4_0"),
-                                "b": (iq1m, "IQ1_M"), "c": (rng.standard_normal(8).astype(np.float16), None)})
+    write(
+        tmp_path / "m.gguf",
+        {
+            "a": (quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q4_0), "Q4_0"),
+            "b": (iq1m, "IQ1_M"),
+            "c": (rng.standard_normal(8).astype(np.float16), None),
+        },
+    )
     r = invoke("scan", tmp_path / "m.gguf", "--json", tmp_path / "r.json")
     rep = json.loads((tmp_path / "r.json").read_text())
     assert r.code == 0, r.stderr
@@ -120,8 +136,13 @@ def _header(n_tensors=1, n_kv=0, version=3, magic=b"GGUF") -> bytes:
 
 
 def _info(name=b"w", dims=(32,), ttype=0, offset=0) -> bytes:
-    return (struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
-            + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", ttype, offset))
+    return (
+        struct.pack("<Q", len(name))
+        + name
+        + struct.pack("<I", len(dims))
+        + b"".join(struct.pack("<Q", d) for d in dims)
+        + struct.pack("<IQ", ttype, offset)
+    )
 
 
 def _file(head: bytes, data: bytes = b"\0" * 128) -> bytes:
@@ -129,26 +150,46 @@ def _file(head: bytes, data: bytes = b"\0" * 128) -> bytes:
     return head + b"\0" * pad + data
 
 
-@pytest.mark.parametrize("raw,why", [
-    (b"GGU", "not a GGUF file"),
-    (_file(_header(version=1) + _info()), "version 1"),
-    (_file(_header(n_tensors=10**12) + _info()), "tensors"),
-    (_file(_header(n_kv=1) + struct.pack("<Q", 2**40)), "over the"),
-    (_file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<I", 99) + _info()), "unknown value type"),
-    (_file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 9, 1) + _info()), "array of arrays"),
-    (_file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 6, 2**50) + _info()), "more than"),
-    (_file(_header() + _info(dims=(30,), ttype=8)), "whole number"),
-    (_file(_header() + _info(ttype=77)), "unknown ggml type"),
-    (_file(_header() + _info(dims=(1, 1, 1, 1, 1))), "at most 4"),
-    (_file(_header() + _info(offset=64)), "expected 0"),
-    (_file(_header() + _info(dims=(4096,))), "truncated"),
-    (_file(_header(2) + _info() + _info()), "given twice"),
-    (_file(_header() + _info(name=b"x" * 64)), "at most 63"),
-    (_file(_header() + _info(name=b"\xff")), "not UTF-8"),
-    (_file(_header() + _info(dims=(2**62, 4))), "overflows"),
-    (_file(_header(n_kv=1) + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 3) + _info()),
-     "power of two"),
-])
+@pytest.mark.parametrize(
+    "raw,why",
+    [
+        (b"GGU", "not a GGUF file"),
+        (_file(_header(version=1) + _info()), "version 1"),
+        (_file(_header(n_tensors=10**12) + _info()), "tensors"),
+        (_file(_header(n_kv=1) + struct.pack("<Q", 2**40)), "over the"),
+        (
+            _file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<I", 99) + _info()),
+            "unknown value type",
+        ),
+        (
+            _file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 9, 1) + _info()),
+            "array of arrays",
+        ),
+        (
+            _file(_header(n_kv=1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 6, 2**50) + _info()),
+            "more than",
+        ),
+        (_file(_header() + _info(dims=(30,), ttype=8)), "whole number"),
+        (_file(_header() + _info(ttype=77)), "unknown ggml type"),
+        (_file(_header() + _info(dims=(1, 1, 1, 1, 1))), "at most 4"),
+        (_file(_header() + _info(offset=64)), "expected 0"),
+        (_file(_header() + _info(dims=(4096,))), "truncated"),
+        (_file(_header(2) + _info() + _info()), "given twice"),
+        (_file(_header() + _info(name=b"x" * 64)), "at most 63"),
+        (_file(_header() + _info(name=b"\xff")), "not UTF-8"),
+        (_file(_header() + _info(dims=(2**62, 4))), "overflows"),
+        (
+            _file(
+                _header(n_kv=1)
+                + struct.pack("<Q", 17)
+                + b"general.alignment"
+                + struct.pack("<II", 4, 3)
+                + _info()
+            ),
+            "power of two",
+        ),
+    ],
+)
 def test_hostile_headers_exit_2_one_line(tmp_path, raw, why):
     p = tmp_path / "h.gguf"
     p.write_bytes(raw)

@@ -58,18 +58,27 @@ def test_library_checkpoints(tmp_path, case):
 
 
 def _layer(tmp_path, qc, qweight=None, scales=None):
-    t = {f"{LAYER}.qweight": torch.zeros(16, 8, dtype=torch.int32) if qweight is None else qweight,
-         f"{LAYER}.qzeros": torch.zeros(1, 1, dtype=torch.int32),
-         f"{LAYER}.scales": torch.ones(1, 8, dtype=torch.float16) if scales is None else scales}
+    t = {
+        f"{LAYER}.qweight": torch.zeros(16, 8, dtype=torch.int32) if qweight is None else qweight,
+        f"{LAYER}.qzeros": torch.zeros(1, 1, dtype=torch.int32),
+        f"{LAYER}.scales": torch.ones(1, 8, dtype=torch.float16) if scales is None else scales,
+    }
     return checkpoint(tmp_path, t, {"quant_method": "gptq", **qc})
 
 
-@pytest.mark.parametrize("qc, kw, why", [
-    ({"bits": 5}, {}, "5-bit GPTQ (2, 3, 4 and 8 bits are read)"),
-    ({"bits": 4, "checkpoint_format": "marlin"}, {}, "checkpoint_format 'marlin' packs differently"),
-    ({"bits": 4}, {"qweight": torch.zeros(16, 8, dtype=torch.int16)}, "GPTQ qweight/qzeros stored as I16/I32"),
-    ({"bits": 4}, {"scales": torch.ones(1, 8, dtype=torch.int8)}, f"scales {LAYER}.scales are I8"),
-])
+@pytest.mark.parametrize(
+    "qc, kw, why",
+    [
+        ({"bits": 5}, {}, "5-bit GPTQ (2, 3, 4 and 8 bits are read)"),
+        ({"bits": 4, "checkpoint_format": "marlin"}, {}, "checkpoint_format 'marlin' packs differently"),
+        (
+            {"bits": 4},
+            {"qweight": torch.zeros(16, 8, dtype=torch.int16)},
+            "GPTQ qweight/qzeros stored as I16/I32",
+        ),
+        ({"bits": 4}, {"scales": torch.ones(1, 8, dtype=torch.int8)}, f"scales {LAYER}.scales are I8"),
+    ],
+)
 def test_what_is_not_read_is_said(tmp_path, qc, kw, why):
     found, ctx = detect(Gptq(), _layer(tmp_path, qc, **kw))
     assert found == {} and ctx.unchecked[0]["reason"].startswith(why)

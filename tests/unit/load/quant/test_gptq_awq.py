@@ -63,8 +63,10 @@ def test_nan_and_zero_scales_are_named(tmp_path, case):
     save_file({**t, f"{LAYER}.scales": s}, str(d / "model.safetensors"))
     _, q = _scan(d)
     bad = q[f"{LAYER}.qweight"].bad_blocks
-    assert bad == [{"index": [1, 5], "scale": "nan", "problem": "nan"},
-                   {"index": [2, 3], "scale": 0.0, "problem": "zero"}]
+    assert bad == [
+        {"index": [1, 5], "scale": "nan", "problem": "nan"},
+        {"index": [2, 3], "scale": 0.0, "problem": "zero"},
+    ]
     rep = nan_hunter.scan(str(d))
     assert rep.exit_code() == 1 and rep.diagnosis.cause == "bad_scale"
     assert "[1, 5]" in rep.diagnosis.summary and "group" in rep.diagnosis.summary
@@ -83,10 +85,15 @@ def test_gptq_zero_on_an_empty_group_is_fine(tmp_path):
     assert q[f"{LAYER}.qweight"].bad_blocks == []
 
 
-@pytest.mark.parametrize("case,declared,found", [("gptq_4bit_sym_v2", "gptq", "gptq_v2"),
-                                                 ("gptq_4bit_sym_v1", "gptq_v2", "gptq"),
-                                                 ("gptq_3bit_sym_v1", "gptq_v2", "gptq"),
-                                                 ("gptq_8bit_sym_v1", "gptq_v2", "gptq")])
+@pytest.mark.parametrize(
+    "case,declared,found",
+    [
+        ("gptq_4bit_sym_v2", "gptq", "gptq_v2"),
+        ("gptq_4bit_sym_v1", "gptq_v2", "gptq"),
+        ("gptq_3bit_sym_v1", "gptq_v2", "gptq"),
+        ("gptq_8bit_sym_v1", "gptq_v2", "gptq"),
+    ],
+)
 def test_zero_points_of_the_other_convention(tmp_path, case, declared, found):
     """sym: true, zeros stored one way and declared the other: every weight is one step off."""
     d = _copy(tmp_path, case)
@@ -136,10 +143,23 @@ def test_pruned_reads_give_the_full_pass_answer(tmp_path, monkeypatch):
     scales[5, 2] = 0.0
     d = tmp_path / "ck"
     d.mkdir()
-    save_file({f"{LAYER}.qweight": qweight, f"{LAYER}.qzeros": qzeros, f"{LAYER}.scales": scales},
-              str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True, "checkpoint_format": "gptq_v2"}}))
+    save_file(
+        {f"{LAYER}.qweight": qweight, f"{LAYER}.qzeros": qzeros, f"{LAYER}.scales": scales},
+        str(d / "model.safetensors"),
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "gptq",
+                    "bits": 4,
+                    "group_size": 64,
+                    "sym": True,
+                    "checkpoint_format": "gptq_v2",
+                }
+            }
+        )
+    )
     _, before = _scan(d)
     monkeypatch.setattr(sf, "PIECE", 4096)
     monkeypatch.setattr(grade, "FULL_PASS_FRACTION", 10**9)  # past one stripe: read every stripe
@@ -147,6 +167,12 @@ def test_pruned_reads_give_the_full_pass_answer(tmp_path, monkeypatch):
     name = f"{LAYER}.qweight"
     assert before[name].stripes_read <= 4 and after[name].stripes_read == 32
     assert after[name].dequant_absmax == before[name].dequant_absmax
-    assert after[name].bad_blocks == before[name].bad_blocks == [{"index": [5, 2], "scale": 0.0, "problem": "zero"}]
-    codes = torch.stack([(qweight[:, 40] >> s) & 15 for s in range(0, 32, 4)], 1).reshape(-1)[17 * 64: 18 * 64]
+    assert (
+        after[name].bad_blocks
+        == before[name].bad_blocks
+        == [{"index": [5, 2], "scale": 0.0, "problem": "zero"}]
+    )
+    codes = torch.stack([(qweight[:, 40] >> s) & 15 for s in range(0, 32, 4)], 1).reshape(-1)[
+        17 * 64 : 18 * 64
+    ]
     assert before[name].dequant_absmax == pytest.approx(0.5 * float((codes - 8).abs().max()))

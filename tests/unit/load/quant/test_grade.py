@@ -22,8 +22,11 @@ E4M3 = torch.float8_e4m3fn
 
 
 def _fp8(tmp_path, w: torch.Tensor, s: torch.Tensor):
-    ck = checkpoint(tmp_path, {"l.weight": w.to(E4M3), "l.weight_scale_inv": s},
-                    {"quant_method": "fp8", "weight_block_size": [2, 2]})
+    ck = checkpoint(
+        tmp_path,
+        {"l.weight": w.to(E4M3), "l.weight_scale_inv": s},
+        {"quant_method": "fp8", "weight_block_size": [2, 2]},
+    )
     (q,) = detect(Fp8(), ck)[0].values()
     return ck, q
 
@@ -33,14 +36,18 @@ def test_each_problem_per_block(tmp_path):
     w[:2, 2:] = 0.0  # block (0, 1) holds no data
     s = torch.tensor([[math.nan, 0.0], [0.0, -2.0]])
     r = grade.check(*_fp8(tmp_path, w, s))
-    assert r.bad_blocks == [{"index": [0, 0], "scale": "nan", "problem": "nan"},
-                            {"index": [1, 0], "scale": 0.0, "problem": "zero"},  # (0, 1) is empty: fine
-                            {"index": [1, 1], "scale": -2.0, "problem": "negative"}]
+    assert r.bad_blocks == [
+        {"index": [0, 0], "scale": "nan", "problem": "nan"},
+        {"index": [1, 0], "scale": 0.0, "problem": "zero"},  # (0, 1) is empty: fine
+        {"index": [1, 1], "scale": -2.0, "problem": "negative"},
+    ]
     assert (r.n_bad, r.n_faults) == (3, 2)  # a negative weight scale is listed, not a fault
     assert r.dequant_absmax == 2.0  # |1 * -2|: the NaN block left out
 
 
-@pytest.mark.parametrize("scale, absmax, fp16, bf16", [(1.0, 448.0, False, False), (200.0, 89600.0, True, False)])
+@pytest.mark.parametrize(
+    "scale, absmax, fp16, bf16", [(1.0, 448.0, False, False), (200.0, 89600.0, True, False)]
+)
 def test_overflow_of_fp16_and_bf16(tmp_path, scale, absmax, fp16, bf16):
     r = grade.check(*_fp8(tmp_path, torch.full((2, 2), 448.0), torch.tensor([[scale]])))
     assert r.dequant_absmax == absmax and r.overflows == {"fp16": fp16, "bf16": bf16}

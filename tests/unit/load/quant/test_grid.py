@@ -13,11 +13,14 @@ from nan_hunter.load.quant import grid
 from .kit import checkpoint
 
 
-@pytest.mark.parametrize("g, nbr, nbc, n_blocks, n_stripes", [
-    (grid.Grid(1, 10, 8, 4, 8, 3), 3, 3, 9, 3),
-    (grid.Grid(2, 10, 8, 4, 8, 8), 3, 1, 6, 6),  # two experts, a partial last block row each
-    (grid.Grid(1, 1, 5, 1, 5, 5), 1, 1, 1, 1),
-])
+@pytest.mark.parametrize(
+    "g, nbr, nbc, n_blocks, n_stripes",
+    [
+        (grid.Grid(1, 10, 8, 4, 8, 3), 3, 3, 9, 3),
+        (grid.Grid(2, 10, 8, 4, 8, 8), 3, 1, 6, 6),  # two experts, a partial last block row each
+        (grid.Grid(1, 1, 5, 1, 5, 5), 1, 1, 1, 1),
+    ],
+)
 def test_counts(g, nbr, nbc, n_blocks, n_stripes):
     assert (g.nbr, g.nbc, g.n_blocks, g.n_stripes) == (nbr, nbc, n_blocks, n_stripes)
     assert g.stripe_of().tolist() == [i // nbc for i in range(n_blocks)]
@@ -25,15 +28,20 @@ def test_counts(g, nbr, nbc, n_blocks, n_stripes):
 
 @pytest.mark.parametrize("first, count", [(0, 6), (0, 1), (2, 3), (5, 1)])
 def test_window_gives_each_blocks_largest_code(tmp_path, first, count):
-    m = np.random.default_rng(0).integers(0, 100, (2, 10, 8), dtype=np.uint8)  # two experts of 10 rows, 8 bytes a row
+    m = np.random.default_rng(0).integers(
+        0, 100, (2, 10, 8), dtype=np.uint8
+    )  # two experts of 10 rows, 8 bytes a row
     ck = checkpoint(tmp_path, {"w": torch.from_numpy(m)})
     g = grid.Grid(2, 10, 8, 4, 8, 3)
     # each block's max by hand, never across experts: rows 0-3, 4-7, 8-9 and bytes 0-2, 3-5, 6-7 of each
-    want = np.array([m[e, r: r + 4, c: c + 3].max() for e in range(2) for r in (0, 4, 8) for c in (0, 3, 6)],
-                    dtype=np.float32)
+    want = np.array(
+        [m[e, r : r + 4, c : c + 3].max() for e in range(2) for r in (0, 4, 8) for c in (0, 3, 6)],
+        dtype=np.float32,
+    )
     got = np.full(g.n_blocks, -1.0, dtype=np.float32)
-    for idx, vals in grid.window(ck, "w", g, first, count, lambda raw, _r0: raw,
-                                 lambda red: red.astype(np.float32)):
+    for idx, vals in grid.window(
+        ck, "w", g, first, count, lambda raw, _r0: raw, lambda red: red.astype(np.float32)
+    ):
         assert idx.dtype == np.int64
         got[idx] = vals
     lo, hi = first * g.nbc, (first + count) * g.nbc

@@ -16,11 +16,13 @@ from nan_hunter.load.quant.mxfp4 import Fp4Layout, Mxfp4, fp4_codes, fp4_window
 
 from .kit import checkpoint, detect, graded
 
-F4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6])
+F4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 
 def _values(packed: torch.Tensor) -> torch.Tensor:
-    return torch.stack([F4[(packed & 15).long()], F4[(packed >> 4).long()]], -1).reshape(*packed.shape[:-1], -1)
+    return torch.stack([F4[(packed & 15).long()], F4[(packed >> 4).long()]], -1).reshape(
+        *packed.shape[:-1], -1
+    )
 
 
 def test_gpt_oss_layout(tmp_path):
@@ -38,20 +40,35 @@ def test_gpt_oss_layout(tmp_path):
 def test_compressed_tensors_layout(tmp_path):
     packed = torch.full((4, 32), 0x77, dtype=torch.uint8)  # [out, in/2]: every value 6
     scale = torch.full((4, 2), 129, dtype=torch.uint8)  # in/32 exponents of 2**2
-    (r,) = graded(Mxfp4(), checkpoint(tmp_path, {"l.weight_packed": packed, "l.weight_scale": scale})).values()
+    (r,) = graded(
+        Mxfp4(), checkpoint(tmp_path, {"l.weight_packed": packed, "l.weight_scale": scale})
+    ).values()
     assert (r.format, r.n_blocks, r.dequant_absmax) == ("mxfp4", 8, 24.0)
 
 
 def test_blocks_and_scales_that_disagree(tmp_path):
-    found, ctx = detect(Mxfp4(), checkpoint(tmp_path, {"m.p_blocks": torch.zeros(2, 3, 16, dtype=torch.uint8),
-                                                       "m.p_scales": torch.zeros(2, 4, dtype=torch.uint8)}))
+    found, ctx = detect(
+        Mxfp4(),
+        checkpoint(
+            tmp_path,
+            {
+                "m.p_blocks": torch.zeros(2, 3, 16, dtype=torch.uint8),
+                "m.p_scales": torch.zeros(2, 4, dtype=torch.uint8),
+            },
+        ),
+    )
     assert found == {} and ctx.unchecked[0]["reason"] == "mxfp4 blocks [2, 3, 16] do not match scales [2, 4]"
 
 
 def test_a_global_scale_is_nvfp4s_not_mxfp4s(tmp_path):
-    ck = checkpoint(tmp_path, {"l.weight_packed": torch.zeros(4, 16, dtype=torch.uint8),
-                               "l.weight_scale": torch.zeros(4, 1, dtype=torch.uint8),
-                               "l.weight_global_scale": torch.ones(1)})
+    ck = checkpoint(
+        tmp_path,
+        {
+            "l.weight_packed": torch.zeros(4, 16, dtype=torch.uint8),
+            "l.weight_scale": torch.zeros(4, 1, dtype=torch.uint8),
+            "l.weight_global_scale": torch.ones(1),
+        },
+    )
     assert detect(Mxfp4(), ck)[0] == {}
 
 

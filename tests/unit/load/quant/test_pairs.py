@@ -19,23 +19,31 @@ def _pairs(tmp_path, names, claimed=()):
     return list(weight_scale_pairs(ctx))
 
 
-@pytest.mark.parametrize("names, pair", [
-    (["l.weight", "l.weight_scale_inv"], Pair("l.weight", "l.weight_scale_inv", "l.weight", "scale_inv")),
-    (["l.weight", "l.weight_scale"], Pair("l.weight", "l.weight_scale", "l.weight", "weight_scale")),
-    (["l.weight", "l.scale"], Pair("l.weight", "l.scale", "l.weight", "scale")),
-    (["l.weight", "l.weight_packed", "l.weight_scale"],  # the packed codes, not a stray .weight
-     Pair("l.weight_packed", "l.weight_scale", "l.weight", "weight_scale")),
-])
+@pytest.mark.parametrize(
+    "names, pair",
+    [
+        (["l.weight", "l.weight_scale_inv"], Pair("l.weight", "l.weight_scale_inv", "l.weight", "scale_inv")),
+        (["l.weight", "l.weight_scale"], Pair("l.weight", "l.weight_scale", "l.weight", "weight_scale")),
+        (["l.weight", "l.scale"], Pair("l.weight", "l.scale", "l.weight", "scale")),
+        (
+            ["l.weight", "l.weight_packed", "l.weight_scale"],  # the packed codes, not a stray .weight
+            Pair("l.weight_packed", "l.weight_scale", "l.weight", "weight_scale"),
+        ),
+    ],
+)
 def test_found(tmp_path, names, pair):
     assert _pairs(tmp_path, names) == [pair]
 
 
-@pytest.mark.parametrize("names, claimed", [
-    (["l.weight_scale"], ()),  # no data
-    (["l.weight", "l.weight_scale"], ("l.weight",)),  # data claimed by an earlier format
-    (["l.weight", "l.weight_scale"], ("l.weight_scale",)),
-    (["l.bias", "l.input_scale"], ()),  # not a weight's scale
-])
+@pytest.mark.parametrize(
+    "names, claimed",
+    [
+        (["l.weight_scale"], ()),  # no data
+        (["l.weight", "l.weight_scale"], ("l.weight",)),  # data claimed by an earlier format
+        (["l.weight", "l.weight_scale"], ("l.weight_scale",)),
+        (["l.bias", "l.input_scale"], ()),  # not a weight's scale
+    ],
+)
 def test_not_found(tmp_path, names, claimed):
     assert _pairs(tmp_path, names, claimed) == []
 

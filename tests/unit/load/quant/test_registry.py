@@ -33,7 +33,9 @@ class Named:
         self.name = name
 
 
-@pytest.mark.parametrize("before, at", [("fp8", "fp8"), (None, "scales_not_found"), ("nope", "scales_not_found")])
+@pytest.mark.parametrize(
+    "before, at", [("fp8", "fp8"), (None, "scales_not_found"), ("nope", "scales_not_found")]
+)
 def test_register(monkeypatch, before, at):
     monkeypatch.setattr(registry, "FORMATS", list(registry.FORMATS))
     fmt = Named("mine")
@@ -42,13 +44,16 @@ def test_register(monkeypatch, before, at):
     assert names[names.index("mine") + 1] == at
 
 
-@pytest.mark.parametrize("config, qc", [
-    (None, {}),
-    ({"model_type": "llama"}, {}),
-    ({"quantization_config": {"quant_method": "fp8"}}, {"quant_method": "fp8"}),
-    ({"quantization_config": ["not", "a", "mapping"]}, {}),
-    ("{ not json", {}),
-])
+@pytest.mark.parametrize(
+    "config, qc",
+    [
+        (None, {}),
+        ({"model_type": "llama"}, {}),
+        ({"quantization_config": {"quant_method": "fp8"}}, {"quant_method": "fp8"}),
+        ({"quantization_config": ["not", "a", "mapping"]}, {}),
+        ("{ not json", {}),
+    ],
+)
 def test_quantization_config(tmp_path, config, qc):
     d = tmp_path / "ck"
     d.mkdir()
@@ -62,9 +67,15 @@ def test_quantization_config(tmp_path, config, qc):
 
 def test_find_and_scan(tmp_path):
     w = torch.full((4, 4), 2.0).to(torch.float8_e4m3fn)
-    ck = checkpoint(tmp_path, {"a.weight": w, "a.weight_scale": torch.tensor(3.0), "b.weight": torch.ones(2, 2,
-                                                                                                   dtype=torch.int8),
-                               "c.weight": torch.ones(2)})
+    ck = checkpoint(
+        tmp_path,
+        {
+            "a.weight": w,
+            "a.weight_scale": torch.tensor(3.0),
+            "b.weight": torch.ones(2, 2, dtype=torch.int8),
+            "c.weight": torch.ones(2),
+        },
+    )
     found, unchecked, claimed = registry.find_quantized(ck)
     assert [(q.name, q.format) for q in found] == [("a.weight", "fp8_tensor")]
     assert unchecked == [{"name": "b.weight", "dtype": "I8", "reason": "scales not found"}]
@@ -79,10 +90,17 @@ def test_a_layout_that_does_not_fit_is_unchecked_not_an_error(tmp_path, monkeypa
             raise IndexError("index 9 is out of bounds")
 
     monkeypatch.setattr(registry, "FORMATS", [Broken(), ScalesNotFound()])
-    ck = checkpoint(tmp_path, {"a.weight": torch.ones(2, 2).to(torch.float8_e4m3fn), "a.weight_scale": torch.ones(1)})
+    ck = checkpoint(
+        tmp_path, {"a.weight": torch.ones(2, 2).to(torch.float8_e4m3fn), "a.weight_scale": torch.ones(1)}
+    )
     scans, unchecked = registry.scan_quantized(ck)
-    assert scans == [] and unchecked == [{"name": "a.weight", "dtype": "fp8_tensor", "reason":
-                                          "does not fit the fp8_tensor layout (IndexError: index 9 is out of bounds)"}]
+    assert scans == [] and unchecked == [
+        {
+            "name": "a.weight",
+            "dtype": "fp8_tensor",
+            "reason": "does not fit the fp8_tensor layout (IndexError: index 9 is out of bounds)",
+        }
+    ]
 
 
 def test_checks_judge_ieee_results_and_put_the_callers_error_setting_back(tmp_path, monkeypatch):
@@ -96,11 +114,17 @@ def test_checks_judge_ieee_results_and_put_the_callers_error_setting_back(tmp_pa
     monkeypatch.setattr(registry, "FORMATS", [Recording()])
     # 448 * 1e38 overflows float32: non-finite dequantized values (not an error); v1.4: the absmax is over
     # finite values (none known here), and the count of non-finite values is not known
-    ck = checkpoint(tmp_path, {"a.weight": torch.full((2, 2), 448.0).to(torch.float8_e4m3fn),
-                               "a.weight_scale": torch.tensor([1e38])})
+    ck = checkpoint(
+        tmp_path,
+        {
+            "a.weight": torch.full((2, 2), 448.0).to(torch.float8_e4m3fn),
+            "a.weight_scale": torch.tensor([1e38]),
+        },
+    )
     with np.errstate(all="raise"):
         scans, unchecked = registry.scan_quantized(ck)
         assert np.geterr() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
     assert seen == [{"divide": "ignore", "over": "ignore", "under": "ignore", "invalid": "ignore"}]
     assert unchecked == [] and [(s.dequant_absmax, s.dequant_nonfinite, s.overflows) for s in scans] == [
-        (None, None, {"fp16": True, "bf16": True})]
+        (None, None, {"fp16": True, "bf16": True})
+    ]

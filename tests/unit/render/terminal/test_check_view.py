@@ -16,8 +16,11 @@ def test_results_table_rows():
     lines = text_of(results_table(check(False), 100), 100).splitlines()
     assert lines[0].strip() == "check"
     rows = [line for line in lines if line[:1] in "✔!✘"]
-    assert [r.split()[:2] for r in rows] == [["✘", "weights.nonfinite"], ["!", "weights.headroom.fp16"],
-                                            ["✔", "weights.headroom.bf16"]]
+    assert [r.split()[:2] for r in rows] == [
+        ["✘", "weights.nonfinite"],
+        ["!", "weights.headroom.fp16"],
+        ["✔", "weights.headroom.bf16"],
+    ]
 
 
 @pytest.mark.parametrize("width", [60, 80, 120])
@@ -27,10 +30,13 @@ def test_results_table_wraps_messages_within_the_width(width):
     assert "(1 NaN, 0 +inf, 0 −inf, first at [1, 2])" in " ".join(" ".join(lines).split())
 
 
-@pytest.mark.parametrize("reps, text", [
-    ([check(True)], "✔ check passed"),
-    ([check(True, "a"), check(False, "b")], "✘ check failed: b: weights.nonfinite"),
-])
+@pytest.mark.parametrize(
+    "reps, text",
+    [
+        ([check(True)], "✔ check passed"),
+        ([check(True, "a"), check(False, "b")], "✘ check failed: b: weights.nonfinite"),
+    ],
+)
 def test_verdict(reps, text):
     line = check_verdict(reps, 100)
     assert line.plain.startswith(text) and line.no_wrap and line.overflow == "ellipsis"

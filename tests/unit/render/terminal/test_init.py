@@ -45,8 +45,10 @@ def test_a_clean_run_states_the_verdict_once_more_only_after_panels():
 
 def test_bisect_shows_what_to_keep_before_the_verdict():
     lines = render_text(bisect(), 100).splitlines()
-    assert lines[-2:] == ["keep down → fp32", "✔ keep 1 module(s) in fp32: the fp16 run is finite, max rel err 0 "
-                                                "(4 runs)"]
+    assert lines[-2:] == [
+        "keep down → fp32",
+        "✔ keep 1 module(s) in fp32: the fp16 run is finite, max rel err 0 (4 runs)",
+    ]
 
 
 def test_render_writes_on_the_given_console():
@@ -65,7 +67,10 @@ def test_check_views_each_checkpoint_with_its_rules(passed, strip_shown):
     lines = buf.getvalue().splitlines()
     verdict = "✔ check passed" if passed else "✘ check failed"
     assert lines[0].startswith(verdict) and lines[-1].startswith(verdict)
-    assert any(line.startswith("check") for line in lines) and ("headroom per module call" in buf.getvalue()) is strip_shown
+    assert (
+        any(line.startswith("check") for line in lines)
+        and ("headroom per module call" in buf.getvalue()) is strip_shown
+    )
 
 
 def test_report_console_is_quiet_after_a_broken_pipe(monkeypatch):

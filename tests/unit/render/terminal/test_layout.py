@@ -18,22 +18,37 @@ from nan_hunter.report import Diagnosis, FirstNonfinite, Report
 LONG = "model.language_model.layers.17.mlp.down_proj"
 
 
-@pytest.mark.parametrize(("name", "width", "shown"), [
-    (LONG, 100, LONG),
-    (LONG, 30, "model.…layers.17.mlp.down_proj"),
-    (LONG, 24, "…layers.17.mlp.down_proj"),
-    (LONG, 20, "model.…17.…down_proj"),  # issue 44: mlp (nearest the middle) before model; model given back
-    # issue 32 (6): the layer index stays, whole components go from the middle (once:
-    # "…eed_forward_network.output_projection_layer", the index lost and a word cut)
-    ("model.layers.11.feed_forward_network.output_projection_layer", 45, "model.layers.11.…output_projection_layer"),
-    ("model.layers.11.feed_forward_network.output_projection_layer", 36, "…layers.11.…output_projection_layer"),
-    ("encoder.layer.11.attention.output.dense", 30, "encoder.layer.11.…output.dense"),
-    ("encoder.layer.11.attention.output.dense", 20, "…layer.11.…dense"),
-    ("model.layers.3.mlp.down_proj.weight", 28, "…layers.3.…down_proj.weight"),
-    ("model.layers.3.mlp.down_proj.weight", 24, "…3.mlp.down_proj.weight"),
-    ("model.this_is_an_extremely_long_leaf_module_name", 20, "…ng_leaf_module_name"),
-    ("层.权重.很长的名字", 11, "…很长的名字"),  # two cells per character
-])
+@pytest.mark.parametrize(
+    ("name", "width", "shown"),
+    [
+        (LONG, 100, LONG),
+        (LONG, 30, "model.…layers.17.mlp.down_proj"),
+        (LONG, 24, "…layers.17.mlp.down_proj"),
+        (
+            LONG,
+            20,
+            "model.…17.…down_proj",
+        ),  # issue 44: mlp (nearest the middle) before model; model given back
+        # issue 32 (6): the layer index stays, whole components go from the middle (once:
+        # "…eed_forward_network.output_projection_layer", the index lost and a word cut)
+        (
+            "model.layers.11.feed_forward_network.output_projection_layer",
+            45,
+            "model.layers.11.…output_projection_layer",
+        ),
+        (
+            "model.layers.11.feed_forward_network.output_projection_layer",
+            36,
+            "…layers.11.…output_projection_layer",
+        ),
+        ("encoder.layer.11.attention.output.dense", 30, "encoder.layer.11.…output.dense"),
+        ("encoder.layer.11.attention.output.dense", 20, "…layer.11.…dense"),
+        ("model.layers.3.mlp.down_proj.weight", 28, "…layers.3.…down_proj.weight"),
+        ("model.layers.3.mlp.down_proj.weight", 24, "…3.mlp.down_proj.weight"),
+        ("model.this_is_an_extremely_long_leaf_module_name", 20, "…ng_leaf_module_name"),
+        ("层.权重.很长的名字", 11, "…很长的名字"),  # two cells per character
+    ],
+)
 def test_shorten_middle_keeps_the_layer_index_and_the_leaf(name, width, shown):
     out = shorten_middle(name, width)
     assert out == shown and cell_len(out) <= width
@@ -54,31 +69,73 @@ def test_fit_gives_numbers_their_width_and_drops_optional_columns():
     nums = [Col(h, [Text("1.234e+05")], justify="right") for h in ("absmax", "headroom")]
     assert fit([name, kind, *nums], 200) == [len(LONG), 17, 9, 9]
     assert fit([name, kind, *nums], 60) == [40, 0, 9, 9]  # the name first; no room left for the type
-    assert fit([name, kind, *nums], 62, order=[(0, 30), (1, None)]) == [30, 11, 9, 9]  # type shown at its stage
+    assert fit([name, kind, *nums], 62, order=[(0, 30), (1, None)]) == [
+        30,
+        11,
+        9,
+        9,
+    ]  # type shown at its stage
     assert fit([name, kind, *nums], 40) == [20, 0, 9, 9]
 
 
 def _deep_report(n_layers: int = 24, bad: int = 17) -> Report:
     rows = []
     for i in range(n_layers):
-        for leaf, t in (("self_attn.q_proj", "Linear"), ("post_attention_layernorm", "LlamaRMSNorm"),
-                        ("mlp.down_proj", "Linear")):
-            rows.append({"module": f"model.language_model.layers.{i}.{leaf}", "module_type": t, "call_index": 0,
-                         "input_index": 0, "depth": 3 + leaf.count("."), "absmax": 123456.7 / (1 + i) / 3,
-                         "in_absmax": 2.5, "nan": 0, "posinf": 0, "neginf": 0})
+        for leaf, t in (
+            ("self_attn.q_proj", "Linear"),
+            ("post_attention_layernorm", "LlamaRMSNorm"),
+            ("mlp.down_proj", "Linear"),
+        ):
+            rows.append(
+                {
+                    "module": f"model.language_model.layers.{i}.{leaf}",
+                    "module_type": t,
+                    "call_index": 0,
+                    "input_index": 0,
+                    "depth": 3 + leaf.count("."),
+                    "absmax": 123456.7 / (1 + i) / 3,
+                    "in_absmax": 2.5,
+                    "nan": 0,
+                    "posinf": 0,
+                    "neginf": 0,
+                }
+            )
     prod = next(i for i, r in enumerate(rows) if r["module"].endswith(f"{bad}.mlp.down_proj"))
     rows[prod].update(absmax=0.0, posinf=12)
     name = rows[prod]["module"]
-    ev = [f"absmax 7.654e+04 > fp16 max 65504 at aten.mm.default in {name}; finite in fp32, bf16",
-          "operands finite: absmax 311.2, 246.1 in the rows of the input at index [3, 1017]"]
-    return Report(checkpoint={"path": "/data/checkpoints/run-42/model.safetensors", "format": "safetensors",
-                              "n_tensors": 290, "bytes": 2_400_000_000},
-                  run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]}, modules=rows,
-                  first_nonfinite=FirstNonfinite(0, name, "Linear", "aten.mm.default", "posinf", "producer",
-                                                 source="modeling_llama.py:176  down = self.down_proj(x)"),
-                  diagnosis=Diagnosis("overflow", "fp16", name, "aten.mm.default", "a matmul overflows fp16", ev,
-                                      "keep the MLP down projection in fp32 or run in bf16 (wide range)"),
-                  notes=["a note long enough to wrap: " + "the quick brown fox jumps over the lazy dog " * 3])
+    ev = [
+        f"absmax 7.654e+04 > fp16 max 65504 at aten.mm.default in {name}; finite in fp32, bf16",
+        "operands finite: absmax 311.2, 246.1 in the rows of the input at index [3, 1017]",
+    ]
+    return Report(
+        checkpoint={
+            "path": "/data/checkpoints/run-42/model.safetensors",
+            "format": "safetensors",
+            "n_tensors": 290,
+            "bytes": 2_400_000_000,
+        },
+        run={"dtype": "fp16", "device": "cpu", "n_inputs": 1, "failed_inputs": [0]},
+        modules=rows,
+        first_nonfinite=FirstNonfinite(
+            0,
+            name,
+            "Linear",
+            "aten.mm.default",
+            "posinf",
+            "producer",
+            source="modeling_llama.py:176  down = self.down_proj(x)",
+        ),
+        diagnosis=Diagnosis(
+            "overflow",
+            "fp16",
+            name,
+            "aten.mm.default",
+            "a matmul overflows fp16",
+            ev,
+            "keep the MLP down projection in fp32 or run in bf16 (wide range)",
+        ),
+        notes=["a note long enough to wrap: " + "the quick brown fox jumps over the lazy dog " * 3],
+    )
 
 
 def _render(rep: Report, width: int) -> list[str]:
@@ -124,8 +181,11 @@ def test_one_shortening_style_in_a_strip():
     """issue 32 (6): every shortened name of a strip has the same shape — the layer index as a whole
     component, "…" for whole components only, the leaf whole — never the front cut off at one row
     and the middle at the next."""
-    names = [f"model.layers.{i}.{leaf}" for i in (1, 11) for leaf in
-             ("self_attn.q_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.down_proj")]
+    names = [
+        f"model.layers.{i}.{leaf}"
+        for i in (1, 11)
+        for leaf in ("self_attn.q_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.down_proj")
+    ]
     for width in (28, 30, 32, 36):
         for n in names:
             s = shorten_middle(n, width)

@@ -26,8 +26,10 @@ from .console import text_of
 
 def test_header():
     assert [line.rstrip() for line in text_of(header(overflow(), 100), 100).splitlines()] == [
-        "nanhunter model.safetensors", "          safetensors · 4 tensors · 0.2 KB",
-        "run       fp16 on cpu · 1 input(s) · failing inputs [0]"]
+        "nanhunter model.safetensors",
+        "          safetensors · 4 tensors · 0.2 KB",
+        "run       fp16 on cpu · 1 input(s) · failing inputs [0]",
+    ]
     assert len(text_of(header(nan_weights(), 100), 100).splitlines()) == 2  # no run: no run line
 
 
@@ -62,7 +64,9 @@ def test_findings_list_near_misses_and_notes():
     rep.notes = ["one thing", "another " * 30]
     lines = text_of(findings(rep, 60), 60).splitlines()
     assert lines[0].rstrip() == "note one thing" and all(cell_len(line) <= 60 for line in lines)
-    assert lines[1].startswith("note another") and lines[2].startswith("     another")  # wrapped under the value
+    assert lines[1].startswith("note another") and lines[2].startswith(
+        "     another"
+    )  # wrapped under the value
     assert findings(clean(), 60) is None
 
 

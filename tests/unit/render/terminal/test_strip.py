@@ -38,17 +38,34 @@ def test_the_bars():
 
 
 def test_an_empty_output_is_all_dots():
-    rep = Report(run=RunInfo("fp16", "cpu", 1), modules=[{
-        "module": "zero", "module_type": "Linear", "call_index": 0, "input_index": 0, "depth": 1, "absmax": 0.0,
-        "in_absmax": 1.0, "nan": 0, "posinf": 0, "neginf": 0}])
+    rep = Report(
+        run=RunInfo("fp16", "cpu", 1),
+        modules=[
+            {
+                "module": "zero",
+                "module_type": "Linear",
+                "call_index": 0,
+                "input_index": 0,
+                "depth": 1,
+                "absmax": 0.0,
+                "in_absmax": 1.0,
+                "nan": 0,
+                "posinf": 0,
+                "neginf": 0,
+            }
+        ],
+    )
     (row,) = [line for line in _lines(rep, 100) if line.split()[:1] == ["zero"]]
     assert "█" not in row and "·" * 10 in row and row.split()[-1] == "∞"
 
 
-@pytest.mark.parametrize("width, shown", [
-    (100, "model.layers.11.…output_projection_layer"),  # whole components go from the middle
-    (60, "…utput_projection_layer"),  # the module column at its narrowest: the tail stays
-])
+@pytest.mark.parametrize(
+    "width, shown",
+    [
+        (100, "model.layers.11.…output_projection_layer"),  # whole components go from the middle
+        (60, "…utput_projection_layer"),  # the module column at its narrowest: the tail stays
+    ],
+)
 def test_long_names_are_shortened_in_the_middle(width, shown):
     rep = overflow()
     rep.modules[1]["module"] = LONG

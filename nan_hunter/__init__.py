@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from os import PathLike
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -260,7 +261,7 @@ def scan(
 
     return printable(
         _scan(
-            checkpoint,
+            os.fspath(checkpoint),
             config=config,
             progress=progress,
             arch=arch,
@@ -350,7 +351,7 @@ def bisect(
 
     return printable(
         _bisect(
-            checkpoint,
+            os.fspath(checkpoint),
             dtype=dtype,
             keep_dtype=keep_dtype,
             arch=arch,
@@ -411,11 +412,11 @@ def check(
     return [
         printable(r)
         for r in _check(
-            checkpoints,
+            [os.fspath(c) for c in checkpoints] if isinstance(checkpoints, list) else os.fspath(checkpoints),
             dtypes=dtypes,
             config=config,
             progress=progress,
-            baseline=baseline,
+            baseline=os.fspath(baseline) if baseline is not None else None,
             arch=arch,
             attn=attn,
             inputs=inputs,

@@ -90,7 +90,7 @@ def _copied_plainly(tp: type) -> bool:
     if plain is None:
         obj = object
         plain = (
-            tp not in copy._copy_dispatch
+            tp not in copy._copy_dispatch  # type: ignore[attr-defined]  # copy's own table; typeshed omits it
             and copyreg.dispatch_table.get(tp) is None
             and not issubclass(tp, (type, dict, list, tuple, set))
             and getattr(tp, "__copy__", None) is None
@@ -100,7 +100,7 @@ def _copied_plainly(tp: type) -> bool:
             and getattr(tp, "__getstate__", None) is getattr(obj, "__getstate__", None)
             and getattr(tp, "__getnewargs_ex__", None) is None
             and getattr(tp, "__getnewargs__", None) is None
-            and not copyreg._slotnames(tp)
+            and not copyreg._slotnames(tp)  # type: ignore[attr-defined]  # what copy.copy asks; typeshed omits it
             and "__dict__" in dir(tp)
         )
         _PLAINLY_COPIED[tp] = plain
@@ -112,7 +112,8 @@ def _shallow_copy(x: Any) -> Any:
     tp = type(x)
     if not _copied_plainly(tp):
         return copy.copy(x)
-    new = tp.__new__(tp)
+    cls: Any = tp  # typeshed's type.__new__ overloads do not take a bare class; copy.copy calls it so
+    new = cls.__new__(tp)
     state = x.__dict__
     if state:
         new.__dict__.update(state)

@@ -94,7 +94,7 @@ def _nonfinite(raw: tuple[list[int], list[float]]) -> bool:
     return bool(i[1] or i[2] or i[3])  # nan, posinf, neginf counts (stats.INT_FIELDS)
 
 
-def _failed(calls: list[Call], rows: Raw) -> bool:
+def _failed(calls: list[Call], rows: Raw | list[Any]) -> bool:
     """A forward failed when a module output is non-finite or its data held NaN/+inf (the rule of
     ``locate.producer.failed_inputs``, which capture does not import)."""
     for c in calls:
@@ -105,7 +105,7 @@ def _failed(calls: list[Call], rows: Raw) -> bool:
     return False
 
 
-def _phase_of(calls: list[Call], rows: Raw) -> str:
+def _phase_of(calls: list[Call], rows: Raw | list[Any]) -> str:
     """The first phase of a failing step with a non-finite output."""
     for phase in ("forward", "backward", "optimizer"):
         if any(
@@ -223,7 +223,7 @@ class Recorder:
         self._starts = 0
         self._forward = first_step - 1  # the latest root call's step (each is one input of the data set)
         self.listener = listener if listener is not None else CaptureListener()
-        self._ops = None
+        self._ops: OpWatch | None = None
         self.op_records: list[Any] = []  # level "ops": ops that introduced a non-finite value
         self._params_all = [p for p in model.parameters() if not p.is_inference()]
         self._named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -393,6 +393,7 @@ class Recorder:
                 try:
                     with torch.random.fork_rng(devices=devices):
                         for r in range(1, n):
+                            assert state is not None  # taken above whenever n > 1
                             torch.set_rng_state(state)  # every re-run draws the same random numbers
                             with contextlib.ExitStack() as later, self.observers_only():
                                 for o in self.observers:
@@ -782,7 +783,9 @@ class Recorder:
         for pn, t in own:
             p = params.get(pn)
             plain = p is not None and type(p) in (torch.Tensor, nn.Parameter) and type(t) is torch.Tensor
-            out.append(p if plain and t.data_ptr() == p.data_ptr() and t.shape == p.shape else None)
+            out.append(
+                p if p is not None and plain and t.data_ptr() == p.data_ptr() and t.shape == p.shape else None
+            )
         return out
 
     def _params(self, name: str, module: nn.Module) -> Refs:
@@ -823,7 +826,7 @@ class Recorder:
         new_rows: list[int] = []
         bid = self._next_block
         self._next_block += 1
-        users: set[int] = set()
+        users = set()
         taken = self._take_after_rows(own, self._own_src[name], bid, users) if self._after else {}
         if taken:
             fresh = iter(self._measure_all_params([x for i, x in enumerate(own) if i not in taken], new_rows))
@@ -1212,7 +1215,8 @@ class Recorder:
             bc = per[root.start] = Call(
                 root.start, root.module, root.module_type, root.call_index, 0, None, f, phase="backward"
             )
-            detail.append(bc)
+            if detail is not None:
+                detail.append(bc)
         items = [(f"grad of {n}", g.detach()) for n, g in named if g.is_floating_point()]
         refs = self.measure(items, step=f)
         events = self.grads.events

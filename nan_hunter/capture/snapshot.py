@@ -12,7 +12,7 @@ turns the references into copies once the forward is known to be the one a repor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -75,7 +75,7 @@ class Snapshot:
         # else (a KV cache, nested containers) goes through one map_tensors walk, so objects
         # shared among them stay shared
         odd = [v for v in (*args, *kwargs.values()) if type(v) not in _PLAIN]
-        mapped = iter(map_tensors(odd, keep)) if odd else None
+        mapped: Iterator[Any] = iter(map_tensors(odd, keep) if odd else ())
 
         def put(v: Any) -> Any:
             tp = type(v)

@@ -75,7 +75,9 @@ def number(kind: type, flag: str) -> Callable[..., Any]:
 
 
 # --- arguments -----------------------------------------------------------------------------------
-CHECKPOINT_HELP = "a .safetensors file, a *.safetensors.index.json, or a model directory"
+CHECKPOINT_HELP = (
+    "a .safetensors, .gguf or .pt/.bin file, a *.safetensors.index.json, or a model or capsule directory"
+)
 Checkpoint = Annotated[str, typer.Argument(metavar="CHECKPOINT", help=CHECKPOINT_HELP, show_default=False)]
 
 # --- output ---------------------------------------------------------------------------------------

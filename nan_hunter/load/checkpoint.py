@@ -506,8 +506,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         mode = os.stat(p).st_mode
     except FileNotFoundError:
         raise BadInput(
-            f"checkpoint not found: {p}; pass a .safetensors file, a *.safetensors.index.json "
-            "or a model directory"
+            f"checkpoint not found: {p}; pass a .safetensors, .gguf or .pt/.bin file, a "
+            "*.safetensors.index.json, or a model or capsule directory"
         ) from None
     except OSError as e:
         raise BadInput(f"checkpoint {p}: cannot read it ({e.strerror})") from None

@@ -90,6 +90,31 @@ def _rise(trend: Trend, pts: list[tuple[int, float]], window: int) -> float:
     return trend.slope * span
 
 
+@dataclass(frozen=True)
+class _Rising:
+    """A series' latest value past its floor, with a fitted rise past its threshold over the window."""
+
+    value: float
+    trend: Trend
+    rise: float
+    first: tuple[int, float]  # the window's first point
+
+
+def _rising_past(
+    pts: list[tuple[int, float]], level: Any, window: int, floor: float, min_rise: float
+) -> _Rising | None:
+    """The shape both logit rules share: the latest value at least ``floor``, the level (``level``)
+    rising over the latest ``window`` points by at least ``min_rise``; None otherwise."""
+    v = pts[-1][1]
+    trend = _growth(pts, level, window)
+    if trend is None or v < floor or not trend.rising:
+        return None
+    rise = _rise(trend, pts, window)
+    if rise < min_rise:
+        return None
+    return _Rising(v, trend, rise, pts[-min(window, len(pts))])
+
+
 @register
 class AttentionLogitGrowth:
     """The largest pre-softmax attention logit grows steadily past a floor: the attention entropy
@@ -101,14 +126,10 @@ class AttentionLogitGrowth:
     def check(self, history: History, cfg: PrecursorsConfig) -> list[Precursor]:
         out = []
         for module, pts in history.series(ATTENTION):
-            v = pts[-1][1]
-            trend = _growth(pts, level_db, cfg.window)
-            if trend is None or v < cfg.attention_logit_min or not trend.rising:
+            r = _rising_past(pts, level_db, cfg.window, cfg.attention_logit_min, cfg.attention_rise_db)
+            if r is None:
                 continue
-            rise = _rise(trend, pts, cfg.window)
-            if rise < cfg.attention_rise_db:
-                continue
-            first = pts[-min(cfg.window, len(pts))]
+            v, trend, rise, first = r.value, r.trend, r.rise, r.first
             out.append(
                 Precursor(
                     self.code,
@@ -136,14 +157,10 @@ class OutputLogitDivergence:
     def check(self, history: History, cfg: PrecursorsConfig) -> list[Precursor]:
         out = []
         for module, pts in history.series(LOGSUMEXP):
-            v = pts[-1][1]
-            trend = _growth(pts, float, cfg.window)
-            if trend is None or v < cfg.logz_min or not trend.rising:
+            r = _rising_past(pts, float, cfg.window, cfg.logz_min, cfg.logz_rise)
+            if r is None:
                 continue
-            rise = _rise(trend, pts, cfg.window)
-            if rise < cfg.logz_rise:
-                continue
-            first = pts[-min(cfg.window, len(pts))]
+            v, trend, rise, first = r.value, r.trend, r.rise, r.first
             out.append(
                 Precursor(
                     self.code,

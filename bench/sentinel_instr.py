@@ -184,12 +184,27 @@ def build_trainer(ir, wanted):
 def build_llama110m(ir, wanted):
     import torch
 
-    import nan_hunter
-
     model = _llama(hidden=768, layers=12, heads=12, inter=2048, vocab=32000, tied=True).eval()
     ids = torch.randint(3, 32000, (1, 5), generator=torch.Generator().manual_seed(0))
+    cases = _generate_cases(ir, wanted, model, ids, (2, 4))
+    info = {
+        "model": "LlamaForCausalLM(hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied)",
+        "params": sum(p.numel() for p in model.parameters()),
+        "prompt": list(ids.shape),
+        "iteration": "one greedy generate() of T new tokens",
+    }
+    return cases, info, (lambda out: out)
+
+
+def _generate_cases(ir, wanted, model, ids, lengths):
+    """Per T in ``lengths``: greedy ``generate()`` of exactly T new tokens, ``plain`` and ``sentinel``
+    (a fresh ``nan_hunter.watch(model)`` per generate), the variants in ``wanted``."""
+    import torch
+
+    import nan_hunter
+
     cases = {}
-    for T in (2, 4):
+    for T in lengths:
 
         def gen(T=T):
             with torch.no_grad():
@@ -212,13 +227,7 @@ def build_llama110m(ir, wanted):
             ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate"),
         ]
         cases[f"T{T}"] = [v for v in vs if v.name in wanted]
-    info = {
-        "model": "LlamaForCausalLM(hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied)",
-        "params": sum(p.numel() for p in model.parameters()),
-        "prompt": list(ids.shape),
-        "iteration": "one greedy generate() of T new tokens",
-    }
-    return cases, info, (lambda out: out)
+    return cases
 
 
 def build_tiny_decode(ir, wanted):
@@ -228,8 +237,6 @@ def build_tiny_decode(ir, wanted):
     X(T16)) / 16 is one decode forward: the fixed cost per forward of issue 45."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    import nan_hunter
 
     cfg = LlamaConfig(
         vocab_size=256,
@@ -247,30 +254,7 @@ def build_tiny_decode(ir, wanted):
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 256, (1, 5), generator=torch.Generator().manual_seed(0))
-    cases = {}
-    for T in (16, 32):
-
-        def gen(T=T):
-            with torch.no_grad():
-                return model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=T,
-                    min_new_tokens=T,
-                    do_sample=False,
-                    num_beams=1,
-                    pad_token_id=0,
-                )
-
-        def watched(gen=gen):
-            with nan_hunter.watch(model):
-                return gen()
-
-        vs = [
-            ir.Variant("plain", gen, describe="model.generate(...)"),
-            ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate"),
-        ]
-        cases[f"T{T}"] = [v for v in vs if v.name in wanted]
+    cases = _generate_cases(ir, wanted, model, ids, (16, 32))
     info = {
         "model": "LlamaForCausalLM(hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256, tied), seed 0",
         "params": sum(p.numel() for p in model.parameters()),

@@ -13,6 +13,8 @@ warm-up of each); the figure is the median over rounds of one 64-token greedy ``
 (``do_sample=False``, ``min_new_tokens=max_new_tokens`` so every variant runs the same steps):
 
 * ``plain``          ``model.generate(...)``
+* ``watch_sentinel`` the same inside ``nan_hunter.watch(model)`` at its default level ``"sentinel"``
+                   (a fresh watch per call; ``sample_every`` 100: a 64-token call samples none)
 * ``watch_blocks``   the same inside ``nan_hunter.watch(model, level="blocks")`` (a fresh watch per call)
 * ``watch_modules``  the same at ``level="modules"``
 * ``duo``            transformers' ``DebugUnderflowOverflow(model)`` registered around the call
@@ -106,7 +108,13 @@ def variants(model, ids, tokens: int):
                 m._forward_hooks.clear()
             del d
 
-    return {"plain": gen, "watch_blocks": watched("blocks"), "watch_modules": watched("modules"), "duo": duo}
+    return {
+        "plain": gen,
+        "watch_sentinel": watched("sentinel"),
+        "watch_blocks": watched("blocks"),
+        "watch_modules": watched("modules"),
+        "duo": duo,
+    }
 
 
 def measure(name: str, tokens: int, rounds: int, clock=time.perf_counter) -> dict:
@@ -197,7 +205,8 @@ def main() -> int:
         r = res[name]["ratio_vs_plain"]
         print(
             f"{name} ({res[name]['params'] / 1e6:.1f}M params, {a.tokens} tokens): plain "
-            f"{res[name]['seconds']['plain']:.3f}s; watch blocks {r['watch_blocks']:.3f}x, modules "
+            f"{res[name]['seconds']['plain']:.3f}s; watch sentinel {r['watch_sentinel']:.3f}x, "
+            f"blocks {r['watch_blocks']:.3f}x, modules "
             f"{r['watch_modules']:.3f}x, DebugUnderflowOverflow {r['duo']:.3f}x; same tokens: "
             f"{all(res[name]['same_tokens'].values())}"
         )

@@ -10,7 +10,8 @@ workloads. Every workload is fp32 on the CPU, one thread, random weights from a 
   4096; 5.3 M parameters), batch 4 × 64 random ids; a step = forward with ``labels``, backward,
   ``AdamW(lr=1e-4).step()``, ``zero_grad``. Variants: ``plain``; ``sentinel`` = ONE
   ``nan_hunter.watch(model, backward=True, optimizer=opt)`` (the default level) entered around the
-  warm-up and the regions; ``skip`` = the same with ``on_fault="skip"``.
+  warm-up and the regions; ``skip`` = the same with ``on_fault="skip"``; ``sampled`` = the same with
+  ``sample_every=1`` (every step a sampled step: the cost of one).
 * ``trainer``: the same model under a real ``transformers.Trainer`` (``max_steps`` S, batch 4 ×
   64, no saving/logging/eval); an iteration is one ``trainer.train()`` of S steps, for the cases S =
   2 and S = 4 (their difference is the marginal cost of a step, without the Trainer's set-up).
@@ -25,6 +26,12 @@ workloads. Every workload is fp32 on the CPU, one thread, random weights from a 
 * ``tiny_decode``: the harness's ``decode`` (tiny Llama, greedy ``generate()`` of T = 16 and 32
   tokens) with ``plain`` and ``sentinel`` = a fresh ``nan_hunter.watch(model)`` per generate (the
   default level; the harness's own ``watch`` variant is ``blocks``).
+* ``tiny_decode_long``: the same over T = 32 and 96 tokens ((X(T96) - X(T32)) / 64: one decode
+  forward over 64, less moved by a one-off heap event; T96's watch folds twice, T32's never: the
+  folds, one every 32 forwards, are in the difference), with a third variant ``sampled`` = a fresh
+  ``nan_hunter.watch(model, sample_every=1)``: every step a sampled step, so its difference is the
+  cost of one. At the default (one sampled step in ``SAMPLE_EVERY`` = 100) the average is
+  ``sentinel + (sampled - sentinel) / 100``.
 * ``cb_decode``: transformers' continuous batching (``model.generate_batch``, the real
   ``ContinuousBatchingManager``; as bench/serving_overhead.py: the 5.3 M Llama above with sdpa,
   8 requests × 16 prompt tokens, 8 new tokens, paged cache 64 × 32, no CUDA graphs, sync batching).
@@ -118,6 +125,12 @@ def build_train_llama(ir, wanted):
             step,
             _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt, on_fault="skip")),
             "the same with on_fault='skip'",
+        ),
+        ir.Variant(
+            "sampled",
+            step,
+            _held(lambda: nan_hunter.watch(model, backward=True, optimizer=opt, sample_every=1)),
+            "the same with sample_every=1: every step a sampled step (the cost of one)",
         ),
     ]
     info = {
@@ -222,15 +235,24 @@ def _generate_cases(ir, wanted, model, ids, lengths):
             with nan_hunter.watch(model):
                 return gen()
 
+        def sampled(gen=gen):
+            with nan_hunter.watch(model, sample_every=1):
+                return gen()
+
         vs = [
             ir.Variant("plain", gen, describe="model.generate(...)"),
             ir.Variant("sentinel", watched, describe="a fresh nan_hunter.watch(model) per generate"),
+            ir.Variant(
+                "sampled",
+                sampled,
+                describe="a fresh nan_hunter.watch(model, sample_every=1) per generate: every step sampled",
+            ),
         ]
         cases[f"T{T}"] = [v for v in vs if v.name in wanted]
     return cases
 
 
-def build_tiny_decode(ir, wanted):
+def build_tiny_decode(ir, wanted, lengths=(16, 32)):
     """The harness's ``decode`` workload (tiny Llama: hidden 64, 2 layers, vocab 256, tied; greedy
     ``generate()`` of T = 16 and T = 32 new tokens from a 5-token prompt) at the default level:
     ``plain`` and ``sentinel`` = a fresh ``nan_hunter.watch(model)`` per generate. (X(T32) -
@@ -254,7 +276,7 @@ def build_tiny_decode(ir, wanted):
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 256, (1, 5), generator=torch.Generator().manual_seed(0))
-    cases = _generate_cases(ir, wanted, model, ids, (16, 32))
+    cases = _generate_cases(ir, wanted, model, ids, lengths)
     info = {
         "model": "LlamaForCausalLM(hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256, tied), seed 0",
         "params": sum(p.numel() for p in model.parameters()),
@@ -262,6 +284,15 @@ def build_tiny_decode(ir, wanted):
         "iteration": "one greedy generate() of T new tokens (T forwards: 1 prefill + T-1 decode)",
     }
     return cases, info, (lambda out: out)
+
+
+def build_tiny_decode_long(ir, wanted):
+    """``tiny_decode`` over T = 32 and T = 96 new tokens: (X(T96) - X(T32)) / 64 is one decode
+    forward averaged over 64 (a one-off allocator event of the heap moves it 4x less than over 16),
+    the sentinel's folds (one every 32 forwards) included; ``sampled`` is a sampled step's cost."""
+    cases, info, head = build_tiny_decode(ir, wanted, lengths=(32, 96))
+    info["iteration"] += "; T = 32 and 96"
+    return cases, info, head
 
 
 def build_cb_decode(ir, wanted):
@@ -379,6 +410,7 @@ BUILDERS = {
     "llama110m": (build_llama110m, 1, 1, False),
     "cb_decode": (build_cb_decode, 1, 1, False),
     "tiny_decode": (build_tiny_decode, 1, 1, False),
+    "tiny_decode_long": (build_tiny_decode_long, 1, 1, False),
 }
 
 

@@ -28,6 +28,8 @@ so is the median over rounds of each round's ratio to plain's time in the same r
                       detaches its hooks; its records carry over); the attach and detach are timed
                       apart, not in the step
 * ``watch_modules``   the same at ``level="modules"``
+* ``watch_sentinel``  the same at ``level="sentinel"`` (the default level of ``watch()``; ``sample_every``
+                      100: a run of fewer steps samples none, a longer one one step in 100)
 * ``watch_skip``      ``watch_blocks`` with ``on_fault="skip"``: a copy of the parameters and the AdamW
                       state before every ``opt.step()`` (into buffers allocated once), restored after a
                       faulty step
@@ -90,6 +92,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuB
 HERE = Path(__file__).resolve().parent
 VARIANTS = (
     "plain",
+    "watch_sentinel",
     "watch_blocks",
     "watch_modules",
     "watch_skip",
@@ -387,6 +390,7 @@ def build_variants(model, opt, wanted: list[str]) -> list[Variant]:
             hf_debug,
         ),
         "plain": Variant("plain", "forward, loss, backward, AdamW step, zero_grad", contextlib.nullcontext),
+        "watch_sentinel": watched("sentinel"),
         "watch_blocks": watched("blocks"),
         "watch_modules": watched("modules"),
         "detect_anomaly": Variant(

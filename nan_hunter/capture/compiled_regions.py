@@ -63,6 +63,29 @@ def outside_compile(hook: Callable[..., Any]) -> Callable[..., Any]:
     return dynamo.disable(hook) if dynamo is not None else hook
 
 
+def root_outside_compile(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``outside_compile`` at no cost per call, for a function whose code object runs only as a
+    root hook (the recorder's one root pre-hook and post-hook, every step): instead of a wrapper
+    that switches dynamo's frame callback off and on around every call (~60 bytecodes and two C
+    calls each time), the function is marked once as ``torch.compiler.disable`` marks its wrapper
+    (dynamo breaks the graph at it and calls it eagerly) and its code object is given dynamo's
+    frame strategy "skip this frame and every frame it calls" (what that wrapper's callback switch
+    achieves). Outside dynamo nothing runs per call. Where torch lacks that API: ``outside_compile``.
+    The strategy belongs to the code object: a ``def`` whose functions also hook inner modules
+    (traced, and asking ``compiling()``) must not be passed here."""
+    if sys.modules.get("torch._dynamo") is None:
+        return hook
+    frames = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    try:
+        skip = frames._FrameAction.SKIP  # type: ignore[union-attr]
+        frames.set_code_exec_strategy(hook.__code__, frames._FrameExecStrategy(skip, skip))  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # a torch without frame strategies
+        return outside_compile(hook)
+    hook._torchdynamo_disable = True  # type: ignore[attr-defined]
+    hook._torchdynamo_disable_msg = "nan_hunter's root hook runs eagerly around the compiled call"  # type: ignore[attr-defined]
+    return hook
+
+
 #: True while dynamo traces (a hook then must not measure: see the module docstring). The torch
 #: function itself, not a wrapper around it: every hook asks, on every call.
 compiling = torch.compiler.is_compiling

@@ -33,21 +33,21 @@ def _autocast_now() -> tuple[tuple[str, torch.dtype], ...]:
     return amp
 
 
-def _rng_now() -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    cpu = torch.default_generator.get_state()  # torch.get_rng_state(), one Python frame less
-    cuda = None
-    if torch.cuda.is_initialized():  # no CUDA RNG before CUDA is initialised (and none without CUDA)
-        try:
-            cuda = torch.cuda.get_rng_state()
-        except RuntimeError:  # inside CUDA-graph capture
-            cuda = None
-    return cpu, cuda
+def _cuda_rng() -> torch.Tensor | None:
+    try:
+        return torch.cuda.get_rng_state()
+    except RuntimeError:  # inside CUDA-graph capture
+        return None
 
 
-@dataclass(frozen=True, eq=False)
+_generator = torch.default_generator
+
+
+@dataclass(slots=True, eq=False)
 class ForwardContext:
     """The ambient state a forward ran under, so a re-run can be made under the same: grad and
-    inference mode, autocast, the root's train/eval mode and the RNG state (dropout masks)."""
+    inference mode, autocast, the root's train/eval mode and the RNG state (dropout masks).
+    Recorded at every root call (``now``), read only by a re-run: never changed after."""
 
     grad: bool
     autocast: tuple[tuple[str, torch.dtype], ...]
@@ -58,14 +58,16 @@ class ForwardContext:
 
     @classmethod
     def now(cls, model: nn.Module | None = None) -> ForwardContext:
-        cpu, cuda = _rng_now()
+        """The state now, in one call (every watched root call takes it): the CPU RNG by the
+        generator's own ``get_state`` (``torch.get_rng_state()``, one Python frame less); the CUDA
+        RNG only once CUDA is initialised (none before, and none without CUDA)."""
         return cls(
             torch.is_grad_enabled(),
-            _autocast_now(),
+            _autocast_now() if _any_autocast is None or _any_autocast() else (),
             torch.is_inference_mode_enabled(),
             model.training if model is not None else None,
-            cpu,
-            cuda,
+            _generator.get_state(),
+            _cuda_rng() if torch.cuda.is_initialized() else None,
         )
 
     def enter(self, stack: contextlib.ExitStack) -> None:

@@ -45,6 +45,34 @@ def float_items(obj: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """The floating tensors of ``float_items(output)``, without their labels (the sentinel's one
+    reduction per step needs none; a failing step takes ``float_items`` for its rows): a root's
+    outputs are a tensor or a ``ModelOutput``/tuple/list of tensors, None and objects walked as
+    ``float_items`` walks them (a KV cache: no tensor it reads; its type is looked up once)."""
+    tp = type(output)
+    if tp is _TENSOR:
+        return [output] if output.is_floating_point() and not output.is_meta else []
+    kind = _KINDS.get(tp)
+    if kind is None:
+        kind = _kind(tp)
+    if kind == _MAPPING:
+        values: Any = output.values()
+    elif kind == _SEQUENCE:
+        values = output
+    else:
+        return [t for _, t in float_items(output)]
+    out: list[torch.Tensor] = []
+    kinds = _KINDS
+    for v in values:
+        if type(v) is _TENSOR:
+            if v.is_floating_point() and not v.is_meta:
+                out.append(v)
+        elif kinds.get(type(v)) != _SKIP_KIND:
+            out += [t for _, t in float_items(v)]
+    return out
+
+
 _ARG_LABELS = tuple(f"args[{i}]" for i in range(16))
 
 

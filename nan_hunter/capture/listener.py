@@ -7,6 +7,7 @@ session needs none."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection
 from typing import Any
 
 from .context import ForwardContext
@@ -46,7 +47,8 @@ class CaptureListener:
         """Before ``optimizer.step()`` of a kept step (a session copies what a capsule needs)."""
 
     def on_forward_end(self, step: int) -> None:
-        """A root forward ended and was judged where that is free (a session acting at the fault)."""
+        """A root forward whose rows are on a device ended (a session acting at the fault reads its
+        flag). Not called for a host sink's forward: it was judged already, at no cost."""
 
     def on_optimizer_end(self, step: int, calls: list[Any]) -> None:
         """``optimizer.step()`` of a kept step ended and was judged (a session may undo it)."""
@@ -107,3 +109,34 @@ class CallObserver:
 
     def detached(self) -> None:
         """The recorder's hooks are gone (a trace writes what it holds and closes its file)."""
+
+
+class Companion:
+    """Something that watches the same model as a ``Recorder`` for as long as it is attached
+    (``Recorder.add_companion``: a watch's ``serving.PackedBatches`` and ``capture.signals``).
+    Its root callbacks run inside the recorder's own root hooks — one pre-hook and one post-hook
+    per root call for the recorder and every companion, outside compiled regions — after the
+    recorder's part, so they see the step it started (``current_step``, its kept inputs) and, at
+    the end, the sentinel's verdict on the outputs (``Recorder.finite_outputs``). They run even
+    while the recording is paused (a companion checks that itself)."""
+
+    def attach(self) -> None:
+        """The recorder was attached (hook what else it needs)."""
+
+    def detach(self) -> None:
+        """The recorder is being detached (remove everything it hooked)."""
+
+    def inputs_left_out(self, kwargs: dict) -> Collection[str]:
+        """Keywords a root forward's kept inputs leave out (and never walk)."""
+        return ()
+
+    def root_start(self, args: tuple, kwargs: dict) -> None:
+        """A root call starts (after the recorder's part)."""
+
+    def root_end(self, args: tuple, kwargs: dict, output: Any) -> None:
+        """A root call ended, also when its forward raised (``output`` None then)."""
+
+    def overrides(self, name: str) -> bool:
+        """Whether this companion has its own ``name`` callback (the recorder calls only those:
+        a root call pays for no empty one)."""
+        return getattr(type(self), name) is not getattr(Companion, name)

@@ -46,6 +46,7 @@ import operator
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
+from math import isfinite
 from typing import Any
 
 import torch
@@ -55,10 +56,17 @@ from ..kernels.stats import TensorStats
 from ..model.placement import offloaded_value
 from ..tree import local_shard
 from .blocks import main_blocks
-from .compiled_regions import compiling, eager_named_modules, is_wrapper, outside_compile, unwrap
-from .floats import call_items, float_items
+from .compiled_regions import (
+    compiling,
+    eager_named_modules,
+    is_wrapper,
+    outside_compile,
+    root_outside_compile,
+    unwrap,
+)
+from .floats import call_items, float_items, output_tensors
 from .gradients import GradientHooks
-from .listener import CallObserver, CaptureListener
+from .listener import CallObserver, CaptureListener, Companion
 from .ops import ModelSites, OpWatch
 from .optimizer_step import OptimizerHooks
 from .records import Call, Refs
@@ -69,6 +77,7 @@ from .snapshot import Snapshot
 LEVELS = ("sentinel", "blocks", "modules", "ops")
 FOLD_BATCH = 32  # device sinks: forwards folded per read-back (one transfer for all of them)
 _VERSION = operator.attrgetter("_version")
+aminmax = torch.aminmax
 
 
 @dataclass
@@ -127,30 +136,6 @@ def _modes_off(hook: Any) -> Any:
     return off
 
 
-def _output_tensors(output: Any) -> list[torch.Tensor]:
-    """The floating tensors of ``float_items(output)``, without their labels (the sentinel's one
-    reduction per step needs none; a failing step takes ``float_items`` for its rows): a root's
-    outputs are a tensor or a ``ModelOutput``/tuple/list of tensors, None and objects walked as
-    ``float_items`` walks them (a KV cache: no tensor it reads)."""
-    tp = type(output)
-    if tp is torch.Tensor:
-        return [output] if output.is_floating_point() and not output.is_meta else []
-    if isinstance(output, dict):
-        values: Any = output.values()
-    elif isinstance(output, (tuple, list)):
-        values = output
-    else:
-        return [t for _, t in float_items(output)]
-    out: list[torch.Tensor] = []
-    for v in values:
-        if type(v) is torch.Tensor:
-            if v.is_floating_point() and not v.is_meta:
-                out.append(v)
-        elif v is not None:
-            out += [t for _, t in float_items(v)]
-    return out
-
-
 class Recorder:
     """Capture per-module statistics while the model runs."""
 
@@ -189,6 +174,7 @@ class Recorder:
             None  # sentinel on a device: read with the update's
         )
         self._sample_handles: list[Any] = []  # the blocks' hooks of the sampled step running now
+        self._sample_targets: list[tuple[str, nn.Module]] | None = None  # the blocks a sampled step hooks
         self._lean = False  # the running root call took the sentinel's lean path
         self._lengths: dict[str, int] | None = None  # its KV caches' lengths, when its inputs are kept late
         self.sampled_steps = 0
@@ -252,9 +238,14 @@ class Recorder:
         self.optimizer: OptimizerHooks | None = (
             OptimizerHooks(self, optimizer) if optimizer is not None else None
         )
-        self.companions: list[Any] = []  # attached and detached with this recorder (serving.PackedBatches)
+        self.companions: list[
+            Companion
+        ] = []  # attached and detached with this recorder (serving.PackedBatches)
         # companions' ``inputs_left_out(kwargs)``: keywords a forward's kept inputs leave out
         self._left_out: list[Callable[[dict], Collection[str]]] = []
+        # companions' root callbacks, called by the recorder's root hooks (only those they define)
+        self._root_starts_of: list[Callable[[tuple, dict], None]] = []
+        self._root_ends_of: list[Callable[[tuple, dict, Any], None]] = []
         # the last forward whose outputs the sentinel's one reduction found finite (companions'
         # post-hooks run after the recorder's and may skip their own check of those outputs)
         self.finite_outputs: int | None = None
@@ -276,6 +267,7 @@ class Recorder:
     def attach(self) -> None:
         if self._handles:
             return
+        self._sample_targets = None  # found again: the model may have changed while detached
         targets: list[tuple[str, nn.Module]]
         for o in self.observers:
             o.attached(self)
@@ -290,16 +282,17 @@ class Recorder:
         else:
             targets = eager_named_modules(self.model)
         self._n_hooked = len(targets)
+        if not targets and (self._root_starts_of or self._root_ends_of):
+            targets = [("", self.model)]  # the companions' root callbacks: the recorder's own root hooks
         try:
             for name, m in targets:
-                pre, post = self._pre(name), self._post(name)
-                if name == "" and self._lean_root():
-                    pre, post = self._sentinel_pre(pre), self._sentinel_post(post)
-                if modes:  # an observer's op mode sees the model's ops, not the statistics' own
-                    pre, post = _modes_off(pre), _modes_off(post)
                 if name == "":  # the root runs eagerly even when called compiled (capture.compiled_regions)
-                    m = self._wrapper if self._wrapper is not None else m
-                    pre, post = outside_compile(pre), outside_compile(post)
+                    m = self.root_hooked
+                    pre, post = self._root_hooks(bool(modes))
+                else:
+                    pre, post = self._pre(name), self._post(name)
+                    if modes:  # an observer's op mode sees the model's ops, not the statistics' own
+                        pre, post = _modes_off(pre), _modes_off(post)
                 self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
                 self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
             if self.grads is not None:
@@ -419,13 +412,18 @@ class Recorder:
             raise RuntimeError("an observer is added before the recorder is attached")
         self.observers.append(observer)
 
-    def add_companion(self, companion: Any) -> None:
-        """Something with ``attach()``/``detach()`` that hooks the same model for as long as this
-        recorder does (a watch's ``serving.PackedBatches``); attached now if this recorder is."""
+    def add_companion(self, companion: Companion) -> None:
+        """A ``Companion`` that watches the same model for as long as this recorder does (a watch's
+        ``serving.PackedBatches``), its root callbacks called from the recorder's root hooks;
+        attached now if this recorder is (before ``attach``: the root hooks exist only once a
+        recorder that captures nothing has a companion with root callbacks)."""
         self.companions.append(companion)
-        left_out = getattr(companion, "inputs_left_out", None)
-        if left_out is not None:
-            self._left_out.append(left_out)
+        if companion.overrides("inputs_left_out"):
+            self._left_out.append(companion.inputs_left_out)
+        if companion.overrides("root_start"):
+            self._root_starts_of.append(companion.root_start)
+        if companion.overrides("root_end"):
+            self._root_ends_of.append(companion.root_end)
         if self._handles:
             companion.attach()
 
@@ -576,7 +574,8 @@ class Recorder:
                 return
             stack = self._stack
             if not stack:  # a root call: one input of the data set
-                self._root_starts(args, kwargs)
+                # a sampled sentinel step keeps its KV cache's lengths, its inputs taken if it fails
+                self._root_starts(args, kwargs, keep=self._lengths is None)
                 # steps N-1, 2N-1...: a watch around one forward (or fewer than N) samples none
                 if (
                     self.sample_every
@@ -621,57 +620,127 @@ class Recorder:
         sink, no op-level mode (a device sink keeps its flags: no read-back per forward)."""
         return self.sentinel and self.grads is None and not self.sink._device_rows
 
-    def _sentinel_pre(self, full: Any):
-        """The sentinel's root pre-hook: the step's bookkeeping and what a replay needs (its inputs,
-        ambient context), no statistics. A sampled step, or a root called inside itself, takes
-        the full path (``full``)."""
+    def _root_hooks(self, modes: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The root's one pre-hook and one post-hook: the recorder's part of a root call, then its
+        companions' (``Companion.root_start``/``root_end``), in one hook call each; marked to run
+        eagerly around a compiled call at no cost per call (``root_outside_compile``: these ``def``s
+        hook nothing but the root). The sentinel's lean path is its own pair (``_lean_pre``)."""
+        starts, ends = self._root_starts_of, self._root_ends_of
+        if self.capturing and self._lean_root() and not modes:
+            pre, post = self._lean_pre(self._pre("")), self._lean_post(self._post(""))
+            return root_outside_compile(pre), root_outside_compile(post)
+        own_pre: Callable[..., None] | None = None
+        own_post: Callable[..., None] | None = None
+        if self.capturing:
+            own_pre, own_post = self._pre(""), self._post("")
+            if self._lean_root():
+                own_pre, own_post = self._lean_pre(own_pre, False), self._lean_post(own_post, False)
+            if modes:  # an observer's op mode sees the model's ops, not the statistics' own
+                own_pre, own_post = _modes_off(own_pre), _modes_off(own_post)
+
+        def root_pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if own_pre is not None:
+                own_pre(module, args, kwargs)
+            for c in starts:
+                c(args, kwargs)
+
+        def root_post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if own_post is not None:
+                own_post(module, args, kwargs, output)
+            for c in ends:
+                c(args, kwargs, output)
+
+        return root_outside_compile(root_pre), root_outside_compile(root_post)
+
+    def _lean_pre(self, full: Any, companions: bool = True) -> Callable[..., None]:
+        """The sentinel's root pre-hook: a step starts — its number, the weights' version, its one
+        root ``Call`` and what a replay needs (its inputs, or its KV caches' lengths when the inputs
+        are taken only if it fails; the ambient context, through the listener) — then the
+        companions' ``root_start``. No statistics. A sampled step, or a root called inside itself,
+        takes the full path (``full``). Written as one function: it runs on every step (the fixed
+        cost per watched forward, benchmarks/2026-11-29-fixed-cost.md)."""
+        starts = self._root_starts_of if companions else []
+        keeps = self.listener.keeps_inputs()  # a listener's answer for the whole recording
+        root_type = type(self.model).__name__
+        params = self._params_all
+        lengths_of = Snapshot.cache_lengths
+        # an optimizer step may follow (and change the weights) before the step is judged; a forward
+        # alone changes no parameter, so its version at the end is the one it ran with
+        later = self.optimizer is not None
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.paused or compiling():
-                return
-            n = self.sample_every
-            if self._stack or (n and (self._forward + 1) % n == n - 1):
-                self._lean = False
-                return full(module, args, kwargs)
-            self._lean = True
-            # a decode step's KV cache is snapshotted only if the step fails (Snapshot.cropped)
-            self._lengths = Snapshot.cache_lengths(args, kwargs) if self.listener.keeps_inputs() else None
-            self._root_starts(args, kwargs, keep=self._lengths is None)
-            call = Call(self._starts, "", type(self.model).__name__, 0, 0, None, self._forward, [], [], [])
-            self._starts += 1
-            self._current.append(call)
-            self._stack.append(call)
+            if not (self.paused or compiling()):
+                n = self.sample_every
+                if self._stack:  # the root called inside itself
+                    self._lean = False
+                    full(module, args, kwargs)
+                elif n and (self._forward + 1) % n == n - 1:  # a sampled step: in full, inputs taken late
+                    self._lean = False
+                    self._lengths = lengths_of(args, kwargs) if keeps else None
+                    full(module, args, kwargs)
+                else:
+                    self._lean = True
+                    # a decode step's KV cache is snapshotted only if the step fails (Snapshot.cropped)
+                    lengths = self._lengths = lengths_of(args, kwargs) if keeps else None
+                    self._forward = f = self._forward + 1
+                    if later:  # the weights' version now; a step without later phases takes it if it fails
+                        self._weights_at[f] = sum(map(_VERSION, params))  # weights_version()
+                    call = Call(self._starts, "", root_type, 0, 0, None, f)
+                    self._starts += 1
+                    self._current = self._detail[f] = [call]
+                    self._stack.append(call)
+                    if keeps and lengths is None:
+                        left_out = self._left_out
+                        without = [k for lo in left_out for k in lo(kwargs)] if left_out else ()
+                        self._inputs[f] = Snapshot.of(args, kwargs, without)
+                        self._drop_old_inputs()
+                    self.listener.on_root_call(f)
+            for c in starts:
+                c(args, kwargs)
 
         return hook
 
-    def _sentinel_post(self, full: Any):
-        """The sentinel's root post-hook: one reduction over the outputs and one read. Only a
-        forward whose outputs went non-finite is measured (inputs, outputs, every parameter), so
-        the producer rule and ``report()`` see it as a full capture of the root would."""
+    def _lean_post(self, full: Any, companions: bool = True) -> Callable[..., None]:
+        """The sentinel's root post-hook: one reduction over the outputs and one read; the step is
+        judged and the forwards past the window folded (``_finish``), then the companions'
+        ``root_end``. Only a forward whose outputs went non-finite is measured (inputs, outputs,
+        every parameter), so the producer rule and ``report()`` see it as a full capture of the
+        root would."""
+        ends = self._root_ends_of if companions else []
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if not self._lean:
-                return full(module, args, kwargs, output)
-            stack = self._stack
-            if not stack or self.paused or compiling():
-                return
-            del stack[:]  # the root's own call (nothing inside it is hooked)
-            call = self._current[0]
-            call.seq = self._seq
-            self._seq += 1
-            f = call.input_index
-            tensors = _output_tensors(output)
-            if tensors and host_nonfinite(tensors):
-                self._measure_failing_root(call, args, kwargs, float_items(output))
-                if self._lengths is not None:
-                    self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
-            else:
-                self.finite_outputs = f
-            if self._wrapper is not None:
-                self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
-            self._finish(f)
-            if self.opaque_forwards:
-                self.opaque_forwards.intersection_update(self._detail)
+                full(module, args, kwargs, output)
+            elif self._stack and not (self.paused or compiling()):
+                del self._stack[:]  # the root's own call (nothing inside it is hooked)
+                call = self._current[0]
+                call.seq = self._seq
+                self._seq += 1
+                f = call.input_index
+                tensors = output_tensors(output)
+                if len(tensors) == 1:  # host_nonfinite's one-tensor case, inline: one aminmax, two reads
+                    t = tensors[0]
+                    if t.numel():
+                        lo, hi = aminmax(t)
+                        bad = not (isfinite(lo.item()) and isfinite(hi.item()))
+                    else:
+                        bad = False
+                else:
+                    bad = bool(tensors) and host_nonfinite(tensors)
+                if bad:
+                    self._weights_at.setdefault(f, self.weights_version())
+                    self._measure_failing_root(call, args, kwargs, float_items(output))
+                    if self._lengths is not None:
+                        self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
+                else:
+                    self.finite_outputs = f
+                if self._wrapper is not None:
+                    self.opaque_forwards.add(f)  # ran compiled: nothing inside was seen
+                self._finish_on_host(f)  # a lean root has a host sink (_lean_root)
+                if self.opaque_forwards:
+                    self.opaque_forwards.intersection_update(self._detail)
+            for c in ends:
+                c(args, kwargs, output)
 
         return hook
 
@@ -680,6 +749,8 @@ class Recorder:
     ) -> None:
         """Sentinel, outputs non-finite: the root call's inputs, outputs and every parameter and
         buffer of the model (as the forward used them) measured into the step's rows."""
+        self.sink.forget_tensors()  # the lean path leaves the identity cache of an earlier step
+        self._owned_now = self._owned.setdefault(call.input_index, [])
         call.inputs = self._measure_hook(call_items(args, kwargs))
         call.outputs = self._measure_hook(items)
         named = list(self.model.named_parameters()) + list(self.model.named_buffers())
@@ -693,14 +764,15 @@ class Recorder:
     def _start_sample(self) -> None:
         """Sentinel, a sampled step: the blocks are hooked for this root call only (removed when it
         ends), so the step is recorded at level "blocks" (statistics, aggregates, latent faults)."""
-        blocks = set(main_blocks(self.model))
-        for name, m in eager_named_modules(self.model):
-            if name in blocks:
-                pre, post = self._pre(name), self._post(name)
-                if self._observer_modes:
-                    pre, post = _modes_off(pre), _modes_off(post)
-                self._sample_handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-                self._sample_handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if self._sample_targets is None:  # the model's blocks, found once per attach
+            blocks = set(main_blocks(self.model))
+            self._sample_targets = [(n, m) for n, m in eager_named_modules(self.model) if n in blocks]
+        for name, m in self._sample_targets:
+            pre, post = self._pre(name), self._post(name)
+            if self._observer_modes:
+                pre, post = _modes_off(pre), _modes_off(post)
+            self._sample_handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            self._sample_handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
         self.sampled_steps += 1
         self._sampling = self._forward
         for s in self.samplers:
@@ -948,6 +1020,10 @@ class Recorder:
                     self._ops.module_done(call, module, args, kwargs, output)
             if not stack:
                 f = call.input_index
+                if self._lengths is not None:  # a sampled sentinel step: its inputs now, if it failed
+                    if f in self._dirty:
+                        self._inputs[f] = Snapshot.cropped(args, kwargs, self._lengths)
+                    self._lengths = None
                 sampled = bool(self._sample_handles)
                 if sampled:
                     self._end_sample()
@@ -1017,27 +1093,43 @@ class Recorder:
         """A root forward ended: judge it now when its rows are in host memory (cheap), else start
         a flag that is read once the device has computed it; fold the forwards that left the
         window (in batches on a device sink: one read-back for all of them)."""
+        if self.sink.graph_rows:  # rows a CUDA graph rewrites on each replay: judged when read
+            self._done.append(forward)
+            self.listener.on_forward_end(forward)
+            return
+        if self._rows_on_host():
+            self._finish_on_host(forward)
+            return
         done = self._done
         done.append(forward)
-        foldable = not self.sink.graph_rows
-        if foldable and self._rows_on_host():
-            if forward > self._judged_upto and not self.sink._device_rows and forward not in self._dirty:
-                self._judged_upto = forward  # the root-forward fast path: no row of it counts a NaN or ±inf
-            else:
-                self._judge([forward])
-            if self.first_failed != forward and not self.late_phases:
-                self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
-        elif foldable and self.first_failed is None and self._early is None and forward in self._inputs:
+        if self.first_failed is None and self._early is None and forward in self._inputs:
             self._flag(forward)
-        # a device sink folds in batches (one read-back each); so does the sentinel (the fixed part
-        # of a fold spread over FOLD_BATCH forwards of one call each)
-        if foldable and len(done) >= self.window + (
-            FOLD_BATCH if self.sink._device_rows or self.sentinel else 1
-        ):
-            old = done[: len(done) - self.window]
-            self._done = done[len(old) :]
-            self._fold(old)
-        self.listener.on_forward_end(forward)
+        if len(done) >= self.window + FOLD_BATCH:
+            self._fold_done()
+        self.listener.on_forward_end(forward)  # a host sink's forward was judged: nothing to read
+
+    def _finish_on_host(self, forward: int) -> None:
+        """``_finish`` of a forward whose rows are in host memory (the sentinel's lean path calls
+        it directly): judged now, its inputs dropped unless it failed or later phases follow;
+        folded in batches of FOLD_BATCH at the sentinel (a fold's fixed part spread over
+        forwards of one call each), else one by one."""
+        done = self._done
+        done.append(forward)
+        if forward > self._judged_upto and not self.sink._device_rows and forward not in self._dirty:
+            self._judged_upto = forward  # the root-forward fast path: no row of it counts a NaN or ±inf
+        else:
+            self._judge([forward])
+        if self.first_failed != forward and self.grads is None and self.optimizer is None:
+            self._inputs.pop(forward, None)  # a report only re-runs the first failing forward
+        if len(done) >= self.window + (FOLD_BATCH if self.sink._device_rows or self.sentinel else 1):
+            self._fold_done()
+
+    def _fold_done(self) -> None:
+        """Fold the finished forwards that left the window."""
+        done = self._done
+        old = done[: len(done) - self.window]
+        self._done = done[len(old) :]
+        self._fold(old)
 
     def _row_refs(self, forwards: list[int]) -> list[int]:
         return [
@@ -1127,6 +1219,17 @@ class Recorder:
             calls = self._detail.pop(f, [])
             if self.grads is not None:
                 self.grads.forget(f)
+            if len(calls) == 1 and f not in self._owned and not calls[0].outputs and not calls[0].inputs:
+                c = calls[0]  # the sentinel's lean step: one root call, no row of its own
+                agg = aggregates.get(c.module)
+                if agg is None:
+                    agg = aggregates[c.module] = ModuleAggregate(c.module, c.module_type)
+                agg.calls += 1
+                self._inputs.pop(f, None)
+                self._weights_at.pop(f, None)
+                self.forwards_folded += 1
+                self.listener.on_forget(f)
+                continue
             for c in calls:
                 if c.phase != "forward":
                     continue

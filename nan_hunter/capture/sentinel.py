@@ -54,17 +54,24 @@ def _extremes(tensors: list[torch.Tensor]) -> torch.Tensor:
     ~1.4 instructions an element where the ord-∞ norm takes ~13 (callgrind, MiniLM's parameters)."""
     ext: list[torch.Tensor] = []
     for t in tensors:
+        if not t.numel():  # aminmax has no identity: an empty tensor has nothing to judge
+            continue
         mn, mx = torch.aminmax(t.cpu() if t.device.type != "cpu" else t)
         ext += (mn, mx)
-    return torch.stack(ext)
+    return torch.stack(ext) if ext else torch.zeros(0)
 
 
 def host_nonfinite(tensors: list[torch.Tensor]) -> bool:
     """``any_nonfinite`` for tensors a host reads at once (a CPU sink, per forward): one
     ``aminmax`` each, one read."""
     if len(tensors) == 1:
+        if not tensors[0].numel():  # an empty output (a batch of none): nothing to judge
+            return False
         mn, mx = torch.aminmax(tensors[0])
         return not (math.isfinite(mn.item()) and math.isfinite(mx.item()))
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return False
     if any(t.device.type != "cpu" for t in tensors):
         return any_nonfinite(tensors)
     return not all(math.isfinite(v) for v in _extremes(tensors).tolist())

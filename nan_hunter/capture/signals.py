@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..dtypes import name_of
 from .compiled_regions import compiling
+from .listener import Companion
 
 ABSMAX, ATTENTION, LOGSUMEXP = "absmax", "attention_logits", "output_logsumexp"
 SIGNALS = (ABSMAX, ATTENTION, LOGSUMEXP)
@@ -144,15 +145,19 @@ class _AttentionScores(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         try:
+            scored = func in _SCORES  # every other op of the attention module passes straight through
+        except TypeError:  # an unhashable callable: not one of them
+            scored = False
+        if scored:
+            self._score(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _score(self, func: Any, args: tuple, kwargs: dict) -> None:
+        try:
             with torch.no_grad():
                 if func is torch.nn.functional.scaled_dot_product_attention:
                     v = _sdpa_call(*args, **kwargs)
-                elif (
-                    func in _SOFTMAX
-                    and args
-                    and isinstance(args[0], torch.Tensor)
-                    and args[0].is_floating_point()
-                ):
+                elif args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
                     v = softmax_logit_absmax(args[0])
                 else:
                     v = None
@@ -160,10 +165,10 @@ class _AttentionScores(TorchFunctionMode):
                 self.seen.append(v)
         except (RuntimeError, TypeError, ValueError):  # an unusual call: no point, the step goes on
             pass
-        return func(*args, **kwargs)
 
 
 _SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax)
+_SCORES = frozenset((torch.nn.functional.scaled_dot_product_attention, *_SOFTMAX))  # what the mode reads
 
 
 def _sdpa_call(
@@ -195,7 +200,7 @@ def logits_of(output: Any) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1 and t.numel() else None
 
 
-class SampledSignals:
+class SampledSignals(Companion):
     """Records ``Signals`` on the recorder's sampled steps (module docstring). The recorder calls
     ``sample_start`` when a sampled step's root forward starts and ``sample_end`` when it ends."""
 

@@ -28,6 +28,26 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone()
 
 
+_UNSEEN: Any = object()
+#: (keywords, their types) -> the keywords holding a KV cache, or None when an argument is neither
+#: a plain value nor a cache: a decode loop calls with the same shape every step, so it is found once
+_CACHE_KEYS: dict[tuple[tuple[str, ...], tuple[type, ...]], tuple[str, ...] | None] = {}
+_MAX_SHAPES = 256  # past that, shapes are no longer remembered (a caller that varies its keywords)
+
+
+def _cache_keys(kwargs: dict, types: tuple[type, ...]) -> tuple[str, ...] | None:
+    if len(_CACHE_KEYS) >= _MAX_SHAPES:
+        _CACHE_KEYS.clear()
+    keys = []
+    for k, tp in zip(kwargs, types):
+        if tp in _PLAIN:
+            continue
+        if not (callable(getattr(tp, "get_seq_length", None)) and callable(getattr(tp, "crop", None))):
+            return None
+        keys.append(k)
+    return tuple(keys)
+
+
 @dataclasses.dataclass
 class Snapshot:
     """A root forward's arguments: structure copied, tensors by reference (or, pinned, copies)."""
@@ -93,18 +113,16 @@ class Snapshot:
         ``get_seq_length`` and ``crop``: a transformers ``DynamicCache``), when every other argument
         is a plain tensor or scalar: then ``cropped`` can rebuild the inputs after the forward ran.
         None otherwise (take ``of`` before the forward)."""
-        lengths: dict[str, int] = {}
-        for v in args:
-            if type(v) not in _PLAIN:
-                return None
-        for k, v in kwargs.items():
-            if type(v) in _PLAIN:
-                continue
-            length, crop = getattr(v, "get_seq_length", None), getattr(v, "crop", None)
-            if length is None or crop is None:
-                return None
-            lengths[k] = length()
-        return lengths
+        if args and not _PLAIN.issuperset(map(type, args)):
+            return None
+        types = tuple(map(type, kwargs.values()))
+        shape = (tuple(kwargs), types)
+        caches = _CACHE_KEYS.get(shape, _UNSEEN)
+        if caches is _UNSEEN:
+            caches = _CACHE_KEYS[shape] = _cache_keys(kwargs, types)
+        if caches is None:
+            return None
+        return {k: kwargs[k].get_seq_length() for k in caches}
 
     @classmethod
     def cropped(cls, args: tuple, kwargs: dict, lengths: dict[str, int]) -> Snapshot:

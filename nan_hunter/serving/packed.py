@@ -64,13 +64,10 @@ def failing_forward(forward: int, step: PackedStep, failed: list[str]) -> dict[s
 def is_packed(kwargs: dict[str, Any]) -> bool:
     """Whether a root forward's keywords are a continuous-batching packed batch (a paged cache with
     ``cu_seq_lens_q`` and ``logits_indices``)."""
+    if "logits_indices" not in kwargs:  # first: one lookup answers for every other forward
+        return False
     cache = kwargs.get("cache")
-    return (
-        cache is not None
-        and hasattr(cache, "cache_allocators")
-        and "cu_seq_lens_q" in kwargs
-        and "logits_indices" in kwargs
-    )
+    return cache is not None and hasattr(cache, "cache_allocators") and "cu_seq_lens_q" in kwargs
 
 
 def _ints(t: Any) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..capture.compiled_regions import outside_compile
+from ..capture.listener import Companion
 from .alone import fails_alone
 from .packed import PackedStep, failed_rows, is_packed, logits_of, packed_step
 
@@ -60,7 +60,7 @@ class RequestTrace:
         return None if any(t is None for t in toks) else [int(t) for t in toks]  # type: ignore[arg-type]
 
 
-class PackedBatches:
+class PackedBatches(Companion):
     """The watch's view of continuous batching (module docstring)."""
 
     def __init__(self, watch: Any, abort: bool = False) -> None:
@@ -74,7 +74,7 @@ class PackedBatches:
         self.managers: list[Any] = []
         self.notes: list[str] = []
         self._current: PackedStep | None = None
-        self._handles: list[Any] = []
+        self._attached = False
         self._wrapped: list[tuple[Any, str]] = []  # (object, attribute) set on instances, removed at detach
         self._pending: dict[str, str] = {}  # request -> error, ended after update_batch
         self._busy = False
@@ -85,15 +85,13 @@ class PackedBatches:
 
     # -- attach / detach -------------------------------------------------------------------------
     def attach(self) -> None:
-        if self._handles:
-            return
-        model = self.w.model
-        # the root's hooks, where and as the recorder puts its own (capture.compiled_regions): on the
-        # compiled wrapper when the watch was given one, run eagerly, so a compiled model's program
+        # its root callbacks run in the recorder's root hooks (capture.listener.Companion): on the
+        # compiled wrapper when the watch was given one, eagerly, so a compiled model's program
         # gains no graph break and no guard
-        root = self.w.root_hooked
-        self._handles.append(root.register_forward_pre_hook(outside_compile(self._pre), with_kwargs=True))
-        self._handles.append(root.register_forward_hook(outside_compile(self._post), with_kwargs=True))
+        if self._attached:
+            return
+        self._attached = True
+        model = self.w.model
         init = getattr(model, "init_continuous_batching", None)
         if init is not None and "init_continuous_batching" not in vars(model):
 
@@ -107,9 +105,7 @@ class PackedBatches:
             self._wrapped.append((model, "init_continuous_batching"))
 
     def detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._attached = False
         for obj, name in self._wrapped:
             vars(obj).pop(name, None)
         self._wrapped.clear()
@@ -132,8 +128,8 @@ class PackedBatches:
         io = getattr(bp, "inputs_and_outputs", None) if bp is not None else None
         return {fs.state.request_id: fs.state for fs in getattr(io, "requests_in_batch", None) or []}
 
-    def _pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        if self._busy or not is_packed(kwargs) or self.w.paused:
+    def root_start(self, args: tuple, kwargs: dict) -> None:
+        if "logits_indices" not in kwargs or self._busy or not is_packed(kwargs) or self.w.paused:
             self._current = None
             return
         step = packed_step(kwargs)
@@ -169,13 +165,13 @@ class PackedBatches:
             if t.first_forward is not None:
                 t.blocks_after.update(r.blocks)
 
-    def _post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+    def root_end(self, args: tuple, kwargs: dict, output: Any) -> None:
         step, self._current = self._current, None
         if step is None or self._busy:
-            return None
+            return
         logits = logits_of(output)
         if logits is None:
-            return None
+            return
         f = self.w.current_step
         self.packed.add(f)
         self.steps[f] = step
@@ -183,10 +179,10 @@ class PackedBatches:
             del self.steps[old]
         rec = getattr(self.w, "recorder", None)
         if rec is not None and rec.finite_outputs == f:
-            return None  # the sentinel's reduction over the outputs found every logit finite
+            return  # the sentinel's reduction over the outputs found every logit finite
         bad = failed_rows(logits)
         if not bad:
-            return None
+            return
         failed: list[str] = []
         for row in (step.packed_row(i) for i in bad):
             r = step.owner(row)
@@ -202,8 +198,7 @@ class PackedBatches:
                 )
                 t.blocks_after.update(r.blocks)
         if self.abort:
-            return self._contain(step, failed, kwargs, output, logits)
-        return None
+            self._contain(step, failed, kwargs, output, logits)  # the logits mended in place
 
     def _failed_in(self, forward: int) -> bool:
         return any(t.first_forward == forward for t in self.requests.values())
@@ -250,10 +245,10 @@ class PackedBatches:
 
     def _contain(
         self, step: PackedStep, failed: list[str], kwargs: dict, output: Any, logits: torch.Tensor
-    ) -> Any:
+    ) -> None:
         origins = [rid for rid in failed if self.judge_alone(self.requests[rid]) and rid not in self._pending]
         if not origins:
-            return None
+            return
         keep = [r for r in step.requests if r.id not in origins]
         if keep:
             reduced = _without(kwargs, step, {r.id for r in keep})
@@ -277,7 +272,6 @@ class PackedBatches:
                     logits[0, rows] = again[0, : len(rows)].to(logits.dtype)
         for rid in origins:
             self._pending[rid] = ""  # the error is written after the forward, with the cause (_cause)
-        return output
 
     def _wrap_update(self) -> None:
         bp = self._processor()

@@ -16,6 +16,7 @@ from nan_hunter.capture.compiled_regions import (
     eager_only,
     is_wrapper,
     outside_compile,
+    root_outside_compile,
     unwrap,
 )
 
@@ -85,3 +86,41 @@ def test_eager_only_runs_compiled_code_eagerly():
     with eager_only():
         assert cf(torch.ones(1)).item() == 2.0
     assert calls == [False]
+
+
+def _seen_by_a_root_hook(seen: list) -> tuple:
+    def nested(out: torch.Tensor) -> None:  # what a root hook calls (the recorder's bookkeeping)
+        seen.append(compiling())
+
+    def hook(mod: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        nested(out)
+
+    return hook, nested
+
+
+@pytest.mark.parametrize("how", ["outer_function", "module_compile"])
+def test_a_root_hook_marked_once_runs_eagerly_with_no_wrapper(how):
+    """``root_outside_compile`` returns the hook itself (no wrapper call per step) and it still runs
+    eagerly around compiled code: under ``model.compile()`` and inside a compiled function that
+    calls the model (dynamo breaks the graph at it), with ``compiling()`` False; nothing it calls
+    is compiled (no dynamo cache entry for its callee), as with ``outside_compile``'s wrapper."""
+    import torch._dynamo  # noqa: F401
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    seen: list = []
+    hook, nested = _seen_by_a_root_hook(seen)
+    assert root_outside_compile(hook) is hook
+    m = _model()
+    m.register_forward_hook(hook)
+    x = torch.ones(1, 2)
+    want = m(x)
+    seen.clear()
+    if how == "module_compile":
+        m.compile(backend="eager")
+        outs = [m(x) for _ in range(3)]
+    else:
+        step = torch.compile(lambda x: m(x) * 1, backend="eager")
+        outs = [step(x) for _ in range(3)]
+    assert all(torch.equal(o, want) for o in outs)
+    assert seen == [False, False, False]  # every call ran eagerly, outside the trace
+    assert _debug_get_cache_entry_list(nested.__code__) == []  # never compiled

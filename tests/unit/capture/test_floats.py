@@ -9,7 +9,7 @@ from collections import OrderedDict, namedtuple
 import pytest
 import torch
 
-from nan_hunter.capture.floats import call_items, float_items
+from nan_hunter.capture.floats import call_items, float_items, output_tensors
 from nan_hunter.tree import MAX_DEPTH, float_tensors
 
 Pair = namedtuple("Pair", "a b")
@@ -77,3 +77,29 @@ def test_call_items_is_args_then_kwargs():
     got = call_items(args, kwargs)
     assert [label for label, _ in got] == [label for label, _ in want]
     assert all(a is b for (_, a), (_, b) in zip(got, want))
+
+
+def test_sentinel_output_tensors_are_float_items_tensors() -> None:
+    """The sentinel's label-free walk of a root's outputs finds exactly ``float_items``' tensors, in
+    order, on the shapes models return (a transformers ``ModelOutput`` with a KV cache included)."""
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    f, i = torch.ones(2, 3), torch.ones(2, dtype=torch.long)
+    p = torch.nn.Parameter(torch.zeros(3))
+    cases = [
+        f,
+        i,
+        p,
+        (f, None, i, [f * 2, {"a": f * 3}]),
+        [p, 1, "x"],
+        {"x": f, "y": (f, p)},
+        CausalLMOutputWithPast(logits=f, past_key_values=DynamicCache()),
+        None,
+        3,
+        (torch.empty(0, 4), f),  # an empty batch: found like any tensor (the sentinel skips judging it)
+        torch.empty(2, device="meta"),
+    ]
+    for out in cases:
+        got, want = output_tensors(out), [t for _, t in float_items(out)]
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), out

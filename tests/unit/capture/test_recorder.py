@@ -7,12 +7,14 @@ change, and the producer rule's data check (NaN/+inf data fails a forward, a −
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from nan_hunter.capture.listener import KeepSteps
+from nan_hunter.capture.listener import Companion, KeepSteps
 from nan_hunter.capture.recorder import LEVELS, ModuleAggregate, Recorder
 from nan_hunter.capture.records import Call
 
@@ -215,7 +217,7 @@ def test_the_stats_device_is_the_models_or_cpu():
 
 
 def test_a_companion_is_attached_and_detached_with_the_recorder():
-    class Companion:
+    class Seen(Companion):
         def __init__(self) -> None:
             self.events: list[str] = []
 
@@ -227,14 +229,66 @@ def test_a_companion_is_attached_and_detached_with_the_recorder():
 
     m = Net()
     rec = Recorder(m, level="modules")
-    early = Companion()
+    early = Seen()
     rec.add_companion(early)
     assert early.events == []  # not attached until the recorder is
     with rec:
-        late = Companion()
+        late = Seen()
         rec.add_companion(late)  # attached at once: the recorder is
         assert early.events == ["attach"] and late.events == ["attach"]
     assert early.events == ["attach", "detach"] and late.events == ["attach", "detach"]
+
+
+class _RootSeen(Companion):
+    """A companion with root callbacks: what it sees of the recorder at each."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.events: list[tuple] = []
+
+    def root_start(self, args: tuple, kwargs: dict) -> None:
+        self.events.append(("start", self.rec.current_step, len(args)))
+
+    def root_end(self, args: tuple, kwargs: dict, output: Any) -> None:
+        self.events.append(("end", self.rec.current_step, self.rec.finite_outputs))
+
+
+@pytest.mark.parametrize("level", ["sentinel", "blocks"])
+def test_companions_run_inside_the_recorders_one_root_hook_pair(level):
+    """The root has one pre-hook and one post-hook whoever watches it: a companion's root
+    callbacks run inside them, after the recorder's part (the step it started; at the end the
+    sentinel's verdict on the outputs); a companion without them adds no call."""
+    m = Net()
+    rec = Recorder(m, level=level)
+    seen = _RootSeen(rec)
+    rec.add_companion(seen)
+    rec.add_companion(Companion())  # no root callbacks: never called per step
+    assert rec._root_starts_of == [seen.root_start] and rec._root_ends_of == [seen.root_end]
+    with rec, torch.no_grad():
+        assert len(m._forward_pre_hooks) == 1 and len(m._forward_hooks) == 1
+        m(torch.randn(2, 4))
+        m(torch.randn(2, 4))
+    assert not m._forward_pre_hooks and not m._forward_hooks
+    finite = [0, 1] if level == "sentinel" else [None, None]  # only the sentinel reduces the outputs
+    assert seen.events == [
+        ("start", 0, 1),
+        ("end", 0, finite[0]),
+        ("start", 1, 1),
+        ("end", 1, finite[1]),
+    ]
+
+
+def test_a_recorder_that_captures_nothing_hooks_the_root_for_its_companions_only():
+    m = Net()
+    rec = Recorder(m, capture=False)
+    with rec:
+        assert not m._forward_pre_hooks  # nothing to call at a root call
+    seen = _RootSeen(rec)
+    rec.add_companion(seen)
+    with rec, torch.no_grad():
+        assert len(m._forward_pre_hooks) == 1
+        m(torch.randn(2, 4))
+    assert [e[0] for e in seen.events] == ["start", "end"] and rec.n_forwards == 0  # no step recorded
 
 
 # --- folding and the first failing forward -----------------------------------------------------------
@@ -338,31 +392,3 @@ def test_parameters_are_measured_again_after_an_in_place_change():
     assert lin0.params == lin1.params
     assert rec.param_row("head.weight", m.head.weight, 1) == w1
     assert rec.param_row("head.weight", m.head.weight, 0) is None  # step 0 used the old values
-
-
-def test_sentinel_output_tensors_are_float_items_tensors() -> None:
-    """The sentinel's label-free walk of a root's outputs finds exactly ``float_items``' tensors, in
-    order, on the shapes models return (a transformers ``ModelOutput`` with a KV cache included)."""
-    from transformers import DynamicCache
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    from nan_hunter.capture.floats import float_items
-    from nan_hunter.capture.recorder import _output_tensors
-
-    f, i = torch.ones(2, 3), torch.ones(2, dtype=torch.long)
-    p = nn.Parameter(torch.zeros(3))
-    cases = [
-        f,
-        i,
-        p,
-        (f, None, i, [f * 2, {"a": f * 3}]),
-        [p, 1, "x"],
-        {"x": f, "y": (f, p)},
-        CausalLMOutputWithPast(logits=f, past_key_values=DynamicCache()),
-        None,
-        3,
-        torch.empty(2, device="meta"),
-    ]
-    for out in cases:
-        got, want = _output_tensors(out), [t for _, t in float_items(out)]
-        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), out

@@ -31,7 +31,11 @@ def _where(rep) -> tuple:
     )
 
 
-def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it():
+@pytest.mark.parametrize("sample_every", [None, 4])
+def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it(sample_every):
+    """Also when step k is a sampled step (``sample_every=4``: steps 3, 7...): its blocks are
+    hooked, and its inputs are kept as a lean step's (the KV cache's length at the start, a cropped
+    copy taken only because it failed), so the replay starts from the same cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nan_hunter.model.placement import dtype_keyword
@@ -42,7 +46,8 @@ def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it():
     enc.pop("token_type_ids", None)
     reps, seqs = {}, {}
     for level in ("blocks", "sentinel"):
-        with nan_hunter.watch(model, level=level) as w, torch.no_grad():
+        kw = {"sample_every": sample_every} if level == "sentinel" else {}
+        with nan_hunter.watch(model, level=level, **kw) as w, torch.no_grad():
             out = model.generate(
                 **enc, max_new_tokens=8, do_sample=False, pad_token_id=2, return_dict_in_generate=True
             )
@@ -52,6 +57,8 @@ def test_a_fault_only_at_decode_step_k_is_found_as_blocks_finds_it():
     f = reps["sentinel"].first_nonfinite
     assert (f.step, f.module, f.op, f.position) == (3, "model.layers.0", "aten.add.Tensor", 7)
     assert reps["sentinel"].run["level"] == "sentinel" and reps["blocks"].run["level"] == "blocks"
+    if sample_every:
+        assert w.recorder.sampled_steps >= 1 and 3 in w.recorder.failed_forwards()
 
 
 class Block(nn.Module):

@@ -129,7 +129,7 @@ class PackedBatches(Companion):
         return {fs.state.request_id: fs.state for fs in getattr(io, "requests_in_batch", None) or []}
 
     def root_start(self, args: tuple, kwargs: dict) -> None:
-        if "logits_indices" not in kwargs or self._busy or not is_packed(kwargs) or self.w.paused:
+        if self._busy or not is_packed(kwargs) or self.w.paused:
             self._current = None
             return
         step = packed_step(kwargs)
